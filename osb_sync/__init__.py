@@ -1,0 +1,1 @@
+"""osb_sync: a synchronous, thread-safe client for OpenSandbox."""
