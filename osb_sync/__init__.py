@@ -1,1 +1,70 @@
-"""osb_sync: a synchronous, thread-safe client for OpenSandbox."""
+"""osb_sync: a synchronous, thread-safe client for OpenSandbox.
+
+Table of contents only; see README.rst for the API and error tables.
+"""
+
+from .client import Client
+from .constants import (
+    DEFAULT_ENTRYPOINT,
+    DEFAULT_LANGUAGE,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_READY_TIMEOUT,
+    DEFAULT_RESOURCE_LIMITS,
+    DEFAULT_TEMPLATE,
+    DEFAULT_TIMEOUT,
+    EXECD_PORT,
+    MAX_OUTPUT_BYTES,
+    VERSION,
+)
+from .errors import (
+    ApiError,
+    ConfigurationError,
+    NotFoundError,
+    OpenSandboxError,
+    OutputLimitExceeded,
+    SandboxStateError,
+    SandboxTimeoutError,
+    StreamError,
+    TransportError,
+)
+from .functions import code_interpreter_tool, create_sandbox, delete_sandbox, run_code
+from .models import Event, ExecutionError, ExecutionResult
+from .provider import OpenSandboxProvider, discover_providers
+from .sandbox import Sandbox
+from .stream import ExecutionStream, parse_execution
+
+__version__ = VERSION
+
+__all__ = [
+    "DEFAULT_ENTRYPOINT",
+    "DEFAULT_LANGUAGE",
+    "DEFAULT_POLL_INTERVAL",
+    "DEFAULT_READY_TIMEOUT",
+    "DEFAULT_RESOURCE_LIMITS",
+    "DEFAULT_TEMPLATE",
+    "DEFAULT_TIMEOUT",
+    "EXECD_PORT",
+    "MAX_OUTPUT_BYTES",
+    "ApiError",
+    "Client",
+    "ConfigurationError",
+    "Event",
+    "ExecutionError",
+    "ExecutionResult",
+    "ExecutionStream",
+    "NotFoundError",
+    "OpenSandboxError",
+    "OpenSandboxProvider",
+    "OutputLimitExceeded",
+    "Sandbox",
+    "SandboxStateError",
+    "SandboxTimeoutError",
+    "StreamError",
+    "TransportError",
+    "code_interpreter_tool",
+    "create_sandbox",
+    "delete_sandbox",
+    "discover_providers",
+    "parse_execution",
+    "run_code",
+]

@@ -1,0 +1,618 @@
+"""The Client: lifecycle REST calls, waiting until a sandbox runs, endpoint resolution."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from urllib.parse import quote, urlencode, urlsplit
+
+import requests
+
+from .constants import (
+    API_BASE_ENV,
+    API_KEY_ENV,
+    API_KEY_HEADER,
+    CREATE_ID_KEY,
+    DEFAULT_ENTRYPOINT,
+    DEFAULT_LANGUAGE,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_READY_TIMEOUT,
+    DEFAULT_RESOURCE_LIMITS,
+    DEFAULT_TEMPLATE,
+    DEFAULT_TIMEOUT,
+    DOMAIN_ENV,
+    EXECD_PORT,
+    MAX_OUTPUT_BYTES,
+)
+from .errors import (
+    ApiError,
+    ConfigurationError,
+    NotFoundError,
+    OpenSandboxError,
+    SandboxStateError,
+    SandboxTimeoutError,
+    TransportError,
+    error_from_response,
+)
+from .models import Event, ExecutionResult
+from .sandbox import Sandbox
+from .stream import ExecutionStream
+from .transport import Transport
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+logger = logging.getLogger("osb_sync")
+
+FATAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
+EGRESS_HINT = (
+    "Hint: this server has no egress support for networkPolicy; pass "
+    "allow_internet_access=True or configure egress on the server."
+)
+
+
+def resolve_api_base(api_base: str | None) -> str:
+    """The lifecycle base URL from the argument or the environment, without a trailing ``/``.
+
+    Raises:
+        ConfigurationError: nothing configured, or not an http(s) URL.
+    """
+    if api_base is None:
+        api_base = os.environ.get(API_BASE_ENV) or _base_from_domain(os.environ.get(DOMAIN_ENV))
+    if not api_base:
+        raise ConfigurationError(
+            f"api_base is required: pass api_base (e.g. 'http://127.0.0.1:8080/v1') "
+            f"or set {API_BASE_ENV} (or {DOMAIN_ENV})"
+        )
+    api_base = api_base.strip().rstrip("/")
+    parts = urlsplit(api_base)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError(
+            f"api_base must be an http:// or https:// URL such as 'http://127.0.0.1:8080/v1', "
+            f"got {parts.scheme or 'no'} scheme"
+        )
+    return api_base
+
+
+def _base_from_domain(domain: str | None) -> str | None:
+    """The official SDK's OPEN_SANDBOX_DOMAIN: host[:port] or a URL, without ``/v1``."""
+    if not domain:
+        return None
+    domain = domain.strip().rstrip("/")
+    if "://" not in domain:
+        domain = "http://" + domain
+    return domain + "/v1"
+
+
+def build_create_body(
+    *,
+    template: str | None = None,
+    timeout: int | None = None,
+    allow_internet_access: bool | None = None,
+    metadata: Mapping[str, str] | None = None,
+    env_vars: Mapping[str, str] | None = None,
+    resource_limits: Mapping[str, str] | None = None,
+    resource_requests: Mapping[str, str] | None = None,
+    entrypoint: Sequence[str] | None = None,
+    network_policy: Mapping[str, Any] | None = None,
+    secure_access: bool = False,
+) -> dict[str, Any]:
+    """The ``POST /sandboxes`` body; deny-all network unless internet access is asked for."""
+    body: dict[str, Any] = {
+        "image": {"uri": template or DEFAULT_TEMPLATE},
+        "entrypoint": list(entrypoint or DEFAULT_ENTRYPOINT),
+        "timeout": timeout or DEFAULT_TIMEOUT,
+        "resourceLimits": dict(resource_limits or DEFAULT_RESOURCE_LIMITS),
+    }
+    if metadata:
+        body["metadata"] = dict(metadata)
+    if env_vars:
+        body["env"] = dict(env_vars)
+    if resource_requests:
+        body["resourceRequests"] = dict(resource_requests)
+    if network_policy is not None:
+        body["networkPolicy"] = dict(network_policy)
+    elif allow_internet_access is not True:
+        body["networkPolicy"] = {"defaultAction": "deny", "egress": []}
+    if secure_access:
+        body["secureAccess"] = True
+    return body
+
+
+def _state_of(data: Any) -> str | None:
+    status = data.get("status") if isinstance(data, dict) else None
+    state = status.get("state") if isinstance(status, dict) else None
+    return state if isinstance(state, str) else None
+
+
+def _describe_state(data: Any) -> str:
+    status = data.get("status") if isinstance(data, dict) else None
+    if not isinstance(status, dict):
+        return ""
+    details = [str(status[k]) for k in ("reason", "message") if status.get(k)]
+    return f" ({': '.join(details)})" if details else ""
+
+
+class Client:
+    """A blocking, thread-safe OpenSandbox client.
+
+    One client may be shared by any number of threads (see ``osb_sync.transport``).
+
+    Args:
+        api_base: lifecycle base URL including ``/v1``; else ``OPEN_SANDBOX_API_BASE``, else
+            ``OPEN_SANDBOX_DOMAIN`` (host[:port] or URL without ``/v1``).
+        api_key: sent as ``OPEN-SANDBOX-API-KEY`` to the lifecycle API only, when non-empty;
+            an explicit value wins even when ``""``; else ``OPEN_SANDBOX_API_KEY``.
+        session: a ``requests.Session`` to send through (TLS, proxies, tests); never mutated,
+            never closed by the client.
+        connect_timeout: seconds to open a connection.
+        read_timeout: seconds of silence allowed on any response, streams included.
+        create_timeout: seconds allowed for ``POST /sandboxes`` (servers pull images inside it).
+        pool_maxsize: connections kept per host: size it for the number of threads.
+        max_retries: retries of idempotent lifecycle calls.
+        execd_scheme: scheme for scheme-less execd endpoints; default: that of ``api_base``.
+
+    Raises:
+        ConfigurationError: no api_base, or a bad argument.
+    """
+
+    def __init__(
+        self,
+        api_base: str | None = None,
+        api_key: str | None = None,
+        *,
+        session: requests.Session | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        create_timeout: float = 300.0,
+        pool_maxsize: int = 32,
+        max_retries: int = 2,
+        execd_scheme: str | None = None,
+    ):
+        self.api_base = resolve_api_base(api_base)
+        self._api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
+        if execd_scheme not in (None, "http", "https"):
+            raise ConfigurationError("execd_scheme must be 'http', 'https' or None")
+        self.execd_scheme = execd_scheme or urlsplit(self.api_base).scheme
+        for name, value in (
+            ("connect_timeout", connect_timeout),
+            ("read_timeout", read_timeout),
+            ("create_timeout", create_timeout),
+        ):
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigurationError(f"{name} must be a positive number of seconds")
+        if not isinstance(pool_maxsize, int) or pool_maxsize < 1:
+            raise ConfigurationError("pool_maxsize must be a positive int")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigurationError("max_retries must be an int >= 0")
+        self.connect_timeout = float(connect_timeout)
+        self.read_timeout = float(read_timeout)
+        self.create_timeout = float(create_timeout)
+        self._transport = Transport(
+            session=session, pool_maxsize=pool_maxsize, max_retries=max_retries
+        )
+
+    def __repr__(self) -> str:
+        return f"Client(api_base={self.api_base!r})"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the client's own connections (a caller's session is left open)."""
+        self._transport.close()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def create_sandbox(
+        self,
+        *,
+        template: str | None = None,
+        timeout: int | None = None,
+        allow_internet_access: bool | None = None,
+        metadata: Mapping[str, str] | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        resource_limits: Mapping[str, str] | None = None,
+        resource_requests: Mapping[str, str] | None = None,
+        entrypoint: Sequence[str] | None = None,
+        network_policy: Mapping[str, Any] | None = None,
+        secure_access: bool = False,
+        use_server_proxy: bool = False,
+        ready_timeout: float | None = None,
+        poll_interval: float | None = None,
+    ) -> Sandbox:
+        """Create a sandbox, wait until it runs and resolve its execd endpoint.
+
+        Creation is atomic from the caller's side: any failure after the server assigned an
+        id deletes that sandbox before the error propagates, and a create whose answer was
+        lost is looked up by its ``osb-sync/create-id`` metadata tag and deleted.
+
+        Args:
+            template: image URI (default ``DEFAULT_TEMPLATE``).
+            timeout: sandbox lifetime in seconds (default 300).
+            allow_internet_access: True omits the default deny-all ``networkPolicy``.
+            metadata: labels (Kubernetes label rules apply to values).
+            env_vars: environment of the sandbox.
+            resource_limits: e.g. ``{"cpu": "1", "memory": "2Gi"}`` (the default).
+            resource_requests: sent as ``resourceRequests``.
+            entrypoint: the main process (default ``DEFAULT_ENTRYPOINT``).
+            network_policy: sent as is; wins over ``allow_internet_access`` (even ``{}``).
+            secure_access: ask for ``secureAccess``.
+            use_server_proxy: route execd calls through the server's proxy.
+            ready_timeout: seconds for each wait (Running, then endpoint); default 30.
+            poll_interval: seconds between polls; default 0.2.
+
+        Returns:
+            The running sandbox; leaving ``with sandbox:`` deletes it.
+
+        Raises:
+            ApiError: the server refused the request (a 400 for a network policy the server
+                cannot enforce carries a hint).
+            SandboxStateError: the sandbox entered Failed, Stopping or Terminated.
+            SandboxTimeoutError: not Running, or no endpoint, within ``ready_timeout``.
+            TransportError: the server could not be reached.
+        """
+        ready_timeout, poll_interval = _wait_settings(ready_timeout, poll_interval)
+        create_id = secrets.token_hex(8)
+        body = build_create_body(
+            template=template,
+            timeout=timeout,
+            allow_internet_access=allow_internet_access,
+            metadata={**(metadata or {}), CREATE_ID_KEY: create_id},
+            env_vars=env_vars,
+            resource_limits=resource_limits,
+            resource_requests=resource_requests,
+            entrypoint=entrypoint,
+            network_policy=network_policy,
+            secure_access=secure_access,
+        )
+        data = self._post_create(body, create_id)
+        sandbox_id = str(data["id"])
+        try:
+            self._wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
+            endpoint, headers = self._resolve_execd(
+                sandbox_id, use_server_proxy, ready_timeout, poll_interval
+            )
+        except BaseException:
+            self._delete_quietly(sandbox_id)
+            raise
+        logger.debug("sandbox %s is running", sandbox_id)
+        return Sandbox(
+            self,
+            sandbox_id,
+            execd_endpoint=endpoint,
+            execd_headers=headers,
+            use_server_proxy=use_server_proxy,
+            delete_on_exit=True,
+        )
+
+    def connect(
+        self,
+        sandbox_id: str,
+        *,
+        use_server_proxy: bool = False,
+        ready_timeout: float | None = None,
+        poll_interval: float | None = None,
+    ) -> Sandbox:
+        """Resolve the execd endpoint of an existing sandbox and return a handle to it.
+
+        The handle does not delete the sandbox when a ``with`` block ends unless its
+        ``delete_on_exit`` is set.
+
+        Raises:
+            ApiError: the server refused the request.
+            SandboxTimeoutError: no endpoint within ``ready_timeout`` (404s are retried).
+            TransportError: the server could not be reached.
+        """
+        sandbox_id = _check_id(sandbox_id)
+        ready_timeout, poll_interval = _wait_settings(ready_timeout, poll_interval)
+        endpoint, headers = self._resolve_execd(
+            sandbox_id, use_server_proxy, ready_timeout, poll_interval
+        )
+        return Sandbox(
+            self,
+            sandbox_id,
+            execd_endpoint=endpoint,
+            execd_headers=headers,
+            use_server_proxy=use_server_proxy,
+        )
+
+    def delete_sandbox(self, sandbox: Sandbox | str) -> bool:
+        """Delete a sandbox.
+
+        Returns:
+            True if it was deleted, False if it did not exist (404).
+
+        Raises:
+            ApiError: any other error status.
+            TransportError: the server could not be reached.
+        """
+        sandbox_id = _check_id(sandbox.id if isinstance(sandbox, Sandbox) else sandbox)
+        response = self._lifecycle(
+            "DELETE", f"/sandboxes/{quote(sandbox_id, safe='')}", check=False
+        )
+        response.close()
+        if response.status_code == 404:
+            return False
+        if response.status_code >= 300:
+            raise self._error(response)
+        return True
+
+    # -- running code ----------------------------------------------------------------------
+
+    def run_code(
+        self,
+        sandbox: Sandbox | str,
+        code: str,
+        *,
+        language: str = DEFAULT_LANGUAGE,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+        timeout: float | None = None,
+        on_event: Callable[[Event], object] | None = None,
+    ) -> ExecutionResult:
+        """Run code in a sandbox and return what it produced.
+
+        An exception raised by the code is returned in ``result.error``, not raised.
+
+        Args:
+            sandbox: a Sandbox, or a sandbox id (its endpoint is resolved first).
+            code: the code to run.
+            language: the kernel (``python``, ``bash``, ...).
+            max_output_bytes: hard cap on the bytes of the event stream.
+            timeout: overall deadline in seconds; on expiry the run is interrupted.
+            on_event: called with each Event as it arrives, on the calling thread.
+
+        Raises:
+            OutputLimitExceeded: the stream passed ``max_output_bytes`` (the run is interrupted).
+            SandboxTimeoutError: ``timeout`` expired (the run is interrupted).
+            StreamError: the stream broke, stalled past ``read_timeout`` or ended truncated.
+            ApiError: execd refused the request.
+            TransportError: execd could not be reached.
+        """
+        return self._as_sandbox(sandbox).run_code(
+            code,
+            language=language,
+            max_output_bytes=max_output_bytes,
+            timeout=timeout,
+            on_event=on_event,
+        )
+
+    def stream_code(
+        self,
+        sandbox: Sandbox | str,
+        code: str,
+        *,
+        language: str = DEFAULT_LANGUAGE,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+        timeout: float | None = None,
+        on_event: Callable[[Event], object] | None = None,
+    ) -> ExecutionStream:
+        """Start running code and return its live event stream (use it in a ``with`` block).
+
+        Leaving the block before the end closes the connection and interrupts the run on
+        the server. Once exhausted, ``stream.result()`` returns the ExecutionResult.
+
+        Raises:
+            ApiError: execd refused the request.
+            TransportError: execd could not be reached.
+        """
+        return self._as_sandbox(sandbox).stream_code(
+            code,
+            language=language,
+            max_output_bytes=max_output_bytes,
+            timeout=timeout,
+            on_event=on_event,
+        )
+
+    def code_interpreter_tool(
+        self,
+        code: str,
+        *,
+        language: str = DEFAULT_LANGUAGE,
+        run_timeout: float | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+        on_event: Callable[[Event], object] | None = None,
+        **create_kwargs: Any,
+    ) -> ExecutionResult:
+        """Create a sandbox, run code in it, and delete it, whatever happened.
+
+        ``timeout`` among ``create_kwargs`` is the sandbox lifetime; ``run_timeout`` bounds
+        the run. A failed delete is logged and never masks the run's own error.
+
+        Raises:
+            The errors of :meth:`create_sandbox` and :meth:`run_code`.
+        """
+        sandbox = self.create_sandbox(**create_kwargs)
+        try:
+            return sandbox.run_code(
+                code,
+                language=language,
+                max_output_bytes=max_output_bytes,
+                timeout=run_timeout,
+                on_event=on_event,
+            )
+        finally:
+            self._delete_quietly(sandbox.id)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _timeouts(self, read: float | None = None) -> tuple[float, float]:
+        return (self.connect_timeout, self.read_timeout if read is None else read)
+
+    def _lifecycle(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+        read_timeout: float | None = None,
+        check: bool = True,
+    ) -> requests.Response:
+        headers = {"Content-Type": "application/json"} if json is not None else {}
+        if self._api_key:
+            headers[API_KEY_HEADER] = self._api_key
+        response = self._transport.request(
+            method,
+            self.api_base + path,
+            json=json,
+            params=params,
+            headers=headers,
+            timeout=self._timeouts(read_timeout),
+            idempotent=method in ("GET", "DELETE"),
+            secrets=(self._api_key,),
+        )
+        if check and response.status_code >= 300:
+            raise self._error(response)
+        return response
+
+    def _error(self, response: requests.Response) -> ApiError:
+        path = urlsplit(response.url).path if response.url else ""
+        method = (response.request.method or "") if response.request is not None else ""
+        return error_from_response(response, method, path, (self._api_key,))
+
+    def _json(self, response: requests.Response) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            return None
+
+    def _post_create(self, body: dict[str, Any], create_id: str) -> dict[str, Any]:
+        try:
+            response = self._lifecycle(
+                "POST", "/sandboxes", json=body, read_timeout=self.create_timeout
+            )
+        except ApiError as exc:
+            if exc.status_code >= 500:
+                self._delete_by_create_id(create_id)
+            if (
+                exc.status_code == 400
+                and exc.code == "SANDBOX::INVALID_PARAMETER"
+                and "networkPolicy" in body
+            ):
+                raise type(exc)(
+                    f"{exc} {EGRESS_HINT}",
+                    status_code=exc.status_code,
+                    code=exc.code,
+                    message=exc.message,
+                    request_id=exc.request_id,
+                    response=exc.response,
+                ) from None
+            raise
+        except TransportError:
+            self._delete_by_create_id(create_id)
+            raise
+        data = self._json(response)
+        if not isinstance(data, dict) or data.get("id") in (None, ""):
+            self._delete_by_create_id(create_id)
+            shape = "an object without an id" if isinstance(data, dict) else "not a JSON object"
+            raise ApiError(
+                f"POST /sandboxes -> {response.status_code}: the create response is {shape}",
+                status_code=response.status_code,
+                code="INVALID_RESPONSE",
+                request_id=response.headers.get("X-Request-ID"),
+                response=response,
+            )
+        return data
+
+    def _wait_until_running(
+        self, sandbox_id: str, data: Any, ready_timeout: float, poll_interval: float
+    ) -> None:
+        path = f"/sandboxes/{quote(sandbox_id, safe='')}"
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            state = _state_of(data)
+            if state == "Running":
+                return
+            if state in FATAL_STATES:
+                raise SandboxStateError(
+                    f"sandbox {sandbox_id} entered {state}{_describe_state(data)}"
+                )
+            if time.monotonic() >= deadline:
+                raise SandboxTimeoutError(
+                    f"sandbox {sandbox_id} was not Running within {ready_timeout} seconds "
+                    f"(last state: {state or 'unknown'})"
+                )
+            time.sleep(poll_interval)
+            data = self._json(self._lifecycle("GET", path))
+
+    def _resolve_execd(
+        self, sandbox_id: str, use_server_proxy: bool, ready_timeout: float, poll_interval: float
+    ) -> tuple[str, dict[str, str]]:
+        path = f"/sandboxes/{quote(sandbox_id, safe='')}/endpoints/{EXECD_PORT}"
+        params = {"use_server_proxy": "true" if use_server_proxy else "false"}
+        deadline = time.monotonic() + ready_timeout
+        last_error: Exception | None = None
+        while True:
+            try:
+                data = self._json(self._lifecycle("GET", path, params=params))
+            except NotFoundError as exc:
+                last_error = exc
+            else:
+                endpoint = data.get("endpoint") if isinstance(data, dict) else None
+                if isinstance(endpoint, str) and endpoint.strip():
+                    headers = data.get("headers")
+                    if not isinstance(headers, dict):
+                        headers = {}
+                    return endpoint, {str(k): str(v) for k, v in headers.items()}
+                last_error = ValueError("the endpoint response has no usable 'endpoint'")
+            if time.monotonic() >= deadline:
+                raise SandboxTimeoutError(
+                    f"execd endpoint for {sandbox_id} was not ready within {ready_timeout} "
+                    f"seconds (use_server_proxy={use_server_proxy})"
+                ) from last_error
+            time.sleep(poll_interval)
+
+    def _as_sandbox(self, sandbox: Sandbox | str) -> Sandbox:
+        if isinstance(sandbox, Sandbox):
+            return sandbox
+        return self.connect(sandbox)
+
+    def _delete_quietly(self, sandbox_id: str) -> None:
+        """Best-effort delete for cleanup paths: logs, never raises."""
+        try:
+            self.delete_sandbox(sandbox_id)
+        except OpenSandboxError as exc:
+            logger.warning("could not delete sandbox %s: %s", sandbox_id, exc)
+
+    def _delete_by_create_id(self, create_id: str) -> None:
+        """Find and delete a sandbox whose create answer was lost (best effort, logged)."""
+        query = urlencode({CREATE_ID_KEY: create_id})
+        try:
+            data = self._json(self._lifecycle("GET", "/sandboxes", params={"metadata": query}))
+        except OpenSandboxError as exc:
+            logger.warning("could not look for a sandbox left by a failed create: %s", exc)
+            return
+        items = data.get("items") if isinstance(data, dict) else None
+        for item in items if isinstance(items, list) else []:
+            metadata = item.get("metadata") if isinstance(item, dict) else None
+            if isinstance(metadata, dict) and metadata.get(CREATE_ID_KEY) == create_id:
+                logger.warning("deleting sandbox %s left by a failed create", item.get("id"))
+                self._delete_quietly(str(item.get("id")))
+
+
+def _wait_settings(ready_timeout: float | None, poll_interval: float | None) -> tuple[float, float]:
+    ready = DEFAULT_READY_TIMEOUT if ready_timeout is None else ready_timeout
+    poll = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
+    if not isinstance(ready, (int, float)) or ready < 0:
+        raise ConfigurationError("ready_timeout must be a number of seconds >= 0")
+    if not isinstance(poll, (int, float)) or poll < 0:
+        raise ConfigurationError("poll_interval must be a number of seconds >= 0")
+    return float(ready), float(poll)
+
+
+def _check_id(sandbox_id: object) -> str:
+    if not isinstance(sandbox_id, str) or not sandbox_id.strip():
+        raise ConfigurationError("a sandbox id must be a non-empty str")
+    return sandbox_id

@@ -1,0 +1,31 @@
+"""Defaults shared by the whole client, in one place."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping
+
+VERSION = "0.1.0"
+
+MAX_OUTPUT_BYTES = 10 * 1024 * 1024
+DEFAULT_TEMPLATE = "opensandbox/code-interpreter:v1.1.0"
+DEFAULT_ENTRYPOINT = ("/opt/code-interpreter/code-interpreter.sh",)
+DEFAULT_TIMEOUT = 300
+# Read-only so that no caller can change the default for everybody; each create sends a copy.
+DEFAULT_RESOURCE_LIMITS: Mapping[str, str] = MappingProxyType({"cpu": "1", "memory": "2Gi"})
+EXECD_PORT = 44772
+DEFAULT_POLL_INTERVAL = 0.2
+DEFAULT_READY_TIMEOUT = 30.0
+DEFAULT_LANGUAGE = "python"
+
+API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
+API_BASE_ENV = "OPEN_SANDBOX_API_BASE"
+API_KEY_ENV = "OPEN_SANDBOX_API_KEY"
+DOMAIN_ENV = "OPEN_SANDBOX_DOMAIN"
+REQUEST_ID_HEADER = "X-Request-ID"
+# Metadata key that tags every create, so a sandbox whose create response was lost can be found.
+CREATE_ID_KEY = "osb-sync/create-id"
+
+DENY_ALL_NETWORK_POLICY: Mapping[str, object] = MappingProxyType(
+    {"defaultAction": "deny", "egress": ()}
+)

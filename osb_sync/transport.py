@@ -1,0 +1,252 @@
+"""Transport policy: sessions, pools, timeouts, retries, redirects and per-call logging.
+
+Rules that every request follows, whatever session it goes through:
+
+- **Threads.** One client may be shared by any number of threads. Its own session is fully
+  configured at construction and never mutated afterwards; per-call headers are arguments.
+  The pool keeps ``pool_maxsize`` connections per host, so as many threads can stream at once
+  without opening and discarding sockets. Cookies are refused (the API uses none), which
+  removes the only shared mutable state of a session.
+- **Fork.** A child process (gunicorn, Celery prefork) must not share its parent's sockets:
+  the first call in a new process opens a fresh session (for a caller's session, it drops the
+  inherited connection pools; its configuration is untouched).
+- **Redirects.** requests forwards custom headers (the API key, execd tokens) across redirects,
+  and a 307 re-sends the body. Every request is sent with ``allow_redirects=False``; a redirect
+  is followed here only within the same origin (307/308 for any method, 301/302/303 for GET),
+  anything else raises TransportError naming where it pointed.
+- **Retries.** Only calls marked idempotent (lifecycle GET and DELETE) are retried, on
+  connection errors and on 429/502/503/504, with capped exponential backoff that honours a
+  capped ``Retry-After``. Other calls are retried only when the connection could not be
+  opened (nothing was sent). The loop is ours, not urllib3's, so it works with any session.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import math
+import os
+import time
+from http.cookiejar import DefaultCookiePolicy
+from typing import Any, Iterable, Mapping
+from urllib.parse import urljoin, urlsplit
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+
+from .constants import VERSION
+from .errors import TransportError, redact
+
+logger = logging.getLogger("osb_sync")
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+BACKOFF_BASE = 0.5
+BACKOFF_MAX = 8.0
+RETRY_AFTER_MAX = 30.0
+MAX_REDIRECTS = 5
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, with the default port filled in."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
+
+
+def retry_after_seconds(response: requests.Response) -> float | None:
+    """Parse ``Retry-After`` (seconds or HTTP-date), capped at RETRY_AFTER_MAX; None if absent."""
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        delay = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        delay = float(when.timestamp()) - time.time()
+    if not math.isfinite(delay):
+        return None
+    return min(max(delay, 0.0), RETRY_AFTER_MAX)
+
+
+def backoff_seconds(attempt: int) -> float:
+    """Exponential backoff for retry number ``attempt`` (0-based), capped."""
+    return float(min(BACKOFF_MAX, BACKOFF_BASE * 2.0 ** min(attempt, 16)))
+
+
+class Transport:
+    """Sends every HTTP request of one client (see the module docstring for the rules)."""
+
+    def __init__(
+        self,
+        *,
+        session: requests.Session | None,
+        pool_maxsize: int,
+        max_retries: int,
+    ):
+        self._pool_maxsize = pool_maxsize
+        self._max_retries = max_retries
+        self._owns_session = session is None
+        self._session = session if session is not None else self._new_session()
+        self._pid = os.getpid()
+
+    def _new_session(self) -> requests.Session:
+        session = requests.Session()
+        adapter = HTTPAdapter(
+            pool_connections=self._pool_maxsize, pool_maxsize=self._pool_maxsize, max_retries=0
+        )
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
+        session.headers["User-Agent"] = f"osb-sync/{VERSION}"
+        return session
+
+    @property
+    def session(self) -> requests.Session:
+        """The session to use in this process (a fresh one after a fork)."""
+        if os.getpid() != self._pid:
+            if self._owns_session:
+                self._session = self._new_session()
+            else:
+                for adapter in self._session.adapters.values():
+                    adapter.close()
+            self._pid = os.getpid()
+        return self._session
+
+    def close(self) -> None:
+        """Close the session if this transport created it (a caller's session is theirs)."""
+        if self._owns_session:
+            self._session.close()
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        timeout: tuple[float, float],
+        headers: Mapping[str, str] | None = None,
+        json: Any = None,
+        params: Any = None,
+        stream: bool = False,
+        idempotent: bool = False,
+        secrets: Iterable[str] = (),
+    ) -> requests.Response:
+        """Send one request and return the response, whatever its status.
+
+        Raises:
+            TransportError: no usable response (after the retries this call allows).
+        """
+        secrets = tuple(secrets)
+        attempt = 0
+        while True:
+            try:
+                response = self._send(method, url, timeout, headers, json, params, stream, secrets)
+            except _ConnectFailed as exc:
+                if attempt >= self._max_retries or not (idempotent or exc.nothing_sent):
+                    raise exc.error from exc.__cause__
+                delay = backoff_seconds(attempt)
+            else:
+                if not idempotent or response.status_code not in RETRY_STATUSES:
+                    return response
+                if attempt >= self._max_retries:
+                    return response
+                delay = retry_after_seconds(response) or backoff_seconds(attempt)
+                response.close()
+            logger.debug("%s %s: retrying in %.2f s", method, urlsplit(url).path, delay)
+            time.sleep(delay)
+            attempt += 1
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        timeout: tuple[float, float],
+        headers: Mapping[str, str] | None,
+        json: Any,
+        params: Any,
+        stream: bool,
+        secrets: tuple[str, ...],
+    ) -> requests.Response:
+        for _ in range(MAX_REDIRECTS + 1):
+            response = self._send_once(method, url, timeout, headers, json, params, stream, secrets)
+            if response.status_code not in _REDIRECT_STATUSES:
+                return response
+            url = self._redirect_target(method, url, response, secrets)
+            params = None  # the Location carries its own query
+        raise TransportError(f"{method} {urlsplit(url).path}: more than {MAX_REDIRECTS} redirects")
+
+    def _send_once(
+        self,
+        method: str,
+        url: str,
+        timeout: tuple[float, float],
+        headers: Mapping[str, str] | None,
+        json: Any,
+        params: Any,
+        stream: bool,
+        secrets: tuple[str, ...],
+    ) -> requests.Response:
+        path = urlsplit(url).path
+        started = time.monotonic()
+        try:
+            response = self.session.request(
+                method,
+                url,
+                headers=dict(headers or {}),
+                json=json,
+                params=params,
+                timeout=timeout,
+                stream=stream,
+                allow_redirects=False,
+            )
+        except requests.RequestException as exc:
+            elapsed = (time.monotonic() - started) * 1000
+            logger.debug("%s %s -> %s after %.1f ms", method, path, type(exc).__name__, elapsed)
+            message = redact(f"{method} {path} failed: {type(exc).__name__}: {exc}", secrets)
+            raise _ConnectFailed(TransportError(message), _nothing_sent(exc)) from exc
+        elapsed = (time.monotonic() - started) * 1000
+        logger.debug("%s %s -> %d in %.1f ms", method, path, response.status_code, elapsed)
+        return response
+
+    @staticmethod
+    def _redirect_target(
+        method: str, url: str, response: requests.Response, secrets: tuple[str, ...]
+    ) -> str:
+        location = response.headers.get("Location", "")
+        response.close()
+        target = urljoin(url, location)
+        shown = redact(urlsplit(target)._replace(query="", fragment="").geturl(), secrets)
+        path = urlsplit(url).path
+        if origin(target) != origin(url):
+            raise TransportError(
+                f"{method} {path} -> {response.status_code} redirect to another origin "
+                f"({shown}) refused: credentials are never sent to another origin"
+            )
+        if response.status_code not in (307, 308) and method != "GET":
+            raise TransportError(
+                f"{method} {path} -> {response.status_code} redirect to {shown} refused: "
+                "it would change the method"
+            )
+        return target
+
+
+class _ConnectFailed(Exception):
+    """Internal: a request raised; carries the public error and whether a retry is safe."""
+
+    def __init__(self, error: TransportError, nothing_sent: bool):
+        super().__init__(str(error))
+        self.error = error
+        self.nothing_sent = nothing_sent
+
+
+def _nothing_sent(exc: requests.RequestException) -> bool:
+    """True when the connection was never opened, so not even a POST reached the server."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError)
