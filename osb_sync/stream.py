@@ -52,11 +52,18 @@ _require_sseclient_py()
 
 
 def capped(chunks: Iterable[bytes], limit: int) -> Iterator[bytes]:
-    """Yield chunks until their total passes ``limit`` bytes, then raise OutputLimitExceeded."""
+    """Yield chunks up to exactly ``limit`` bytes; raise OutputLimitExceeded past it.
+
+    The part of the last chunk that still fits is yielded first, so that the events it
+    completes (``init`` above all, which names the run to interrupt) are not lost.
+    """
     total = 0
     for chunk in chunks:
         total += len(chunk)
         if total > limit:
+            fits = len(chunk) - (total - limit)
+            if fits > 0:
+                yield chunk[:fits]
             raise OutputLimitExceeded(
                 f"sandbox output exceeded {limit} bytes; the stream was closed "
                 "(raise max_output_bytes to allow more)",
