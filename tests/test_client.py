@@ -10,7 +10,6 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 import responses
-from responses import matchers
 from responses.registries import OrderedRegistry
 
 import osb_sync
@@ -475,7 +474,9 @@ def test_retry_after_http_date_and_cap(
 ) -> None:
     monkeypatch.setattr("time.time", lambda: 1_700_000_000.0)
     ordered.delete(
-        f"{API}/sandboxes/{SID}", status=429, headers={"Retry-After": "Tue, 14 Nov 2023 22:13:30 GMT"}
+        f"{API}/sandboxes/{SID}",
+        status=429,
+        headers={"Retry-After": "Tue, 14 Nov 2023 22:13:30 GMT"},
     )
     ordered.delete(f"{API}/sandboxes/{SID}", status=503, headers={"Retry-After": "86400"})
     ordered.delete(f"{API}/sandboxes/{SID}", status=204)
@@ -527,7 +528,9 @@ def test_run_post_is_never_retried(
 
 
 @pytest.mark.parametrize(("status", "expected"), [(204, True), (200, True), (404, False)])
-def test_delete_result(client: Client, rsps: responses.RequestsMock, status: int, expected: bool) -> None:
+def test_delete_result(
+    client: Client, rsps: responses.RequestsMock, status: int, expected: bool
+) -> None:
     add_delete(rsps, status=status)
     assert client.delete_sandbox(SID) is expected
 
@@ -570,7 +573,9 @@ def test_run_code_request_shape_and_no_api_key_to_execd(
 def test_scheme_less_endpoint_takes_api_base_scheme(rsps: responses.RequestsMock) -> None:
     https_api = "https://osb.test/v1"
     rsps.get(f"{https_api}/sandboxes/{SID}/endpoints/44772", json={"endpoint": ENDPOINT})
-    rsps.post("https://execd.test:9000/proxy/44772/code", body=b"", content_type="text/event-stream")
+    rsps.post(
+        "https://execd.test:9000/proxy/44772/code", body=b"", content_type="text/event-stream"
+    )
     Client(https_api).run_code(SID, "1")
     assert rsps.calls[1].request.url == "https://execd.test:9000/proxy/44772/code"
 
@@ -591,8 +596,14 @@ def test_sandbox_side_exception_is_returned_not_raised(
         rsps,
         {"type": "init", "text": "ctx"},
         {"type": "status", "text": "error"},
-        {"type": "error", "error": {"ename": "ZeroDivisionError", "evalue": "division by zero",
-                                    "traceback": ["Traceback"]}},
+        {
+            "type": "error",
+            "error": {
+                "ename": "ZeroDivisionError",
+                "evalue": "division by zero",
+                "traceback": ["Traceback"],
+            },
+        },
         {"type": "execution_complete"},
     )
     result = client.run_code(SID, "1/0")
@@ -615,11 +626,16 @@ def test_output_cap_raises_and_interrupts(client: Client, rsps: responses.Reques
         client.run_code(SID, "flood", max_output_bytes=1000)
     assert isinstance(info.value, ValueError)
     interrupt = rsps.calls[-1].request
-    assert (interrupt.method, parse_qs(urlsplit(interrupt.url).query)) == ("DELETE", {"id": ["ctx-9"]})
+    assert (interrupt.method, parse_qs(urlsplit(interrupt.url).query)) == (
+        "DELETE",
+        {"id": ["ctx-9"]},
+    )
     assert interrupt.headers["X-EXECD-ACCESS-TOKEN"] == TOKEN
 
 
-@pytest.mark.parametrize("bad", [{"code": 5}, {"language": ""}, {"max_output_bytes": 0}, {"timeout": -1}])
+@pytest.mark.parametrize(
+    "bad", [{"code": 5}, {"language": ""}, {"max_output_bytes": 0}, {"timeout": -1}]
+)
 def test_bad_run_arguments(client: Client, bad: dict[str, Any]) -> None:
     sandbox = osb_sync.Sandbox(client, SID, execd_endpoint=ENDPOINT)
     kwargs: dict[str, Any] = {"code": "1", **bad}
@@ -645,7 +661,9 @@ def test_execd_error_status_goes_through_the_funnel(
 # -- the ephemeral tool ----------------------------------------------------------------------
 
 
-def test_tool_deletes_even_when_the_run_raises(client: Client, rsps: responses.RequestsMock) -> None:
+def test_tool_deletes_even_when_the_run_raises(
+    client: Client, rsps: responses.RequestsMock
+) -> None:
     add_create(rsps)
     add_endpoint(rsps)
     add_run(rsps, status=500, json={"code": "RUNTIME_ERROR", "message": "no kernel"})

@@ -41,7 +41,13 @@ def fold(chunks: list[bytes]) -> tuple[list[Event], ExecutionFolder]:
 def test_bare_json_framing_gives_every_event() -> None:
     events, folder = fold([EXECD_RUN])
     assert [e.type for e in events] == [
-        "init", "ping", "stdout", "stdout", "stderr", "execution_count", "result",
+        "init",
+        "ping",
+        "stdout",
+        "stdout",
+        "stderr",
+        "execution_count",
+        "result",
         "execution_complete",
     ]
     assert events[0] == Event(type="init", text="ctx-1", timestamp=1)

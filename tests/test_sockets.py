@@ -1,0 +1,483 @@
+"""Transport and stream behaviour over real loopback sockets (tests/fakeserver.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+from osb_sync import (
+    Client,
+    OutputLimitExceeded,
+    SandboxTimeoutError,
+    StreamError,
+    TransportError,
+)
+from tests.fakeserver import FakeServer, Request
+
+SID = "sbx-1"
+TOKEN = "execd-token-abcdef"
+KEY = "api-key-abcdef"
+EXECD_PATH = f"/sandboxes/{SID}/proxy/44772"
+
+
+def serve_endpoint(server: FakeServer) -> None:
+    """Lifecycle endpoint lookup that points execd at the same server (server-proxy style)."""
+
+    @server.route("GET", f"/v1/sandboxes/{SID}/endpoints/44772")
+    def endpoint(req: Request) -> None:
+        req.send_json(
+            200,
+            {
+                "endpoint": f"127.0.0.1:{server.server_address[1]}{EXECD_PATH}",
+                "headers": {"X-EXECD-ACCESS-TOKEN": TOKEN},
+            },
+        )
+
+    @server.route("DELETE", f"{EXECD_PATH}/code")
+    def interrupt(req: Request) -> None:
+        req.send_raw(200, b"")
+
+
+def serve_run(server: FakeServer, body: callable) -> None:  # type: ignore[valid-type]
+    server.routes[("POST", f"{EXECD_PATH}/code")] = body
+
+
+def ok_run(req: Request) -> None:
+    req.start_stream()
+    req.event(type="init", text="ctx-1")
+    req.event(type="stdout", text="42\n")
+    req.event(type="execution_complete")
+    req.end_stream()
+
+
+@pytest.fixture
+def client(server: FakeServer) -> Iterator[Client]:
+    serve_endpoint(server)
+    with Client(server.api_base, KEY, read_timeout=5.0, connect_timeout=2.0) as c:
+        yield c
+
+
+def interrupts(server: FakeServer) -> list[list[str]]:
+    return [r.query.get("id", []) for r in server.seen("DELETE", f"{EXECD_PATH}/code")]
+
+
+def wait_for(predicate: callable, timeout: float = 3.0) -> bool:  # type: ignore[valid-type]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+# -- threads --------------------------------------------------------------------------------
+
+
+def test_32_threads_share_one_client_within_the_pool(server: FakeServer, client: Client) -> None:
+    serve_run(server, ok_run)
+    sandbox = client.connect(SID)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(32)
+
+    def work() -> None:
+        try:
+            barrier.wait()
+            for _ in range(5):
+                assert sandbox.run_code("print(42)").stdout == "42\n"
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert len(server.seen("POST", f"{EXECD_PATH}/code")) == 160
+    print(f"TCP connections opened by 32 threads x 5 runs: {server.connections}")
+    assert 1 <= server.connections <= 32
+
+
+def test_connections_are_reused_between_calls(server: FakeServer, client: Client) -> None:
+    serve_run(server, ok_run)
+    sandbox = client.connect(SID)
+    for _ in range(5):
+        sandbox.run_code("1")
+    assert server.connections == 1
+
+
+# -- redirects ------------------------------------------------------------------------------
+
+
+def test_cross_origin_redirect_is_refused_and_nothing_leaks(server: FakeServer) -> None:
+    with FakeServer() as other:
+
+        @other.route("GET", "*")
+        def anything(req: Request) -> None:
+            req.send_json(200, {"endpoint": "x"})
+
+        @server.route("GET", f"/v1/sandboxes/{SID}/endpoints/44772")
+        def moved(req: Request) -> None:
+            req.send_raw(307, b"", {"Location": f"{other.url}/steal?sig=SECRET123"})
+
+        with Client(server.api_base, KEY) as c, pytest.raises(TransportError) as info:
+            c.connect(SID)
+        assert other.requests == []
+        assert other.url in str(info.value) and "another origin" in str(info.value)
+        assert "SECRET123" not in str(info.value) and KEY not in str(info.value)
+
+
+def test_cross_origin_redirect_of_a_run_is_refused(server: FakeServer, client: Client) -> None:
+    with FakeServer() as other:
+        serve_run(server, lambda req: req.send_raw(307, b"", {"Location": f"{other.url}/code"}))
+        with pytest.raises(TransportError, match="redirect to another origin"):
+            client.run_code(SID, "print(1)")
+        assert other.requests == []
+
+
+def test_same_origin_redirect_is_followed_with_credentials(server: FakeServer) -> None:
+    @server.route("DELETE", f"/v1/sandboxes/{SID}")
+    def moved(req: Request) -> None:
+        req.send_raw(308, b"", {"Location": f"/v2/sandboxes/{SID}"})
+
+    @server.route("DELETE", f"/v2/sandboxes/{SID}")
+    def deleted(req: Request) -> None:
+        req.send_raw(204, b"")
+
+    with Client(server.api_base, KEY) as c:
+        assert c.delete_sandbox(SID) is True
+    (final,) = server.seen("DELETE", f"/v2/sandboxes/{SID}")
+    assert final.headers["OPEN-SANDBOX-API-KEY"] == KEY
+
+
+def test_same_origin_redirect_that_changes_method_is_refused(
+    server: FakeServer, client: Client
+) -> None:
+    serve_run(server, lambda req: req.send_raw(302, b"", {"Location": "/elsewhere"}))
+    with pytest.raises(TransportError, match="would change the method"):
+        client.run_code(SID, "1")
+
+
+# -- stream faults ----------------------------------------------------------------------------
+
+
+def test_reset_mid_stream_raises_stream_error_with_partial_and_interrupts(
+    server: FakeServer, client: Client
+) -> None:
+    def reset(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-7")
+        req.event(type="stdout", text="before\n")
+        time.sleep(0.05)
+        req.reset()
+
+    serve_run(server, reset)
+    with pytest.raises(StreamError, match="broke") as info:
+        client.run_code(SID, "1")
+    assert info.value.partial is not None and info.value.partial.stdout == "before\n"
+    assert interrupts(server) == [["ctx-7"]]
+    serve_run(server, ok_run)
+    assert client.run_code(SID, "1").stdout == "42\n"
+
+
+def test_fin_in_the_middle_of_an_event_raises_stream_error(
+    server: FakeServer, client: Client
+) -> None:
+    def cut(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-1")
+        req.wfile.write(b'40\r\n{"type": "stdout", "te')
+        req.wfile.flush()
+        req.fin()
+
+    serve_run(server, cut)
+    with pytest.raises(StreamError):
+        client.run_code(SID, "1")
+
+
+def test_clean_end_in_the_middle_of_a_line_raises_stream_error(
+    server: FakeServer, client: Client
+) -> None:
+    def truncated(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-1")
+        req.chunk(b'{"type": "stdout", "te')
+        req.end_stream()
+
+    serve_run(server, truncated)
+    with pytest.raises(StreamError, match="middle of an event"):
+        client.run_code(SID, "1")
+
+
+def test_bare_error_at_eof_is_a_normal_error(server: FakeServer, client: Client) -> None:
+    def busy(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-1")
+        req.chunk(b'{"code":"RUNTIME_ERROR","message":"error running codes session is busy"}')
+        req.end_stream()
+
+    serve_run(server, busy)
+    result = client.run_code(SID, "1")
+    assert result.error is not None and result.error.value.endswith("session is busy")
+
+
+def test_lying_content_length_raises_stream_error(server: FakeServer, client: Client) -> None:
+    def lying(req: Request) -> None:
+        body = json.dumps({"type": "init", "text": "c"}).encode() + b"\n\n"
+        req.send_response(200)
+        req.send_header("Content-Type", "text/event-stream")
+        req.send_header("Content-Length", str(len(body) + 100))
+        req.end_headers()
+        req.wfile.write(body)
+        req.wfile.flush()
+        req.fin()
+
+    serve_run(server, lying)
+    with pytest.raises(StreamError):
+        client.run_code(SID, "1")
+
+
+def test_stall_past_read_timeout_raises_stream_error(server: FakeServer) -> None:
+    serve_endpoint(server)
+    release = threading.Event()
+
+    def stall(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-1")
+        release.wait(5)
+
+    serve_run(server, stall)
+    with Client(server.api_base, read_timeout=0.5) as c:
+        started = time.monotonic()
+        with pytest.raises(StreamError, match="broke"):
+            c.run_code(SID, "1")
+        assert time.monotonic() - started < 3
+    release.set()
+
+
+def test_no_response_headers_within_read_timeout_is_transport_error(server: FakeServer) -> None:
+    serve_endpoint(server)
+    release = threading.Event()
+    serve_run(server, lambda req: release.wait(5))
+    with (
+        Client(server.api_base, read_timeout=0.5) as c,
+        pytest.raises(TransportError, match="Read"),
+    ):
+        c.run_code(SID, "1")
+    release.set()
+
+
+def test_drip_under_read_timeout_is_cut_at_the_run_deadline(
+    server: FakeServer, client: Client
+) -> None:
+    stop = threading.Event()
+
+    def drip(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-3")
+        while not stop.wait(0.05):
+            req.chunk(b" ")
+
+    serve_run(server, drip)
+    started = time.monotonic()
+    with pytest.raises(SandboxTimeoutError, match=r"within 0\.5 seconds"):
+        client.run_code(SID, "1", timeout=0.5)
+    assert time.monotonic() - started < 2.5
+    stop.set()
+    assert wait_for(lambda: interrupts(server) == [["ctx-3"]])
+
+
+def test_watchdog_cuts_a_silent_stream_at_the_deadline(server: FakeServer, client: Client) -> None:
+    release = threading.Event()
+
+    def silent(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-4")
+        release.wait(5)
+
+    serve_run(server, silent)
+    started = time.monotonic()
+    with pytest.raises(SandboxTimeoutError):
+        client.run_code(SID, "1", timeout=0.5)
+    elapsed = time.monotonic() - started
+    release.set()
+    assert elapsed < 2.0  # read_timeout is 5 s: only the watchdog can end it this early
+    assert interrupts(server) == [["ctx-4"]]
+
+
+def test_output_flood_is_capped_interrupted_and_not_reused(
+    server: FakeServer, client: Client
+) -> None:
+    def flood(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-5")
+        line = json.dumps({"type": "stdout", "text": "x" * 4000}).encode() + b"\n\n"
+        try:
+            for _ in range(10_000):
+                req.chunk(line)
+        except OSError:
+            pass
+
+    serve_run(server, flood)
+    with pytest.raises(OutputLimitExceeded, match="exceeded 100000 bytes") as info:
+        client.run_code(SID, "1", max_output_bytes=100_000)
+    assert info.value.partial is not None and 90_000 < len(info.value.partial.stdout) <= 100_000
+    assert interrupts(server) == [["ctx-5"]]
+    serve_run(server, ok_run)
+    assert client.run_code(SID, "1").stdout == "42\n"
+
+
+def test_leaving_a_stream_early_closes_and_interrupts(server: FakeServer, client: Client) -> None:
+    stop = threading.Event()
+
+    def endless(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-6")
+        try:
+            while not stop.wait(0.02):
+                req.event(type="stdout", text="tick\n")
+        except OSError:
+            pass
+
+    serve_run(server, endless)
+    with client.stream_code(SID, "loop") as stream:
+        for event in stream:
+            if event.type == "stdout":
+                break
+    assert interrupts(server) == [["ctx-6"]]
+    with pytest.raises(StreamError, match="closed"):
+        stream.result()
+    stop.set()
+
+
+def test_close_from_another_thread_releases_a_blocked_reader(
+    server: FakeServer, client: Client
+) -> None:
+    release = threading.Event()
+
+    def silent(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-8")
+        release.wait(5)
+
+    serve_run(server, silent)
+    stream = client.stream_code(SID, "1")
+    assert next(stream).type == "init"
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            list(stream)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    stream.close()
+    reader.join(3)
+    release.set()
+    assert not reader.is_alive() and time.monotonic() - started < 2
+    assert len(outcome) == 1 and isinstance(outcome[0], StreamError)
+    assert interrupts(server) == [["ctx-8"]]
+
+
+def test_stream_result_after_exhaustion(server: FakeServer, client: Client) -> None:
+    serve_run(server, ok_run)
+    with client.stream_code(SID, "print(42)") as stream:
+        types = [e.type for e in stream]
+        assert stream.execution_id == "ctx-1"
+    assert types == ["init", "stdout", "execution_complete"]
+    assert stream.result().stdout == "42\n"
+    assert interrupts(server) == []
+
+
+def test_callback_exception_propagates_and_interrupts(server: FakeServer, client: Client) -> None:
+    serve_run(server, ok_run)
+
+    def boom(event: object) -> None:
+        raise KeyError("from the callback")
+
+    with pytest.raises(KeyError):
+        client.run_code(SID, "1", on_event=boom)
+    assert interrupts(server) == [["ctx-1"]]
+
+
+# -- connection failures ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_connection_refused_is_transport_error_and_create_retries_connect(
+    sleeps: list[float],
+) -> None:
+    with Client(f"http://127.0.0.1:{free_port()}/v1", KEY, max_retries=2) as c:
+        with pytest.raises(TransportError, match="POST /v1/sandboxes failed") as info:
+            c.create_sandbox()
+    assert KEY not in str(info.value)
+    # Nothing was sent, so even the create POST may be retried; then the leak lookup retries too.
+    assert sleeps[:2] == [0.5, 1.0]
+
+
+# -- fork -------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_child_process_opens_fresh_connections(server: FakeServer, client: Client) -> None:
+    serve_run(server, ok_run)
+    sandbox = client.connect(SID)
+    sandbox.run_code("1")
+    parent_session = client._transport.session
+    assert server.connections == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            fresh = client._transport.session is not parent_session
+            code = 0 if fresh and sandbox.run_code("1").stdout == "42\n" else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert server.connections == 2
+    sandbox.run_code("1")
+    assert server.connections == 2
+    assert client._transport.session is parent_session
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_child_drops_inherited_pool_of_a_callers_session(server: FakeServer) -> None:
+    import requests
+
+    serve_endpoint(server)
+    serve_run(server, ok_run)
+    session = requests.Session()
+    with Client(server.api_base, session=session) as c:
+        c.run_code(SID, "1")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                same = c._transport.session is session
+                code = 0 if same and c.run_code(SID, "1").stdout == "42\n" else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    assert server.connections == 2
