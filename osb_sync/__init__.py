@@ -27,11 +27,12 @@ from .errors import (
     StreamError,
     TransportError,
 )
+from .execution import ExecutionStream
 from .functions import code_interpreter_tool, create_sandbox, delete_sandbox, run_code
 from .models import Event, ExecutionError, ExecutionResult
 from .provider import OpenSandboxProvider, discover_providers
 from .sandbox import Sandbox
-from .stream import ExecutionStream, parse_execution
+from .stream import parse_execution
 
 __version__ = VERSION
 

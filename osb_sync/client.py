@@ -1,57 +1,37 @@
-"""The Client: lifecycle REST calls, waiting until a sandbox runs, endpoint resolution."""
+"""The public facade: Client, which composes the transport, the lifecycle API and sandboxes."""
 
 from __future__ import annotations
 
 import logging
 import os
 import secrets
-import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
-from urllib.parse import quote, urlencode, urlsplit
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from urllib.parse import urlsplit
 
 import requests
 
 from .constants import (
     API_BASE_ENV,
     API_KEY_ENV,
-    API_KEY_HEADER,
     CREATE_ID_KEY,
-    DEFAULT_ENTRYPOINT,
     DEFAULT_LANGUAGE,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_READY_TIMEOUT,
-    DEFAULT_RESOURCE_LIMITS,
-    DEFAULT_TEMPLATE,
-    DEFAULT_TIMEOUT,
     DOMAIN_ENV,
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
 )
-from .errors import (
-    ApiError,
-    ConfigurationError,
-    NotFoundError,
-    OpenSandboxError,
-    SandboxStateError,
-    SandboxTimeoutError,
-    TransportError,
-    error_from_response,
-)
-from .models import Event, ExecutionResult
+from .errors import ConfigurationError
+from .execution import ExecutionStream
+from .lifecycle import MAX_PAGE_SIZE, Lifecycle, build_create_body
+from .models import Event, ExecutionResult, SandboxInfo
 from .sandbox import Sandbox
-from .stream import ExecutionStream
 from .transport import Transport
 
 if TYPE_CHECKING:
     from types import TracebackType
 
 logger = logging.getLogger("osb_sync")
-
-FATAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
-EGRESS_HINT = (
-    "Hint: this server has no egress support for networkPolicy; pass "
-    "allow_internet_access=True or configure egress on the server."
-)
 
 
 def resolve_api_base(api_base: str | None) -> str:
@@ -85,55 +65,6 @@ def _base_from_domain(domain: str | None) -> str | None:
     if "://" not in domain:
         domain = "http://" + domain
     return domain + "/v1"
-
-
-def build_create_body(
-    *,
-    template: str | None = None,
-    timeout: int | None = None,
-    allow_internet_access: bool | None = None,
-    metadata: Mapping[str, str] | None = None,
-    env_vars: Mapping[str, str] | None = None,
-    resource_limits: Mapping[str, str] | None = None,
-    resource_requests: Mapping[str, str] | None = None,
-    entrypoint: Sequence[str] | None = None,
-    network_policy: Mapping[str, Any] | None = None,
-    secure_access: bool = False,
-) -> dict[str, Any]:
-    """The ``POST /sandboxes`` body; deny-all network unless internet access is asked for."""
-    body: dict[str, Any] = {
-        "image": {"uri": template or DEFAULT_TEMPLATE},
-        "entrypoint": list(entrypoint or DEFAULT_ENTRYPOINT),
-        "timeout": timeout or DEFAULT_TIMEOUT,
-        "resourceLimits": dict(resource_limits or DEFAULT_RESOURCE_LIMITS),
-    }
-    if metadata:
-        body["metadata"] = dict(metadata)
-    if env_vars:
-        body["env"] = dict(env_vars)
-    if resource_requests:
-        body["resourceRequests"] = dict(resource_requests)
-    if network_policy is not None:
-        body["networkPolicy"] = dict(network_policy)
-    elif allow_internet_access is not True:
-        body["networkPolicy"] = {"defaultAction": "deny", "egress": []}
-    if secure_access:
-        body["secureAccess"] = True
-    return body
-
-
-def _state_of(data: Any) -> str | None:
-    status = data.get("status") if isinstance(data, dict) else None
-    state = status.get("state") if isinstance(status, dict) else None
-    return state if isinstance(state, str) else None
-
-
-def _describe_state(data: Any) -> str:
-    status = data.get("status") if isinstance(data, dict) else None
-    if not isinstance(status, dict):
-        return ""
-    details = [str(status[k]) for k in ("reason", "message") if status.get(k)]
-    return f" ({': '.join(details)})" if details else ""
 
 
 class Client:
@@ -173,7 +104,7 @@ class Client:
         execd_scheme: str | None = None,
     ):
         self.api_base = resolve_api_base(api_base)
-        self._api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
+        api_key_value = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
         if execd_scheme not in (None, "http", "https"):
             raise ConfigurationError("execd_scheme must be 'http', 'https' or None")
         self.execd_scheme = execd_scheme or urlsplit(self.api_base).scheme
@@ -188,11 +119,15 @@ class Client:
             raise ConfigurationError("pool_maxsize must be a positive int")
         if not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigurationError("max_retries must be an int >= 0")
-        self.connect_timeout = float(connect_timeout)
-        self.read_timeout = float(read_timeout)
-        self.create_timeout = float(create_timeout)
         self._transport = Transport(
-            session=session, pool_maxsize=pool_maxsize, max_retries=max_retries
+            session=session,
+            connect_timeout=float(connect_timeout),
+            read_timeout=float(read_timeout),
+            pool_maxsize=pool_maxsize,
+            max_retries=max_retries,
+        )
+        self._lifecycle = Lifecycle(
+            self._transport, self.api_base, api_key_value, float(create_timeout)
         )
 
     def __repr__(self) -> str:
@@ -264,12 +199,11 @@ class Client:
             TransportError: the server could not be reached.
         """
         ready_timeout, poll_interval = _wait_settings(ready_timeout, poll_interval)
-        create_id = secrets.token_hex(8)
         body = build_create_body(
             template=template,
             timeout=timeout,
             allow_internet_access=allow_internet_access,
-            metadata={**(metadata or {}), CREATE_ID_KEY: create_id},
+            metadata={**(metadata or {}), CREATE_ID_KEY: secrets.token_hex(8)},
             env_vars=env_vars,
             resource_limits=resource_limits,
             resource_requests=resource_requests,
@@ -277,12 +211,12 @@ class Client:
             network_policy=network_policy,
             secure_access=secure_access,
         )
-        data = self._post_create(body, create_id)
+        data = self._lifecycle.create(body)
         sandbox_id = str(data["id"])
         try:
-            self._wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
-            endpoint, headers = self._resolve_execd(
-                sandbox_id, use_server_proxy, ready_timeout, poll_interval
+            self._lifecycle.wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
+            endpoint, headers = self._lifecycle.resolve_endpoint(
+                sandbox_id, EXECD_PORT, use_server_proxy, ready_timeout, poll_interval
             )
         except BaseException:
             self._delete_quietly(sandbox_id)
@@ -317,8 +251,8 @@ class Client:
         """
         sandbox_id = _check_id(sandbox_id)
         ready_timeout, poll_interval = _wait_settings(ready_timeout, poll_interval)
-        endpoint, headers = self._resolve_execd(
-            sandbox_id, use_server_proxy, ready_timeout, poll_interval
+        endpoint, headers = self._lifecycle.resolve_endpoint(
+            sandbox_id, EXECD_PORT, use_server_proxy, ready_timeout, poll_interval
         )
         return Sandbox(
             self,
@@ -339,15 +273,43 @@ class Client:
             TransportError: the server could not be reached.
         """
         sandbox_id = _check_id(sandbox.id if isinstance(sandbox, Sandbox) else sandbox)
-        response = self._lifecycle(
-            "DELETE", f"/sandboxes/{quote(sandbox_id, safe='')}", check=False
-        )
-        response.close()
-        if response.status_code == 404:
-            return False
-        if response.status_code >= 300:
-            raise self._error(response)
-        return True
+        return self._lifecycle.delete(sandbox_id)
+
+    def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        """Fetch a sandbox's current description.
+
+        Raises:
+            NotFoundError: no such sandbox.
+            ApiError: another error status.
+            TransportError: the server could not be reached.
+        """
+        data = self._lifecycle.get(_check_id(sandbox_id))
+        if not isinstance(data, dict):
+            raise ConfigurationError(f"the server described sandbox {sandbox_id} as non-JSON")
+        return SandboxInfo.from_dict(data)
+
+    def list_sandboxes(
+        self,
+        *,
+        states: Sequence[str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        page_size: int = 50,
+    ) -> Iterator[SandboxInfo]:
+        """Iterate over sandboxes, following pagination lazily.
+
+        Args:
+            states: keep sandboxes in any of these states.
+            metadata: keep sandboxes whose labels include all of these.
+            page_size: sandboxes per request (1 to 200).
+
+        Raises:
+            ApiError: an error status.
+            TransportError: the server could not be reached.
+        """
+        if not isinstance(page_size, int) or not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ConfigurationError(f"page_size must be an int from 1 to {MAX_PAGE_SIZE}")
+        for item in self._lifecycle.iter_sandboxes(states, metadata, page_size):
+            yield SandboxInfo.from_dict(item)
 
     # -- running code ----------------------------------------------------------------------
 
@@ -447,159 +409,13 @@ class Client:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _timeouts(self, read: float | None = None) -> tuple[float, float]:
-        return (self.connect_timeout, self.read_timeout if read is None else read)
-
-    def _lifecycle(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: Any = None,
-        read_timeout: float | None = None,
-        check: bool = True,
-    ) -> requests.Response:
-        headers = {"Content-Type": "application/json"} if json is not None else {}
-        if self._api_key:
-            headers[API_KEY_HEADER] = self._api_key
-        response = self._transport.request(
-            method,
-            self.api_base + path,
-            json=json,
-            params=params,
-            headers=headers,
-            timeout=self._timeouts(read_timeout),
-            idempotent=method in ("GET", "DELETE"),
-            secrets=(self._api_key,),
-        )
-        if check and response.status_code >= 300:
-            raise self._error(response)
-        return response
-
-    def _error(self, response: requests.Response) -> ApiError:
-        path = urlsplit(response.url).path if response.url else ""
-        method = (response.request.method or "") if response.request is not None else ""
-        return error_from_response(response, method, path, (self._api_key,))
-
-    def _json(self, response: requests.Response) -> Any:
-        try:
-            return response.json()
-        except ValueError:
-            return None
-
-    def _post_create(self, body: dict[str, Any], create_id: str) -> dict[str, Any]:
-        try:
-            response = self._lifecycle(
-                "POST", "/sandboxes", json=body, read_timeout=self.create_timeout
-            )
-        except ApiError as exc:
-            if exc.status_code >= 500:
-                self._delete_by_create_id(create_id)
-            if (
-                exc.status_code == 400
-                and exc.code == "SANDBOX::INVALID_PARAMETER"
-                and "networkPolicy" in body
-            ):
-                raise type(exc)(
-                    f"{exc} {EGRESS_HINT}",
-                    status_code=exc.status_code,
-                    code=exc.code,
-                    message=exc.message,
-                    request_id=exc.request_id,
-                    response=exc.response,
-                ) from None
-            raise
-        except TransportError:
-            self._delete_by_create_id(create_id)
-            raise
-        data = self._json(response)
-        if not isinstance(data, dict) or data.get("id") in (None, ""):
-            self._delete_by_create_id(create_id)
-            shape = "an object without an id" if isinstance(data, dict) else "not a JSON object"
-            raise ApiError(
-                f"POST /sandboxes -> {response.status_code}: the create response is {shape}",
-                status_code=response.status_code,
-                code="INVALID_RESPONSE",
-                request_id=response.headers.get("X-Request-ID"),
-                response=response,
-            )
-        return data
-
-    def _wait_until_running(
-        self, sandbox_id: str, data: Any, ready_timeout: float, poll_interval: float
-    ) -> None:
-        path = f"/sandboxes/{quote(sandbox_id, safe='')}"
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            state = _state_of(data)
-            if state == "Running":
-                return
-            if state in FATAL_STATES:
-                raise SandboxStateError(
-                    f"sandbox {sandbox_id} entered {state}{_describe_state(data)}"
-                )
-            if time.monotonic() >= deadline:
-                raise SandboxTimeoutError(
-                    f"sandbox {sandbox_id} was not Running within {ready_timeout} seconds "
-                    f"(last state: {state or 'unknown'})"
-                )
-            time.sleep(poll_interval)
-            data = self._json(self._lifecycle("GET", path))
-
-    def _resolve_execd(
-        self, sandbox_id: str, use_server_proxy: bool, ready_timeout: float, poll_interval: float
-    ) -> tuple[str, dict[str, str]]:
-        path = f"/sandboxes/{quote(sandbox_id, safe='')}/endpoints/{EXECD_PORT}"
-        params = {"use_server_proxy": "true" if use_server_proxy else "false"}
-        deadline = time.monotonic() + ready_timeout
-        last_error: Exception | None = None
-        while True:
-            try:
-                data = self._json(self._lifecycle("GET", path, params=params))
-            except NotFoundError as exc:
-                last_error = exc
-            else:
-                endpoint = data.get("endpoint") if isinstance(data, dict) else None
-                if isinstance(endpoint, str) and endpoint.strip():
-                    headers = data.get("headers")
-                    if not isinstance(headers, dict):
-                        headers = {}
-                    return endpoint, {str(k): str(v) for k, v in headers.items()}
-                last_error = ValueError("the endpoint response has no usable 'endpoint'")
-            if time.monotonic() >= deadline:
-                raise SandboxTimeoutError(
-                    f"execd endpoint for {sandbox_id} was not ready within {ready_timeout} "
-                    f"seconds (use_server_proxy={use_server_proxy})"
-                ) from last_error
-            time.sleep(poll_interval)
-
     def _as_sandbox(self, sandbox: Sandbox | str) -> Sandbox:
         if isinstance(sandbox, Sandbox):
             return sandbox
         return self.connect(sandbox)
 
     def _delete_quietly(self, sandbox_id: str) -> None:
-        """Best-effort delete for cleanup paths: logs, never raises."""
-        try:
-            self.delete_sandbox(sandbox_id)
-        except OpenSandboxError as exc:
-            logger.warning("could not delete sandbox %s: %s", sandbox_id, exc)
-
-    def _delete_by_create_id(self, create_id: str) -> None:
-        """Find and delete a sandbox whose create answer was lost (best effort, logged)."""
-        query = urlencode({CREATE_ID_KEY: create_id})
-        try:
-            data = self._json(self._lifecycle("GET", "/sandboxes", params={"metadata": query}))
-        except OpenSandboxError as exc:
-            logger.warning("could not look for a sandbox left by a failed create: %s", exc)
-            return
-        items = data.get("items") if isinstance(data, dict) else None
-        for item in items if isinstance(items, list) else []:
-            metadata = item.get("metadata") if isinstance(item, dict) else None
-            if isinstance(metadata, dict) and metadata.get(CREATE_ID_KEY) == create_id:
-                logger.warning("deleting sandbox %s left by a failed create", item.get("id"))
-                self._delete_quietly(str(item.get("id")))
+        self._lifecycle.delete_quietly(sandbox_id)
 
 
 def _wait_settings(ready_timeout: float | None, poll_interval: float | None) -> tuple[float, float]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 
@@ -70,3 +72,74 @@ class ExecutionResult:
             "error": error,
             "execution_count": self.execution_count,
         }
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox as the lifecycle API describes it.
+
+    Attributes:
+        id: the sandbox id.
+        state: ``Pending``, ``Running``, ``Paused``... (servers add values; kept as sent).
+        reason: machine-readable reason of the state, or None.
+        message: human-readable detail of the state, or None.
+        metadata: the sandbox's labels.
+        image: the image URI, or None (e.g. created from a snapshot).
+        entrypoint: the main process.
+        created_at: creation time (timezone-aware), or None.
+        expires_at: expiry time (timezone-aware), or None when it never expires.
+    """
+
+    id: str
+    state: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    image: str | None = None
+    entrypoint: list[str] = field(default_factory=list)
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SandboxInfo:
+        """Build from a lifecycle ``Sandbox`` object, tolerating missing or odd fields."""
+        raw_status = data.get("status")
+        status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
+        image = data.get("image")
+        metadata = data.get("metadata")
+        entrypoint = data.get("entrypoint")
+        return cls(
+            id=str(data.get("id", "")),
+            state=_str_or_none(status.get("state")),
+            reason=_str_or_none(status.get("reason")),
+            message=_str_or_none(status.get("message")),
+            metadata=(
+                {str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) else {}
+            ),
+            image=_str_or_none(image.get("uri")) if isinstance(image, dict) else None,
+            entrypoint=[str(e) for e in entrypoint] if isinstance(entrypoint, list) else [],
+            created_at=parse_time(data.get("createdAt")),
+            expires_at=parse_time(data.get("expiresAt")),
+        )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+_FRACTION = re.compile(r"\.(\d+)")
+
+
+def parse_time(value: Any) -> datetime | None:
+    """Parse an RFC 3339 time (``Z`` and nanoseconds included, which Python 3.10 rejects)."""
+    if not isinstance(value, str) or not value:
+        return None
+    text = value.strip()
+    if text[-1:] in ("Z", "z"):
+        text = text[:-1] + "+00:00"
+    text = _FRACTION.sub(lambda m: "." + m.group(1)[:6].ljust(6, "0"), text, count=1)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)

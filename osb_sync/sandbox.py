@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 from .constants import DEFAULT_LANGUAGE, MAX_OUTPUT_BYTES
 from .errors import ConfigurationError, OpenSandboxError, error_from_response
+from .execution import ExecutionStream
 from .models import Event, ExecutionResult
-from .stream import ExecutionStream
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -126,7 +126,6 @@ class Sandbox:
             url,
             json=body,
             headers={**_STREAM_HEADERS, **self.execd_headers},
-            timeout=self._client._timeouts(),
             stream=True,
             secrets=self._secrets(),
         )
@@ -159,7 +158,7 @@ class Sandbox:
                 url,
                 params={"id": context_id},
                 headers=self.execd_headers,
-                timeout=self._client._timeouts(read=_INTERRUPT_READ_TIMEOUT),
+                read_timeout=_INTERRUPT_READ_TIMEOUT,
                 secrets=self._secrets(),
             )
             response.close()

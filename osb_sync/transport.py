@@ -86,9 +86,13 @@ class Transport:
         self,
         *,
         session: requests.Session | None,
+        connect_timeout: float,
+        read_timeout: float,
         pool_maxsize: int,
         max_retries: int,
     ):
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
         self._pool_maxsize = pool_maxsize
         self._max_retries = max_retries
         self._owns_session = session is None
@@ -128,7 +132,7 @@ class Transport:
         method: str,
         url: str,
         *,
-        timeout: tuple[float, float],
+        read_timeout: float | None = None,
         headers: Mapping[str, str] | None = None,
         json: Any = None,
         params: Any = None,
@@ -138,10 +142,14 @@ class Transport:
     ) -> requests.Response:
         """Send one request and return the response, whatever its status.
 
+        ``read_timeout`` overrides the transport's for this call (bounding silence, not the
+        whole response).
+
         Raises:
             TransportError: no usable response (after the retries this call allows).
         """
         secrets = tuple(secrets)
+        timeout = (self.connect_timeout, read_timeout or self.read_timeout)
         attempt = 0
         while True:
             try:

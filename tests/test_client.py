@@ -23,7 +23,7 @@ from osb_sync import (
     SandboxTimeoutError,
     TransportError,
 )
-from osb_sync.client import build_create_body
+from osb_sync.lifecycle import build_create_body
 from osb_sync.constants import CREATE_ID_KEY
 from tests.helpers import (
     API,
@@ -738,3 +738,75 @@ def test_one_debug_line_per_call_without_secrets(
     assert lines[1].startswith("POST /proxy/44772/code -> 200 in ")
     assert len(lines) == 2
     assert all(KEY not in line and TOKEN not in line for line in lines)
+
+
+# -- describing and listing -------------------------------------------------------------------
+
+
+def test_get_sandbox_parses_the_description(client: Client, rsps: responses.RequestsMock) -> None:
+    rsps.get(
+        f"{API}/sandboxes/{SID}",
+        json={
+            "id": SID,
+            "status": {"state": "Running", "reason": "CONTAINER_RUNNING", "message": "ok"},
+            "metadata": {"team": "ml"},
+            "image": {"uri": "img:1"},
+            "entrypoint": ["/bin/run"],
+            "createdAt": "2026-06-12T10:00:00.123456789Z",
+        },
+    )
+    info = client.get_sandbox(SID)
+    assert (info.id, info.state, info.reason, info.message) == (
+        SID,
+        "Running",
+        "CONTAINER_RUNNING",
+        "ok",
+    )
+    assert (info.metadata, info.image, info.entrypoint) == ({"team": "ml"}, "img:1", ["/bin/run"])
+    assert info.created_at is not None and info.created_at.isoformat() == (
+        "2026-06-12T10:00:00.123456+00:00"
+    )
+    assert info.expires_at is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-06-12T10:00:00Z", "2026-06-12T10:00:00+00:00"),
+        ("2026-06-12T10:00:00.5+02:00", "2026-06-12T10:00:00.500000+02:00"),
+        ("2026-06-12T10:00:00", "2026-06-12T10:00:00+00:00"),
+        ("yesterday", None),
+        (None, None),
+    ],
+)
+def test_parse_time(text: Any, expected: str | None) -> None:
+    from osb_sync.models import parse_time
+
+    parsed = parse_time(text)
+    assert (parsed.isoformat() if parsed else None) == expected
+
+
+def test_list_sandboxes_follows_pages_lazily_with_filters(
+    client: Client, ordered: responses.RequestsMock
+) -> None:
+    ordered.get(
+        f"{API}/sandboxes",
+        json={"items": [{"id": "a"}, {"id": "b"}], "pagination": {"hasNextPage": True}},
+    )
+    ordered.get(f"{API}/sandboxes", json={"items": [{"id": "c"}], "pagination": {}})
+    listing = client.list_sandboxes(
+        states=["Running", "Paused"], metadata={"team": "ml", "k": "a&b"}, page_size=2
+    )
+    assert next(listing).id == "a"
+    assert len(ordered.calls) == 1
+    assert [s.id for s in listing] == ["b", "c"]
+    first = parse_qs(urlsplit(ordered.calls[0].request.url).query)
+    assert first["state"] == ["Running", "Paused"]
+    assert parse_qs(first["metadata"][0]) == {"team": ["ml"], "k": ["a&b"]}
+    assert (first["page"], first["pageSize"]) == (["1"], ["2"])
+    assert parse_qs(urlsplit(ordered.calls[1].request.url).query)["page"] == ["2"]
+
+
+def test_list_page_size_is_checked(client: Client) -> None:
+    with pytest.raises(ConfigurationError, match="page_size"):
+        list(client.list_sandboxes(page_size=201))

@@ -1,0 +1,325 @@
+"""Lifecycle REST calls: create, wait until Running, resolve endpoints, get, list, delete."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterator, Mapping, Sequence
+from urllib.parse import quote, urlencode, urlsplit
+
+import requests
+
+from .constants import (
+    API_KEY_HEADER,
+    CREATE_ID_KEY,
+    DEFAULT_ENTRYPOINT,
+    DEFAULT_RESOURCE_LIMITS,
+    DEFAULT_TEMPLATE,
+    DEFAULT_TIMEOUT,
+    REQUEST_ID_HEADER,
+)
+from .errors import (
+    ApiError,
+    NotFoundError,
+    OpenSandboxError,
+    SandboxStateError,
+    SandboxTimeoutError,
+    TransportError,
+    error_from_response,
+)
+from .transport import Transport
+
+logger = logging.getLogger("osb_sync")
+
+FATAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
+EGRESS_HINT = (
+    "Hint: this server has no egress support for networkPolicy; pass "
+    "allow_internet_access=True or configure egress on the server."
+)
+MAX_PAGE_SIZE = 200
+
+
+def build_create_body(
+    *,
+    template: str | None = None,
+    timeout: int | None = None,
+    allow_internet_access: bool | None = None,
+    metadata: Mapping[str, str] | None = None,
+    env_vars: Mapping[str, str] | None = None,
+    resource_limits: Mapping[str, str] | None = None,
+    resource_requests: Mapping[str, str] | None = None,
+    entrypoint: Sequence[str] | None = None,
+    network_policy: Mapping[str, Any] | None = None,
+    secure_access: bool = False,
+) -> dict[str, Any]:
+    """The ``POST /sandboxes`` body; deny-all network unless internet access is asked for."""
+    body: dict[str, Any] = {
+        "image": {"uri": template or DEFAULT_TEMPLATE},
+        "entrypoint": list(entrypoint or DEFAULT_ENTRYPOINT),
+        "timeout": timeout or DEFAULT_TIMEOUT,
+        "resourceLimits": dict(resource_limits or DEFAULT_RESOURCE_LIMITS),
+    }
+    if metadata:
+        body["metadata"] = dict(metadata)
+    if env_vars:
+        body["env"] = dict(env_vars)
+    if resource_requests:
+        body["resourceRequests"] = dict(resource_requests)
+    if network_policy is not None:
+        body["networkPolicy"] = dict(network_policy)
+    elif allow_internet_access is not True:
+        body["networkPolicy"] = {"defaultAction": "deny", "egress": []}
+    if secure_access:
+        body["secureAccess"] = True
+    return body
+
+
+def sandbox_path(sandbox_id: str) -> str:
+    """``/sandboxes/{id}`` with the id escaped, so no id can reach another route."""
+    return f"/sandboxes/{quote(sandbox_id, safe='')}"
+
+
+def _state_of(data: Any) -> str | None:
+    status = data.get("status") if isinstance(data, dict) else None
+    state = status.get("state") if isinstance(status, dict) else None
+    return state if isinstance(state, str) else None
+
+
+def _describe_state(data: Any) -> str:
+    status = data.get("status") if isinstance(data, dict) else None
+    if not isinstance(status, dict):
+        return ""
+    details = [str(status[k]) for k in ("reason", "message") if status.get(k)]
+    return f" ({': '.join(details)})" if details else ""
+
+
+def _json(response: requests.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+class Lifecycle:
+    """The lifecycle API of one server, reached through a Transport with one API key."""
+
+    def __init__(self, transport: Transport, api_base: str, api_key: str, create_timeout: float):
+        self._transport = transport
+        self._api_base = api_base
+        self._api_key = api_key
+        self._create_timeout = create_timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+        read_timeout: float | None = None,
+        check: bool = True,
+    ) -> requests.Response:
+        """Send a lifecycle call with the API key; raise ApiError for an error status if asked.
+
+        Raises:
+            ApiError: an error status (when ``check``).
+            TransportError: no usable response.
+        """
+        headers = {"Content-Type": "application/json"} if json is not None else {}
+        if self._api_key:
+            headers[API_KEY_HEADER] = self._api_key
+        response = self._transport.request(
+            method,
+            self._api_base + path,
+            json=json,
+            params=params,
+            headers=headers,
+            read_timeout=read_timeout,
+            idempotent=method in ("GET", "DELETE"),
+            secrets=(self._api_key,),
+        )
+        if check and response.status_code >= 300:
+            raise self.error(response)
+        return response
+
+    def error(self, response: requests.Response) -> ApiError:
+        """The ApiError describing an error response (secrets redacted)."""
+        path = urlsplit(response.url).path if response.url else ""
+        method = (response.request.method or "") if response.request is not None else ""
+        return error_from_response(response, method, path, (self._api_key,))
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /sandboxes``; a failure that may have left a sandbox deletes it by its tag.
+
+        Raises:
+            ApiError: an error status, or a success without an id.
+            TransportError: no usable response.
+        """
+        create_id = body.get("metadata", {}).get(CREATE_ID_KEY, "")
+        try:
+            response = self.request(
+                "POST", "/sandboxes", json=body, read_timeout=self._create_timeout
+            )
+        except ApiError as exc:
+            if exc.status_code >= 500:
+                self.delete_by_create_id(create_id)
+            if exc.code == "SANDBOX::INVALID_PARAMETER" and "networkPolicy" in body:
+                raise _with_hint(exc, EGRESS_HINT) from None
+            raise
+        except TransportError:
+            self.delete_by_create_id(create_id)
+            raise
+        data = _json(response)
+        if not isinstance(data, dict) or data.get("id") in (None, ""):
+            self.delete_by_create_id(create_id)
+            shape = "an object without an id" if isinstance(data, dict) else "not a JSON object"
+            raise ApiError(
+                f"POST /sandboxes -> {response.status_code}: the create response is {shape}",
+                status_code=response.status_code,
+                code="INVALID_RESPONSE",
+                request_id=response.headers.get(REQUEST_ID_HEADER),
+                response=response,
+            )
+        return data
+
+    def get(self, sandbox_id: str) -> Any:
+        """``GET /sandboxes/{id}``: the decoded body.
+
+        Raises:
+            NotFoundError: no such sandbox.
+            ApiError: another error status.
+            TransportError: no usable response.
+        """
+        return _json(self.request("GET", sandbox_path(sandbox_id)))
+
+    def iter_sandboxes(
+        self, states: Sequence[str] | None, metadata: Mapping[str, str] | None, page_size: int
+    ) -> Iterator[dict[str, Any]]:
+        """Every sandbox matching the filters, page by page, fetched lazily."""
+        params: dict[str, Any] = {"pageSize": page_size}
+        if states:
+            params["state"] = list(states)
+        if metadata:
+            params["metadata"] = urlencode(dict(metadata))
+        page = 1
+        while True:
+            data = _json(self.request("GET", "/sandboxes", params={**params, "page": page}))
+            items = data.get("items") if isinstance(data, dict) else None
+            if not isinstance(items, list) or not items:
+                return
+            yield from (item for item in items if isinstance(item, dict))
+            pagination = data.get("pagination")
+            if not (isinstance(pagination, dict) and pagination.get("hasNextPage")):
+                return
+            page += 1
+
+    def wait_until_running(
+        self, sandbox_id: str, data: Any, ready_timeout: float, poll_interval: float
+    ) -> None:
+        """Poll while the sandbox is not Running: one ``time.sleep`` between two polls.
+
+        Raises:
+            SandboxStateError: Failed, Stopping or Terminated.
+            SandboxTimeoutError: not Running within ``ready_timeout``.
+            NotFoundError: the sandbox disappeared.
+        """
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            state = _state_of(data)
+            if state == "Running":
+                return
+            if state in FATAL_STATES:
+                raise SandboxStateError(
+                    f"sandbox {sandbox_id} entered {state}{_describe_state(data)}"
+                )
+            if time.monotonic() >= deadline:
+                raise SandboxTimeoutError(
+                    f"sandbox {sandbox_id} was not Running within {ready_timeout} seconds "
+                    f"(last state: {state or 'unknown'})"
+                )
+            time.sleep(poll_interval)
+            data = self.get(sandbox_id)
+
+    def resolve_endpoint(
+        self,
+        sandbox_id: str,
+        port: int,
+        use_server_proxy: bool,
+        ready_timeout: float,
+        poll_interval: float,
+    ) -> tuple[str, dict[str, str]]:
+        """The endpoint and headers of a port; 404s and unusable bodies are retried.
+
+        Raises:
+            SandboxTimeoutError: no endpoint within ``ready_timeout`` (chained from the last error).
+            ApiError: any error status other than 404.
+        """
+        path = f"{sandbox_path(sandbox_id)}/endpoints/{port}"
+        params = {"use_server_proxy": "true" if use_server_proxy else "false"}
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            try:
+                data = _json(self.request("GET", path, params=params))
+            except NotFoundError as exc:
+                last_error: Exception = exc
+            else:
+                endpoint = data.get("endpoint") if isinstance(data, dict) else None
+                if isinstance(endpoint, str) and endpoint.strip():
+                    headers = data.get("headers")
+                    headers = headers if isinstance(headers, dict) else {}
+                    return endpoint, {str(k): str(v) for k, v in headers.items()}
+                last_error = ValueError("the endpoint response has no usable 'endpoint'")
+            if time.monotonic() >= deadline:
+                raise SandboxTimeoutError(
+                    f"execd endpoint for {sandbox_id} was not ready within {ready_timeout} "
+                    f"seconds (use_server_proxy={use_server_proxy})"
+                ) from last_error
+            time.sleep(poll_interval)
+
+    def delete(self, sandbox_id: str) -> bool:
+        """``DELETE /sandboxes/{id}``: True if deleted, False on 404.
+
+        Raises:
+            ApiError: any other error status.
+            TransportError: no usable response.
+        """
+        response = self.request("DELETE", sandbox_path(sandbox_id), check=False)
+        response.close()
+        if response.status_code == 404:
+            return False
+        if response.status_code >= 300:
+            raise self.error(response)
+        return True
+
+    def delete_quietly(self, sandbox_id: str) -> None:
+        """Best-effort delete for cleanup paths: logs, never raises."""
+        try:
+            self.delete(sandbox_id)
+        except OpenSandboxError as exc:
+            logger.warning("could not delete sandbox %s: %s", sandbox_id, exc)
+
+    def delete_by_create_id(self, create_id: str) -> None:
+        """Find and delete a sandbox whose create answer was lost (best effort, logged)."""
+        if not create_id:
+            return
+        try:
+            found = list(self.iter_sandboxes(None, {CREATE_ID_KEY: create_id}, MAX_PAGE_SIZE))
+        except OpenSandboxError as exc:
+            logger.warning("could not look for a sandbox left by a failed create: %s", exc)
+            return
+        for item in found:
+            metadata = item.get("metadata")
+            if isinstance(metadata, dict) and metadata.get(CREATE_ID_KEY) == create_id:
+                logger.warning("deleting sandbox %s left by a failed create", item.get("id"))
+                self.delete_quietly(str(item.get("id")))
+
+
+def _with_hint(exc: ApiError, hint: str) -> ApiError:
+    return type(exc)(
+        f"{exc} {hint}",
+        status_code=exc.status_code,
+        code=exc.code,
+        message=exc.message,
+        request_id=exc.request_id,
+        response=exc.response,
+    )
