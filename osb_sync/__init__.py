@@ -29,7 +29,7 @@ from .errors import (
 )
 from .execution import ExecutionStream
 from .functions import code_interpreter_tool, create_sandbox, delete_sandbox, run_code
-from .models import Event, ExecutionError, ExecutionResult
+from .models import Event, ExecutionError, ExecutionResult, SandboxInfo
 from .provider import OpenSandboxProvider, discover_providers
 from .sandbox import Sandbox
 from .stream import parse_execution
@@ -59,6 +59,7 @@ __all__ = [
     "OutputLimitExceeded",
     "Sandbox",
     "SandboxStateError",
+    "SandboxInfo",
     "SandboxTimeoutError",
     "StreamError",
     "TransportError",

@@ -18,7 +18,7 @@ from osb_sync import errors
 DOCUMENTED = {
     "Client", "Sandbox", "ExecutionStream", "ExecutionResult", "ExecutionError", "Event",
     "parse_execution", "create_sandbox", "run_code", "delete_sandbox", "code_interpreter_tool",
-    "discover_providers", "OpenSandboxProvider",
+    "discover_providers", "OpenSandboxProvider", "SandboxInfo",
     "MAX_OUTPUT_BYTES", "DEFAULT_TEMPLATE", "DEFAULT_ENTRYPOINT", "DEFAULT_TIMEOUT",
     "DEFAULT_RESOURCE_LIMITS", "EXECD_PORT", "DEFAULT_POLL_INTERVAL", "DEFAULT_READY_TIMEOUT",
     "DEFAULT_LANGUAGE",

@@ -23,8 +23,8 @@ from osb_sync import (
     SandboxTimeoutError,
     TransportError,
 )
-from osb_sync.lifecycle import build_create_body
 from osb_sync.constants import CREATE_ID_KEY
+from osb_sync.lifecycle import build_create_body
 from tests.helpers import (
     API,
     ENDPOINT,
