@@ -22,8 +22,11 @@ from .client import Client
 from .constants import API_BASE_ENV, DOMAIN_ENV, VERSION
 from .errors import ConfigurationError, OpenSandboxError
 from .models import Event, ExecutionResult, SandboxInfo
-from .sandbox import Sandbox
 
+UNENFORCED_POLICY = (
+    "network namespaces are not available here, so the local server cannot enforce the "
+    "deny-all network policy: code in its sandboxes can reach the network"
+)
 NOT_A_BOUNDARY = (
     "a development server, NOT a security boundary: sandboxes run as this user on this machine"
 )
@@ -171,7 +174,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server.start()
     print(f"osb-sync: serving {server.api_base} ({NOT_A_BOUNDARY})", file=sys.stderr)
     if not server.network_policy_enforced:
-        print(f"osb-sync: warning: {_unenforced_policy_text(server)}", file=sys.stderr)
+        print(f"osb-sync: warning: {UNENFORCED_POLICY}", file=sys.stderr)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -288,16 +291,9 @@ def _client_or_local_server(args: argparse.Namespace) -> Iterator[Client]:
 
     with LocalServer(unenforced_network_policy="accept") as server:
         if not args.allow_internet and not server.network_policy_enforced:
-            print(f"osb-sync: warning: {_unenforced_policy_text(server)}", file=sys.stderr)
+            print(f"osb-sync: warning: {UNENFORCED_POLICY}", file=sys.stderr)
         with Client(server.api_base, server.api_key) as client:
             yield client
-
-
-def _unenforced_policy_text(server: Any) -> str:
-    return (
-        "network namespaces are not available here, so the local server cannot enforce the "
-        "deny-all network policy: code in its sandboxes can reach the network"
-    )
 
 
 def _echo_output(event: Event) -> None:
