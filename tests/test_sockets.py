@@ -481,3 +481,23 @@ def test_child_drops_inherited_pool_of_a_callers_session(server: FakeServer) -> 
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
     assert server.connections == 2
+
+
+def test_a_callers_session_gets_the_same_safety_and_is_left_untouched(server: FakeServer) -> None:
+    import requests
+
+    session = requests.Session()
+    before = (dict(session.headers), dict(session.adapters), session.cookies.get_policy())
+    with FakeServer() as other:
+
+        @server.route("GET", f"/v1/sandboxes/{SID}/endpoints/44772")
+        def moved(req: Request) -> None:
+            req.send_raw(302, b"", {"Location": f"{other.url}/v1/elsewhere"})
+
+        with Client(server.api_base, KEY, session=session) as c, pytest.raises(TransportError):
+            c.connect(SID)
+        assert other.requests == []
+    assert (dict(session.headers), dict(session.adapters), session.cookies.get_policy()) == before
+    for adapter in session.adapters.values():  # not closed by client.close()
+        assert adapter.poolmanager.pools is not None
+    session.close()
