@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import secrets
+import time
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -20,11 +23,13 @@ from .constants import (
     DOMAIN_ENV,
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
+    _NoTimeout,
 )
-from .errors import ConfigurationError
+from .errors import ConfigurationError, SandboxTimeoutError
+from .execd import execd_base_url
 from .execution import ExecutionStream
-from .lifecycle import MAX_PAGE_SIZE, Lifecycle, build_create_body
-from .models import Event, ExecutionResult, SandboxInfo
+from .lifecycle import MAX_PAGE_SIZE, Lifecycle, build_create_body, sandbox_path
+from .models import Endpoint, Event, ExecutionResult, SandboxInfo, parse_time
 from .sandbox import Sandbox
 from .transport import Transport
 
@@ -154,7 +159,7 @@ class Client:
         self,
         *,
         template: str | None = None,
-        timeout: int | None = None,
+        timeout: int | _NoTimeout | None = None,
         allow_internet_access: bool | None = None,
         metadata: Mapping[str, str] | None = None,
         env_vars: Mapping[str, str] | None = None,
@@ -166,6 +171,12 @@ class Client:
         use_server_proxy: bool = False,
         ready_timeout: float | None = None,
         poll_interval: float | None = None,
+        snapshot_id: str | None = None,
+        image_auth: Mapping[str, str] | None = None,
+        platform: Mapping[str, str] | None = None,
+        volumes: Sequence[Mapping[str, Any]] | None = None,
+        extensions: Mapping[str, str] | None = None,
+        health_check: bool = True,
     ) -> Sandbox:
         """Create a sandbox, wait until it runs and resolve its execd endpoint.
 
@@ -175,7 +186,7 @@ class Client:
 
         Args:
             template: image URI (default ``DEFAULT_TEMPLATE``).
-            timeout: sandbox lifetime in seconds (default 300).
+            timeout: sandbox lifetime in seconds (default 300); ``NO_TIMEOUT`` for none.
             allow_internet_access: True omits the default deny-all ``networkPolicy``.
             metadata: labels (Kubernetes label rules apply to values).
             env_vars: environment of the sandbox.
@@ -185,8 +196,15 @@ class Client:
             network_policy: sent as is; wins over ``allow_internet_access`` (even ``{}``).
             secure_access: ask for ``secureAccess``.
             use_server_proxy: route execd calls through the server's proxy.
-            ready_timeout: seconds for each wait (Running, then endpoint); default 30.
+            ready_timeout: seconds for each wait (Running, endpoint, ping); default 30.
             poll_interval: seconds between polls; default 0.2.
+            snapshot_id: restore from a snapshot instead of an image.
+            image_auth: registry credentials ``{"username", "password"}`` (never logged).
+            platform: ``{"os": ..., "arch": ...}``.
+            volumes: volume definitions, sent as they are.
+            extensions: server-specific string options.
+            health_check: wait until execd answers ``/ping`` (a first call otherwise may meet
+                a 502 while execd starts).
 
         Returns:
             The running sandbox; leaving ``with sandbox:`` deletes it.
@@ -210,26 +228,25 @@ class Client:
             entrypoint=entrypoint,
             network_policy=network_policy,
             secure_access=secure_access,
+            snapshot_id=snapshot_id,
+            image_auth=image_auth,
+            platform=platform,
+            volumes=volumes,
+            extensions=extensions,
         )
         data = self._lifecycle.create(body)
         sandbox_id = str(data["id"])
         try:
             self._lifecycle.wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
-            endpoint, headers = self._lifecycle.resolve_endpoint(
-                sandbox_id, EXECD_PORT, use_server_proxy, ready_timeout, poll_interval
-            )
+            sandbox = self._reach(sandbox_id, use_server_proxy, ready_timeout, poll_interval)
+            if health_check:
+                _wait_healthy(sandbox, ready_timeout, poll_interval)
         except BaseException:
             self._delete_quietly(sandbox_id)
             raise
         logger.debug("sandbox %s is running", sandbox_id)
-        return Sandbox(
-            self,
-            sandbox_id,
-            execd_endpoint=endpoint,
-            execd_headers=headers,
-            use_server_proxy=use_server_proxy,
-            delete_on_exit=True,
-        )
+        sandbox.delete_on_exit = True
+        return sandbox
 
     def connect(
         self,
@@ -238,29 +255,27 @@ class Client:
         use_server_proxy: bool = False,
         ready_timeout: float | None = None,
         poll_interval: float | None = None,
+        health_check: bool = True,
     ) -> Sandbox:
         """Resolve the execd endpoint of an existing sandbox and return a handle to it.
 
         The handle does not delete the sandbox when a ``with`` block ends unless its
         ``delete_on_exit`` is set.
 
+        With ``health_check`` it then waits until execd answers ``/ping``.
+
         Raises:
             ApiError: the server refused the request.
-            SandboxTimeoutError: no endpoint within ``ready_timeout`` (404s are retried).
+            SandboxTimeoutError: no endpoint (404s are retried) or no ``/ping`` answer within
+                ``ready_timeout``.
             TransportError: the server could not be reached.
         """
         sandbox_id = _check_id(sandbox_id)
         ready_timeout, poll_interval = _wait_settings(ready_timeout, poll_interval)
-        endpoint, headers = self._lifecycle.resolve_endpoint(
-            sandbox_id, EXECD_PORT, use_server_proxy, ready_timeout, poll_interval
-        )
-        return Sandbox(
-            self,
-            sandbox_id,
-            execd_endpoint=endpoint,
-            execd_headers=headers,
-            use_server_proxy=use_server_proxy,
-        )
+        sandbox = self._reach(sandbox_id, use_server_proxy, ready_timeout, poll_interval)
+        if health_check:
+            _wait_healthy(sandbox, ready_timeout, poll_interval)
+        return sandbox
 
     def delete_sandbox(self, sandbox: Sandbox | str) -> bool:
         """Delete a sandbox.
@@ -311,6 +326,94 @@ class Client:
         for item in self._lifecycle.iter_sandboxes(states, metadata, page_size):
             yield SandboxInfo.from_dict(item)
 
+    def get_endpoint(
+        self,
+        sandbox_id: str,
+        port: int,
+        *,
+        use_server_proxy: bool = False,
+        ready_timeout: float | None = None,
+    ) -> Endpoint:
+        """How to reach ``port`` of a sandbox: a URL with scheme, and the headers to send.
+
+        Raises:
+            ConfigurationError: a port outside 1..65535.
+            SandboxTimeoutError: no endpoint within ``ready_timeout``.
+            ApiError: the server refused.
+        """
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ConfigurationError("port must be an int from 1 to 65535")
+        ready_timeout, poll_interval = _wait_settings(ready_timeout, None)
+        endpoint, headers = self._lifecycle.resolve_endpoint(
+            _check_id(sandbox_id), port, use_server_proxy, ready_timeout, poll_interval
+        )
+        return Endpoint(url=execd_base_url(endpoint, self.execd_scheme), headers=headers)
+
+    def pause(self, sandbox_id: str) -> None:
+        """Pause a sandbox.
+
+        Raises:
+            ApiError: e.g. 409 when it is not running.
+        """
+        self._lifecycle.request("POST", f"{sandbox_path(_check_id(sandbox_id))}/pause").close()
+
+    def resume(
+        self,
+        sandbox_id: str,
+        *,
+        ready_timeout: float | None = None,
+        poll_interval: float | None = None,
+    ) -> None:
+        """Resume a paused sandbox and wait until it is Running.
+
+        Raises:
+            ApiError: e.g. 409 when it is not paused.
+            SandboxTimeoutError: not Running within ``ready_timeout``.
+        """
+        sandbox_id = _check_id(sandbox_id)
+        ready_timeout, poll_interval = _wait_settings(ready_timeout, poll_interval)
+        self._lifecycle.request("POST", f"{sandbox_path(sandbox_id)}/resume").close()
+        data = self._lifecycle.get(sandbox_id)
+        self._lifecycle.wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
+
+    def renew(self, sandbox_id: str, seconds: float) -> datetime | None:
+        """Make a sandbox expire ``seconds`` from now; returns the new expiry.
+
+        Raises:
+            ApiError: e.g. a sandbox without expiry.
+        """
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise ConfigurationError("seconds must be a positive number")
+        expires = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+        body = {"expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        path = f"{sandbox_path(_check_id(sandbox_id))}/renew-expiration"
+        data = _json_body(self._lifecycle.request("POST", path, json=body))
+        return parse_time(data.get("expiresAt")) if isinstance(data, dict) else None
+
+    def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> SandboxInfo:
+        """Merge-patch a sandbox's labels: a value adds or replaces, ``None`` deletes.
+
+        Raises:
+            ApiError: e.g. a reserved or invalid label.
+        """
+        path = f"{sandbox_path(_check_id(sandbox_id))}/metadata"
+        data = _json_body(self._lifecycle.request("PATCH", path, json=dict(patch)))
+        return SandboxInfo.from_dict(data if isinstance(data, dict) else {"id": sandbox_id})
+
+    def delete_all(self, *, metadata: Mapping[str, str]) -> builtins.list[str]:
+        """Delete every sandbox whose labels include ``metadata``; returns their ids.
+
+        The cleanup tool after a crash (pooled sandboxes carry a pool tag, every create an
+        ``osb-sync/create-id``). An empty filter is refused: it would match everything.
+
+        Raises:
+            ConfigurationError: an empty ``metadata``.
+        """
+        if not metadata:
+            raise ConfigurationError("delete_all needs a non-empty metadata filter")
+        ids = [info.id for info in self.list_sandboxes(metadata=metadata, page_size=MAX_PAGE_SIZE)]
+        return [sandbox_id for sandbox_id in ids if self._lifecycle.delete(sandbox_id)]
+
     # -- running code ----------------------------------------------------------------------
 
     def run_code(
@@ -359,7 +462,7 @@ class Client:
         max_output_bytes: int = MAX_OUTPUT_BYTES,
         timeout: float | None = None,
         on_event: Callable[[Event], object] | None = None,
-    ) -> ExecutionStream:
+    ) -> ExecutionStream[ExecutionResult]:
         """Start running code and return its live event stream (use it in a ``with`` block).
 
         Leaving the block before the end closes the connection and interrupts the run on
@@ -409,6 +512,20 @@ class Client:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _reach(
+        self, sandbox_id: str, use_server_proxy: bool, ready_timeout: float, poll_interval: float
+    ) -> Sandbox:
+        endpoint, headers = self._lifecycle.resolve_endpoint(
+            sandbox_id, EXECD_PORT, use_server_proxy, ready_timeout, poll_interval
+        )
+        return Sandbox(
+            self,
+            sandbox_id,
+            execd_endpoint=endpoint,
+            execd_headers=headers,
+            use_server_proxy=use_server_proxy,
+        )
+
     def _as_sandbox(self, sandbox: Sandbox | str) -> Sandbox:
         if isinstance(sandbox, Sandbox):
             return sandbox
@@ -416,6 +533,25 @@ class Client:
 
     def _delete_quietly(self, sandbox_id: str) -> None:
         self._lifecycle.delete_quietly(sandbox_id)
+
+
+def _wait_healthy(sandbox: Sandbox, ready_timeout: float, poll_interval: float) -> None:
+    """Poll execd ``/ping`` until it answers 200: one sleep between two pings."""
+    deadline = time.monotonic() + ready_timeout
+    while not sandbox.ping():
+        if time.monotonic() >= deadline:
+            raise SandboxTimeoutError(
+                f"execd of sandbox {sandbox.id} did not answer /ping within {ready_timeout} "
+                f"seconds ({sandbox.execd_url})"
+            )
+        time.sleep(poll_interval)
+
+
+def _json_body(response: requests.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
 
 
 def _wait_settings(ready_timeout: float | None, poll_interval: float | None) -> tuple[float, float]:

@@ -26,6 +26,13 @@ REQUEST_ID_HEADER = "X-Request-ID"
 # Metadata key that tags every create, so a sandbox whose create response was lost can be found.
 CREATE_ID_KEY = "osb-sync/create-id"
 
-DENY_ALL_NETWORK_POLICY: Mapping[str, object] = MappingProxyType(
-    {"defaultAction": "deny", "egress": ()}
-)
+
+class _NoTimeout:
+    """Type of NO_TIMEOUT."""
+
+    def __repr__(self) -> str:
+        return "NO_TIMEOUT"
+
+
+# ``create_sandbox(timeout=NO_TIMEOUT)`` sends ``null``: the sandbox never expires.
+NO_TIMEOUT = _NoTimeout()

@@ -7,6 +7,7 @@ The tree::
     ├── SandboxStateError       (also ValueError)     sandbox entered Failed/Stopping/Terminated
     ├── SandboxTimeoutError     (also TimeoutError)   not ready in time, or a run past its deadline
     ├── OutputLimitExceeded     (also ValueError)     a stream passed max_output_bytes
+    ├── CommandFailed                                  CommandResult.check() on a failed command
     ├── ApiError                (also requests.HTTPError)  the server answered with an error status
     │   └── NotFoundError                              404
     └── TransportError          (also requests.ConnectionError)  no usable response
@@ -19,14 +20,11 @@ or an execd token.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import requests
 
 from .constants import REQUEST_ID_HEADER
-
-if TYPE_CHECKING:
-    from .models import ExecutionResult
 
 _MAX_BODY_EXCERPT = 300
 
@@ -50,10 +48,19 @@ class SandboxTimeoutError(OpenSandboxError, TimeoutError):
 class OutputLimitExceeded(OpenSandboxError, ValueError):
     """A stream delivered more bytes than allowed; the stream was closed and the run interrupted."""
 
-    def __init__(self, message: str, *, limit: int, partial: ExecutionResult | None = None):
+    def __init__(self, message: str, *, limit: int, partial: Any = None):
         super().__init__(message)
         self.limit = limit
         self.partial = partial
+
+
+class CommandFailed(OpenSandboxError):
+    """A command exited non-zero (raised by ``CommandResult.check()``)."""
+
+    def __init__(self, message: str, *, exit_code: int | None, stderr: str):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.stderr = stderr
 
 
 class ApiError(OpenSandboxError, requests.HTTPError):
@@ -102,7 +109,7 @@ class StreamError(TransportError):
         partial: what had been received before the fault, folded into a result.
     """
 
-    def __init__(self, message: str, *, partial: ExecutionResult | None = None):
+    def __init__(self, message: str, *, partial: Any = None):
         super().__init__(message)
         self.partial = partial
 

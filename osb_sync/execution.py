@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Generic, Iterable, Iterator, Protocol, TypeVar
 
 import requests
 import urllib3
 
 from .errors import OutputLimitExceeded, SandboxTimeoutError, StreamError
-from .models import Event, ExecutionResult
+from .models import Event
 from .stream import ExecutionFolder, capped, iter_events
 
 if TYPE_CHECKING:
@@ -21,14 +21,29 @@ logger = logging.getLogger("osb_sync")
 
 CHUNK_SIZE = 64 * 1024
 
+R = TypeVar("R", covariant=True)
 
-class ExecutionStream:
+
+class Folder(Protocol[R]):
+    """Folds a run's events into its result (``ExecutionFolder`` for code, one for commands)."""
+
+    execution_id: str | None
+    completed: bool  # a terminal event arrived: the run needs no interrupt
+
+    def add(self, event: Event) -> None: ...
+
+    def result(self) -> R: ...
+
+
+class ExecutionStream(Generic[R]):
     """The events of one run, read live from execd; an iterator and a context manager.
 
     Iterating yields :class:`Event` objects and calls ``on_event`` for each, on the reading
-    thread. Once exhausted, :meth:`result` returns the :class:`ExecutionResult`. Leaving a
-    ``with`` block early, or calling :meth:`close` (from any thread), closes the connection and
-    interrupts the run on the server, so the context is free for the next run.
+    thread. Once exhausted, :meth:`result` returns the result (an :class:`ExecutionResult` for
+    code). Leaving a ``with`` block early, or calling :meth:`close` (from any thread), closes
+    the connection and interrupts the run on the server, so the context is free for the next
+    run. With ``stop_at_terminal`` the stream ends at the terminal event (``/command`` keeps
+    its connection open about a second longer).
 
     ``timeout`` is an overall deadline, checked on every chunk (execd pings every 3 s). Where
     urllib3 offers ``HTTPResponse.shutdown()`` (2.3+), a watchdog cuts a blocked read at the
@@ -44,13 +59,16 @@ class ExecutionStream:
         timeout: float | None = None,
         on_event: Callable[[Event], object] | None = None,
         interrupt: Callable[[str], None] | None = None,
+        folder: Folder[R] | None = None,
+        stop_at_terminal: bool = False,
     ):
         self._response = response
+        self._stop_at_terminal = stop_at_terminal
         self._on_event = on_event
         self._interrupt = interrupt
         self._timeout = timeout
         self._deadline = None if timeout is None else time.monotonic() + timeout
-        self._folder = ExecutionFolder()
+        self._folder: Folder[R] = folder if folder is not None else ExecutionFolder()  # type: ignore[assignment]
         self._state = "open"  # open -> done | closed | failed
         self._lock = threading.Lock()
         self._expired = False
@@ -63,7 +81,7 @@ class ExecutionStream:
             self._watchdog.daemon = True
             self._watchdog.start()
 
-    def __iter__(self) -> ExecutionStream:
+    def __iter__(self) -> ExecutionStream[R]:
         return self
 
     def __next__(self) -> Event:
@@ -89,6 +107,8 @@ class ExecutionStream:
             self._fail()
             raise self._broken(exc) from exc
         self._folder.add(event)
+        if self._stop_at_terminal and self._folder.completed:
+            self._end_of_stream()
         if self._on_event is not None:
             try:
                 self._on_event(event)
@@ -97,7 +117,7 @@ class ExecutionStream:
                 raise
         return event
 
-    def __enter__(self) -> ExecutionStream:
+    def __enter__(self) -> ExecutionStream[R]:
         return self
 
     def __exit__(
@@ -113,7 +133,11 @@ class ExecutionStream:
         """The ``init`` event's text once it has arrived (for ``/code``, the context id)."""
         return self._folder.execution_id
 
-    def result(self) -> ExecutionResult:
+    def partial(self) -> R:
+        """The result of the events received so far."""
+        return self._folder.result()
+
+    def result(self) -> R:
         """Read what is left of the stream and return the result.
 
         Raises:

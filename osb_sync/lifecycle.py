@@ -16,10 +16,13 @@ from .constants import (
     DEFAULT_RESOURCE_LIMITS,
     DEFAULT_TEMPLATE,
     DEFAULT_TIMEOUT,
+    NO_TIMEOUT,
     REQUEST_ID_HEADER,
+    _NoTimeout,
 )
 from .errors import (
     ApiError,
+    ConfigurationError,
     NotFoundError,
     OpenSandboxError,
     SandboxStateError,
@@ -42,7 +45,7 @@ MAX_PAGE_SIZE = 200
 def build_create_body(
     *,
     template: str | None = None,
-    timeout: int | None = None,
+    timeout: int | _NoTimeout | None = None,
     allow_internet_access: bool | None = None,
     metadata: Mapping[str, str] | None = None,
     env_vars: Mapping[str, str] | None = None,
@@ -51,14 +54,31 @@ def build_create_body(
     entrypoint: Sequence[str] | None = None,
     network_policy: Mapping[str, Any] | None = None,
     secure_access: bool = False,
+    snapshot_id: str | None = None,
+    image_auth: Mapping[str, str] | None = None,
+    platform: Mapping[str, str] | None = None,
+    volumes: Sequence[Mapping[str, Any]] | None = None,
+    extensions: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The ``POST /sandboxes`` body; deny-all network unless internet access is asked for."""
-    body: dict[str, Any] = {
-        "image": {"uri": template or DEFAULT_TEMPLATE},
-        "entrypoint": list(entrypoint or DEFAULT_ENTRYPOINT),
-        "timeout": timeout or DEFAULT_TIMEOUT,
-        "resourceLimits": dict(resource_limits or DEFAULT_RESOURCE_LIMITS),
-    }
+    """The ``POST /sandboxes`` body; deny-all network unless internet access is asked for.
+
+    Raises:
+        ConfigurationError: both ``template`` and ``snapshot_id``.
+    """
+    body: dict[str, Any] = {}
+    if snapshot_id is not None:
+        if template is not None or image_auth is not None:
+            raise ConfigurationError("pass either template (with image_auth) or snapshot_id")
+        body["snapshotId"] = snapshot_id
+        if entrypoint:
+            body["entrypoint"] = list(entrypoint)
+    else:
+        body["image"] = {"uri": template or DEFAULT_TEMPLATE}
+        if image_auth:
+            body["image"]["auth"] = dict(image_auth)
+        body["entrypoint"] = list(entrypoint or DEFAULT_ENTRYPOINT)
+    body["timeout"] = None if timeout is NO_TIMEOUT else (timeout or DEFAULT_TIMEOUT)
+    body["resourceLimits"] = dict(resource_limits or DEFAULT_RESOURCE_LIMITS)
     if metadata:
         body["metadata"] = dict(metadata)
     if env_vars:
@@ -71,6 +91,12 @@ def build_create_body(
         body["networkPolicy"] = {"defaultAction": "deny", "egress": []}
     if secure_access:
         body["secureAccess"] = True
+    if platform:
+        body["platform"] = dict(platform)
+    if volumes:
+        body["volumes"] = [dict(volume) for volume in volumes]
+    if extensions:
+        body["extensions"] = dict(extensions)
     return body
 
 

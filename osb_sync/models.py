@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from .errors import CommandFailed
+
 
 @dataclass(frozen=True)
 class Event:
@@ -143,3 +145,150 @@ def parse_time(value: Any) -> datetime | None:
     except ValueError:
         return None
     return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one shell command produced. A non-zero exit is data, not an exception.
+
+    Attributes:
+        id: the command id from ``init`` (for status, logs, interrupt).
+        exit_code: the exit code, -1 for a signal death, None when unknown.
+        stdout: the output text, each line followed by ``"\\n"``.
+        stderr: the error text, likewise (empty for bash sessions: they merge it into stdout).
+        error: the error event, or None.
+        timed_out: the command ran past its ``timeout`` and was stopped.
+        duration: seconds from the request to the end of the stream.
+    """
+
+    id: str | None = None
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    error: ExecutionError | None = None
+    timed_out: bool = False
+    duration: float = 0.0
+
+    def check(self) -> CommandResult:
+        """Return self if the command succeeded.
+
+        Raises:
+            CommandFailed: non-zero exit, an error, or a timeout; with the tail of stderr.
+        """
+        if self.exit_code == 0 and not self.timed_out and self.error is None:
+            return self
+        tail = (self.stderr or self.stdout)[-_TAIL_CHARS:]
+        if self.timed_out:
+            reason = "timed out"
+        elif self.exit_code is not None:
+            reason = f"exited with {self.exit_code}"
+        else:
+            reason = f"failed: {self.error.value if self.error else 'no exit code'}"
+        raise CommandFailed(
+            f"command {self.id or ''} {reason}".replace("  ", " ") + (f": {tail}" if tail else ""),
+            exit_code=self.exit_code,
+            stderr=self.stderr,
+        )
+
+
+_TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class CommandStatus:
+    """A command's state as execd reports it."""
+
+    id: str
+    running: bool
+    exit_code: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    error: str | None = None
+    content: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CommandStatus:
+        """Build from execd's ``/command/status`` body."""
+        exit_code = data.get("exit_code")
+        return cls(
+            id=str(data.get("id", "")),
+            running=bool(data.get("running")),
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            started_at=parse_time(data.get("started_at")),
+            finished_at=parse_time(data.get("finished_at")),
+            error=_str_or_none(data.get("error")),
+            content=_str_or_none(data.get("content")),
+        )
+
+
+@dataclass(frozen=True)
+class CodeContext:
+    """A named code context: state (variables, imports) persists between runs in it."""
+
+    id: str
+    language: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """How to reach a port a sandbox serves: ``url`` with scheme, and the headers to send."""
+
+    url: str
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One resource sample of a sandbox."""
+
+    cpu_count: float
+    cpu_used_pct: float
+    mem_total_mib: float
+    mem_used_mib: float
+    timestamp: int | None = None
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A file or directory in a sandbox.
+
+    ``mode`` holds the permission bits as a number (``0o644``); execd's wire form (the decimal
+    digits ``644``) is converted both ways.
+    """
+
+    path: str
+    type: str
+    size: int = 0
+    mode: int = 0
+    owner: str | None = None
+    group: str | None = None
+    modified_at: datetime | None = None
+    created_at: datetime | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FileInfo:
+        """Build from execd's ``FileInfo`` object."""
+        size = data.get("size")
+        return cls(
+            path=str(data.get("path", "")),
+            type=str(data.get("type", "")),
+            size=size if isinstance(size, int) else 0,
+            mode=mode_from_wire(data.get("mode")),
+            owner=_str_or_none(data.get("owner")),
+            group=_str_or_none(data.get("group")),
+            modified_at=parse_time(data.get("modified_at")),
+            created_at=parse_time(data.get("created_at")),
+        )
+
+
+def mode_to_wire(mode: int) -> int:
+    """0o755 -> 755: execd reads the decimal digits as octal."""
+    return int(format(mode, "o"))
+
+
+def mode_from_wire(value: Any) -> int:
+    """755 -> 0o755; anything unreadable -> 0."""
+    try:
+        return int(str(int(value)), 8)
+    except (TypeError, ValueError):
+        return 0

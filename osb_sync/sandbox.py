@@ -1,39 +1,40 @@
-"""The Sandbox handle and its in-sandbox (execd) calls."""
+"""The Sandbox handle: code, commands, contexts, files and lifecycle of one sandbox."""
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING, Callable, Mapping
-from urllib.parse import urlsplit
+import builtins
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from .commands import (
+    BackgroundCommand,
+    BashSession,
+    CommandFolder,
+    client_deadline,
+    collect,
+    command_body,
+    line_callbacks,
+)
 from .constants import DEFAULT_LANGUAGE, MAX_OUTPUT_BYTES
-from .errors import ConfigurationError, OpenSandboxError, error_from_response
-from .execution import ExecutionStream
-from .models import Event, ExecutionResult
+from .errors import ConfigurationError, OpenSandboxError
+from .execd import Execd, execd_base_url
+from .files import Files
+from .models import (
+    CodeContext,
+    CommandResult,
+    Endpoint,
+    Event,
+    ExecutionResult,
+    Metrics,
+    SandboxInfo,
+)
+from .stream import ExecutionFolder
 
 if TYPE_CHECKING:
+    from datetime import datetime
     from types import TracebackType
 
     from .client import Client
-
-logger = logging.getLogger("osb_sync")
-
-_STREAM_HEADERS = {
-    "Content-Type": "application/json",
-    "Accept": "text/event-stream",
-    "Cache-Control": "no-cache",
-    # Counted bytes must be wire bytes: no transparent decompression under the cap.
-    "Accept-Encoding": "identity",
-}
-_INTERRUPT_READ_TIMEOUT = 10.0
-
-
-def execd_base_url(endpoint: str, scheme: str) -> str:
-    """``scheme://endpoint`` for a scheme-less endpoint (which may carry a path)."""
-    endpoint = endpoint.strip().rstrip("/")
-    if "://" in endpoint:
-        return endpoint
-    return f"{scheme}://{endpoint}"
+    from .execution import ExecutionStream
 
 
 class Sandbox:
@@ -89,19 +90,35 @@ class Sandbox:
         """execd's base URL, with the scheme of the client's ``api_base`` (or ``execd_scheme``)."""
         return execd_base_url(self.execd_endpoint, self._client.execd_scheme)
 
+    @property
+    def _execd(self) -> Execd:
+        return Execd(self._client._transport, self.execd_url, self.execd_headers)
+
+    @property
+    def files(self) -> Files:
+        """The sandbox's file system."""
+        return Files(self._execd)
+
+    # -- code ---------------------------------------------------------------------------------
+
     def run_code(
         self,
         code: str,
         *,
         language: str = DEFAULT_LANGUAGE,
+        context: CodeContext | str | None = None,
         max_output_bytes: int = MAX_OUTPUT_BYTES,
         timeout: float | None = None,
         on_event: Callable[[Event], object] | None = None,
     ) -> ExecutionResult:
-        """Run code and return what it produced; see :meth:`Client.run_code`."""
+        """Run code and return what it produced; see :meth:`Client.run_code`.
+
+        ``context``: a CodeContext (its language is used) or a context id (with ``language``).
+        """
         with self.stream_code(
             code,
             language=language,
+            context=context,
             max_output_bytes=max_output_bytes,
             timeout=timeout,
             on_event=on_event,
@@ -113,63 +130,242 @@ class Sandbox:
         code: str,
         *,
         language: str = DEFAULT_LANGUAGE,
+        context: CodeContext | str | None = None,
         max_output_bytes: int = MAX_OUTPUT_BYTES,
         timeout: float | None = None,
         on_event: Callable[[Event], object] | None = None,
-    ) -> ExecutionStream:
+    ) -> ExecutionStream[ExecutionResult]:
         """Start running code and return the live event stream; see :meth:`Client.stream_code`."""
+        if isinstance(context, CodeContext):
+            language = context.language
         _check_run_arguments(code, language, max_output_bytes, timeout)
-        body = {"code": code, "context": {"language": language}}
-        url = self.execd_url + "/code"
-        response = self._client._transport.request(
-            "POST",
-            url,
-            json=body,
-            headers={**_STREAM_HEADERS, **self.execd_headers},
-            stream=True,
-            secrets=self._secrets(),
-        )
-        if response.status_code >= 300:
-            try:
-                raise error_from_response(response, "POST", urlsplit(url).path, self._secrets())
-            finally:
-                response.close()
-        return ExecutionStream(
-            response,
+        target: dict[str, str] = {"language": language}
+        if context is not None:
+            # Both, always: without a language real execd runs the code as a shell command.
+            target["id"] = context.id if isinstance(context, CodeContext) else context
+        return self._execd.stream(
+            "/code",
+            {"code": code, "context": target},
+            folder=ExecutionFolder(),
             max_output_bytes=max_output_bytes,
             timeout=timeout,
             on_event=on_event,
-            interrupt=self._interrupt_code_quietly,
+            interrupt_path="/code",
         )
+
+    def interrupt_code(self, context_id: str) -> None:
+        """Interrupt the run in a code context (the id is ``ExecutionResult.execution_id``)."""
+        self._execd.request("DELETE", "/code", params={"id": context_id})
+
+    def create_context(
+        self, language: str = DEFAULT_LANGUAGE, cwd: str | None = None
+    ) -> CodeContext:
+        """Create a named code context: its state persists between runs.
+
+        Raises:
+            ApiError: execd refused (an unknown language, for instance).
+        """
+        body = {"language": language, **({"cwd": cwd} if cwd else {})}
+        return _context(self._execd.json("POST", "/code/context", json=body), language)
+
+    def list_contexts(self, language: str | None = None) -> builtins.list[CodeContext]:
+        """The code contexts, of one language or all."""
+        params = {"language": language} if language else None
+        data = self._execd.json("GET", "/code/contexts", params=params)
+        return [_context(item, language or "") for item in data or () if isinstance(item, dict)]
+
+    def get_context(self, context_id: str) -> CodeContext:
+        """One code context.
+
+        Raises:
+            NotFoundError: no such context.
+        """
+        return _context(self._execd.json("GET", f"/code/contexts/{context_id}"), "")
+
+    def delete_context(self, context: CodeContext | str) -> None:
+        """Delete a code context (its kernel state goes with it).
+
+        Raises:
+            NotFoundError: no such context.
+        """
+        context_id = context.id if isinstance(context, CodeContext) else context
+        self._execd.request("DELETE", f"/code/contexts/{context_id}")
+
+    def delete_contexts(self, language: str) -> None:
+        """Delete every code context of a language."""
+        self._execd.request("DELETE", "/code/contexts", params={"language": language})
+
+    # -- commands -----------------------------------------------------------------------------
+
+    def run_command(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ) -> CommandResult:
+        """Run a shell command (``bash -c``) and wait for it.
+
+        A non-zero exit is data (``exit_code``); ``result.check()`` raises for it. ``timeout``
+        (seconds) is enforced by execd and bounds the client's wait; expiry gives
+        ``timed_out=True``. ``on_stdout``/``on_stderr`` receive each line as it arrives.
+
+        Raises:
+            OutputLimitExceeded: the output passed ``max_output_bytes``.
+            ApiError: execd refused the command.
+            StreamError: the stream broke or stalled.
+        """
+        stream = self.stream_command(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            on_event=line_callbacks(on_stdout, on_stderr),
+            max_output_bytes=max_output_bytes,
+        )
+        return collect(stream, timeout)
+
+    def stream_command(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        on_event: Callable[[Event], object] | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ) -> ExecutionStream[CommandResult]:
+        """Start a command and return its live events; ``stream.result()`` is a CommandResult.
+
+        The stream ends at the terminal event; leaving it early interrupts the command.
+        """
+        body = command_body(command, cwd, dict(env) if env else None, timeout)
+        return self._execd.stream(
+            "/command",
+            body,
+            folder=CommandFolder(),
+            max_output_bytes=max_output_bytes,
+            timeout=client_deadline(timeout),
+            on_event=on_event,
+            interrupt_path="/command",
+            stop_at_terminal=True,
+        )
+
+    def start_command(
+        self, command: str, *, cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> BackgroundCommand:
+        """Start a command in the background and return at once.
+
+        Raises:
+            ApiError: execd refused the command, or gave it no id.
+        """
+        body = {**command_body(command, cwd, dict(env) if env else None, None), "background": True}
+        stream = self._execd.stream(
+            "/command",
+            body,
+            folder=CommandFolder(),
+            max_output_bytes=MAX_OUTPUT_BYTES,
+            stop_at_terminal=True,
+        )
+        with stream:
+            for event in stream:
+                if event.type in ("execution_complete", "error"):
+                    break
+            result = stream.partial()
+        if result.id is None or result.error is not None:
+            reason = result.error.value if result.error else "no command id"
+            raise OpenSandboxError(f"the background command did not start: {reason}")
+        return BackgroundCommand(self._execd, result.id)
+
+    def interrupt_command(self, command_id: str) -> None:
+        """Stop a command (SIGTERM to its process group, then SIGKILL)."""
+        self._execd.request("DELETE", "/command", params={"id": command_id})
+
+    def session(self, cwd: str | None = None) -> BashSession:
+        """A persistent bash session (use it in ``with``: it is deleted on exit)."""
+        data = self._execd.json("POST", "/session", json={"cwd": cwd} if cwd else {})
+        session_id = data.get("session_id") if isinstance(data, dict) else None
+        if not isinstance(session_id, str) or not session_id:
+            raise OpenSandboxError("execd created a session without a session_id")
+        return BashSession(self._execd, session_id)
+
+    # -- the sandbox itself ---------------------------------------------------------------------
+
+    def get_endpoint(self, port: int) -> Endpoint:
+        """How to reach a port the sandbox serves (a web app started inside it).
+
+        Raises:
+            SandboxTimeoutError: no endpoint within the default ready timeout.
+            ApiError: the server refused (a bad port, for instance).
+        """
+        return self._client.get_endpoint(self.id, port, use_server_proxy=self.use_server_proxy)
+
+    def metrics(self) -> Metrics:
+        """One resource sample (CPU and memory)."""
+        data = self._execd.json("GET", "/metrics")
+        data = data if isinstance(data, dict) else {}
+        return Metrics(
+            cpu_count=_number(data.get("cpu_count")),
+            cpu_used_pct=_number(data.get("cpu_used_pct")),
+            mem_total_mib=_number(data.get("mem_total_mib")),
+            mem_used_mib=_number(data.get("mem_used_mib")),
+            timestamp=data.get("timestamp") if isinstance(data.get("timestamp"), int) else None,
+        )
+
+    def ping(self) -> bool:
+        """Whether execd answers ``/ping``; never raises."""
+        try:
+            self._execd.request("GET", "/ping", retry=False).close()
+        except OpenSandboxError:
+            return False
+        return True
+
+    def info(self) -> SandboxInfo:
+        """A fresh description from the lifecycle API."""
+        return self._client.get_sandbox(self.id)
+
+    def pause(self) -> None:
+        """Pause the sandbox (its processes stop; execution is refused until resumed)."""
+        self._client.pause(self.id)
+
+    def resume(
+        self, *, ready_timeout: float | None = None, poll_interval: float | None = None
+    ) -> None:
+        """Resume, wait until Running, and re-resolve execd (its endpoint may change)."""
+        self._client.resume(self.id, ready_timeout=ready_timeout, poll_interval=poll_interval)
+        fresh = self._client.connect(
+            self.id,
+            use_server_proxy=self.use_server_proxy,
+            ready_timeout=ready_timeout,
+            poll_interval=poll_interval,
+        )
+        self.execd_endpoint, self.execd_headers = fresh.execd_endpoint, fresh.execd_headers
+
+    def renew(self, seconds: float) -> datetime | None:
+        """Expire ``seconds`` from now instead; returns the new expiry."""
+        return self._client.renew(self.id, seconds)
+
+    def patch_metadata(self, patch: Mapping[str, str | None]) -> SandboxInfo:
+        """Merge-patch the labels (``None`` deletes a key)."""
+        return self._client.patch_metadata(self.id, patch)
 
     def delete(self) -> bool:
         """Delete this sandbox; see :meth:`Client.delete_sandbox`."""
         return self._client.delete_sandbox(self)
 
-    def _secrets(self) -> tuple[str, ...]:
-        return tuple(self.execd_headers.values())
 
-    def _interrupt_code_quietly(self, context_id: str) -> None:
-        """Best effort ``DELETE /code?id=``: a run left behind would keep its context busy."""
-        url = self.execd_url + "/code"
-        try:
-            response = self._client._transport.request(
-                "DELETE",
-                url,
-                params={"id": context_id},
-                headers=self.execd_headers,
-                read_timeout=_INTERRUPT_READ_TIMEOUT,
-                secrets=self._secrets(),
-            )
-            response.close()
-            if response.status_code >= 300:
-                logger.warning(
-                    "interrupting the run in sandbox %s: DELETE /code -> %d",
-                    self.id,
-                    response.status_code,
-                )
-        except OpenSandboxError as exc:
-            logger.warning("interrupting the run in sandbox %s failed: %s", self.id, exc)
+def _context(data: Any, language: str) -> CodeContext:
+    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+        raise OpenSandboxError("execd described a code context without an id")
+    return CodeContext(id=data["id"], language=str(data.get("language") or language))
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _check_run_arguments(

@@ -186,7 +186,8 @@ def _as_traceback(value: Any) -> list[str]:
     return []
 
 
-def _error_of(data: dict[str, Any]) -> ExecutionError:
+def error_of(data: dict[str, Any]) -> ExecutionError:
+    """The ExecutionError an error event describes (first non-None fields, defaults "" and [])."""
     if "type" not in data:  # execd's bare mid-stream failure
         name, value, traceback = data.get("code"), data.get("message"), None
     elif isinstance(data.get("error"), dict):
@@ -236,7 +237,7 @@ class ExecutionFolder:
         elif kind == "execution_count" and self._count is None:
             self._count = _as_int(event.data.get("execution_count"))
         elif kind == "error" and self._error is None:
-            self._error = _error_of(event.data)
+            self._error = error_of(event.data)
         elif kind == "init" and self.execution_id is None and event.text:
             self.execution_id = event.text
         elif kind == "execution_complete":

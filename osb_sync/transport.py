@@ -136,6 +136,7 @@ class Transport:
         headers: Mapping[str, str] | None = None,
         json: Any = None,
         params: Any = None,
+        data: Any = None,
         stream: bool = False,
         idempotent: bool = False,
         secrets: Iterable[str] = (),
@@ -153,7 +154,9 @@ class Transport:
         attempt = 0
         while True:
             try:
-                response = self._send(method, url, timeout, headers, json, params, stream, secrets)
+                response = self._send(
+                    method, url, timeout, headers, json, params, data, stream, secrets
+                )
             except _ConnectFailed as exc:
                 if attempt >= self._max_retries or not (idempotent or exc.nothing_sent):
                     raise exc.error from exc.__cause__
@@ -177,13 +180,22 @@ class Transport:
         headers: Mapping[str, str] | None,
         json: Any,
         params: Any,
+        data: Any,
         stream: bool,
         secrets: tuple[str, ...],
     ) -> requests.Response:
         for _ in range(MAX_REDIRECTS + 1):
-            response = self._send_once(method, url, timeout, headers, json, params, stream, secrets)
+            response = self._send_once(
+                method, url, timeout, headers, json, params, data, stream, secrets
+            )
             if response.status_code not in _REDIRECT_STATUSES:
                 return response
+            if data is not None and not isinstance(data, bytes):
+                response.close()
+                raise TransportError(
+                    f"{method} {urlsplit(url).path} -> {response.status_code}: a streamed body "
+                    "cannot be sent again to follow a redirect"
+                )
             url = self._redirect_target(method, url, response, secrets)
             params = None  # the Location carries its own query
         raise TransportError(f"{method} {urlsplit(url).path}: more than {MAX_REDIRECTS} redirects")
@@ -196,6 +208,7 @@ class Transport:
         headers: Mapping[str, str] | None,
         json: Any,
         params: Any,
+        data: Any,
         stream: bool,
         secrets: tuple[str, ...],
     ) -> requests.Response:
@@ -208,6 +221,7 @@ class Transport:
                 headers=dict(headers or {}),
                 json=json,
                 params=params,
+                data=data,
                 timeout=timeout,
                 stream=stream,
                 allow_redirects=False,

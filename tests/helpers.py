@@ -51,3 +51,8 @@ def add_delete(rsps: responses.RequestsMock, sid: str = SID, status: int = 204) 
 
 def body_of(call: Any) -> Any:
     return json.loads(call.request.body)
+
+
+def add_ping(rsps: responses.RequestsMock, **kw: Any) -> None:
+    kw.setdefault("body", b"")
+    rsps.get("http://execd.test:9000/proxy/44772/ping", **kw)

@@ -34,6 +34,7 @@ from tests.helpers import (
     add_create,
     add_delete,
     add_endpoint,
+    add_ping,
     add_run,
     body_of,
     sandbox_body,
@@ -64,6 +65,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 @pytest.fixture
 def rsps() -> Iterator[responses.RequestsMock]:
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+        add_ping(mock)
         yield mock
 
 
@@ -245,6 +247,7 @@ def test_running_create_does_not_poll_or_sleep(
 ) -> None:
     add_create(ordered)
     add_endpoint(ordered)
+    add_ping(ordered)
     sandbox = client.create_sandbox()
     assert clock.sleeps == []
     assert sandbox.execd_endpoint == ENDPOINT
@@ -262,6 +265,7 @@ def test_polls_with_exactly_one_sleep_between_polls(
     ordered.get(f"{API}/sandboxes/{SID}", json={"id": SID, "status": "weird"})
     ordered.get(f"{API}/sandboxes/{SID}", json=sandbox_body("Running"))
     add_endpoint(ordered)
+    add_ping(ordered)
     client.create_sandbox(poll_interval=0.5)
     assert clock.sleeps == [0.5] * 6
 
@@ -316,6 +320,7 @@ def test_endpoint_404_and_bad_bodies_are_retried(
     add_endpoint(ordered, json={"endpoint": 12})
     add_endpoint(ordered, json=[1])
     add_endpoint(ordered, json={"endpoint": ENDPOINT})
+    add_ping(ordered)
     sandbox = client.create_sandbox(poll_interval=0.1)
     assert clock.sleeps == [0.1] * 4
     assert sandbox.execd_headers == {}
@@ -353,7 +358,40 @@ def test_connect_resolves_endpoint_and_does_not_own(
     add_endpoint(rsps)
     with client.connect(SID) as sandbox:
         assert sandbox.execd_endpoint == ENDPOINT
+    assert calls(rsps) == [
+        ("GET", f"/v1/sandboxes/{SID}/endpoints/44772"),
+        ("GET", "/proxy/44772/ping"),
+    ]
+    assert rsps.calls[1].request.headers["X-EXECD-ACCESS-TOKEN"] == TOKEN
+
+
+def test_connect_without_health_check(client: Client, rsps: responses.RequestsMock) -> None:
+    add_endpoint(rsps)
+    client.connect(SID, health_check=False)
     assert calls(rsps) == [("GET", f"/v1/sandboxes/{SID}/endpoints/44772")]
+
+
+def test_health_check_polls_ping_until_ready(
+    client: Client, ordered: responses.RequestsMock, clock: Clock
+) -> None:
+    add_endpoint(ordered)
+    add_ping(ordered, status=502)
+    add_ping(ordered, body=requests.ConnectionError("refused"))
+    add_ping(ordered)
+    client.connect(SID, poll_interval=0.3, ready_timeout=5)
+    assert clock.sleeps == [0.3, 0.3]
+
+
+def test_health_check_times_out_and_create_deletes(
+    client: Client, rsps: responses.RequestsMock, clock: Clock
+) -> None:
+    rsps.replace(responses.GET, "http://execd.test:9000/proxy/44772/ping", status=502)
+    add_create(rsps)
+    add_endpoint(rsps)
+    add_delete(rsps)
+    with pytest.raises(SandboxTimeoutError, match=r"did not answer /ping within 1\.0"):
+        client.create_sandbox(ready_timeout=1.0, poll_interval=0.5)
+    assert calls(rsps)[-1] == ("DELETE", f"/v1/sandboxes/{SID}")
 
 
 def test_sandbox_context_manager_deletes_what_it_created(
@@ -498,6 +536,7 @@ def test_get_retries_connection_errors(
 ) -> None:
     add_endpoint(ordered, body=requests.ConnectionError("reset"))
     add_endpoint(ordered)
+    add_ping(ordered)
     assert client.connect(SID).execd_endpoint == ENDPOINT
 
 
@@ -558,10 +597,11 @@ def test_run_code_request_shape_and_no_api_key_to_execd(
     assert result.stdout == "42\n" and result.execution_id == "ctx-1"
     assert calls(rsps) == [
         ("GET", f"/v1/sandboxes/{SID}/endpoints/44772"),
+        ("GET", "/proxy/44772/ping"),
         ("POST", "/proxy/44772/code"),
     ]
-    request = rsps.calls[1].request
-    assert body_of(rsps.calls[1]) == {"code": "print(42)", "context": {"language": "python"}}
+    request = rsps.calls[2].request
+    assert body_of(rsps.calls[2]) == {"code": "print(42)", "context": {"language": "python"}}
     assert request.headers["Content-Type"] == "application/json"
     assert request.headers["Accept"] == "text/event-stream"
     assert request.headers["Cache-Control"] == "no-cache"
@@ -573,11 +613,12 @@ def test_run_code_request_shape_and_no_api_key_to_execd(
 def test_scheme_less_endpoint_takes_api_base_scheme(rsps: responses.RequestsMock) -> None:
     https_api = "https://osb.test/v1"
     rsps.get(f"{https_api}/sandboxes/{SID}/endpoints/44772", json={"endpoint": ENDPOINT})
+    rsps.get("https://execd.test:9000/proxy/44772/ping")
     rsps.post(
         "https://execd.test:9000/proxy/44772/code", body=b"", content_type="text/event-stream"
     )
     Client(https_api).run_code(SID, "1")
-    assert rsps.calls[1].request.url == "https://execd.test:9000/proxy/44772/code"
+    assert rsps.calls[-1].request.url == "https://execd.test:9000/proxy/44772/code"
 
 
 def test_execd_scheme_overrides(rsps: responses.RequestsMock) -> None:
@@ -585,7 +626,7 @@ def test_execd_scheme_overrides(rsps: responses.RequestsMock) -> None:
     rsps.get(f"{https_api}/sandboxes/{SID}/endpoints/44772", json={"endpoint": ENDPOINT})
     add_run(rsps)
     Client(https_api, execd_scheme="http").run_code(SID, "1")
-    assert rsps.calls[1].request.url == "http://execd.test:9000/proxy/44772/code"
+    assert rsps.calls[-1].request.url == "http://execd.test:9000/proxy/44772/code"
 
 
 def test_sandbox_side_exception_is_returned_not_raised(
@@ -673,6 +714,7 @@ def test_tool_deletes_even_when_the_run_raises(
     assert calls(rsps) == [
         ("POST", "/v1/sandboxes"),
         ("GET", f"/v1/sandboxes/{SID}/endpoints/44772"),
+        ("GET", "/proxy/44772/ping"),
         ("POST", "/proxy/44772/code"),
         ("DELETE", f"/v1/sandboxes/{SID}"),
     ]
@@ -735,8 +777,9 @@ def test_one_debug_line_per_call_without_secrets(
         client.run_code(SID, "1")
     lines = [r.getMessage() for r in caplog.records if r.name == "osb_sync"]
     assert lines[0].startswith(f"GET /v1/sandboxes/{SID}/endpoints/44772 -> 200 in ")
-    assert lines[1].startswith("POST /proxy/44772/code -> 200 in ")
-    assert len(lines) == 2
+    assert lines[1].startswith("GET /proxy/44772/ping -> 200 in ")
+    assert lines[2].startswith("POST /proxy/44772/code -> 200 in ")
+    assert len(lines) == 3
     assert all(KEY not in line and TOKEN not in line for line in lines)
 
 

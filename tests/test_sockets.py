@@ -44,6 +44,10 @@ def serve_endpoint(server: FakeServer) -> None:
     def interrupt(req: Request) -> None:
         req.send_raw(200, b"")
 
+    @server.route("GET", f"{EXECD_PATH}/ping")
+    def ping(req: Request) -> None:
+        req.send_raw(200, b"")
+
 
 def serve_run(server: FakeServer, body: callable) -> None:  # type: ignore[valid-type]
     server.routes[("POST", f"{EXECD_PATH}/code")] = body

@@ -1,0 +1,135 @@
+"""Low-level calls to one sandbox's execd: the request funnel and event streams."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
+
+import requests
+
+from .errors import OpenSandboxError, error_from_response
+from .execution import ExecutionStream, Folder, R
+from .models import Event
+from .transport import Transport
+
+logger = logging.getLogger("osb_sync")
+
+STREAM_HEADERS = {
+    "Content-Type": "application/json",
+    "Accept": "text/event-stream",
+    "Cache-Control": "no-cache",
+    # Counted bytes must be wire bytes: no transparent decompression under the cap.
+    "Accept-Encoding": "identity",
+}
+INTERRUPT_READ_TIMEOUT = 10.0
+
+
+def execd_base_url(endpoint: str, scheme: str) -> str:
+    """``scheme://endpoint`` for a scheme-less endpoint (which may carry a path)."""
+    endpoint = endpoint.strip().rstrip("/")
+    if "://" in endpoint:
+        return endpoint
+    return f"{scheme}://{endpoint}"
+
+
+class Execd:
+    """One sandbox's execd: its base URL and the headers the server requires on every call."""
+
+    def __init__(self, transport: Transport, base_url: str, headers: Mapping[str, str]):
+        self.base_url = base_url
+        self._transport = transport
+        self._headers = dict(headers)
+        self._secrets = tuple(self._headers.values())
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+        data: Any = None,
+        headers: Mapping[str, str] | None = None,
+        read_timeout: float | None = None,
+        stream: bool = False,
+        retry: bool | None = None,
+    ) -> requests.Response:
+        """Send one call; an error status raises (and closes the response).
+
+        GETs are retried on transient failures unless ``retry`` is False.
+
+        Raises:
+            NotFoundError: 404 (a missing file, context or command).
+            ApiError: another error status.
+            TransportError: no usable response.
+        """
+        url = self.base_url + path
+        response = self._transport.request(
+            method,
+            url,
+            json=json,
+            params=params,
+            data=data,
+            headers={**(headers or {}), **self._headers},
+            read_timeout=read_timeout,
+            stream=stream,
+            idempotent=method == "GET" if retry is None else retry,
+            secrets=self._secrets,
+        )
+        if response.status_code >= 300:
+            try:
+                raise error_from_response(response, method, urlsplit(url).path, self._secrets)
+            finally:
+                response.close()
+        return response
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """A call whose answer is JSON (None for an empty or non-JSON body)."""
+        response = self.request(method, path, **kwargs)
+        try:
+            return response.json() if response.content else None
+        except ValueError:
+            return None
+
+    def stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        folder: Folder[R],
+        max_output_bytes: int,
+        timeout: float | None = None,
+        on_event: Callable[[Event], object] | None = None,
+        interrupt_path: str | None = None,
+        stop_at_terminal: bool = False,
+    ) -> ExecutionStream[R]:
+        """POST a run and return its live event stream.
+
+        Raises:
+            ApiError: execd refused the run.
+            TransportError: execd could not be reached.
+        """
+        response = self.request("POST", path, json=body, headers=STREAM_HEADERS, stream=True)
+        interrupt = None
+        if interrupt_path is not None:
+
+            def interrupt(run_id: str) -> None:
+                self.interrupt_quietly(interrupt_path, run_id)
+
+        return ExecutionStream(
+            response,
+            max_output_bytes=max_output_bytes,
+            timeout=timeout,
+            on_event=on_event,
+            interrupt=interrupt,
+            folder=folder,
+            stop_at_terminal=stop_at_terminal,
+        )
+
+    def interrupt_quietly(self, path: str, run_id: str) -> None:
+        """Best effort ``DELETE {path}?id=``: a run left behind would keep its context busy."""
+        try:
+            self.request("DELETE", path, params={"id": run_id}, read_timeout=INTERRUPT_READ_TIMEOUT)
+        except OpenSandboxError as exc:
+            logger.warning("interrupting run %s (DELETE %s) failed: %s", run_id, path, exc)

@@ -1,0 +1,306 @@
+"""HTTP plumbing shared by every route: request bodies, JSON answers, routing and event streams.
+
+http.server leaves three things to us that the real server gets from its framework: decoding
+chunked request bodies, writing chunked responses, and knowing whether a request body was fully
+read (an unread body makes the keep-alive connection unusable, so we close it instead).
+"""
+
+from __future__ import annotations
+
+import email.parser
+import json
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
+from io import BufferedIOBase
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+JSON_BODY_LIMIT = 16 * 1024 * 1024
+BODY_PIECE = 1 << 16
+
+
+class HttpError(Exception):
+    """An error answer: raised by a route, written by the dispatcher as JSON."""
+
+    def __init__(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        super().__init__(f"{status} {body}")
+        self.status = status
+        self.body = body
+        self.headers = headers or {}
+
+
+def error(status: int, code: str, message: str) -> HttpError:
+    """Build the `{"code","message"}` error shared by the lifecycle API and execd."""
+    return HttpError(status, {"code": code, "message": message})
+
+
+def now_ms() -> int:
+    """Unix time in milliseconds, the `timestamp` of every execd event."""
+    return int(time.time() * 1000)
+
+
+class BodyReader:
+    """A file-like reader over a request body sent with Content-Length or chunked encoding."""
+
+    def __init__(self, rfile: BufferedIOBase, length: int | None, chunked: bool) -> None:
+        self._rfile = rfile
+        self._chunked = chunked
+        self._left = 0 if chunked else (length or 0)
+        self.finished = not chunked and self._left == 0
+
+    def read(self, size: int = -1) -> bytes:
+        """Read `size` bytes, fewer only at the end (all when negative); b"" once at the end."""
+        parts: list[bytes] = []
+        want = size if size >= 0 else 1 << 62
+        while want > 0 and not self.finished:
+            if self._left == 0 and self._chunked:
+                self._next_chunk()
+                continue
+            data = self._rfile.read(min(want, self._left, 1 << 16))
+            if not data:
+                raise HttpError(400, {"code": "INVALID_REQUEST_BODY", "message": "truncated body"})
+            parts.append(data)
+            want -= len(data)
+            self._left -= len(data)
+            if self._left == 0:
+                if self._chunked:
+                    self._rfile.readline()  # the CRLF after each chunk
+                else:
+                    self.finished = True
+        return b"".join(parts)
+
+    def _next_chunk(self) -> None:
+        line = self._rfile.readline(1024)
+        try:
+            self._left = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise HttpError(400, {"code": "INVALID_REQUEST_BODY", "message": "bad chunk"}) from None
+        if self._left == 0:
+            while self._rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                pass  # trailers are ignored
+            self.finished = True
+
+
+class MultipartReader:
+    """Streams the parts of a multipart/form-data body, writing file parts to disk."""
+
+    def __init__(self, body: BodyReader, boundary: str) -> None:
+        self._body = body
+        self._delimiter = b"\r\n--" + boundary.encode()
+        self._buffer = b"\r\n"  # lets the first delimiter match like the others
+
+    def _more(self) -> None:
+        data = self._body.read(BODY_PIECE)
+        if not data:
+            raise error(400, "INVALID_FILE", "truncated multipart body")
+        self._buffer += data
+
+    def _until(self, marker: bytes, sink: Callable[[bytes], None]) -> None:
+        while (index := self._buffer.find(marker)) < 0:
+            keep = len(marker) - 1
+            if len(self._buffer) > keep:
+                sink(self._buffer[:-keep])
+                self._buffer = self._buffer[-keep:]
+            self._more()
+        sink(self._buffer[:index])
+        self._buffer = self._buffer[index + len(marker) :]
+
+    def parts(self, staging: Path) -> Iterator[tuple[str, str | None, Path]]:
+        """Yield (field name, filename, file holding the content) for every part."""
+        self._until(self._delimiter, lambda _: None)
+        while True:
+            while len(self._buffer) < 2:
+                self._more()
+            if self._buffer.startswith(b"--"):
+                return
+            header_block: list[bytes] = []
+            self._until(b"\r\n\r\n", header_block.append)
+            headers = email.parser.BytesHeaderParser().parsebytes(b"".join(header_block).lstrip())
+            name = headers.get_param("name", header="content-disposition")
+            target = staging / f"upload-{secrets.token_hex(8)}"
+            with open(target, "wb") as out:
+
+                def write(data: bytes) -> None:
+                    out.write(data)
+
+                self._until(self._delimiter, write)
+            yield str(name or ""), headers.get_filename(), target
+
+
+class ChunkedWriter:
+    """Writes a chunked response body, one flushed HTTP chunk per call; thread-safe.
+
+    A client that went away must not stop the run that feeds this writer (real execd keeps
+    running too), so write errors are remembered and later writes become no-ops.
+    """
+
+    def __init__(self, wfile: BufferedIOBase) -> None:
+        self._wfile = wfile
+        self._lock = threading.Lock()
+        self.broken = False
+
+    def write(self, data: bytes) -> None:
+        """Send `data` as one chunk and flush it."""
+        if data:
+            self._send(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end(self) -> None:
+        """Send the terminating zero-length chunk."""
+        self._send(b"0\r\n\r\n")
+
+    def _send(self, raw: bytes) -> None:
+        with self._lock:
+            if self.broken:
+                return
+            try:
+                self._wfile.write(raw)
+                self._wfile.flush()
+            except OSError:
+                self.broken = True
+
+
+class Exchange:
+    """One request and its answer, wrapping the BaseHTTPRequestHandler that received it."""
+
+    def __init__(self, handler: BaseHTTPRequestHandler, request_id: str) -> None:
+        self.handler = handler
+        self.request_id = request_id
+        self.method = handler.command
+        parts = urlsplit(handler.path)
+        self.path = parts.path
+        self.raw_query = parts.query
+        self.query = parse_qs(parts.query, keep_blank_values=True)
+        self.headers = handler.headers
+        self.params: dict[str, str] = {}
+        self.responded = False
+        chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = 0
+        self.body = BodyReader(handler.rfile, length, chunked)
+
+    def arg(self, name: str, default: str | None = None) -> str | None:
+        """The first value of query parameter `name`."""
+        values = self.query.get(name)
+        return values[0] if values else default
+
+    def read_body(self, limit: int = JSON_BODY_LIMIT) -> bytes:
+        """The whole request body; 413 when larger than `limit`."""
+        data = self.body.read(limit + 1)
+        if len(data) > limit:
+            raise error(413, "INVALID_REQUEST_BODY", "request body too large")
+        return data
+
+    def json_body(self, empty: Any = None) -> Any:
+        """The body parsed as JSON (`empty` for an empty body); ValueError when malformed."""
+        data = self.read_body()
+        if not data.strip():
+            return empty
+        return json.loads(data)
+
+    def send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        """Send a complete answer with a Content-Length."""
+        self.start(status, {"Content-Length": str(len(body)), **(headers or {})})
+        if body and self.method != "HEAD":
+            self.handler.wfile.write(body)
+        self.handler.wfile.flush()
+
+    def send_json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+        """Send `obj` as a JSON answer."""
+        body = json.dumps(obj, separators=(",", ":")).encode()
+        self.send(status, body, {"Content-Type": "application/json", **(headers or {})})
+
+    def start(self, status: int, headers: dict[str, str] | list[tuple[str, str]]) -> None:
+        """Send the status line and headers (plus X-Request-ID)."""
+        self.responded = True
+        self.handler.send_response(status)
+        self.handler.send_header("X-Request-ID", self.request_id)
+        for name, value in headers.items() if isinstance(headers, dict) else headers:
+            self.handler.send_header(name, value)
+        self.handler.end_headers()
+
+    def start_chunked(
+        self, status: int, headers: dict[str, str] | list[tuple[str, str]]
+    ) -> ChunkedWriter:
+        """Start a chunked answer and return its writer; call `end()` on it when done."""
+        pairs = list(headers.items()) if isinstance(headers, dict) else headers
+        self.start(status, [*pairs, ("Transfer-Encoding", "chunked")])
+        return ChunkedWriter(self.handler.wfile)
+
+
+class EventStream:
+    """An execd event stream: bare JSON objects followed by a blank line, plus heartbeats."""
+
+    def __init__(self, ex: Exchange, ping_interval: float) -> None:
+        self._writer = ex.start_chunked(
+            200,
+            {
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            },
+        )
+        self._ping_interval = ping_interval
+        self._stop = threading.Event()
+        self._pinger: threading.Thread | None = None
+
+    def event(self, event: dict[str, Any]) -> None:
+        """Send one event, stamping it with the current Unix time in ms."""
+        frame = {**event, "timestamp": now_ms()}
+        self._writer.write(json.dumps(frame, separators=(",", ":")).encode() + b"\n\n")
+
+    def start_pings(self) -> None:
+        """Send a ping now and then every ping interval until `close()`."""
+        self._pinger = threading.Thread(target=self._ping_loop, name="osb-local-ping", daemon=True)
+        self._pinger.start()
+
+    def _ping_loop(self) -> None:
+        while True:
+            self.event({"type": "ping", "text": "pong"})
+            if self._stop.wait(self._ping_interval):
+                return
+
+    def bare_error(self, code: str, message: str) -> None:
+        """Send a type-less error object without a trailing newline, as execd does mid-stream."""
+        self._writer.write(
+            json.dumps({"code": code, "message": message}, separators=(",", ":")).encode()
+        )
+
+    def close(self) -> None:
+        """Stop the heartbeat and end the chunked body."""
+        self._stop.set()
+        if self._pinger is not None:
+            self._pinger.join()
+        self._writer.end()
+
+
+Route = Callable[[Exchange], None]
+
+
+class Router:
+    """Maps (method, path pattern) to a route; `{name}` in a pattern captures one segment."""
+
+    def __init__(self) -> None:
+        self._routes: list[tuple[str, re.Pattern[str], Route]] = []
+
+    def add(self, method: str, pattern: str, route: Route) -> None:
+        """Register `route` for `method` and `pattern`."""
+        regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern)
+        self._routes.append((method, re.compile(f"^{regex}/?$"), route))
+
+    def match(self, method: str, path: str) -> tuple[Route, dict[str, str]] | int:
+        """The route and its captures, else 405 (path known, method not) or 404."""
+        status = 404
+        for route_method, regex, route in self._routes:
+            found = regex.match(path)
+            if found:
+                if route_method == method:
+                    return route, found.groupdict()
+                status = 405
+        return status

@@ -1,0 +1,102 @@
+"""Persistent Python worker of one local code context; run as a script, standard library only.
+
+Usage: `_worker.py REQUEST_FD REPLY_FD`. Each request is one JSON line `{"code": "..."}` on
+REQUEST_FD; each reply is one JSON line on REPLY_FD, written after the code finished:
+`{"execution_count": n, "result": repr|null, "error": {ename, evalue, traceback}|null}`.
+Output is not framed: the code's stdout and stderr are the worker's own file descriptors 1 and 2
+(unbuffered, `-u`), which the server reads as live streams, so output of child processes is
+captured too. SIGINT interrupts running code with KeyboardInterrupt and is ignored between runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import linecache
+import os
+import signal
+import sys
+import traceback
+import types
+from typing import Any
+
+_running = False
+
+
+def _on_sigint(signum: int, frame: types.FrameType | None) -> None:
+    if _running:
+        raise KeyboardInterrupt
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    """The error reply for `exc`, its traceback cut to the user's frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": text.splitlines()}
+
+
+def execute(code: str, namespace: dict[str, Any], count: int) -> dict[str, Any]:
+    """Run `code` in `namespace`; the value of a trailing expression becomes the result."""
+    global _running
+    filename = f"<cell-{count}>"
+    # Registering the source lets tracebacks show the offending lines, as a notebook does.
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    reply: dict[str, Any] = {"execution_count": count, "result": None, "error": None}
+    _running = True
+    try:
+        tree = ast.parse(code, filename, "exec")
+        last = None
+        tail = tree.body[-1] if tree.body else None
+        if isinstance(tail, ast.Expr) and not code.rstrip().endswith(";"):
+            tree.body.pop()
+            last = ast.Expression(tail.value)
+        # Running the user's code is the whole point of this worker.
+        exec(compile(tree, filename, "exec"), namespace)  # noqa: S102
+        if last is not None:
+            value = eval(compile(last, filename, "eval"), namespace)  # noqa: S307
+            if value is not None:
+                namespace["_"] = value
+                reply["result"] = repr(value)
+    except BaseException as exc:  # noqa: BLE001 - user code may raise anything, even SystemExit
+        reply["error"] = _error(exc)
+    finally:
+        _running = False
+    return reply
+
+
+def main(argv: list[str]) -> int:
+    """Serve requests until the request pipe closes."""
+    requests = os.fdopen(int(argv[1]), "rb")
+    replies = os.fdopen(int(argv[2]), "wb", buffering=0)
+    # The worker's directory must not shadow the user's imports; a notebook has cwd first.
+    sys.path[0] = ""
+    main_module = types.ModuleType("__main__")
+    main_module.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main_module
+    signal.signal(signal.SIGINT, _on_sigint)
+    count = 0
+    for line in requests:
+        count += 1
+        reply = execute(json.loads(line)["code"], main_module.__dict__, count)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        try:
+            data = json.dumps(reply)
+        except (TypeError, ValueError):
+            data = json.dumps(
+                {
+                    **reply,
+                    "error": {"ename": "WorkerError", "evalue": "unencodable", "traceback": []},
+                }
+            )
+        replies.write(data.encode() + b"\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

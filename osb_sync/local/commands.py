@@ -1,0 +1,336 @@
+"""execd command routes: `/command` (foreground and background), its status, logs and
+interrupt, and persistent bash sessions (`/session`), plus helpers shared by the execd routes.
+
+A foreground command writes to files that are tailed, like execd does, and is reported one
+line per event; its stream stays open `command_grace` seconds after the terminal event.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._http import EventStream, Exchange, HttpError, error
+from .runner import SandboxRuntime, kill_group
+from .workers import (
+    BashSession,
+    CommandRecord,
+    LineSplitter,
+    complete,
+    exit_error,
+    failure,
+    follow,
+)
+
+SHELL = shutil.which("bash") or "/bin/sh"
+
+
+def bad_request(message: str) -> HttpError:
+    """execd's 400 for an invalid body or parameter."""
+    return error(400, "INVALID_REQUEST_BODY", f"invalid request, validation error {message}")
+
+
+def read_object(ex: Exchange, empty: Any = None) -> dict[str, Any]:
+    """The JSON object body of `ex` (`empty` when there is no body); 400 otherwise."""
+    try:
+        body = ex.json_body(empty)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    if not isinstance(body, dict):
+        raise bad_request("body must be a JSON object")
+    return body
+
+
+def resolve_cwd(runtime: SandboxRuntime, cwd: Any) -> Path:
+    """The directory `cwd` names (env variables expanded), default the sandbox directory."""
+    if cwd in (None, ""):
+        return runtime.dir
+    path = runtime.resolve(os.path.expandvars(str(cwd)))
+    if not path.is_dir():
+        raise bad_request(f"cwd {cwd!r} is not a directory")
+    return path
+
+
+def timeout_ms(body: dict[str, Any]) -> int | None:
+    """The optional `timeout` (milliseconds, at least 1) of a request body."""
+    value = body.get("timeout")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise bad_request("timeout must be an integer >= 1 (milliseconds)")
+    return value
+
+
+@dataclass
+class CommandSpec:
+    """What to run for one /command (or language-less /code) request."""
+
+    command: str
+    cwd: Path
+    envs: dict[str, str]
+    deadline: float | None = None
+    user: int | None = None
+    group: int | None = None
+
+
+def run_shell(
+    runtime: SandboxRuntime,
+    spec: CommandSpec,
+    sink: Callable[[str, bytes], None],
+    on_start: Callable[[subprocess.Popen[bytes]], None] = lambda proc: None,
+) -> int | str:
+    """Run `spec` with output tailed from files into `sink`; the exit code, or the start error."""
+    run_id = secrets.token_hex(8)
+    paths = {name: runtime.run_dir / f"{run_id}.{name}" for name in ("stdout", "stderr")}
+    try:
+        with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
+            proc = runtime.spawn(
+                [SHELL, "-c", spec.command],
+                cwd=spec.cwd,
+                env=spec.envs,
+                stdout=out,
+                stderr=err,
+                user=spec.user,
+                group=spec.group,
+            )
+        on_start(proc)
+        follow(proc, paths, sink, spec.deadline)
+        return proc.wait()
+    except OSError as exc:
+        return str(exc)
+    finally:
+        for path in paths.values():
+            path.unlink(missing_ok=True)
+
+
+class Commands:
+    """Commands and bash sessions of one sandbox."""
+
+    def __init__(self, runtime: SandboxRuntime, ping_interval: float, grace: float) -> None:
+        self.runtime = runtime
+        self.ping_interval = ping_interval
+        self.grace = grace
+        self._lock = threading.Lock()
+        self._commands: dict[str, CommandRecord] = {}
+        self._sessions: dict[str, BashSession] = {}
+
+    def add_routes(self, add: Callable[[str, str, Callable[[Exchange], None]], None]) -> None:
+        """Register the command and session routes."""
+        add("POST", "/command", self.run_command)
+        add("DELETE", "/command", self.interrupt)
+        add("GET", "/command/status/{id}", self.status)
+        add("GET", "/command/{id}/logs", self.logs)
+        add("POST", "/session", self.create_session)
+        add("POST", "/session/{id}/run", self.run_in_session)
+        add("DELETE", "/session/{id}", self.delete_session)
+
+    def close(self) -> None:
+        """Kill every session (commands die with the sandbox's process groups)."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for session in sessions:
+            session.kill()
+
+    def stream(self, ex: Exchange, init_text: str) -> EventStream:
+        """Start an event stream with its `init` event."""
+        stream = EventStream(ex, self.ping_interval)
+        stream.event({"type": "init", "text": init_text})
+        return stream
+
+    def run_command(self, ex: Exchange) -> None:
+        """POST /command."""
+        body = read_object(ex)
+        command = body.get("command")
+        if not isinstance(command, str) or not command:
+            raise bad_request("command is required")
+        timeout = timeout_ms(body)
+        if body.get("gid") is not None and body.get("uid") is None:
+            raise bad_request("gid requires uid")
+        envs = body.get("envs") or {}
+        if not isinstance(envs, dict):
+            raise bad_request("envs must be an object")
+        spec = CommandSpec(
+            command,
+            resolve_cwd(self.runtime, body.get("cwd")),
+            {str(k): str(v) for k, v in envs.items() if v is not None},
+            None if timeout is None else time.monotonic() + timeout / 1000,
+            body.get("uid"),
+            body.get("gid"),
+        )
+        self.execute(ex, spec, background=bool(body.get("background")))
+
+    def execute(self, ex: Exchange, spec: CommandSpec, background: bool) -> None:
+        """Answer `ex` with the event stream of running `spec`."""
+        command_id = secrets.token_hex(16)
+        stream = self.stream(ex, command_id)
+        stream.start_pings()
+        try:
+            if background:
+                self._background(stream, command_id, spec)
+            else:
+                self._foreground(stream, command_id, spec)
+            time.sleep(self.grace)
+        finally:
+            stream.close()
+
+    def _remember(self, record: CommandRecord) -> None:
+        with self._lock:
+            self._commands[record.id] = record
+
+    def _foreground(self, stream: EventStream, command_id: str, spec: CommandSpec) -> None:
+        started = time.monotonic()
+        splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
+
+        def sink(name: str, data: bytes) -> None:
+            for line in splitters[name].feed(data):
+                stream.event({"type": name, "text": line})
+
+        def register(proc: subprocess.Popen[bytes]) -> None:
+            self._remember(CommandRecord(command_id, spec.command, proc, background=False))
+
+        outcome = run_shell(self.runtime, spec, sink, register)
+        for name, splitter in splitters.items():
+            for line in splitter.flush():
+                stream.event({"type": name, "text": line})
+        if isinstance(outcome, str):
+            stream.event(failure(outcome, outcome))
+            return
+        record = self._record(command_id)
+        if record is not None:
+            record.finish()
+        stream.event(complete(started) if outcome == 0 else failure(*exit_error(outcome)))
+
+    def _background(self, stream: EventStream, command_id: str, spec: CommandSpec) -> None:
+        log_path = self.runtime.run_dir / f"{command_id}.log"
+        try:
+            with open(log_path, "ab") as log:
+                proc = self.runtime.spawn(
+                    [SHELL, "-c", spec.command],
+                    cwd=spec.cwd,
+                    env=spec.envs,
+                    stdout=log,
+                    stderr=log,
+                    user=spec.user,
+                    group=spec.group,
+                )
+        except OSError as exc:
+            stream.bare_error("RUNTIME_ERROR", f"error starting background command: {exc}")
+            return
+        record = CommandRecord(command_id, spec.command, proc, background=True, log_path=log_path)
+        self._remember(record)
+
+        def wait() -> None:
+            left = None if spec.deadline is None else max(0.0, spec.deadline - time.monotonic())
+            try:
+                proc.wait(left)
+            except subprocess.TimeoutExpired:
+                kill_group(proc.pid, signal.SIGKILL)
+            record.finish()
+
+        threading.Thread(target=wait, name=f"osb-local-bg-{command_id[:8]}", daemon=True).start()
+        stream.event({"type": "execution_complete"})
+
+    def _record(self, command_id: str) -> CommandRecord | None:
+        with self._lock:
+            return self._commands.get(command_id)
+
+    def status(self, ex: Exchange) -> None:
+        """GET /command/status/{id}."""
+        record = self._record(ex.params["id"])
+        if record is None:
+            raise error(404, "INVALID_REQUEST_BODY", f"command {ex.params['id']} not found")
+        ex.send_json(200, record.status())
+
+    def logs(self, ex: Exchange) -> None:
+        """GET /command/{id}/logs?cursor=N: background output from byte offset N."""
+        record = self._record(ex.params["id"])
+        if record is None or record.log_path is None:
+            raise bad_request(f"command {ex.params['id']} not found or not a background command")
+        try:
+            cursor = max(0, int(ex.arg("cursor") or 0))
+        except ValueError:
+            raise bad_request("cursor must be an integer") from None
+        with open(record.log_path, "rb") as log:
+            log.seek(cursor)
+            data = log.read()
+        headers = {
+            "Content-Type": "text/plain; charset=utf-8",
+            "EXECD-COMMANDS-TAIL-CURSOR": str(cursor + len(data)),
+        }
+        ex.send(200, data, headers)
+
+    def interrupt(self, ex: Exchange) -> None:
+        """DELETE /command?id=: SIGTERM the command's group, SIGKILL it 3 s later."""
+        command_id = ex.arg("id")
+        if not command_id:
+            raise error(400, "MISSING_QUERY", "missing query parameter: id")
+        record = self._record(command_id)
+        if record is None:
+            raise error(500, "RUNTIME_ERROR", "no such session")
+        record.terminate()
+        ex.send(200)
+
+    def create_session(self, ex: Exchange) -> None:
+        """POST /session: start a persistent bash."""
+        body = read_object(ex, empty={})
+        try:
+            session = BashSession(self.runtime, resolve_cwd(self.runtime, body.get("cwd")))
+        except OSError as exc:
+            raise error(500, "RUNTIME_ERROR", f"error creating session: {exc}") from None
+        with self._lock:
+            self._sessions[session.id] = session
+        ex.send_json(200, {"session_id": session.id})
+
+    def _session(self, session_id: str) -> BashSession:
+        with self._lock:
+            session = self._sessions.get(session_id)
+        if session is None:
+            raise error(404, "CONTEXT_NOT_FOUND", f"session {session_id} not found")
+        return session
+
+    def run_in_session(self, ex: Exchange) -> None:
+        """POST /session/{id}/run: one event per output line, stderr merged into stdout."""
+        session = self._session(ex.params["id"])
+        body = read_object(ex)
+        command = body.get("command")
+        if not isinstance(command, str) or not command:
+            raise bad_request("command is required")
+        timeout = timeout_ms(body)
+        cwd = str(resolve_cwd(self.runtime, body["cwd"])) if body.get("cwd") else None
+        stream = self.stream(ex, session.id)
+        if not session.lock.acquire(blocking=False):
+            stream.bare_error("RUNTIME_ERROR", "error running in session. session is busy")
+            stream.close()
+            return
+        started = time.monotonic()
+        try:
+            stream.start_pings()
+            deadline = None if timeout is None else started + timeout / 1000
+            code = session.run(
+                command, cwd, deadline, lambda line: stream.event({"type": "stdout", "text": line})
+            )
+            if code is None:
+                late = deadline is not None and time.monotonic() >= deadline
+                why = f"timeout after {(timeout or 0) / 1000:g}s" if late else "session exited"
+                stream.bare_error("RUNTIME_ERROR", f"error running in session. {why}")
+            else:
+                stream.event(complete(started) if code == 0 else failure(*exit_error(code)))
+        finally:
+            session.lock.release()
+            stream.close()
+
+    def delete_session(self, ex: Exchange) -> None:
+        """DELETE /session/{id}."""
+        session = self._session(ex.params["id"])
+        with self._lock:
+            self._sessions.pop(session.id, None)
+        session.kill()
+        ex.send(200)

@@ -1,0 +1,416 @@
+"""Lifecycle API of the local server: the sandbox registry, its routes and its states.
+
+States follow the Docker runtime of the real server: `Pending` (only with `pending_seconds`),
+`Running`, `Paused`; a deleted or expired sandbox is gone (404), never `Terminated`.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import signal
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from ._http import Exchange, HttpError, Router, error
+from .execd import Execd
+from .runner import NetnsMode, SandboxRuntime
+from .validation import (
+    check_create,
+    check_labels,
+    invalid_json,
+    issue,
+    parse_time,
+    policy_needs,
+    query_int,
+    unprocessable,
+)
+from .workers import rfc3339
+
+EXECD_PORT = 44772
+REASONS = {
+    "Pending": ("CONTAINER_STARTING", "Sandbox container is starting."),
+    "Running": ("CONTAINER_RUNNING", "Sandbox container started successfully."),
+    "Paused": ("CONTAINER_PAUSED", "Sandbox container is paused."),
+}
+
+
+@dataclass
+class Config:
+    """The LocalServer settings the lifecycle routes need."""
+
+    root: Path
+    min_timeout: int
+    pending_seconds: float
+    ping_interval: float
+    command_grace: float
+    unenforced_network_policy: str
+    netns: NetnsMode | None
+    jupyter_port: int
+    address: str  # host:port of the server, when a request has no Host header
+
+
+@dataclass
+class Sandbox:
+    """One sandbox: its API data plus the runtime and execd that back it."""
+
+    id: str
+    body: dict[str, Any]
+    token: str
+    runtime: SandboxRuntime
+    execd: Execd
+    created_at: datetime
+    expires_at: datetime | None
+    ready_at: datetime
+    note: str = ""
+    removing: bool = False
+    state: str = "Pending"
+    transition_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+
+    def refresh(self, now: datetime) -> None:
+        """Move Pending to Running once the pending time is over."""
+        if self.state == "Pending" and now >= self.ready_at:
+            self.state, self.transition_at = "Running", self.ready_at
+
+    def view(self, created: bool = False) -> dict[str, Any]:
+        """The Sandbox (or, with `created`, CreateSandboxResponse) object; nulls omitted."""
+        reason, message = REASONS[self.state]
+        status = {
+            "state": self.state,
+            "reason": reason,
+            "message": message + self.note,
+            "lastTransitionAt": rfc3339(self.transition_at),
+        }
+        data: dict[str, Any] = {
+            "id": self.id,
+            "status": status,
+            "metadata": self.body.get("metadata") or {},
+            "entrypoint": self.body.get("entrypoint") or ["tail", "-f", "/dev/null"],
+            "createdAt": rfc3339(self.created_at),
+        }
+        if self.expires_at is not None:
+            data["expiresAt"] = rfc3339(self.expires_at)
+        if self.body.get("platform"):
+            data["platform"] = self.body["platform"]
+        if not created:
+            if self.body.get("image"):
+                data["image"] = {"uri": self.body["image"]["uri"]}
+            else:
+                data["snapshotId"] = self.body["snapshotId"]
+        return data
+
+
+def not_found(sandbox_id: str) -> HttpError:
+    """The Docker runtime's 404."""
+    return error(404, "DOCKER::SANDBOX_NOT_FOUND", f"Sandbox {sandbox_id} not found.")
+
+
+class Lifecycle:
+    """The sandbox registry (one lock) and the `/sandboxes` routes."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._sandboxes: dict[str, Sandbox] = {}
+        self.router = Router()
+        add = self.router.add
+        add("POST", "/sandboxes", self.create)
+        add("GET", "/sandboxes", self.list)
+        add("GET", "/sandboxes/{id}", lambda ex: ex.send_json(200, self._get(ex).view()))
+        add("DELETE", "/sandboxes/{id}", self.delete)
+        add("POST", "/sandboxes/{id}/pause", self.pause)
+        add("POST", "/sandboxes/{id}/resume", self.resume)
+        add("POST", "/sandboxes/{id}/renew-expiration", self.renew)
+        add("PATCH", "/sandboxes/{id}/metadata", self.patch_metadata)
+        add("GET", "/sandboxes/{id}/endpoints/{port}", self.endpoint)
+
+    def find(self, sandbox_id: str) -> Sandbox | None:
+        """The live sandbox `sandbox_id` with its state brought up to date, or None."""
+        with self._lock:
+            sandbox = self._sandboxes.get(sandbox_id)
+            if sandbox is not None:
+                sandbox.refresh(datetime.now(timezone.utc))
+            return sandbox
+
+    def _get(self, ex: Exchange) -> Sandbox:
+        sandbox = self.find(ex.params["id"])
+        if sandbox is None:
+            raise not_found(ex.params["id"])
+        return sandbox
+
+    def create(self, ex: Exchange) -> None:
+        """POST /sandboxes: validate, make the directory and runtime, answer 202."""
+        try:
+            body = ex.json_body()
+        except ValueError as exc:
+            raise invalid_json(str(exc)) from None
+        check_create(body, self.config.min_timeout)
+        check_labels(body.get("metadata") or {})
+        isolate, note = self._network_plan(body.get("networkPolicy"))
+        sandbox_id = str(uuid.uuid4())
+        env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
+        try:
+            runtime = SandboxRuntime(
+                sandbox_id,
+                self.config.root,
+                env,
+                self.config.jupyter_port,
+                self.config.netns if isolate else None,
+            )
+        except (OSError, RuntimeError) as exc:
+            raise error(
+                500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
+            ) from None
+        now = datetime.now(timezone.utc)
+        timeout = body.get("timeout")
+        sandbox = Sandbox(
+            id=sandbox_id,
+            body=body,
+            token=secrets.token_urlsafe(24),
+            runtime=runtime,
+            execd=Execd(runtime, self.config.ping_interval, self.config.command_grace),
+            created_at=now,
+            expires_at=now + timedelta(seconds=timeout) if timeout else None,
+            ready_at=now + timedelta(seconds=self.config.pending_seconds),
+            note=note,
+            transition_at=now,
+        )
+        sandbox.refresh(now)
+        with self._lock:
+            self._sandboxes[sandbox_id] = sandbox
+        ex.send_json(202, sandbox.view(created=True))
+
+    def _network_plan(self, policy: Any) -> tuple[bool, str]:
+        """(run in a private network namespace?, status note) for a network policy."""
+        needs = policy_needs(policy)
+        if needs == "nothing":
+            return False, ""
+        if needs == "deny-all" and self.config.netns is not None:
+            return True, " Network policy enforced: private network namespace, loopback only."
+        why = (
+            "per-host egress rules are not supported by the local server"
+            if needs == "rules"
+            else "network namespaces are not available here (unshare/nsenter failed)"
+        )
+        if self.config.unenforced_network_policy != "accept":
+            raise error(
+                400,
+                "SANDBOX::INVALID_PARAMETER",
+                f"networkPolicy cannot be enforced: {why}. Hint: only a deny-all policy "
+                "can be enforced, where Linux network namespaces work; start the local "
+                "server with unenforced_network_policy='accept' to run without it.",
+            )
+        return False, f" WARNING: networkPolicy is NOT enforced ({why})."
+
+    def list(self, ex: Exchange) -> None:
+        """GET /sandboxes: state and metadata filters, pagination, newest first."""
+        states = {s.lower() for s in ex.query.get("state", []) if s}
+        wanted: list[tuple[str, str]] = []
+        raw = ex.arg("metadata")
+        if raw:
+            try:
+                wanted = parse_qsl(unquote(raw), keep_blank_values=True, strict_parsing=True)
+            except ValueError:
+                raise error(
+                    400,
+                    "INVALID_METADATA_FORMAT",
+                    f"Invalid metadata filter {raw!r}: expected k1=v1&k2=v2",
+                ) from None
+        page = query_int(ex.arg("page"), "page", 1, 1, None)
+        size = query_int(ex.arg("pageSize"), "pageSize", 20, 1, 200)
+        now = datetime.now(timezone.utc)
+        with self._lock:
+            for sandbox in self._sandboxes.values():
+                sandbox.refresh(now)
+            chosen = [
+                s
+                for s in self._sandboxes.values()
+                if (not states or s.state.lower() in states)
+                and all((s.body.get("metadata") or {}).get(k) == v for k, v in wanted)
+            ]
+            chosen.sort(key=lambda s: s.created_at, reverse=True)
+            items = [s.view() for s in chosen[(page - 1) * size : page * size]]
+        pages = math.ceil(len(chosen) / size)
+        ex.send_json(
+            200,
+            {
+                "items": items,
+                "pagination": {
+                    "page": page,
+                    "pageSize": size,
+                    "totalItems": len(chosen),
+                    "totalPages": pages,
+                    "hasNextPage": page < pages,
+                },
+            },
+        )
+
+    def remove(self, sandbox_id: str) -> bool:
+        """Kill everything a sandbox runs, delete its files, then forget it (404 from then on).
+
+        Returns False if it was unknown or already being removed.
+        """
+        with self._lock:
+            sandbox = self._sandboxes.get(sandbox_id)
+            if sandbox is None or sandbox.removing:
+                return False
+            sandbox.removing = True
+        sandbox.execd.close()
+        sandbox.runtime.close()
+        with self._lock:
+            del self._sandboxes[sandbox_id]
+        return True
+
+    def delete(self, ex: Exchange) -> None:
+        """DELETE /sandboxes/{id}: 204."""
+        if not self.remove(ex.params["id"]):
+            raise not_found(ex.params["id"])
+        ex.send(204)
+
+    def _transition(self, ex: Exchange, before: str, after: str, code: str, sig: int) -> None:
+        with self._lock:
+            sandbox = self._sandboxes.get(ex.params["id"])
+            if sandbox is None:
+                raise not_found(ex.params["id"])
+            sandbox.refresh(datetime.now(timezone.utc))
+            if sandbox.state != before:
+                raise error(409, code, f"Sandbox {sandbox.id} is {sandbox.state}, not {before}.")
+            sandbox.state, sandbox.transition_at = after, datetime.now(timezone.utc)
+            sandbox.runtime.signal_all(sig)
+        ex.send(202)
+
+    def pause(self, ex: Exchange) -> None:
+        """POST /sandboxes/{id}/pause: SIGSTOP every process."""
+        self._transition(ex, "Running", "Paused", "DOCKER::SANDBOX_NOT_RUNNING", signal.SIGSTOP)
+
+    def resume(self, ex: Exchange) -> None:
+        """POST /sandboxes/{id}/resume: SIGCONT every process."""
+        self._transition(ex, "Paused", "Running", "DOCKER::SANDBOX_NOT_PAUSED", signal.SIGCONT)
+
+    def renew(self, ex: Exchange) -> None:
+        """POST /sandboxes/{id}/renew-expiration."""
+        try:
+            body = ex.json_body()
+        except ValueError as exc:
+            raise invalid_json(str(exc)) from None
+        if not isinstance(body, dict) or "expiresAt" not in body:
+            raise unprocessable([issue("missing", ["body", "expiresAt"], "Field required", body)])
+        extra = [
+            issue("extra_forbidden", ["body", k], "Extra inputs are not permitted", v)
+            for k, v in body.items()
+            if k != "expiresAt"
+        ]
+        moment = parse_time(body["expiresAt"])
+        if moment is None:
+            extra.append(
+                issue(
+                    "datetime_from_date_parsing",
+                    ["body", "expiresAt"],
+                    "Input should be a valid datetime",
+                    body["expiresAt"],
+                )
+            )
+        if extra or moment is None:
+            raise unprocessable(extra)
+        sandbox = self._get(ex)
+        with self._lock:
+            if sandbox.expires_at is None:
+                raise error(
+                    409,
+                    "DOCKER::INVALID_EXPIRATION",
+                    f"Sandbox {sandbox.id} has no "
+                    "expiration (created without timeout); it cannot be renewed.",
+                )
+            if moment <= datetime.now(timezone.utc):
+                raise error(
+                    400, "DOCKER::INVALID_EXPIRATION", "New expiration time must be in the future."
+                )
+            sandbox.expires_at = moment
+        ex.send_json(200, {"expiresAt": rfc3339(moment)})
+
+    def patch_metadata(self, ex: Exchange) -> None:
+        """PATCH /sandboxes/{id}/metadata: JSON merge patch, answers the full Sandbox."""
+        try:
+            patch = ex.json_body()
+        except ValueError as exc:
+            raise invalid_json(str(exc)) from None
+        if not isinstance(patch, dict):
+            raise unprocessable(
+                [issue("dict_type", ["body"], "Input should be a valid dictionary", patch)]
+            )
+        wrong = [
+            issue("string_type", ["body", k], "Input should be a valid string", v)
+            for k, v in patch.items()
+            if v is not None and not isinstance(v, str)
+        ]
+        if wrong:
+            raise unprocessable(wrong)
+        check_labels(patch)
+        sandbox = self._get(ex)
+        with self._lock:
+            metadata = dict(sandbox.body.get("metadata") or {})
+            for key, value in patch.items():
+                if value is None:
+                    metadata.pop(key, None)
+                else:
+                    metadata[key] = value
+            sandbox.body["metadata"] = metadata
+            view = sandbox.view()
+        ex.send_json(200, view)
+
+    def endpoint(self, ex: Exchange) -> None:
+        """GET /sandboxes/{id}/endpoints/{port}: always the server-proxy form."""
+        raw_port = ex.params["port"]
+        if not raw_port.isdigit():
+            raise unprocessable(
+                [
+                    issue(
+                        "int_parsing",
+                        ["path", "port"],
+                        "Input should be a valid integer, unable to parse string as an integer",
+                        raw_port,
+                    )
+                ]
+            )
+        port = int(raw_port)
+        if not 1 <= port <= 65535:
+            raise error(400, "DOCKER::INVALID_PORT", f"Port {port} must be between 1 and 65535.")
+        if ex.arg("expires"):
+            raise error(
+                400,
+                "SANDBOX::API_NOT_SUPPORTED",
+                "Signed endpoints (expires) are not supported by the local server.",
+            )
+        sandbox = self._get(ex)
+        host = ex.headers.get("Host") or self.config.address
+        ex.send_json(
+            200,
+            {
+                "endpoint": f"{host}/sandboxes/{sandbox.id}/proxy/{port}",
+                "headers": {"X-EXECD-ACCESS-TOKEN": sandbox.token},
+            },
+        )
+
+    def reap_expired(self) -> None:
+        """Remove every sandbox whose expiry has passed."""
+        now = datetime.now(timezone.utc)
+        with self._lock:
+            doomed = [
+                s.id
+                for s in self._sandboxes.values()
+                if s.expires_at is not None and s.expires_at <= now and not s.removing
+            ]
+        for sandbox_id in doomed:
+            self.remove(sandbox_id)
+
+    def close_all(self) -> None:
+        """Remove every sandbox (server stop)."""
+        with self._lock:
+            ids = list(self._sandboxes)
+        for sandbox_id in ids:
+            self.remove(sandbox_id)

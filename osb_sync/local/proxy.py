@@ -1,0 +1,110 @@
+"""Reverse proxy from `/sandboxes/{id}/proxy/{port}/...` to a port inside the sandbox.
+
+Plain HTTP only (no WebSocket upgrade). Request and response bodies are streamed; a response
+without a Content-Length is relayed chunked, one chunk per upstream read, so event streams
+pass through live. Like the real server proxy, credentials meant for the proxy itself are not
+forwarded.
+"""
+
+from __future__ import annotations
+
+import http.client
+
+from ._http import Exchange, HttpError, error
+from .runner import SandboxRuntime
+
+PIECE = 1 << 16
+UPSTREAM_TIMEOUT = 180.0
+NOT_FORWARDED = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "open-sandbox-api-key",
+    "authorization",
+    "cookie",
+    "x-execd-access-token",
+}
+NO_BODY = {204, 304}
+
+
+def unreachable(sandbox_id: str, detail: object) -> HttpError:
+    """The real server proxy's 502 when the sandbox cannot be reached."""
+    return error(
+        502,
+        "GENERAL::UNKNOWN_ERROR",
+        f"Could not connect to the backend sandbox {sandbox_id}: {detail}",
+    )
+
+
+def forward(ex: Exchange, runtime: SandboxRuntime, sandbox_id: str, port: int, path: str) -> None:
+    """Send `ex` to 127.0.0.1:`port` in the sandbox and relay the answer."""
+    try:
+        sock = runtime.connect(port)
+    except OSError as exc:
+        raise unreachable(sandbox_id, exc) from None
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=UPSTREAM_TIMEOUT)
+    conn.sock = sock
+    sock.settimeout(UPSTREAM_TIMEOUT)
+    try:
+        _send_request(ex, conn, port, path)
+        response = conn.getresponse()
+    except OSError as exc:
+        conn.close()
+        raise unreachable(sandbox_id, exc) from None
+    try:
+        _relay(ex, response)
+    finally:
+        conn.close()
+
+
+def _send_request(ex: Exchange, conn: http.client.HTTPConnection, port: int, path: str) -> None:
+    target = path + (f"?{ex.raw_query}" if ex.raw_query else "")
+    conn.putrequest(ex.method, target, skip_host=True, skip_accept_encoding=True)
+    for name, value in ex.headers.items():
+        if name.lower() not in NOT_FORWARDED:
+            conn.putheader(name, value)
+    conn.putheader("Host", f"127.0.0.1:{port}")
+    conn.putheader("X-Forwarded-For", ex.handler.client_address[0])
+    conn.putheader("X-Forwarded-Host", ex.headers.get("Host") or "")
+    conn.putheader("X-Forwarded-Proto", "http")
+    conn.putheader("Connection", "close")
+    chunked = "chunked" in (ex.headers.get("Transfer-Encoding") or "").lower()
+    if chunked:
+        conn.putheader("Transfer-Encoding", "chunked")
+    elif ex.headers.get("Content-Length"):
+        conn.putheader("Content-Length", ex.headers["Content-Length"])
+    conn.endheaders()
+    while data := ex.body.read(PIECE):
+        conn.send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+    if chunked:
+        conn.send(b"0\r\n\r\n")
+
+
+def _relay(ex: Exchange, response: http.client.HTTPResponse) -> None:
+    headers = [
+        (k, v)
+        for k, v in response.getheaders()
+        if k.lower() not in NOT_FORWARDED or k.lower() == "content-length"
+    ]
+    if ex.method == "HEAD" or response.status in NO_BODY:
+        ex.start(response.status, headers)
+        return
+    if response.getheader("Content-Length") is not None and not response.chunked:
+        ex.start(response.status, headers)
+        while data := response.read(PIECE):
+            ex.handler.wfile.write(data)
+        ex.handler.wfile.flush()
+        return
+    writer = ex.start_chunked(
+        response.status, [(k, v) for k, v in headers if k.lower() != "content-length"]
+    )
+    while data := response.read1(PIECE):
+        writer.write(data)
+    writer.end()

@@ -1,0 +1,301 @@
+"""Request validation for the lifecycle API, answering like the real (FastAPI) server.
+
+Shape errors are FastAPI's 422 `{"detail": [{"type", "loc", "msg", "input"}]}` (pydantic v2
+wording); rule errors the server checks itself (metadata labels, network policy) are 400
+`{"code", "message"}`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Any
+
+from ._http import HttpError, error
+
+RESERVED_PREFIX = "opensandbox.io/"
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", re.IGNORECASE)
+ACTIONS = ("allow", "deny")
+
+Detail = dict[str, Any]
+
+
+def issue(kind: str, loc: list[Any], msg: str, value: Any) -> Detail:
+    """One pydantic-style error entry."""
+    return {"type": kind, "loc": loc, "msg": msg, "input": value}
+
+
+def unprocessable(details: list[Detail]) -> HttpError:
+    """FastAPI's 422 answer."""
+    return HttpError(422, {"detail": details})
+
+
+def invalid_json(message: str) -> HttpError:
+    """FastAPI's 422 for a body that is not JSON."""
+    return unprocessable(
+        [issue("json_invalid", ["body", 0], "JSON decode error", {}) | {"ctx": {"error": message}}]
+    )
+
+
+def _string_map(body: dict[str, Any], name: str, nullable_values: bool = False) -> list[Detail]:
+    value = body.get(name)
+    if not isinstance(value, dict):
+        return [issue("dict_type", ["body", name], "Input should be a valid dictionary", value)]
+    return [
+        issue("string_type", ["body", name, key], "Input should be a valid string", item)
+        for key, item in value.items()
+        if not isinstance(item, str) and not (nullable_values and item is None)
+    ]
+
+
+def _image(value: Any) -> list[Detail]:
+    if not isinstance(value, dict):
+        return [
+            issue(
+                "model_attributes_type",
+                ["body", "image"],
+                "Input should be a valid dictionary or object to extract fields from",
+                value,
+            )
+        ]
+    if "uri" not in value:
+        return [issue("missing", ["body", "image", "uri"], "Field required", value)]
+    if not isinstance(value["uri"], str) or not value["uri"]:
+        return [
+            issue(
+                "string_type",
+                ["body", "image", "uri"],
+                "Input should be a valid string",
+                value["uri"],
+            )
+        ]
+    return []
+
+
+def _network_policy(value: Any) -> list[Detail]:
+    loc: list[Any] = ["body", "networkPolicy"]
+    if not isinstance(value, dict):
+        return [
+            issue(
+                "model_attributes_type",
+                loc,
+                "Input should be a valid dictionary or object to extract fields from",
+                value,
+            )
+        ]
+    found: list[Detail] = []
+    if value.get("defaultAction") not in (None, *ACTIONS):
+        found.append(
+            issue(
+                "literal_error",
+                [*loc, "defaultAction"],
+                "Input should be 'allow' or 'deny'",
+                value["defaultAction"],
+            )
+        )
+    rules = value.get("egress") or []
+    if not isinstance(rules, list):
+        return [*found, issue("list_type", [*loc, "egress"], "Input should be a valid list", rules)]
+    for index, rule in enumerate(rules):
+        if (
+            not isinstance(rule, dict)
+            or rule.get("action") not in ACTIONS
+            or not isinstance(rule.get("target"), str)
+        ):
+            found.append(
+                issue(
+                    "value_error",
+                    [*loc, "egress", index],
+                    "Value error, a rule needs action allow|deny and a target",
+                    rule,
+                )
+            )
+    return found
+
+
+def _timeout(value: Any, minimum: int) -> list[Detail]:
+    if value is None:
+        return []
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        return [issue("int_type", ["body", "timeout"], "Input should be a valid integer", value)]
+    if value < minimum:
+        return [
+            issue(
+                "greater_than_equal",
+                ["body", "timeout"],
+                f"Input should be greater than or equal to {minimum}",
+                value,
+            )
+            | {"ctx": {"ge": minimum}}
+        ]
+    return []
+
+
+def check_create(body: Any, min_timeout: int) -> None:
+    """Raise the real server's 422 for a malformed CreateSandboxRequest."""
+    if not isinstance(body, dict):
+        raise unprocessable(
+            [
+                issue(
+                    "model_attributes_type",
+                    ["body"],
+                    "Input should be a valid dictionary or object to extract fields from",
+                    body,
+                )
+            ]
+        )
+    found: list[Detail] = []
+    if body.get("image") is not None:
+        found += _image(body["image"])
+    snapshot = body.get("snapshotId")
+    if snapshot is not None and not isinstance(snapshot, str):
+        found.append(
+            issue("string_type", ["body", "snapshotId"], "Input should be a valid string", snapshot)
+        )
+    entrypoint = body.get("entrypoint")
+    if entrypoint is not None:
+        if not isinstance(entrypoint, list) or not all(isinstance(a, str) for a in entrypoint):
+            found.append(
+                issue(
+                    "list_type",
+                    ["body", "entrypoint"],
+                    "Input should be a valid list of strings",
+                    entrypoint,
+                )
+            )
+        elif not entrypoint:
+            found.append(
+                issue(
+                    "too_short",
+                    ["body", "entrypoint"],
+                    "List should have at least 1 item after validation, not 0",
+                    [],
+                )
+            )
+    found += _timeout(body.get("timeout"), min_timeout)
+    if "resourceLimits" not in body:
+        found.append(issue("missing", ["body", "resourceLimits"], "Field required", body))
+    else:
+        found += _string_map(body, "resourceLimits")
+    for name, nullable in (("env", True), ("metadata", False)):
+        if body.get(name) is not None:
+            found += _string_map(body, name, nullable)
+    if body.get("networkPolicy") is not None:
+        found += _network_policy(body["networkPolicy"])
+    if not found:
+        has_image, has_snapshot = body.get("image") is not None, snapshot is not None
+        if has_image == has_snapshot:
+            found.append(
+                issue(
+                    "value_error",
+                    ["body"],
+                    "Value error, exactly one of 'image' or 'snapshotId' must be provided",
+                    body,
+                )
+            )
+        elif has_image and not entrypoint:
+            found.append(
+                issue(
+                    "value_error",
+                    ["body"],
+                    "Value error, 'entrypoint' is required when 'image' is provided",
+                    body,
+                )
+            )
+    if found:
+        raise unprocessable(found)
+
+
+def check_labels(metadata: dict[str, Any]) -> None:
+    """Raise 400 SANDBOX::INVALID_METADATA_LABEL unless keys and values are Kubernetes labels."""
+    for key, value in metadata.items():
+        prefix, _, name = key.rpartition("/")
+        if key.startswith(RESERVED_PREFIX):
+            problem = f"metadata key {key!r} uses the reserved prefix {RESERVED_PREFIX!r}"
+        elif (
+            len(name) > 63
+            or not LABEL_NAME.fullmatch(name)
+            or (prefix and (len(prefix) > 253 or not DNS_SUBDOMAIN.fullmatch(prefix)))
+        ):
+            problem = f"metadata key {key!r} is not a valid label key"
+        elif value is not None and (len(value) > 63 or not LABEL_VALUE.fullmatch(value)):
+            problem = (
+                f"metadata value {value!r} of {key!r} is not a valid label value "
+                "(at most 63 characters, alphanumerics with '-', '_', '.' inside)"
+            )
+        else:
+            continue
+        raise error(400, "SANDBOX::INVALID_METADATA_LABEL", problem)
+
+
+def policy_needs(policy: dict[str, Any] | None) -> str:
+    """What a network policy asks of us: "nothing", "deny-all" or "rules" (per-host egress)."""
+    if not policy:
+        return "nothing"  # the spec: an empty object or null means allow-all
+    default = policy.get("defaultAction") or "deny"
+    exceptions = [r for r in policy.get("egress") or [] if r.get("action") != default]
+    if exceptions:
+        return "rules"
+    return "deny-all" if default == "deny" else "nothing"
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp as an aware datetime (naive means UTC), or None if malformed."""
+    found = RFC3339.fullmatch(value) if isinstance(value, str) else None
+    if not found:
+        return None
+    base, fraction, zone = found.groups()
+    # fromisoformat on 3.10 takes neither "Z" nor fractions other than 3 or 6 digits.
+    text = base + (fraction or ".0")[:7].ljust(7, "0")
+    try:
+        moment = datetime.fromisoformat(text)
+        if zone and zone.upper() != "Z":
+            moment = datetime.fromisoformat(text + zone)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def query_int(raw: str | None, name: str, default: int, low: int, high: int | None) -> int:
+    """A bounded integer query parameter, with FastAPI's 422 when it is not."""
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise unprocessable(
+            [
+                issue(
+                    "int_parsing",
+                    ["query", name],
+                    "Input should be a valid integer, unable to parse string as an integer",
+                    raw,
+                )
+            ]
+        ) from None
+    if value < low:
+        raise unprocessable(
+            [
+                issue(
+                    "greater_than_equal",
+                    ["query", name],
+                    f"Input should be greater than or equal to {low}",
+                    raw,
+                )
+            ]
+        )
+    if high is not None and value > high:
+        raise unprocessable(
+            [
+                issue(
+                    "less_than_equal",
+                    ["query", name],
+                    f"Input should be less than or equal to {high}",
+                    raw,
+                )
+            ]
+        )
+    return value

@@ -1,0 +1,397 @@
+"""What runs inside a local sandbox: Python workers, shell commands and bash sessions.
+
+Each runner reports output through an `emit` callback taking one execd event (without its
+timestamp) and never touches HTTP, so the framing stays in `execd.py`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import json
+import os
+import secrets
+import selectors
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+from .runner import SandboxRuntime, kill_group
+
+WORKER_SCRIPT = str(Path(__file__).with_name("_worker.py"))
+POLL_INTERVAL = 0.02
+COALESCE_WINDOW = 0.005
+READ_SIZE = 1 << 16
+TERM_GRACE = 3.0
+DEAD_WORKER = {"ename": "DeadKernelError", "evalue": "the Python worker exited", "traceback": []}
+SIGNAL_WORDS = {signal.SIGKILL: "killed", signal.SIGTERM: "terminated", signal.SIGINT: "interrupt"}
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+def rfc3339(moment: datetime) -> str:
+    """`moment` as RFC 3339 UTC with a `Z` suffix."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def exit_error(returncode: int) -> tuple[str, str]:
+    """The (evalue, Go-style error text) of a failed process, as execd reports it."""
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        return "-1", f"signal: {SIGNAL_WORDS.get(sig, sig.name.lower())}"
+    return str(returncode), f"exit status {returncode}"
+
+
+def failure(evalue: str, text: str) -> dict[str, Any]:
+    """An `error` event as execd sends it for a failed command."""
+    return {
+        "type": "error",
+        "error": {"ename": "CommandExecError", "evalue": evalue, "traceback": [text]},
+    }
+
+
+def complete(started: float) -> dict[str, Any]:
+    """An `execution_complete` event for a run started at monotonic time `started`."""
+    event: dict[str, Any] = {"type": "execution_complete"}
+    elapsed = int((time.monotonic() - started) * 1000)
+    if elapsed:
+        event["execution_time"] = elapsed  # execd omits zero values (Go's omitempty)
+    return event
+
+
+def _coalesce(fd: int) -> bytes:
+    """What follows on `fd` within a few ms: `print(1)` writes "1" and "\\n" separately."""
+    more = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while len(more) < READ_SIZE and sel.select(COALESCE_WINDOW):
+            data = os.read(fd, READ_SIZE)
+            if not data:
+                break  # EOF: the main loop sees it again and unregisters the pipe
+            more += data
+    return more
+
+
+class Pipes:
+    """Closes a process's pipes once it was killed and no run is reading them any more.
+
+    Closing them under a running reader could hand their descriptor numbers to new files.
+    """
+
+    def __init__(self, *files: IO[bytes] | None) -> None:
+        self._files = [f for f in files if f is not None]
+        self._lock = threading.Lock()
+        self._readers = 0
+        self._killed = False
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Mark a run as using the pipes for the duration of the block."""
+        with self._lock:
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._readers -= 1
+            self._close_if_done()
+
+    def killed(self) -> None:
+        """The process is dead: close the pipes now or when the last run ends."""
+        with self._lock:
+            self._killed = True
+        self._close_if_done()
+
+    def _close_if_done(self) -> None:
+        with self._lock:
+            if self._killed and not self._readers:
+                for handle in self._files:
+                    handle.close()
+                self._files = []
+
+
+class PythonWorker:
+    """One persistent Python process (`_worker.py`) holding a code context's state."""
+
+    def __init__(self, runtime: SandboxRuntime, cwd: Path) -> None:
+        requests_r, requests_w = os.pipe()
+        replies_r, replies_w = os.pipe()
+        try:
+            self._proc = runtime.spawn(
+                [sys.executable, "-u", WORKER_SCRIPT, str(requests_r), str(replies_w)],
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(requests_r, replies_w),
+            )
+        except BaseException:
+            for fd in (requests_w, replies_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(requests_r)
+            os.close(replies_w)
+        # File objects, not bare descriptors: a worker killed while a run still reads its
+        # pipes must not have them closed (and their numbers reused) under that run.
+        self._requests = os.fdopen(requests_w, "wb", buffering=0)
+        self._replies = os.fdopen(replies_r, "rb", buffering=0)
+        self._pipes = Pipes(self._requests, self._replies, self._proc.stdout, self._proc.stderr)
+
+    @property
+    def alive(self) -> bool:
+        """False once the worker process has exited."""
+        return self._proc.poll() is None
+
+    def run(self, code: str, emit: Emit) -> None:
+        """Run `code`, emitting output live and then result/error and execution_complete."""
+        with self._pipes.reading():
+            self._run(code, emit)
+
+    def _run(self, code: str, emit: Emit) -> None:
+        started = time.monotonic()
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        streams = {self._proc.stdout.fileno(): "stdout", self._proc.stderr.fileno(): "stderr"}
+        decoders: dict[int, codecs.IncrementalDecoder] = {
+            fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in streams
+        }
+        if self._replies.closed:  # killed (context deleted) before this run began
+            self._report({"error": DEAD_WORKER}, emit, started)
+            return
+        try:
+            self._requests.write(json.dumps({"code": code}).encode() + b"\n")
+        except OSError:
+            pass  # a dead worker shows up below as EOF on the reply pipe
+        with selectors.DefaultSelector() as sel:
+            for fd in (*streams, self._replies.fileno()):
+                sel.register(fd, selectors.EVENT_READ)
+            reply = self._pump(sel, streams, decoders, emit)
+            if self._replies.fileno() in sel.get_map():
+                sel.unregister(self._replies.fileno())
+            # Output written before the reply is already in the pipes: send it first.
+            while sel.get_map() and sel.select(0):
+                self._pump(sel, streams, decoders, emit, drain=True)
+        if reply is None:
+            self._proc.wait()
+            reply = {"error": DEAD_WORKER}
+        self._report(reply, emit, started)
+
+    def _pump(
+        self,
+        sel: selectors.BaseSelector,
+        streams: dict[int, str],
+        decoders: dict[int, codecs.IncrementalDecoder],
+        emit: Emit,
+        drain: bool = False,
+    ) -> dict[str, Any] | None:
+        """Forward output until the reply arrives (or one round of ready data when `drain`)."""
+        reply = b""
+        while True:
+            for key, _ in sel.select(0 if drain else None):
+                fd = int(key.fd)
+                data = os.read(fd, READ_SIZE)
+                if fd == self._replies.fileno():
+                    reply += data
+                    if not data or reply.endswith(b"\n"):
+                        return dict(json.loads(reply)) if data else None
+                elif data:
+                    text = decoders[fd].decode(data + _coalesce(fd))
+                    if text:
+                        emit({"type": streams[fd], "text": text})
+                else:
+                    sel.unregister(fd)
+            if drain or not sel.get_map():
+                return None
+
+    @staticmethod
+    def _report(reply: dict[str, Any], emit: Emit, started: float) -> None:
+        if reply.get("error"):
+            emit({"type": "status", "text": "error"})
+            emit({"type": "error", "error": reply["error"]})
+        elif reply.get("result") is not None:
+            emit({"type": "execution_count", "execution_count": reply["execution_count"]})
+            emit({"type": "result", "results": {"text": reply["result"]}})
+        emit(complete(started))
+
+    def interrupt(self) -> None:
+        """Send SIGINT to the worker's process group (KeyboardInterrupt in running code)."""
+        kill_group(self._proc.pid, signal.SIGINT)
+
+    def kill(self) -> None:
+        """Kill the worker (its pipes close when the last run using them lets go)."""
+        kill_group(self._proc.pid, signal.SIGKILL)
+        self._proc.wait()
+        self._pipes.killed()
+
+
+class LineSplitter:
+    """Splits a byte stream into lines the way execd reports /command output."""
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        """The complete lines in `data` plus what was buffered, without terminators."""
+        *lines, self._rest = (self._rest + data).split(b"\n")
+        return [self._text(line) for line in lines]
+
+    def flush(self) -> list[str]:
+        """The trailing partial line, if any."""
+        rest, self._rest = self._rest, b""
+        return [self._text(rest)] if rest else []
+
+    @staticmethod
+    def _text(line: bytes) -> str:
+        # execd sends a blank line as "\n" because empty texts are never sent.
+        return line.removesuffix(b"\r").decode("utf-8", "replace") or "\n"
+
+
+def follow(
+    proc: subprocess.Popen[bytes],
+    files: dict[str, Path],
+    sink: Callable[[str, bytes], None],
+    deadline: float | None = None,
+) -> bool:
+    """Feed what `proc` writes to `files` into `sink` until it exits; True if it timed out.
+
+    Output goes to files rather than pipes, like execd: a background child that keeps a pipe
+    open would otherwise keep the stream open forever.
+    """
+    handles: dict[str, BinaryIO] = {name: open(path, "rb") for name, path in files.items()}
+    timed_out = False
+    try:
+        while True:
+            exited = proc.poll() is not None
+            got = False
+            for name, handle in handles.items():
+                while data := handle.read(READ_SIZE):
+                    sink(name, data)
+                    got = True
+            if exited:
+                return timed_out
+            if deadline is not None and not timed_out and time.monotonic() > deadline:
+                kill_group(proc.pid, signal.SIGKILL)
+                timed_out = True
+            if not got:
+                time.sleep(POLL_INTERVAL)
+    finally:
+        for handle in handles.values():
+            handle.close()
+
+
+@dataclass
+class CommandRecord:
+    """A /command run, foreground or background, for status, logs and interrupt."""
+
+    id: str
+    content: str
+    proc: subprocess.Popen[bytes]
+    background: bool
+    log_path: Path | None = None
+    started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    finished_at: datetime | None = None
+    exit_code: int | None = None
+    error: str | None = None
+
+    def finish(self) -> None:
+        """Record the exit of the process (which must have exited)."""
+        returncode = self.proc.wait()
+        if returncode != 0:
+            self.error = exit_error(returncode)[1]
+        self.exit_code = -1 if returncode < 0 else returncode
+        self.finished_at = datetime.now(timezone.utc)
+
+    def status(self) -> dict[str, Any]:
+        """The `GET /command/status/{id}` body."""
+        body: dict[str, Any] = {
+            "id": self.id,
+            "content": self.content,
+            "running": self.finished_at is None,
+            "started_at": rfc3339(self.started_at),
+        }
+        if self.finished_at is not None:
+            body["exit_code"] = self.exit_code
+            body["finished_at"] = rfc3339(self.finished_at)
+        if self.error:
+            body["error"] = self.error
+        return body
+
+    def terminate(self) -> None:
+        """SIGTERM the process group, SIGKILL it after a grace period, as execd does."""
+        kill_group(self.proc.pid, signal.SIGTERM)
+        timer = threading.Timer(TERM_GRACE, kill_group, (self.proc.pid, signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
+
+
+class BashSession:
+    """A persistent bash process: cwd and environment survive between runs."""
+
+    def __init__(self, runtime: SandboxRuntime, cwd: Path) -> None:
+        self.id = secrets.token_hex(16)
+        self.lock = threading.Lock()
+        self._marker = f"__osb_done_{secrets.token_hex(8)}__"
+        self._proc = runtime.spawn(
+            ["bash", "--noprofile", "--norc"],
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        self._pipes = Pipes(self._proc.stdin, self._proc.stdout)
+
+    def run(
+        self, command: str, cwd: str | None, deadline: float | None, on_line: Callable[[str], None]
+    ) -> int | None:
+        """Run `command`, passing each output line on; its exit code, or None on timeout/EOF."""
+        with self._pipes.reading():
+            return self._run(command, cwd, deadline, on_line)
+
+    def _run(
+        self,
+        command: str,
+        cwd: str | None,
+        deadline: float | None,
+        on_line: Callable[[str], None],
+    ) -> int | None:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        prefix = f"cd {shlex.quote(cwd)} && " if cwd else ""
+        script = f"{prefix}{{ {command}\n}} </dev/null 2>&1; printf '%s %d\\n' {self._marker} $?\n"
+        try:
+            self._proc.stdin.write(script.encode())
+            self._proc.stdin.flush()
+        except OSError:
+            return None
+        splitter = LineSplitter()
+        fd = self._proc.stdout.fileno()
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            with selectors.DefaultSelector() as sel:
+                sel.register(fd, selectors.EVENT_READ)
+                if not sel.select(wait):
+                    self.kill()
+                    return None
+            data = os.read(fd, READ_SIZE)
+            lines = splitter.feed(data) if data else splitter.flush()
+            for line in lines:
+                head, found, code = line.rpartition(f"{self._marker} ")
+                if found and code.isdigit():
+                    if head:
+                        on_line(head)
+                    return int(code)
+                on_line(line)
+            if not data:
+                return None
+
+    def kill(self) -> None:
+        """Kill the session's process group."""
+        kill_group(self._proc.pid, signal.SIGKILL)
+        self._proc.wait()
+        self._pipes.killed()

@@ -1,0 +1,121 @@
+"""Fixtures for the local server tests: a server on 127.0.0.1 port 0 and sandbox handles.
+
+Every test talks to a real server over loopback with `requests` or `http.client`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from osb_sync.local import LocalServer
+
+CREATE_BODY: dict[str, Any] = {
+    "image": {"uri": "python:3.11"},
+    "entrypoint": ["/bin/sh"],
+    "resourceLimits": {"cpu": "500m", "memory": "512Mi"},
+}
+
+
+def parse_events(raw: bytes) -> list[dict[str, Any]]:
+    """Split an execd stream into objects: `{...}\\n\\n` frames plus a bare trailing error."""
+    return [json.loads(block) for block in raw.split(b"\n\n") if block.strip()]
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
+    """Poll `predicate` until it is true or `timeout` seconds passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(result)
+
+
+class Box:
+    """A sandbox on a LocalServer, with helpers for its execd."""
+
+    def __init__(self, server: LocalServer, http: requests.Session, body: dict[str, Any]) -> None:
+        self.server = server
+        self.http = http
+        created = http.post(f"{server.api_base}/sandboxes", json=body)
+        assert created.status_code == 202, created.text
+        self.id: str = created.json()["id"]
+        self.created = created.json()
+        endpoint = http.get(f"{server.api_base}/sandboxes/{self.id}/endpoints/44772").json()
+        self.base = f"http://{endpoint['endpoint']}"
+        self.headers: dict[str, str] = endpoint["headers"]
+
+    @property
+    def dir(self) -> str:
+        """The sandbox directory on disk."""
+        assert self.server.root_dir is not None
+        return os.path.join(self.server.root_dir, self.id)
+
+    def call(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """One execd request with the sandbox's token."""
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return self.http.request(method, self.base + path, headers=headers, **kwargs)
+
+    def stream(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """POST a streaming execd route and return its events."""
+        response = self.call("POST", path, json=body)
+        assert response.status_code == 200, response.text
+        assert response.headers["Content-Type"] == "text/event-stream"
+        return parse_events(response.content)
+
+    def code(self, code: str, **context: Any) -> list[dict[str, Any]]:
+        """Run `code` through /code (python unless `language` is given)."""
+        return self.stream("/code", {"code": code, "context": {"language": "python", **context}})
+
+    def command(self, command: str, **extra: Any) -> list[dict[str, Any]]:
+        """Run `command` through /command."""
+        return self.stream("/command", {"command": command, **extra})
+
+
+def texts(events: list[dict[str, Any]], kind: str = "stdout") -> list[str]:
+    """The texts of the events of type `kind`."""
+    return [e["text"] for e in events if e.get("type") == kind]
+
+
+@pytest.fixture
+def local() -> Iterator[LocalServer]:
+    """A started server with fast heartbeats, no /command grace and a 1 s minimum TTL."""
+    with LocalServer(ping_interval=0.2, command_grace=0, min_timeout=1) as srv:
+        yield srv
+
+
+@pytest.fixture
+def http() -> Iterator[requests.Session]:
+    """A requests session, closed after the test."""
+    with requests.Session() as session:
+        yield session
+
+
+@pytest.fixture
+def box(local: LocalServer, http: requests.Session) -> Box:
+    """A fresh sandbox on the `local` server."""
+    return Box(local, http, CREATE_BODY)
+
+
+@pytest.fixture
+def make_box(http: requests.Session) -> Any:
+    """A factory: `make_box(server, **body_overrides)` creates a sandbox on `server`."""
+
+    def make(server: LocalServer, **overrides: Any) -> Box:
+        return Box(server, http, {**CREATE_BODY, **overrides})
+
+    return make
