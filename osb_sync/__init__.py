@@ -4,6 +4,7 @@ Table of contents only; see README.rst for the API and error tables.
 """
 
 from .client import Client
+from .commands import BackgroundCommand, BashSession
 from .constants import (
     DEFAULT_ENTRYPOINT,
     DEFAULT_LANGUAGE,
@@ -14,10 +15,12 @@ from .constants import (
     DEFAULT_TIMEOUT,
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
+    NO_TIMEOUT,
     VERSION,
 )
 from .errors import (
     ApiError,
+    CommandFailed,
     ConfigurationError,
     NotFoundError,
     OpenSandboxError,
@@ -28,8 +31,20 @@ from .errors import (
     TransportError,
 )
 from .execution import ExecutionStream
+from .files import Files
 from .functions import code_interpreter_tool, create_sandbox, delete_sandbox, run_code
-from .models import Event, ExecutionError, ExecutionResult, SandboxInfo
+from .models import (
+    CodeContext,
+    CommandResult,
+    CommandStatus,
+    Endpoint,
+    Event,
+    ExecutionError,
+    ExecutionResult,
+    FileInfo,
+    Metrics,
+    SandboxInfo,
+)
 from .provider import OpenSandboxProvider, discover_providers
 from .sandbox import Sandbox
 from .stream import parse_execution
@@ -46,13 +61,24 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "EXECD_PORT",
     "MAX_OUTPUT_BYTES",
+    "NO_TIMEOUT",
     "ApiError",
+    "BackgroundCommand",
+    "BashSession",
     "Client",
+    "CodeContext",
+    "CommandFailed",
+    "CommandResult",
+    "CommandStatus",
     "ConfigurationError",
+    "Endpoint",
     "Event",
     "ExecutionError",
     "ExecutionResult",
     "ExecutionStream",
+    "FileInfo",
+    "Files",
+    "Metrics",
     "NotFoundError",
     "OpenSandboxError",
     "OpenSandboxProvider",

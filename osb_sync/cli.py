@@ -245,10 +245,13 @@ def cmd_exec(args: argparse.Namespace) -> int:
         raise UsageError("exec needs a command: osb-sync exec ID CMD...")
     command = args.cmd[0] if len(args.cmd) == 1 else shlex.join(args.cmd)
     with _remote_client(args) as client:
-        result = client.connect(args.id).run_code(
-            command, language="bash", on_event=None if args.json else _echo_output
+        echo = None if args.json else sys.stdout.write
+        result = client.connect(args.id).run_command(
+            command, on_stdout=echo, on_stderr=None if args.json else sys.stderr.write
         )
-    return _print_result(result, args.json)
+    if args.json:
+        print(json.dumps({k: v for k, v in result.__dict__.items() if k != "error"}))
+    return 0 if result.exit_code == 0 else 1
 
 
 # -- helpers --------------------------------------------------------------------------------

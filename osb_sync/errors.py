@@ -114,6 +114,18 @@ class StreamError(TransportError):
         self.partial = partial
 
 
+def with_suffix(exc: ApiError, suffix: str) -> ApiError:
+    """The same ApiError (same class and fields) with ``suffix`` added to its message."""
+    return type(exc)(
+        f"{exc} {suffix}",
+        status_code=exc.status_code,
+        code=exc.code,
+        message=exc.message,
+        request_id=exc.request_id,
+        response=exc.response,
+    )
+
+
 def redact(text: str, secrets: Iterable[str]) -> str:
     """Replace every secret value that occurs in ``text``."""
     for secret in secrets:

@@ -12,7 +12,13 @@ import requests
 import urllib3
 
 from .constants import MAX_OUTPUT_BYTES
-from .errors import ConfigurationError, NotFoundError, OutputLimitExceeded, StreamError
+from .errors import (
+    ConfigurationError,
+    NotFoundError,
+    OutputLimitExceeded,
+    StreamError,
+    with_suffix,
+)
 from .models import FileInfo, mode_to_wire
 
 if TYPE_CHECKING:
@@ -177,9 +183,12 @@ class Files:
             StreamError: the download broke.
         """
         headers = {"Range": f"bytes={start}-"} if start else None
-        response = self._execd.request(
-            "GET", "/files/download", params={"path": path}, headers=headers, stream=True
-        )
+        try:
+            response = self._execd.request(
+                "GET", "/files/download", params={"path": path}, headers=headers, stream=True
+            )
+        except NotFoundError as exc:
+            raise with_suffix(exc, f"(path {path!r})") from None
         try:
             yield from _chunks_or_stream_error(response, chunk_size)
         finally:
@@ -200,7 +209,10 @@ class Files:
         Raises:
             NotFoundError: one of them does not exist.
         """
-        data = self._execd.json("GET", "/files/info", params={"path": list(paths)})
+        try:
+            data = self._execd.json("GET", "/files/info", params={"path": list(paths)})
+        except NotFoundError as exc:
+            raise with_suffix(exc, f"(paths {list(paths)!r})") from None
         items = data.items() if isinstance(data, dict) else ()
         return {str(k): FileInfo.from_dict(v) for k, v in items if isinstance(v, dict)}
 

@@ -29,6 +29,7 @@ from .errors import (
     SandboxTimeoutError,
     TransportError,
     error_from_response,
+    with_suffix,
 )
 from .transport import Transport
 
@@ -190,7 +191,7 @@ class Lifecycle:
             if exc.status_code >= 500:
                 self.delete_by_create_id(create_id)
             if exc.code == "SANDBOX::INVALID_PARAMETER" and "networkPolicy" in body:
-                raise _with_hint(exc, EGRESS_HINT) from None
+                raise with_suffix(exc, EGRESS_HINT) from None
             raise
         except TransportError:
             self.delete_by_create_id(create_id)
@@ -338,14 +339,3 @@ class Lifecycle:
             if isinstance(metadata, dict) and metadata.get(CREATE_ID_KEY) == create_id:
                 logger.warning("deleting sandbox %s left by a failed create", item.get("id"))
                 self.delete_quietly(str(item.get("id")))
-
-
-def _with_hint(exc: ApiError, hint: str) -> ApiError:
-    return type(exc)(
-        f"{exc} {hint}",
-        status_code=exc.status_code,
-        code=exc.code,
-        message=exc.message,
-        request_id=exc.request_id,
-        response=exc.response,
-    )

@@ -24,6 +24,9 @@ DOCUMENTED = {
     "DEFAULT_LANGUAGE",
     "OpenSandboxError", "ConfigurationError", "SandboxStateError", "SandboxTimeoutError",
     "OutputLimitExceeded", "ApiError", "NotFoundError", "TransportError", "StreamError",
+    # the full surface (issue 4)
+    "NO_TIMEOUT", "CommandFailed", "CommandResult", "CommandStatus", "BackgroundCommand",
+    "BashSession", "CodeContext", "Endpoint", "Metrics", "FileInfo", "Files",
 }  # fmt: skip
 
 
