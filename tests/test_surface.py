@@ -202,9 +202,9 @@ def test_read_bytes_is_capped(sandbox: Sandbox) -> None:
 
 
 def test_missing_file_is_not_found_with_the_path(sandbox: Sandbox) -> None:
-    with pytest.raises(NotFoundError, match="no/such.txt"):
+    with pytest.raises(NotFoundError, match=r"no/such\.txt"):
         sandbox.files.read_bytes("no/such.txt")
-    with pytest.raises(NotFoundError, match="no/such.txt"):
+    with pytest.raises(NotFoundError, match=r"no/such\.txt"):
         sandbox.files.info("no/such.txt")
 
 
