@@ -45,6 +45,7 @@ from .models import (
     Metrics,
     SandboxInfo,
 )
+from .pool import SandboxPool
 from .provider import OpenSandboxProvider, discover_providers
 from .sandbox import Sandbox
 from .stream import parse_execution
@@ -85,6 +86,7 @@ __all__ = [
     "OutputLimitExceeded",
     "Sandbox",
     "SandboxInfo",
+    "SandboxPool",
     "SandboxStateError",
     "SandboxTimeoutError",
     "StreamError",

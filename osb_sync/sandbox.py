@@ -69,6 +69,7 @@ class Sandbox:
         self.use_server_proxy = use_server_proxy
         self.delete_on_exit = delete_on_exit
         self._client = client
+        self._background_ids: set[str] = set()  # for SandboxPool's reset
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r}, execd_endpoint={self.execd_endpoint!r})"
@@ -279,6 +280,7 @@ class Sandbox:
         if result.id is None or result.error is not None:
             reason = result.error.value if result.error else "no command id"
             raise OpenSandboxError(f"the background command did not start: {reason}")
+        self._background_ids.add(result.id)
         return BackgroundCommand(self._execd, result.id)
 
     def interrupt_command(self, command_id: str) -> None:

@@ -27,6 +27,7 @@ DOCUMENTED = {
     # the full surface (issue 4)
     "NO_TIMEOUT", "CommandFailed", "CommandResult", "CommandStatus", "BackgroundCommand",
     "BashSession", "CodeContext", "Endpoint", "Metrics", "FileInfo", "Files",
+    "SandboxPool",  # host integrations (issue 6)
 }  # fmt: skip
 
 

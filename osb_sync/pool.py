@@ -1,0 +1,349 @@
+"""SandboxPool: a thread-safe pool of warm sandboxes for request handlers and workers."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+import weakref
+from collections import deque
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
+
+from .constants import DEFAULT_TIMEOUT, NO_TIMEOUT
+from .errors import ConfigurationError, OpenSandboxError, SandboxTimeoutError
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from .client import Client
+    from .sandbox import Sandbox
+
+logger = logging.getLogger("osb_sync")
+
+POOL_KEY = "osb_sync.pool"
+REUSE_MODES = ("never", "reset")
+MAINTENANCE_INTERVAL = 1.0
+MAX_CREATE_BACKOFF = 30.0
+_LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+class SandboxPool:
+    """Lends ready sandboxes to threads and takes them back.
+
+    ``with pool.sandbox() as sb:`` lends one and takes it back on exit, even when the block
+    raised. A returned sandbox is deleted and replaced (``reuse="never"``, the default: the next
+    user must not see the last one's files or variables) or, with ``reuse="reset"``, cleaned
+    (code contexts deleted, background commands it started killed, working directory emptied)
+    and lent again. A background thread keeps ``size`` sandboxes ready, deletes returned ones,
+    and retries failed creates with backoff. Before lending, a sandbox is pinged (a dead one is
+    replaced) and renewed when close to expiry. Every pooled sandbox carries the metadata tag
+    ``osb_sync.pool=<name>``, so ``client.delete_all(metadata={"osb_sync.pool": name})``
+    cleans up after a crash. ``close()`` (also run at exit, in the creating process only)
+    deletes everything the pool created. A forked child starts with an empty pool of its own.
+
+    Args:
+        client: the client that creates the sandboxes.
+        size: sandboxes kept ready.
+        max_size: most sandboxes alive at once, lent ones included (default ``size``, at least 1).
+        reuse: ``"never"`` or ``"reset"``.
+        name: the pool's tag value (label-safe); random by default.
+        **create_kwargs: passed to ``client.create_sandbox``.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        size: int = 4,
+        max_size: int | None = None,
+        reuse: str = "never",
+        name: str | None = None,
+        **create_kwargs: Any,
+    ):
+        if not isinstance(size, int) or size < 0:
+            raise ConfigurationError("size must be an int >= 0")
+        max_size = max(size, 1) if max_size is None else max_size
+        if not isinstance(max_size, int) or max_size < max(size, 1):
+            raise ConfigurationError("max_size must be an int >= size and >= 1")
+        if reuse not in REUSE_MODES:
+            raise ConfigurationError(f"reuse must be one of {REUSE_MODES}")
+        self.name = name or f"pool-{secrets.token_hex(4)}"
+        if not _LABEL.match(self.name):
+            raise ConfigurationError("name must be label-safe: letters, digits, '-', '_', '.'")
+        self.size, self.max_size, self.reuse = size, max_size, reuse
+        self._client = client
+        metadata = {**(create_kwargs.pop("metadata", None) or {}), POOL_KEY: self.name}
+        self._create_kwargs = {**create_kwargs, "metadata": metadata}
+        lifetime = create_kwargs.get("timeout")
+        self._lifetime = None if lifetime is NO_TIMEOUT else float(lifetime or DEFAULT_TIMEOUT)
+        self._reset_state()
+        self._start_worker()
+        _close_at_exit_of_this_process(self)
+        _after_fork_in_child(self)
+
+    def _reset_state(self) -> None:
+        self._cond = threading.Condition()
+        self._idle: deque[Sandbox] = deque()
+        self._lent: dict[str, Sandbox] = {}
+        self._doomed: list[Sandbox] = []
+        self._expires: dict[str, float] = {}
+        self._creating = 0
+        self._failures = 0
+        self._closed = False
+        self._worker: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"SandboxPool(name={self.name!r}, size={self.size}, max_size={self.max_size})"
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def sandbox(self, timeout: float | None = None) -> Iterator[Sandbox]:
+        """Lend a sandbox for a ``with`` block; it comes back even when the block raises."""
+        sandbox = self.acquire(timeout)
+        try:
+            yield sandbox
+        finally:
+            self.release(sandbox)
+
+    def acquire(self, timeout: float | None = None) -> Sandbox:
+        """Take a ready sandbox, creating one if the pool may grow; give it back with release().
+
+        Raises:
+            SandboxTimeoutError: none free within ``timeout`` seconds.
+            OpenSandboxError: the pool is closed, or creating a sandbox failed.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            sandbox = self._take_or_reserve(deadline, timeout)
+            if sandbox is None:
+                sandbox = self._create()  # this thread reserved a slot
+            elif not self._fit_to_lend(sandbox):
+                self._discard(sandbox)
+                continue
+            with self._cond:
+                if self._closed:
+                    self._doomed.append(sandbox)
+                    raise OpenSandboxError(f"{self!r} is closed")
+                self._lent[sandbox.id] = sandbox
+            return sandbox
+
+    def release(self, sandbox: Sandbox) -> None:
+        """Give a lent sandbox back (deleted and replaced, or reset and kept)."""
+        with self._cond:
+            if self._closed:
+                return  # close() deleted it
+            if self._lent.pop(sandbox.id, None) is None:
+                raise ConfigurationError(f"sandbox {sandbox.id} was not lent by {self!r}")
+            if self._closed or self.reuse == "never":
+                self._doomed.append(sandbox)
+                self._cond.notify_all()
+                return
+        if _reset(sandbox):
+            with self._cond:
+                self._idle.append(sandbox)
+                self._cond.notify_all()
+        else:
+            self._discard(sandbox)
+
+    def close(self) -> None:
+        """Delete every sandbox the pool created (lent ones too) and stop the worker."""
+        with self._cond:
+            if self._closed and not (self._idle or self._lent or self._doomed):
+                return
+            self._closed = True
+            doomed = [*self._idle, *self._lent.values(), *self._doomed]
+            self._idle.clear()
+            self._lent.clear()
+            self._doomed.clear()
+            self._cond.notify_all()
+            worker = self._worker
+        for sandbox in doomed:
+            self._client._delete_quietly(sandbox.id)
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout=10)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _take_or_reserve(self, deadline: float | None, timeout: float | None) -> Sandbox | None:
+        """An idle sandbox, or None after reserving a slot to create one; waits if neither."""
+        with self._cond:
+            if self._worker is None:
+                self._start_worker()  # first use in a forked child
+            while True:
+                if self._closed:
+                    raise OpenSandboxError(f"{self!r} is closed")
+                if self._idle:
+                    return self._idle.popleft()
+                if self._alive() < self.max_size:
+                    self._creating += 1
+                    return None
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise SandboxTimeoutError(
+                        f"no sandbox of {self!r} was free within {timeout} seconds"
+                    )
+                self._cond.wait(remaining)
+
+    def _alive(self) -> int:
+        return len(self._idle) + len(self._lent) + self._creating
+
+    def _create(self) -> Sandbox:
+        """Create a pooled sandbox in a slot reserved by the caller (``_creating`` was raised)."""
+        try:
+            sandbox = self._client.create_sandbox(**self._create_kwargs)
+        finally:
+            with self._cond:
+                self._creating -= 1
+                self._cond.notify_all()
+        sandbox.delete_on_exit = False  # the pool owns it, not the borrower's ``with``
+        if self._lifetime is not None:
+            self._expires[sandbox.id] = time.monotonic() + self._lifetime
+        return sandbox
+
+    def _fit_to_lend(self, sandbox: Sandbox) -> bool:
+        """Alive (answers /ping) and not about to expire (renewed if it is)."""
+        if not sandbox.ping():
+            logger.info("pooled sandbox %s does not answer; replacing it", sandbox.id)
+            return False
+        expires = self._expires.get(sandbox.id)
+        if expires is None or self._lifetime is None:
+            return True
+        if expires - time.monotonic() > self._lifetime / 2:
+            return True
+        try:
+            sandbox.renew(self._lifetime)
+        except OpenSandboxError as exc:
+            logger.info("could not renew pooled sandbox %s (%s); replacing it", sandbox.id, exc)
+            return False
+        self._expires[sandbox.id] = time.monotonic() + self._lifetime
+        return True
+
+    def _discard(self, sandbox: Sandbox) -> None:
+        with self._cond:
+            self._doomed.append(sandbox)
+            self._cond.notify_all()
+
+    def _start_worker(self) -> None:
+        self._worker = threading.Thread(
+            target=_maintain, args=(weakref.ref(self),), name=f"osb-pool-{self.name}", daemon=True
+        )
+        self._worker.start()
+
+    def _next_chore(self) -> tuple[list[Sandbox], bool] | None:
+        """Under the lock: sandboxes to delete and whether to create one; None when closed."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                doomed, self._doomed = self._doomed, []
+                create = len(self._idle) + self._creating < self.size and (
+                    self._alive() < self.max_size
+                )
+                if create:
+                    self._creating += 1
+                if doomed or create:
+                    return doomed, create
+                self._cond.wait(MAINTENANCE_INTERVAL)
+
+    def _refill_once(self) -> bool:
+        """One round of background work; False when the pool is closed."""
+        chore = self._next_chore()
+        if chore is None:
+            return False
+        doomed, create = chore
+        for sandbox in doomed:
+            self._expires.pop(sandbox.id, None)
+            self._client._delete_quietly(sandbox.id)
+        if create:
+            try:
+                sandbox = self._create()
+            except OpenSandboxError as exc:
+                self._failures += 1
+                delay = min(MAX_CREATE_BACKOFF, 0.5 * 2 ** min(self._failures, 6))
+                logger.warning("pool %s could not create a sandbox (%s); retry in %.1f s",
+                               self.name, exc, delay)  # fmt: skip
+                with self._cond:
+                    self._cond.wait(delay)
+                return True
+            self._failures = 0
+            with self._cond:
+                if self._closed:
+                    self._doomed.append(sandbox)
+                else:
+                    self._idle.append(sandbox)
+                self._cond.notify_all()
+            if self._closed:
+                self.close()
+        return True
+
+
+def _maintain(pool_ref: weakref.ref[SandboxPool]) -> None:
+    """The worker thread: holds the pool only weakly, so an abandoned pool can be collected."""
+    while True:
+        pool = pool_ref()
+        if pool is None or not pool._refill_once():
+            return
+        del pool
+
+
+def _reset(sandbox: Sandbox) -> bool:
+    """Clean a sandbox for its next user through execd; False if that could not be done."""
+    try:
+        for context in sandbox.list_contexts():
+            sandbox.delete_context(context)
+        for command_id in list(sandbox._background_ids):
+            try:
+                sandbox.interrupt_command(command_id)
+            except OpenSandboxError:
+                pass  # it had ended
+        sandbox._background_ids.clear()
+        home = sandbox.run_command("pwd", timeout=30).check().stdout.strip()
+        if home in ("", "/"):
+            return False  # never empty a root directory: replace the sandbox instead
+        sandbox.run_command(f"find '{home}' -mindepth 1 -delete", timeout=60).check()
+    except OpenSandboxError as exc:
+        logger.info("could not reset sandbox %s (%s); replacing it", sandbox.id, exc)
+        return False
+    return True
+
+
+def _close_at_exit_of_this_process(pool: SandboxPool) -> None:
+    """At exit of this process (only), close the pool: the hook is inherited across fork."""
+    pool_ref, pid = weakref.ref(pool), os.getpid()
+
+    def close() -> None:
+        alive = pool_ref()
+        if alive is not None and os.getpid() == pid:
+            alive.close()
+
+    atexit.register(close)
+
+
+def _after_fork_in_child(pool: SandboxPool) -> None:
+    """A child process forgets the parent's sandboxes (they are the parent's to delete)."""
+    if not hasattr(os, "register_at_fork"):
+        return
+    pool_ref = weakref.ref(pool)
+
+    def forget() -> None:
+        child_pool = pool_ref()
+        if child_pool is not None:
+            child_pool._reset_state()
+            _close_at_exit_of_this_process(child_pool)
+
+    os.register_at_fork(after_in_child=forget)
