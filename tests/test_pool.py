@@ -120,7 +120,7 @@ def test_exhaustion_times_out(client: Client) -> None:
     with SandboxPool(client, size=0, max_size=1) as pool:
         held = pool.acquire()
         started = time.monotonic()
-        with pytest.raises(SandboxTimeoutError, match="free within 0.3"):
+        with pytest.raises(SandboxTimeoutError, match=r"free within 0\.3"):
             pool.acquire(timeout=0.3)
         assert time.monotonic() - started < 2
         pool.release(held)
@@ -156,7 +156,8 @@ def test_release_of_a_stranger_is_refused(client: Client) -> None:
 def test_process_exit_deletes_the_pools_sandboxes(client: Client, local: LocalServer) -> None:
     code = (
         "import osb_sync, sys\n"
-        f"pool = osb_sync.SandboxPool(osb_sync.Client({local.api_base!r}), size=1, name='atexit-test')\n"
+        f"client = osb_sync.Client({local.api_base!r})\n"
+        "pool = osb_sync.SandboxPool(client, size=1, name='atexit-test')\n"
         "sb = pool.acquire(timeout=30)\n"
         "print(sb.id)\n"
     )
