@@ -145,8 +145,11 @@ class Lifecycle:
         params: Any = None,
         read_timeout: float | None = None,
         check: bool = True,
+        secrets: tuple[str, ...] = (),
     ) -> requests.Response:
         """Send a lifecycle call with the API key; raise ApiError for an error status if asked.
+
+        ``secrets`` (besides the API key) are redacted from any error message.
 
         Raises:
             ApiError: an error status (when ``check``).
@@ -163,17 +166,17 @@ class Lifecycle:
             headers=headers,
             read_timeout=read_timeout,
             idempotent=method in ("GET", "DELETE"),
-            secrets=(self._api_key,),
+            secrets=(self._api_key, *secrets),
         )
         if check and response.status_code >= 300:
-            raise self.error(response)
+            raise self.error(response, secrets)
         return response
 
-    def error(self, response: requests.Response) -> ApiError:
+    def error(self, response: requests.Response, secrets: tuple[str, ...] = ()) -> ApiError:
         """The ApiError describing an error response (secrets redacted)."""
         path = urlsplit(response.url).path if response.url else ""
         method = (response.request.method or "") if response.request is not None else ""
-        return error_from_response(response, method, path, (self._api_key,))
+        return error_from_response(response, method, path, (self._api_key, *secrets))
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /sandboxes``; a failure that may have left a sandbox deletes it by its tag.
@@ -183,9 +186,14 @@ class Lifecycle:
             TransportError: no usable response.
         """
         create_id = body.get("metadata", {}).get(CREATE_ID_KEY, "")
+        auth = body.get("image", {}).get("auth") or {}
         try:
             response = self.request(
-                "POST", "/sandboxes", json=body, read_timeout=self._create_timeout
+                "POST",
+                "/sandboxes",
+                json=body,
+                read_timeout=self._create_timeout,
+                secrets=tuple(str(v) for v in auth.values()),
             )
         except ApiError as exc:
             if exc.status_code >= 500:

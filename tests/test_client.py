@@ -853,3 +853,16 @@ def test_list_sandboxes_follows_pages_lazily_with_filters(
 def test_list_page_size_is_checked(client: Client) -> None:
     with pytest.raises(ConfigurationError, match="page_size"):
         list(client.list_sandboxes(page_size=201))
+
+
+def test_registry_password_never_appears_in_errors(
+    client: Client, rsps: responses.RequestsMock
+) -> None:
+    rsps.post(
+        f"{API}/sandboxes",
+        status=400,
+        json={"code": "DOCKER::SANDBOX_IMAGE_PULL_FAILED", "message": "auth hunter2-pw refused"},
+    )
+    with pytest.raises(ApiError) as info:
+        client.create_sandbox(image_auth={"username": "me", "password": "hunter2-pw"})
+    assert "hunter2-pw" not in str(info.value) and "hunter2-pw" not in info.value.message
