@@ -31,7 +31,7 @@ from .execution import ExecutionStream
 from .lifecycle import MAX_PAGE_SIZE, Lifecycle, build_create_body, sandbox_path
 from .models import Endpoint, Event, ExecutionResult, SandboxInfo, parse_time
 from .sandbox import Sandbox
-from .transport import Transport
+from .transport import Transport, response_json
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -387,7 +387,7 @@ class Client:
         expires = datetime.now(timezone.utc) + timedelta(seconds=seconds)
         body = {"expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
         path = f"{sandbox_path(_check_id(sandbox_id))}/renew-expiration"
-        data = _json_body(self._lifecycle.request("POST", path, json=body))
+        data = response_json(self._lifecycle.request("POST", path, json=body))
         return parse_time(data.get("expiresAt")) if isinstance(data, dict) else None
 
     def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> SandboxInfo:
@@ -397,7 +397,7 @@ class Client:
             ApiError: e.g. a reserved or invalid label.
         """
         path = f"{sandbox_path(_check_id(sandbox_id))}/metadata"
-        data = _json_body(self._lifecycle.request("PATCH", path, json=dict(patch)))
+        data = response_json(self._lifecycle.request("PATCH", path, json=dict(patch)))
         return SandboxInfo.from_dict(data if isinstance(data, dict) else {"id": sandbox_id})
 
     def delete_all(self, *, metadata: Mapping[str, str]) -> builtins.list[str]:
@@ -545,13 +545,6 @@ def _wait_healthy(sandbox: Sandbox, ready_timeout: float, poll_interval: float) 
                 f"seconds ({sandbox.execd_url})"
             )
         time.sleep(poll_interval)
-
-
-def _json_body(response: requests.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return None
 
 
 def _wait_settings(ready_timeout: float | None, poll_interval: float | None) -> tuple[float, float]:

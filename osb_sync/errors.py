@@ -161,7 +161,7 @@ def error_from_response(
 def _parse_error_body(response: requests.Response) -> tuple[str | None, str]:
     try:
         body: Any = json.loads(response.content)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None, _excerpt(response)
     if not isinstance(body, dict):
         return None, _excerpt(response)

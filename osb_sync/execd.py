@@ -8,10 +8,10 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .errors import OpenSandboxError, error_from_response
+from .errors import ApiError, OpenSandboxError, error_from_response
 from .execution import ExecutionStream, Folder, R
 from .models import Event
-from .transport import Transport
+from .transport import Transport, response_json
 
 logger = logging.getLogger("osb_sync")
 
@@ -86,11 +86,7 @@ class Execd:
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         """A call whose answer is JSON (None for an empty or non-JSON body)."""
-        response = self.request(method, path, **kwargs)
-        try:
-            return response.json() if response.content else None
-        except ValueError:
-            return None
+        return response_json(self.request(method, path, **kwargs))
 
     def stream(
         self,
@@ -111,6 +107,16 @@ class Execd:
             TransportError: execd could not be reached.
         """
         response = self.request("POST", path, json=body, headers=STREAM_HEADERS, stream=True)
+        content_type = response.headers.get("Content-Type", "")
+        if "html" in content_type.lower():
+            response.close()
+            raise ApiError(
+                f"POST {urlsplit(response.url).path} -> {response.status_code}: an HTML page "
+                "instead of an event stream (a proxy or gateway in the way?)",
+                status_code=response.status_code,
+                code="INVALID_RESPONSE",
+                response=response,
+            )
         interrupt = None
         if interrupt_path is not None:
 
@@ -130,6 +136,8 @@ class Execd:
     def interrupt_quietly(self, path: str, run_id: str) -> None:
         """Best effort ``DELETE {path}?id=``: a run left behind would keep its context busy."""
         try:
-            self.request("DELETE", path, params={"id": run_id}, read_timeout=INTERRUPT_READ_TIMEOUT)
+            # Bounded by the client's read timeout too: a wedged execd must not hold the caller.
+            read_timeout = min(INTERRUPT_READ_TIMEOUT, self._transport.read_timeout)
+            self.request("DELETE", path, params={"id": run_id}, read_timeout=read_timeout)
         except OpenSandboxError as exc:
             logger.warning("interrupting run %s (DELETE %s) failed: %s", run_id, path, exc)

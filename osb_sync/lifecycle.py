@@ -31,7 +31,7 @@ from .errors import (
     error_from_response,
     with_suffix,
 )
-from .transport import Transport
+from .transport import Transport, response_json
 
 logger = logging.getLogger("osb_sync")
 
@@ -120,13 +120,6 @@ def _describe_state(data: Any) -> str:
     return f" ({': '.join(details)})" if details else ""
 
 
-def _json(response: requests.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
 class Lifecycle:
     """The lifecycle API of one server, reached through a Transport with one API key."""
 
@@ -204,7 +197,7 @@ class Lifecycle:
         except TransportError:
             self.delete_by_create_id(create_id)
             raise
-        data = _json(response)
+        data = response_json(response)
         if not isinstance(data, dict) or data.get("id") in (None, ""):
             self.delete_by_create_id(create_id)
             shape = "an object without an id" if isinstance(data, dict) else "not a JSON object"
@@ -225,7 +218,7 @@ class Lifecycle:
             ApiError: another error status.
             TransportError: no usable response.
         """
-        return _json(self.request("GET", sandbox_path(sandbox_id)))
+        return response_json(self.request("GET", sandbox_path(sandbox_id)))
 
     def iter_sandboxes(
         self, states: Sequence[str] | None, metadata: Mapping[str, str] | None, page_size: int
@@ -238,7 +231,7 @@ class Lifecycle:
             params["metadata"] = urlencode(dict(metadata))
         page = 1
         while True:
-            data = _json(self.request("GET", "/sandboxes", params={**params, "page": page}))
+            data = response_json(self.request("GET", "/sandboxes", params={**params, "page": page}))
             items = data.get("items") if isinstance(data, dict) else None
             if not isinstance(items, list) or not items:
                 return
@@ -294,7 +287,7 @@ class Lifecycle:
         deadline = time.monotonic() + ready_timeout
         while True:
             try:
-                data = _json(self.request("GET", path, params=params))
+                data = response_json(self.request("GET", path, params=params))
             except NotFoundError as exc:
                 last_error: Exception = exc
             else:

@@ -110,7 +110,7 @@ def _final_frame(tail: bytes) -> bytes:
         try:
             if isinstance(json.loads(payload), dict):
                 return _frame(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
     raise StreamError(f"the event stream ended in the middle of an event ({len(tail)} bytes cut)")
 
@@ -119,7 +119,7 @@ def decode_event(data: str | bytes) -> Event | None:
     """Decode one event's JSON text; None for anything that is not an event object."""
     try:
         obj = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
         return None

@@ -23,6 +23,7 @@ Rules that every request follows, whatever session it goes through:
 from __future__ import annotations
 
 import email.utils
+import io
 import logging
 import math
 import os
@@ -41,6 +42,9 @@ from .errors import TransportError, redact
 logger = logging.getLogger("osb_sync")
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# Lifecycle and execd answers are small JSON; an endless or huge one is a broken peer.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+BODY_CHUNK_SIZE = 64 * 1024
 BACKOFF_BASE = 0.5
 BACKOFF_MAX = 8.0
 RETRY_AFTER_MAX = 30.0
@@ -72,6 +76,14 @@ def retry_after_seconds(response: requests.Response) -> float | None:
     if not math.isfinite(delay):
         return None
     return min(max(delay, 0.0), RETRY_AFTER_MAX)
+
+
+def response_json(response: requests.Response) -> Any:
+    """The decoded body, or None when it is empty or not JSON (absurd nesting included)."""
+    try:
+        return response.json() if response.content else None
+    except (ValueError, RecursionError):
+        return None
 
 
 def backoff_seconds(attempt: int) -> float:
@@ -223,14 +235,20 @@ class Transport:
                 params=params,
                 data=data,
                 timeout=timeout,
-                stream=stream,
+                stream=True,
                 allow_redirects=False,
             )
-        except requests.RequestException as exc:
+            if not stream:
+                _read_capped_body(response)
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             elapsed = (time.monotonic() - started) * 1000
             logger.debug("%s %s -> %s after %.1f ms", method, path, type(exc).__name__, elapsed)
             message = redact(f"{method} {path} failed: {type(exc).__name__}: {exc}", secrets)
             raise _ConnectFailed(TransportError(message), _nothing_sent(exc)) from exc
+        except _BodyTooLarge:
+            raise TransportError(
+                f"{method} {path}: the response body exceeded {MAX_BODY_BYTES} bytes"
+            ) from None
         elapsed = (time.monotonic() - started) * 1000
         logger.debug("%s %s -> %d in %.1f ms", method, path, response.status_code, elapsed)
         return response
@@ -257,6 +275,33 @@ class Transport:
         return target
 
 
+class _BodyTooLarge(Exception):
+    """Internal: a non-streamed response passed MAX_BODY_BYTES."""
+
+
+def _read_capped_body(response: requests.Response) -> None:
+    """Read a whole (non-streamed) body, at most MAX_BODY_BYTES, and release the connection.
+
+    requests would read an endless body forever; here it is read through urllib3's public
+    ``stream()`` and swapped for an in-memory file, from which ``.content`` reads as usual.
+    """
+    raw = response.raw
+    if not hasattr(raw, "stream"):  # not urllib3 (an exotic adapter): no cap possible
+        response.content  # noqa: B018 - loads the body
+        return
+    pieces: list[bytes] = []
+    total = 0
+    for chunk in raw.stream(BODY_CHUNK_SIZE, decode_content=True):
+        total += len(chunk)
+        if total > MAX_BODY_BYTES:
+            response.close()
+            raise _BodyTooLarge
+        pieces.append(chunk)
+    raw.release_conn()
+    response.raw = io.BytesIO(b"".join(pieces))
+    response.content  # noqa: B018 - caches the body, as a non-streamed request would
+
+
 class _ConnectFailed(Exception):
     """Internal: a request raised; carries the public error and whether a retry is safe."""
 
@@ -266,7 +311,7 @@ class _ConnectFailed(Exception):
         self.nothing_sent = nothing_sent
 
 
-def _nothing_sent(exc: requests.RequestException) -> bool:
+def _nothing_sent(exc: BaseException) -> bool:
     """True when the connection was never opened, so not even a POST reached the server."""
     if isinstance(exc, requests.ConnectTimeout):
         return True
