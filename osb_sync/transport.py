@@ -29,7 +29,7 @@ import math
 import os
 import time
 from http.cookiejar import DefaultCookiePolicy
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -161,14 +161,21 @@ class Transport:
         Raises:
             TransportError: no usable response (after the retries this call allows).
         """
-        secrets = tuple(secrets)
-        timeout = (self.connect_timeout, read_timeout or self.read_timeout)
+        call = _Call(
+            method=method,
+            url=url,
+            timeout=(self.connect_timeout, read_timeout or self.read_timeout),
+            headers=dict(headers or {}),
+            json=json,
+            params=params,
+            data=data,
+            stream=stream,
+            secrets=tuple(secrets),
+        )
         attempt = 0
         while True:
             try:
-                response = self._send(
-                    method, url, timeout, headers, json, params, data, stream, secrets
-                )
+                response = self._send(call)
             except _ConnectFailed as exc:
                 if attempt >= self._max_retries or not (idempotent or exc.nothing_sent):
                     raise exc.error from exc.__cause__
@@ -180,77 +187,58 @@ class Transport:
                     return response
                 delay = retry_after_seconds(response) or backoff_seconds(attempt)
                 response.close()
-            logger.debug("%s %s: retrying in %.2f s", method, urlsplit(url).path, delay)
+            logger.debug("%s %s: retrying in %.2f s", method, call.path, delay)
             time.sleep(delay)
             attempt += 1
 
-    def _send(
-        self,
-        method: str,
-        url: str,
-        timeout: tuple[float, float],
-        headers: Mapping[str, str] | None,
-        json: Any,
-        params: Any,
-        data: Any,
-        stream: bool,
-        secrets: tuple[str, ...],
-    ) -> requests.Response:
+    def _send(self, call: _Call) -> requests.Response:
+        """Send, following redirects only within the same origin."""
         for _ in range(MAX_REDIRECTS + 1):
-            response = self._send_once(
-                method, url, timeout, headers, json, params, data, stream, secrets
-            )
+            response = self._send_once(call)
             if response.status_code not in _REDIRECT_STATUSES:
                 return response
-            if data is not None and not isinstance(data, bytes):
+            if call.data is not None and not isinstance(call.data, bytes):
                 response.close()
                 raise TransportError(
-                    f"{method} {urlsplit(url).path} -> {response.status_code}: a streamed body "
+                    f"{call.method} {call.path} -> {response.status_code}: a streamed body "
                     "cannot be sent again to follow a redirect"
                 )
-            url = self._redirect_target(method, url, response, secrets)
-            params = None  # the Location carries its own query
-        raise TransportError(f"{method} {urlsplit(url).path}: more than {MAX_REDIRECTS} redirects")
+            target = self._redirect_target(call.method, call.url, response, call.secrets)
+            call = call._replace(url=target, params=None)  # the Location has its own query
+        raise TransportError(f"{call.method} {call.path}: more than {MAX_REDIRECTS} redirects")
 
-    def _send_once(
-        self,
-        method: str,
-        url: str,
-        timeout: tuple[float, float],
-        headers: Mapping[str, str] | None,
-        json: Any,
-        params: Any,
-        data: Any,
-        stream: bool,
-        secrets: tuple[str, ...],
-    ) -> requests.Response:
-        path = urlsplit(url).path
+    def _send_once(self, call: _Call) -> requests.Response:
         started = time.monotonic()
         try:
             response = self.session.request(
-                method,
-                url,
-                headers=dict(headers or {}),
-                json=json,
-                params=params,
-                data=data,
-                timeout=timeout,
+                call.method,
+                call.url,
+                headers=call.headers,
+                json=call.json,
+                params=call.params,
+                data=call.data,
+                timeout=call.timeout,
                 stream=True,
                 allow_redirects=False,
             )
-            if not stream:
+            if not call.stream:
                 _read_capped_body(response)
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             elapsed = (time.monotonic() - started) * 1000
-            logger.debug("%s %s -> %s after %.1f ms", method, path, type(exc).__name__, elapsed)
-            message = redact(f"{method} {path} failed: {type(exc).__name__}: {exc}", secrets)
-            raise _ConnectFailed(TransportError(message), _nothing_sent(exc)) from exc
+            logger.debug(
+                "%s %s -> %s after %.1f ms", call.method, call.path, type(exc).__name__, elapsed
+            )
+            message = f"{call.method} {call.path} failed: {type(exc).__name__}: {exc}"
+            error = TransportError(redact(message, call.secrets))
+            raise _ConnectFailed(error, _nothing_sent(exc)) from exc
         except _BodyTooLarge:
             raise TransportError(
-                f"{method} {path}: the response body exceeded {MAX_BODY_BYTES} bytes"
+                f"{call.method} {call.path}: the response body exceeded {MAX_BODY_BYTES} bytes"
             ) from None
         elapsed = (time.monotonic() - started) * 1000
-        logger.debug("%s %s -> %d in %.1f ms", method, path, response.status_code, elapsed)
+        logger.debug(
+            "%s %s -> %d in %.1f ms", call.method, call.path, response.status_code, elapsed
+        )
         return response
 
     @staticmethod
@@ -273,6 +261,24 @@ class Transport:
                 "it would change the method"
             )
         return target
+
+
+class _Call(NamedTuple):
+    """One request as the caller described it (redirects replace ``url`` and ``params``)."""
+
+    method: str
+    url: str
+    timeout: tuple[float, float]
+    headers: dict[str, str]
+    json: Any
+    params: Any
+    data: Any
+    stream: bool
+    secrets: tuple[str, ...]
+
+    @property
+    def path(self) -> str:
+        return urlsplit(self.url).path
 
 
 class _BodyTooLarge(Exception):
