@@ -6,70 +6,33 @@ import builtins
 import logging
 import os
 import secrets
-import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import requests
 
+from .config import check_client_options, check_id, resolve_api_base, wait_settings
 from .constants import (
-    API_BASE_ENV,
     API_KEY_ENV,
     CREATE_ID_KEY,
     DEFAULT_LANGUAGE,
-    DEFAULT_POLL_INTERVAL,
-    DEFAULT_READY_TIMEOUT,
-    DOMAIN_ENV,
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
     _NoTimeout,
 )
-from .errors import ConfigurationError, SandboxTimeoutError
+from .errors import ConfigurationError
 from .execd import execd_base_url
 from .execution import ExecutionStream
-from .lifecycle import MAX_PAGE_SIZE, Lifecycle, build_create_body, sandbox_path
-from .models import Endpoint, Event, ExecutionResult, SandboxInfo, parse_time
+from .lifecycle import MAX_PAGE_SIZE, Lifecycle, build_create_body
+from .models import Endpoint, Event, ExecutionResult, SandboxInfo
 from .sandbox import Sandbox
-from .transport import Transport, response_json
+from .transport import Transport
 
 if TYPE_CHECKING:
     from types import TracebackType
 
 logger = logging.getLogger("osb_sync")
-
-
-def resolve_api_base(api_base: str | None) -> str:
-    """The lifecycle base URL from the argument or the environment, without a trailing ``/``.
-
-    Raises:
-        ConfigurationError: nothing configured, or not an http(s) URL.
-    """
-    if api_base is None:
-        api_base = os.environ.get(API_BASE_ENV) or _base_from_domain(os.environ.get(DOMAIN_ENV))
-    if not api_base:
-        raise ConfigurationError(
-            f"api_base is required: pass api_base (e.g. 'http://127.0.0.1:8080/v1') "
-            f"or set {API_BASE_ENV} (or {DOMAIN_ENV})"
-        )
-    api_base = api_base.strip().rstrip("/")
-    parts = urlsplit(api_base)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigurationError(
-            f"api_base must be an http:// or https:// URL such as 'http://127.0.0.1:8080/v1', "
-            f"got {parts.scheme or 'no'} scheme"
-        )
-    return api_base
-
-
-def _base_from_domain(domain: str | None) -> str | None:
-    """The official SDK's OPEN_SANDBOX_DOMAIN: host[:port] or a URL, without ``/v1``."""
-    if not domain:
-        return None
-    domain = domain.strip().rstrip("/")
-    if "://" not in domain:
-        domain = "http://" + domain
-    return domain + "/v1"
 
 
 class Client:
@@ -110,20 +73,10 @@ class Client:
     ):
         self.api_base = resolve_api_base(api_base)
         api_key_value = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
-        if execd_scheme not in (None, "http", "https"):
-            raise ConfigurationError("execd_scheme must be 'http', 'https' or None")
+        check_client_options(
+            execd_scheme, connect_timeout, read_timeout, create_timeout, pool_maxsize, max_retries
+        )
         self.execd_scheme = execd_scheme or urlsplit(self.api_base).scheme
-        for name, value in (
-            ("connect_timeout", connect_timeout),
-            ("read_timeout", read_timeout),
-            ("create_timeout", create_timeout),
-        ):
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigurationError(f"{name} must be a positive number of seconds")
-        if not isinstance(pool_maxsize, int) or pool_maxsize < 1:
-            raise ConfigurationError("pool_maxsize must be a positive int")
-        if not isinstance(max_retries, int) or max_retries < 0:
-            raise ConfigurationError("max_retries must be an int >= 0")
         self._transport = Transport(
             session=session,
             connect_timeout=float(connect_timeout),
@@ -216,7 +169,7 @@ class Client:
             SandboxTimeoutError: not Running, or no endpoint, within ``ready_timeout``.
             TransportError: the server could not be reached.
         """
-        ready_timeout, poll_interval = _wait_settings(ready_timeout, poll_interval)
+        ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
         body = build_create_body(
             template=template,
             timeout=timeout,
@@ -240,7 +193,7 @@ class Client:
             self._lifecycle.wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
             sandbox = self._reach(sandbox_id, use_server_proxy, ready_timeout, poll_interval)
             if health_check:
-                _wait_healthy(sandbox, ready_timeout, poll_interval)
+                sandbox.wait_until_healthy(ready_timeout, poll_interval)
         except BaseException:
             self._delete_quietly(sandbox_id)
             raise
@@ -270,11 +223,11 @@ class Client:
                 ``ready_timeout``.
             TransportError: the server could not be reached.
         """
-        sandbox_id = _check_id(sandbox_id)
-        ready_timeout, poll_interval = _wait_settings(ready_timeout, poll_interval)
+        sandbox_id = check_id(sandbox_id)
+        ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
         sandbox = self._reach(sandbox_id, use_server_proxy, ready_timeout, poll_interval)
         if health_check:
-            _wait_healthy(sandbox, ready_timeout, poll_interval)
+            sandbox.wait_until_healthy(ready_timeout, poll_interval)
         return sandbox
 
     def delete_sandbox(self, sandbox: Sandbox | str) -> bool:
@@ -287,7 +240,7 @@ class Client:
             ApiError: any other error status.
             TransportError: the server could not be reached.
         """
-        sandbox_id = _check_id(sandbox.id if isinstance(sandbox, Sandbox) else sandbox)
+        sandbox_id = check_id(sandbox.id if isinstance(sandbox, Sandbox) else sandbox)
         return self._lifecycle.delete(sandbox_id)
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
@@ -298,7 +251,7 @@ class Client:
             ApiError: another error status.
             TransportError: the server could not be reached.
         """
-        data = self._lifecycle.get(_check_id(sandbox_id))
+        data = self._lifecycle.get(check_id(sandbox_id))
         if not isinstance(data, dict):
             raise ConfigurationError(f"the server described sandbox {sandbox_id} as non-JSON")
         return SandboxInfo.from_dict(data)
@@ -343,9 +296,9 @@ class Client:
         """
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise ConfigurationError("port must be an int from 1 to 65535")
-        ready_timeout, poll_interval = _wait_settings(ready_timeout, None)
+        ready_timeout, poll_interval = wait_settings(ready_timeout, None)
         endpoint, headers = self._lifecycle.resolve_endpoint(
-            _check_id(sandbox_id), port, use_server_proxy, ready_timeout, poll_interval
+            check_id(sandbox_id), port, use_server_proxy, ready_timeout, poll_interval
         )
         return Endpoint(url=execd_base_url(endpoint, self.execd_scheme), headers=headers)
 
@@ -355,7 +308,7 @@ class Client:
         Raises:
             ApiError: e.g. 409 when it is not running.
         """
-        self._lifecycle.request("POST", f"{sandbox_path(_check_id(sandbox_id))}/pause").close()
+        self._lifecycle.action(check_id(sandbox_id), "pause")
 
     def resume(
         self,
@@ -370,9 +323,9 @@ class Client:
             ApiError: e.g. 409 when it is not paused.
             SandboxTimeoutError: not Running within ``ready_timeout``.
         """
-        sandbox_id = _check_id(sandbox_id)
-        ready_timeout, poll_interval = _wait_settings(ready_timeout, poll_interval)
-        self._lifecycle.request("POST", f"{sandbox_path(sandbox_id)}/resume").close()
+        sandbox_id = check_id(sandbox_id)
+        ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
+        self._lifecycle.action(sandbox_id, "resume")
         data = self._lifecycle.get(sandbox_id)
         self._lifecycle.wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
 
@@ -384,11 +337,7 @@ class Client:
         """
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
             raise ConfigurationError("seconds must be a positive number")
-        expires = datetime.now(timezone.utc) + timedelta(seconds=seconds)
-        body = {"expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
-        path = f"{sandbox_path(_check_id(sandbox_id))}/renew-expiration"
-        data = response_json(self._lifecycle.request("POST", path, json=body))
-        return parse_time(data.get("expiresAt")) if isinstance(data, dict) else None
+        return self._lifecycle.renew(check_id(sandbox_id), seconds)
 
     def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> SandboxInfo:
         """Merge-patch a sandbox's labels: a value adds or replaces, ``None`` deletes.
@@ -396,8 +345,7 @@ class Client:
         Raises:
             ApiError: e.g. a reserved or invalid label.
         """
-        path = f"{sandbox_path(_check_id(sandbox_id))}/metadata"
-        data = response_json(self._lifecycle.request("PATCH", path, json=dict(patch)))
+        data = self._lifecycle.patch_metadata(check_id(sandbox_id), patch)
         return SandboxInfo.from_dict(data if isinstance(data, dict) else {"id": sandbox_id})
 
     def delete_all(self, *, metadata: Mapping[str, str]) -> builtins.list[str]:
@@ -533,31 +481,3 @@ class Client:
 
     def _delete_quietly(self, sandbox_id: str) -> None:
         self._lifecycle.delete_quietly(sandbox_id)
-
-
-def _wait_healthy(sandbox: Sandbox, ready_timeout: float, poll_interval: float) -> None:
-    """Poll execd ``/ping`` until it answers 200: one sleep between two pings."""
-    deadline = time.monotonic() + ready_timeout
-    while not sandbox.ping():
-        if time.monotonic() >= deadline:
-            raise SandboxTimeoutError(
-                f"execd of sandbox {sandbox.id} did not answer /ping within {ready_timeout} "
-                f"seconds ({sandbox.execd_url})"
-            )
-        time.sleep(poll_interval)
-
-
-def _wait_settings(ready_timeout: float | None, poll_interval: float | None) -> tuple[float, float]:
-    ready = DEFAULT_READY_TIMEOUT if ready_timeout is None else ready_timeout
-    poll = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
-    if not isinstance(ready, (int, float)) or ready < 0:
-        raise ConfigurationError("ready_timeout must be a number of seconds >= 0")
-    if not isinstance(poll, (int, float)) or poll < 0:
-        raise ConfigurationError("poll_interval must be a number of seconds >= 0")
-    return float(ready), float(poll)
-
-
-def _check_id(sandbox_id: object) -> str:
-    if not isinstance(sandbox_id, str) or not sandbox_id.strip():
-        raise ConfigurationError("a sandbox id must be a non-empty str")
-    return sandbox_id

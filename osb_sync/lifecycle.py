@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Mapping, Sequence
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -31,6 +32,7 @@ from .errors import (
     error_from_response,
     with_suffix,
 )
+from .models import parse_time
 from .transport import Transport, response_json
 
 logger = logging.getLogger("osb_sync")
@@ -219,6 +221,23 @@ class Lifecycle:
             TransportError: no usable response.
         """
         return response_json(self.request("GET", sandbox_path(sandbox_id)))
+
+    def action(self, sandbox_id: str, verb: str) -> None:
+        """``POST /sandboxes/{id}/{verb}`` with no body (``pause``, ``resume``)."""
+        self.request("POST", f"{sandbox_path(sandbox_id)}/{verb}").close()
+
+    def renew(self, sandbox_id: str, seconds: float) -> datetime | None:
+        """Set the expiry to now + ``seconds`` (RFC 3339 UTC); returns the server's answer."""
+        expires = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+        body = {"expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        path = f"{sandbox_path(sandbox_id)}/renew-expiration"
+        data = response_json(self.request("POST", path, json=body))
+        return parse_time(data.get("expiresAt")) if isinstance(data, dict) else None
+
+    def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> Any:
+        """JSON merge patch of the labels; returns the decoded sandbox."""
+        path = f"{sandbox_path(sandbox_id)}/metadata"
+        return response_json(self.request("PATCH", path, json=dict(patch)))
 
     def iter_sandboxes(
         self, states: Sequence[str] | None, metadata: Mapping[str, str] | None, page_size: int

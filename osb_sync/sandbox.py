@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .commands import (
@@ -15,7 +16,7 @@ from .commands import (
     line_callbacks,
 )
 from .constants import DEFAULT_LANGUAGE, MAX_OUTPUT_BYTES
-from .errors import ConfigurationError, OpenSandboxError
+from .errors import ConfigurationError, OpenSandboxError, SandboxTimeoutError
 from .execd import Execd, execd_base_url
 from .files import Files
 from .models import (
@@ -325,6 +326,21 @@ class Sandbox:
         except OpenSandboxError:
             return False
         return True
+
+    def wait_until_healthy(self, ready_timeout: float, poll_interval: float) -> None:
+        """Poll ``/ping`` until execd answers: one sleep between two pings.
+
+        Raises:
+            SandboxTimeoutError: no answer within ``ready_timeout`` seconds.
+        """
+        deadline = time.monotonic() + ready_timeout
+        while not self.ping():
+            if time.monotonic() >= deadline:
+                raise SandboxTimeoutError(
+                    f"execd of sandbox {self.id} did not answer /ping within {ready_timeout} "
+                    f"seconds ({self.execd_url})"
+                )
+            time.sleep(poll_interval)
 
     def info(self) -> SandboxInfo:
         """A fresh description from the lifecycle API."""
