@@ -1,0 +1,117 @@
+"""A one-file Django project whose view runs user-submitted Python in pooled sandboxes.
+
+    python examples/django_app.py
+    curl -s http://127.0.0.1:8000/run --data-binary 'print(6 * 7)'
+
+With ``OPEN_SANDBOX_API_BASE`` (and ``OPEN_SANDBOX_API_KEY``) set it uses that server; otherwise
+it starts an embedded local server (a development server, not a security boundary). ``PORT``
+(default 8000) and ``POOL_SIZE`` (default 4) are read from the environment. Extra arguments
+go to Django's command line instead of ``runserver`` (``python examples/django_app.py check``).
+
+``POST /run`` takes the code as the request body and answers
+``{"stdout", "stderr", "results", "error", "execution_count"}``; a run past ``RUN_TIMEOUT`` or
+``MAX_OUTPUT_BYTES`` gets an ``error``, and 503 means every sandbox stayed busy.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import django
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import path
+from django.views.decorators.http import require_POST
+
+from osb_sync import OutputLimitExceeded, SandboxTimeoutError
+from osb_sync.integrations.django import get_pool, request_sandbox
+
+RUN_TIMEOUT = 10.0  # seconds one submission may run
+MAX_OUTPUT_BYTES = 64 * 1024  # output kept per run; more interrupts the run
+MAX_CODE_BYTES = 64 * 1024
+
+
+def configure(api_base: str | None = None, api_key: str | None = None) -> None:
+    """Settings for this one-file project; ``api_base`` default: ``OPEN_SANDBOX_API_BASE``."""
+    settings.configure(
+        DEBUG=False,
+        SECRET_KEY=os.environ.get("DJANGO_SECRET_KEY", "example-only-" + "x" * 40),
+        ALLOWED_HOSTS=["127.0.0.1", "localhost", "testserver"],
+        ROOT_URLCONF=__name__,
+        MIDDLEWARE=[],  # a JSON API for scripts: no sessions, no CSRF cookies
+        INSTALLED_APPS=[],
+        DATABASES={},
+        DATA_UPLOAD_MAX_MEMORY_SIZE=MAX_CODE_BYTES,
+        OPENSANDBOX={
+            "API_BASE": api_base,
+            "API_KEY": api_key,
+            "POOL_SIZE": int(os.environ.get("POOL_SIZE", "4")),
+            "REUSE": "never",  # each submission gets a sandbox no one has used
+            "CREATE": {"timeout": 900},  # sandboxes expire if this process dies
+            "ACQUIRE_TIMEOUT": 5.0,
+        },
+    )
+    django.setup()
+
+
+@require_POST
+def run(request: HttpRequest) -> HttpResponse:
+    """Run the body as Python in the request's pooled sandbox."""
+    code = request.body.decode("utf-8", "replace")
+    try:
+        sandbox = request_sandbox(request)  # given back when the response is finished
+    except SandboxTimeoutError:
+        response = JsonResponse({"error": "all sandboxes are busy, try again"}, status=503)
+        response["Retry-After"] = "1"
+        return response
+    try:
+        result = sandbox.run_code(code, timeout=RUN_TIMEOUT, max_output_bytes=MAX_OUTPUT_BYTES)
+    except SandboxTimeoutError:
+        return JsonResponse(_stopped("TimeoutError", f"stopped after {RUN_TIMEOUT:g} seconds"))
+    except OutputLimitExceeded:
+        return JsonResponse(_stopped("OutputLimitExceeded", f"over {MAX_OUTPUT_BYTES} bytes"))
+    return JsonResponse(result.to_dict())
+
+
+def _stopped(name: str, why: str) -> dict[str, Any]:
+    """The answer for a run that was interrupted (its sandbox is then discarded)."""
+    error = {"name": name, "value": why, "traceback": []}
+    return {"stdout": "", "stderr": "", "results": [], "error": error, "execution_count": None}
+
+
+urlpatterns = [path("run", run)]
+
+
+def main(argv: list[str]) -> None:
+    """Serve on 127.0.0.1:$PORT, with an embedded local server unless one is configured."""
+    from django.core.management import execute_from_command_line
+
+    local = None
+    api_base = os.environ.get("OPEN_SANDBOX_API_BASE")
+    if not api_base:
+        from osb_sync.local import LocalServer
+
+        local = LocalServer(unenforced_network_policy="accept").start()
+        api_base = local.api_base
+        print(f"embedded local OpenSandbox server on {api_base}", file=sys.stderr)
+        if not local.network_policy_enforced:
+            print("warning: this machine cannot enforce the deny-all policy", file=sys.stderr)
+    configure(api_base)
+    get_pool()  # start filling the pool before the first request
+    address = f"127.0.0.1:{os.environ.get('PORT', '8000')}"
+    # --noreload: the autoreloader would run this file again in a child process
+    command = argv[1:] or ["runserver", "--noreload", address]
+    try:
+        execute_from_command_line([argv[0], *command])
+    finally:
+        from osb_sync.integrations.django import close
+
+        close()
+        if local is not None:
+            local.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

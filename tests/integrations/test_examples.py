@@ -1,0 +1,66 @@
+"""The examples start with one command and run submitted code through their pools."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def post_when_up(url: str, code: str, process: subprocess.Popen[bytes]) -> requests.Response:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return requests.post(url, data=code, timeout=30)
+        except requests.ConnectionError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.mark.parametrize(
+    ("script", "framework"), [("flask_app.py", "flask"), ("django_app.py", "django")]
+)
+def test_example_runs_submitted_code(script: str, framework: str, tmp_path: Path) -> None:
+    pytest.importorskip(framework)
+    # the conftest removed OPEN_SANDBOX_API_BASE: the example starts its own local server
+    port = free_port()
+    log = (tmp_path / "server.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / script)],
+        env={**os.environ, "PORT": str(port), "POOL_SIZE": "1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/run"
+    try:
+        answer = post_when_up(url, "print(6 * 7)", process)
+        assert answer.status_code == 200 and answer.json()["stdout"] == "42\n"
+        raised = requests.post(url, data="1/0", timeout=30).json()
+        assert raised["error"]["name"] == "ZeroDivisionError"
+        flood = requests.post(url, data="print('x' * 100_000)", timeout=30).json()
+        assert flood["error"]["name"] == "OutputLimitExceeded" and flood["stdout"] == ""
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            log.close()
+    assert process.returncode == 0, (tmp_path / "server.log").read_text()
