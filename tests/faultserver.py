@@ -1,0 +1,912 @@
+"""A fault-injecting OpenSandbox on loopback: the lifecycle API and execd, broken byte by byte.
+
+Three stdlib HTTP/1.1 keep-alive servers share one :class:`World`:
+
+- ``api``: the lifecycle API under ``/v1`` (routes ``create``, ``get``, ``list``, ``endpoint``,
+  ``delete``);
+- ``execd``: the execd of every sandbox under ``/<sandbox id>`` (routes ``ping``, ``code``,
+  ``command``, ``download``, ``interrupt``), which is where the endpoint route points;
+- ``other``: another origin, the target of refused redirects; nothing should ever reach it.
+
+Healthy answers follow the wire protocol (bare JSON event frames, ``init`` first, ``{code,
+message}`` errors). ``World.inject(route, fault)`` makes a route misbehave instead; ``FAULTS``
+names every misbehaviour. "Connection refused" is not an answer: a server ``go_down()`` (stops
+listening and drops its connections) and ``go_up()`` on the same port again.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import itertools
+import json
+import re
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qs, parse_qsl, urlsplit
+
+KEY = "osb-api-key-SECRET-2f8e1c"
+TOKEN = "execd-token-SECRET-9d41b7"
+API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
+TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
+CREATE_ID_KEY = "osb-sync/create-id"
+FILE_BYTES = bytes(range(256)) * 64
+SMUGGLED = b"HTTP/1.1 500 Smuggled\r\nContent-Length: 0\r\n\r\n"
+STALL_MAX = 15.0  # a stalled handler gives up on its own after this long
+DRIP_INTERVAL = 0.05
+BIG_EVENT = 256 * 1024
+SMUGGLE_DELAY = 0.03
+DEEP = 20_000
+# Routes the client follows at once with another request on the same connection: the excess
+# must go with the answer, or it would race that request.
+SMUGGLE_AT_ONCE = ("create", "get")
+
+JSON = "application/json"
+EVENTS = "text/event-stream"
+OCTETS = "application/octet-stream"
+
+API_ROUTES = (
+    ("POST", re.compile(r"^/v1/sandboxes$"), "create"),
+    ("GET", re.compile(r"^/v1/sandboxes$"), "list"),
+    ("GET", re.compile(r"^/v1/sandboxes/(?P<id>[^/]+)$"), "get"),
+    ("DELETE", re.compile(r"^/v1/sandboxes/(?P<id>[^/]+)$"), "delete"),
+    ("GET", re.compile(r"^/v1/sandboxes/(?P<id>[^/]+)/endpoints/(?P<port>\d+)$"), "endpoint"),
+)
+EXECD_ROUTES = (
+    ("GET", re.compile(r"^/(?P<id>[^/]+)/ping$"), "ping"),
+    ("POST", re.compile(r"^/(?P<id>[^/]+)/code$"), "code"),
+    ("POST", re.compile(r"^/(?P<id>[^/]+)/command$"), "command"),
+    ("DELETE", re.compile(r"^/(?P<id>[^/]+)/(code|command)$"), "interrupt"),
+    ("GET", re.compile(r"^/(?P<id>[^/]+)/files/download$"), "download"),
+)
+
+
+def frame(**fields: Any) -> bytes:
+    """One execd event as real execd writes it: bare JSON and a blank line."""
+    fields.setdefault("timestamp", 1718000000000)
+    return json.dumps(fields).encode() + b"\n\n"
+
+
+# -- wire ---------------------------------------------------------------------------------
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Reads one request and hands it to the World; offers byte-level writing helpers."""
+
+    protocol_version = "HTTP/1.1"
+    server: FaultServer
+
+    def setup(self) -> None:
+        super().setup()
+        # Like Go's net/http: no Nagle, so headers and body written apart are not held back.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.track(self.connection, opened=True)
+
+    def finish(self) -> None:
+        self.server.track(self.connection, opened=False)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Only reached for a malformed request: a client that reused a broken connection."""
+        self.server.world.note_bad_request(f"{code} {message}")
+        super().send_error(code, message, explain)
+
+    def _dispatch(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        try:
+            self.server.world.handle(self.server.name, self, body)
+        except OSError:
+            self.close_connection = True  # the client went away in the middle of a fault
+
+    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _dispatch
+
+    def head(self, status: int, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+
+    def write(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def chunk(self, data: bytes) -> None:
+        self.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def send_bytes(self, status: int, data: bytes, content_type: str, **headers: str) -> None:
+        extra = {k.replace("_", "-"): v for k, v in headers.items()}
+        fields = {"Content-Type": content_type, **extra}
+        if status != 204:
+            fields["Content-Length"] = str(len(data))
+        self.head(status, fields)
+        if status != 204:
+            self.write(data)
+
+    def reset(self) -> None:
+        """Abort the connection with a TCP RST."""
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
+        self.close_connection = True
+
+    def fin(self) -> None:
+        """Close the connection cleanly (FIN) wherever the answer is."""
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.close_connection = True
+
+    def carried_secrets(self) -> str:
+        """The credentials this request carried, echoed back the way careless servers do."""
+        seen = [self.headers.get(API_KEY_HEADER), self.headers.get(TOKEN_HEADER)]
+        return " ".join(value for value in seen if value) or "none"
+
+
+class FaultServer(ThreadingHTTPServer):
+    """A keep-alive server on 127.0.0.1 that can stop listening and listen again (same port)."""
+
+    daemon_threads = True
+    request_queue_size = 128
+    allow_reuse_address = True
+
+    def __init__(self, name: str, world: World):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.name = name
+        self.world = world
+        self.up = False
+        self.accepted = 0
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def track(self, conn: socket.socket, *, opened: bool) -> None:
+        with self._lock:
+            if opened:
+                self.accepted += 1
+                self._open.add(conn)
+            else:
+                self._open.discard(conn)
+
+    def start(self) -> None:
+        thread = threading.Thread(target=self.serve_forever, args=(0.01,), daemon=True)
+        thread.start()
+        self.up = True
+
+    def go_down(self) -> None:
+        """Stop listening and drop every open connection: the next connect is refused."""
+        if not self.up:
+            return
+        self.up = False
+        self.shutdown()
+        self.socket.close()
+        with self._lock:
+            conns = list(self._open)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def go_up(self) -> None:
+        """Listen again on the same port."""
+        if self.up:
+            return
+        self.socket = socket.socket(self.address_family, self.socket_type)
+        self.server_bind()
+        self.server_activate()
+        self.start()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # faults break connections on purpose
+
+
+# -- the fake OpenSandbox ---------------------------------------------------------------------
+
+
+@dataclass
+class Box:
+    """A fake sandbox."""
+
+    id: str
+    metadata: dict[str, str]
+    state: str = "Running"
+    deleted: bool = False
+
+
+@dataclass
+class Seen:
+    """One request as a server received it."""
+
+    server: str
+    method: str
+    path: str
+    route: str | None
+    headers: dict[str, str]
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Reply:
+    """A route's healthy answer, which a fault may send broken instead."""
+
+    route: str
+    kind: str  # json | empty | stream | bytes
+    status: int = 200
+    body: bytes = b""  # json, bytes; for ``empty``: what a fault that needs a body sends
+    events: list[bytes] = field(default_factory=list)  # stream frames
+    content_type: str = JSON
+    box_id: str = ""
+
+    def payload(self) -> bytes:
+        return b"".join(self.events) if self.kind == "stream" else self.body
+
+
+@dataclass
+class Injected:
+    fault: str
+    times: int | None  # None: every request until cleared
+
+
+class World:
+    """State shared by the three servers: sandboxes, injected faults and what was received."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.release = threading.Event()
+        self.boxes: dict[str, Box] = {}
+        self.seen: list[Seen] = []
+        self.faults: dict[str, Injected] = {}
+        self.bad_requests: list[str] = []
+        self.pending = False
+        self.down_after: str | None = None
+        self.smuggled = threading.Event()
+        self.api = FaultServer("api", self)
+        self.execd = FaultServer("execd", self)
+        self.other = FaultServer("other", self)
+
+    def __enter__(self) -> World:
+        for server in (self.api, self.execd, self.other):
+            server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        for server in (self.api, self.execd, self.other):
+            server.go_down()
+            server.server_close()
+
+    @property
+    def api_base(self) -> str:
+        return self.api.url + "/v1"
+
+    # -- test-side controls ------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget everything; end whatever a previous fault is still doing."""
+        with self.lock:
+            self.release.set()
+            self.release = threading.Event()
+            self.boxes.clear()
+            self.seen.clear()
+            self.faults.clear()
+            self.bad_requests.clear()
+            self.pending = False
+            self.down_after = None
+            self.smuggled = threading.Event()
+        self.api.go_up()
+        self.execd.go_up()
+
+    def inject(self, route: str, fault: str, times: int | None = None) -> None:
+        """Answer ``route`` with ``fault`` (``times`` requests, or until cleared)."""
+        if fault not in FAULTS:
+            raise KeyError(fault)
+        with self.lock:
+            self.faults[route] = Injected(fault, times)
+
+    def heal(self) -> None:
+        """Stop every fault: release stalled answers, clear injections, listen again."""
+        with self.lock:
+            self.release.set()
+            self.faults.clear()
+            self.down_after = None
+        self.api.go_up()
+        self.execd.go_up()
+
+    def live(self) -> list[str]:
+        with self.lock:
+            return [b.id for b in self.boxes.values() if not b.deleted]
+
+    def forget(self, box_id: str) -> None:
+        with self.lock:
+            self.boxes[box_id].deleted = True
+
+    def requests(self, server: str | None = None, route: str | None = None) -> list[Seen]:
+        with self.lock:
+            return [
+                s
+                for s in self.seen
+                if (server is None or s.server == server) and (route is None or s.route == route)
+            ]
+
+    def note_bad_request(self, text: str) -> None:
+        with self.lock:
+            self.bad_requests.append(text)
+
+    # -- serving -----------------------------------------------------------------------------
+
+    def handle(self, server: str, h: Handler, body: bytes) -> None:
+        parts = urlsplit(h.path)
+        route, params = _match(server, h.command, parts.path)
+        with self.lock:
+            self.seen.append(Seen(server, h.command, parts.path, route, dict(h.headers)))
+            fault = self._take_fault(route)
+            release = self.release
+        if route is None:
+            h.send_bytes(200 if server == "other" else 404, b"{}", JSON)
+            return
+        processed = fault is None or FAULTS[fault].processed
+        if route == "delete" and fault is not None and FAULTS[fault].status_fault:
+            processed = False  # an error status means the delete did not happen
+        reply = self._answer(route, params, parts.query, body, processed, fault)
+        if fault is None:
+            write_good(h, reply)
+        else:
+            FAULTS[fault].write(h, reply, Scene(self, release))
+        if server == "api" and self.down_after == route:
+            self.down_after = None
+            self.api.go_down()
+
+    def _take_fault(self, route: str | None) -> str | None:
+        injected = self.faults.get(route or "")
+        if injected is None:
+            return None
+        if injected.times is not None:
+            injected.times -= 1
+            if injected.times <= 0:
+                del self.faults[route or ""]
+        return injected.fault
+
+    def _answer(
+        self,
+        route: str,
+        params: dict[str, str],
+        query: str,
+        body: bytes,
+        processed: bool,
+        fault: str | None,
+    ) -> Reply:
+        if route == "create":
+            return self._create(body, processed, fault)
+        if route == "list":
+            return self._list(query)
+        box_id = params.get("id", "")
+        if route in ("get", "delete") and not self._exists(box_id):
+            return Reply(route, "json", 404, json.dumps(_not_found(box_id)).encode(), box_id=box_id)
+        if route == "get":
+            return self._get(box_id)
+        if route == "delete":
+            if processed:
+                self.forget(box_id)
+            data = json.dumps({"id": box_id, "deleted": True}).encode()
+            return Reply(route, "empty", 204, data, box_id=box_id)
+        if route == "endpoint":
+            endpoint = {"endpoint": f"127.0.0.1:{self.execd.server_address[1]}/{box_id}"}
+            data = json.dumps({**endpoint, "headers": {TOKEN_HEADER: TOKEN}}).encode()
+            return Reply(route, "json", 200, data, box_id=box_id)
+        if route == "code":
+            return Reply(route, "stream", events=code_events(), content_type=EVENTS, box_id=box_id)
+        if route == "command":
+            return Reply(
+                route, "stream", events=command_events(), content_type=EVENTS, box_id=box_id
+            )
+        if route == "download":
+            return Reply(route, "bytes", 200, FILE_BYTES, content_type=OCTETS, box_id=box_id)
+        return Reply(route, "empty", 200, b"", box_id=box_id)  # ping, interrupt
+
+    def _exists(self, box_id: str) -> bool:
+        with self.lock:
+            box = self.boxes.get(box_id)
+            return box is not None and not box.deleted
+
+    def _create(self, body: bytes, processed: bool, fault: str | None) -> Reply:
+        request = json.loads(body or b"{}")
+        metadata = request.get("metadata") or {}
+        number = next(self._ids)
+        box_id = str(9000 + number) if fault == "wrong_types" else f"sbx-{number}"
+        state = "Pending" if self.pending else "Running"
+        if processed:
+            with self.lock:  # Pending in this answer only: the first poll finds it Running
+                self.boxes[box_id] = Box(box_id, dict(metadata))
+        data = {"id": box_id, "status": {"state": state}, "metadata": metadata}
+        return Reply("create", "json", 202, json.dumps(data).encode(), box_id=box_id)
+
+    def _get(self, box_id: str) -> Reply:
+        with self.lock:
+            state = self.boxes[box_id].state
+        data = {"id": box_id, "status": {"state": state, "reason": "FAKE"}}
+        return Reply("get", "json", 200, json.dumps(data).encode(), box_id=box_id)
+
+    def _list(self, query: str) -> Reply:
+        wanted = dict(parse_qsl(parse_qs(query).get("metadata", [""])[0]))
+        with self.lock:
+            items = [
+                {"id": b.id, "status": {"state": b.state}, "metadata": b.metadata}
+                for b in self.boxes.values()
+                if not b.deleted and all(b.metadata.get(k) == v for k, v in wanted.items())
+            ]
+        pagination = {
+            "page": 1,
+            "pageSize": 200,
+            "totalItems": len(items),
+            "totalPages": 1,
+            "hasNextPage": False,
+        }
+        data = json.dumps({"items": items, "pagination": pagination}).encode()
+        return Reply("list", "json", 200, data)
+
+
+def _match(server: str, method: str, path: str) -> tuple[str | None, dict[str, str]]:
+    routes = {"api": API_ROUTES, "execd": EXECD_ROUTES}.get(server, ())
+    for route_method, pattern, route in routes:
+        found = pattern.match(path)
+        if found and method == route_method:
+            return route, found.groupdict()
+    return None, {}
+
+
+def _not_found(box_id: str) -> dict[str, str]:
+    return {"code": "DOCKER::SANDBOX_NOT_FOUND", "message": f"Sandbox {box_id} not found."}
+
+
+def code_events() -> list[bytes]:
+    """A healthy ``/code`` run of ``print('ok'); 1 + 1``."""
+    return [
+        frame(type="init", text="ctx-1"),
+        frame(type="ping", text="pong"),
+        frame(type="stdout", text="ok\n"),
+        frame(type="execution_count", execution_count=1),
+        frame(type="result", results={"text": "2"}),
+        frame(type="execution_complete", execution_time=3),
+    ]
+
+
+def command_events() -> list[bytes]:
+    """A healthy ``/command`` run of ``echo ok`` (one line per event, no terminator)."""
+    return [
+        frame(type="init", text="cmd-1"),
+        frame(type="stdout", text="ok"),
+        frame(type="execution_complete", execution_time=2),
+    ]
+
+
+def write_good(h: Handler, reply: Reply) -> None:
+    """Send a reply the way a healthy server does (streams chunked, the rest with a length)."""
+    if reply.kind == "stream" and reply.status == 200:
+        h.head(200, {"Content-Type": EVENTS, "Transfer-Encoding": "chunked"})
+        for event in reply.events:
+            h.chunk(event)
+        h.write(b"0\r\n\r\n")
+        return
+    h.send_bytes(reply.status, reply.body, reply.content_type)
+
+
+# -- faults -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Scene:
+    """What a fault writer may use besides the request: the world and this request's release."""
+
+    world: World
+    release: threading.Event
+
+
+Writer = Callable[[Handler, Reply, Scene], None]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A misbehaviour. ``processed``: create/delete take effect before the answer goes wrong."""
+
+    name: str
+    description: str
+    write: Writer
+    processed: bool = True
+    status_fault: bool = False
+
+
+def _start(h: Handler, r: Reply) -> None:
+    """Headers of a healthy-looking answer: streams chunked, the rest with the true length."""
+    if r.kind == "stream":
+        h.head(200, {"Content-Type": EVENTS, "Transfer-Encoding": "chunked"})
+    else:
+        h.head(_ok_status(r), {"Content-Type": r.content_type, "Content-Length": str(len(r.body))})
+
+
+def _ok_status(r: Reply) -> int:
+    return 200 if r.status in (204, 404) else r.status
+
+
+def _send_half(h: Handler, r: Reply) -> None:
+    """The first event and half of the next (streams), or half the body."""
+    if r.kind == "stream":
+        h.chunk(r.events[0])
+        h.chunk(r.events[1][: len(r.events[1]) // 2])
+    else:
+        h.write(r.body[: len(r.body) // 2])
+
+
+def _reset_before_response(h: Handler, r: Reply, s: Scene) -> None:
+    h.reset()
+
+
+def _reset_mid_body(h: Handler, r: Reply, s: Scene) -> None:
+    _start(h, r)
+    _send_half(h, r)
+    s.release.wait(0.02)  # let the bytes arrive before the RST
+    h.reset()
+
+
+def _fin_mid_event(h: Handler, r: Reply, s: Scene) -> None:
+    h.head(_ok_status(r), {"Content-Type": r.content_type, "Connection": "close"})
+    if r.kind == "stream":
+        h.write(r.events[0] + r.events[1][: len(r.events[1]) // 2])
+    else:
+        h.write(r.body[: len(r.body) // 2])
+    h.fin()
+
+
+def _stall_before_headers(h: Handler, r: Reply, s: Scene) -> None:
+    s.release.wait(STALL_MAX)
+    h.fin()
+
+
+def _stall_mid_body(h: Handler, r: Reply, s: Scene) -> None:
+    _start(h, r)
+    _send_half(h, r)
+    s.release.wait(STALL_MAX)
+    h.fin()
+
+
+def _drip(h: Handler, r: Reply, s: Scene) -> None:
+    _start(h, r)
+    h.chunk(r.events[0])
+    slow = frame(type="stdout", text="drip " * 200)
+    for i in itertools.count():
+        if s.release.wait(DRIP_INTERVAL):
+            break
+        h.chunk(slow[i % len(slow) : i % len(slow) + 1])
+    h.fin()
+
+
+def _truncated_chunked(h: Handler, r: Reply, s: Scene) -> None:
+    h.head(_ok_status(r), {"Content-Type": r.content_type, "Transfer-Encoding": "chunked"})
+    rest = r.body
+    if r.kind == "stream":
+        h.chunk(r.events[0])
+        rest = b"".join(r.events[1:])
+    h.write(b"%x\r\n" % (len(rest) + 64) + rest)  # the chunk claims 64 bytes it never sends
+    h.fin()
+
+
+def _lying_cl_long(h: Handler, r: Reply, s: Scene) -> None:
+    data = r.payload()
+    h.head(_ok_status(r), {"Content-Type": r.content_type, "Content-Length": str(len(data) + 100)})
+    h.write(data)
+    h.fin()
+
+
+def _lying_cl_short(h: Handler, r: Reply, s: Scene) -> None:
+    data = r.payload()
+    h.head(_ok_status(r), {"Content-Type": r.content_type, "Content-Length": str(len(data))})
+    try:
+        if r.route in SMUGGLE_AT_ONCE:
+            h.write(data + SMUGGLED)  # ends in the client's read buffer, with the response
+        else:
+            h.write(data)
+            s.release.wait(SMUGGLE_DELAY)  # lands on the idle socket: reusing it reads a fake 500
+            h.write(SMUGGLED)
+    finally:
+        s.world.smuggled.set()
+
+
+def _status(code: int, with_body: bool) -> Writer:
+    def write(h: Handler, r: Reply, s: Scene) -> None:
+        data = b""
+        if with_body:
+            message = f"upstream failed (request carried {h.carried_secrets()})"
+            data = json.dumps({"code": "GENERAL::UNKNOWN_ERROR", "message": message}).encode()
+        h.send_bytes(code, data, JSON)
+
+    return write
+
+
+def _too_many(retry_after: Callable[[], str]) -> Writer:
+    def write(h: Handler, r: Reply, s: Scene) -> None:
+        data = json.dumps({"code": "RATE_LIMITED", "message": "slow down"}).encode()
+        h.send_bytes(429, data, JSON, Retry_After=retry_after())
+
+    return write
+
+
+def _http_date_in(seconds: float) -> str:
+    return email.utils.formatdate(time.time() + seconds, usegmt=True)
+
+
+HTML_PAGE = (
+    "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway"
+    "</h1></center><hr><center>nginx</center><!-- {} --></body></html>"
+)
+
+
+def _html_error(h: Handler, r: Reply, s: Scene) -> None:
+    h.send_bytes(502, HTML_PAGE.format(h.carried_secrets()).encode(), "text/html")
+
+
+def _html_200(h: Handler, r: Reply, s: Scene) -> None:
+    page = b"<html><body>\n<h1>Welcome</h1>\n<p>Please sign in to continue.</p>\n</body></html>\n"
+    h.send_bytes(200, page, "text/html; charset=utf-8")
+
+
+def _bad_status_line(h: Handler, r: Reply, s: Scene) -> None:
+    h.write(b"HTTP/1.1 OK-ish\r\nContent-Length: 0\r\n\r\n")
+    h.fin()
+
+
+def _header_flood(h: Handler, r: Reply, s: Scene) -> None:
+    h.write(b"HTTP/1.1 200 OK\r\n")
+    for i in range(10_000):  # http.client gives up after 100
+        if s.release.is_set():
+            break
+        h.write(b"X-Filler-%d: %s\r\n" % (i, b"x" * 16))
+    h.fin()
+
+
+def _redirect(h: Handler, r: Reply, s: Scene) -> None:
+    status = 302 if h.command == "GET" else 307
+    target = f"{s.world.other.url}/stolen?token={TOKEN}"
+    h.send_bytes(status, b"", JSON, Location=target)
+
+
+def _flood(h: Handler, r: Reply, s: Scene) -> None:
+    if r.kind == "stream":
+        _start(h, r)
+        h.chunk(r.events[0])
+        piece = frame(type="stdout", text="x" * 4000)
+    else:
+        h.head(_ok_status(r), {"Content-Type": r.content_type, "Transfer-Encoding": "chunked"})
+        if r.kind != "bytes":
+            h.chunk(b'{"id": "')
+        piece = b"x" * 65536
+    for i in itertools.count():
+        if i % 16 == 0 and s.release.wait(0.002):  # at most ~0.5 GB/s, until the client quits
+            break
+        h.chunk(piece)
+    h.fin()
+
+
+def _oversized_event(h: Handler, r: Reply, s: Scene) -> None:
+    if r.kind == "bytes":
+        h.send_bytes(200, b"\0" * BIG_EVENT, OCTETS)
+        return
+    _start(h, r)
+    h.chunk(r.events[0])
+    big = frame(type="stdout", text="x" * BIG_EVENT)
+    for i in range(0, len(big), 16384):
+        h.chunk(big[i : i + 16384])
+    h.chunk(r.events[-1])
+    h.write(b"0\r\n\r\n")
+
+
+def _shaped(fault: str) -> Writer:
+    def write(h: Handler, r: Reply, s: Scene) -> None:
+        write_good(h, reshape(fault, r))
+
+    return write
+
+
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault("refused", "nothing listens: connect() is refused", _reset_before_response, False),
+        Fault(
+            "reset_before_response",
+            "request read, then TCP RST before any answer byte",
+            _reset_before_response,
+            False,
+        ),
+        Fault("reset_mid_body", "headers and part of the body, then TCP RST", _reset_mid_body),
+        Fault(
+            "fin_mid_event",
+            "close-delimited body cut by a clean FIN in the middle of an event/object",
+            _fin_mid_event,
+        ),
+        Fault("stall_before_headers", "request read, then silence", _stall_before_headers),
+        Fault("stall_mid_body", "part of the body, then silence", _stall_mid_body),
+        Fault(
+            "drip",
+            f"after init, one byte every {DRIP_INTERVAL} s: under read_timeout, forever",
+            _drip,
+        ),
+        Fault(
+            "truncated_chunked",
+            "a chunk announces 64 bytes more than it sends, then FIN",
+            _truncated_chunked,
+        ),
+        Fault("lying_cl_long", "Content-Length 100 bytes too large, then FIN", _lying_cl_long),
+        Fault(
+            "lying_cl_short",
+            "more bytes than Content-Length: a smuggled `HTTP/1.1 500` follows the answer "
+            f"({SMUGGLE_DELAY} s later, on the idle kept-alive socket, except for create/get)",
+            _lying_cl_short,
+        ),
+        *(
+            Fault(
+                f"{code}{suffix}",
+                f"{code} with {'a JSON error body echoing the credentials' if body else 'no body'}",
+                _status(code, body),
+                status_fault=True,
+            )
+            for code in (500, 502, 503, 504)
+            for suffix, body in (("", True), ("_empty", False))
+        ),
+        Fault(
+            "429_seconds",
+            "429 with `Retry-After: 1`",
+            _too_many(lambda: "1"),
+            False,
+            status_fault=True,
+        ),
+        Fault(
+            "429_date",
+            "429 with `Retry-After: <HTTP-date 2 s ahead>`",
+            _too_many(lambda: _http_date_in(2)),
+            False,
+            status_fault=True,
+        ),
+        Fault(
+            "html_error",
+            "502 with an nginx HTML page",
+            _html_error,
+            status_fault=True,
+        ),
+        Fault(
+            "html_200",
+            "200 with an HTML page (a captive portal or proxy login page)",
+            _html_200,
+        ),
+        Fault("bad_status_line", "garbage where the status line belongs", _bad_status_line, False),
+        Fault("header_flood", "response headers that never end", _header_flood, False),
+        Fault(
+            "non_json", "200 with a text/plain body, or garbage event lines", _shaped("non_json")
+        ),
+        Fault("json_list", "a JSON list where an object belongs", _shaped("json_list")),
+        Fault(
+            "missing_id",
+            "object without `id` (events: no init text, no type)",
+            _shaped("missing_id"),
+        ),
+        Fault("missing_status", "sandbox object without `status`", _shaped("missing_status")),
+        Fault(
+            "wrong_types",
+            "fields of the wrong type (numeric id, `endpoint` a number, event fields)",
+            _shaped("wrong_types"),
+        ),
+        Fault("redirect_cross_origin", "302/307 to another origin", _redirect, False),
+        Fault("flood", "an endless body / event stream", _flood),
+        Fault(
+            "oversized_event",
+            f"one event (or file) of {BIG_EVENT // 1024} KiB, past the cap",
+            _oversized_event,
+        ),
+        Fault(
+            "invalid_utf8",
+            "bytes that are not UTF-8 inside an event/object",
+            _shaped("invalid_utf8"),
+        ),
+        Fault(
+            "deep_json",
+            f"a well-formed object nested {DEEP} levels deep (within every cap)",
+            _shaped("deep_json"),
+        ),
+        Fault(
+            "bare_error_eof",
+            "a bare `{code, message}` without newline at EOF (200 for JSON routes)",
+            _shaped("bare_error_eof"),
+        ),
+        Fault(
+            "events_after_complete",
+            "stdout and result events after `execution_complete`",
+            _shaped("events_after_complete"),
+        ),
+    )
+}
+
+
+# -- shapes: well-framed answers with the wrong content -----------------------------------------
+
+BAD_UTF8 = b"\xff\xfe\xc3"
+NESTED = b"[" * DEEP + b"]" * DEEP
+BARE_ERROR = b'{"code":"RUNTIME_ERROR","message":"error running codes session is busy"}'
+
+
+def reshape(fault: str, r: Reply) -> Reply:
+    """``r`` with the content ``fault`` describes, framed correctly."""
+    if r.kind == "stream":
+        return replace(r, events=_stream_shape(fault, r.events))
+    if r.kind == "bytes":
+        return r  # file content is opaque: these faults do not apply
+    status = _ok_status(r)
+    if fault == "non_json":
+        return replace(r, status=status, body=b"OK, done.\n", content_type="text/plain")
+    body = _json_shape(fault, r)
+    return replace(r, status=status, body=body)
+
+
+def _json_shape(fault: str, r: Reply) -> bytes:
+    original: Any = json.loads(r.body)
+    if fault == "json_list":
+        return json.dumps([original]).encode()
+    if fault == "bare_error_eof":
+        return json.dumps({"code": "GENERAL::UNKNOWN_ERROR", "message": "half done"}).encode()
+    if fault == "invalid_utf8":
+        marked = {**original, "note": "@@BAD@@"}
+        return json.dumps(marked).encode().replace(b"@@BAD@@", BAD_UTF8)
+    if fault == "deep_json":
+        return json.dumps({**original, "note": "@@DEEP@@"}).encode().replace(b'"@@DEEP@@"', NESTED)
+    if fault == "missing_id":
+        return json.dumps({k: v for k, v in original.items() if k != "id"}).encode()
+    if fault == "missing_status":
+        return json.dumps({k: v for k, v in original.items() if k != "status"}).encode()
+    if fault == "wrong_types":
+        if r.route == "endpoint":
+            return json.dumps({"endpoint": 44772, "headers": [TOKEN_HEADER]}).encode()
+        if r.route == "create":
+            return json.dumps({"id": int(r.box_id), "status": "Running"}).encode()
+        return json.dumps({"id": r.box_id, "status": {"state": ["Running"]}}).encode()
+    raise KeyError(fault)
+
+
+def _stream_shape(fault: str, events: list[bytes]) -> list[bytes]:
+    init, rest = events[0], events[1:]
+    if fault == "non_json":
+        return [init, b"garbage line\n\n", b"{not json}\n\n", b"data: nope\n\n", *rest]
+    if fault == "json_list":
+        return [init, b"[1, 2, 3]\n\n", b'data: ["x"]\n\n', b"null\n\n", *rest]
+    if fault == "missing_id":
+        return [frame(type="init"), b'{"text": "no type"}\n\n', *rest]
+    if fault == "wrong_types":
+        odd = [
+            frame(type="stdout", text=5),
+            frame(type=["stdout"], text="x"),
+            frame(type="result", results=[1, 2]),
+            frame(type="execution_count", execution_count="NaN"),
+            frame(type="stderr", text={"a": 1}, timestamp="yesterday"),
+            frame(type=None, text="no type"),
+        ]
+        return [init, *odd, *rest]
+    if fault == "invalid_utf8":
+        return [init, b'{"type": "stdout", "text": "bad ' + BAD_UTF8 + b'"}\n\n', *rest]
+    if fault == "deep_json":
+        return [init, b'{"type": "result", "results": ' + NESTED + b"}\n\n", *rest]
+    if fault == "bare_error_eof":
+        return [init, BARE_ERROR]
+    if fault == "events_after_complete":
+        late = [frame(type="stdout", text="late\n"), frame(type="result", results={"text": "3"})]
+        return [*events, *late]
+    raise KeyError(fault)
