@@ -297,7 +297,12 @@ class Lifecycle:
     ) -> tuple[str, dict[str, str]]:
         """The endpoint and headers of a port; 404s and unusable bodies are retried.
 
+        A 404 whose code says the sandbox itself is unknown (``*::SANDBOX_NOT_FOUND``) is not
+        retried: only a 404 for an endpoint that is not ready yet (e.g. Kubernetes'
+        ``POD_IP_NOT_AVAILABLE``) is.
+
         Raises:
+            NotFoundError: the sandbox does not exist.
             SandboxTimeoutError: no endpoint within ``ready_timeout`` (chained from the last error).
             ApiError: any error status other than 404.
         """
@@ -308,6 +313,8 @@ class Lifecycle:
             try:
                 data = response_json(self.request("GET", path, params=params))
             except NotFoundError as exc:
+                if (exc.code or "").endswith("SANDBOX_NOT_FOUND"):
+                    raise  # the sandbox is gone; only an endpoint not ready yet is retried
                 last_error: Exception = exc
             else:
                 endpoint = data.get("endpoint") if isinstance(data, dict) else None

@@ -91,8 +91,10 @@ class SandboxPool:
         self._idle: deque[Sandbox] = deque()
         self._lent: dict[str, Sandbox] = {}
         self._doomed: list[Sandbox] = []
+        self._to_reset: list[Sandbox] = []
         self._expires: dict[str, float] = {}
         self._creating = 0
+        self._in_flight = 0  # being checked before lending, reset, or deleted
         self._failures = 0
         self._closed = False
         self._worker: threading.Thread | None = None
@@ -131,11 +133,12 @@ class SandboxPool:
         while True:
             sandbox = self._take_or_reserve(deadline, timeout)
             if sandbox is None:
-                sandbox = self._create()  # this thread reserved a slot
+                sandbox = self._create()  # in the slot this thread reserved
             elif not self._fit_to_lend(sandbox):
-                self._discard(sandbox)
+                self._settle(sandbox, doomed=True)
                 continue
             with self._cond:
+                self._in_flight -= 1
                 if self._closed:
                     self._doomed.append(sandbox)
                     raise OpenSandboxError(f"{self!r} is closed")
@@ -143,33 +146,24 @@ class SandboxPool:
             return sandbox
 
     def release(self, sandbox: Sandbox) -> None:
-        """Give a lent sandbox back (deleted and replaced, or reset and kept)."""
+        """Give a lent sandbox back: deleted and replaced, or reset and kept, in the background."""
         with self._cond:
             if self._closed:
                 return  # close() deleted it
             if self._lent.pop(sandbox.id, None) is None:
                 raise ConfigurationError(f"sandbox {sandbox.id} was not lent by {self!r}")
-            if self._closed or self.reuse == "never":
-                self._doomed.append(sandbox)
-                self._cond.notify_all()
-                return
-        if _reset(sandbox):
-            with self._cond:
-                self._idle.append(sandbox)
-                self._cond.notify_all()
-        else:
-            self._discard(sandbox)
+            (self._doomed if self.reuse == "never" else self._to_reset).append(sandbox)
+            self._cond.notify_all()
 
     def close(self) -> None:
         """Delete every sandbox the pool created (lent ones too) and stop the worker."""
         with self._cond:
-            if self._closed and not (self._idle or self._lent or self._doomed):
-                return
             self._closed = True
-            doomed = [*self._idle, *self._lent.values(), *self._doomed]
+            doomed = [*self._idle, *self._lent.values(), *self._doomed, *self._to_reset]
             self._idle.clear()
             self._lent.clear()
             self._doomed.clear()
+            self._to_reset.clear()
             self._cond.notify_all()
             worker = self._worker
         for sandbox in doomed:
@@ -179,8 +173,18 @@ class SandboxPool:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _alive(self) -> int:
+        """Every sandbox of the pool that exists or is being created, wherever it is."""
+        return (
+            len(self._idle) + len(self._lent) + len(self._doomed) + len(self._to_reset)
+            + self._creating + self._in_flight
+        )  # fmt: skip
+
     def _take_or_reserve(self, deadline: float | None, timeout: float | None) -> Sandbox | None:
-        """An idle sandbox, or None after reserving a slot to create one; waits if neither."""
+        """An idle sandbox, or None after reserving a slot to create one; waits if neither.
+
+        Either way the sandbox counts as in flight until it is lent or settled.
+        """
         with self._cond:
             if self._worker is None:
                 self._start_worker()  # first use in a forked child
@@ -188,6 +192,7 @@ class SandboxPool:
                 if self._closed:
                     raise OpenSandboxError(f"{self!r} is closed")
                 if self._idle:
+                    self._in_flight += 1
                     return self._idle.popleft()
                 if self._alive() < self.max_size:
                     self._creating += 1
@@ -199,21 +204,32 @@ class SandboxPool:
                     )
                 self._cond.wait(remaining)
 
-    def _alive(self) -> int:
-        return len(self._idle) + len(self._lent) + self._creating
-
     def _create(self) -> Sandbox:
-        """Create a pooled sandbox in a slot reserved by the caller (``_creating`` was raised)."""
+        """Create in a reserved slot; on success the sandbox moves from creating to in flight."""
         try:
             sandbox = self._client.create_sandbox(**self._create_kwargs)
-        finally:
+        except BaseException:
             with self._cond:
                 self._creating -= 1
                 self._cond.notify_all()
+            raise
+        with self._cond:
+            self._creating -= 1
+            self._in_flight += 1
         sandbox.delete_on_exit = False  # the pool owns it, not the borrower's ``with``
         if self._lifetime is not None:
             self._expires[sandbox.id] = time.monotonic() + self._lifetime
         return sandbox
+
+    def _settle(self, sandbox: Sandbox, *, doomed: bool) -> None:
+        """An in-flight sandbox goes to the idle queue or to deletion."""
+        with self._cond:
+            self._in_flight -= 1
+            if doomed or self._closed:
+                self._doomed.append(sandbox)
+            else:
+                self._idle.append(sandbox)
+            self._cond.notify_all()
 
     def _fit_to_lend(self, sandbox: Sandbox) -> bool:
         """Alive (answers /ping) and not about to expire (renewed if it is)."""
@@ -233,31 +249,28 @@ class SandboxPool:
         self._expires[sandbox.id] = time.monotonic() + self._lifetime
         return True
 
-    def _discard(self, sandbox: Sandbox) -> None:
-        with self._cond:
-            self._doomed.append(sandbox)
-            self._cond.notify_all()
-
     def _start_worker(self) -> None:
         self._worker = threading.Thread(
             target=_maintain, args=(weakref.ref(self),), name=f"osb-pool-{self.name}", daemon=True
         )
         self._worker.start()
 
-    def _next_chore(self) -> tuple[list[Sandbox], bool] | None:
-        """Under the lock: sandboxes to delete and whether to create one; None when closed."""
+    def _next_chore(self) -> tuple[list[Sandbox], list[Sandbox], bool] | None:
+        """Under the lock: what to delete, what to reset, whether to create; None when closed."""
         with self._cond:
             while True:
                 if self._closed:
                     return None
                 doomed, self._doomed = self._doomed, []
+                to_reset, self._to_reset = self._to_reset, []
+                self._in_flight += len(doomed) + len(to_reset)
                 create = len(self._idle) + self._creating < self.size and (
                     self._alive() < self.max_size
                 )
                 if create:
                     self._creating += 1
-                if doomed or create:
-                    return doomed, create
+                if doomed or to_reset or create:
+                    return doomed, to_reset, create
                 self._cond.wait(MAINTENANCE_INTERVAL)
 
     def _refill_once(self) -> bool:
@@ -265,10 +278,15 @@ class SandboxPool:
         chore = self._next_chore()
         if chore is None:
             return False
-        doomed, create = chore
+        doomed, to_reset, create = chore
         for sandbox in doomed:
             self._expires.pop(sandbox.id, None)
             self._client._delete_quietly(sandbox.id)
+            with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+        for sandbox in to_reset:
+            self._settle(sandbox, doomed=not _reset(sandbox))
         if create:
             try:
                 sandbox = self._create()
@@ -281,14 +299,9 @@ class SandboxPool:
                     self._cond.wait(delay)
                 return True
             self._failures = 0
-            with self._cond:
-                if self._closed:
-                    self._doomed.append(sandbox)
-                else:
-                    self._idle.append(sandbox)
-                self._cond.notify_all()
-            if self._closed:
-                self.close()
+            self._settle(sandbox, doomed=False)
+        if self._closed:
+            self.close()  # delete what was settled after close() had run
         return True
 
 

@@ -866,3 +866,16 @@ def test_registry_password_never_appears_in_errors(
     with pytest.raises(ApiError) as info:
         client.create_sandbox(image_auth={"username": "me", "password": "hunter2-pw"})
     assert "hunter2-pw" not in str(info.value) and "hunter2-pw" not in info.value.message
+
+
+def test_connect_to_an_unknown_sandbox_fails_at_once(
+    client: Client, rsps: responses.RequestsMock, clock: Clock
+) -> None:
+    add_endpoint(
+        rsps,
+        status=404,
+        json={"code": "DOCKER::SANDBOX_NOT_FOUND", "message": f"Sandbox {SID} not found."},
+    )
+    with pytest.raises(NotFoundError, match="SANDBOX_NOT_FOUND"):
+        client.connect(SID)
+    assert clock.sleeps == []

@@ -186,3 +186,28 @@ def test_a_forked_child_does_not_share_the_parents_sandboxes(client: Client) -> 
         assert parents <= tagged(client, pool)  # the child deleted only its own
         with pool.sandbox(timeout=30) as sb:
             assert sb.id in parents
+
+
+def test_reset_pool_never_exceeds_max_size_and_release_is_immediate(client: Client) -> None:
+    seen: list[int] = []
+    stop = threading.Event()
+    with SandboxPool(client, size=1, max_size=1, reuse="reset") as pool:
+
+        def sample() -> None:
+            while not stop.is_set():
+                seen.append(len(tagged(client, pool)))
+                time.sleep(0.02)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            for _ in range(4):
+                sb = pool.acquire(timeout=30)
+                sb.files.write("x.txt", "x")
+                started = time.monotonic()
+                pool.release(sb)
+                assert time.monotonic() - started < 0.05  # the reset runs in the background
+        finally:
+            stop.set()
+            sampler.join()
+    assert seen and max(seen) == 1

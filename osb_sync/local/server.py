@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import uuid
@@ -49,6 +50,12 @@ class _HTTPServer(ThreadingHTTPServer):
         self.connections_lock = threading.Lock()
         super().__init__(address, _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client resetting an idle keep-alive connection is routine, not an error."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -56,6 +63,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # Events are small writes: without this, each waits for the peer's delayed ACK.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self.server.connections_lock:
             self.server.connections.add(self.connection)
 
