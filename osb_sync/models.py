@@ -10,7 +10,7 @@ from typing import Any
 from .errors import CommandFailed
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Event:
     """One decoded event of an execd stream.
 

@@ -82,6 +82,9 @@ def frame_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """
     pending: list[bytes] = []
     for chunk in chunks:
+        if not pending and chunk[:1] == b"{" and chunk.count(b"\n") == 2 and chunk[-2:] == b"\n\n":
+            yield b"data: " + chunk  # execd's usual chunk: exactly one bare event
+            continue
         if b"\n" not in chunk:
             if chunk:
                 pending.append(chunk)
@@ -115,10 +118,13 @@ def _final_frame(tail: bytes) -> bytes:
     raise StreamError(f"the event stream ended in the middle of an event ({len(tail)} bytes cut)")
 
 
-def decode_event(data: str | bytes) -> Event | None:
+_decode_json = json.JSONDecoder().decode
+
+
+def decode_event(data: str) -> Event | None:
     """Decode one event's JSON text; None for anything that is not an event object."""
     try:
-        obj = json.loads(data)
+        obj = _decode_json(data)
     except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):

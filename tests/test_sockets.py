@@ -505,3 +505,15 @@ def test_a_callers_session_gets_the_same_safety_and_is_left_untouched(server: Fa
         assert other.requests == []
     assert (dict(session.headers), dict(session.adapters), session.cookies.get_policy()) == before
     assert closed == []  # the caller's session is the caller's to close
+
+
+def test_environment_is_read_per_call_only_when_it_sets_something(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
+                 "all_proxy", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent-home")
+    assert Client("http://127.0.0.1:1/v1")._transport.session.trust_env is False
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert Client("http://127.0.0.1:1/v1")._transport.session.trust_env is True
