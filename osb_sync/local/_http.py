@@ -267,17 +267,24 @@ class EventStream:
                 return
 
     def bare_error(self, code: str, message: str) -> None:
-        """Send a type-less error object without a trailing newline, as execd does mid-stream."""
+        """Send a type-less error object without a trailing newline, as execd does mid-stream.
+
+        It ends the stream, so the heartbeat stops first: a ping after it would run into it.
+        """
+        self._stop_pings()
         self._writer.write(
             json.dumps({"code": code, "message": message}, separators=(",", ":")).encode()
         )
 
     def close(self) -> None:
         """Stop the heartbeat and end the chunked body."""
-        self._stop.set()
-        if self._pinger is not None:
-            self._pinger.join()
+        self._stop_pings()
         self._writer.end()
+
+    def _stop_pings(self) -> None:
+        self._stop.set()
+        if self._pinger is not None and self._pinger is not threading.current_thread():
+            self._pinger.join()
 
 
 Route = Callable[[Exchange], None]
