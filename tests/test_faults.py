@@ -577,3 +577,29 @@ def test_a_run_ends_on_time_when_the_interrupt_stalls_too(
         "(the interrupt waits for its own 10 s read timeout)"
     )
     assert outcome.error is None or isinstance(outcome.error, OpenSandboxError)
+
+
+def test_the_local_server_does_not_hold_streams_back_for_delayed_acks() -> None:
+    """A stalled byte of another kind: Nagle on the server waits for the client's delayed ACK.
+
+    The local server sends the status line, the headers and each event in separate small
+    writes without TCP_NODELAY, so every streamed answer waits about 40 ms (Linux's minimum
+    delayed ACK) before its second segment leaves. Go's execd sets TCP_NODELAY; a healthy
+    ``run_code("pass")`` on loopback takes about 10 ms, far under the 30 ms asserted here.
+    """
+    from osb_sync.local import LocalServer
+
+    with (
+        LocalServer(unenforced_network_policy="accept") as server,
+        Client(server.api_base) as local_client,
+        local_client.create_sandbox(allow_internet_access=True) as sandbox,
+    ):
+        for _ in range(3):
+            sandbox.run_code("pass")
+        times = []
+        for _ in range(15):
+            started = time.perf_counter()
+            sandbox.run_code("pass")
+            times.append(time.perf_counter() - started)
+    median = sorted(times)[len(times) // 2]
+    assert median < 0.030, f"run_code('pass') took {median * 1e3:.0f} ms (median of 15)"
