@@ -73,7 +73,10 @@ class ExecutionStream(Generic[R]):
         self._lock = threading.Lock()
         self._expired = False
         self._interrupt_sent = False
-        chunks = capped(self._within_deadline(response.iter_content(CHUNK_SIZE)), max_output_bytes)
+        chunks: Iterable[bytes] = response.iter_content(CHUNK_SIZE)
+        if self._deadline is not None:
+            chunks = self._within_deadline(chunks)
+        chunks = capped(chunks, max_output_bytes)
         self._events = iter_events(chunks)
         self._watchdog: threading.Timer | None = None
         if timeout is not None and hasattr(response.raw, "shutdown"):

@@ -158,17 +158,13 @@ def iter_events(chunks: Iterable[bytes]) -> Iterator[Event]:
     Raises:
         StreamError: truncated stream or bytes that are not UTF-8.
     """
-    events = sseclient.SSEClient(frame_lines(chunks)).events()  # type: ignore[arg-type]
-    while True:
-        try:
-            sse = next(events)
-        except StopIteration:
-            return
-        except UnicodeDecodeError as exc:
-            raise StreamError(f"the event stream is not valid UTF-8 ({exc.reason})") from None
-        event = decode_event(sse.data)
-        if event is not None:
-            yield event
+    try:
+        for sse in sseclient.SSEClient(frame_lines(chunks)).events():  # type: ignore[arg-type]
+            event = decode_event(sse.data)
+            if event is not None:
+                yield event
+    except UnicodeDecodeError as exc:
+        raise StreamError(f"the event stream is not valid UTF-8 ({exc.reason})") from None
 
 
 def _first_not_none(*values: Any) -> Any:
