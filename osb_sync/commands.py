@@ -156,7 +156,12 @@ class BackgroundCommand:
         return CommandStatus.from_dict(data if isinstance(data, dict) else {"id": self.id})
 
     def logs(self, cursor: int | None = None) -> tuple[str, int]:
-        """Output (stdout and stderr together) from byte ``cursor`` on, and the next cursor."""
+        """Output (stdout and stderr together) from byte ``cursor`` on, and the next cursor.
+
+        Raises:
+            ApiError: not a background command (execd answers 400).
+            TransportError: execd could not be reached.
+        """
         params = {"cursor": cursor} if cursor is not None else None
         response = self._execd.request("GET", f"/command/{self.id}/logs", params=params)
         text = response.content.decode("utf-8", "replace")
@@ -167,7 +172,13 @@ class BackgroundCommand:
         return text, next_cursor
 
     def iter_logs(self, poll_interval: float = 0.5) -> Iterator[str]:
-        """Follow the output until the command has ended and everything was read."""
+        """Follow the output until the command has ended and everything was read.
+
+        Raises:
+            NotFoundError: execd does not know the command.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         cursor: int | None = None
         while True:
             running = self.status().running
@@ -198,7 +209,12 @@ class BackgroundCommand:
             time.sleep(poll_interval)
 
     def kill(self) -> None:
-        """Stop the command (SIGTERM to its process group, then SIGKILL)."""
+        """Stop the command (SIGTERM to its process group, then SIGKILL).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         self._execd.request("DELETE", "/command", params={"id": self.id})
 
 
@@ -253,5 +269,11 @@ class BashSession:
         return collect(stream, timeout)
 
     def close(self) -> None:
-        """Delete the session (its shell ends)."""
+        """Delete the session (its shell ends).
+
+        Raises:
+            NotFoundError: the session is already gone.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         self._execd.request("DELETE", f"/session/{self.id}")

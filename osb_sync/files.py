@@ -131,7 +131,13 @@ class Files:
         self._upload([_Part(path, data, mode, owner, group)])
 
     def write_many(self, entries: Iterable[tuple[str, Data] | tuple[str, Data, int]]) -> None:
-        """Write several files in one request: ``(path, data)`` or ``(path, data, mode)``."""
+        """Write several files in one request: ``(path, data)`` or ``(path, data, mode)``.
+
+        Raises:
+            ConfigurationError: an empty path or a file object that is not seekable.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         parts = []
         for entry in entries:
             path, data, *rest = entry
@@ -140,7 +146,13 @@ class Files:
             self._upload(parts)
 
     def upload(self, local_path: str | os.PathLike[str], path: str, *, mode: int = 0o644) -> None:
-        """Stream a local file into the sandbox without loading it into memory."""
+        """Stream a local file into the sandbox without loading it into memory.
+
+        Raises:
+            OSError: the local file could not be read.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         with open(local_path, "rb") as handle:
             self._upload([_Part(path, handle, mode, None, None)])
 
@@ -170,7 +182,13 @@ class Files:
         return b"".join(pieces)
 
     def read_text(self, path: str, encoding: str = "utf-8") -> str:
-        """A whole file decoded as text (capped like :meth:`read_bytes`)."""
+        """A whole file decoded as text (capped like :meth:`read_bytes`).
+
+        Raises:
+            NotFoundError: no such file.
+            OutputLimitExceeded: the file is larger than the cap.
+            UnicodeDecodeError: the file is not text in ``encoding``.
+        """
         return self.read_bytes(path).decode(encoding)
 
     def iter_bytes(
@@ -195,7 +213,13 @@ class Files:
             response.close()
 
     def download(self, path: str, local_path: str | os.PathLike[str]) -> int:
-        """Stream a file to a local path; returns the bytes written."""
+        """Stream a file to a local path; returns the bytes written.
+
+        Raises:
+            NotFoundError: no such file.
+            StreamError: the download broke.
+            OSError: the local file could not be written.
+        """
         written = 0
         with open(local_path, "wb") as handle:
             for chunk in self.iter_bytes(path):
@@ -217,42 +241,85 @@ class Files:
         return {str(k): FileInfo.from_dict(v) for k, v in items if isinstance(v, dict)}
 
     def exists(self, path: str) -> bool:
-        """Whether a file or directory exists."""
+        """Whether a file or directory exists.
+
+        Raises:
+            ApiError: execd refused the call for another reason than a missing path.
+            TransportError: execd could not be reached.
+        """
         try:
             return bool(self.info(path))
         except NotFoundError:
             return False
 
     def list(self, path: str, depth: int = 1) -> builtins.list[FileInfo]:
-        """A directory's entries (``depth`` levels deep)."""
+        """A directory's entries (``depth`` levels deep).
+
+        Raises:
+            NotFoundError: no such directory.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         data = self._execd.json("GET", "/directories/list", params={"path": path, "depth": depth})
         return _file_infos(data)
 
     def search(self, path: str, pattern: str = "**") -> builtins.list[FileInfo]:
-        """Files under ``path`` whose name matches the glob ``pattern``."""
+        """Files under ``path`` whose name matches the glob ``pattern``.
+
+        Raises:
+            NotFoundError: no such directory.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         data = self._execd.json("GET", "/files/search", params={"path": path, "pattern": pattern})
         return _file_infos(data)
 
     def remove(self, *paths: str) -> None:
-        """Delete files (a missing one is fine)."""
+        """Delete files (a missing one is fine).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         self._execd.request("DELETE", "/files", params={"path": list(paths)})
 
     def mkdir(self, path: str, *, mode: int = 0o755) -> None:
-        """Create a directory and its parents."""
+        """Create a directory and its parents.
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         self._execd.request("POST", "/directories", json={path: {"mode": mode_to_wire(mode)}})
 
     def rmtree(self, path: str) -> None:
-        """Delete a directory and everything in it."""
+        """Delete a directory and everything in it.
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         self._execd.request("DELETE", "/directories", params={"path": path})
 
     def move(self, src: str, dest: str) -> None:
-        """Move or rename."""
+        """Move or rename.
+
+        Raises:
+            NotFoundError: no such source.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         self._execd.request("POST", "/files/mv", json=[{"src": src, "dest": dest}])
 
     def chmod(
         self, path: str, mode: int, owner: str | None = None, group: str | None = None
     ) -> None:
-        """Change permissions (and owner/group when given)."""
+        """Change permissions (and owner/group when given).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         entry: dict[str, Any] = {"mode": mode_to_wire(mode)}
         if owner is not None:
             entry["owner"] = owner
@@ -261,7 +328,14 @@ class Files:
         self._execd.request("POST", "/files/permissions", json={path: entry})
 
     def replace(self, path: str, old: str, new: str) -> int:
-        """Replace every ``old`` with ``new`` in a file; returns how many were replaced."""
+        """Replace every ``old`` with ``new`` in a file; returns how many were replaced.
+
+        Raises:
+            ConfigurationError: an empty ``old``.
+            NotFoundError: no such file.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         if not old:
             raise ConfigurationError("replace needs a non-empty old text")
         data = self._execd.json(

@@ -115,7 +115,11 @@ class SandboxPool:
 
     @contextmanager
     def sandbox(self, timeout: float | None = None) -> Iterator[Sandbox]:
-        """Lend a sandbox for a ``with`` block; it comes back even when the block raises."""
+        """Lend a sandbox for a ``with`` block; it comes back even when the block raises.
+
+        Raises:
+            The errors of :meth:`acquire`.
+        """
         sandbox = self.acquire(timeout)
         try:
             yield sandbox
@@ -146,7 +150,11 @@ class SandboxPool:
             return sandbox
 
     def release(self, sandbox: Sandbox) -> None:
-        """Give a lent sandbox back: deleted and replaced, or reset and kept, in the background."""
+        """Give a lent sandbox back: deleted and replaced, or reset and kept, in the background.
+
+        Raises:
+            ConfigurationError: the sandbox was not lent by this pool.
+        """
         with self._cond:
             if self._closed:
                 return  # close() deleted it

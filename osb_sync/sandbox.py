@@ -116,6 +116,9 @@ class Sandbox:
         """Run code and return what it produced; see :meth:`Client.run_code`.
 
         ``context``: a CodeContext (its language is used) or a context id (with ``language``).
+
+        Raises:
+            The errors of :meth:`Client.run_code`.
         """
         with self.stream_code(
             code,
@@ -137,7 +140,12 @@ class Sandbox:
         timeout: float | None = None,
         on_event: Callable[[Event], object] | None = None,
     ) -> ExecutionStream[ExecutionResult]:
-        """Start running code and return the live event stream; see :meth:`Client.stream_code`."""
+        """Start running code and return the live event stream; see :meth:`Client.stream_code`.
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         if isinstance(context, CodeContext):
             language = context.language
         _check_run_arguments(code, language, max_output_bytes, timeout)
@@ -156,7 +164,13 @@ class Sandbox:
         )
 
     def interrupt_code(self, context_id: str) -> None:
-        """Interrupt the run in a code context (the id is ``ExecutionResult.execution_id``)."""
+        """Interrupt the run in a code context (the id is ``ExecutionResult.execution_id``).
+
+        Raises:
+            NotFoundError: no such context.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         self._execd.request("DELETE", "/code", params={"id": context_id})
 
     def create_context(
@@ -171,7 +185,12 @@ class Sandbox:
         return _context(self._execd.json("POST", "/code/context", json=body), language)
 
     def list_contexts(self, language: str | None = None) -> builtins.list[CodeContext]:
-        """The code contexts, of one language or all."""
+        """The code contexts, of one language or all.
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         params = {"language": language} if language else None
         data = self._execd.json("GET", "/code/contexts", params=params)
         return [_context(item, language or "") for item in data or () if isinstance(item, dict)]
@@ -194,7 +213,12 @@ class Sandbox:
         self._execd.request("DELETE", f"/code/contexts/{context_id}")
 
     def delete_contexts(self, language: str) -> None:
-        """Delete every code context of a language."""
+        """Delete every code context of a language.
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         self._execd.request("DELETE", "/code/contexts", params={"language": language})
 
     # -- commands -----------------------------------------------------------------------------
@@ -244,6 +268,11 @@ class Sandbox:
         """Start a command and return its live events; ``stream.result()`` is a CommandResult.
 
         The stream ends at the terminal event; leaving it early interrupts the command.
+
+        Raises:
+            ConfigurationError: an empty command or a bad timeout.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
         """
         body = command_body(command, cwd, dict(env) if env else None, timeout)
         return self._execd.stream(
@@ -285,11 +314,21 @@ class Sandbox:
         return BackgroundCommand(self._execd, result.id)
 
     def interrupt_command(self, command_id: str) -> None:
-        """Stop a command (SIGTERM to its process group, then SIGKILL)."""
+        """Stop a command (SIGTERM to its process group, then SIGKILL).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         self._execd.request("DELETE", "/command", params={"id": command_id})
 
     def session(self, cwd: str | None = None) -> BashSession:
-        """A persistent bash session (use it in ``with``: it is deleted on exit)."""
+        """A persistent bash session (use it in ``with``: it is deleted on exit).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         data = self._execd.json("POST", "/session", json={"cwd": cwd} if cwd else {})
         session_id = data.get("session_id") if isinstance(data, dict) else None
         if not isinstance(session_id, str) or not session_id:
@@ -308,7 +347,12 @@ class Sandbox:
         return self._client.get_endpoint(self.id, port, use_server_proxy=self.use_server_proxy)
 
     def metrics(self) -> Metrics:
-        """One resource sample (CPU and memory)."""
+        """One resource sample (CPU and memory).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
         data = self._execd.json("GET", "/metrics")
         data = data if isinstance(data, dict) else {}
         return Metrics(
@@ -343,17 +387,34 @@ class Sandbox:
             time.sleep(poll_interval)
 
     def info(self) -> SandboxInfo:
-        """A fresh description from the lifecycle API."""
+        """A fresh description from the lifecycle API.
+
+        Raises:
+            NotFoundError: the sandbox is gone.
+            ApiError: the server refused the call.
+            TransportError: the server could not be reached.
+        """
         return self._client.get_sandbox(self.id)
 
     def pause(self) -> None:
-        """Pause the sandbox (its processes stop; execution is refused until resumed)."""
+        """Pause the sandbox (its processes stop; execution is refused until resumed).
+
+        Raises:
+            ApiError: e.g. 409 when it is not running.
+            TransportError: the server could not be reached.
+        """
         self._client.pause(self.id)
 
     def resume(
         self, *, ready_timeout: float | None = None, poll_interval: float | None = None
     ) -> None:
-        """Resume, wait until Running, and re-resolve execd (its endpoint may change)."""
+        """Resume, wait until Running, and re-resolve execd (its endpoint may change).
+
+        Raises:
+            ApiError: e.g. 409 when it is not paused.
+            SandboxTimeoutError: not Running, or execd not answering, within ``ready_timeout``.
+            TransportError: the server could not be reached.
+        """
         self._client.resume(self.id, ready_timeout=ready_timeout, poll_interval=poll_interval)
         fresh = self._client.connect(
             self.id,
@@ -364,15 +425,30 @@ class Sandbox:
         self.execd_endpoint, self.execd_headers = fresh.execd_endpoint, fresh.execd_headers
 
     def renew(self, seconds: float) -> datetime | None:
-        """Expire ``seconds`` from now instead; returns the new expiry."""
+        """Expire ``seconds`` from now instead; returns the new expiry.
+
+        Raises:
+            ApiError: e.g. a sandbox without expiry.
+            TransportError: the server could not be reached.
+        """
         return self._client.renew(self.id, seconds)
 
     def patch_metadata(self, patch: Mapping[str, str | None]) -> SandboxInfo:
-        """Merge-patch the labels (``None`` deletes a key)."""
+        """Merge-patch the labels (``None`` deletes a key).
+
+        Raises:
+            ApiError: e.g. a reserved or invalid label.
+            TransportError: the server could not be reached.
+        """
         return self._client.patch_metadata(self.id, patch)
 
     def delete(self) -> bool:
-        """Delete this sandbox; see :meth:`Client.delete_sandbox`."""
+        """Delete this sandbox; see :meth:`Client.delete_sandbox`.
+
+        Raises:
+            ApiError: an error status other than 404.
+            TransportError: the server could not be reached.
+        """
         return self._client.delete_sandbox(self)
 
 
