@@ -32,6 +32,7 @@ logger = logging.getLogger("osb_sync.local")
 
 PROXY_PATH = re.compile(r"^(?:/v1)?/sandboxes/(?P<id>[^/]+)/proxy/(?P<port>\d+)(?P<rest>/.*)?$")
 REAP_INTERVAL = 0.2
+UNREAD_BODY_LIMIT = 1024 * 1024
 POLICY_CHOICES = ("refuse", "accept")
 MISSING_KEY = (
     "Authentication credentials are missing. Provide API key via OPEN-SANDBOX-API-KEY header."
@@ -99,7 +100,14 @@ class _Handler(BaseHTTPRequestHandler):
                 code = "RUNTIME_ERROR" if PROXY_PATH.match(ex.path) else "GENERAL::UNKNOWN_ERROR"
                 ex.send_json(500, {"code": code, "message": f"{type(exc).__name__}: {exc}"})
         if not ex.body.finished:
-            self.close_connection = True  # the unread body would be taken for the next request
+            # The rest of an unread body would be taken for the next request: read it away
+            # (a small one), so the client's kept-alive connection stays usable.
+            try:
+                ex.body.read(UNREAD_BODY_LIMIT)
+            except (OSError, HttpError):
+                pass  # a broken body: the connection is closed below
+            if not ex.body.finished:
+                self.close_connection = True
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _dispatch
 
