@@ -206,7 +206,7 @@ def test_reset_pool_never_exceeds_max_size_and_release_is_immediate(client: Clie
                 sb.files.write("x.txt", "x")
                 started = time.monotonic()
                 pool.release(sb)
-                assert time.monotonic() - started < 0.05  # the reset runs in the background
+                assert time.monotonic() - started < 0.25  # a reset takes longer: it is not here
         finally:
             stop.set()
             sampler.join()
