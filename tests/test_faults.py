@@ -585,7 +585,8 @@ def test_the_local_server_does_not_hold_streams_back_for_delayed_acks() -> None:
     The local server sends the status line, the headers and each event in separate small
     writes without TCP_NODELAY, so every streamed answer waits about 40 ms (Linux's minimum
     delayed ACK) before its second segment leaves. Go's execd sets TCP_NODELAY; a healthy
-    ``run_code("pass")`` on loopback takes about 10 ms, under the 35 ms asserted here (Nagle costs 40 ms or more).
+    ``run_code("pass")`` on loopback takes about 10 ms, under the 35 ms asserted here (Nagle
+    costs 40 ms or more).
     """
     from osb_sync.local import LocalServer
 
