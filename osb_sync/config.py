@@ -82,3 +82,17 @@ def check_id(sandbox_id: object) -> str:
     if not isinstance(sandbox_id, str) or not sandbox_id.strip():
         raise ConfigurationError("a sandbox id must be a non-empty str")
     return sandbox_id
+
+
+def check_run_arguments(
+    code: object, language: object, max_output_bytes: object, timeout: object
+) -> None:
+    """Raise ConfigurationError naming the first bad argument of a code run."""
+    if not isinstance(code, str):
+        raise ConfigurationError(f"code must be a str, not {type(code).__name__}")
+    if not isinstance(language, str) or not language:
+        raise ConfigurationError("language must be a non-empty str such as 'python' or 'bash'")
+    if not isinstance(max_output_bytes, int) or max_output_bytes <= 0:
+        raise ConfigurationError("max_output_bytes must be a positive int")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ConfigurationError("timeout must be a positive number of seconds, or None")

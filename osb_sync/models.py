@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .errors import CommandFailed
+from .errors import CommandFailed, OpenSandboxError
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +228,17 @@ class CodeContext:
     id: str
     language: str
 
+    @classmethod
+    def from_dict(cls, data: Any, language: str = "") -> CodeContext:
+        """Build from execd's ``{"id", "language"}``; ``language`` fills a missing one.
+
+        Raises:
+            OpenSandboxError: the answer has no id.
+        """
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+            raise OpenSandboxError("execd described a code context without an id")
+        return cls(id=data["id"], language=str(data.get("language") or language))
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -246,6 +257,23 @@ class Metrics:
     mem_total_mib: float
     mem_used_mib: float
     timestamp: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Metrics:
+        """Build from execd's ``/metrics`` answer; missing numbers are 0."""
+        data = data if isinstance(data, dict) else {}
+        timestamp = data.get("timestamp")
+        return cls(
+            cpu_count=_number(data.get("cpu_count")),
+            cpu_used_pct=_number(data.get("cpu_used_pct")),
+            mem_total_mib=_number(data.get("mem_total_mib")),
+            mem_used_mib=_number(data.get("mem_used_mib")),
+            timestamp=timestamp if type(timestamp) is int else None,
+        )
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from .commands import (
     BackgroundCommand,
@@ -15,8 +15,9 @@ from .commands import (
     command_body,
     line_callbacks,
 )
+from .config import check_run_arguments
 from .constants import DEFAULT_LANGUAGE, MAX_OUTPUT_BYTES
-from .errors import ConfigurationError, OpenSandboxError, SandboxTimeoutError
+from .errors import OpenSandboxError, SandboxTimeoutError
 from .execd import Execd, execd_base_url
 from .files import Files
 from .models import (
@@ -148,7 +149,7 @@ class Sandbox:
         """
         if isinstance(context, CodeContext):
             language = context.language
-        _check_run_arguments(code, language, max_output_bytes, timeout)
+        check_run_arguments(code, language, max_output_bytes, timeout)
         target: dict[str, str] = {"language": language}
         if context is not None:
             # Both, always: without a language real execd runs the code as a shell command.
@@ -182,7 +183,7 @@ class Sandbox:
             ApiError: execd refused (an unknown language, for instance).
         """
         body = {"language": language, **({"cwd": cwd} if cwd else {})}
-        return _context(self._execd.json("POST", "/code/context", json=body), language)
+        return CodeContext.from_dict(self._execd.json("POST", "/code/context", json=body), language)
 
     def list_contexts(self, language: str | None = None) -> builtins.list[CodeContext]:
         """The code contexts, of one language or all.
@@ -193,7 +194,7 @@ class Sandbox:
         """
         params = {"language": language} if language else None
         data = self._execd.json("GET", "/code/contexts", params=params)
-        return [_context(item, language or "") for item in data or () if isinstance(item, dict)]
+        return [CodeContext.from_dict(item, language or "") for item in data or ()]
 
     def get_context(self, context_id: str) -> CodeContext:
         """One code context.
@@ -201,7 +202,7 @@ class Sandbox:
         Raises:
             NotFoundError: no such context.
         """
-        return _context(self._execd.json("GET", f"/code/contexts/{context_id}"), "")
+        return CodeContext.from_dict(self._execd.json("GET", f"/code/contexts/{context_id}"))
 
     def delete_context(self, context: CodeContext | str) -> None:
         """Delete a code context (its kernel state goes with it).
@@ -353,15 +354,7 @@ class Sandbox:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        data = self._execd.json("GET", "/metrics")
-        data = data if isinstance(data, dict) else {}
-        return Metrics(
-            cpu_count=_number(data.get("cpu_count")),
-            cpu_used_pct=_number(data.get("cpu_used_pct")),
-            mem_total_mib=_number(data.get("mem_total_mib")),
-            mem_used_mib=_number(data.get("mem_used_mib")),
-            timestamp=data.get("timestamp") if isinstance(data.get("timestamp"), int) else None,
-        )
+        return Metrics.from_dict(self._execd.json("GET", "/metrics"))
 
     def ping(self) -> bool:
         """Whether execd answers ``/ping``; never raises."""
@@ -450,26 +443,3 @@ class Sandbox:
             TransportError: the server could not be reached.
         """
         return self._client.delete_sandbox(self)
-
-
-def _context(data: Any, language: str) -> CodeContext:
-    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
-        raise OpenSandboxError("execd described a code context without an id")
-    return CodeContext(id=data["id"], language=str(data.get("language") or language))
-
-
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
-
-
-def _check_run_arguments(
-    code: object, language: object, max_output_bytes: object, timeout: object
-) -> None:
-    if not isinstance(code, str):
-        raise ConfigurationError(f"code must be a str, not {type(code).__name__}")
-    if not isinstance(language, str) or not language:
-        raise ConfigurationError("language must be a non-empty str such as 'python' or 'bash'")
-    if not isinstance(max_output_bytes, int) or max_output_bytes <= 0:
-        raise ConfigurationError("max_output_bytes must be a positive int")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-        raise ConfigurationError("timeout must be a positive number of seconds, or None")
