@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ._http import EventStream, Exchange, HttpError, error
 from .runner import SandboxRuntime, kill_group
@@ -80,6 +80,21 @@ class CommandSpec:
     group: int | None = None
 
 
+def spawn_shell(
+    runtime: SandboxRuntime, spec: CommandSpec, stdout: IO[bytes], stderr: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """Start `spec` with the shell, in the sandbox, writing to the given files."""
+    return runtime.spawn(
+        [SHELL, "-c", spec.command],
+        cwd=spec.cwd,
+        env=spec.envs,
+        stdout=stdout,
+        stderr=stderr,
+        user=spec.user,
+        group=spec.group,
+    )
+
+
 def run_shell(
     runtime: SandboxRuntime,
     spec: CommandSpec,
@@ -91,15 +106,7 @@ def run_shell(
     paths = {name: runtime.run_dir / f"{run_id}.{name}" for name in ("stdout", "stderr")}
     try:
         with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
-            proc = runtime.spawn(
-                [SHELL, "-c", spec.command],
-                cwd=spec.cwd,
-                env=spec.envs,
-                stdout=out,
-                stderr=err,
-                user=spec.user,
-                group=spec.group,
-            )
+            proc = spawn_shell(runtime, spec, out, err)
         on_start(proc)
         follow(proc, paths, sink, spec.deadline)
         return proc.wait()
@@ -212,15 +219,7 @@ class Commands:
         log_path = self.runtime.run_dir / f"{command_id}.log"
         try:
             with open(log_path, "ab") as log:
-                proc = self.runtime.spawn(
-                    [SHELL, "-c", spec.command],
-                    cwd=spec.cwd,
-                    env=spec.envs,
-                    stdout=log,
-                    stderr=log,
-                    user=spec.user,
-                    group=spec.group,
-                )
+                proc = spawn_shell(self.runtime, spec, log, log)
         except OSError as exc:
             stream.bare_error("RUNTIME_ERROR", f"error starting background command: {exc}")
             return
