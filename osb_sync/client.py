@@ -21,7 +21,7 @@ from .constants import (
     MAX_OUTPUT_BYTES,
     _NoTimeout,
 )
-from .errors import ConfigurationError
+from .errors import ApiError, ConfigurationError
 from .execd import execd_base_url
 from .execution import ExecutionStream
 from .lifecycle import MAX_PAGE_SIZE, Lifecycle, build_create_body
@@ -191,9 +191,9 @@ class Client:
         sandbox_id = str(data["id"])
         try:
             self._lifecycle.wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
-            sandbox = self._reach(sandbox_id, use_server_proxy, ready_timeout, poll_interval)
-            if health_check:
-                sandbox.wait_until_healthy(ready_timeout, poll_interval)
+            sandbox = self._reach(
+                sandbox_id, use_server_proxy, ready_timeout, poll_interval, health_check
+            )
         except BaseException:
             self._delete_quietly(sandbox_id)
             raise
@@ -225,10 +225,7 @@ class Client:
         """
         sandbox_id = check_id(sandbox_id)
         ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
-        sandbox = self._reach(sandbox_id, use_server_proxy, ready_timeout, poll_interval)
-        if health_check:
-            sandbox.wait_until_healthy(ready_timeout, poll_interval)
-        return sandbox
+        return self._reach(sandbox_id, use_server_proxy, ready_timeout, poll_interval, health_check)
 
     def delete_sandbox(self, sandbox: Sandbox | str) -> bool:
         """Delete a sandbox.
@@ -253,7 +250,11 @@ class Client:
         """
         data = self._lifecycle.get(check_id(sandbox_id))
         if not isinstance(data, dict):
-            raise ConfigurationError(f"the server described sandbox {sandbox_id} as non-JSON")
+            raise ApiError(
+                f"GET /sandboxes/{sandbox_id}: the answer is not a JSON object",
+                status_code=200,
+                code="INVALID_RESPONSE",
+            )
         return SandboxInfo.from_dict(data)
 
     def list_sandboxes(
@@ -461,18 +462,27 @@ class Client:
     # -- internals -------------------------------------------------------------------------
 
     def _reach(
-        self, sandbox_id: str, use_server_proxy: bool, ready_timeout: float, poll_interval: float
+        self,
+        sandbox_id: str,
+        use_server_proxy: bool,
+        ready_timeout: float,
+        poll_interval: float,
+        health_check: bool,
     ) -> Sandbox:
+        """A handle on execd's endpoint; with ``health_check``, once execd answers ``/ping``."""
         endpoint, headers = self._lifecycle.resolve_endpoint(
             sandbox_id, EXECD_PORT, use_server_proxy, ready_timeout, poll_interval
         )
-        return Sandbox(
+        sandbox = Sandbox(
             self,
             sandbox_id,
             execd_endpoint=endpoint,
             execd_headers=headers,
             use_server_proxy=use_server_proxy,
         )
+        if health_check:
+            sandbox.wait_until_healthy(ready_timeout, poll_interval)
+        return sandbox
 
     def _as_sandbox(self, sandbox: Sandbox | str) -> Sandbox:
         if isinstance(sandbox, Sandbox):

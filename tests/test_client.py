@@ -879,3 +879,12 @@ def test_connect_to_an_unknown_sandbox_fails_at_once(
     with pytest.raises(NotFoundError, match="SANDBOX_NOT_FOUND"):
         client.connect(SID)
     assert clock.sleeps == []
+
+
+def test_a_sandbox_description_that_is_not_an_object_is_an_api_error(
+    client: Client, rsps: responses.RequestsMock
+) -> None:
+    rsps.get(f"{API}/sandboxes/{SID}", json=["not", "a", "sandbox"])
+    with pytest.raises(ApiError, match="not a JSON object") as info:
+        client.get_sandbox(SID)
+    assert not isinstance(info.value, ConfigurationError)
