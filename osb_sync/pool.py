@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .constants import DEFAULT_TIMEOUT, NO_TIMEOUT
-from .errors import ConfigurationError, OpenSandboxError, SandboxTimeoutError
+from .errors import ApiError, ConfigurationError, OpenSandboxError, SandboxTimeoutError
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -29,6 +29,8 @@ POOL_KEY = "osb_sync.pool"
 REUSE_MODES = ("never", "reset")
 MAINTENANCE_INTERVAL = 1.0
 MAX_CREATE_BACKOFF = 30.0
+PING_FLOOR = 1.0
+CLOSE_WAIT = 10.0
 _LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
@@ -98,6 +100,7 @@ class SandboxPool:
         self._failures = 0
         self._closed = False
         self._worker: threading.Thread | None = None
+        self._creators: set[threading.Thread] = set()
 
     def __repr__(self) -> str:
         return f"SandboxPool(name={self.name!r}, size={self.size}, max_size={self.max_size})"
@@ -129,16 +132,22 @@ class SandboxPool:
     def acquire(self, timeout: float | None = None) -> Sandbox:
         """Take a ready sandbox, creating one if the pool may grow; give it back with release().
 
+        ``timeout`` bounds the whole call (plus at most ``PING_FLOOR`` seconds for the health
+        check of a sandbox taken at the last moment). Creates run in threads of their own: a
+        create still running at the deadline goes on, and its sandbox joins the pool (or is
+        deleted if the pool is closed). With a ``timeout``, a failed create is retried with
+        the pool's backoff until the deadline; without one, its error is raised.
+
         Raises:
-            SandboxTimeoutError: none free within ``timeout`` seconds.
-            OpenSandboxError: the pool is closed, or creating a sandbox failed.
+            SandboxTimeoutError: none ready within ``timeout`` seconds (chained from the last
+                failed create, if any).
+            ApiError: a create was refused with a 4xx status (waiting would not help).
+            OpenSandboxError: the pool is closed, or (without ``timeout``) a create failed.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            sandbox = self._take_or_reserve(deadline, timeout)
-            if sandbox is None:
-                sandbox = self._create()  # in the slot this thread reserved
-            elif not self._fit_to_lend(sandbox):
+            sandbox = self._take_or_create(deadline, timeout)
+            if not self._fit_to_lend(sandbox, deadline):
                 self._settle(sandbox, doomed=True)
                 continue
             with self._cond:
@@ -173,11 +182,13 @@ class SandboxPool:
             self._doomed.clear()
             self._to_reset.clear()
             self._cond.notify_all()
-            worker = self._worker
+            threads = [self._worker, *self._creators]
         for sandbox in doomed:
             self._client._delete_quietly(sandbox.id)
-        if worker is not None and worker is not threading.current_thread():
-            worker.join(timeout=10)
+        deadline = time.monotonic() + CLOSE_WAIT
+        for thread in threads:
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -188,34 +199,104 @@ class SandboxPool:
             + self._creating + self._in_flight
         )  # fmt: skip
 
-    def _take_or_reserve(self, deadline: float | None, timeout: float | None) -> Sandbox | None:
-        """An idle sandbox, or None after reserving a slot to create one; waits if neither.
+    def _take_or_create(self, deadline: float | None, timeout: float | None) -> Sandbox:
+        """An idle sandbox, or one created for this call; waits for either until the deadline.
 
-        Either way the sandbox counts as in flight until it is lent or settled.
+        Either way the sandbox counts as in flight until it is lent or settled. A create still
+        running when this call leaves (deadline, closed pool, an idle one came first) is
+        abandoned: its sandbox joins the pool.
         """
+        order: _Order | None = None
+        last_error: BaseException | None = None
+        retry_at = 0.0
         with self._cond:
             if self._worker is None:
                 self._start_worker()  # first use in a forked child
-            while True:
-                if self._closed:
-                    raise OpenSandboxError(f"{self!r} is closed")
-                if self._idle:
-                    self._in_flight += 1
-                    return self._idle.popleft()
-                if self._alive() < self.max_size:
-                    self._creating += 1
-                    return None
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise SandboxTimeoutError(
-                        f"no sandbox of {self!r} was free within {timeout} seconds"
-                    )
-                self._cond.wait(remaining)
+            try:
+                while True:
+                    if self._closed:
+                        raise OpenSandboxError(f"{self!r} is closed")
+                    if order is not None and order.done:
+                        if order.sandbox is not None:
+                            sandbox, order = order.sandbox, None
+                            return sandbox
+                        last_error, order = order.error, None
+                        assert last_error is not None
+                        if deadline is None or _hopeless(last_error):
+                            raise last_error
+                        self._failures += 1
+                        retry_at = time.monotonic() + self._create_backoff()
+                    if self._idle:
+                        self._in_flight += 1
+                        return self._idle.popleft()
+                    now = time.monotonic()
+                    if order is None and now >= retry_at and self._alive() < self.max_size:
+                        order = self._start_create()
+                        continue
+                    if deadline is not None and now >= deadline:
+                        raise self._timeout_error(timeout, order, last_error) from last_error
+                    wake = [deadline] if deadline is not None else []
+                    if order is None and retry_at > now:
+                        wake.append(retry_at)
+                    self._cond.wait(min(wake) - now if wake else None)
+            finally:
+                if order is not None:
+                    order.abandoned = True
+
+    def _start_create(self) -> _Order:
+        """Under the lock: start a create for an acquire() call, in a thread of its own."""
+        order = _Order()
+        self._creating += 1
+        thread = threading.Thread(
+            target=self._fulfil, args=(order,), name=f"osb-pool-{self.name}-create", daemon=True
+        )
+        self._creators.add(thread)
+        thread.start()
+        return order
+
+    def _fulfil(self, order: _Order) -> None:
+        """The thread of one order: the sandbox goes to its caller, else to the pool."""
+        try:
+            sandbox = self._new_sandbox()
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting caller, or logged
+            with self._cond:
+                self._creating -= 1
+                self._creators.discard(threading.current_thread())
+                order.error, order.done = exc, True
+                abandoned = order.abandoned
+                self._cond.notify_all()
+            if abandoned:
+                logger.warning("pool %s could not create a sandbox (%s)", self.name, exc)
+            return
+        with self._cond:
+            self._creating -= 1
+            self._creators.discard(threading.current_thread())
+            self._failures = 0
+            order.done = True
+            closed = self._closed
+            if closed:
+                pass
+            elif order.abandoned:
+                self._idle.append(sandbox)
+            else:
+                order.sandbox = sandbox
+                self._in_flight += 1
+            self._cond.notify_all()
+        if closed:
+            self._expires.pop(sandbox.id, None)
+            self._client._delete_quietly(sandbox.id)
+
+    def _new_sandbox(self) -> Sandbox:
+        sandbox = self._client.create_sandbox(**self._create_kwargs)
+        sandbox.delete_on_exit = False  # the pool owns it, not the borrower's ``with``
+        if self._lifetime is not None:
+            self._expires[sandbox.id] = time.monotonic() + self._lifetime
+        return sandbox
 
     def _create(self) -> Sandbox:
-        """Create in a reserved slot; on success the sandbox moves from creating to in flight."""
+        """The worker's create, in a reserved slot: the sandbox moves from creating to in flight."""
         try:
-            sandbox = self._client.create_sandbox(**self._create_kwargs)
+            sandbox = self._new_sandbox()
         except BaseException:
             with self._cond:
                 self._creating -= 1
@@ -224,10 +305,28 @@ class SandboxPool:
         with self._cond:
             self._creating -= 1
             self._in_flight += 1
-        sandbox.delete_on_exit = False  # the pool owns it, not the borrower's ``with``
-        if self._lifetime is not None:
-            self._expires[sandbox.id] = time.monotonic() + self._lifetime
         return sandbox
+
+    def _create_backoff(self) -> float:
+        return float(min(MAX_CREATE_BACKOFF, 0.5 * 2 ** min(self._failures, 6)))
+
+    def _timeout_error(
+        self, timeout: float | None, order: _Order | None, last_error: BaseException | None
+    ) -> SandboxTimeoutError:
+        reasons, advice = [], []
+        if order is not None:
+            reasons.append("a create is still running (its sandbox will join the pool)")
+            advice.append("pass a longer timeout or keep sandboxes warm with size")
+        if last_error is not None:
+            reasons.append(f"a create failed: {last_error}")
+            advice.append(f"check that the server at {self._client.api_base} is reachable")
+        if not reasons:
+            reasons.append(f"all {self.max_size} sandboxes (max_size) are in use")
+            advice.append("raise max_size or pass a longer timeout")
+        return SandboxTimeoutError(
+            f"no sandbox of {self!r} was free within {timeout} seconds: "
+            f"{'; '.join(reasons)}. To fix: {', or '.join(advice)}"
+        )
 
     def _settle(self, sandbox: Sandbox, *, doomed: bool) -> None:
         """An in-flight sandbox goes to the idle queue or to deletion."""
@@ -239,9 +338,9 @@ class SandboxPool:
                 self._idle.append(sandbox)
             self._cond.notify_all()
 
-    def _fit_to_lend(self, sandbox: Sandbox) -> bool:
-        """Alive (answers /ping) and not about to expire (renewed if it is)."""
-        if not sandbox.ping():
+    def _fit_to_lend(self, sandbox: Sandbox, deadline: float | None) -> bool:
+        """Alive (answers /ping) and not about to expire (renewed if it is), by the deadline."""
+        if not _answers_ping(sandbox, self._call_timeout(deadline)):
             logger.info("pooled sandbox %s does not answer; replacing it", sandbox.id)
             return False
         expires = self._expires.get(sandbox.id)
@@ -250,12 +349,20 @@ class SandboxPool:
         if expires - time.monotonic() > self._lifetime / 2:
             return True
         try:
-            sandbox.renew(self._lifetime)
+            lifecycle = self._client._lifecycle
+            lifecycle.renew(sandbox.id, self._lifetime, self._call_timeout(deadline))
         except OpenSandboxError as exc:
             logger.info("could not renew pooled sandbox %s (%s); replacing it", sandbox.id, exc)
             return False
         self._expires[sandbox.id] = time.monotonic() + self._lifetime
         return True
+
+    def _call_timeout(self, deadline: float | None) -> float:
+        """The read timeout of a call made for acquire(): what is left, at least PING_FLOOR."""
+        read_timeout = self._client._transport.read_timeout
+        if deadline is None:
+            return read_timeout
+        return min(read_timeout, max(deadline - time.monotonic(), PING_FLOOR))
 
     def _start_worker(self) -> None:
         self._worker = threading.Thread(
@@ -300,7 +407,7 @@ class SandboxPool:
                 sandbox = self._create()
             except OpenSandboxError as exc:
                 self._failures += 1
-                delay = min(MAX_CREATE_BACKOFF, 0.5 * 2 ** min(self._failures, 6))
+                delay = self._create_backoff()
                 logger.warning("pool %s could not create a sandbox (%s); retry in %.1f s",
                                self.name, exc, delay)  # fmt: skip
                 with self._cond:
@@ -320,6 +427,31 @@ def _maintain(pool_ref: weakref.ref[SandboxPool]) -> None:
         if pool is None or not pool._refill_once():
             return
         del pool
+
+
+class _Order:
+    """A create started for one acquire() call."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.abandoned = False  # the caller left: the sandbox joins the pool
+        self.sandbox: Sandbox | None = None
+        self.error: BaseException | None = None
+
+
+def _hopeless(error: BaseException) -> bool:
+    """A create error that waiting and retrying would not cure."""
+    if isinstance(error, ApiError):
+        return error.status_code < 500 and error.status_code != 429
+    return isinstance(error, ConfigurationError) or not isinstance(error, OpenSandboxError)
+
+
+def _answers_ping(sandbox: Sandbox, read_timeout: float) -> bool:
+    try:
+        sandbox._execd.request("GET", "/ping", retry=False, read_timeout=read_timeout).close()
+    except OpenSandboxError:
+        return False
+    return True
 
 
 def _reset(sandbox: Sandbox) -> bool:
