@@ -56,17 +56,19 @@ class _Search:
         self._answered = answered
         self._deadline = time.monotonic() + lifetime
         self._reached = False  # some lookup got an answer
+        self._wake = threading.Event()  # set at exit, or to cancel
+        self._cancelled = False
 
     def run(self) -> None:
         try:
-            while not self._attempt():
+            while not self._cancelled and not self._attempt():
                 if time.monotonic() >= self._deadline:
                     self._give_up()
                     return
                 if _exiting.is_set():
                     time.sleep(EXIT_RETRY_INTERVAL)
                 else:
-                    _exiting.wait(backoff_seconds(self.attempts - 1))
+                    self._wake.wait(backoff_seconds(self.attempts - 1))
         finally:
             with _lock:
                 _searches.discard(self)
@@ -94,6 +96,11 @@ class _Search:
                 CREATE_ID_KEY,
                 self.create_id,
             )
+
+    def wake(self, *, cancel: bool = False) -> None:
+        """End the backoff wait now; with ``cancel``, look no more."""
+        self._cancelled = self._cancelled or cancel
+        self._wake.set()
 
     @property
     def tag(self) -> str:
@@ -127,6 +134,8 @@ def _last_chance_at_exit() -> None:
     _exiting.set()
     with _lock:
         pending = list(_searches)
+    for job in pending:
+        job.wake()
     deadline = time.monotonic() + EXIT_WAIT
     for job in pending:
         job.done.wait(max(0.0, deadline - time.monotonic()))
@@ -138,6 +147,17 @@ def _last_chance_at_exit() -> None:
             EXIT_WAIT,
             ", ".join(unfinished),
         )
+
+
+def _cancel_all(wait: float) -> None:
+    """Tests: stop every search (their servers go away), waiting ``wait`` s for them to end."""
+    with _lock:
+        pending = list(_searches)
+    for job in pending:
+        job.wake(cancel=True)
+    deadline = time.monotonic() + wait
+    for job in pending:
+        job.done.wait(max(0.0, deadline - time.monotonic()))
 
 
 def _forget_in_child() -> None:

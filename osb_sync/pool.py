@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import re
 import secrets
 import threading
@@ -15,7 +13,16 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .constants import DEFAULT_TIMEOUT, NO_TIMEOUT
-from .errors import ApiError, ConfigurationError, OpenSandboxError, SandboxTimeoutError
+from .errors import ConfigurationError, OpenSandboxError
+from .pool_care import (
+    Order,
+    after_fork_in_child,
+    answers_ping,
+    close_at_exit_of_this_process,
+    hopeless,
+    reset_for_next_user,
+    timeout_error,
+)
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -85,8 +92,8 @@ class SandboxPool:
         self._lifetime = None if lifetime is NO_TIMEOUT else float(lifetime or DEFAULT_TIMEOUT)
         self._reset_state()
         self._start_worker()
-        _close_at_exit_of_this_process(self)
-        _after_fork_in_child(self)
+        close_at_exit_of_this_process(self)
+        after_fork_in_child(self)
 
     def _reset_state(self) -> None:
         self._cond = threading.Condition()
@@ -98,6 +105,8 @@ class SandboxPool:
         self._creating = 0
         self._in_flight = 0  # being checked before lending, reset, or deleted
         self._failures = 0
+        self._retry_at = 0.0  # no create starts before, after a failure (the caller's first may)
+        self._refill: Order | None = None
         self._closed = False
         self._worker: threading.Thread | None = None
         self._creators: set[threading.Thread] = set()
@@ -206,9 +215,8 @@ class SandboxPool:
         running when this call leaves (deadline, closed pool, an idle one came first) is
         abandoned: its sandbox joins the pool.
         """
-        order: _Order | None = None
+        order: Order | None = None
         last_error: BaseException | None = None
-        retry_at = 0.0
         with self._cond:
             if self._worker is None:
                 self._start_worker()  # first use in a forked child
@@ -222,30 +230,29 @@ class SandboxPool:
                             return sandbox
                         last_error, order = order.error, None
                         assert last_error is not None
-                        if deadline is None or _hopeless(last_error):
+                        if deadline is None or hopeless(last_error):
                             raise last_error
-                        self._failures += 1
-                        retry_at = time.monotonic() + self._create_backoff()
                     if self._idle:
                         self._in_flight += 1
                         return self._idle.popleft()
                     now = time.monotonic()
-                    if order is None and now >= retry_at and self._alive() < self.max_size:
-                        order = self._start_create()
+                    may_retry = last_error is None or now >= self._retry_at
+                    if order is None and may_retry and self._alive() < self.max_size:
+                        order = self._start_create(for_caller=True)
                         continue
                     if deadline is not None and now >= deadline:
-                        raise self._timeout_error(timeout, order, last_error) from last_error
-                    wake = [deadline] if deadline is not None else []
-                    if order is None and retry_at > now:
-                        wake.append(retry_at)
+                        raise timeout_error(
+                            self, timeout, running=order is not None, last_error=last_error
+                        ) from last_error
+                    wake = [t for t in (deadline, self._retry_at) if t is not None and t > now]
                     self._cond.wait(min(wake) - now if wake else None)
             finally:
                 if order is not None:
                     order.abandoned = True
 
-    def _start_create(self) -> _Order:
-        """Under the lock: start a create for an acquire() call, in a thread of its own."""
-        order = _Order()
+    def _start_create(self, *, for_caller: bool) -> Order:
+        """Under the lock: start a create in a thread of its own."""
+        order = Order(for_caller=for_caller)
         self._creating += 1
         thread = threading.Thread(
             target=self._fulfil, args=(order,), name=f"osb-pool-{self.name}-create", daemon=True
@@ -254,19 +261,23 @@ class SandboxPool:
         thread.start()
         return order
 
-    def _fulfil(self, order: _Order) -> None:
-        """The thread of one order: the sandbox goes to its caller, else to the pool."""
+    def _fulfil(self, order: Order) -> None:
+        """The thread of one create: the sandbox goes to its caller, else to the pool."""
         try:
             sandbox = self._new_sandbox()
         except Exception as exc:  # noqa: BLE001 - handed to the waiting caller, or logged
             with self._cond:
                 self._creating -= 1
                 self._creators.discard(threading.current_thread())
+                self._failures += 1
+                delay = float(min(MAX_CREATE_BACKOFF, 0.5 * 2 ** min(self._failures, 6)))
+                self._retry_at = time.monotonic() + delay
                 order.error, order.done = exc, True
                 abandoned = order.abandoned
                 self._cond.notify_all()
             if abandoned:
-                logger.warning("pool %s could not create a sandbox (%s)", self.name, exc)
+                logger.warning("pool %s could not create a sandbox (%s); retry in %.1f s",
+                               self.name, exc, delay)  # fmt: skip
             return
         with self._cond:
             self._creating -= 1
@@ -293,41 +304,6 @@ class SandboxPool:
             self._expires[sandbox.id] = time.monotonic() + self._lifetime
         return sandbox
 
-    def _create(self) -> Sandbox:
-        """The worker's create, in a reserved slot: the sandbox moves from creating to in flight."""
-        try:
-            sandbox = self._new_sandbox()
-        except BaseException:
-            with self._cond:
-                self._creating -= 1
-                self._cond.notify_all()
-            raise
-        with self._cond:
-            self._creating -= 1
-            self._in_flight += 1
-        return sandbox
-
-    def _create_backoff(self) -> float:
-        return float(min(MAX_CREATE_BACKOFF, 0.5 * 2 ** min(self._failures, 6)))
-
-    def _timeout_error(
-        self, timeout: float | None, order: _Order | None, last_error: BaseException | None
-    ) -> SandboxTimeoutError:
-        reasons, advice = [], []
-        if order is not None:
-            reasons.append("a create is still running (its sandbox will join the pool)")
-            advice.append("pass a longer timeout or keep sandboxes warm with size")
-        if last_error is not None:
-            reasons.append(f"a create failed: {last_error}")
-            advice.append(f"check that the server at {self._client.api_base} is reachable")
-        if not reasons:
-            reasons.append(f"all {self.max_size} sandboxes (max_size) are in use")
-            advice.append("raise max_size or pass a longer timeout")
-        return SandboxTimeoutError(
-            f"no sandbox of {self!r} was free within {timeout} seconds: "
-            f"{'; '.join(reasons)}. To fix: {', or '.join(advice)}"
-        )
-
     def _settle(self, sandbox: Sandbox, *, doomed: bool) -> None:
         """An in-flight sandbox goes to the idle queue or to deletion."""
         with self._cond:
@@ -340,7 +316,7 @@ class SandboxPool:
 
     def _fit_to_lend(self, sandbox: Sandbox, deadline: float | None) -> bool:
         """Alive (answers /ping) and not about to expire (renewed if it is), by the deadline."""
-        if not _answers_ping(sandbox, self._call_timeout(deadline)):
+        if not answers_ping(sandbox, self._call_timeout(deadline)):
             logger.info("pooled sandbox %s does not answer; replacing it", sandbox.id)
             return False
         expires = self._expires.get(sandbox.id)
@@ -370,22 +346,28 @@ class SandboxPool:
         )
         self._worker.start()
 
-    def _next_chore(self) -> tuple[list[Sandbox], list[Sandbox], bool] | None:
-        """Under the lock: what to delete, what to reset, whether to create; None when closed."""
+    def _next_chore(self) -> tuple[list[Sandbox], list[Sandbox]] | None:
+        """Under the lock: start the refill's create if due; what to delete and reset.
+
+        None when the pool is closed. The refill creates one sandbox at a time.
+        """
         with self._cond:
             while True:
                 if self._closed:
                     return None
+                refilling = self._refill is not None and not self._refill.done
+                if (
+                    not refilling
+                    and len(self._idle) + self._creating < self.size
+                    and self._alive() < self.max_size
+                    and time.monotonic() >= self._retry_at
+                ):
+                    self._refill = self._start_create(for_caller=False)
                 doomed, self._doomed = self._doomed, []
                 to_reset, self._to_reset = self._to_reset, []
                 self._in_flight += len(doomed) + len(to_reset)
-                create = len(self._idle) + self._creating < self.size and (
-                    self._alive() < self.max_size
-                )
-                if create:
-                    self._creating += 1
-                if doomed or to_reset or create:
-                    return doomed, to_reset, create
+                if doomed or to_reset:
+                    return doomed, to_reset
                 self._cond.wait(MAINTENANCE_INTERVAL)
 
     def _refill_once(self) -> bool:
@@ -393,7 +375,7 @@ class SandboxPool:
         chore = self._next_chore()
         if chore is None:
             return False
-        doomed, to_reset, create = chore
+        doomed, to_reset = chore
         for sandbox in doomed:
             self._expires.pop(sandbox.id, None)
             self._client._delete_quietly(sandbox.id)
@@ -401,20 +383,7 @@ class SandboxPool:
                 self._in_flight -= 1
                 self._cond.notify_all()
         for sandbox in to_reset:
-            self._settle(sandbox, doomed=not _reset(sandbox))
-        if create:
-            try:
-                sandbox = self._create()
-            except OpenSandboxError as exc:
-                self._failures += 1
-                delay = self._create_backoff()
-                logger.warning("pool %s could not create a sandbox (%s); retry in %.1f s",
-                               self.name, exc, delay)  # fmt: skip
-                with self._cond:
-                    self._cond.wait(delay)
-                return True
-            self._failures = 0
-            self._settle(sandbox, doomed=False)
+            self._settle(sandbox, doomed=not reset_for_next_user(sandbox))
         if self._closed:
             self.close()  # delete what was settled after close() had run
         return True
@@ -427,76 +396,3 @@ def _maintain(pool_ref: weakref.ref[SandboxPool]) -> None:
         if pool is None or not pool._refill_once():
             return
         del pool
-
-
-class _Order:
-    """A create started for one acquire() call."""
-
-    def __init__(self) -> None:
-        self.done = False
-        self.abandoned = False  # the caller left: the sandbox joins the pool
-        self.sandbox: Sandbox | None = None
-        self.error: BaseException | None = None
-
-
-def _hopeless(error: BaseException) -> bool:
-    """A create error that waiting and retrying would not cure."""
-    if isinstance(error, ApiError):
-        return error.status_code < 500 and error.status_code != 429
-    return isinstance(error, ConfigurationError) or not isinstance(error, OpenSandboxError)
-
-
-def _answers_ping(sandbox: Sandbox, read_timeout: float) -> bool:
-    try:
-        sandbox._execd.request("GET", "/ping", retry=False, read_timeout=read_timeout).close()
-    except OpenSandboxError:
-        return False
-    return True
-
-
-def _reset(sandbox: Sandbox) -> bool:
-    """Clean a sandbox for its next user through execd; False if that could not be done."""
-    try:
-        for context in sandbox.list_contexts():
-            sandbox.delete_context(context)
-        for command_id in list(sandbox._background_ids):
-            try:
-                sandbox.interrupt_command(command_id)
-            except OpenSandboxError:
-                pass  # it had ended
-        sandbox._background_ids.clear()
-        home = sandbox.run_command("pwd", timeout=30).check().stdout.strip()
-        if home in ("", "/"):
-            return False  # never empty a root directory: replace the sandbox instead
-        sandbox.run_command(f"find '{home}' -mindepth 1 -delete", timeout=60).check()
-    except OpenSandboxError as exc:
-        logger.info("could not reset sandbox %s (%s); replacing it", sandbox.id, exc)
-        return False
-    return True
-
-
-def _close_at_exit_of_this_process(pool: SandboxPool) -> None:
-    """At exit of this process (only), close the pool: the hook is inherited across fork."""
-    pool_ref, pid = weakref.ref(pool), os.getpid()
-
-    def close() -> None:
-        alive = pool_ref()
-        if alive is not None and os.getpid() == pid:
-            alive.close()
-
-    atexit.register(close)
-
-
-def _after_fork_in_child(pool: SandboxPool) -> None:
-    """A child process forgets the parent's sandboxes (they are the parent's to delete)."""
-    if not hasattr(os, "register_at_fork"):
-        return
-    pool_ref = weakref.ref(pool)
-
-    def forget() -> None:
-        child_pool = pool_ref()
-        if child_pool is not None:
-            child_pool._reset_state()
-            _close_at_exit_of_this_process(child_pool)
-
-    os.register_at_fork(after_in_child=forget)

@@ -4,6 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from osb_sync import orphans
 from tests.fakeserver import FakeServer
 
 
@@ -11,6 +12,13 @@ from tests.fakeserver import FakeServer
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("OPEN_SANDBOX_API_BASE", "OPEN_SANDBOX_API_KEY", "OPEN_SANDBOX_DOMAIN"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_search_outlives_its_test() -> Iterator[None]:
+    """A failed create's background lookup must not reach a later test's server (or DNS)."""
+    yield
+    orphans._cancel_all(wait=5.0)
 
 
 @pytest.fixture
