@@ -14,11 +14,15 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.fixture(autouse=True)
-def _no_search_outlives_its_test() -> Iterator[None]:
-    """A failed create's background lookup must not reach a later test's server (or DNS)."""
-    yield
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """Stop the background lookups of failed creates before any fixture is torn down.
+
+    Before, not after: a lookup must not outlive the fake server or the ``responses`` mock it
+    was meant for (and reach a later test's server, or DNS).
+    """
     orphans._cancel_all(wait=5.0)
+    yield
 
 
 @pytest.fixture
