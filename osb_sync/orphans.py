@@ -11,7 +11,7 @@ in a background thread and retries failed lookups with the transport's backoff:
   even when they find nothing, until one finds it, or until the sandbox's requested lifetime
   has passed (the server deletes it then; ``SEARCH_CAP`` seconds for ``NO_TIMEOUT``).
 
-The failed call waits at most ``CALLER_WAIT`` seconds for the first lookup. At interpreter exit
+The failed call waits for the first lookup, at most ``CALLER_WAIT`` seconds. At interpreter exit
 every unfinished search gets a last chance, all of them together for at most ``EXIT_WAIT``
 seconds, in which one answered lookup decides. A create whose connection was never opened
 reached no server: it starts no search and logs nothing.
@@ -51,6 +51,7 @@ class _Search:
     def __init__(self, lifecycle: Lifecycle, create_id: str, *, answered: bool, lifetime: float):
         self.create_id = create_id
         self.attempts = 0
+        self.looked = threading.Event()  # the first lookup is over, whatever it found
         self.done = threading.Event()
         self._lifecycle = lifecycle
         self._answered = answered
@@ -62,6 +63,7 @@ class _Search:
     def run(self) -> None:
         try:
             while not self._cancelled and not self._attempt():
+                self.looked.set()
                 if time.monotonic() >= self._deadline:
                     self._give_up()
                     return
@@ -72,6 +74,7 @@ class _Search:
         finally:
             with _lock:
                 _searches.discard(self)
+            self.looked.set()
             self.done.set()
 
     def _attempt(self) -> bool:
@@ -91,8 +94,8 @@ class _Search:
     def _give_up(self) -> None:
         if not self._reached:
             logger.warning(
-                "no lookup for a sandbox left by a failed create got an answer in its lifetime; "
-                "if it exists, delete it with delete_all(metadata={%r: %r})",
+                "no lookup for a sandbox left by a failed create got an answer before its "
+                "lifetime ended; if it exists, delete it with delete_all(metadata={%r: %r})",
                 CREATE_ID_KEY,
                 self.create_id,
             )
@@ -108,7 +111,9 @@ class _Search:
 
 
 def search(lifecycle: Lifecycle, create_id: str, *, answered: bool, lifetime: float | None) -> None:
-    """Look for the sandbox of a failed create in the background; wait CALLER_WAIT at most.
+    """Look for the sandbox of a failed create in the background.
+
+    Returns after the first lookup, or after CALLER_WAIT seconds if it takes longer.
 
     Args:
         lifecycle: the API the create went to.
@@ -120,7 +125,7 @@ def search(lifecycle: Lifecycle, create_id: str, *, answered: bool, lifetime: fl
     with _lock:
         _searches.add(job)
     threading.Thread(target=job.run, name="osb-orphan-search", daemon=True).start()
-    job.done.wait(CALLER_WAIT)
+    job.looked.wait(CALLER_WAIT)
 
 
 def searches_pending() -> int:

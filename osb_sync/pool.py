@@ -242,7 +242,7 @@ class SandboxPool:
                         continue
                     if deadline is not None and now >= deadline:
                         raise timeout_error(
-                            self, timeout, running=order is not None, last_error=last_error
+                            self, timeout, running=self._creating > 0, last_error=last_error
                         ) from last_error
                     wake = [t for t in (deadline, self._retry_at) if t is not None and t > now]
                     self._cond.wait(min(wake) - now if wake else None)
@@ -285,11 +285,9 @@ class SandboxPool:
             self._failures = 0
             order.done = True
             closed = self._closed
-            if closed:
-                pass
-            elif order.abandoned:
+            if not closed and order.abandoned:
                 self._idle.append(sandbox)
-            else:
+            elif not closed:
                 order.sandbox = sandbox
                 self._in_flight += 1
             self._cond.notify_all()

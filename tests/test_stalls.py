@@ -110,10 +110,12 @@ def tagged(client: Client, key: str, value: str) -> list[str]:
     return [info.id for info in client.list_sandboxes(metadata={key: value})]
 
 
+@pytest.mark.parametrize("size", [0, 1])
 def test_acquire_timeout_bounds_the_call_while_the_server_is_stopped(
-    server: ServerProcess, stalling_client: Client, observer: Client
+    size: int, server: ServerProcess, stalling_client: Client, observer: Client
 ) -> None:
-    pool = SandboxPool(stalling_client, size=0, max_size=2, name="stalled-pool")
+    """size=1: the refill is creating, or has made a sandbox whose /ping now stalls."""
+    pool = SandboxPool(stalling_client, size=size, max_size=2, name="stalled-pool")
     try:
         server.stop()
         started = time.monotonic()
