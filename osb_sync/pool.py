@@ -276,7 +276,7 @@ class SandboxPool:
                 abandoned = order.abandoned
                 self._cond.notify_all()
             if abandoned:
-                logger.warning("pool %s could not create a sandbox (%s); retry in %.1f s",
+                logger.warning("pool %s could not create a sandbox (%s); next create in %.1f s",
                                self.name, exc, delay)  # fmt: skip
             return
         with self._cond:
