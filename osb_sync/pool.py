@@ -141,8 +141,8 @@ class SandboxPool:
     def acquire(self, timeout: float | None = None) -> Sandbox:
         """Take a ready sandbox, creating one if the pool may grow; give it back with release().
 
-        ``timeout`` bounds the whole call (plus at most ``PING_FLOOR`` seconds for the health
-        check of a sandbox taken at the last moment). Creates run in threads of their own: a
+        ``timeout`` bounds the whole call (plus at most ``PING_FLOOR`` seconds for each of the
+        ``/ping`` and the renewal of a sandbox taken at the last moment). Creates run in threads of their own: a
         create still running at the deadline goes on, and its sandbox joins the pool (or is
         deleted if the pool is closed). With a ``timeout``, a failed create is retried with
         the pool's backoff until the deadline; without one, its error is raised.
