@@ -146,7 +146,7 @@ def test_acquire_against_a_server_that_is_down_times_out(caplog: pytest.LogCaptu
     assert "failed create" not in caplog.text  # no create reached the server: nothing to find
 
 
-def test_a_late_create_joins_the_pool(server: ServerProcess, stalling_client: Client) -> None:
+def test_a_late_create_joins_the_pool(server: ServerProcess) -> None:
     with Client(server.api_base, create_timeout=60) as patient:
         with SandboxPool(patient, size=0, max_size=1) as pool:
             server.stop()
