@@ -135,7 +135,8 @@ class Client:
 
         Creation is atomic from the caller's side: any failure after the server assigned an
         id deletes that sandbox before the error propagates, and a create whose answer was
-        lost is looked up by its ``osb-sync/create-id`` metadata tag and deleted.
+        lost is looked up by its ``osb-sync/create-id`` metadata tag and deleted, in the
+        background (``osb_sync.orphans``; the call waits at most 1 s for the first lookup).
 
         Args:
             template: image URI (default ``DEFAULT_TEMPLATE``).

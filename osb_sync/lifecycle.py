@@ -10,6 +10,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import requests
 
+from . import orphans
 from .constants import (
     API_KEY_HEADER,
     CREATE_ID_KEY,
@@ -33,7 +34,7 @@ from .errors import (
     with_suffix,
 )
 from .models import parse_time
-from .transport import Transport, response_json
+from .transport import Transport, never_sent, response_json
 
 logger = logging.getLogger("osb_sync")
 
@@ -174,13 +175,12 @@ class Lifecycle:
         return error_from_response(response, method, path, (self._api_key, *secrets))
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``POST /sandboxes``; a failure that may have left a sandbox deletes it by its tag.
+        """``POST /sandboxes``; a failure that may have left a sandbox starts a search for it.
 
         Raises:
             ApiError: an error status, or a success without an id.
             TransportError: no usable response.
         """
-        create_id = body.get("metadata", {}).get(CREATE_ID_KEY, "")
         auth = body.get("image", {}).get("auth") or {}
         try:
             response = self.request(
@@ -192,16 +192,17 @@ class Lifecycle:
             )
         except ApiError as exc:
             if exc.status_code >= 500:
-                self.delete_by_create_id(create_id)
+                self._search_after_failed_create(body, answered=exc.status_code != 504)
             if exc.code == "SANDBOX::INVALID_PARAMETER" and "networkPolicy" in body:
                 raise with_suffix(exc, EGRESS_HINT) from None
             raise
-        except TransportError:
-            self.delete_by_create_id(create_id)
+        except TransportError as exc:
+            if not never_sent(exc):
+                self._search_after_failed_create(body, answered=False)
             raise
         data = response_json(response)
         if not isinstance(data, dict) or data.get("id") in (None, ""):
-            self.delete_by_create_id(create_id)
+            self._search_after_failed_create(body, answered=True)
             shape = "an object without an id" if isinstance(data, dict) else "not a JSON object"
             raise ApiError(
                 f"POST /sandboxes -> {response.status_code}: the create response is {shape}",
@@ -211,6 +212,13 @@ class Lifecycle:
                 response=response,
             )
         return data
+
+    def _search_after_failed_create(self, body: dict[str, Any], *, answered: bool) -> None:
+        create_id = body.get("metadata", {}).get(CREATE_ID_KEY, "")
+        if create_id:
+            lifetime = body.get("timeout")  # None: the sandbox never expires
+            lifetime = None if lifetime is None else float(lifetime)
+            orphans.search(self, create_id, answered=answered, lifetime=lifetime)
 
     def get(self, sandbox_id: str) -> Any:
         """``GET /sandboxes/{id}``: the decoded body.
@@ -226,12 +234,14 @@ class Lifecycle:
         """``POST /sandboxes/{id}/{verb}`` with no body (``pause``, ``resume``)."""
         self.request("POST", f"{sandbox_path(sandbox_id)}/{verb}").close()
 
-    def renew(self, sandbox_id: str, seconds: float) -> datetime | None:
+    def renew(
+        self, sandbox_id: str, seconds: float, read_timeout: float | None = None
+    ) -> datetime | None:
         """Set the expiry to now + ``seconds`` (RFC 3339 UTC); returns the server's answer."""
         expires = datetime.now(timezone.utc) + timedelta(seconds=seconds)
         body = {"expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
         path = f"{sandbox_path(sandbox_id)}/renew-expiration"
-        data = response_json(self.request("POST", path, json=body))
+        data = response_json(self.request("POST", path, json=body, read_timeout=read_timeout))
         return parse_time(data.get("expiresAt")) if isinstance(data, dict) else None
 
     def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> Any:
@@ -352,17 +362,17 @@ class Lifecycle:
         except OpenSandboxError as exc:
             logger.warning("could not delete sandbox %s: %s", sandbox_id, exc)
 
-    def delete_by_create_id(self, create_id: str) -> None:
-        """Find and delete a sandbox whose create answer was lost (best effort, logged)."""
-        if not create_id:
-            return
-        try:
-            found = list(self.iter_sandboxes(None, {CREATE_ID_KEY: create_id}, MAX_PAGE_SIZE))
-        except OpenSandboxError as exc:
-            logger.warning("could not look for a sandbox left by a failed create: %s", exc)
-            return
-        for item in found:
-            metadata = item.get("metadata")
-            if isinstance(metadata, dict) and metadata.get(CREATE_ID_KEY) == create_id:
-                logger.warning("deleting sandbox %s left by a failed create", item.get("id"))
-                self.delete_quietly(str(item.get("id")))
+    def find_by_create_id(self, create_id: str) -> list[str]:
+        """Ids of the sandboxes tagged with this ``osb-sync/create-id``.
+
+        Raises:
+            ApiError: an error status.
+            TransportError: no usable response.
+        """
+        found = self.iter_sandboxes(None, {CREATE_ID_KEY: create_id}, MAX_PAGE_SIZE)
+        return [
+            str(item.get("id"))
+            for item in found
+            if isinstance(item.get("metadata"), dict)
+            and item["metadata"].get(CREATE_ID_KEY) == create_id
+        ]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import re
 import secrets
 import threading
@@ -15,7 +13,16 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .constants import DEFAULT_TIMEOUT, NO_TIMEOUT
-from .errors import ConfigurationError, OpenSandboxError, SandboxTimeoutError
+from .errors import ConfigurationError, OpenSandboxError
+from .pool_care import (
+    Order,
+    after_fork_in_child,
+    answers_ping,
+    close_at_exit_of_this_process,
+    hopeless,
+    reset_for_next_user,
+    timeout_error,
+)
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -29,6 +36,8 @@ POOL_KEY = "osb_sync.pool"
 REUSE_MODES = ("never", "reset")
 MAINTENANCE_INTERVAL = 1.0
 MAX_CREATE_BACKOFF = 30.0
+PING_FLOOR = 1.0
+CLOSE_WAIT = 10.0
 _LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
@@ -83,8 +92,8 @@ class SandboxPool:
         self._lifetime = None if lifetime is NO_TIMEOUT else float(lifetime or DEFAULT_TIMEOUT)
         self._reset_state()
         self._start_worker()
-        _close_at_exit_of_this_process(self)
-        _after_fork_in_child(self)
+        close_at_exit_of_this_process(self)
+        after_fork_in_child(self)
 
     def _reset_state(self) -> None:
         self._cond = threading.Condition()
@@ -96,8 +105,11 @@ class SandboxPool:
         self._creating = 0
         self._in_flight = 0  # being checked before lending, reset, or deleted
         self._failures = 0
+        self._retry_at = 0.0  # no create starts before, after a failure (the caller's first may)
+        self._refill: Order | None = None
         self._closed = False
         self._worker: threading.Thread | None = None
+        self._creators: set[threading.Thread] = set()
 
     def __repr__(self) -> str:
         return f"SandboxPool(name={self.name!r}, size={self.size}, max_size={self.max_size})"
@@ -129,16 +141,22 @@ class SandboxPool:
     def acquire(self, timeout: float | None = None) -> Sandbox:
         """Take a ready sandbox, creating one if the pool may grow; give it back with release().
 
+        ``timeout`` bounds the whole call (plus at most ``PING_FLOOR`` seconds for each of the
+        ``/ping`` and the renewal of a sandbox taken at the last moment). Creates run in threads of their own: a
+        create still running at the deadline goes on, and its sandbox joins the pool (or is
+        deleted if the pool is closed). With a ``timeout``, a failed create is retried with
+        the pool's backoff until the deadline; without one, its error is raised.
+
         Raises:
-            SandboxTimeoutError: none free within ``timeout`` seconds.
-            OpenSandboxError: the pool is closed, or creating a sandbox failed.
+            SandboxTimeoutError: none ready within ``timeout`` seconds (chained from the last
+                failed create, if any).
+            ApiError: a create was refused with a 4xx status (waiting would not help).
+            OpenSandboxError: the pool is closed, or (without ``timeout``) a create failed.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            sandbox = self._take_or_reserve(deadline, timeout)
-            if sandbox is None:
-                sandbox = self._create()  # in the slot this thread reserved
-            elif not self._fit_to_lend(sandbox):
+            sandbox = self._take_or_create(deadline, timeout)
+            if not self._fit_to_lend(sandbox, deadline):
                 self._settle(sandbox, doomed=True)
                 continue
             with self._cond:
@@ -173,11 +191,13 @@ class SandboxPool:
             self._doomed.clear()
             self._to_reset.clear()
             self._cond.notify_all()
-            worker = self._worker
+            threads = [self._worker, *self._creators]
         for sandbox in doomed:
             self._client._delete_quietly(sandbox.id)
-        if worker is not None and worker is not threading.current_thread():
-            worker.join(timeout=10)
+        deadline = time.monotonic() + CLOSE_WAIT
+        for thread in threads:
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -188,42 +208,95 @@ class SandboxPool:
             + self._creating + self._in_flight
         )  # fmt: skip
 
-    def _take_or_reserve(self, deadline: float | None, timeout: float | None) -> Sandbox | None:
-        """An idle sandbox, or None after reserving a slot to create one; waits if neither.
+    def _take_or_create(self, deadline: float | None, timeout: float | None) -> Sandbox:
+        """An idle sandbox, or one created for this call; waits for either until the deadline.
 
-        Either way the sandbox counts as in flight until it is lent or settled.
+        Either way the sandbox counts as in flight until it is lent or settled. A create still
+        running when this call leaves (deadline, closed pool, an idle one came first) is
+        abandoned: its sandbox joins the pool.
         """
+        order: Order | None = None
+        last_error: BaseException | None = None
         with self._cond:
             if self._worker is None:
                 self._start_worker()  # first use in a forked child
-            while True:
-                if self._closed:
-                    raise OpenSandboxError(f"{self!r} is closed")
-                if self._idle:
-                    self._in_flight += 1
-                    return self._idle.popleft()
-                if self._alive() < self.max_size:
-                    self._creating += 1
-                    return None
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise SandboxTimeoutError(
-                        f"no sandbox of {self!r} was free within {timeout} seconds"
-                    )
-                self._cond.wait(remaining)
+            try:
+                while True:
+                    if self._closed:
+                        raise OpenSandboxError(f"{self!r} is closed")
+                    if order is not None and order.done:
+                        if order.sandbox is not None:
+                            sandbox, order = order.sandbox, None
+                            return sandbox
+                        last_error, order = order.error, None
+                        assert last_error is not None
+                        if deadline is None or hopeless(last_error):
+                            raise last_error
+                    if self._idle:
+                        self._in_flight += 1
+                        return self._idle.popleft()
+                    now = time.monotonic()
+                    may_retry = last_error is None or now >= self._retry_at
+                    if order is None and may_retry and self._alive() < self.max_size:
+                        order = self._start_create(for_caller=True)
+                        continue
+                    if deadline is not None and now >= deadline:
+                        raise timeout_error(
+                            self, timeout, running=self._creating > 0, last_error=last_error
+                        ) from last_error
+                    wake = [t for t in (deadline, self._retry_at) if t is not None and t > now]
+                    self._cond.wait(min(wake) - now if wake else None)
+            finally:
+                if order is not None:
+                    order.abandoned = True
 
-    def _create(self) -> Sandbox:
-        """Create in a reserved slot; on success the sandbox moves from creating to in flight."""
+    def _start_create(self, *, for_caller: bool) -> Order:
+        """Under the lock: start a create in a thread of its own."""
+        order = Order(for_caller=for_caller)
+        self._creating += 1
+        thread = threading.Thread(
+            target=self._fulfil, args=(order,), name=f"osb-pool-{self.name}-create", daemon=True
+        )
+        self._creators.add(thread)
+        thread.start()
+        return order
+
+    def _fulfil(self, order: Order) -> None:
+        """The thread of one create: the sandbox goes to its caller, else to the pool."""
         try:
-            sandbox = self._client.create_sandbox(**self._create_kwargs)
-        except BaseException:
+            sandbox = self._new_sandbox()
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting caller, or logged
             with self._cond:
                 self._creating -= 1
+                self._creators.discard(threading.current_thread())
+                self._failures += 1
+                delay = float(min(MAX_CREATE_BACKOFF, 0.5 * 2 ** min(self._failures, 6)))
+                self._retry_at = time.monotonic() + delay
+                order.error, order.done = exc, True
+                abandoned = order.abandoned
                 self._cond.notify_all()
-            raise
+            if abandoned:
+                logger.warning("pool %s could not create a sandbox (%s); next create in %.1f s",
+                               self.name, exc, delay)  # fmt: skip
+            return
         with self._cond:
             self._creating -= 1
-            self._in_flight += 1
+            self._creators.discard(threading.current_thread())
+            self._failures = 0
+            order.done = True
+            closed = self._closed
+            if not closed and order.abandoned:
+                self._idle.append(sandbox)
+            elif not closed:
+                order.sandbox = sandbox
+                self._in_flight += 1
+            self._cond.notify_all()
+        if closed:
+            self._expires.pop(sandbox.id, None)
+            self._client._delete_quietly(sandbox.id)
+
+    def _new_sandbox(self) -> Sandbox:
+        sandbox = self._client.create_sandbox(**self._create_kwargs)
         sandbox.delete_on_exit = False  # the pool owns it, not the borrower's ``with``
         if self._lifetime is not None:
             self._expires[sandbox.id] = time.monotonic() + self._lifetime
@@ -239,9 +312,9 @@ class SandboxPool:
                 self._idle.append(sandbox)
             self._cond.notify_all()
 
-    def _fit_to_lend(self, sandbox: Sandbox) -> bool:
-        """Alive (answers /ping) and not about to expire (renewed if it is)."""
-        if not sandbox.ping():
+    def _fit_to_lend(self, sandbox: Sandbox, deadline: float | None) -> bool:
+        """Alive (answers /ping) and not about to expire (renewed if it is), by the deadline."""
+        if not answers_ping(sandbox, self._call_timeout(deadline)):
             logger.info("pooled sandbox %s does not answer; replacing it", sandbox.id)
             return False
         expires = self._expires.get(sandbox.id)
@@ -250,12 +323,20 @@ class SandboxPool:
         if expires - time.monotonic() > self._lifetime / 2:
             return True
         try:
-            sandbox.renew(self._lifetime)
+            lifecycle = self._client._lifecycle
+            lifecycle.renew(sandbox.id, self._lifetime, self._call_timeout(deadline))
         except OpenSandboxError as exc:
             logger.info("could not renew pooled sandbox %s (%s); replacing it", sandbox.id, exc)
             return False
         self._expires[sandbox.id] = time.monotonic() + self._lifetime
         return True
+
+    def _call_timeout(self, deadline: float | None) -> float:
+        """The read timeout of a call made for acquire(): what is left, at least PING_FLOOR."""
+        read_timeout = self._client._transport.read_timeout
+        if deadline is None:
+            return read_timeout
+        return min(read_timeout, max(deadline - time.monotonic(), PING_FLOOR))
 
     def _start_worker(self) -> None:
         self._worker = threading.Thread(
@@ -263,22 +344,28 @@ class SandboxPool:
         )
         self._worker.start()
 
-    def _next_chore(self) -> tuple[list[Sandbox], list[Sandbox], bool] | None:
-        """Under the lock: what to delete, what to reset, whether to create; None when closed."""
+    def _next_chore(self) -> tuple[list[Sandbox], list[Sandbox]] | None:
+        """Under the lock: start the refill's create if due; what to delete and reset.
+
+        None when the pool is closed. The refill creates one sandbox at a time.
+        """
         with self._cond:
             while True:
                 if self._closed:
                     return None
+                refilling = self._refill is not None and not self._refill.done
+                if (
+                    not refilling
+                    and len(self._idle) + self._creating < self.size
+                    and self._alive() < self.max_size
+                    and time.monotonic() >= self._retry_at
+                ):
+                    self._refill = self._start_create(for_caller=False)
                 doomed, self._doomed = self._doomed, []
                 to_reset, self._to_reset = self._to_reset, []
                 self._in_flight += len(doomed) + len(to_reset)
-                create = len(self._idle) + self._creating < self.size and (
-                    self._alive() < self.max_size
-                )
-                if create:
-                    self._creating += 1
-                if doomed or to_reset or create:
-                    return doomed, to_reset, create
+                if doomed or to_reset:
+                    return doomed, to_reset
                 self._cond.wait(MAINTENANCE_INTERVAL)
 
     def _refill_once(self) -> bool:
@@ -286,7 +373,7 @@ class SandboxPool:
         chore = self._next_chore()
         if chore is None:
             return False
-        doomed, to_reset, create = chore
+        doomed, to_reset = chore
         for sandbox in doomed:
             self._expires.pop(sandbox.id, None)
             self._client._delete_quietly(sandbox.id)
@@ -294,20 +381,7 @@ class SandboxPool:
                 self._in_flight -= 1
                 self._cond.notify_all()
         for sandbox in to_reset:
-            self._settle(sandbox, doomed=not _reset(sandbox))
-        if create:
-            try:
-                sandbox = self._create()
-            except OpenSandboxError as exc:
-                self._failures += 1
-                delay = min(MAX_CREATE_BACKOFF, 0.5 * 2 ** min(self._failures, 6))
-                logger.warning("pool %s could not create a sandbox (%s); retry in %.1f s",
-                               self.name, exc, delay)  # fmt: skip
-                with self._cond:
-                    self._cond.wait(delay)
-                return True
-            self._failures = 0
-            self._settle(sandbox, doomed=False)
+            self._settle(sandbox, doomed=not reset_for_next_user(sandbox))
         if self._closed:
             self.close()  # delete what was settled after close() had run
         return True
@@ -320,51 +394,3 @@ def _maintain(pool_ref: weakref.ref[SandboxPool]) -> None:
         if pool is None or not pool._refill_once():
             return
         del pool
-
-
-def _reset(sandbox: Sandbox) -> bool:
-    """Clean a sandbox for its next user through execd; False if that could not be done."""
-    try:
-        for context in sandbox.list_contexts():
-            sandbox.delete_context(context)
-        for command_id in list(sandbox._background_ids):
-            try:
-                sandbox.interrupt_command(command_id)
-            except OpenSandboxError:
-                pass  # it had ended
-        sandbox._background_ids.clear()
-        home = sandbox.run_command("pwd", timeout=30).check().stdout.strip()
-        if home in ("", "/"):
-            return False  # never empty a root directory: replace the sandbox instead
-        sandbox.run_command(f"find '{home}' -mindepth 1 -delete", timeout=60).check()
-    except OpenSandboxError as exc:
-        logger.info("could not reset sandbox %s (%s); replacing it", sandbox.id, exc)
-        return False
-    return True
-
-
-def _close_at_exit_of_this_process(pool: SandboxPool) -> None:
-    """At exit of this process (only), close the pool: the hook is inherited across fork."""
-    pool_ref, pid = weakref.ref(pool), os.getpid()
-
-    def close() -> None:
-        alive = pool_ref()
-        if alive is not None and os.getpid() == pid:
-            alive.close()
-
-    atexit.register(close)
-
-
-def _after_fork_in_child(pool: SandboxPool) -> None:
-    """A child process forgets the parent's sandboxes (they are the parent's to delete)."""
-    if not hasattr(os, "register_at_fork"):
-        return
-    pool_ref = weakref.ref(pool)
-
-    def forget() -> None:
-        child_pool = pool_ref()
-        if child_pool is not None:
-            child_pool._reset_state()
-            _close_at_exit_of_this_process(child_pool)
-
-    os.register_at_fork(after_in_child=forget)

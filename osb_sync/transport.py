@@ -333,6 +333,11 @@ class _ConnectFailed(Exception):
         self.nothing_sent = nothing_sent
 
 
+def never_sent(error: TransportError) -> bool:
+    """True when the request behind ``error`` never left: its connection was never opened."""
+    return error.__cause__ is not None and _nothing_sent(error.__cause__)
+
+
 def _nothing_sent(exc: BaseException) -> bool:
     """True when the connection was never opened, so not even a POST reached the server."""
     if isinstance(exc, requests.ConnectTimeout):

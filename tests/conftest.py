@@ -4,6 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from osb_sync import orphans
 from tests.fakeserver import FakeServer
 
 
@@ -11,6 +12,17 @@ from tests.fakeserver import FakeServer
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("OPEN_SANDBOX_API_BASE", "OPEN_SANDBOX_API_KEY", "OPEN_SANDBOX_DOMAIN"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """Stop the background lookups of failed creates before any fixture is torn down.
+
+    Before, not after: a lookup must not outlive the fake server or the ``responses`` mock it
+    was meant for (and reach a later test's server, or DNS).
+    """
+    orphans._cancel_all(wait=5.0)
+    yield
 
 
 @pytest.fixture

@@ -12,7 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from osb_sync import Client, ConfigurationError, OpenSandboxError, SandboxPool, SandboxTimeoutError
+from osb_sync import (
+    ApiError,
+    Client,
+    ConfigurationError,
+    OpenSandboxError,
+    SandboxPool,
+    SandboxTimeoutError,
+)
 from osb_sync.local import LocalServer
 from osb_sync.pool import POOL_KEY
 
@@ -211,3 +218,12 @@ def test_reset_pool_never_exceeds_max_size_and_release_is_immediate(client: Clie
             stop.set()
             sampler.join()
     assert seen and max(seen) == 1
+
+
+def test_a_refused_create_is_raised_at_once_not_at_the_deadline(client: Client) -> None:
+    with SandboxPool(client, size=0, timeout=1) as pool:  # below the server's minimum lifetime
+        started = time.monotonic()
+        with pytest.raises(ApiError) as info:
+            pool.acquire(timeout=30)
+        assert info.value.status_code == 422
+        assert time.monotonic() - started < 10
