@@ -46,6 +46,7 @@ class Config:
 
     root: Path
     min_timeout: int
+    max_timeout: int
     pending_seconds: float
     ping_interval: float
     command_grace: float
@@ -149,7 +150,7 @@ class Lifecycle:
             body = ex.json_body()
         except ValueError as exc:
             raise invalid_json(str(exc)) from None
-        check_create(body, self.config.min_timeout)
+        check_create(body, self.config.min_timeout, self.config.max_timeout)
         check_labels(body.get("metadata") or {})
         isolate, note = self._network_plan(body.get("networkPolicy"))
         sandbox_id = str(uuid.uuid4())
@@ -166,6 +167,16 @@ class Lifecycle:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
+        try:
+            sandbox = self._register(sandbox_id, body, runtime, note)
+        except BaseException:
+            runtime.close()  # a refused create leaves no folder and no process
+            raise
+        ex.send_json(202, sandbox.view(created=True))
+
+    def _register(
+        self, sandbox_id: str, body: dict[str, Any], runtime: SandboxRuntime, note: str
+    ) -> Sandbox:
         now = datetime.now(timezone.utc)
         timeout = body.get("timeout")
         sandbox = Sandbox(
@@ -183,7 +194,7 @@ class Lifecycle:
         sandbox.refresh(now)
         with self._lock:
             self._sandboxes[sandbox_id] = sandbox
-        ex.send_json(202, sandbox.view(created=True))
+        return sandbox
 
     def _network_plan(self, policy: Any) -> tuple[bool, str]:
         """(run in a private network namespace?, status note) for a network policy."""
@@ -326,9 +337,16 @@ class Lifecycle:
                     f"Sandbox {sandbox.id} has no "
                     "expiration (created without timeout); it cannot be renewed.",
                 )
-            if moment <= datetime.now(timezone.utc):
+            now = datetime.now(timezone.utc)
+            if moment <= now:
                 raise error(
                     400, "DOCKER::INVALID_EXPIRATION", "New expiration time must be in the future."
+                )
+            if (moment - now).total_seconds() > self.config.max_timeout:
+                raise error(
+                    400,
+                    "DOCKER::INVALID_EXPIRATION",
+                    f"New expiration time is more than {self.config.max_timeout} seconds away.",
                 )
             sandbox.expires_at = moment
         ex.send_json(200, {"expiresAt": rfc3339(moment)})
@@ -366,7 +384,7 @@ class Lifecycle:
     def endpoint(self, ex: Exchange) -> None:
         """GET /sandboxes/{id}/endpoints/{port}: always the server-proxy form."""
         raw_port = ex.params["port"]
-        if not raw_port.isdigit():
+        if not (raw_port.isascii() and raw_port.isdigit()):
             raise unprocessable(
                 [
                     issue(
@@ -377,9 +395,11 @@ class Lifecycle:
                     )
                 ]
             )
+        if len(raw_port) > 5 or not 1 <= int(raw_port) <= 65535:
+            raise error(
+                400, "DOCKER::INVALID_PORT", f"Port {raw_port[:20]} must be between 1 and 65535."
+            )
         port = int(raw_port)
-        if not 1 <= port <= 65535:
-            raise error(400, "DOCKER::INVALID_PORT", f"Port {port} must be between 1 and 65535.")
         if ex.arg("expires"):
             raise error(
                 400,

@@ -7,6 +7,7 @@ wording); rule errors the server checks itself (metadata labels, network policy)
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timezone
 from typing import Any
@@ -19,13 +20,31 @@ LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", re.IGNORECASE)
 ACTIONS = ("allow", "deny")
+ECHO_LIMIT = 1024  # a 422 repeats the offending input only up to this size
+
 
 Detail = dict[str, Any]
 
 
 def issue(kind: str, loc: list[Any], msg: str, value: Any) -> Detail:
-    """One pydantic-style error entry."""
-    return {"type": kind, "loc": loc, "msg": msg, "input": value}
+    """One pydantic-style error entry; a large `value` is summarised, not echoed."""
+    return {"type": kind, "loc": loc, "msg": msg, "input": _echo(value)}
+
+
+def _echo(value: Any) -> Any:
+    """`value`, or a short description when its JSON is larger than ECHO_LIMIT."""
+    try:
+        size = len(json.dumps(value))
+    except (TypeError, ValueError, RecursionError):
+        return "<input omitted>"
+    if size <= ECHO_LIMIT:
+        return value
+    return f"<{type(value).__name__} input of {size} bytes omitted>"
+
+
+def bad_parameter(message: str) -> HttpError:
+    """The real server's 400 for a value its configuration refuses."""
+    return error(400, "SANDBOX::INVALID_PARAMETER", message)
 
 
 def unprocessable(details: list[Detail]) -> HttpError:
@@ -119,7 +138,11 @@ def _network_policy(value: Any) -> list[Detail]:
 def _timeout(value: Any, minimum: int) -> list[Detail]:
     if value is None:
         return []
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not value.is_integer())
+    ):
         return [issue("int_type", ["body", "timeout"], "Input should be a valid integer", value)]
     if value < minimum:
         return [
@@ -134,8 +157,11 @@ def _timeout(value: Any, minimum: int) -> list[Detail]:
     return []
 
 
-def check_create(body: Any, min_timeout: int) -> None:
-    """Raise the real server's 422 for a malformed CreateSandboxRequest."""
+def check_create(body: Any, min_timeout: int, max_timeout: int) -> None:
+    """Raise the real server's 422 for a malformed CreateSandboxRequest, 400 for a refused one.
+
+    Everything is checked here, before the sandbox gets a directory or a process.
+    """
     if not isinstance(body, dict):
         raise unprocessable(
             [
@@ -207,6 +233,15 @@ def check_create(body: Any, min_timeout: int) -> None:
             )
     if found:
         raise unprocessable(found)
+    timeout = body.get("timeout")
+    if timeout is not None and timeout > max_timeout:
+        raise bad_parameter(
+            f"timeout {timeout:.0f} exceeds the maximum of {max_timeout} seconds "
+            "(omit it for a sandbox that does not expire)"
+        )
+    for key, value in (body.get("env") or {}).items():
+        if not key or "=" in key or "\0" in key or "\0" in (value or ""):
+            raise bad_parameter(f"env name {key[:100]!r} or its value is not a valid variable")
 
 
 def check_labels(metadata: dict[str, Any]) -> None:
