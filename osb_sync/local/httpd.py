@@ -228,6 +228,10 @@ class Handler(BaseHTTPRequestHandler):
             self._fail(ex, exc.status, exc.body, exc.headers)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True  # the client went away or stalled
+        except OSError as exc:  # what the OS refused (a file operation), as execd reports it
+            where = f" ({exc.filename})" if exc.filename else ""
+            message = f"{exc.strerror or 'operating system error'}{where}"
+            self._fail(ex, 500, {"code": "RUNTIME_ERROR", "message": message}, {})
         except Exception:
             logger.exception("local server: %s %s failed", ex.method, ex.path)
             # execd's code for a failure; the details go to the log, not to the client.
