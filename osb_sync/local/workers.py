@@ -30,8 +30,17 @@ WORKER_SCRIPT = str(Path(__file__).with_name("_worker.py"))
 POLL_INTERVAL = 0.02
 COALESCE_WINDOW = 0.005
 READ_SIZE = 1 << 16
+LINE_LIMIT = 1 << 20  # a longer line without a newline is sent in pieces of this size
+# The worker replaces a larger reply (a huge repr) with an error; anything bigger on the reply
+# pipe was written there by the sandbox's code, and the worker is killed.
+REPLY_LIMIT = 4 << 20
 TERM_GRACE = 3.0
 DEAD_WORKER = {"ename": "DeadKernelError", "evalue": "the Python worker exited", "traceback": []}
+BROKEN_WORKER = {
+    "ename": "DeadKernelError",
+    "evalue": "the Python worker wrote an invalid reply and was restarted",
+    "traceback": [],
+}
 SIGNAL_WORDS = {signal.SIGKILL: "killed", signal.SIGTERM: "terminated", signal.SIGINT: "interrupt"}
 
 Emit = Callable[[dict[str, Any]], None]
@@ -78,6 +87,17 @@ def _coalesce(fd: int) -> bytes:
                 break  # EOF: the main loop sees it again and unregisters the pipe
             more += data
     return more
+
+
+BROKEN: dict[str, Any] = {}
+
+
+def _parse_reply(line: bytes) -> dict[str, Any]:
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return BROKEN
+    return reply if isinstance(reply, dict) else BROKEN
 
 
 class Pipes:
@@ -181,6 +201,9 @@ class PythonWorker:
         if reply is None:
             self._proc.wait()
             reply = {"error": DEAD_WORKER}
+        elif reply is BROKEN:
+            self.kill()
+            reply = {"error": BROKEN_WORKER}
         self._report(reply, emit, started)
 
     def _pump(
@@ -191,16 +214,23 @@ class PythonWorker:
         emit: Emit,
         drain: bool = False,
     ) -> dict[str, Any] | None:
-        """Forward output until the reply arrives (or one round of ready data when `drain`)."""
-        reply = b""
+        """Forward output until the reply arrives (or one round of ready data when `drain`).
+
+        The reply is None when the worker died, BROKEN when what it wrote is not a reply.
+        """
+        reply = bytearray()
         while True:
             for key, _ in sel.select(0 if drain else None):
                 fd = int(key.fd)
                 data = os.read(fd, READ_SIZE)
                 if fd == self._replies.fileno():
                     reply += data
-                    if not data or reply.endswith(b"\n"):
-                        return dict(json.loads(reply)) if data else None
+                    if not data:
+                        return None
+                    if len(reply) > REPLY_LIMIT + READ_SIZE:
+                        return BROKEN
+                    if reply.endswith(b"\n"):
+                        return _parse_reply(bytes(reply))
                 elif data:
                     text = decoders[fd].decode(data + _coalesce(fd))
                     if text:
@@ -238,8 +268,14 @@ class LineSplitter:
         self._rest = b""
 
     def feed(self, data: bytes) -> list[str]:
-        """The complete lines in `data` plus what was buffered, without terminators."""
+        """The complete lines in `data` plus what was buffered, without terminators.
+
+        A line longer than LINE_LIMIT is cut into pieces of that size, so memory stays bounded.
+        """
         *lines, self._rest = (self._rest + data).split(b"\n")
+        while len(self._rest) >= LINE_LIMIT:
+            lines.append(self._rest[:LINE_LIMIT])
+            self._rest = self._rest[LINE_LIMIT:]
         return [self._text(line) for line in lines]
 
     def flush(self) -> list[str]:
