@@ -2,9 +2,11 @@
 
 A connection must send its request line and headers within `header_timeout` of its first byte
 (and its first byte within `header_timeout` of connecting), may stay idle between requests for
-`idle_timeout`, and may stall a body read or an answer write for `io_timeout`. Past
-`max_connections` a new connection gets a 503 and is closed, so a flood of slow clients cannot
-exhaust threads or file descriptors. Requests must name the server in `Host` (DNS rebinding).
+`idle_timeout`, and may stall a body read or an answer write for `io_timeout`. At
+`max_connections` (at most half the open-file limit) a new connection closes the one that has
+waited longest for a request, or gets a 503 when every connection is busy: a flood of slow
+clients exhausts neither threads nor descriptors, and cannot keep a prompt client out.
+Requests must name the server in `Host` (DNS rebinding).
 """
 
 from __future__ import annotations
@@ -85,15 +87,27 @@ class HTTPServer(ThreadingHTTPServer):
             self.max_connections = max(1, min(limits.max_connections, soft_files // 2))
         self.connections: set[socket.socket] = set()
         self._deadlines: dict[socket.socket, float] = {}
+        self._waiting: dict[socket.socket, float] = {}
         self._lock = threading.Lock()
         super().__init__(address, Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """Serve the connection in a thread, or answer 503 at once when at the cap."""
+        """Serve the connection in a thread; at the cap, make room or answer 503 at once.
+
+        Room is made by closing the connection that has waited longest for a request (slow
+        or idle clients), so a flood of them cannot keep a prompt client out.
+        """
         with self._lock:
-            full = len(self.connections) >= self.max_connections
+            evicted = None
+            if len(self.connections) >= self.max_connections and self._waiting:
+                evicted = min(self._waiting, key=self._waiting.__getitem__)
+                del self._waiting[evicted]
+            full = len(self.connections) >= self.max_connections and evicted is None
             if not full:
                 self.connections.add(request)
+                self._waiting[request] = time.monotonic()
+        if evicted is not None:
+            close_quietly(evicted)
         if full:
             try:
                 request.setblocking(False)
@@ -109,6 +123,7 @@ class HTTPServer(ThreadingHTTPServer):
         with self._lock:
             self.connections.discard(request)
             self._deadlines.pop(request, None)
+            self._waiting.pop(request, None)
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -117,15 +132,21 @@ class HTTPServer(ThreadingHTTPServer):
             return
         super().handle_error(request, client_address)
 
+    def waiting(self, conn: socket.socket) -> None:
+        """`conn` waits for a request: it may be closed to make room (see process_request)."""
+        with self._lock:
+            self._waiting[conn] = time.monotonic()
+
     def watch(self, conn: socket.socket, seconds: float) -> None:
         """Cut `conn` if `unwatch` is not called within `seconds`."""
         with self._lock:
             self._deadlines[conn] = time.monotonic() + seconds
 
     def unwatch(self, conn: socket.socket) -> None:
-        """Cancel `watch`."""
+        """A request arrived on `conn`: cancel `watch`, and `waiting` until the next one."""
         with self._lock:
             self._deadlines.pop(conn, None)
+            self._waiting.pop(conn, None)
 
     def watch_deadlines(self, stopped: threading.Event) -> None:
         """Shut down connections whose headers did not arrive in time, until `stopped`."""
@@ -170,6 +191,8 @@ class Handler(BaseHTTPRequestHandler):
         """Wait (bounded) for the next request, then read its head under a deadline."""
         limits = self.server.limits
         first = self._requests_served == 0
+        if not first:
+            self.server.waiting(self.connection)
         self.connection.settimeout(limits.header_timeout if first else limits.idle_timeout)
         try:
             waiting = self.rfile.peek(1)  # type: ignore[attr-defined]
@@ -203,7 +226,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _check_host(self) -> None:
         hosts = self.headers.get_all("Host") or []
-        if len(hosts) != 1:
+        if len(hosts) != 1 or not hosts[0].strip():
             raise error(400, "INVALID_HOST", "a request needs exactly one Host header")
         if host_name(hosts[0]) not in self.server.hosts:
             raise error(
@@ -244,6 +267,8 @@ class Handler(BaseHTTPRequestHandler):
         if ex.responded:
             self.close_connection = True
             return
+        if self.close_connection:
+            headers = {**headers, "Connection": "close"}
         try:
             ex.send_json(status, body, headers)
         except OSError:
