@@ -41,7 +41,7 @@ def permissions_of(spec: Any) -> Permissions:
         return Permissions()
     raw = spec.get("mode") or 0
     text = str(raw) if isinstance(raw, (int, str)) and not isinstance(raw, bool) else "?"
-    if not (text.isascii() and text.isdigit()) or len(text) > 5 or int(text, 8) > 0o7777:
+    if not text or len(text) > 5 or text.strip("01234567") or int(text, 8) > 0o7777:
         raise bad_value(f"mode {text[:20]!r} must be octal digits from 0 to 7777")
     names = [spec.get("owner") or None, spec.get("group") or None]
     for name in names:
