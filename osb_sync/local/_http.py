@@ -24,13 +24,14 @@ from urllib.parse import parse_qs, urlsplit
 JSON_BODY_LIMIT = 1024 * 1024
 BODY_PIECE = 1 << 16
 PART_HEADER_LIMIT = 16 * 1024
-BIG_JSON = 64 * 1024
+# Parsed JSON can take twenty times the memory of its text ("[[],[],...]"): the number of
+# values a body may hold bounds that, whatever the number of requests at once.
+MAX_JSON_VALUES = 20_000
+SMALL_JSON = 64 * 1024  # below this, values are not counted: the worst case is small anyway
 MAX_LENGTH_DIGITS = 18
 CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
 JSON_TYPE = re.compile(r"application/(?:[\w.+-]+\+)?json", re.IGNORECASE)
-# Parsing JSON can take tens of times the memory of its text: big bodies are parsed one at
-# a time, so concurrent requests cannot multiply that.
-_big_json_parse = threading.BoundedSemaphore(1)
+
 
 
 class HttpError(Exception):
@@ -67,15 +68,29 @@ def _finite_float(text: str) -> float:
 def parse_json(data: bytes) -> Any:
     """Strict JSON: no NaN or Infinity, no overflowing floats; ValueError when malformed.
 
-    Too deep a nesting is a ValueError too (the C parser raises RecursionError).
+    Too deep a nesting is a ValueError too (the C parser raises RecursionError); more than
+    MAX_JSON_VALUES values is a 413.
     """
+    if len(data) > SMALL_JSON and _json_values(data) > MAX_JSON_VALUES:
+        raise error(413, "INVALID_REQUEST_BODY", f"JSON body with more than {MAX_JSON_VALUES} values")
     try:
-        if len(data) <= BIG_JSON:
-            return _loads(data)
-        with _big_json_parse:
-            return _loads(data)
+        return _loads(data)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+
+
+def _json_values(data: bytes) -> int:
+    """About how many values JSON text holds: its commas and brackets outside strings."""
+    count = 0
+    inside = False
+    pieces = data.split(b'"')  # a string toggles at each quote not escaped by a backslash
+    for index, piece in enumerate(pieces):
+        if not inside:
+            count += piece.count(b",") + piece.count(b"[") + piece.count(b"{")
+        escaped = inside and (len(piece) - len(piece.rstrip(b"\\"))) % 2 == 1
+        if index < len(pieces) - 1 and not escaped:
+            inside = not inside
+    return count
 
 
 def _loads(data: bytes) -> Any:
