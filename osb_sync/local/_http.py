@@ -33,7 +33,6 @@ CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
 JSON_TYPE = re.compile(r"application/(?:[\w.+-]+\+)?json", re.IGNORECASE)
 
 
-
 class HttpError(Exception):
     """An error answer: raised by a route, written by the dispatcher as JSON."""
 
@@ -72,7 +71,8 @@ def parse_json(data: bytes) -> Any:
     MAX_JSON_VALUES values is a 413.
     """
     if len(data) > SMALL_JSON and _json_values(data) > MAX_JSON_VALUES:
-        raise error(413, "INVALID_REQUEST_BODY", f"JSON body with more than {MAX_JSON_VALUES} values")
+        message = f"JSON body with more than {MAX_JSON_VALUES} values"
+        raise error(413, "INVALID_REQUEST_BODY", message)
     try:
         return _loads(data)
     except RecursionError:

@@ -8,9 +8,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from contextlib import contextmanager
 
 import requests
 from conftest import Box, texts, wait_for
