@@ -21,8 +21,12 @@ class Answer:
         return json.loads(self.body)
 
 
-def read_answer(sock: socket.socket) -> Answer:
-    """Read one complete response; AssertionError if it is malformed or cut short."""
+def read_answer(sock: socket.socket, head: bool = False) -> Answer:
+    """Read one complete response (`head`: to a HEAD request, without a body).
+
+    Raises:
+        AssertionError: the response is malformed or cut short.
+    """
     reader = sock.makefile("rb")
     status_line = reader.readline(65537)
     assert status_line.startswith(b"HTTP/1."), status_line[:200]
@@ -32,6 +36,8 @@ def read_answer(sock: socket.socket) -> Answer:
         assert line, "headers cut short"
         name, _, value = line.decode("latin-1").partition(":")
         headers[name.strip().lower()] = value.strip()
+    if head or status in (204, 304) or 100 <= status < 200:
+        return Answer(status, headers, b"")
     if "chunked" in headers.get("transfer-encoding", ""):
         body = b""
         while True:
