@@ -208,16 +208,15 @@ def _replace_in_file(path: Path, old: bytes, new: bytes, scratch: Path) -> int:
         pending = b""
         while True:
             data = source.read(PIECE)
-            pending += data
-            position = 0
-            while (index := pending.find(old, position)) >= 0:
-                out.write(pending[position:index] + new)
-                count += 1
-                position = index + len(old)
+            # split() finds the same leftmost, non-overlapping matches as str.replace.
+            *before, rest = (pending + data).split(old)
+            count += len(before)
+            if before:
+                out.write(new.join(before) + new)
             # A match may still start in the last len(old) - 1 bytes: keep them for later.
-            keep = len(pending) if not data else max(position, len(pending) - len(old) + 1)
-            out.write(pending[position:keep])
-            pending = pending[keep:]
+            keep = len(rest) if not data else max(0, len(rest) - len(old) + 1)
+            out.write(rest[:keep])
+            pending = rest[keep:]
             if not data:
                 break
         if count:

@@ -16,7 +16,6 @@ from conftest import CREATE_BODY, Box
 from rawhttp import exchange, read_answer, request
 
 from osb_sync.local import LocalServer
-from osb_sync.local.httpd import Limits
 
 JSON = {"Content-Type": "application/json"}
 
@@ -93,6 +92,8 @@ def closed_by_server(sock: socket.socket, within: float) -> bool:
 
 @pytest.fixture
 def quick_limits() -> Iterator[LocalServer]:
+    from osb_sync.local.httpd import Limits
+
     limits = Limits(header_timeout=1.0, idle_timeout=1.0, io_timeout=5.0)
     with LocalServer(limits=limits, command_grace=0) as server:
         yield server
