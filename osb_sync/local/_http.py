@@ -7,23 +7,19 @@ read (an unread body makes the keep-alive connection unusable, so we close it in
 
 from __future__ import annotations
 
-import email.parser
 import json
 import math
 import re
-import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from io import BufferedIOBase
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 JSON_BODY_LIMIT = 1024 * 1024
 BODY_PIECE = 1 << 16
-PART_HEADER_LIMIT = 16 * 1024
 # Parsed JSON can take twenty times the memory of its text ("[[],[],...]"): the number of
 # values a body may hold bounds that, whatever the number of requests at once.
 MAX_JSON_VALUES = 20_000
@@ -156,61 +152,6 @@ class BodyReader:
             else:
                 raise bad_body("too many trailers")
             self.finished = True
-
-
-class MultipartReader:
-    """Streams the parts of a multipart/form-data body, writing file parts to disk."""
-
-    def __init__(self, body: BodyReader, boundary: str) -> None:
-        self._body = body
-        self._delimiter = b"\r\n--" + boundary.encode()
-        self._buffer = b"\r\n"  # lets the first delimiter match like the others
-
-    def _more(self) -> None:
-        data = self._body.read(BODY_PIECE)
-        if not data:
-            raise error(400, "INVALID_FILE", "truncated multipart body")
-        self._buffer += data
-
-    def _until(self, marker: bytes, sink: Callable[[bytes], None]) -> None:
-        while (index := self._buffer.find(marker)) < 0:
-            keep = len(marker) - 1
-            if len(self._buffer) > keep:
-                sink(self._buffer[:-keep])
-                self._buffer = self._buffer[-keep:]
-            self._more()
-        sink(self._buffer[:index])
-        self._buffer = self._buffer[index + len(marker) :]
-
-    def _part_header(self) -> bytes:
-        block = bytearray()
-
-        def keep(data: bytes) -> None:
-            block.extend(data)
-            if len(block) > PART_HEADER_LIMIT:
-                raise error(400, "INVALID_FILE", "multipart part header too large")
-
-        self._until(b"\r\n\r\n", keep)
-        return bytes(block)
-
-    def parts(self, staging: Path) -> Iterator[tuple[str, str | None, Path]]:
-        """Yield (field name, filename, file holding the content) for every part."""
-        self._until(self._delimiter, lambda _: None)
-        while True:
-            while len(self._buffer) < 2:
-                self._more()
-            if self._buffer.startswith(b"--"):
-                return
-            headers = email.parser.BytesHeaderParser().parsebytes(self._part_header().lstrip())
-            name = headers.get_param("name", header="content-disposition")
-            target = staging / f"upload-{secrets.token_hex(8)}"
-            with open(target, "wb") as out:
-
-                def write(data: bytes) -> None:
-                    out.write(data)
-
-                self._until(self._delimiter, write)
-            yield str(name or ""), headers.get_filename(), target
 
 
 class ChunkedWriter:

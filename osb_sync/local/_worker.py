@@ -21,7 +21,7 @@ import types
 from typing import Any
 
 _running = False
-REPLY_LIMIT = 4 << 20  # workers.REPLY_LIMIT: the server kills a worker whose reply is larger
+REPLY_LIMIT = 4 << 20  # pyworker.REPLY_LIMIT: the server kills a worker whose reply is larger
 
 
 def _on_sigint(signum: int, frame: types.FrameType | None) -> None:

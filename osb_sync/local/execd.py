@@ -21,8 +21,9 @@ from . import files
 from ._http import Exchange, Router, error
 from .bodies import bad_request, read_object, resolve_cwd
 from .commands import Commands, CommandSpec, run_shell
+from .pyworker import PythonWorker
 from .runner import SandboxRuntime, kill_group
-from .workers import Emit, PythonWorker, complete, exit_error, failure
+from .workers import Emit, complete, exit_error, failure
 
 LANGUAGES = ("python", "bash")
 

@@ -7,20 +7,78 @@ replacements stream through disk in 64 KiB pieces, so a large file is never held
 from __future__ import annotations
 
 import contextlib
+import email.parser
 import os
 import re
 import secrets
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._http import Exchange, HttpError, MultipartReader, error, parse_json
+from ._http import BODY_PIECE, BodyReader, Exchange, HttpError, error, parse_json
 from .runner import SandboxRuntime
 
 PIECE = 1 << 16
 METADATA_LIMIT = 1 << 20
+PART_HEADER_LIMIT = 16 * 1024
+
+
+class MultipartReader:
+    """Streams the parts of a multipart/form-data body, writing file parts to disk."""
+
+    def __init__(self, body: BodyReader, boundary: str) -> None:
+        self._body = body
+        self._delimiter = b"\r\n--" + boundary.encode()
+        self._buffer = b"\r\n"  # lets the first delimiter match like the others
+
+    def _more(self) -> None:
+        data = self._body.read(BODY_PIECE)
+        if not data:
+            raise error(400, "INVALID_FILE", "truncated multipart body")
+        self._buffer += data
+
+    def _until(self, marker: bytes, sink: Callable[[bytes], None]) -> None:
+        while (index := self._buffer.find(marker)) < 0:
+            keep = len(marker) - 1
+            if len(self._buffer) > keep:
+                sink(self._buffer[:-keep])
+                self._buffer = self._buffer[-keep:]
+            self._more()
+        sink(self._buffer[:index])
+        self._buffer = self._buffer[index + len(marker) :]
+
+    def _part_header(self) -> bytes:
+        block = bytearray()
+
+        def keep(data: bytes) -> None:
+            block.extend(data)
+            if len(block) > PART_HEADER_LIMIT:
+                raise error(400, "INVALID_FILE", "multipart part header too large")
+
+        self._until(b"\r\n\r\n", keep)
+        return bytes(block)
+
+    def parts(self, staging: Path) -> Iterator[tuple[str, str | None, Path]]:
+        """Yield (field name, filename, file holding the content) for every part."""
+        self._until(self._delimiter, lambda _: None)
+        while True:
+            while len(self._buffer) < 2:
+                self._more()
+            if self._buffer.startswith(b"--"):
+                return
+            headers = email.parser.BytesHeaderParser().parsebytes(self._part_header().lstrip())
+            name = headers.get_param("name", header="content-disposition")
+            target = staging / f"upload-{secrets.token_hex(8)}"
+            with open(target, "wb") as out:
+
+                def write(data: bytes) -> None:
+                    out.write(data)
+
+                self._until(self._delimiter, write)
+            yield str(name or ""), headers.get_filename(), target
 
 
 @dataclass(frozen=True)

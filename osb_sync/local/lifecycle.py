@@ -23,11 +23,12 @@ from .runner import NetnsMode, SandboxRuntime
 from .validation import (
     check_create,
     check_labels,
-    invalid_json,
+    check_patch,
+    check_renewal,
     issue,
-    parse_time,
     policy_needs,
     query_int,
+    read_json,
     unprocessable,
 )
 from .workers import rfc3339
@@ -146,10 +147,7 @@ class Lifecycle:
 
     def create(self, ex: Exchange) -> None:
         """POST /sandboxes: validate, make the directory and runtime, answer 202."""
-        try:
-            body = ex.json_body()
-        except ValueError as exc:
-            raise invalid_json(str(exc)) from None
+        body = read_json(ex)
         check_create(body, self.config.min_timeout, self.config.max_timeout)
         check_labels(body.get("metadata") or {})
         isolate, note = self._network_plan(body.get("networkPolicy"))
@@ -305,29 +303,8 @@ class Lifecycle:
 
     def renew(self, ex: Exchange) -> None:
         """POST /sandboxes/{id}/renew-expiration."""
-        try:
-            body = ex.json_body()
-        except ValueError as exc:
-            raise invalid_json(str(exc)) from None
-        if not isinstance(body, dict) or "expiresAt" not in body:
-            raise unprocessable([issue("missing", ["body", "expiresAt"], "Field required", body)])
-        extra = [
-            issue("extra_forbidden", ["body", k], "Extra inputs are not permitted", v)
-            for k, v in body.items()
-            if k != "expiresAt"
-        ]
-        moment = parse_time(body["expiresAt"])
-        if moment is None:
-            extra.append(
-                issue(
-                    "datetime_from_date_parsing",
-                    ["body", "expiresAt"],
-                    "Input should be a valid datetime",
-                    body["expiresAt"],
-                )
-            )
-        if extra or moment is None:
-            raise unprocessable(extra)
+        body = read_json(ex)
+        moment = check_renewal(body)
         sandbox = self._get(ex)
         with self._lock:
             if sandbox.expires_at is None:
@@ -353,21 +330,8 @@ class Lifecycle:
 
     def patch_metadata(self, ex: Exchange) -> None:
         """PATCH /sandboxes/{id}/metadata: JSON merge patch, answers the full Sandbox."""
-        try:
-            patch = ex.json_body()
-        except ValueError as exc:
-            raise invalid_json(str(exc)) from None
-        if not isinstance(patch, dict):
-            raise unprocessable(
-                [issue("dict_type", ["body"], "Input should be a valid dictionary", patch)]
-            )
-        wrong = [
-            issue("string_type", ["body", k], "Input should be a valid string", v)
-            for k, v in patch.items()
-            if v is not None and not isinstance(v, str)
-        ]
-        if wrong:
-            raise unprocessable(wrong)
+        patch = read_json(ex)
+        check_patch(patch)
         check_labels(patch)
         sandbox = self._get(ex)
         with self._lock:

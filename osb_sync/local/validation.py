@@ -12,7 +12,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from ._http import HttpError, error
+from ._http import Exchange, HttpError, error
 
 RESERVED_PREFIX = "opensandbox.io/"
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
@@ -57,6 +57,14 @@ def invalid_json(message: str) -> HttpError:
     return unprocessable(
         [issue("json_invalid", ["body", 0], "JSON decode error", {}) | {"ctx": {"error": message}}]
     )
+
+
+def read_json(ex: Exchange) -> Any:
+    """The JSON body of a lifecycle request; FastAPI's 422 when it is not JSON."""
+    try:
+        return ex.json_body()
+    except ValueError as exc:
+        raise invalid_json(str(exc)) from None
 
 
 def _string_map(body: dict[str, Any], name: str, nullable_values: bool = False) -> list[Detail]:
@@ -334,3 +342,42 @@ def query_int(raw: str | None, name: str, default: int, low: int, high: int | No
             ]
         )
     return value
+
+
+def check_renewal(body: Any) -> datetime:
+    """The new expiry of a RenewSandboxExpirationRequest; the real server's 422 if malformed."""
+    if not isinstance(body, dict) or "expiresAt" not in body:
+        raise unprocessable([issue("missing", ["body", "expiresAt"], "Field required", body)])
+    extra = [
+        issue("extra_forbidden", ["body", k], "Extra inputs are not permitted", v)
+        for k, v in body.items()
+        if k != "expiresAt"
+    ]
+    moment = parse_time(body["expiresAt"])
+    if moment is None:
+        extra.append(
+            issue(
+                "datetime_from_date_parsing",
+                ["body", "expiresAt"],
+                "Input should be a valid datetime",
+                body["expiresAt"],
+            )
+        )
+    if extra or moment is None:
+        raise unprocessable(extra)
+    return moment
+
+
+def check_patch(patch: Any) -> None:
+    """The real server's 422 unless a metadata patch maps names to strings or null."""
+    if not isinstance(patch, dict):
+        raise unprocessable(
+            [issue("dict_type", ["body"], "Input should be a valid dictionary", patch)]
+        )
+    wrong = [
+        issue("string_type", ["body", k], "Input should be a valid string", v)
+        for k, v in patch.items()
+        if v is not None and not isinstance(v, str)
+    ]
+    if wrong:
+        raise unprocessable(wrong)
