@@ -81,10 +81,16 @@ def bodies(draw: st.DrawFn) -> bytes:
     if kind == "json":
         return encode(draw(JSON_VALUES))
     fields = draw(
-        st.dictionaries(
-            st.sampled_from(["timeout", "env", "metadata", "entrypoint", "image", "expiresAt"]),
-            JSON_VALUES,
-            max_size=3,
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "timeout": NUMBERS,
+                "env": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2),
+                "metadata": st.dictionaries(st.text(max_size=4), JSON_LEAVES, max_size=2),
+                "entrypoint": JSON_VALUES,
+                "image": JSON_VALUES,
+                "expiresAt": JSON_VALUES,
+            },
         )
     )
     return encode({**CREATE_BODY, **fields})
@@ -94,7 +100,7 @@ def bodies(draw: st.DrawFn) -> bytes:
 def requests_bytes(draw: st.DrawFn, sandbox_id: str, token: str, port: int) -> bytes:
     method = draw(
         st.one_of(
-            st.sampled_from(["GET", "POST", "PATCH", "PUT", "HEAD", "OPTIONS"]),
+            st.sampled_from(["GET", "POST", "POST", "POST", "PATCH", "PUT", "HEAD", "OPTIONS"]),
             st.text(TOKEN_CHARS, min_size=1, max_size=8),
         )
     )
@@ -148,7 +154,7 @@ def test_fuzzed_requests_never_get_a_500(fuzzed: tuple[LocalServer, str, str]) -
     statuses: set[int] = set()
 
     @settings(
-        max_examples=250,
+        max_examples=400,
         derandomize=True,
         deadline=None,
         database=None,
