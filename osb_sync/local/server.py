@@ -50,7 +50,7 @@ class LocalServer:
         port: port to bind, 0 for a free one.
         api_key: when set, lifecycle calls need it in `OPEN-SANDBOX-API-KEY`.
         min_timeout: smallest accepted sandbox `timeout` in seconds (the real server: 60).
-        max_timeout: largest accepted sandbox `timeout` and command timeout, in seconds.
+        max_timeout: largest accepted sandbox `timeout`, and renewal ahead, in seconds.
         pending_seconds: how long a new sandbox reports `Pending` before `Running`.
         ping_interval: seconds between execd heartbeat events.
         unenforced_network_policy: "refuse" (400, like a server without egress support) or

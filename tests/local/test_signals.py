@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,10 +58,13 @@ def stop_and_check(proc: subprocess.Popen[str], sig: int, tmp: Path) -> None:
 
 
 @pytest.fixture
-def tmp(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    for pid in processes_under(tmp_path):  # only if a test failed: do not leak
+def tmp() -> Iterator[Path]:
+    """A short TMPDIR (a long one is tested in test_local_processes.py)."""
+    path = Path(tempfile.mkdtemp(prefix="osb-sig-", dir="/tmp"))
+    yield path
+    for pid in processes_under(path):  # only if a test failed: do not leak
         os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.parametrize("sig", SIGNALS)
