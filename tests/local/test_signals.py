@@ -12,6 +12,7 @@ import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import IO
 
@@ -179,7 +180,9 @@ def test_long(opensandbox_sandbox):
 def test_the_pytest_plugin_cleans_up(tmp: Path, sig: int) -> None:
     (tmp / "suite").mkdir()
     (tmp / "suite" / "test_long.py").write_text(textwrap.dedent(PLUGIN_TEST))
-    argv = [sys.executable, "-m", "pytest", "-s", "-q", "-p", "osb_sync.testing"]
+    installed = any(e.name == "opensandbox" for e in entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "osb_sync.testing"]  # not installed: load it by name
+    argv = [sys.executable, "-m", "pytest", "-s", "-q", *plugin]
     argv += ["-p", "no:cacheprovider", str(tmp / "suite")]
     proc = start(argv, tmp)
     wait_for_line(proc.stdout, "ready")
