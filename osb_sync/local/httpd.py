@@ -267,6 +267,8 @@ class Handler(BaseHTTPRequestHandler):
         if ex.responded:
             self.close_connection = True
             return
+        if not ex.body.finished and (ex.declared_length or 0) > UNREAD_BODY_LIMIT:
+            self.close_connection = True  # too much to read away: the answer comes first
         if self.close_connection:
             headers = {**headers, "Connection": "close"}
         try:
@@ -276,7 +278,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _discard_unread_body(self, ex: Exchange) -> None:
         """Read a small unread body away, so the kept-alive connection stays usable."""
-        if not ex.body.finished:
+        if not ex.body.finished and not self.close_connection:
             try:
                 ex.body.read(UNREAD_BODY_LIMIT)
             except (OSError, HttpError):

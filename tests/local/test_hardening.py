@@ -59,6 +59,7 @@ def test_json_body_over_the_cap_is_413_before_it_is_sent(local: LocalServer) -> 
     )
     answer = exchange(local.port, head, timeout=10)
     assert answer.status == 413 and "1048576" in answer.json()["message"]
+    assert answer.headers["connection"] == "close"  # the server does not wait for the body
 
 
 def test_a_large_invalid_body_is_not_echoed(local: LocalServer, http: requests.Session) -> None:
