@@ -194,6 +194,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``osb-sync serve``: the local server in the foreground until Ctrl-C."""
     from .local import LocalServer
 
+    _raise_file_limit()
     server = LocalServer(
         args.host,
         args.port,
@@ -216,6 +217,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _raise_file_limit(wanted: int = 4096) -> None:
+    """Raise the soft open-file limit towards `wanted` (the connection cap is half of it)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def _server_key(args: argparse.Namespace) -> str | None:

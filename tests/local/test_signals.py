@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -193,3 +194,25 @@ def test_the_pytest_plugin_cleans_up(tmp: Path, sig: int) -> None:
 def test_the_free_port_helper_is_free() -> None:
     port = free_port()
     assert 1 <= port <= 65535
+
+
+def test_serve_raises_a_low_open_file_limit(tmp: Path) -> None:
+    # The connection cap is half the open-file limit: 256 files would cap it at 128.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip("the hard open-file limit is below 1024")
+    argv = [sys.executable, "-m", "osb_sync", "serve", "--port", "0"]
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=low_limit)
+    try:
+        wait_for_line(proc.stderr, "serving")
+        with open(f"/proc/{proc.pid}/limits") as limits:
+            line = next(text for text in limits if text.startswith("Max open files"))
+        assert int(line.split()[3]) >= 1024
+    finally:
+        proc.terminate()
+        proc.wait(30)
