@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -75,13 +76,14 @@ def test_endpoint_ports_are_checked(box: Box, port: str) -> None:
     refused(answer, 400, 422)
 
 
-def test_renewal_is_bounded(box: Box) -> None:
-    url = f"{box.server.api_base}/sandboxes/{box.id}/renew-expiration"
-    created = box.http.post(
-        f"{box.server.api_base}/sandboxes", json={**CREATE_BODY, "timeout": 60}
-    ).json()
-    url = f"{box.server.api_base}/sandboxes/{created['id']}/renew-expiration"
-    refused(box.http.post(url, json={"expiresAt": "9999-12-31T23:59:59Z"}), 400)
+def test_renewal_is_bounded(local: LocalServer, http: requests.Session) -> None:
+    body = {**CREATE_BODY, "timeout": 60}
+    created = http.post(f"{local.api_base}/sandboxes", json=body).json()
+    url = f"{local.api_base}/sandboxes/{created['id']}/renew-expiration"
+    refused(http.post(url, json={"expiresAt": "9999-12-31T23:59:59Z"}), 400)
+    assert http.post(url, json={"expiresAt": "2999-01-01T00:00:00Z"}).status_code == 400
+    soon = (datetime.now(timezone.utc) + timedelta(hours=2)).isoformat()
+    assert http.post(url, json={"expiresAt": soon}).status_code == 200
 
 
 @pytest.mark.parametrize(

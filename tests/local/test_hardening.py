@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -193,8 +194,6 @@ def test_allowed_host_names_the_server(http: requests.Session) -> None:
 def test_json_bodies_need_the_json_media_type(
     local: LocalServer, http: requests.Session, media_type: str | None
 ) -> None:
-    import json
-
     headers = {"Content-Type": media_type} if media_type else {}
     raw = json.dumps(CREATE_BODY).encode()
     answer = http.post(f"{local.api_base}/sandboxes", data=raw, headers=headers)
