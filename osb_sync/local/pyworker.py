@@ -26,6 +26,7 @@ COALESCE_WINDOW = 0.005
 # pipe was written there by the sandbox's code, and the worker is killed.
 REPLY_LIMIT = 4 << 20
 DEAD_WORKER = {"ename": "DeadKernelError", "evalue": "the Python worker exited", "traceback": []}
+BROKEN: dict[str, Any] = {}  # stands for what the worker wrote when it is not a reply
 BROKEN_WORKER = {
     "ename": "DeadKernelError",
     "evalue": "the Python worker wrote an invalid reply and was restarted",
@@ -46,10 +47,8 @@ def _coalesce(fd: int) -> bytes:
     return more
 
 
-BROKEN: dict[str, Any] = {}
-
-
 def _parse_reply(line: bytes) -> dict[str, Any]:
+    """The reply object in `line`, or BROKEN (sandbox code may write to the reply pipe)."""
     try:
         reply = json.loads(line)
     except ValueError:
