@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Callable, TextIO
 
 from .client import Client
-from .constants import API_BASE_ENV, DOMAIN_ENV, VERSION
+from .constants import API_BASE_ENV, API_KEY_ENV, DOMAIN_ENV, VERSION
 from .errors import ConfigurationError, OpenSandboxError
 from .models import Event, ExecutionResult, SandboxInfo
 
@@ -41,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.debug:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+    previous = _interrupt_on_sigterm()
     try:
         return int(args.handler(args))
     except KeyboardInterrupt:
@@ -52,6 +54,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OpenSandboxError, OSError) as exc:
         _report(args, exc)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_on_sigterm() -> Any:
+    """Make SIGTERM unwind like Ctrl-C, so sandboxes and an embedded server are cleaned up.
+
+    Returns the previous handler, or None when nothing was changed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _report(args: argparse.Namespace, exc: BaseException) -> None:
@@ -95,6 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Run the local OpenSandbox-compatible server: {NOT_A_BOUNDARY}.",
     )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (keep loopback)")
+    serve.add_argument(
+        "--api-key-file", metavar="PATH", help="read the API key from this file (first line)"
+    )
+    serve.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host header is NAME (repeatable)",
+    )
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--min-timeout", type=int, default=60, help="smallest sandbox timeout")
     serve.add_argument("--pending-seconds", type=float, default=0.0, help="provisioning delay")
@@ -163,16 +194,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``osb-sync serve``: the local server in the foreground until Ctrl-C."""
     from .local import LocalServer
 
+    _raise_file_limit()
     server = LocalServer(
         args.host,
         args.port,
-        api_key=args.api_key,
+        api_key=_server_key(args),
+        allowed_hosts=args.allowed_host,
         min_timeout=args.min_timeout,
         pending_seconds=args.pending_seconds,
         unenforced_network_policy="accept" if args.allow_unenforced_network_policy else "refuse",
     )
     server.start()
     print(f"osb-sync: serving {server.api_base} ({NOT_A_BOUNDARY})", file=sys.stderr)
+    if server.api_key is None:
+        print(f"osb-sync: warning: no API key ({API_KEY_ENV} is not set)", file=sys.stderr)
     if not server.network_policy_enforced:
         print(f"osb-sync: warning: {UNENFORCED_POLICY}", file=sys.stderr)
     try:
@@ -182,6 +217,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _raise_file_limit(wanted: int = 4096) -> None:
+    """Raise the soft open-file limit towards `wanted` (the connection cap is half of it)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def _server_key(args: argparse.Namespace) -> str | None:
+    """The key `serve` requires: --api-key-file, else --api-key, else the environment."""
+    if args.api_key_file and args.api_key:
+        raise UsageError("give --api-key-file or --api-key, not both")
+    if args.api_key_file:
+        with open(args.api_key_file, encoding="utf-8") as handle:
+            key = handle.readline().strip()
+        if not key:
+            raise UsageError(f"{args.api_key_file} holds no API key")
+        return key
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
 
 
 def cmd_create(args: argparse.Namespace) -> int:

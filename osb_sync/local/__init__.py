@@ -15,12 +15,13 @@ not run; Python code runs with the server's interpreter. The server binds 127.0.
 execd routes need the per-sandbox token returned by the endpoint route, and lifecycle routes the
 API key when one is set. Do not expose it to other users or networks.
 
-Modules: `server` (HTTP server, routing, auth, reaper), `lifecycle` (sandbox registry and
-routes), `validation` (422/400 rules), `execd` (execd routing, code contexts, /code),
-`commands` (/command, /session), `files` (file routes, multipart, metrics), `workers` (Python
-workers, output tailing, bash sessions), `runner` (process groups, network namespaces),
-`proxy` (port proxy), `_http` (request bodies, chunked answers, event streams, routing),
-`_worker` and `_nsagent` (helper programs run as scripts).
+Modules: `server` (LocalServer: start, stop, routing, auth, reaper), `httpd` (connections:
+timeouts, cap, Host check, dispatch), `lifecycle` (sandbox registry and routes), `validation`
+(422/400 rules), `execd` (execd routing, code contexts, /code), `bodies` (checked execd request
+values), `commands` (/command, /session), `files` (file routes, metrics), `filewrite` (uploads,
+replace, permissions), `workers` (Python workers, output tailing, bash sessions), `runner`
+(process groups, network namespaces), `proxy` (port proxy), `_http` (request bodies, chunked
+answers, event streams, routing), `_worker` and `_nsagent` (helper programs run as scripts).
 """
 
 from .server import LocalServer

@@ -7,21 +7,26 @@ read (an unread body makes the keep-alive connection unusable, so we close it in
 
 from __future__ import annotations
 
-import email.parser
 import json
+import math
 import re
-import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from io import BufferedIOBase
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-JSON_BODY_LIMIT = 16 * 1024 * 1024
+JSON_BODY_LIMIT = 1024 * 1024
 BODY_PIECE = 1 << 16
+# Parsed JSON can take twenty times the memory of its text ("[[],[],...]"): the number of
+# values a body may hold bounds that, whatever the number of requests at once.
+MAX_JSON_VALUES = 20_000
+SMALL_JSON = 64 * 1024  # below this, values are not counted: the worst case is small anyway
+MAX_LENGTH_DIGITS = 18
+CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
+JSON_TYPE = re.compile(r"application/(?:[\w.+-]+\+)?json", re.IGNORECASE)
 
 
 class HttpError(Exception):
@@ -37,6 +42,65 @@ class HttpError(Exception):
 def error(status: int, code: str, message: str) -> HttpError:
     """Build the `{"code","message"}` error shared by the lifecycle API and execd."""
     return HttpError(status, {"code": code, "message": message})
+
+
+def bad_body(message: str) -> HttpError:
+    """400 for a request body whose framing or encoding is broken."""
+    return error(400, "INVALID_REQUEST_BODY", message)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def parse_json(data: bytes) -> Any:
+    """Strict JSON: no NaN or Infinity, no overflowing floats; ValueError when malformed.
+
+    Too deep a nesting is a ValueError too (the C parser raises RecursionError); more than
+    MAX_JSON_VALUES values is a 413.
+    """
+    if len(data) > SMALL_JSON and _json_values(data) > MAX_JSON_VALUES:
+        message = f"JSON body with more than {MAX_JSON_VALUES} values"
+        raise error(413, "INVALID_REQUEST_BODY", message)
+    try:
+        return _loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _json_values(data: bytes) -> int:
+    """About how many values JSON text holds: its commas and brackets outside strings."""
+    count = 0
+    inside = False
+    pieces = data.split(b'"')  # a string toggles at each quote not escaped by a backslash
+    for index, piece in enumerate(pieces):
+        if not inside:
+            count += piece.count(b",") + piece.count(b"[") + piece.count(b"{")
+        escaped = inside and (len(piece) - len(piece.rstrip(b"\\"))) % 2 == 1
+        if index < len(pieces) - 1 and not escaped:
+            inside = not inside
+    return count
+
+
+def _loads(data: bytes) -> Any:
+    return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def content_length(value: str | None) -> int | None:
+    """The Content-Length header as a number; 400 unless it is plain decimal digits."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not (value.isascii() and value.isdigit()) or len(value) > MAX_LENGTH_DIGITS:
+        raise bad_body(f"invalid Content-Length {value[:40]!r}")
+    return int(value)
 
 
 def now_ms() -> int:
@@ -61,75 +125,33 @@ class BodyReader:
             if self._left == 0 and self._chunked:
                 self._next_chunk()
                 continue
-            data = self._rfile.read(min(want, self._left, 1 << 16))
+            data = self._rfile.read(min(want, self._left, BODY_PIECE))
             if not data:
-                raise HttpError(400, {"code": "INVALID_REQUEST_BODY", "message": "truncated body"})
+                raise bad_body("truncated body")
             parts.append(data)
             want -= len(data)
             self._left -= len(data)
             if self._left == 0:
                 if self._chunked:
-                    self._rfile.readline()  # the CRLF after each chunk
+                    if self._rfile.readline(3) not in (b"\r\n", b"\n"):
+                        raise bad_body("malformed chunk")
                 else:
                     self.finished = True
         return b"".join(parts)
 
     def _next_chunk(self) -> None:
         line = self._rfile.readline(1024)
-        try:
-            self._left = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise HttpError(400, {"code": "INVALID_REQUEST_BODY", "message": "bad chunk"}) from None
+        size = line.split(b";", 1)[0].strip()
+        if not line.endswith(b"\n") or not CHUNK_SIZE.fullmatch(size):
+            raise bad_body("malformed chunk size")
+        self._left = int(size, 16)
         if self._left == 0:
-            while self._rfile.readline(8192) not in (b"\r\n", b"\n", b""):
-                pass  # trailers are ignored
+            for _ in range(100):
+                if self._rfile.readline(8192) in (b"\r\n", b"\n", b""):
+                    break  # trailers are ignored
+            else:
+                raise bad_body("too many trailers")
             self.finished = True
-
-
-class MultipartReader:
-    """Streams the parts of a multipart/form-data body, writing file parts to disk."""
-
-    def __init__(self, body: BodyReader, boundary: str) -> None:
-        self._body = body
-        self._delimiter = b"\r\n--" + boundary.encode()
-        self._buffer = b"\r\n"  # lets the first delimiter match like the others
-
-    def _more(self) -> None:
-        data = self._body.read(BODY_PIECE)
-        if not data:
-            raise error(400, "INVALID_FILE", "truncated multipart body")
-        self._buffer += data
-
-    def _until(self, marker: bytes, sink: Callable[[bytes], None]) -> None:
-        while (index := self._buffer.find(marker)) < 0:
-            keep = len(marker) - 1
-            if len(self._buffer) > keep:
-                sink(self._buffer[:-keep])
-                self._buffer = self._buffer[-keep:]
-            self._more()
-        sink(self._buffer[:index])
-        self._buffer = self._buffer[index + len(marker) :]
-
-    def parts(self, staging: Path) -> Iterator[tuple[str, str | None, Path]]:
-        """Yield (field name, filename, file holding the content) for every part."""
-        self._until(self._delimiter, lambda _: None)
-        while True:
-            while len(self._buffer) < 2:
-                self._more()
-            if self._buffer.startswith(b"--"):
-                return
-            header_block: list[bytes] = []
-            self._until(b"\r\n\r\n", header_block.append)
-            headers = email.parser.BytesHeaderParser().parsebytes(b"".join(header_block).lstrip())
-            name = headers.get_param("name", header="content-disposition")
-            target = staging / f"upload-{secrets.token_hex(8)}"
-            with open(target, "wb") as out:
-
-                def write(data: bytes) -> None:
-                    out.write(data)
-
-                self._until(self._delimiter, write)
-            yield str(name or ""), headers.get_filename(), target
 
 
 class ChunkedWriter:
@@ -178,12 +200,20 @@ class Exchange:
         self.headers = handler.headers
         self.params: dict[str, str] = {}
         self.responded = False
-        chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = 0
-        self.body = BodyReader(handler.rfile, length, chunked)
+        self.body = BodyReader(handler.rfile, 0, False)
+        self.declared_length: int | None = None
+
+    def check_framing(self) -> None:
+        """Set up the body reader; 400 (connection closed) when the framing is invalid."""
+        encodings = self.headers.get_all("Transfer-Encoding") or []
+        lengths = self.headers.get_all("Content-Length") or []
+        coding = ",".join(encodings).strip().lower()
+        if coding and coding != "chunked":
+            raise bad_body(f"unsupported Transfer-Encoding {coding[:40]!r}")
+        if (coding and lengths) or len(set(lengths)) > 1:
+            raise bad_body("conflicting Content-Length and Transfer-Encoding headers")
+        self.declared_length = content_length(lengths[0]) if lengths else None
+        self.body = BodyReader(self.handler.rfile, self.declared_length, bool(coding))
 
     def arg(self, name: str, default: str | None = None) -> str | None:
         """The first value of query parameter `name`."""
@@ -191,18 +221,30 @@ class Exchange:
         return values[0] if values else default
 
     def read_body(self, limit: int = JSON_BODY_LIMIT) -> bytes:
-        """The whole request body; 413 when larger than `limit`."""
+        """The whole request body; 413 when larger than `limit` (before reading, if declared)."""
+        too_large = error(413, "INVALID_REQUEST_BODY", f"request body larger than {limit} bytes")
+        if self.declared_length is not None and self.declared_length > limit:
+            raise too_large
         data = self.body.read(limit + 1)
         if len(data) > limit:
-            raise error(413, "INVALID_REQUEST_BODY", "request body too large")
+            raise too_large
         return data
 
     def json_body(self, empty: Any = None) -> Any:
-        """The body parsed as JSON (`empty` for an empty body); ValueError when malformed."""
+        """The body parsed as JSON (`empty` for an empty body); ValueError when malformed.
+
+        A body needs `Content-Type: application/json` (415 otherwise), so a page in a browser
+        cannot send one with a form or a "simple" cross-site request.
+        """
         data = self.read_body()
         if not data.strip():
             return empty
-        return json.loads(data)
+        media_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip()
+        if not JSON_TYPE.fullmatch(media_type):
+            raise error(
+                415, "UNSUPPORTED_MEDIA_TYPE", "a JSON body needs Content-Type: application/json"
+            )
+        return parse_json(data)
 
     def send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
         """Send a complete answer with a Content-Length."""

@@ -20,6 +20,7 @@ SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
 IFREQ_SIZE = 40
+SOCKET_NAME = "agent.sock"
 
 
 def loopback_up() -> None:
@@ -86,8 +87,10 @@ def main(argv: list[str]) -> int:
     loopback_up()
     jupyter = socket.create_server(("127.0.0.1", jupyter_port))
     relay_server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    relay_server.bind(socket_path)
-    os.chmod(socket_path, 0o600)
+    # A socket path is limited to about 107 bytes: bind by name from inside its directory.
+    os.chdir(os.path.dirname(socket_path))
+    relay_server.bind(SOCKET_NAME)
+    os.chmod(SOCKET_NAME, 0o600)
     relay_server.listen(128)
     for server, serve in ((jupyter, False), (relay_server, True)):
         threading.Thread(target=accept_forever, args=(server, serve), daemon=True).start()

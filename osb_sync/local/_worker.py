@@ -21,6 +21,7 @@ import types
 from typing import Any
 
 _running = False
+REPLY_LIMIT = 4 << 20  # pyworker.REPLY_LIMIT: the server kills a worker whose reply is larger
 
 
 def _on_sigint(signum: int, frame: types.FrameType | None) -> None:
@@ -66,6 +67,20 @@ def execute(code: str, namespace: dict[str, Any], count: int) -> dict[str, Any]:
     return reply
 
 
+def _encode(reply: dict[str, Any]) -> bytes:
+    """The reply as one JSON line; an error in its place when it cannot be sent."""
+    try:
+        data = json.dumps(reply).encode()
+    except (TypeError, ValueError):
+        problem = "unencodable"
+    else:
+        if len(data) <= REPLY_LIMIT:
+            return data
+        problem = f"the result is {len(data)} bytes, more than {REPLY_LIMIT}: print it instead"
+    error = {"ename": "WorkerError", "evalue": problem, "traceback": []}
+    return json.dumps({**reply, "result": None, "error": error}).encode()
+
+
 def main(argv: list[str]) -> int:
     """Serve requests until the request pipe closes."""
     requests = os.fdopen(int(argv[1]), "rb")
@@ -85,16 +100,7 @@ def main(argv: list[str]) -> int:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        try:
-            data = json.dumps(reply)
-        except (TypeError, ValueError):
-            data = json.dumps(
-                {
-                    **reply,
-                    "error": {"ename": "WorkerError", "evalue": "unencodable", "traceback": []},
-                }
-            )
-        replies.write(data.encode() + b"\n")
+        replies.write(_encode(reply) + b"\n")
     return 0
 
 

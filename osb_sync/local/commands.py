@@ -17,9 +17,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from ._http import EventStream, Exchange, HttpError, error
+from ._http import EventStream, Exchange, error
+from .bodies import (
+    MAX_ID,
+    bad_request,
+    bounded_int,
+    environment,
+    read_object,
+    resolve_cwd,
+    text,
+    timeout_ms,
+)
 from .runner import SandboxRuntime, kill_group
 from .workers import (
     BashSession,
@@ -32,40 +42,7 @@ from .workers import (
 )
 
 SHELL = shutil.which("bash") or "/bin/sh"
-
-
-def bad_request(message: str) -> HttpError:
-    """execd's 400 for an invalid body or parameter."""
-    return error(400, "INVALID_REQUEST_BODY", f"invalid request, validation error {message}")
-
-
-def read_object(ex: Exchange, empty: Any = None) -> dict[str, Any]:
-    """The JSON object body of `ex` (`empty` when there is no body); 400 otherwise."""
-    try:
-        body = ex.json_body(empty)
-    except ValueError as exc:
-        raise bad_request(str(exc)) from None
-    if not isinstance(body, dict):
-        raise bad_request("body must be a JSON object")
-    return body
-
-
-def resolve_cwd(runtime: SandboxRuntime, cwd: Any) -> Path:
-    """The directory `cwd` names (env variables expanded), default the sandbox directory."""
-    if cwd in (None, ""):
-        return runtime.dir
-    path = runtime.resolve(os.path.expandvars(str(cwd)))
-    if not path.is_dir():
-        raise bad_request(f"cwd {cwd!r} is not a directory")
-    return path
-
-
-def timeout_ms(body: dict[str, Any]) -> int | None:
-    """The optional `timeout` (milliseconds, at least 1) of a request body."""
-    value = body.get("timeout")
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise bad_request("timeout must be an integer >= 1 (milliseconds)")
-    return value
+LOG_PIECE = 1 << 16
 
 
 @dataclass
@@ -95,6 +72,38 @@ def spawn_shell(
     )
 
 
+def start_shell(
+    runtime: SandboxRuntime, spec: CommandSpec
+) -> tuple[subprocess.Popen[bytes], dict[str, Path]]:
+    """Start `spec` writing to fresh output files; the process and the files. OSError if not."""
+    run_id = secrets.token_hex(8)
+    paths = {name: runtime.run_dir / f"{run_id}.{name}" for name in ("stdout", "stderr")}
+    try:
+        with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
+            return spawn_shell(runtime, spec, out, err), paths
+    except BaseException:
+        for path in paths.values():
+            path.unlink(missing_ok=True)
+        raise
+
+
+def follow_shell(
+    proc: subprocess.Popen[bytes],
+    paths: dict[str, Path],
+    sink: Callable[[str, bytes], None],
+    deadline: float | None,
+) -> int | str:
+    """Tail a process started by `start_shell` into `sink`; its exit code, or the error."""
+    try:
+        follow(proc, paths, sink, deadline)
+        return proc.wait()
+    except OSError as exc:
+        return str(exc)
+    finally:
+        for path in paths.values():
+            path.unlink(missing_ok=True)
+
+
 def run_shell(
     runtime: SandboxRuntime,
     spec: CommandSpec,
@@ -102,19 +111,12 @@ def run_shell(
     on_start: Callable[[subprocess.Popen[bytes]], None] = lambda proc: None,
 ) -> int | str:
     """Run `spec` with output tailed from files into `sink`; the exit code, or the start error."""
-    run_id = secrets.token_hex(8)
-    paths = {name: runtime.run_dir / f"{run_id}.{name}" for name in ("stdout", "stderr")}
     try:
-        with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
-            proc = spawn_shell(runtime, spec, out, err)
-        on_start(proc)
-        follow(proc, paths, sink, spec.deadline)
-        return proc.wait()
+        proc, paths = start_shell(runtime, spec)
     except OSError as exc:
         return str(exc)
-    finally:
-        for path in paths.values():
-            path.unlink(missing_ok=True)
+    on_start(proc)
+    return follow_shell(proc, paths, sink, spec.deadline)
 
 
 class Commands:
@@ -155,35 +157,40 @@ class Commands:
     def run_command(self, ex: Exchange) -> None:
         """POST /command."""
         body = read_object(ex)
-        command = body.get("command")
-        if not isinstance(command, str) or not command:
-            raise bad_request("command is required")
+        command = text(body, "command")
         timeout = timeout_ms(body)
-        if body.get("gid") is not None and body.get("uid") is None:
+        uid, gid = bounded_int(body, "uid", 0, MAX_ID), bounded_int(body, "gid", 0, MAX_ID)
+        if gid is not None and uid is None:
             raise bad_request("gid requires uid")
-        envs = body.get("envs") or {}
-        if not isinstance(envs, dict):
-            raise bad_request("envs must be an object")
         spec = CommandSpec(
             command,
             resolve_cwd(self.runtime, body.get("cwd")),
-            {str(k): str(v) for k, v in envs.items() if v is not None},
+            environment(body.get("envs")),
             None if timeout is None else time.monotonic() + timeout / 1000,
-            body.get("uid"),
-            body.get("gid"),
+            uid,
+            gid,
         )
         self.execute(ex, spec, background=bool(body.get("background")))
 
     def execute(self, ex: Exchange, spec: CommandSpec, background: bool) -> None:
-        """Answer `ex` with the event stream of running `spec`."""
+        """Answer `ex` with the event stream of running `spec`.
+
+        The process is started and recorded before `init` names it, as execd does, so an
+        interrupt sent as soon as `init` arrives finds it.
+        """
         command_id = secrets.token_hex(16)
+        if background:
+            self._background(ex, command_id, spec)
+        else:
+            self._foreground(ex, command_id, spec)
+
+    def _started_stream(self, ex: Exchange, command_id: str) -> EventStream:
         stream = self.stream(ex, command_id)
         stream.start_pings()
+        return stream
+
+    def _end(self, stream: EventStream) -> None:
         try:
-            if background:
-                self._background(stream, command_id, spec)
-            else:
-                self._foreground(stream, command_id, spec)
             time.sleep(self.grace)
         finally:
             stream.close()
@@ -192,36 +199,46 @@ class Commands:
         with self._lock:
             self._commands[record.id] = record
 
-    def _foreground(self, stream: EventStream, command_id: str, spec: CommandSpec) -> None:
+    def _foreground(self, ex: Exchange, command_id: str, spec: CommandSpec) -> None:
         started = time.monotonic()
-        splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
-
-        def sink(name: str, data: bytes) -> None:
-            for line in splitters[name].feed(data):
-                stream.event({"type": name, "text": line})
-
-        def register(proc: subprocess.Popen[bytes]) -> None:
-            self._remember(CommandRecord(command_id, spec.command, proc, background=False))
-
-        outcome = run_shell(self.runtime, spec, sink, register)
-        for name, splitter in splitters.items():
-            for line in splitter.flush():
-                stream.event({"type": name, "text": line})
-        if isinstance(outcome, str):
-            stream.event(failure(outcome, outcome))
+        try:
+            proc, paths = start_shell(self.runtime, spec)
+        except OSError as exc:
+            stream = self._started_stream(ex, command_id)
+            stream.event(failure(str(exc), str(exc)))
+            self._end(stream)
             return
-        record = self._record(command_id)
-        if record is not None:
-            record.finish()
-        stream.event(complete(started) if outcome == 0 else failure(*exit_error(outcome)))
+        record = CommandRecord(command_id, spec.command, proc, background=False)
+        self._remember(record)
+        stream = self._started_stream(ex, command_id)
+        try:
+            splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
 
-    def _background(self, stream: EventStream, command_id: str, spec: CommandSpec) -> None:
+            def sink(name: str, data: bytes) -> None:
+                for line in splitters[name].feed(data):
+                    stream.event({"type": name, "text": line})
+
+            outcome = follow_shell(proc, paths, sink, spec.deadline)
+            for name, splitter in splitters.items():
+                for line in splitter.flush():
+                    stream.event({"type": name, "text": line})
+            if isinstance(outcome, str):
+                stream.event(failure(outcome, outcome))
+            else:
+                record.finish()
+                stream.event(complete(started) if outcome == 0 else failure(*exit_error(outcome)))
+        finally:
+            self._end(stream)
+
+    def _background(self, ex: Exchange, command_id: str, spec: CommandSpec) -> None:
         log_path = self.runtime.run_dir / f"{command_id}.log"
         try:
             with open(log_path, "ab") as log:
                 proc = spawn_shell(self.runtime, spec, log, log)
         except OSError as exc:
+            stream = self._started_stream(ex, command_id)
             stream.bare_error("RUNTIME_ERROR", f"error starting background command: {exc}")
+            self._end(stream)
             return
         record = CommandRecord(command_id, spec.command, proc, background=True, log_path=log_path)
         self._remember(record)
@@ -235,7 +252,9 @@ class Commands:
             record.finish()
 
         threading.Thread(target=wait, name=f"osb-local-bg-{command_id[:8]}", daemon=True).start()
+        stream = self._started_stream(ex, command_id)
         stream.event({"type": "execution_complete"})
+        self._end(stream)
 
     def _record(self, command_id: str) -> CommandRecord | None:
         with self._lock:
@@ -253,18 +272,24 @@ class Commands:
         record = self._record(ex.params["id"])
         if record is None or record.log_path is None:
             raise bad_request(f"command {ex.params['id']} not found or not a background command")
-        try:
-            cursor = max(0, int(ex.arg("cursor") or 0))
-        except ValueError:
-            raise bad_request("cursor must be an integer") from None
+        raw = ex.arg("cursor") or "0"
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+            raise bad_request("cursor must be a byte offset")
         with open(record.log_path, "rb") as log:
+            size = os.fstat(log.fileno()).st_size
+            cursor = min(int(raw), size)
+            headers = {
+                "Content-Type": "text/plain; charset=utf-8",
+                "Content-Length": str(size - cursor),
+                "EXECD-COMMANDS-TAIL-CURSOR": str(max(int(raw), size)),
+            }
+            ex.start(200, headers)
             log.seek(cursor)
-            data = log.read()
-        headers = {
-            "Content-Type": "text/plain; charset=utf-8",
-            "EXECD-COMMANDS-TAIL-CURSOR": str(cursor + len(data)),
-        }
-        ex.send(200, data, headers)
+            left = size - cursor
+            while left > 0 and (data := log.read(min(LOG_PIECE, left))):
+                ex.handler.wfile.write(data)
+                left -= len(data)
+            ex.handler.wfile.flush()
 
     def interrupt(self, ex: Exchange) -> None:
         """DELETE /command?id=: SIGTERM the command's group, SIGKILL it 3 s later."""
@@ -299,9 +324,7 @@ class Commands:
         """POST /session/{id}/run: one event per output line, stderr merged into stdout."""
         session = self._session(ex.params["id"])
         body = read_object(ex)
-        command = body.get("command")
-        if not isinstance(command, str) or not command:
-            raise bad_request("command is required")
+        command = text(body, "command")
         timeout = timeout_ms(body)
         cwd = str(resolve_cwd(self.runtime, body["cwd"])) if body.get("cwd") else None
         stream = self.stream(ex, session.id)

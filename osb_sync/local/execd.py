@@ -19,9 +19,11 @@ from pathlib import Path
 
 from . import files
 from ._http import Exchange, Router, error
-from .commands import Commands, CommandSpec, bad_request, read_object, resolve_cwd, run_shell
+from .bodies import bad_request, read_object, resolve_cwd
+from .commands import Commands, CommandSpec, run_shell
+from .pyworker import PythonWorker
 from .runner import SandboxRuntime, kill_group
-from .workers import Emit, PythonWorker, complete, exit_error, failure
+from .workers import Emit, complete, exit_error, failure
 
 LANGUAGES = ("python", "bash")
 
@@ -126,7 +128,7 @@ class Execd:
     def create_context(self, ex: Exchange) -> None:
         """POST /code/context."""
         body = read_object(ex)
-        if not body.get("language"):
+        if not body.get("language") or not isinstance(body["language"], str):
             raise bad_request("language is required")
         cwd = resolve_cwd(self.runtime, body.get("cwd"))
         ex.send_json(200, self._new_context(str(body["language"]), cwd).describe())
@@ -186,6 +188,10 @@ class Execd:
             raise bad_request("code is required")
         spec = body.get("context") or {}
         language = spec.get("language") if isinstance(spec, dict) else None
+        if language is not None and not isinstance(language, str):
+            raise bad_request("context.language must be a string")
+        if language != "python" and "\0" in code:
+            raise bad_request("code must not contain NUL characters")  # a shell cannot run it
         if not language:
             # Real execd runs language-less code as a shell command, even with a context id.
             self.commands.execute(ex, CommandSpec(code, self.runtime.dir, {}), background=False)

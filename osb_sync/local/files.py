@@ -1,8 +1,8 @@
 """execd file routes (upload, download with Range, stat, list, search, move, ...) and metrics.
 
 Relative paths resolve inside the sandbox directory; absolute paths are used as they are
-(the sandbox shares the host's file system). Uploads and downloads stream through disk in
-64 KiB pieces, so a large file is never held in memory.
+(the sandbox shares the host's file system). Downloads stream from disk in 64 KiB pieces;
+uploads, replacements and permissions live in `filewrite.py`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import fnmatch
 import functools
 import grp
-import json
 import os
 import pwd
 import re
@@ -22,7 +21,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ._http import Exchange, HttpError, MultipartReader, Route, error, now_ms
+from ._http import Exchange, HttpError, Route, error, now_ms
+from .filewrite import (
+    apply_permissions,
+    bad_value,
+    existing,
+    json_object,
+    permissions_of,
+    replace,
+    sandbox_path,
+    upload,
+)
 from .runner import SandboxRuntime
 from .workers import rfc3339
 
@@ -68,83 +77,11 @@ def file_info(path: Path) -> dict[str, Any]:
     }
 
 
-def apply_permissions(path: Path, spec: Any) -> None:
-    """chmod/chown `path` from an execd permission object `{"mode": 755, "owner", "group"}`."""
-    if not isinstance(spec, dict):
-        return
-    mode = spec.get("mode") or 0
-    try:
-        if mode:
-            os.chmod(path, int(str(mode), 8))
-        owner, group = spec.get("owner") or None, spec.get("group") or None
-        if owner is not None:
-            shutil.chown(path, str(owner), group)
-        elif group is not None:
-            shutil.chown(path, group=str(group))
-    except (ValueError, LookupError) as exc:
-        raise error(400, "INVALID_REQUEST_BODY", f"invalid permissions for {path}: {exc}") from None
-    except OSError as exc:
-        raise error(500, "RUNTIME_ERROR", f"cannot set permissions of {path}: {exc}") from None
-
-
-def _existing(runtime: SandboxRuntime, raw: str) -> Path:
-    path = runtime.resolve(raw)
-    if not os.path.lexists(path):
-        raise error(404, "FILE_NOT_FOUND", f"file not found: {raw}")
-    return path
-
-
 def _paths(ex: Exchange) -> list[str]:
     paths = [p for p in ex.query.get("path", []) if p]
     if not paths:
         raise error(400, "MISSING_QUERY", "missing query parameter: path")
     return paths
-
-
-def _json_object(ex: Exchange) -> Any:
-    try:
-        return ex.json_body()
-    except ValueError as exc:
-        raise error(400, "INVALID_REQUEST_BODY", f"invalid JSON body: {exc}") from None
-
-
-def upload(runtime: SandboxRuntime, ex: Exchange) -> None:
-    """POST /files/upload: pairs of `metadata` and `file` parts (the i-th with the i-th)."""
-    content_type = ex.headers.get("Content-Type") or ""
-    found = re.search(r'boundary="?([^";]+)"?', content_type)
-    if not content_type.startswith("multipart/form-data") or not found:
-        raise error(400, "INVALID_FILE", "expected a multipart/form-data body")
-    staged: list[Path] = []
-    try:
-        metas: list[Path] = []
-        contents: list[Path] = []
-        for name, filename, path in MultipartReader(ex.body, found.group(1)).parts(runtime.run_dir):
-            staged.append(path)
-            if name == "metadata" and filename is not None:
-                metas.append(path)
-            elif name == "file" and filename is not None:
-                contents.append(path)
-        if not metas:
-            raise error(400, "INVALID_FILE_METADATA", "metadata file is missing")
-        if len(metas) != len(contents):
-            raise error(400, "INVALID_FILE", "metadata and file parts do not pair up")
-        for meta_path, content in zip(metas, contents, strict=True):
-            if meta_path.stat().st_size > METADATA_LIMIT:
-                raise error(400, "INVALID_FILE_METADATA", "metadata too large")
-            try:
-                meta = json.loads(meta_path.read_bytes())
-            except ValueError as exc:
-                raise error(400, "INVALID_FILE_METADATA", f"invalid metadata: {exc}") from None
-            if not isinstance(meta, dict) or not meta.get("path"):
-                raise error(400, "INVALID_FILE_METADATA", "metadata path is empty")
-            target = runtime.resolve(str(meta["path"]))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(content), str(target))
-            apply_permissions(target, meta)
-    finally:
-        for path in staged:
-            path.unlink(missing_ok=True)
-    ex.send(200)
 
 
 def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -157,7 +94,7 @@ def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
         {"code": "INVALID_REQUEST_BODY", "message": f"invalid range {header!r} for size {size}"},
         {"Content-Range": f"bytes */{size}"},
     )
-    if not found or found.group(1) == found.group(2) == "":
+    if not found or found.group(1) == found.group(2) == "" or len(header) > 50:
         raise unsatisfiable
     first, last = found.groups()
     if first == "":
@@ -176,7 +113,7 @@ def download(runtime: SandboxRuntime, ex: Exchange) -> None:
     raw = ex.arg("path") or ""
     if not raw:
         raise error(400, "MISSING_QUERY", "missing query parameter: path")
-    path = runtime.resolve(raw)
+    path = sandbox_path(runtime, raw)
     if not path.is_file():
         raise error(404, "FILE_NOT_FOUND", f"file not found: {raw}")
     with open(path, "rb") as source:
@@ -202,19 +139,19 @@ def download(runtime: SandboxRuntime, ex: Exchange) -> None:
 
 def info(runtime: SandboxRuntime, ex: Exchange) -> None:
     """GET /files/info?path=a&path=b."""
-    ex.send_json(200, {raw: file_info(_existing(runtime, raw)) for raw in _paths(ex)})
+    ex.send_json(200, {raw: file_info(existing(runtime, raw)) for raw in _paths(ex)})
 
 
 def list_directory(runtime: SandboxRuntime, ex: Exchange) -> None:
     """GET /directories/list?path=&depth=1: entries in lexical order, symlinks not followed."""
     raw = ex.arg("path") or "."
-    root = _existing(runtime, raw)
+    root = existing(runtime, raw)
     if root.is_symlink() or not root.is_dir():
         raise error(400, "INVALID_REQUEST_BODY", f"not a directory: {raw}")
-    try:
-        depth = max(1, int(ex.arg("depth") or 1))
-    except ValueError:
-        raise error(400, "INVALID_REQUEST_BODY", "depth must be an integer") from None
+    raw_depth = ex.arg("depth") or "1"
+    if not (raw_depth.isascii() and raw_depth.isdigit()) or len(raw_depth) > 6:
+        raise bad_value("depth must be a number from 1 to 999999")
+    depth = max(1, int(raw_depth))
     found: list[dict[str, Any]] = []
 
     def walk(directory: Path, level: int) -> None:
@@ -229,7 +166,7 @@ def list_directory(runtime: SandboxRuntime, ex: Exchange) -> None:
 
 def search(runtime: SandboxRuntime, ex: Exchange) -> None:
     """GET /files/search?path=&pattern=: files whose base name matches, recursively."""
-    root = _existing(runtime, ex.arg("path") or ".")
+    root = existing(runtime, ex.arg("path") or ".")
     pattern = ex.arg("pattern") or "**"
     found = [
         Path(top, name)
@@ -243,7 +180,7 @@ def search(runtime: SandboxRuntime, ex: Exchange) -> None:
 def delete_files(runtime: SandboxRuntime, ex: Exchange) -> None:
     """DELETE /files?path=...: missing files are fine, directories are an error."""
     for raw in _paths(ex):
-        path = runtime.resolve(raw)
+        path = sandbox_path(runtime, raw)
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
@@ -253,11 +190,11 @@ def delete_files(runtime: SandboxRuntime, ex: Exchange) -> None:
 
 def make_directories(runtime: SandboxRuntime, ex: Exchange) -> None:
     """POST /directories: `{"<path>": {"mode": 755, ...}}`, like mkdir -p."""
-    body = _json_object(ex)
+    body = json_object(ex)
     if not isinstance(body, dict):
         raise error(400, "INVALID_REQUEST_BODY", "body must be an object of paths")
-    for raw, spec in body.items():
-        path = runtime.resolve(raw)
+    plan = [(sandbox_path(runtime, raw), permissions_of(spec)) for raw, spec in body.items()]
+    for path, spec in plan:
         path.mkdir(parents=True, exist_ok=True)
         apply_permissions(path, spec)
     ex.send(200)
@@ -266,7 +203,7 @@ def make_directories(runtime: SandboxRuntime, ex: Exchange) -> None:
 def delete_directories(runtime: SandboxRuntime, ex: Exchange) -> None:
     """DELETE /directories?path=...: like rm -rf."""
     for raw in _paths(ex):
-        path = runtime.resolve(raw)
+        path = sandbox_path(runtime, raw)
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         elif os.path.lexists(path):
@@ -276,14 +213,14 @@ def delete_directories(runtime: SandboxRuntime, ex: Exchange) -> None:
 
 def move(runtime: SandboxRuntime, ex: Exchange) -> None:
     """POST /files/mv: `[{"src", "dest"}]`."""
-    body = _json_object(ex)
+    body = json_object(ex)
     if not isinstance(body, list):
         raise error(400, "INVALID_REQUEST_BODY", "body must be a list of {src, dest}")
     for item in body:
         if not isinstance(item, dict) or not item.get("src") or not item.get("dest"):
             raise error(400, "INVALID_REQUEST_BODY", "each move needs src and dest")
-        source = _existing(runtime, str(item["src"]))
-        target = runtime.resolve(str(item["dest"]))
+        source = existing(runtime, item["src"])
+        target = sandbox_path(runtime, item["dest"])
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(source), str(target))
     ex.send(200)
@@ -291,36 +228,13 @@ def move(runtime: SandboxRuntime, ex: Exchange) -> None:
 
 def permissions(runtime: SandboxRuntime, ex: Exchange) -> None:
     """POST /files/permissions: `{"<path>": {"owner", "group", "mode"}}`."""
-    body = _json_object(ex)
+    body = json_object(ex)
     if not isinstance(body, dict):
         raise error(400, "INVALID_REQUEST_BODY", "body must be an object of paths")
-    for raw, spec in body.items():
-        apply_permissions(_existing(runtime, raw), spec)
+    plan = [(existing(runtime, raw), permissions_of(spec)) for raw, spec in body.items()]
+    for path, spec in plan:
+        apply_permissions(path, spec)
     ex.send(200)
-
-
-def replace(runtime: SandboxRuntime, ex: Exchange) -> None:
-    """POST /files/replace?verbose=: `{"<path>": {"old", "new"}}`, in place."""
-    body = _json_object(ex)
-    if not isinstance(body, dict):
-        raise error(400, "INVALID_REQUEST_BODY", "body must be an object of paths")
-    counts: dict[str, dict[str, int]] = {}
-    for raw, spec in body.items():
-        old = spec.get("old") if isinstance(spec, dict) else None
-        if not old:
-            raise error(400, "INVALID_REQUEST_BODY", f"old text for {raw} is empty")
-        path = _existing(runtime, raw)
-        text = path.read_text(encoding="utf-8", errors="surrogateescape")
-        counts[raw] = {"replacedCount": text.count(old)}
-        path.write_text(
-            text.replace(old, str(spec.get("new") or "")),
-            encoding="utf-8",
-            errors="surrogateescape",
-        )
-    if (ex.arg("verbose") or "").lower() == "true":
-        ex.send_json(200, counts)
-    else:
-        ex.send(200)
 
 
 def _cpu_times() -> tuple[int, int]:

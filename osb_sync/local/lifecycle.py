@@ -23,11 +23,12 @@ from .runner import NetnsMode, SandboxRuntime
 from .validation import (
     check_create,
     check_labels,
-    invalid_json,
+    check_patch,
+    check_renewal,
     issue,
-    parse_time,
     policy_needs,
     query_int,
+    read_json,
     unprocessable,
 )
 from .workers import rfc3339
@@ -46,6 +47,7 @@ class Config:
 
     root: Path
     min_timeout: int
+    max_timeout: int
     pending_seconds: float
     ping_interval: float
     command_grace: float
@@ -145,11 +147,8 @@ class Lifecycle:
 
     def create(self, ex: Exchange) -> None:
         """POST /sandboxes: validate, make the directory and runtime, answer 202."""
-        try:
-            body = ex.json_body()
-        except ValueError as exc:
-            raise invalid_json(str(exc)) from None
-        check_create(body, self.config.min_timeout)
+        body = read_json(ex)
+        check_create(body, self.config.min_timeout, self.config.max_timeout)
         check_labels(body.get("metadata") or {})
         isolate, note = self._network_plan(body.get("networkPolicy"))
         sandbox_id = str(uuid.uuid4())
@@ -166,6 +165,16 @@ class Lifecycle:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
+        try:
+            sandbox = self._register(sandbox_id, body, runtime, note)
+        except BaseException:
+            runtime.close()  # a refused create leaves no folder and no process
+            raise
+        ex.send_json(202, sandbox.view(created=True))
+
+    def _register(
+        self, sandbox_id: str, body: dict[str, Any], runtime: SandboxRuntime, note: str
+    ) -> Sandbox:
         now = datetime.now(timezone.utc)
         timeout = body.get("timeout")
         sandbox = Sandbox(
@@ -183,7 +192,7 @@ class Lifecycle:
         sandbox.refresh(now)
         with self._lock:
             self._sandboxes[sandbox_id] = sandbox
-        ex.send_json(202, sandbox.view(created=True))
+        return sandbox
 
     def _network_plan(self, policy: Any) -> tuple[bool, str]:
         """(run in a private network namespace?, status note) for a network policy."""
@@ -294,29 +303,8 @@ class Lifecycle:
 
     def renew(self, ex: Exchange) -> None:
         """POST /sandboxes/{id}/renew-expiration."""
-        try:
-            body = ex.json_body()
-        except ValueError as exc:
-            raise invalid_json(str(exc)) from None
-        if not isinstance(body, dict) or "expiresAt" not in body:
-            raise unprocessable([issue("missing", ["body", "expiresAt"], "Field required", body)])
-        extra = [
-            issue("extra_forbidden", ["body", k], "Extra inputs are not permitted", v)
-            for k, v in body.items()
-            if k != "expiresAt"
-        ]
-        moment = parse_time(body["expiresAt"])
-        if moment is None:
-            extra.append(
-                issue(
-                    "datetime_from_date_parsing",
-                    ["body", "expiresAt"],
-                    "Input should be a valid datetime",
-                    body["expiresAt"],
-                )
-            )
-        if extra or moment is None:
-            raise unprocessable(extra)
+        body = read_json(ex)
+        moment = check_renewal(body)
         sandbox = self._get(ex)
         with self._lock:
             if sandbox.expires_at is None:
@@ -326,30 +314,24 @@ class Lifecycle:
                     f"Sandbox {sandbox.id} has no "
                     "expiration (created without timeout); it cannot be renewed.",
                 )
-            if moment <= datetime.now(timezone.utc):
+            now = datetime.now(timezone.utc)
+            if moment <= now:
                 raise error(
                     400, "DOCKER::INVALID_EXPIRATION", "New expiration time must be in the future."
+                )
+            if (moment - now).total_seconds() > self.config.max_timeout:
+                raise error(
+                    400,
+                    "DOCKER::INVALID_EXPIRATION",
+                    f"New expiration time is more than {self.config.max_timeout} seconds away.",
                 )
             sandbox.expires_at = moment
         ex.send_json(200, {"expiresAt": rfc3339(moment)})
 
     def patch_metadata(self, ex: Exchange) -> None:
         """PATCH /sandboxes/{id}/metadata: JSON merge patch, answers the full Sandbox."""
-        try:
-            patch = ex.json_body()
-        except ValueError as exc:
-            raise invalid_json(str(exc)) from None
-        if not isinstance(patch, dict):
-            raise unprocessable(
-                [issue("dict_type", ["body"], "Input should be a valid dictionary", patch)]
-            )
-        wrong = [
-            issue("string_type", ["body", k], "Input should be a valid string", v)
-            for k, v in patch.items()
-            if v is not None and not isinstance(v, str)
-        ]
-        if wrong:
-            raise unprocessable(wrong)
+        patch = read_json(ex)
+        check_patch(patch)
         check_labels(patch)
         sandbox = self._get(ex)
         with self._lock:
@@ -366,7 +348,7 @@ class Lifecycle:
     def endpoint(self, ex: Exchange) -> None:
         """GET /sandboxes/{id}/endpoints/{port}: always the server-proxy form."""
         raw_port = ex.params["port"]
-        if not raw_port.isdigit():
+        if not (raw_port.isascii() and raw_port.isdigit()):
             raise unprocessable(
                 [
                     issue(
@@ -377,9 +359,11 @@ class Lifecycle:
                     )
                 ]
             )
+        if len(raw_port) > 5 or not 1 <= int(raw_port) <= 65535:
+            raise error(
+                400, "DOCKER::INVALID_PORT", f"Port {raw_port[:20]} must be between 1 and 65535."
+            )
         port = int(raw_port)
-        if not 1 <= port <= 65535:
-            raise error(400, "DOCKER::INVALID_PORT", f"Port {port} must be between 1 and 65535.")
         if ex.arg("expires"):
             raise error(
                 400,

@@ -34,6 +34,15 @@ NOT_FORWARDED = {
 NO_BODY = {204, 304}
 
 
+def port_number(raw: str) -> int:
+    """The port of a proxy path; 400 unless it is a number from 1 to 65535."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 5 or not 1 <= int(raw) <= 65535:
+        raise error(
+            400, "DOCKER::INVALID_PORT", f"Port {raw[:20]!r} must be a number from 1 to 65535."
+        )
+    return int(raw)
+
+
 def unreachable(sandbox_id: str, detail: object) -> HttpError:
     """The real server proxy's 502 when the sandbox cannot be reached."""
     return error(

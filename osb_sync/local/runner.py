@@ -87,6 +87,10 @@ class NetnsAgent:
         self._proc = proc
         self.pid = proc.pid
         self.socket_path = socket_path
+        # Connecting through an open descriptor of the directory keeps the path short, however
+        # long the temporary directory's name (a socket path is limited to about 107 bytes).
+        self._dir_fd = os.open(socket_path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        self._connect_path = f"/proc/self/fd/{self._dir_fd}/{socket_path.name}"
 
     @classmethod
     def start(cls, mode: NetnsMode, run_dir: Path, env: dict[str, str]) -> NetnsAgent:
@@ -127,7 +131,7 @@ class NetnsAgent:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout)
-            sock.connect(str(self.socket_path))
+            sock.connect(self._connect_path)
             sock.sendall(b"%d\n" % port)
             answer = b""
             while not answer.endswith(b"\n"):
@@ -146,6 +150,9 @@ class NetnsAgent:
     def stop(self) -> None:
         """Kill the agent (the namespace disappears with its last process)."""
         kill_group(self.pid, signal.SIGKILL)
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
         for stream in (self._proc.stdin, self._proc.stdout):
             if stream is not None:
                 stream.close()

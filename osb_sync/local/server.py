@@ -13,26 +13,23 @@ import os
 import re
 import shutil
 import signal
-import socket
-import sys
 import tempfile
 import threading
-import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
 
 from . import proxy
 from ._http import Exchange, HttpError, error
+from .httpd import HTTPServer, Limits, host_names
 from .lifecycle import EXECD_PORT, Config, Lifecycle, not_found
 from .runner import NetnsMode, PortSink, probe_netns
 
 logger = logging.getLogger("osb_sync.local")
 
-PROXY_PATH = re.compile(r"^(?:/v1)?/sandboxes/(?P<id>[^/]+)/proxy/(?P<port>\d+)(?P<rest>/.*)?$")
+PROXY_PATH = re.compile(r"^(?:/v1)?/sandboxes/(?P<id>[^/]+)/proxy/(?P<port>[^/]+)(?P<rest>/.*)?$")
 REAP_INTERVAL = 0.2
-UNREAD_BODY_LIMIT = 1024 * 1024
+MAX_SANDBOX_TIMEOUT = 86400  # the real server's example `max_sandbox_timeout_seconds`
 POLICY_CHOICES = ("refuse", "accept")
 MISSING_KEY = (
     "Authentication credentials are missing. Provide API key via OPEN-SANDBOX-API-KEY header."
@@ -41,85 +38,19 @@ INVALID_KEY = "Authentication credentials are invalid. Check your API key and tr
 BAD_TOKEN = {"error": "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"}
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128  # the default 5 makes connection bursts wait for SYN retries
-
-    def __init__(self, address: tuple[str, int], app: LocalServer) -> None:
-        self.app = app
-        self.connections: set[socket.socket] = set()
-        self.connections_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client resetting an idle keep-alive connection is routine, not an error."""
-        if isinstance(sys.exc_info()[1], ConnectionError):
-            return
-        super().handle_error(request, client_address)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _HTTPServer
-
-    def setup(self) -> None:
-        super().setup()
-        # Events are small writes: without this, each waits for the peer's delayed ACK.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with self.server.connections_lock:
-            self.server.connections.add(self.connection)
-
-    def finish(self) -> None:
-        with self.server.connections_lock:
-            self.server.connections.discard(self.connection)
-        try:
-            super().finish()
-        except OSError:
-            pass
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("%s " + format, self.address_string(), *args)
-
-    def _dispatch(self) -> None:
-        ex = Exchange(self, self.headers.get("X-Request-ID") or uuid.uuid4().hex)
-        try:
-            self.server.app.route(ex)
-        except HttpError as exc:
-            if ex.responded:
-                self.close_connection = True
-            else:
-                ex.send_json(exc.status, exc.body, exc.headers)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client went away
-        except Exception as exc:
-            logger.exception("local server: %s %s failed", ex.method, ex.path)
-            if ex.responded:
-                self.close_connection = True
-            else:
-                # execd answers RUNTIME_ERROR (e.g. a file operation the OS refused).
-                code = "RUNTIME_ERROR" if PROXY_PATH.match(ex.path) else "GENERAL::UNKNOWN_ERROR"
-                ex.send_json(500, {"code": code, "message": f"{type(exc).__name__}: {exc}"})
-        if not ex.body.finished:
-            # The rest of an unread body would be taken for the next request: read it away
-            # (a small one), so the client's kept-alive connection stays usable.
-            try:
-                ex.body.read(UNREAD_BODY_LIMIT)
-            except (OSError, HttpError):
-                pass  # a broken body: the connection is closed below
-            if not ex.body.finished:
-                self.close_connection = True
-
-    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _dispatch
-
-
 class LocalServer:
     """A local OpenSandbox-compatible server: lifecycle API plus execd, on one port.
+
+    While it runs in the main thread of a process whose SIGTERM does the default (kill), a
+    SIGTERM raises KeyboardInterrupt instead, like Ctrl-C, so the process unwinds and stops
+    the server: its sandboxes, their processes and its temporary directory go away.
 
     Args:
         host: address to bind; keep the loopback default (this is not a security boundary).
         port: port to bind, 0 for a free one.
         api_key: when set, lifecycle calls need it in `OPEN-SANDBOX-API-KEY`.
         min_timeout: smallest accepted sandbox `timeout` in seconds (the real server: 60).
+        max_timeout: largest accepted sandbox `timeout`, and renewal ahead, in seconds.
         pending_seconds: how long a new sandbox reports `Pending` before `Running`.
         ping_interval: seconds between execd heartbeat events.
         unenforced_network_policy: "refuse" (400, like a server without egress support) or
@@ -128,6 +59,8 @@ class LocalServer:
             on stop.
         command_grace: seconds /command keeps its stream open after the terminal event.
         netns: None to probe for network namespaces, True/False to force the answer.
+        allowed_hosts: more names requests may give in `Host` (besides loopback and `host`).
+        limits: connection timeouts and cap (see `httpd.Limits`).
     """
 
     def __init__(
@@ -137,12 +70,15 @@ class LocalServer:
         *,
         api_key: str | None = None,
         min_timeout: int = 60,
+        max_timeout: int = MAX_SANDBOX_TIMEOUT,
         pending_seconds: float = 0.0,
         ping_interval: float = 3.0,
         unenforced_network_policy: str = "refuse",
         root_dir: str | Path | None = None,
         command_grace: float = 1.0,
         netns: bool | None = None,
+        allowed_hosts: Iterable[str] = (),
+        limits: Limits | None = None,
     ) -> None:
         if unenforced_network_policy not in POLICY_CHOICES:
             raise ValueError(f"unenforced_network_policy must be one of {POLICY_CHOICES}")
@@ -150,10 +86,13 @@ class LocalServer:
         self.port = port
         self.api_key = api_key
         self.min_timeout = min_timeout
+        self.max_timeout = max_timeout
         self.pending_seconds = pending_seconds
         self.ping_interval = ping_interval
         self.unenforced_network_policy = unenforced_network_policy
         self.command_grace = command_grace
+        self.allowed_hosts = tuple(allowed_hosts)
+        self.limits = limits or Limits()
         self.network_policy_enforced = False
         self._netns_choice = netns
         self._root_dir = Path(root_dir) if root_dir is not None else None
@@ -161,10 +100,11 @@ class LocalServer:
         self._state_lock = threading.Lock()
         self._started = False
         self._stopped = threading.Event()
-        self._httpd: _HTTPServer | None = None
+        self._httpd: HTTPServer | None = None
         self._lifecycle: Lifecycle | None = None
         self._sink: PortSink | None = None
         self._threads: list[threading.Thread] = []
+        self._catches_sigterm = False
 
     @property
     def base_url(self) -> str:
@@ -182,24 +122,26 @@ class LocalServer:
         return NetnsMode(user_namespace=os.geteuid() != 0) if self._netns_choice else None
 
     def start(self) -> LocalServer:
-        """Bind and serve in background threads; returns self. Idempotent."""
+        """Bind and serve in background threads; returns self. Idempotent.
+
+        Raises:
+            OSError: the address cannot be bound (nothing is left behind).
+        """
         with self._state_lock:
             if self._started:
                 return self
             netns = self._netns_mode()
             self.network_policy_enforced = netns is not None
-            if self._root_dir is None:
-                self.root_dir = Path(tempfile.mkdtemp(prefix="osb-local-"))
-            else:
-                self.root_dir = self._root_dir
-                self.root_dir.mkdir(parents=True, exist_ok=True)
-            self._sink = PortSink()
-            self._httpd = _HTTPServer((self.host, self.port), self)
+            hosts = host_names(self.host, self.allowed_hosts)
+            self._httpd = HTTPServer((self.host, self.port), self.route, self.limits, hosts)
             self.port = self._httpd.server_address[1]
+            self.root_dir = self._make_root()
+            self._sink = PortSink()
             self._lifecycle = Lifecycle(
                 Config(
                     root=self.root_dir,
                     min_timeout=self.min_timeout,
+                    max_timeout=self.max_timeout,
                     pending_seconds=self.pending_seconds,
                     ping_interval=self.ping_interval,
                     command_grace=self.command_grace,
@@ -216,14 +158,27 @@ class LocalServer:
                     name="osb-local-http",
                     daemon=True,
                 ),
+                threading.Thread(
+                    target=self._httpd.watch_deadlines,
+                    args=(self._stopped,),
+                    name="osb-local-deadlines",
+                    daemon=True,
+                ),
                 threading.Thread(target=self._reap, name="osb-local-reaper", daemon=True),
             ]
             for thread in self._threads:
                 thread.start()
             self._started = True
             atexit.register(self.stop)
+            self._catches_sigterm = _catch_sigterm()
         logger.info("local OpenSandbox server on %s", self.api_base)
         return self
+
+    def _make_root(self) -> Path:
+        if self._root_dir is None:
+            return Path(tempfile.mkdtemp(prefix="osb-local-"))
+        self._root_dir.mkdir(parents=True, exist_ok=True)
+        return self._root_dir
 
     def _reap(self) -> None:
         while not self._stopped.wait(REAP_INTERVAL):
@@ -242,36 +197,27 @@ class LocalServer:
             self._stopped.set()
         atexit.unregister(self.stop)
         assert self._httpd is not None and self._lifecycle is not None and self._sink is not None
+        if self._catches_sigterm:
+            _release_sigterm()
         self._httpd.shutdown()
         self._httpd.server_close()
         for thread in self._threads:
             thread.join()
         self._lifecycle.close_all()
         self._sink.close()
-        with self._httpd.connections_lock:
-            connections = list(self._httpd.connections)
-        for conn in connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self._httpd.close_connections()
         if self._root_dir is None and self.root_dir is not None:
             shutil.rmtree(self.root_dir, ignore_errors=True)
 
     def serve_forever(self) -> None:
         """Serve in the foreground until Ctrl-C, SIGTERM or `stop()`, then shut down cleanly."""
         self.start()
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             while not self._stopped.wait(0.5):
                 pass
         except KeyboardInterrupt:
             pass
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
             self.stop()
 
     def __enter__(self) -> LocalServer:
@@ -290,7 +236,7 @@ class LocalServer:
         assert self._lifecycle is not None
         found = PROXY_PATH.match(ex.path)
         if found:
-            self._proxy(ex, found["id"], int(found["port"]), found["rest"] or "/")
+            self._proxy(ex, found["id"], proxy.port_number(found["port"]), found["rest"] or "/")
             return
         path = ex.path[3:] if ex.path == "/v1" or ex.path.startswith("/v1/") else ex.path
         if path == "/health" and ex.method == "GET":
@@ -337,3 +283,33 @@ class LocalServer:
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+_sigterm_lock = threading.Lock()
+_sigterm_users = 0
+
+
+def _catch_sigterm() -> bool:
+    """Make SIGTERM raise KeyboardInterrupt while a server runs; True if this one counts."""
+    global _sigterm_users
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    with _sigterm_lock:
+        if _sigterm_users == 0:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return False  # the program handles SIGTERM itself
+            signal.signal(signal.SIGTERM, _raise_interrupt)
+        _sigterm_users += 1
+    return True
+
+
+def _release_sigterm() -> None:
+    """Undo `_catch_sigterm` when the last server that caught SIGTERM stops."""
+    global _sigterm_users
+    with _sigterm_lock:
+        _sigterm_users -= 1
+        if _sigterm_users == 0 and signal.getsignal(signal.SIGTERM) is _raise_interrupt:
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            except ValueError:
+                pass  # stopped from another thread: the handler stays, harmlessly

@@ -7,11 +7,12 @@ wording); rule errors the server checks itself (metadata labels, network policy)
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timezone
 from typing import Any
 
-from ._http import HttpError, error
+from ._http import Exchange, HttpError, error
 
 RESERVED_PREFIX = "opensandbox.io/"
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
@@ -19,13 +20,31 @@ LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", re.IGNORECASE)
 ACTIONS = ("allow", "deny")
+ECHO_LIMIT = 1024  # a 422 repeats the offending input only up to this size
+
 
 Detail = dict[str, Any]
 
 
 def issue(kind: str, loc: list[Any], msg: str, value: Any) -> Detail:
-    """One pydantic-style error entry."""
-    return {"type": kind, "loc": loc, "msg": msg, "input": value}
+    """One pydantic-style error entry; a large `value` is summarised, not echoed."""
+    return {"type": kind, "loc": loc, "msg": msg, "input": _echo(value)}
+
+
+def _echo(value: Any) -> Any:
+    """`value`, or a short description when its JSON is larger than ECHO_LIMIT."""
+    try:
+        size = len(json.dumps(value))
+    except (TypeError, ValueError, RecursionError):
+        return "<input omitted>"
+    if size <= ECHO_LIMIT:
+        return value
+    return f"<{type(value).__name__} input of {size} bytes omitted>"
+
+
+def bad_parameter(message: str) -> HttpError:
+    """The real server's 400 for a value its configuration refuses."""
+    return error(400, "SANDBOX::INVALID_PARAMETER", message)
 
 
 def unprocessable(details: list[Detail]) -> HttpError:
@@ -38,6 +57,14 @@ def invalid_json(message: str) -> HttpError:
     return unprocessable(
         [issue("json_invalid", ["body", 0], "JSON decode error", {}) | {"ctx": {"error": message}}]
     )
+
+
+def read_json(ex: Exchange) -> Any:
+    """The JSON body of a lifecycle request; FastAPI's 422 when it is not JSON."""
+    try:
+        return ex.json_body()
+    except ValueError as exc:
+        raise invalid_json(str(exc)) from None
 
 
 def _string_map(body: dict[str, Any], name: str, nullable_values: bool = False) -> list[Detail]:
@@ -119,7 +146,11 @@ def _network_policy(value: Any) -> list[Detail]:
 def _timeout(value: Any, minimum: int) -> list[Detail]:
     if value is None:
         return []
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not value.is_integer())
+    ):
         return [issue("int_type", ["body", "timeout"], "Input should be a valid integer", value)]
     if value < minimum:
         return [
@@ -134,8 +165,11 @@ def _timeout(value: Any, minimum: int) -> list[Detail]:
     return []
 
 
-def check_create(body: Any, min_timeout: int) -> None:
-    """Raise the real server's 422 for a malformed CreateSandboxRequest."""
+def check_create(body: Any, min_timeout: int, max_timeout: int) -> None:
+    """Raise the real server's 422 for a malformed CreateSandboxRequest, 400 for a refused one.
+
+    Everything is checked here, before the sandbox gets a directory or a process.
+    """
     if not isinstance(body, dict):
         raise unprocessable(
             [
@@ -207,6 +241,15 @@ def check_create(body: Any, min_timeout: int) -> None:
             )
     if found:
         raise unprocessable(found)
+    timeout = body.get("timeout")
+    if timeout is not None and timeout > max_timeout:
+        raise bad_parameter(
+            f"timeout {timeout:.0f} exceeds the maximum of {max_timeout} seconds "
+            "(omit it for a sandbox that does not expire)"
+        )
+    for key, value in (body.get("env") or {}).items():
+        if not key or "=" in key or "\0" in key or "\0" in (value or ""):
+            raise bad_parameter(f"env name {key[:100]!r} or its value is not a valid variable")
 
 
 def check_labels(metadata: dict[str, Any]) -> None:
@@ -299,3 +342,42 @@ def query_int(raw: str | None, name: str, default: int, low: int, high: int | No
             ]
         )
     return value
+
+
+def check_renewal(body: Any) -> datetime:
+    """The new expiry of a RenewSandboxExpirationRequest; the real server's 422 if malformed."""
+    if not isinstance(body, dict) or "expiresAt" not in body:
+        raise unprocessable([issue("missing", ["body", "expiresAt"], "Field required", body)])
+    extra = [
+        issue("extra_forbidden", ["body", k], "Extra inputs are not permitted", v)
+        for k, v in body.items()
+        if k != "expiresAt"
+    ]
+    moment = parse_time(body["expiresAt"])
+    if moment is None:
+        extra.append(
+            issue(
+                "datetime_from_date_parsing",
+                ["body", "expiresAt"],
+                "Input should be a valid datetime",
+                body["expiresAt"],
+            )
+        )
+    if extra or moment is None:
+        raise unprocessable(extra)
+    return moment
+
+
+def check_patch(patch: Any) -> None:
+    """The real server's 422 unless a metadata patch maps names to strings or null."""
+    if not isinstance(patch, dict):
+        raise unprocessable(
+            [issue("dict_type", ["body"], "Input should be a valid dictionary", patch)]
+        )
+    wrong = [
+        issue("string_type", ["body", k], "Input should be a valid string", v)
+        for k, v in patch.items()
+        if v is not None and not isinstance(v, str)
+    ]
+    if wrong:
+        raise unprocessable(wrong)

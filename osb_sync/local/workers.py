@@ -1,4 +1,5 @@
-"""What runs inside a local sandbox: Python workers, shell commands and bash sessions.
+"""What runs inside a local sandbox: shell commands and bash sessions (Python workers are in
+`pyworker.py`), and the execd event helpers they share.
 
 Each runner reports output through an `emit` callback taking one execd event (without its
 timestamp) and never touches HTTP, so the framing stays in `execd.py`.
@@ -6,16 +7,13 @@ timestamp) and never touches HTTP, so the framing stays in `execd.py`.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
-import json
 import os
 import secrets
 import selectors
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,12 +24,10 @@ from typing import IO, Any, BinaryIO
 
 from .runner import SandboxRuntime, kill_group
 
-WORKER_SCRIPT = str(Path(__file__).with_name("_worker.py"))
 POLL_INTERVAL = 0.02
-COALESCE_WINDOW = 0.005
 READ_SIZE = 1 << 16
+LINE_LIMIT = 1 << 20  # a longer line without a newline is sent in pieces of this size
 TERM_GRACE = 3.0
-DEAD_WORKER = {"ename": "DeadKernelError", "evalue": "the Python worker exited", "traceback": []}
 SIGNAL_WORDS = {signal.SIGKILL: "killed", signal.SIGTERM: "terminated", signal.SIGINT: "interrupt"}
 
 Emit = Callable[[dict[str, Any]], None]
@@ -65,19 +61,6 @@ def complete(started: float) -> dict[str, Any]:
     if elapsed:
         event["execution_time"] = elapsed  # execd omits zero values (Go's omitempty)
     return event
-
-
-def _coalesce(fd: int) -> bytes:
-    """What follows on `fd` within a few ms: `print(1)` writes "1" and "\\n" separately."""
-    more = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while len(more) < READ_SIZE and sel.select(COALESCE_WINDOW):
-            data = os.read(fd, READ_SIZE)
-            if not data:
-                break  # EOF: the main loop sees it again and unregisters the pipe
-            more += data
-    return more
 
 
 class Pipes:
@@ -118,119 +101,6 @@ class Pipes:
                 self._files = []
 
 
-class PythonWorker:
-    """One persistent Python process (`_worker.py`) holding a code context's state."""
-
-    def __init__(self, runtime: SandboxRuntime, cwd: Path) -> None:
-        requests_r, requests_w = os.pipe()
-        replies_r, replies_w = os.pipe()
-        try:
-            self._proc = runtime.spawn(
-                [sys.executable, "-u", WORKER_SCRIPT, str(requests_r), str(replies_w)],
-                cwd=cwd,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(requests_r, replies_w),
-            )
-        except BaseException:
-            for fd in (requests_w, replies_r):
-                os.close(fd)
-            raise
-        finally:
-            os.close(requests_r)
-            os.close(replies_w)
-        # File objects, not bare descriptors: a worker killed while a run still reads its
-        # pipes must not have them closed (and their numbers reused) under that run.
-        self._requests = os.fdopen(requests_w, "wb", buffering=0)
-        self._replies = os.fdopen(replies_r, "rb", buffering=0)
-        self._pipes = Pipes(self._requests, self._replies, self._proc.stdout, self._proc.stderr)
-
-    @property
-    def alive(self) -> bool:
-        """False once the worker process has exited."""
-        return self._proc.poll() is None
-
-    def run(self, code: str, emit: Emit) -> None:
-        """Run `code`, emitting output live and then result/error and execution_complete."""
-        with self._pipes.reading():
-            self._run(code, emit)
-
-    def _run(self, code: str, emit: Emit) -> None:
-        started = time.monotonic()
-        assert self._proc.stdout is not None and self._proc.stderr is not None
-        streams = {self._proc.stdout.fileno(): "stdout", self._proc.stderr.fileno(): "stderr"}
-        decoders: dict[int, codecs.IncrementalDecoder] = {
-            fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in streams
-        }
-        if self._replies.closed:  # killed (context deleted) before this run began
-            self._report({"error": DEAD_WORKER}, emit, started)
-            return
-        try:
-            self._requests.write(json.dumps({"code": code}).encode() + b"\n")
-        except OSError:
-            pass  # a dead worker shows up below as EOF on the reply pipe
-        with selectors.DefaultSelector() as sel:
-            for fd in (*streams, self._replies.fileno()):
-                sel.register(fd, selectors.EVENT_READ)
-            reply = self._pump(sel, streams, decoders, emit)
-            if self._replies.fileno() in sel.get_map():
-                sel.unregister(self._replies.fileno())
-            # Output written before the reply is already in the pipes: send it first.
-            while sel.get_map() and sel.select(0):
-                self._pump(sel, streams, decoders, emit, drain=True)
-        if reply is None:
-            self._proc.wait()
-            reply = {"error": DEAD_WORKER}
-        self._report(reply, emit, started)
-
-    def _pump(
-        self,
-        sel: selectors.BaseSelector,
-        streams: dict[int, str],
-        decoders: dict[int, codecs.IncrementalDecoder],
-        emit: Emit,
-        drain: bool = False,
-    ) -> dict[str, Any] | None:
-        """Forward output until the reply arrives (or one round of ready data when `drain`)."""
-        reply = b""
-        while True:
-            for key, _ in sel.select(0 if drain else None):
-                fd = int(key.fd)
-                data = os.read(fd, READ_SIZE)
-                if fd == self._replies.fileno():
-                    reply += data
-                    if not data or reply.endswith(b"\n"):
-                        return dict(json.loads(reply)) if data else None
-                elif data:
-                    text = decoders[fd].decode(data + _coalesce(fd))
-                    if text:
-                        emit({"type": streams[fd], "text": text})
-                else:
-                    sel.unregister(fd)
-            if drain or not sel.get_map():
-                return None
-
-    @staticmethod
-    def _report(reply: dict[str, Any], emit: Emit, started: float) -> None:
-        if reply.get("error"):
-            emit({"type": "status", "text": "error"})
-            emit({"type": "error", "error": reply["error"]})
-        elif reply.get("result") is not None:
-            emit({"type": "execution_count", "execution_count": reply["execution_count"]})
-            emit({"type": "result", "results": {"text": reply["result"]}})
-        emit(complete(started))
-
-    def interrupt(self) -> None:
-        """Send SIGINT to the worker's process group (KeyboardInterrupt in running code)."""
-        kill_group(self._proc.pid, signal.SIGINT)
-
-    def kill(self) -> None:
-        """Kill the worker (its pipes close when the last run using them lets go)."""
-        kill_group(self._proc.pid, signal.SIGKILL)
-        self._proc.wait()
-        self._pipes.killed()
-
-
 class LineSplitter:
     """Splits a byte stream into lines the way execd reports /command output."""
 
@@ -238,8 +108,14 @@ class LineSplitter:
         self._rest = b""
 
     def feed(self, data: bytes) -> list[str]:
-        """The complete lines in `data` plus what was buffered, without terminators."""
+        """The complete lines in `data` plus what was buffered, without terminators.
+
+        A line longer than LINE_LIMIT is cut into pieces of that size, so memory stays bounded.
+        """
         *lines, self._rest = (self._rest + data).split(b"\n")
+        while len(self._rest) >= LINE_LIMIT:
+            lines.append(self._rest[:LINE_LIMIT])
+            self._rest = self._rest[LINE_LIMIT:]
         return [self._text(line) for line in lines]
 
     def flush(self) -> list[str]:

@@ -64,3 +64,30 @@ def test_example_runs_submitted_code(script: str, framework: str, tmp_path: Path
                 process.kill()
             log.close()
     assert process.returncode == 0, (tmp_path / "server.log").read_text()
+
+
+@pytest.mark.parametrize(
+    ("script", "framework"), [("flask_app.py", "flask"), ("django_app.py", "django")]
+)
+def test_example_cleans_up_on_sigterm(script: str, framework: str, tmp_path: Path) -> None:
+    pytest.importorskip(framework)
+    from tests.leftovers import local_dirs, processes_under, wait_until
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / script)],
+        env={**os.environ, "PORT": str(port), "POOL_SIZE": "2", "TMPDIR": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        answer = post_when_up(f"http://127.0.0.1:{port}/run", "print(1)", process)
+        assert answer.status_code == 200
+        assert wait_until(lambda: processes_under(tmp_path), timeout=30)  # pooled sandboxes
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert wait_until(lambda: not processes_under(tmp_path), timeout=10)
+    assert local_dirs(tmp_path) == []

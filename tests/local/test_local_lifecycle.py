@@ -19,6 +19,8 @@ from conftest import CREATE_BODY, Box, alive, wait_for
 
 from osb_sync.local import LocalServer
 
+JSON_TYPE = {"Content-Type": "application/json"}
+
 
 def create(local: LocalServer, http: requests.Session, **body: Any) -> requests.Response:
     return http.post(f"{local.api_base}/sandboxes", json={**CREATE_BODY, **body})
@@ -94,7 +96,7 @@ def test_min_timeout_default_is_60(http: requests.Session) -> None:
 
 
 def test_invalid_json_is_422(local: LocalServer, http: requests.Session) -> None:
-    answer = http.post(f"{local.api_base}/sandboxes", data=b"{nope")
+    answer = http.post(f"{local.api_base}/sandboxes", data=b"{nope", headers=JSON_TYPE)
     assert answer.status_code == 422
     assert answer.json()["detail"][0]["type"] == "json_invalid"
 

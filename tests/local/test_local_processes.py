@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,3 +153,13 @@ def test_forced_netns_without_support_fails_cleanly(
         )
         assert (failed.status_code, failed.json()["code"]) == (500, "DOCKER::SANDBOX_START_FAILED")
         assert http.post(f"{srv.api_base}/sandboxes", json=CREATE_BODY).status_code == 202
+
+
+@pytest.mark.skipif(not NETNS_WORKS, reason="network namespaces are not available here")
+def test_isolation_works_under_a_long_temporary_directory(tmp_path: Path) -> None:
+    # A Unix socket path holds about 107 bytes; the namespace agent's must not depend on it.
+    root = tmp_path / ("long-directory-name-" * 5)
+    with LocalServer(root_dir=root, command_grace=0) as server, requests.Session() as http:
+        box = Box(server, http, {**CREATE_BODY, "networkPolicy": DENY_ALL})
+        assert len(str(root / box.id / "agent.sock")) > 110
+        assert texts(box.command("echo inside")) == ["inside"]

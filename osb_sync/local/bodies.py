@@ -1,0 +1,81 @@
+"""Checked values of execd request bodies: every string and number is validated before a
+route starts a process or answers with a stream, so bad input is a 400, never a broken stream.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ._http import Exchange, HttpError, error
+from .runner import SandboxRuntime
+
+MAX_TIMEOUT_MS = 86_400_000  # one day, the local server's largest sandbox timeout
+MAX_ID = 2**32 - 2  # the largest uid or gid
+
+
+def bad_request(message: str) -> HttpError:
+    """execd's 400 for an invalid body or parameter."""
+    return error(400, "INVALID_REQUEST_BODY", f"invalid request, validation error {message}")
+
+
+def read_object(ex: Exchange, empty: Any = None) -> dict[str, Any]:
+    """The JSON object body of `ex` (`empty` when there is no body); 400 otherwise."""
+    try:
+        body = ex.json_body(empty)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    if not isinstance(body, dict):
+        raise bad_request("body must be a JSON object")
+    return body
+
+
+def text(body: dict[str, Any], name: str) -> str:
+    """The required string `name` of a body; 400 when missing, empty or holding a NUL."""
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{name} is required")
+    if "\0" in value:
+        raise bad_request(f"{name} must not contain NUL characters")
+    return value
+
+
+def resolve_cwd(runtime: SandboxRuntime, cwd: Any) -> Path:
+    """The directory `cwd` names (env variables expanded), default the sandbox directory."""
+    if cwd in (None, ""):
+        return runtime.dir
+    if not isinstance(cwd, str) or "\0" in cwd:
+        raise bad_request("cwd must be a path without NUL characters")
+    path = runtime.resolve(os.path.expandvars(cwd))
+    if not path.is_dir():
+        raise bad_request(f"cwd {cwd!r} is not a directory")
+    return path
+
+
+def bounded_int(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    """The optional integer `name` of a body, from `low` to `high`; 400 otherwise."""
+    value = body.get(name)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
+    ):
+        raise bad_request(f"{name} must be an integer from {low} to {high}")
+    return value
+
+
+def timeout_ms(body: dict[str, Any]) -> int | None:
+    """The optional `timeout` (milliseconds, 1 to MAX_TIMEOUT_MS) of a request body."""
+    return bounded_int(body, "timeout", 1, MAX_TIMEOUT_MS)
+
+
+def environment(envs: Any) -> dict[str, str]:
+    """The `envs` object of a body as variables (null values dropped); 400 if invalid."""
+    if envs is None:
+        return {}
+    if not isinstance(envs, dict):
+        raise bad_request("envs must be an object")
+    found = {str(k): str(v) for k, v in envs.items() if v is not None}
+    for key, value in found.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise bad_request(f"envs: {key[:100]!r} is not a valid variable")
+    return found
