@@ -142,10 +142,10 @@ class SandboxPool:
         """Take a ready sandbox, creating one if the pool may grow; give it back with release().
 
         ``timeout`` bounds the whole call (plus at most ``PING_FLOOR`` seconds for each of the
-        ``/ping`` and the renewal of a sandbox taken at the last moment). Creates run in threads of their own: a
-        create still running at the deadline goes on, and its sandbox joins the pool (or is
-        deleted if the pool is closed). With a ``timeout``, a failed create is retried with
-        the pool's backoff until the deadline; without one, its error is raised.
+        ``/ping`` and the renewal of a sandbox taken at the last moment). Creates run in threads
+        of their own: a create still running at the deadline goes on, and its sandbox joins the
+        pool (or is deleted if the pool is closed). With a ``timeout``, a failed create is
+        retried with the pool's backoff until the deadline; without one, its error is raised.
 
         Raises:
             SandboxTimeoutError: none ready within ``timeout`` seconds (chained from the last
