@@ -1,0 +1,165 @@
+"""Scenarios about ``/code``: runs, contexts and interrupts. Each runs in contexts of its own."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from osb_sync import CodeContext, Event, OpenSandboxError, Sandbox
+
+from .execds import Target
+from .outcome import Outcome, code_outcome, raised
+
+SLEEPER = "import time\nprint('start', flush=True)\ntime.sleep(20)"
+FLOOD = "for _ in range(4000):\n    print('x' * 8192, flush=True)"
+# From the start of an interrupted run to the end of the next run in its context.
+RECOVERY_BOUND = 20.0
+
+
+@contextmanager
+def fresh_context(sandbox: Sandbox) -> Iterator[CodeContext]:
+    context = sandbox.create_context()
+    try:
+        yield context
+    finally:
+        try:
+            sandbox.delete_context(context)
+        except OpenSandboxError:
+            pass
+
+
+def simple_code(t: Target) -> Outcome:
+    snippets = [
+        "print('hi')",
+        "6*7",
+        "x = 5",
+        "x * 2",
+        "print('a', end='')\nprint('b')",
+        "'text'",
+        "None",
+        "print(1)\n2",
+        "print('h\\u00e9llo \\u2713')",
+        "import sys\nsys.stdout.write('no newline')",
+    ]
+    with fresh_context(t.sandbox) as ctx:
+        return {s: code_outcome(t.sandbox.run_code(s, context=ctx)) for s in snippets}
+
+
+def interleaving(t: Target) -> Outcome:
+    code = (
+        "import sys, time\n"
+        "for i in range(3):\n"
+        "    print('out', i, flush=True)\n"
+        "    time.sleep(0.2)\n"
+        "    print('err', i, file=sys.stderr, flush=True)\n"
+        "    time.sleep(0.2)\n"
+    )
+    order: list[str] = []
+
+    def record(event: Event) -> None:
+        if event.type in ("stdout", "stderr"):
+            order.append(f"{event.type}:{event.text}")
+
+    with fresh_context(t.sandbox) as ctx:
+        result = t.sandbox.run_code(code, context=ctx, on_event=record)
+    return {"result": code_outcome(result), "order": order}
+
+
+def exceptions(t: Target) -> Outcome:
+    snippets = {
+        "zero": "1/0",
+        "name": "undefined_name",
+        "raise": "print('before', flush=True)\nraise ValueError('bad value')",
+        "syntax": "def f(:\n    pass",
+        "exit": "raise SystemExit(3)",
+    }
+    with fresh_context(t.sandbox) as ctx:
+        outcome = {k: code_outcome(t.sandbox.run_code(s, context=ctx)) for k, s in snippets.items()}
+        outcome["after_errors"] = code_outcome(t.sandbox.run_code("print('still')", context=ctx))
+    return outcome
+
+
+def contexts(t: Target) -> Outcome:
+    sandbox = t.sandbox
+    context = sandbox.create_context()
+    ids = [c.id for c in sandbox.list_contexts()]
+    python_ids = [c.id for c in sandbox.list_contexts("python")]
+    outcome: Outcome = {
+        "language": context.language,
+        "listed": context.id in ids,
+        "listed_as_python": context.id in python_ids,
+        "get": sandbox.get_context(context.id) == context,
+        "define": code_outcome(sandbox.run_code("kept = 'yes'", context=context)),
+        "state_kept": code_outcome(sandbox.run_code("kept", context=context)),
+        "by_id": code_outcome(sandbox.run_code("kept", context=context.id)),
+    }
+    sandbox.delete_context(context)
+    outcome["listed_after_delete"] = context.id in [c.id for c in sandbox.list_contexts()]
+    outcome["get_deleted"] = raised(lambda: sandbox.get_context(context.id))
+    outcome["run_deleted"] = raised(lambda: sandbox.run_code("1", context=context))
+    outcome["delete_deleted"] = raised(lambda: sandbox.delete_context(context))
+    outcome["unknown_language"] = raised(lambda: sandbox.create_context("cobol"))
+    return outcome
+
+
+def default_context(t: Target) -> Outcome:
+    """Runs without a context share one."""
+    first = t.sandbox.run_code("shared_default = 11")
+    second = t.sandbox.run_code("shared_default + 1")
+    return {
+        "define": code_outcome(first),
+        "use": code_outcome(second),
+        "same_context": first.execution_id == second.execution_id,
+    }
+
+
+def _next_run(sandbox: Sandbox, context: CodeContext, started: float) -> Outcome:
+    after = sandbox.run_code("print('alive')", context=context)
+    return {
+        "next": code_outcome(after),
+        "next_within_bound": time.monotonic() - started < RECOVERY_BOUND,
+    }
+
+
+def deadline_interrupt(t: Target) -> Outcome:
+    sandbox = t.sandbox
+    with fresh_context(sandbox) as ctx:
+        started = time.monotonic()
+        first = raised(lambda: sandbox.run_code(SLEEPER, context=ctx, timeout=2))
+        return {"first": first, **_next_run(sandbox, ctx, started)}
+
+
+def output_cap_interrupt(t: Target) -> Outcome:
+    sandbox = t.sandbox
+    with fresh_context(sandbox) as ctx:
+        started = time.monotonic()
+        first = raised(lambda: sandbox.run_code(FLOOD, context=ctx, max_output_bytes=256 * 1024))
+        return {"first": first, **_next_run(sandbox, ctx, started)}
+
+
+def early_exit_interrupt(t: Target) -> Outcome:
+    sandbox = t.sandbox
+    with fresh_context(sandbox) as ctx:
+        started = time.monotonic()
+        seen = None
+        with sandbox.stream_code(SLEEPER, context=ctx) as stream:
+            for event in stream:
+                if event.type == "stdout":
+                    seen = event.text
+                    break
+        return {"first_stdout": seen, **_next_run(sandbox, ctx, started)}
+
+
+def busy_context(t: Target) -> Outcome:
+    """A second run while the first still runs is refused; the first is unaffected."""
+    sandbox = t.sandbox
+    code = "import time\nprint('start', flush=True)\ntime.sleep(3)\nprint('end')"
+    with fresh_context(sandbox) as ctx, sandbox.stream_code(code, context=ctx) as first:
+        for event in first:
+            if event.type == "stdout":
+                break
+        second = code_outcome(sandbox.run_code("print('second')", context=ctx))
+        for _ in first:
+            pass
+        return {"second": second, "first": code_outcome(first.result())}

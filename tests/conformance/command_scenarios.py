@@ -1,0 +1,95 @@
+"""Scenarios about shell commands: foreground, background and bash sessions."""
+
+from __future__ import annotations
+
+import time
+
+from .execds import Target
+from .outcome import Outcome, command_outcome, raised
+
+TIMEOUT_BOUND = 10.0  # a 1 s command timeout must end the wait well within this
+
+
+def exit_codes(t: Target) -> Outcome:
+    commands = [
+        "echo hi; echo err >&2; exit 3",
+        "true",
+        "echo; echo a; echo",
+        "printf 'no newline'",
+        "exit 255",
+        "kill -TERM $$",
+        "no-such-program-xyz",
+    ]
+    return {c: command_outcome(t.sandbox.run_command(c)) for c in commands}
+
+
+def env_and_cwd(t: Target) -> Outcome:
+    folder = t.fresh_dir()
+    t.sandbox.files.mkdir(folder)
+    result = t.sandbox.run_command(
+        'pwd; echo "$FOO|$EMPTY|${UNSET-unset}"', cwd=folder, env={"FOO": "bar baz", "EMPTY": ""}
+    )
+    outcome = command_outcome(result)
+    outcome["stdout"] = outcome["stdout"].replace(folder, "<dir>")
+    outcome["missing_cwd"] = command_outcome_or_error(t, "pwd", folder + "/missing")
+    return outcome
+
+
+def command_outcome_or_error(t: Target, command: str, cwd: str) -> Outcome:
+    try:
+        return command_outcome(t.sandbox.run_command(command, cwd=cwd))
+    except Exception as exc:
+        return {"raised": type(exc).__name__}
+
+
+def timeout(t: Target) -> Outcome:
+    started = time.monotonic()
+    result = t.sandbox.run_command("echo before; sleep 30; echo after", timeout=1)
+    return {
+        **command_outcome(result),
+        "within_bound": time.monotonic() - started < TIMEOUT_BOUND,
+    }
+
+
+def background(t: Target) -> Outcome:
+    sandbox = t.sandbox
+    command = sandbox.start_command("echo one; sleep 1; echo two >&2; exit 4")
+    early = command.status()
+    final = command.wait(timeout=20, poll_interval=0.1)
+    text, cursor = command.logs()
+    tail, _ = command.logs(cursor)
+    return {
+        "running_at_start": early.running,
+        "running": final.running,
+        "exit_code": final.exit_code,
+        "times_set": (final.started_at is not None, final.finished_at is not None),
+        "logs": text,
+        "cursor_is_length": cursor == len(text.encode()),
+        "tail_after_cursor": tail,
+        "killed_status": _killed(t),
+        "interrupt_unknown": raised(lambda: sandbox.interrupt_command("no-such-command")),
+    }
+
+
+def _killed(t: Target) -> Outcome:
+    command = t.sandbox.start_command("sleep 30")
+    command.kill()
+    final = command.wait(timeout=20, poll_interval=0.1)
+    return {"running": final.running, "exit_code": final.exit_code}
+
+
+def bash_session(t: Target) -> Outcome:
+    folder = t.fresh_dir()
+    t.sandbox.files.mkdir(folder + "/sub")
+    with t.sandbox.session(cwd=folder) as session:
+        runs = {
+            "cd": session.run("cd sub && export KEPT=yes"),
+            "state": session.run('basename "$PWD"; echo "$KEPT"'),
+            "stderr": session.run("echo to-err >&2; echo to-out"),
+            "false": session.run("false"),
+            "exit_code": session.run("(exit 7)"),
+            "after": session.run("echo still"),
+        }
+        outcome: Outcome = {k: command_outcome(r) for k, r in runs.items()}
+    outcome["close_again"] = raised(session.close)
+    return outcome

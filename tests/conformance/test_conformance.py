@@ -1,0 +1,134 @@
+"""Differential conformance: every scenario runs against the real execd and against the local
+server's execd, through the public client; their normalised outcomes must be equal, except for
+the differences accepted (with a reason) in ACCEPTED below.
+
+Real execd sometimes closes a ``/code`` stream before its last events are sent. A scenario with
+``/code`` runs whose real-side outcome lacks only trailing output is run again (in fresh
+contexts), at most MAX_RETRIES times; each retry is printed and counted in the session summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any, Callable
+
+import pytest
+
+from . import code_scenarios as code
+from . import command_scenarios as commands
+from . import file_scenarios as files
+from .conftest import RetryLog
+from .execds import Target
+from .outcome import Outcome, differences, lacks_trailing
+
+MAX_RETRIES = 3
+ALIVE = {"next.stdout": "alive\n", "next.stderr": "", "next.error": None, "next_within_bound": True}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One scenario. ``expect``: dotted paths both sides must give (the intended behaviour,
+    checked even where both agree). ``lossy``: its ``/code`` output may lose trailing events."""
+
+    name: str
+    run: Callable[[Target], Outcome]
+    expect: dict[str, Any] = field(default_factory=dict)
+    lossy: bool = False
+
+
+SCENARIOS = [
+    Scenario("simple_code", code.simple_code, {"6*7.results": [{"text": "42"}]}, lossy=True),
+    Scenario("interleaving", code.interleaving, lossy=True),
+    Scenario("exceptions", code.exceptions, {"zero.error.name": "ZeroDivisionError"}, lossy=True),
+    Scenario("contexts", code.contexts, {"state_kept.results": [{"text": "'yes'"}]}, lossy=True),
+    Scenario("default_context", code.default_context, lossy=True),
+    Scenario(
+        "deadline_interrupt",
+        code.deadline_interrupt,
+        {"first.raised": "SandboxTimeoutError", **ALIVE},
+    ),
+    Scenario(
+        "output_cap_interrupt",
+        code.output_cap_interrupt,
+        {"first.raised": "OutputLimitExceeded", **ALIVE},
+    ),
+    Scenario(
+        "early_exit_interrupt", code.early_exit_interrupt, {"first_stdout": "start\n", **ALIVE}
+    ),
+    Scenario(
+        "busy_context",
+        code.busy_context,
+        {"second.error.name": "RUNTIME_ERROR", "first.stdout": "start\nend\n"},
+        lossy=True,
+    ),
+    Scenario("exit_codes", commands.exit_codes),
+    Scenario("env_and_cwd", commands.env_and_cwd, {"stdout": "<dir>\nbar baz||unset\n"}),
+    Scenario("command_timeout", commands.timeout, {"timed_out": True, "within_bound": True}),
+    Scenario("background", commands.background, {"exit_code": 4, "running": False}),
+    Scenario("bash_session", commands.bash_session, {"state.stdout": "sub\nyes\n"}),
+    Scenario("binary_roundtrip", files.binary_roundtrip),
+    Scenario("listing", files.listing),
+    Scenario("move_chmod_remove", files.move_chmod_remove, {"chmod_file": "0o600"}),
+    Scenario("missing_files", files.missing_files, {"read.raised": "NotFoundError"}),
+    Scenario("metrics", files.metrics),
+    Scenario(
+        "token_required",
+        files.token_required,
+        {"none.ping": False, "none.files.status": 401, "with_token": True},
+    ),
+]
+
+# The one table of accepted differences: "scenario: dotted.path" (fnmatch pattern) -> why the
+# local server's execd may differ there. An entry that no longer matches a difference fails.
+ACCEPTED: dict[str, str] = {}
+
+
+def accepted(scenario: str, path: str) -> str | None:
+    for pattern, reason in ACCEPTED.items():
+        if fnmatchcase(f"{scenario}: {path}", pattern):
+            return reason
+    return None
+
+
+def unexplained(scenario: str, real: Outcome, local: Outcome) -> dict[str, tuple[Any, Any]]:
+    found = differences(real, local)
+    return {path: pair for path, pair in found.items() if accepted(scenario, path) is None}
+
+
+def lookup(outcome: Outcome, path: str) -> Any:
+    value: Any = outcome
+    for part in path.split("."):
+        value = value.get(part, "<absent>") if isinstance(value, dict) else "<absent>"
+    return value
+
+
+def only_trailing_losses(diffs: dict[str, tuple[Any, Any]]) -> bool:
+    return bool(diffs) and all(lacks_trailing(real, local) for real, local in diffs.values())
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+def test_same_outcome(scenario: Scenario, real: Target, local: Target, retries: RetryLog) -> None:
+    local_outcome = scenario.run(local)
+    real_outcome = scenario.run(real)
+    for attempt in range(1, MAX_RETRIES + 1):
+        diffs = unexplained(scenario.name, real_outcome, local_outcome)
+        if not (scenario.lossy and only_trailing_losses(diffs)):
+            break
+        retries.record(scenario.name, attempt, sorted(diffs))
+        real_outcome = scenario.run(real)
+
+    problems = [
+        f"{path}: real {pair[0]!r} != local {pair[1]!r}"
+        for path, pair in unexplained(scenario.name, real_outcome, local_outcome).items()
+    ]
+    all_diffs = differences(real_outcome, local_outcome)
+    for pattern in ACCEPTED:
+        name, _, path_pattern = pattern.partition(": ")
+        if name == scenario.name and not any(fnmatchcase(p, path_pattern) for p in all_diffs):
+            problems.append(f"accepted difference {pattern!r} no longer differs: remove it")
+    for side, outcome in (("real", real_outcome), ("local", local_outcome)):
+        for path, want in scenario.expect.items():
+            if lookup(outcome, path) != want:
+                problems.append(f"{side} {path}: {lookup(outcome, path)!r}, expected {want!r}")
+    assert not problems, "\n".join(problems)
