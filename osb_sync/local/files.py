@@ -295,7 +295,11 @@ def permissions(runtime: SandboxRuntime, ex: Exchange) -> None:
     if not isinstance(body, dict):
         raise error(400, "INVALID_REQUEST_BODY", "body must be an object of paths")
     for raw, spec in body.items():
-        apply_permissions(_existing(runtime, raw), spec)
+        path = runtime.resolve(raw)
+        if not os.path.lexists(path):  # real execd's answer: a 500, not a 404
+            reason = f"chmod {raw}: no such file or directory"
+            raise error(500, "RUNTIME_ERROR", f"error changing permissions for {raw}. {reason}")
+        apply_permissions(path, spec)
     ex.send(200)
 
 
