@@ -51,6 +51,14 @@ class Target:
         return bare_handle(self.sandbox._client, self.sandbox.execd_endpoint, headers)
 
 
+@contextmanager
+def impatient(target: Target, read_timeout: float) -> Iterator[Sandbox]:
+    """A handle on the target's execd whose client waits at most ``read_timeout`` for data
+    (real execd never answers some calls)."""
+    with Client(UNUSED_API_BASE, read_timeout=read_timeout) as client:
+        yield bare_handle(client, target.sandbox.execd_endpoint, target.sandbox.execd_headers)
+
+
 def bare_handle(client: Client, endpoint: str, headers: dict[str, str]) -> Sandbox:
     """A Sandbox handle on an execd endpoint, without a lifecycle server."""
     return Sandbox(client, "bare-execd", execd_endpoint=endpoint, execd_headers=headers)
