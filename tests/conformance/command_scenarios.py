@@ -89,7 +89,23 @@ def bash_session(t: Target) -> Outcome:
             "false": session.run("false"),
             "exit_code": session.run("(exit 7)"),
             "after": session.run("echo still"),
+            "timeout": session.run("echo before; sleep 30", timeout=1),
+            "after_timeout": session.run("echo alive"),
         }
         outcome: Outcome = {k: command_outcome(r) for k, r in runs.items()}
     outcome["close_again"] = raised(session.close)
     return outcome
+
+
+def early_exit(t: Target) -> Outcome:
+    """Leaving a command's stream early stops the command: its marker file never appears."""
+    marker = t.fresh_dir() + ".marker"
+    command = f"echo start; sleep 1; touch {marker}; echo end"
+    seen = None
+    with t.sandbox.stream_command(command) as stream:
+        for event in stream:
+            if event.type == "stdout":
+                seen = event.text
+                break
+    time.sleep(2.5)  # the marker would be written 1 s after start: checking absence needs a wait
+    return {"first_stdout": seen, "marker_written": t.sandbox.files.exists(marker)}

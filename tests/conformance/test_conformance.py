@@ -65,6 +65,7 @@ SCENARIOS = [
     Scenario("exit_codes", commands.exit_codes),
     Scenario("env_and_cwd", commands.env_and_cwd, {"stdout": "<dir>\nbar baz||unset\n"}),
     Scenario("command_timeout", commands.timeout, {"timed_out": True, "within_bound": True}),
+    Scenario("command_early_exit", commands.early_exit, {"marker_written": False}),
     Scenario("background", commands.background, {"exit_code": 4, "running": False}),
     Scenario("bash_session", commands.bash_session, {"state.stdout": "sub\nyes\n"}),
     Scenario("binary_roundtrip", files.binary_roundtrip),
@@ -97,6 +98,13 @@ ACCEPTED: dict[str, str] = {
     "missing_files: read_dir.*": "real execd answers a directory download with 200, "
     "Content-Length 2^63-1 and no body (the client fails with StreamError after its read "
     "timeout); the local server answers 404 FILE_NOT_FOUND at once",
+    "bash_session: timeout.error": "real execd kills a timed-out session command but ends the "
+    "stream only when its output closes (the 'sleep' it started keeps the pipe open past the "
+    "client's deadline), then says 'timeout after 1s'; the local server ends it at the deadline "
+    "with that error. Both give timed_out",
+    "bash_session: after_timeout.*": "the local server keeps a session's state in one bash "
+    "process and kills it on a run timeout, so later runs fail ('session exited'); real execd "
+    "keeps the session and its state. Not imitated: it needs per-run processes",
     "exit_codes: no-such-program-xyz.stderr": "the local server starts bash by its absolute "
     "path, so bash names itself '/usr/bin/bash' in its messages; real execd (Go exec.Command) "
     "gives argv[0] 'bash'",
