@@ -6,7 +6,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from osb_sync import Files
+from osb_sync import FileInfo, Files, Sandbox
 
 from .execds import TOKEN_HEADER, Target, impatient
 from .outcome import Outcome, digest, file_outcome, raised
@@ -63,7 +63,7 @@ def listing(t: Target) -> Outcome:
     files.write(folder + "/sub/c.txt", b"c" * 1000)
     files.mkdir(folder + "/emptydir", mode=0o700)
 
-    def entries(infos: list) -> list[Outcome]:  # type: ignore[type-arg]
+    def entries(infos: list[FileInfo]) -> list[Outcome]:
         return sorted((file_outcome(i, folder) for i in infos), key=lambda o: o["path"])
 
     return {
@@ -138,13 +138,16 @@ def metrics(t: Target) -> Outcome:
 def token_required(t: Target) -> Outcome:
     outcome: Outcome = {}
     for name, headers in {"none": {}, "wrong": {TOKEN_HEADER: "wrong-token"}}.items():
-        handle = t.handle(headers)
-        outcome[name] = {
-            "ping": handle.ping(),
-            "code": raised(lambda h=handle: h.run_code("1")),
-            "command": raised(lambda h=handle: h.run_command("true")),
-            "files": raised(lambda h=handle: h.files.info("/")),
-            "metrics": raised(handle.metrics),
-        }
+        outcome[name] = refusals(t.handle(headers))
     outcome["with_token"] = t.sandbox.ping()
     return outcome
+
+
+def refusals(handle: Sandbox) -> Outcome:
+    return {
+        "ping": handle.ping(),
+        "code": raised(lambda: handle.run_code("1")),
+        "command": raised(lambda: handle.run_command("true")),
+        "files": raised(lambda: handle.files.info("/")),
+        "metrics": raised(handle.metrics),
+    }
