@@ -315,3 +315,29 @@ def test_a_session_is_free_as_soon_as_its_run_reported_its_end(
         with sandbox.session() as session:
             results = [session.run("echo x") for _ in range(3)]
     assert [(r.exit_code, r.error) for r in results] == [(0, None)] * 3
+
+
+RICH = """
+class R:
+    def _repr_html_(self): return '<b>r</b>'
+    def _repr_png_(self): return bytes(range(4))
+    def _repr_json_(self): return {'r': 1}
+    def _repr_markdown_(self): return object()  # not JSON: left out
+    def _repr_latex_(self): raise ValueError('no latex')
+    def __repr__(self): return 'R()'
+"""
+
+
+def test_results_carry_rich_forms_and_input_is_refused_as_by_a_kernel(local: LocalServer) -> None:
+    with Client(local.api_base) as client, client.create_sandbox() as sandbox:
+        rich = sandbox.run_code(RICH + "R()")
+        a_class = sandbox.run_code("R")
+        asked = sandbox.run_code("input()")
+    forms = {"text/html": "<b>r</b>", "image/png": "AAECAw==", "application/json": {"r": 1}}
+    assert rich.results == [{"text": "R()", **forms}]
+    assert a_class.results == [{"text": "<class '__main__.R'>"}]
+    assert asked.error is not None
+    assert (asked.error.name, asked.error.value) == (
+        "StdinNotImplementedError",
+        "raw_input was called, but this frontend does not support input requests.",
+    )
