@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from osb_sync import CodeContext, Event, OpenSandboxError, Sandbox
 
 from .execds import Target, impatient
-from .outcome import Outcome, code_outcome, raised
+from .outcome import Outcome, code_outcome, digest, raised
 
 SLEEPER = "import time\nprint('start', flush=True)\ntime.sleep(20)"
 FLOOD = "for _ in range(4000):\n    print('x' * 8192, flush=True)"
@@ -45,6 +45,36 @@ def simple_code(t: Target) -> Outcome:
     ]
     with fresh_context(t.sandbox) as ctx:
         return {s: code_outcome(t.sandbox.run_code(s, context=ctx)) for s in snippets}
+
+
+RICH = """
+class Rich:
+    def _repr_html_(self): return '<b>rich</b>'
+    def _repr_markdown_(self): return '**rich**'
+    def _repr_json_(self): return {'rich': [1, 2]}
+    def _repr_latex_(self): return '$rich$'
+    def _repr_svg_(self): return '<svg/>'
+    def _repr_png_(self): return bytes(range(8))
+    def __repr__(self): return 'Rich()'
+Rich()
+"""
+
+
+def results(t: Target) -> Outcome:
+    """Rich representations, IPython's pretty printing, input(), a large output."""
+    snippets = {
+        "rich": RICH,
+        "pretty_list": "list(range(40))",
+        "pretty_class": "int",
+        "short_dict": "{'b': 1, 'a': 2}",
+        "semicolon": "3;",
+        "input": "input()",
+    }
+    with fresh_context(t.sandbox) as ctx:
+        outcome = {k: code_outcome(t.sandbox.run_code(s, context=ctx)) for k, s in snippets.items()}
+        big = t.sandbox.run_code("print('y' * 300000)", context=ctx)
+    outcome["big"] = {"stdout": digest(big.stdout.encode()), "error": big.error}
+    return outcome
 
 
 def interleaving(t: Target) -> Outcome:
@@ -102,6 +132,13 @@ def contexts(t: Target) -> Outcome:
     outcome["delete_deleted"] = raised(lambda: sandbox.delete_context(context))
     with impatient(t, SILENCE) as handle:
         outcome["unknown_language"] = raised(lambda: handle.create_context("cobol"))
+        outcome["bash_language"] = raised(lambda: handle.run_code("echo hi", language="bash"))
+    folder = t.fresh_dir()
+    sandbox.files.mkdir(folder)
+    with_cwd = sandbox.create_context(cwd=folder)
+    cwd = sandbox.run_code("import os\nos.getcwd()", context=with_cwd).results
+    outcome["cwd"] = [r["text"].replace(folder, "<dir>") for r in cwd]
+    sandbox.delete_context(with_cwd)
     return outcome
 
 

@@ -39,6 +39,7 @@ class Scenario:
 
 SCENARIOS = [
     Scenario("simple_code", code.simple_code, {"6*7.results": [{"text": "42"}]}, lossy=True),
+    Scenario("results", code.results, {"input.error.name": "StdinNotImplementedError"}, lossy=True),
     Scenario("interleaving", code.interleaving, lossy=True),
     Scenario("exceptions", code.exceptions, {"zero.error.name": "ZeroDivisionError"}, lossy=True),
     Scenario("contexts", code.contexts, {"state_kept.results": [{"text": "'yes'"}]}, lossy=True),
@@ -92,6 +93,16 @@ ACCEPTED: dict[str, str] = {
     "excerpt in the last traceback entry of a SyntaxError",
     "exceptions: exit.stderr": IPYTHON + "IPython warns on stderr ('To exit: use exit, quit "
     "or Ctrl-D') when code raises SystemExit; error name and value agree",
+    "results: input.error.layout": IPYTHON + "IPython colours tracebacks (ANSI); name, value "
+    "and last line agree",
+    "results: pretty_*.results": IPYTHON + "IPython formats a result's text/plain with its "
+    "pretty printer (a long container one item per line, a class by its name), the local worker "
+    "with repr(); other MIME types of a result agree",
+    "contexts: bash_language.*": "run-execd's Jupyter has only a python kernel: real execd never "
+    "answers a bash run (the client gives up at its read timeout); the local server runs it "
+    "with bash",
+    "contexts: cwd": "real execd ignores a context's cwd (every kernel starts in execd's working "
+    "directory; the execd spec does not define it); the local server starts the context there",
     "contexts: unknown_language.*": "real execd never answers POST /code/context for an "
     "unknown language (the client gives up at its read timeout); the local server answers "
     "500 RUNTIME_ERROR at once: imitating a hang would only hurt",
