@@ -190,6 +190,18 @@ def early_exit_interrupt(t: Target) -> Outcome:
         return {"first_stdout": seen, **_next_run(sandbox, ctx, started)}
 
 
+def explicit_interrupt(t: Target) -> Outcome:
+    """interrupt_code() while the stream is read: the run ends with KeyboardInterrupt."""
+    sandbox = t.sandbox
+    with fresh_context(sandbox) as ctx:
+        with sandbox.stream_code(SLEEPER, context=ctx) as stream:
+            for event in stream:
+                if event.type == "stdout":
+                    sandbox.interrupt_code(ctx.id)
+            interrupted = code_outcome(stream.result())
+        return {"interrupted": interrupted, **_next_run(sandbox, ctx, time.monotonic())}
+
+
 def busy_context(t: Target) -> Outcome:
     """A second run while the first still runs is refused; the first is unaffected."""
     sandbox = t.sandbox

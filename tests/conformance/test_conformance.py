@@ -58,6 +58,12 @@ SCENARIOS = [
         "early_exit_interrupt", code.early_exit_interrupt, {"first_stdout": "start\n", **ALIVE}
     ),
     Scenario(
+        "explicit_interrupt",
+        code.explicit_interrupt,
+        {"interrupted.error.name": "KeyboardInterrupt", "interrupted.stdout": "start\n", **ALIVE},
+        lossy=True,
+    ),
+    Scenario(
         "busy_context",
         code.busy_context,
         {"second.error.name": "RUNTIME_ERROR", "first.stdout": "start\nend\n"},
@@ -95,6 +101,10 @@ ACCEPTED: dict[str, str] = {
     "or Ctrl-D') when code raises SystemExit; error name and value agree",
     "results: input.error.layout": IPYTHON + "IPython colours tracebacks (ANSI); name, value "
     "and last line agree",
+    "explicit_interrupt: interrupted.error.layout": IPYTHON + "IPython colours tracebacks",
+    "explicit_interrupt: interrupted.error.last_line": IPYTHON + "IPython ends the traceback of "
+    "a bare KeyboardInterrupt with 'KeyboardInterrupt: ', Python with 'KeyboardInterrupt'; "
+    "the error name and value agree",
     "results: pretty_*.results": IPYTHON + "IPython formats a result's text/plain with its "
     "pretty printer (a long container one item per line, a class by its name), the local worker "
     "with repr(); other MIME types of a result agree",
