@@ -119,6 +119,14 @@ def missing_files(t: Target) -> Outcome:
         "remove": raised(lambda: files.remove(gone)),
         "rmtree": raised(lambda: files.rmtree(gone)),
     }
+    files.write(folder + "/plain", b"x")
+    outcome["write_under_a_file"] = raised(lambda: files.write(folder + "/plain/child", b"y"))
+    outcome["mkdir_over_a_file"] = raised(lambda: files.mkdir(folder + "/plain"))
+    outcome["mkdir_existing"] = raised(lambda: files.mkdir(folder))
+    outcome["search_no_match"] = files.search(folder, "*.nothing")
+    files.write(folder + "/full/inner.txt", b"z")
+    outcome["remove_full_dir"] = raised(lambda: files.remove(folder + "/full"))
+    outcome["full_dir_after"] = files.exists(folder + "/full/inner.txt")
     with impatient(t, SILENCE) as handle:
         outcome["read_dir"] = raised(lambda: handle.files.read_bytes(folder))
     return outcome
