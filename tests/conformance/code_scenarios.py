@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from osb_sync import CodeContext, Event, OpenSandboxError, Sandbox
+from osb_sync import CodeContext, Event, ExecutionResult, OpenSandboxError, Sandbox
 
 from .execds import Target, impatient
 from .outcome import Outcome, code_outcome, digest, raised
@@ -15,7 +15,13 @@ SLEEPER = "import time\nprint('start', flush=True)\ntime.sleep(20)"
 FLOOD = "for _ in range(4000):\n    print('x' * 8192, flush=True)"
 # From the start of an interrupted run to the end of the next run in its context.
 RECOVERY_BOUND = 20.0
+RUN_LIMIT = 60.0  # no run here takes a tenth of that: a run that hangs fails its scenario
 SILENCE = 3.0  # how long to wait for an answer real execd never sends
+
+
+def run(sandbox: Sandbox, code: str, context: CodeContext | str | None = None) -> ExecutionResult:
+    """run_code with a deadline: a run that hangs fails its scenario, not the whole suite."""
+    return sandbox.run_code(code, context=context, timeout=RUN_LIMIT)
 
 
 @contextmanager
@@ -44,7 +50,7 @@ def simple_code(t: Target) -> Outcome:
         "import sys\nsys.stdout.write('no newline')",
     ]
     with fresh_context(t.sandbox) as ctx:
-        return {s: code_outcome(t.sandbox.run_code(s, context=ctx)) for s in snippets}
+        return {s: code_outcome(run(t.sandbox, s, ctx)) for s in snippets}
 
 
 RICH = """
@@ -71,8 +77,8 @@ def results(t: Target) -> Outcome:
         "input": "input()",
     }
     with fresh_context(t.sandbox) as ctx:
-        outcome = {k: code_outcome(t.sandbox.run_code(s, context=ctx)) for k, s in snippets.items()}
-        big = t.sandbox.run_code("print('y' * 300000)", context=ctx)
+        outcome = {k: code_outcome(run(t.sandbox, s, ctx)) for k, s in snippets.items()}
+        big = run(t.sandbox, "print('y' * 300000)", ctx)
     outcome["big"] = {"stdout": digest(big.stdout.encode()), "error": big.error}
     return outcome
 
@@ -93,7 +99,7 @@ def interleaving(t: Target) -> Outcome:
             order.append(f"{event.type}:{event.text}")
 
     with fresh_context(t.sandbox) as ctx:
-        result = t.sandbox.run_code(code, context=ctx, on_event=record)
+        result = t.sandbox.run_code(code, context=ctx, on_event=record, timeout=RUN_LIMIT)
     return {"result": code_outcome(result), "order": order}
 
 
@@ -106,8 +112,8 @@ def exceptions(t: Target) -> Outcome:
         "exit": "raise SystemExit(3)",
     }
     with fresh_context(t.sandbox) as ctx:
-        outcome = {k: code_outcome(t.sandbox.run_code(s, context=ctx)) for k, s in snippets.items()}
-        outcome["after_errors"] = code_outcome(t.sandbox.run_code("print('still')", context=ctx))
+        outcome = {k: code_outcome(run(t.sandbox, s, ctx)) for k, s in snippets.items()}
+        outcome["after_errors"] = code_outcome(run(t.sandbox, "print('still')", ctx))
     return outcome
 
 
@@ -121,9 +127,9 @@ def contexts(t: Target) -> Outcome:
         "listed": context.id in ids,
         "listed_as_python": context.id in python_ids,
         "get": sandbox.get_context(context.id) == context,
-        "define": code_outcome(sandbox.run_code("kept = 'yes'", context=context)),
-        "state_kept": code_outcome(sandbox.run_code("kept", context=context)),
-        "by_id": code_outcome(sandbox.run_code("kept", context=context.id)),
+        "define": code_outcome(run(sandbox, "kept = 'yes'", context)),
+        "state_kept": code_outcome(run(sandbox, "kept", context)),
+        "by_id": code_outcome(run(sandbox, "kept", context.id)),
     }
     sandbox.delete_context(context)
     outcome["listed_after_delete"] = context.id in [c.id for c in sandbox.list_contexts()]
@@ -136,7 +142,7 @@ def contexts(t: Target) -> Outcome:
     folder = t.fresh_dir()
     sandbox.files.mkdir(folder)
     with_cwd = sandbox.create_context(cwd=folder)
-    cwd = sandbox.run_code("import os\nos.getcwd()", context=with_cwd).results
+    cwd = run(sandbox, "import os\nos.getcwd()", with_cwd).results
     outcome["cwd"] = [r["text"].replace(folder, "<dir>") for r in cwd]
     sandbox.delete_context(with_cwd)
     return outcome
@@ -144,8 +150,8 @@ def contexts(t: Target) -> Outcome:
 
 def default_context(t: Target) -> Outcome:
     """Runs without a context share one."""
-    first = t.sandbox.run_code("shared_default = 11")
-    second = t.sandbox.run_code("shared_default + 1")
+    first = run(t.sandbox, "shared_default = 11")
+    second = run(t.sandbox, "shared_default + 1")
     return {
         "define": code_outcome(first),
         "use": code_outcome(second),
@@ -154,7 +160,7 @@ def default_context(t: Target) -> Outcome:
 
 
 def _next_run(sandbox: Sandbox, context: CodeContext, started: float) -> Outcome:
-    after = sandbox.run_code("print('alive')", context=context)
+    after = run(sandbox, "print('alive')", context)
     return {
         "next": code_outcome(after),
         "next_within_bound": time.monotonic() - started < RECOVERY_BOUND,
@@ -173,7 +179,11 @@ def output_cap_interrupt(t: Target) -> Outcome:
     sandbox = t.sandbox
     with fresh_context(sandbox) as ctx:
         started = time.monotonic()
-        first = raised(lambda: sandbox.run_code(FLOOD, context=ctx, max_output_bytes=256 * 1024))
+        first = raised(
+            lambda: sandbox.run_code(
+                FLOOD, context=ctx, max_output_bytes=256 * 1024, timeout=RUN_LIMIT
+            )
+        )
         return {"first": first, **_next_run(sandbox, ctx, started)}
 
 
@@ -182,7 +192,7 @@ def early_exit_interrupt(t: Target) -> Outcome:
     with fresh_context(sandbox) as ctx:
         started = time.monotonic()
         seen = None
-        with sandbox.stream_code(SLEEPER, context=ctx) as stream:
+        with sandbox.stream_code(SLEEPER, context=ctx, timeout=RUN_LIMIT) as stream:
             for event in stream:
                 if event.type == "stdout":
                     seen = event.text
@@ -194,7 +204,7 @@ def explicit_interrupt(t: Target) -> Outcome:
     """interrupt_code() while the stream is read: the run ends with KeyboardInterrupt."""
     sandbox = t.sandbox
     with fresh_context(sandbox) as ctx:
-        with sandbox.stream_code(SLEEPER, context=ctx) as stream:
+        with sandbox.stream_code(SLEEPER, context=ctx, timeout=RUN_LIMIT) as stream:
             for event in stream:
                 if event.type == "stdout":
                     sandbox.interrupt_code(ctx.id)
@@ -206,11 +216,14 @@ def busy_context(t: Target) -> Outcome:
     """A second run while the first still runs is refused; the first is unaffected."""
     sandbox = t.sandbox
     code = "import time\nprint('start', flush=True)\ntime.sleep(3)\nprint('end')"
-    with fresh_context(sandbox) as ctx, sandbox.stream_code(code, context=ctx) as first:
+    with (
+        fresh_context(sandbox) as ctx,
+        sandbox.stream_code(code, context=ctx, timeout=RUN_LIMIT) as first,
+    ):
         for event in first:
             if event.type == "stdout":
                 break
-        second = code_outcome(sandbox.run_code("print('second')", context=ctx))
+        second = code_outcome(run(sandbox, "print('second')", ctx))
         for _ in first:
             pass
         return {"second": second, "first": code_outcome(first.result())}
