@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from osb_sync import ExecutionStream
 
 from .execds import Target
 from .outcome import Outcome, command_outcome, raised
@@ -109,3 +113,20 @@ def early_exit(t: Target) -> Outcome:
                 break
     time.sleep(2.5)  # the marker would be written 1 s after start: checking absence needs a wait
     return {"first_stdout": seen, "marker_written": t.sandbox.files.exists(marker)}
+
+
+def heartbeat(t: Target) -> Outcome:
+    """Streams open with init then a ping, and ping every 3 s (4.5 s of silence: 2 pings).
+    The code and the command run at the same time, to keep the scenario short."""
+    streams = {
+        "code": lambda: t.sandbox.stream_code("import time\ntime.sleep(4.5)", timeout=60),
+        "command": lambda: t.sandbox.stream_command("sleep 4.5", timeout=60),
+    }
+    with ThreadPoolExecutor(len(streams)) as pool:
+        kinds = dict(zip(streams, pool.map(event_types, streams.values()), strict=True))
+    return {name: {"first_two": k[:2], "pings": k.count("ping")} for name, k in kinds.items()}
+
+
+def event_types(start: Callable[[], ExecutionStream[Any]]) -> list[str]:
+    with start() as events:
+        return [event.type for event in events]

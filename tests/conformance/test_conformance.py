@@ -70,6 +70,7 @@ SCENARIOS = [
         lossy=True,
     ),
     Scenario("exit_codes", commands.exit_codes),
+    Scenario("heartbeat", commands.heartbeat, {"code.first_two": ["init", "ping"]}),
     Scenario("env_and_cwd", commands.env_and_cwd, {"stdout": "<dir>\nbar baz||unset\n"}),
     Scenario("command_timeout", commands.timeout, {"timed_out": True, "within_bound": True}),
     Scenario("command_early_exit", commands.early_exit, {"marker_written": False}),
