@@ -145,6 +145,10 @@ def contexts(t: Target) -> Outcome:
     cwd = run(sandbox, "import os\nos.getcwd()", with_cwd).results
     outcome["cwd"] = [r["text"].replace(folder, "<dir>") for r in cwd]
     sandbox.delete_context(with_cwd)
+    pair = {sandbox.create_context().id, sandbox.create_context().id}
+    sandbox.delete_contexts("python")
+    outcome["left_after_delete_all"] = len(pair & {c.id for c in sandbox.list_contexts()})
+    outcome["delete_all_unknown"] = raised(lambda: sandbox.delete_contexts("cobol"))
     return outcome
 
 

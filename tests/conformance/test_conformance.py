@@ -42,7 +42,12 @@ SCENARIOS = [
     Scenario("results", code.results, {"input.error.name": "StdinNotImplementedError"}, lossy=True),
     Scenario("interleaving", code.interleaving, lossy=True),
     Scenario("exceptions", code.exceptions, {"zero.error.name": "ZeroDivisionError"}, lossy=True),
-    Scenario("contexts", code.contexts, {"state_kept.results": [{"text": "'yes'"}]}, lossy=True),
+    Scenario(
+        "contexts",
+        code.contexts,
+        {"state_kept.results": [{"text": "'yes'"}], "left_after_delete_all": 0},
+        lossy=True,
+    ),
     Scenario("default_context", code.default_context, lossy=True),
     Scenario(
         "deadline_interrupt",
