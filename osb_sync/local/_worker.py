@@ -76,13 +76,17 @@ def _bundle(value: Any) -> dict[str, Any]:
             data = data[0]
         if isinstance(data, bytes):
             data = base64.b64encode(data).decode("ascii")
-        try:
-            json.dumps(data)
-        except (TypeError, ValueError):
-            continue
-        if data is not None:
+        if data is not None and _encodable(data):
             bundle[mime] = data
     return bundle
+
+
+def _encodable(data: Any) -> bool:
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def execute(code: str, namespace: dict[str, Any], count: int) -> dict[str, Any]:
