@@ -28,11 +28,14 @@ def binary_roundtrip(t: Target) -> Outcome:
     files = t.sandbox.files
     folder = t.fresh_dir()
     data = payload(3 * MIB + 17, seed=1)
-    files.write(folder + "/nested/blob.bin", data, mode=0o640)
+    blob = folder + "/nested/blob.bin"
+    files.write(blob, data, mode=0o640)
     outcome: Outcome = {
         "read": digest(files.read_bytes(folder + "/nested/blob.bin", max_bytes=4 * MIB)),
         "range": digest(b"".join(files.iter_bytes(folder + "/nested/blob.bin", start=MIB + 3))),
         "info": stat(files, folder + "/nested/blob.bin", folder),
+        "range_at_end": raised(lambda: list(files.iter_bytes(blob, start=len(data)))),
+        "range_past_end": raised(lambda: list(files.iter_bytes(blob, start=len(data) + 10))),
         "over_cap": raised(lambda: files.read_bytes(folder + "/nested/blob.bin", max_bytes=MIB)),
     }
     upload = payload(2 * MIB + 5, seed=2)
