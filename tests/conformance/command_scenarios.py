@@ -9,7 +9,7 @@ from typing import Any, Callable
 from osb_sync import ExecutionStream
 
 from .execds import Target
-from .outcome import Outcome, command_outcome, raised
+from .outcome import Outcome, command_outcome, digest, raised
 
 TIMEOUT_BOUND = 10.0  # a 1 s command timeout must end the wait well within this
 
@@ -25,6 +25,23 @@ def exit_codes(t: Target) -> Outcome:
         "no-such-program-xyz",
     ]
     return {c: command_outcome(t.sandbox.run_command(c)) for c in commands}
+
+
+def command_output(t: Target) -> Outcome:
+    """How output is cut into lines and decoded: long lines, CR LF, bad UTF-8, no stdin."""
+    commands = {
+        "long_line": "head -c 200000 /dev/zero | tr '\\0' x; echo",
+        "many_lines": "seq 1 20000",
+        "crlf": "printf 'a\\r\\nb\\r\\n'",
+        "bad_utf8": "printf '\\xff\\xfe ok\\n'",
+        "no_stdin": "cat; echo done",
+    }
+    outcome: Outcome = {}
+    for name, command in commands.items():
+        result = command_outcome(t.sandbox.run_command(command, timeout=30))
+        result["stdout"] = digest(result["stdout"].encode())
+        outcome[name] = result
+    return outcome
 
 
 def env_and_cwd(t: Target) -> Outcome:

@@ -70,7 +70,7 @@ def file_outcome(info: FileInfo, root: str) -> Outcome:
     return {
         "path": relative(info.path, root),
         "type": info.type,
-        "size": info.size if info.type == "file" else "dir",
+        "size": info.size,
         "mode": oct(info.mode),
         "owner_set": bool(info.owner),
         "group_set": bool(info.group),

@@ -20,7 +20,7 @@ from . import command_scenarios as commands
 from . import file_scenarios as files
 from .conftest import RetryLog
 from .execds import Target
-from .outcome import Outcome, differences, lacks_trailing
+from .outcome import Outcome, differences, digest, lacks_trailing
 
 MAX_RETRIES = 3
 ALIVE = {"next.stdout": "alive\n", "next.stderr": "", "next.error": None, "next_within_bound": True}
@@ -75,6 +75,15 @@ SCENARIOS = [
         lossy=True,
     ),
     Scenario("exit_codes", commands.exit_codes),
+    Scenario(
+        "command_output",
+        commands.command_output,
+        {
+            "many_lines.stdout": digest("".join(f"{i}\n" for i in range(1, 20001)).encode()),
+            "long_line.stdout": digest(b"x" * 200000 + b"\n"),
+            "no_stdin.stdout": digest(b"done\n"),
+        },
+    ),
     Scenario("heartbeat", commands.heartbeat, {"code.first_two": ["init", "ping"]}),
     Scenario("env_and_cwd", commands.env_and_cwd, {"stdout": "<dir>\nbar baz||unset\n"}),
     Scenario("command_timeout", commands.timeout, {"timed_out": True, "within_bound": True}),
