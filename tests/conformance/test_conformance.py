@@ -53,14 +53,19 @@ SCENARIOS = [
         "deadline_interrupt",
         code.deadline_interrupt,
         {"first.raised": "SandboxTimeoutError", **ALIVE},
+        lossy=True,
     ),
     Scenario(
         "output_cap_interrupt",
         code.output_cap_interrupt,
         {"first.raised": "OutputLimitExceeded", **ALIVE},
+        lossy=True,
     ),
     Scenario(
-        "early_exit_interrupt", code.early_exit_interrupt, {"first_stdout": "start\n", **ALIVE}
+        "early_exit_interrupt",
+        code.early_exit_interrupt,
+        {"first_stdout": "start\n", **ALIVE},
+        lossy=True,
     ),
     Scenario(
         "explicit_interrupt",
