@@ -2,7 +2,8 @@
 
 Usage: `_worker.py REQUEST_FD REPLY_FD`. Each request is one JSON line `{"code": "..."}` on
 REQUEST_FD; each reply is one JSON line on REPLY_FD, written after the code finished:
-`{"execution_count": n, "result": repr|null, "error": {ename, evalue, traceback}|null}`.
+`{"execution_count": n, "result": bundle|null, "error": {ename, evalue, traceback}|null}`, the
+bundle mapping "text" to the repr and other MIME types to the `_repr_*_` methods' output.
 Output is not framed: the code's stdout and stderr are the worker's own file descriptors 1 and 2
 (unbuffered, `-u`), which the server reads as live streams, so output of child processes is
 captured too. SIGINT interrupts running code with KeyboardInterrupt and is ignored between runs.
@@ -11,6 +12,8 @@ captured too. SIGINT interrupts running code with KeyboardInterrupt and is ignor
 from __future__ import annotations
 
 import ast
+import base64
+import builtins
 import json
 import linecache
 import os
@@ -22,11 +25,33 @@ from typing import Any
 
 _running = False
 REPLY_LIMIT = 4 << 20  # pyworker.REPLY_LIMIT: the server kills a worker whose reply is larger
+# The rich representations IPython's display formatter asks for, as real execd reports them.
+MIME_METHODS = (
+    ("text/html", "_repr_html_"),
+    ("text/markdown", "_repr_markdown_"),
+    ("text/latex", "_repr_latex_"),
+    ("image/svg+xml", "_repr_svg_"),
+    ("image/png", "_repr_png_"),
+    ("image/jpeg", "_repr_jpeg_"),
+    ("application/json", "_repr_json_"),
+    ("application/javascript", "_repr_javascript_"),
+    ("application/pdf", "_repr_pdf_"),
+)
 
 
 def _on_sigint(signum: int, frame: types.FrameType | None) -> None:
     if _running:
         raise KeyboardInterrupt
+
+
+class StdinNotImplementedError(NotImplementedError):
+    """What `input()` raises in a kernel whose client takes no input, as in real execd."""
+
+
+def _no_input(prompt: object = "") -> str:
+    raise StdinNotImplementedError(
+        "raw_input was called, but this frontend does not support input requests."
+    )
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -36,6 +61,33 @@ def _error(exc: BaseException) -> dict[str, Any]:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": text.splitlines()}
+
+
+def _bundle(value: Any) -> dict[str, Any]:
+    """`repr(value)` under "text", plus what its `_repr_*_` methods give (bytes as base64)."""
+    bundle: dict[str, Any] = {"text": repr(value)}
+    if isinstance(value, type):
+        return bundle  # a class's methods are not representations of the class
+    for mime, method in MIME_METHODS:
+        try:
+            data = getattr(value, method)()
+        except Exception:  # noqa: BLE001, S112 - a missing or failing method: no such form
+            continue
+        if isinstance(data, tuple):  # IPython's (data, metadata) form
+            data = data[0]
+        if isinstance(data, bytes):
+            data = base64.b64encode(data).decode("ascii")
+        if data is not None and _encodable(data):
+            bundle[mime] = data
+    return bundle
+
+
+def _encodable(data: Any) -> bool:
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def execute(code: str, namespace: dict[str, Any], count: int) -> dict[str, Any]:
@@ -59,7 +111,7 @@ def execute(code: str, namespace: dict[str, Any], count: int) -> dict[str, Any]:
             value = eval(compile(last, filename, "eval"), namespace)  # noqa: S307
             if value is not None:
                 namespace["_"] = value
-                reply["result"] = repr(value)
+                reply["result"] = _bundle(value)
     except BaseException as exc:  # noqa: BLE001 - user code may raise anything, even SystemExit
         reply["error"] = _error(exc)
     finally:
@@ -89,6 +141,7 @@ def main(argv: list[str]) -> int:
     sys.path[0] = ""
     main_module = types.ModuleType("__main__")
     main_module.__dict__["__builtins__"] = __builtins__
+    builtins.input = _no_input
     sys.modules["__main__"] = main_module
     signal.signal(signal.SIGINT, _on_sigint)
     count = 0

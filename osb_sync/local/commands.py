@@ -336,9 +336,17 @@ class Commands:
         try:
             stream.start_pings()
             deadline = None if timeout is None else started + timeout / 1000
-            code = session.run(
-                command, cwd, deadline, lambda line: stream.event({"type": "stdout", "text": line})
-            )
+            try:
+                code = session.run(
+                    command,
+                    cwd,
+                    deadline,
+                    lambda line: stream.event({"type": "stdout", "text": line}),
+                )
+            finally:
+                # Free before the terminal event: a client may send the next run the moment it
+                # reads that event.
+                session.lock.release()
             if code is None:
                 late = deadline is not None and time.monotonic() >= deadline
                 why = f"timeout after {(timeout or 0) / 1000:g}s" if late else "session exited"
@@ -346,7 +354,6 @@ class Commands:
             else:
                 stream.event(complete(started) if code == 0 else failure(*exit_error(code)))
         finally:
-            session.lock.release()
             stream.close()
 
     def delete_session(self, ex: Exchange) -> None:

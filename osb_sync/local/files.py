@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ._http import Exchange, HttpError, Route, error, now_ms
+from ._http import Exchange, Route, error, now_ms
 from .filewrite import (
     apply_permissions,
     bad_value,
@@ -84,27 +84,28 @@ def _paths(ex: Exchange) -> list[str]:
     return paths
 
 
+class _Unsatisfiable(Exception):
+    """A `Range` no byte of the file satisfies; the message is Go's, as real execd answers."""
+
+
 def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
-    """(first, last) byte of a single `Range` header, None for the whole file; 416 if bad."""
+    """(first, last) byte of a single `Range` header, None for the whole file."""
     if not header or "," in header:
         return None  # no range, or several: RFC 9110 lets a server send the whole file
     found = RANGE.fullmatch(header.strip())
-    unsatisfiable = HttpError(
-        416,
-        {"code": "INVALID_REQUEST_BODY", "message": f"invalid range {header!r} for size {size}"},
-        {"Content-Range": f"bytes */{size}"},
-    )
     if not found or found.group(1) == found.group(2) == "" or len(header) > 50:
-        raise unsatisfiable
+        raise _Unsatisfiable("invalid range")
     first, last = found.groups()
     if first == "":
         start, end = max(0, size - int(last)), size - 1
         if int(last) == 0:
-            raise unsatisfiable
+            raise _Unsatisfiable("invalid range: failed to overlap")
     else:
         start, end = int(first), min(size - 1, int(last)) if last else size - 1
-    if start >= size or start > end:
-        raise unsatisfiable
+    if start > end and start < size:
+        raise _Unsatisfiable("invalid range")
+    if start >= size:
+        raise _Unsatisfiable("invalid range: failed to overlap")
     return start, end
 
 
@@ -118,7 +119,12 @@ def download(runtime: SandboxRuntime, ex: Exchange) -> None:
         raise error(404, "FILE_NOT_FOUND", f"file not found: {raw}")
     with open(path, "rb") as source:
         size = os.fstat(source.fileno()).st_size
-        span = _byte_range(ex.headers.get("Range"), size)
+        try:
+            span = _byte_range(ex.headers.get("Range"), size)
+        except _Unsatisfiable as exc:  # real execd: Go's plain-text 416, not a JSON error
+            text_plain = {"Content-Type": "text/plain; charset=utf-8"}
+            ex.send(416, f"{exc}\n".encode(), {**text_plain, "Content-Range": f"bytes */{size}"})
+            return
         start, end = span or (0, size - 1)
         headers = {
             "Content-Type": "application/octet-stream",
@@ -231,10 +237,18 @@ def permissions(runtime: SandboxRuntime, ex: Exchange) -> None:
     body = json_object(ex)
     if not isinstance(body, dict):
         raise error(400, "INVALID_REQUEST_BODY", "body must be an object of paths")
-    plan = [(existing(runtime, raw), permissions_of(spec)) for raw, spec in body.items()]
+    plan = [(_chmod_target(runtime, raw), permissions_of(spec)) for raw, spec in body.items()]
     for path, spec in plan:
         apply_permissions(path, spec)
     ex.send(200)
+
+
+def _chmod_target(runtime: SandboxRuntime, raw: str) -> Path:
+    path = sandbox_path(runtime, raw)
+    if not os.path.lexists(path):  # real execd's answer: a 500, not a 404
+        reason = f"chmod {raw}: no such file or directory"
+        raise error(500, "RUNTIME_ERROR", f"error changing permissions for {raw}. {reason}")
+    return path
 
 
 def _cpu_times() -> tuple[int, int]:

@@ -165,7 +165,7 @@ class PythonWorker:
             emit({"type": "error", "error": reply["error"]})
         elif reply.get("result") is not None:
             emit({"type": "execution_count", "execution_count": reply["execution_count"]})
-            emit({"type": "result", "results": {"text": reply["result"]}})
+            emit({"type": "result", "results": reply["result"]})
         emit(complete(started))
 
     def interrupt(self) -> None:

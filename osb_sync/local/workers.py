@@ -243,7 +243,7 @@ class BashSession:
         try:
             self._proc.stdin.write(script.encode())
             self._proc.stdin.flush()
-        except OSError:
+        except (OSError, ValueError):  # ValueError: the pipe was closed when it was killed
             return None
         splitter = LineSplitter()
         fd = self._proc.stdout.fileno()

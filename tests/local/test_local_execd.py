@@ -8,9 +8,12 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from conftest import Box, parse_events, texts, wait_for
 
+from osb_sync import Client
 from osb_sync.local import LocalServer
+from osb_sync.local._http import EventStream
 
 
 def raw_stream(box: Box, path: str, body: dict[str, Any]) -> tuple[list[bytes], list[float]]:
@@ -270,6 +273,9 @@ def test_sessions(box: Box) -> None:
     assert failed[-1]["error"]["evalue"] == "1"
     timed_out = box.call("POST", run, json={"command": "sleep 5", "timeout": 200})
     assert timed_out.content.endswith(b'timeout after 0.2s"}')
+    # The timeout killed the session's shell: later runs say so (not a dropped connection).
+    after = box.call("POST", run, json={"command": "true"})
+    assert after.content.endswith(b'error running in session. session exited"}')
     assert box.call("DELETE", f"/session/{session_id}").status_code == 200
     assert box.call("POST", run, json={"command": "true"}).status_code == 404
 
@@ -290,3 +296,48 @@ def test_metrics(box: Box) -> None:
 
 def test_unknown_execd_route(box: Box) -> None:
     assert box.call("GET", "/nope").status_code == 404
+
+
+def test_a_session_is_free_as_soon_as_its_run_reported_its_end(
+    local: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The client sends the next run the moment it reads the terminal event: a server thread
+    # that lingers after writing that event must not hold the session any more.
+    write = EventStream.event
+
+    def linger_after_the_end(self: EventStream, event: dict[str, Any]) -> None:
+        write(self, event)
+        if event.get("type") in ("execution_complete", "error"):
+            time.sleep(0.5)
+
+    monkeypatch.setattr(EventStream, "event", linger_after_the_end)
+    with Client(local.api_base) as client, client.create_sandbox() as sandbox:
+        with sandbox.session() as session:
+            results = [session.run("echo x") for _ in range(3)]
+    assert [(r.exit_code, r.error) for r in results] == [(0, None)] * 3
+
+
+RICH = """
+class R:
+    def _repr_html_(self): return '<b>r</b>'
+    def _repr_png_(self): return bytes(range(4))
+    def _repr_json_(self): return {'r': 1}
+    def _repr_markdown_(self): return object()  # not JSON: left out
+    def _repr_latex_(self): raise ValueError('no latex')
+    def __repr__(self): return 'R()'
+"""
+
+
+def test_results_carry_rich_forms_and_input_is_refused_as_by_a_kernel(local: LocalServer) -> None:
+    with Client(local.api_base) as client, client.create_sandbox() as sandbox:
+        rich = sandbox.run_code(RICH + "R()")
+        a_class = sandbox.run_code("R")
+        asked = sandbox.run_code("input()")
+    forms = {"text/html": "<b>r</b>", "image/png": "AAECAw==", "application/json": {"r": 1}}
+    assert rich.results == [{"text": "R()", **forms}]
+    assert a_class.results == [{"text": "<class '__main__.R'>"}]
+    assert asked.error is not None
+    assert (asked.error.name, asked.error.value) == (
+        "StdinNotImplementedError",
+        "raw_input was called, but this frontend does not support input requests.",
+    )

@@ -41,6 +41,16 @@ def test_upload_download_round_trip(box: Box) -> None:
         "GET", "/files/download", params={"path": "dir/a.bin"}, headers={"Range": "bytes=999999-"}
     )
     assert bad.status_code == 416
+    # Real execd answers as Go's net/http does: plain text, not a JSON error.
+    assert (bad.text, bad.headers["Content-Range"]) == (
+        "invalid range: failed to overlap\n",
+        f"bytes */{len(data)}",
+    )
+    # (For a malformed range real execd sends a 416 whose promised body never comes.)
+    reversed_range = box.call(
+        "GET", "/files/download", params={"path": "dir/a.bin"}, headers={"Range": "bytes=9-3"}
+    )
+    assert (reversed_range.status_code, reversed_range.text) == (416, "invalid range\n")
     missing = box.call("GET", "/files/download", params={"path": "nope"})
     assert (missing.status_code, missing.json()["code"]) == (404, "FILE_NOT_FOUND")
     info = box.call("GET", "/files/info", params={"path": "dir/a.bin"}).json()["dir/a.bin"]
