@@ -11,7 +11,7 @@ import requests
 import urllib3
 
 from .constants import INTERRUPT_WAIT
-from .errors import OutputLimitExceeded, SandboxTimeoutError, StreamError
+from .errors import OpenSandboxError, OutputLimitExceeded, SandboxTimeoutError, StreamError
 from .models import Event
 from .stream import ExecutionFolder, capped, iter_events
 
@@ -215,6 +215,8 @@ class ExecutionStream(Generic[R]):
             self._state = "closed"
             elsewhere = self._reader not in (None, threading.get_ident())
         if not elsewhere:
+            if self._interrupt is not None and self._folder.execution_id is None:
+                self._read_until_init()
             self._stop(readable=True)
             if self._outcome not in ("", INTERRUPTED):
                 logger.warning("closing run %s early: %s", self.execution_id, self._outcome)
@@ -224,6 +226,25 @@ class ExecutionStream(Generic[R]):
             self._send_interrupt()
         self._shutdown_socket()
         self._response.close()
+
+    def _read_until_init(self) -> None:
+        """Learn which run to interrupt: execd sends ``init`` with the headers, so it is near."""
+        timer = threading.Timer(INTERRUPT_WAIT, self._shutdown_socket)
+        timer.daemon = True
+        timer.start()
+        try:
+            while self._folder.execution_id is None:
+                self._folder.add(next(self._events))
+        except (
+            StopIteration,
+            OpenSandboxError,
+            requests.RequestException,
+            urllib3.exceptions.HTTPError,
+            OSError,
+        ):
+            pass
+        finally:
+            timer.cancel()
 
     def _within_deadline(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
         for chunk in chunks:

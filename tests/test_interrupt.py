@@ -140,6 +140,15 @@ def test_leaving_a_stream_after_execution_complete_interrupts_the_run(
         stream.result()
 
 
+def test_closing_a_stream_before_reading_it_interrupts_the_run(
+    server: FakeServer, execd: Execd
+) -> None:
+    sandbox = bare_handle(server)
+    with sandbox.stream_code("import time; time.sleep(20)"):
+        pass
+    assert execd.interrupts("/code") == [[CTX]]
+
+
 def test_an_exception_in_on_event_after_execution_complete_interrupts_the_run(
     server: FakeServer, execd: Execd
 ) -> None:
