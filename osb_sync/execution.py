@@ -101,13 +101,13 @@ class ExecutionStream(Generic[R]):
         self._released = threading.Event()
         self._expired = False
         self._gave_up = False  # the run had not ended INTERRUPT_WAIT seconds after its interrupt
-        self._read_all = False
         self._interrupt_started = False
         self._interrupt_answered = threading.Event()
         self._interrupt_ok = False
         self._outcome = ""
+        self._at_eof = False
         # Kept apart from the pipeline: after an interrupt, the rest is read from here.
-        self._chunks: Iterator[bytes] = response.iter_content(CHUNK_SIZE)
+        self._chunks = self._until_eof(response.iter_content(CHUNK_SIZE))
         chunks: Iterable[bytes] = self._chunks
         if self._deadline is not None:
             chunks = self._within_deadline(chunks)
@@ -227,6 +227,10 @@ class ExecutionStream(Generic[R]):
         self._shutdown_socket()
         self._response.close()
 
+    def _until_eof(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        yield from chunks
+        self._at_eof = True  # not reached when the read fails
+
     def _read_until_init(self) -> None:
         """Learn which run to interrupt: execd sends ``init`` with the headers, so it is near."""
         timer = threading.Timer(INTERRUPT_WAIT, self._shutdown_socket)
@@ -301,7 +305,7 @@ class ExecutionStream(Generic[R]):
             self._outcome = IN_BACKGROUND
         else:
             self._outcome = self._interrupt_and_wait(readable)
-        if not self._read_all:
+        if not self._at_eof:
             self._shutdown_socket()
         self._release()
 
@@ -315,7 +319,7 @@ class ExecutionStream(Generic[R]):
         return NOT_ENDED if self._gave_up else END_UNSEEN
 
     def _read_to_end(self) -> bool:
-        """Discard the rest of the stream; True if it ended within ``INTERRUPT_WAIT``."""
+        """Discard the rest of the stream; True if it reached its end within ``INTERRUPT_WAIT``."""
         give_up_at = time.monotonic() + INTERRUPT_WAIT
         timer = threading.Timer(INTERRUPT_WAIT, self._give_up)
         timer.daemon = True
@@ -329,8 +333,7 @@ class ExecutionStream(Generic[R]):
             return False
         finally:
             timer.cancel()
-        self._read_all = not self._gave_up
-        return self._read_all
+        return self._at_eof and not self._gave_up
 
     def _give_up(self) -> None:
         self._gave_up = True
