@@ -90,6 +90,9 @@ def check_run_arguments(
     """Raise ConfigurationError naming the first bad argument of a code run."""
     if not isinstance(code, str):
         raise ConfigurationError(f"code must be a str, not {type(code).__name__}")
+    if not code.strip():
+        # Real execd never ends a run of blank code: its context would stay busy for good.
+        raise ConfigurationError("code is empty or blank; give the code to run")
     if not isinstance(language, str) or not language:
         raise ConfigurationError("language must be a non-empty str such as 'python' or 'bash'")
     if not isinstance(max_output_bytes, int) or max_output_bytes <= 0:

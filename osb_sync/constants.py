@@ -17,6 +17,8 @@ EXECD_PORT = 44772
 DEFAULT_POLL_INTERVAL = 0.2
 DEFAULT_READY_TIMEOUT = 30.0
 DEFAULT_LANGUAGE = "python"
+# After an interrupt, how long the client waits (seconds) for the run to end on execd.
+INTERRUPT_WAIT = 5.0
 
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 API_BASE_ENV = "OPEN_SANDBOX_API_BASE"

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from .constants import INTERRUPT_WAIT
 from .errors import ApiError, OpenSandboxError, error_from_response
 from .execution import ExecutionStream, Folder, R
 from .models import Event
@@ -22,7 +23,6 @@ STREAM_HEADERS = {
     # Counted bytes must be wire bytes: no transparent decompression under the cap.
     "Accept-Encoding": "identity",
 }
-INTERRUPT_READ_TIMEOUT = 10.0
 
 
 def execd_base_url(endpoint: str, scheme: str) -> str:
@@ -120,8 +120,8 @@ class Execd:
         interrupt = None
         if interrupt_path is not None:
 
-            def interrupt(run_id: str) -> None:
-                self.interrupt_quietly(interrupt_path, run_id)
+            def interrupt(run_id: str) -> bool:
+                return self.try_interrupt(interrupt_path, run_id)
 
         return ExecutionStream(
             response,
@@ -133,11 +133,12 @@ class Execd:
             stop_at_terminal=stop_at_terminal,
         )
 
-    def interrupt_quietly(self, path: str, run_id: str) -> None:
-        """Best effort ``DELETE {path}?id=``: a run left behind would keep its context busy."""
+    def try_interrupt(self, path: str, run_id: str) -> bool:
+        """``DELETE {path}?id=``, bounded by ``INTERRUPT_WAIT``; False (logged) if it failed."""
         try:
-            # Bounded by the client's read timeout too: a wedged execd must not hold the caller.
-            read_timeout = min(INTERRUPT_READ_TIMEOUT, self._transport.read_timeout)
+            read_timeout = min(INTERRUPT_WAIT, self._transport.read_timeout)
             self.request("DELETE", path, params={"id": run_id}, read_timeout=read_timeout)
         except OpenSandboxError as exc:
             logger.warning("interrupting run %s (DELETE %s) failed: %s", run_id, path, exc)
+            return False
+        return True

@@ -225,6 +225,8 @@ class ExecutionFolder:
         self._error: ExecutionError | None = None
         self._count: int | None = None
         self.execution_id: str | None = None
+        # Never set: on /code, execution_complete may come first, while the code still runs;
+        # only the end of the stream ends the run.
         self.completed = False
 
     def add(self, event: Event) -> None:
@@ -242,8 +244,6 @@ class ExecutionFolder:
             self._error = error_of(event.data)
         elif kind == "init" and self.execution_id is None and event.text:
             self.execution_id = event.text
-        elif kind == "execution_complete":
-            self.completed = True
 
     def result(self) -> ExecutionResult:
         """The result of everything added so far."""

@@ -119,6 +119,8 @@ class FakeServer(ThreadingHTTPServer):
         self.requests: list[Seen] = []
         self.connections = 0
         self.lock = threading.Lock()
+        # Set by an interrupt route; a run that honours interrupts (as execd's do) ends on it.
+        self.interrupted = threading.Event()
         self._thread = threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True)
 
     def handle_error(self, request: Any, client_address: Any) -> None:

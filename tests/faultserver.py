@@ -275,6 +275,8 @@ class World:
         self.pending = False
         self.down_after: str | None = None
         self.smuggled = threading.Event()
+        # Set by a healthy interrupt: a dripping or flooding run ends then, as execd's runs do.
+        self.interrupted = threading.Event()
         self.api = FaultServer("api", self)
         self.execd = FaultServer("execd", self)
         self.other = FaultServer("other", self)
@@ -308,6 +310,7 @@ class World:
             self.pending = False
             self.down_after = None
             self.smuggled = threading.Event()
+            self.interrupted = threading.Event()
         self.api.go_up()
         self.execd.go_up()
 
@@ -356,6 +359,8 @@ class World:
             self.seen.append(Seen(server, h.command, parts.path, route, dict(h.headers)))
             fault = self._take_fault(route)
             release = self.release
+            if route == "interrupt" and fault is None:
+                self.interrupted.set()
         if route is None:
             h.send_bytes(200 if server == "other" else 404, b"{}", JSON)
             return
@@ -590,6 +595,9 @@ def _drip(h: Handler, r: Reply, s: Scene) -> None:
     for i in itertools.count():
         if s.release.wait(DRIP_INTERVAL):
             break
+        if s.world.interrupted.is_set():
+            h.write(b"0\r\n\r\n")
+            break
         h.chunk(slow[i % len(slow) : i % len(slow) + 1])
     h.fin()
 
@@ -695,6 +703,9 @@ def _flood(h: Handler, r: Reply, s: Scene) -> None:
         piece = b"x" * 65536
     for i in itertools.count():
         if i % 16 == 0 and s.release.wait(0.002):  # at most ~0.5 GB/s, until the client quits
+            break
+        if r.kind == "stream" and s.world.interrupted.is_set():
+            h.write(b"0\r\n\r\n")
             break
         h.chunk(piece)
     h.fin()

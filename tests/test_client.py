@@ -675,7 +675,15 @@ def test_output_cap_raises_and_interrupts(client: Client, rsps: responses.Reques
 
 
 @pytest.mark.parametrize(
-    "bad", [{"code": 5}, {"language": ""}, {"max_output_bytes": 0}, {"timeout": -1}]
+    "bad",
+    [
+        {"code": 5},
+        {"code": ""},
+        {"code": " \n"},  # real execd never ends a blank run: the context stays busy for good
+        {"language": ""},
+        {"max_output_bytes": 0},
+        {"timeout": -1},
+    ],
 )
 def test_bad_run_arguments(client: Client, bad: dict[str, Any]) -> None:
     sandbox = osb_sync.Sandbox(client, SID, execd_endpoint=ENDPOINT)

@@ -42,6 +42,7 @@ def serve_endpoint(server: FakeServer) -> None:
 
     @server.route("DELETE", f"{EXECD_PATH}/code")
     def interrupt(req: Request) -> None:
+        server.interrupted.set()
         req.send_raw(200, b"")
 
     @server.route("GET", f"{EXECD_PATH}/ping")
@@ -281,37 +282,33 @@ def test_no_response_headers_within_read_timeout_is_transport_error(server: Fake
 def test_drip_under_read_timeout_is_cut_at_the_run_deadline(
     server: FakeServer, client: Client
 ) -> None:
-    stop = threading.Event()
-
     def drip(req: Request) -> None:
         req.start_stream()
         req.event(type="init", text="ctx-3")
-        while not stop.wait(0.05):
+        while not server.interrupted.wait(0.05):
             req.chunk(b" ")
+        req.end_stream()
 
     serve_run(server, drip)
     started = time.monotonic()
     with pytest.raises(SandboxTimeoutError, match=r"within 0\.5 seconds"):
         client.run_code(SID, "1", timeout=0.5)
     assert time.monotonic() - started < 2.5
-    stop.set()
-    assert wait_for(lambda: interrupts(server) == [["ctx-3"]])
+    assert interrupts(server) == [["ctx-3"]]
 
 
 def test_watchdog_cuts_a_silent_stream_at_the_deadline(server: FakeServer, client: Client) -> None:
-    release = threading.Event()
-
     def silent(req: Request) -> None:
         req.start_stream()
         req.event(type="init", text="ctx-4")
-        release.wait(5)
+        server.interrupted.wait(5)
+        req.end_stream()
 
     serve_run(server, silent)
     started = time.monotonic()
     with pytest.raises(SandboxTimeoutError):
         client.run_code(SID, "1", timeout=0.5)
     elapsed = time.monotonic() - started
-    release.set()
     assert elapsed < 2.0  # read_timeout is 5 s: only the watchdog can end it this early
     assert interrupts(server) == [["ctx-4"]]
 
@@ -325,6 +322,9 @@ def test_output_flood_is_capped_interrupted_and_not_reused(
         line = json.dumps({"type": "stdout", "text": "x" * 4000}).encode() + b"\n\n"
         try:
             for _ in range(10_000):
+                if server.interrupted.is_set():
+                    req.end_stream()
+                    return
                 req.chunk(line)
         except OSError:
             pass
@@ -339,14 +339,13 @@ def test_output_flood_is_capped_interrupted_and_not_reused(
 
 
 def test_leaving_a_stream_early_closes_and_interrupts(server: FakeServer, client: Client) -> None:
-    stop = threading.Event()
-
     def endless(req: Request) -> None:
         req.start_stream()
         req.event(type="init", text="ctx-6")
         try:
-            while not stop.wait(0.02):
+            while not server.interrupted.wait(0.02):
                 req.event(type="stdout", text="tick\n")
+            req.end_stream()
         except OSError:
             pass
 
@@ -358,7 +357,6 @@ def test_leaving_a_stream_early_closes_and_interrupts(server: FakeServer, client
     assert interrupts(server) == [["ctx-6"]]
     with pytest.raises(StreamError, match="closed"):
         stream.result()
-    stop.set()
 
 
 def test_close_from_another_thread_releases_a_blocked_reader(
