@@ -33,6 +33,7 @@ from .errors import (
     error_from_response,
     with_suffix,
 )
+from .failures import V1_HINT
 from .models import parse_time
 from .transport import Transport, never_sent, response_json
 
@@ -172,7 +173,14 @@ class Lifecycle:
         """The ApiError describing an error response (secrets redacted)."""
         path = urlsplit(response.url).path if response.url else ""
         method = (response.request.method or "") if response.request is not None else ""
-        return error_from_response(response, method, path, (self._api_key, *secrets))
+        exc = error_from_response(response, method, path, (self._api_key, *secrets))
+        if (
+            exc.status_code == 404
+            and "SANDBOX" not in (exc.code or "")
+            and not self._api_base.endswith("/v1")
+        ):
+            return with_suffix(exc, f"({V1_HINT}: {self._api_base}/v1?)")
+        return exc
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /sandboxes``; a failure that may have left a sandbox starts a search for it.
