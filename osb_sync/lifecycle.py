@@ -68,8 +68,10 @@ def build_create_body(
     """The ``POST /sandboxes`` body; deny-all network unless internet access is asked for.
 
     Raises:
-        ConfigurationError: both ``template`` and ``snapshot_id``.
+        ConfigurationError: both ``template`` and ``snapshot_id``; a ``timeout`` that is not
+            a positive int, None or NO_TIMEOUT.
     """
+    _check_lifetime(timeout)
     body: dict[str, Any] = {}
     if snapshot_id is not None:
         if template is not None or image_auth is not None:
@@ -103,6 +105,16 @@ def build_create_body(
     if extensions:
         body["extensions"] = dict(extensions)
     return body
+
+
+def _check_lifetime(timeout: object) -> None:
+    if timeout is None or timeout is NO_TIMEOUT:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        raise ConfigurationError(
+            f"timeout (the sandbox lifetime) must be a positive int of seconds, got {timeout!r}: "
+            f"None for the default ({DEFAULT_TIMEOUT} s), osb_sync.NO_TIMEOUT for no expiry"
+        )
 
 
 def sandbox_path(sandbox_id: str) -> str:
