@@ -17,6 +17,8 @@ EXECD_PORT = 44772
 DEFAULT_POLL_INTERVAL = 0.2
 DEFAULT_READY_TIMEOUT = 30.0
 DEFAULT_LANGUAGE = "python"
+# The languages execd knows (runtime/language.go); which run depends on the image.
+LANGUAGES = ("python", "bash", "java", "javascript", "typescript", "go", "sql")
 
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 API_BASE_ENV = "OPEN_SANDBOX_API_BASE"
