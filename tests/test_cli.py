@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import pty
+import select
 import socket
 import subprocess
 import sys
@@ -326,7 +327,8 @@ def test_no_progress_escapes_in_a_stderr_file_when_stdout_is_a_terminal(tmp_path
         os.close(terminal)
         os.close(main)
     assert proc.returncode == 0
-    assert "\r" not in (tmp_path / "err").read_text()
+    written = (tmp_path / "err").read_bytes()
+    assert b"\r" not in written and b"\x1b[" not in written, written
 
 
 def test_serve_json_prints_a_start_up_line_and_ctrl_c_exits_130() -> None:
@@ -338,6 +340,8 @@ def test_serve_json_prints_a_start_up_line_and_ctrl_c_exits_130() -> None:
     )
     try:
         assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "no start-up line within 60 s"
         start = json.loads(proc.stdout.readline())
         assert start["api_base"].startswith("http://127.0.0.1:") and start["pid"] == proc.pid
         assert start["api_key_required"] is False
