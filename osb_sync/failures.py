@@ -23,7 +23,9 @@ V1_HINT = "the API base usually ends in /v1"
 
 def describe(method: str, url: str, exc: BaseException, timeout: tuple[float, float]) -> str:
     """``METHOD URL failed: cause (fix)`` for an exception raised while sending a request."""
-    shown = urlsplit(url)._replace(query="", fragment="").geturl()
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]  # never the user:password of a URL
+    shown = parts._replace(netloc=host, query="", fragment="").geturl()
     return f"{method} {shown} failed: {_cause(exc, url, timeout)}"
 
 

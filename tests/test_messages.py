@@ -92,3 +92,11 @@ def test_a_missing_sandbox_under_v1_gets_no_hint() -> None:
         with pytest.raises(NotFoundError) as info:
             client.get_sandbox("sbx")
     assert "NOT_FOUND" in str(info.value) and "usually ends in /v1" not in str(info.value)
+
+
+def test_the_url_shown_carries_no_credentials_or_query() -> None:
+    port = closed_port()
+    with Client(f"http://user:pa55word@127.0.0.1:{port}/v1", max_retries=0) as client:
+        with pytest.raises(TransportError) as info:
+            list(client.list_sandboxes())
+    assert str(info.value).startswith(f"GET http://127.0.0.1:{port}/v1/sandboxes failed:")
