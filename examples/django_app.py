@@ -10,7 +10,8 @@ go to Django's command line instead of ``runserver`` (``python examples/django_a
 
 ``POST /run`` takes the code as the request body and answers
 ``{"stdout", "stderr", "results", "error", "execution_count"}``; a run past ``RUN_TIMEOUT`` or
-``MAX_OUTPUT_BYTES`` gets an ``error``, and 503 means every sandbox stayed busy.
+``MAX_OUTPUT_BYTES`` gets an ``error``, an empty body 400, and 503 means every sandbox stayed
+busy.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from osb_sync.integrations.django import get_pool, request_sandbox
 RUN_TIMEOUT = 10.0  # seconds one submission may run
 MAX_OUTPUT_BYTES = 64 * 1024  # output kept per run; more interrupts the run
 MAX_CODE_BYTES = 64 * 1024
+EMPTY_BODY = "the request body is empty: send the code to run"
 
 
 def configure(api_base: str | None = None, api_key: str | None = None) -> None:
@@ -60,6 +62,8 @@ def configure(api_base: str | None = None, api_key: str | None = None) -> None:
 def run(request: HttpRequest) -> HttpResponse:
     """Run the body as Python in the request's pooled sandbox."""
     code = request.body.decode("utf-8", "replace")
+    if not code.strip():
+        return JsonResponse({"error": EMPTY_BODY}, status=400)
     try:
         sandbox = request_sandbox(request)  # given back when the response is finished
     except SandboxTimeoutError:

@@ -9,8 +9,9 @@ it starts an embedded local server (a development server, not a security boundar
 
 ``POST /run`` takes the code as the request body and answers
 ``{"stdout", "stderr", "results", "error", "execution_count"}``. Code that raises, runs longer
-than ``RUN_TIMEOUT`` or prints more than ``MAX_OUTPUT_BYTES`` gets an ``error``; when every
-sandbox is busy for ``OPENSANDBOX_ACQUIRE_TIMEOUT`` seconds the answer is 503.
+than ``RUN_TIMEOUT`` or prints more than ``MAX_OUTPUT_BYTES`` gets an ``error``; an empty body
+gets 400; when every sandbox is busy for ``OPENSANDBOX_ACQUIRE_TIMEOUT`` seconds the answer
+is 503.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from osb_sync.integrations.flask import OpenSandbox
 RUN_TIMEOUT = 10.0  # seconds one submission may run
 MAX_OUTPUT_BYTES = 64 * 1024  # output kept per run; more interrupts the run
 MAX_CODE_BYTES = 64 * 1024
+EMPTY_BODY = "the request body is empty: send the code to run"
 
 sandboxes = OpenSandbox()
 
@@ -53,6 +55,8 @@ def create_app(api_base: str | None = None, api_key: str | None = None, **config
     def run() -> Any:
         """Run the body as Python in the request's pooled sandbox."""
         code = request.get_data(as_text=True)
+        if not code.strip():
+            return jsonify(error=EMPTY_BODY), 400
         try:
             sandbox = sandboxes.sandbox
         except SandboxTimeoutError:

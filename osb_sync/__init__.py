@@ -3,6 +3,9 @@
 Table of contents only; see README.rst for the API and error tables.
 """
 
+import importlib
+from typing import Any
+
 from .client import Client
 from .commands import BackgroundCommand, BashSession
 from .constants import (
@@ -51,6 +54,14 @@ from .sandbox import Sandbox
 from .stream import parse_execution
 
 __version__ = VERSION
+
+
+def __getattr__(name: str) -> Any:
+    """``osb_sync.local`` on first use: ``import osb_sync`` stays light without the server."""
+    if name == "local":
+        return importlib.import_module(".local", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_ENTRYPOINT",

@@ -12,7 +12,13 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .config import check_client_options, check_id, resolve_api_base, wait_settings
+from .config import (
+    check_client_options,
+    check_id,
+    check_run_arguments,
+    resolve_api_base,
+    wait_settings,
+)
 from .constants import (
     API_KEY_ENV,
     CREATE_ID_KEY,
@@ -443,11 +449,14 @@ class Client:
         """Create a sandbox, run code in it, and delete it, whatever happened.
 
         ``timeout`` among ``create_kwargs`` is the sandbox lifetime; ``run_timeout`` bounds
-        the run. A failed delete is logged and never masks the run's own error.
+        the run. A failed delete is logged and never masks the run's own error. Empty code
+        and an unknown language are refused before a sandbox is created.
 
         Raises:
+            ConfigurationError: empty code, an unknown language, a bad argument.
             The errors of :meth:`create_sandbox` and :meth:`run_code`.
         """
+        check_run_arguments(code, language, max_output_bytes, run_timeout)
         sandbox = self.create_sandbox(**create_kwargs)
         try:
             return sandbox.run_code(

@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from .constants import API_BASE_ENV, DEFAULT_POLL_INTERVAL, DEFAULT_READY_TIMEOUT, DOMAIN_ENV
+from .constants import (
+    API_BASE_ENV,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_READY_TIMEOUT,
+    DOMAIN_ENV,
+    LANGUAGES,
+)
 from .errors import ConfigurationError
 
 
@@ -92,9 +98,12 @@ def check_run_arguments(
         raise ConfigurationError(f"code must be a str, not {type(code).__name__}")
     if not code.strip():
         # Real execd never ends a run of blank code: its context would stay busy for good.
-        raise ConfigurationError("code is empty or blank; give the code to run")
-    if not isinstance(language, str) or not language:
-        raise ConfigurationError("language must be a non-empty str such as 'python' or 'bash'")
+        raise ConfigurationError("code is empty or blank: there is nothing to run")
+    if language not in LANGUAGES:
+        raise ConfigurationError(
+            f"unknown language {language!r}: execd runs {', '.join(LANGUAGES)} "
+            "(which ones depend on the image)"
+        )
     if not isinstance(max_output_bytes, int) or max_output_bytes <= 0:
         raise ConfigurationError("max_output_bytes must be a positive int")
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):

@@ -19,6 +19,8 @@ DEFAULT_READY_TIMEOUT = 30.0
 DEFAULT_LANGUAGE = "python"
 # After an interrupt, how long the client waits (seconds) for the run to end on execd.
 INTERRUPT_WAIT = 5.0
+# The languages execd knows (runtime/language.go); which run depends on the image.
+LANGUAGES = ("python", "bash", "java", "javascript", "typescript", "go", "sql")
 
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 API_BASE_ENV = "OPEN_SANDBOX_API_BASE"

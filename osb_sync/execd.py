@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import requests
 
 from .constants import INTERRUPT_WAIT
-from .errors import ApiError, OpenSandboxError, error_from_response
+from .errors import ApiError, OpenSandboxError, SandboxStateError, error_from_response
 from .execution import ExecutionStream, Folder, R
 from .models import Event
 from .transport import Transport, response_json
@@ -23,6 +23,7 @@ STREAM_HEADERS = {
     # Counted bytes must be wire bytes: no transparent decompression under the cap.
     "Accept-Encoding": "identity",
 }
+PAUSED_HINT = "the sandbox is paused: resume it first (sandbox.resume())"
 
 
 def execd_base_url(endpoint: str, scheme: str) -> str:
@@ -61,6 +62,7 @@ class Execd:
 
         Raises:
             NotFoundError: 404 (a missing file, context or command).
+            SandboxStateError: the server's proxy says the sandbox is paused.
             ApiError: another error status.
             TransportError: no usable response.
         """
@@ -79,9 +81,12 @@ class Execd:
         )
         if response.status_code >= 300:
             try:
-                raise error_from_response(response, method, urlsplit(url).path, self._secrets)
+                exc = error_from_response(response, method, urlsplit(url).path, self._secrets)
             finally:
                 response.close()
+            if exc.status_code == 502 and "paused" in exc.message.lower():
+                raise SandboxStateError(f"{PAUSED_HINT} ({exc})") from exc
+            raise exc
         return response
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:

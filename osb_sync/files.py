@@ -6,7 +6,7 @@ import builtins
 import json
 import os
 import secrets
-from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, TypeAlias
+from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TypeAlias
 
 import requests
 import urllib3
@@ -130,16 +130,28 @@ class Files:
         """
         self._upload([_Part(path, data, mode, owner, group)])
 
-    def write_many(self, entries: Iterable[tuple[str, Data] | tuple[str, Data, int]]) -> None:
-        """Write several files in one request: ``(path, data)`` or ``(path, data, mode)``.
+    def write_many(
+        self,
+        entries: Mapping[str, Data] | Iterable[tuple[str, Data] | tuple[str, Data, int]],
+    ) -> None:
+        """Write several files in one request: a ``{path: data}`` dict, or ``(path, data)``
+        and ``(path, data, mode)`` tuples.
 
         Raises:
-            ConfigurationError: an empty path or a file object that is not seekable.
+            ConfigurationError: an entry that is not such a tuple, an empty path, a mode that
+                is not an int, or a file object that is not seekable.
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
+        if isinstance(entries, Mapping):
+            entries = list(entries.items())
         parts = []
         for entry in entries:
+            if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+                raise ConfigurationError(
+                    "write_many takes a {path: data} dict or (path, data[, mode]) tuples, "
+                    f"got {type(entry).__name__} {entry!r:.60}"
+                )
             path, data, *rest = entry
             parts.append(_Part(path, data, rest[0] if rest else 0o644, None, None))
         if parts:
@@ -187,9 +199,16 @@ class Files:
         Raises:
             NotFoundError: no such file.
             OutputLimitExceeded: the file is larger than the cap.
-            UnicodeDecodeError: the file is not text in ``encoding``.
+            UnicodeDecodeError: the file is not text in ``encoding`` (the message names it).
         """
-        return self.read_bytes(path).decode(encoding)
+        data = self.read_bytes(path)
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError as exc:
+            exc.reason = (
+                f"{exc.reason}: {path!r} is not {encoding} text (read_bytes reads any file)"
+            )
+            raise
 
     def iter_bytes(
         self, path: str, chunk_size: int = CHUNK_SIZE, start: int = 0

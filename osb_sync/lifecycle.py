@@ -33,6 +33,7 @@ from .errors import (
     error_from_response,
     with_suffix,
 )
+from .failures import V1_HINT
 from .models import parse_time
 from .transport import Transport, never_sent, response_json
 
@@ -67,8 +68,10 @@ def build_create_body(
     """The ``POST /sandboxes`` body; deny-all network unless internet access is asked for.
 
     Raises:
-        ConfigurationError: both ``template`` and ``snapshot_id``.
+        ConfigurationError: both ``template`` and ``snapshot_id``; a ``timeout`` that is not
+            a positive int, None or NO_TIMEOUT.
     """
+    _check_lifetime(timeout)
     body: dict[str, Any] = {}
     if snapshot_id is not None:
         if template is not None or image_auth is not None:
@@ -102,6 +105,16 @@ def build_create_body(
     if extensions:
         body["extensions"] = dict(extensions)
     return body
+
+
+def _check_lifetime(timeout: object) -> None:
+    if timeout is None or timeout is NO_TIMEOUT:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        raise ConfigurationError(
+            f"timeout (the sandbox lifetime) must be a positive int of seconds, got {timeout!r}: "
+            f"None for the default ({DEFAULT_TIMEOUT} s), osb_sync.NO_TIMEOUT for no expiry"
+        )
 
 
 def sandbox_path(sandbox_id: str) -> str:
@@ -172,7 +185,14 @@ class Lifecycle:
         """The ApiError describing an error response (secrets redacted)."""
         path = urlsplit(response.url).path if response.url else ""
         method = (response.request.method or "") if response.request is not None else ""
-        return error_from_response(response, method, path, (self._api_key, *secrets))
+        exc = error_from_response(response, method, path, (self._api_key, *secrets))
+        if (
+            exc.status_code == 404
+            and "SANDBOX" not in (exc.code or "")
+            and not self._api_base.endswith("/v1")
+        ):
+            return with_suffix(exc, f"({V1_HINT}: {self._api_base}/v1?)")
+        return exc
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /sandboxes``; a failure that may have left a sandbox starts a search for it.

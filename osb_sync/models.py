@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .errors import CommandFailed, OpenSandboxError
+from .errors import CommandFailed, ConfigurationError, OpenSandboxError
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +310,15 @@ class FileInfo:
 
 
 def mode_to_wire(mode: int) -> int:
-    """0o755 -> 755: execd reads the decimal digits as octal."""
+    """0o755 -> 755: execd reads the decimal digits as octal.
+
+    Raises:
+        ConfigurationError: not an int from 0 to 0o7777.
+    """
+    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+        raise ConfigurationError(
+            f"a file mode must be an int from 0 to 0o7777 such as 0o644, got {mode!r}"
+        )
     return int(format(mode, "o"))
 
 

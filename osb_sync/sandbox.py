@@ -17,7 +17,7 @@ from .commands import (
 )
 from .config import check_run_arguments
 from .constants import DEFAULT_LANGUAGE, MAX_OUTPUT_BYTES
-from .errors import OpenSandboxError, SandboxTimeoutError
+from .errors import OpenSandboxError, SandboxStateError, SandboxTimeoutError
 from .execd import Execd, execd_base_url
 from .files import Files
 from .models import (
@@ -165,7 +165,7 @@ class Sandbox:
         )
 
     def interrupt_code(self, context_id: str) -> None:
-        """Interrupt the run in a code context (the id is ``ExecutionResult.execution_id``).
+        """Interrupt the run going on in a code context (``CodeContext.id``).
 
         Raises:
             NotFoundError: no such context.
@@ -357,9 +357,15 @@ class Sandbox:
         return Metrics.from_dict(self._execd.json("GET", "/metrics"))
 
     def ping(self) -> bool:
-        """Whether execd answers ``/ping``; never raises."""
+        """Whether execd answers ``/ping``.
+
+        Raises:
+            SandboxStateError: the sandbox is paused (waiting would not help).
+        """
         try:
             self._execd.request("GET", "/ping", retry=False).close()
+        except SandboxStateError:
+            raise
         except OpenSandboxError:
             return False
         return True
@@ -368,6 +374,7 @@ class Sandbox:
         """Poll ``/ping`` until execd answers: one sleep between two pings.
 
         Raises:
+            SandboxStateError: the sandbox is paused.
             SandboxTimeoutError: no answer within ``ready_timeout`` seconds.
         """
         deadline = time.monotonic() + ready_timeout

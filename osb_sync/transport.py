@@ -40,6 +40,7 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
+from . import failures
 from .constants import VERSION
 from .errors import TransportError, redact
 
@@ -235,7 +236,7 @@ class Transport:
             logger.debug(
                 "%s %s -> %s after %.1f ms", call.method, call.path, type(exc).__name__, elapsed
             )
-            message = f"{call.method} {call.path} failed: {type(exc).__name__}: {exc}"
+            message = failures.describe(call.method, call.url, exc, call.timeout)
             error = TransportError(redact(message, call.secrets))
             raise _ConnectFailed(error, _nothing_sent(exc)) from exc
         except _BodyTooLarge:

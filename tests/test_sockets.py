@@ -273,7 +273,7 @@ def test_no_response_headers_within_read_timeout_is_transport_error(server: Fake
     serve_run(server, lambda req: release.wait(5))
     with (
         Client(server.api_base, read_timeout=0.5) as c,
-        pytest.raises(TransportError, match="Read"),
+        pytest.raises(TransportError, match=r"no answer within 0\.5 s"),
     ):
         c.run_code(SID, "1")
     release.set()
@@ -426,7 +426,7 @@ def test_connection_refused_is_transport_error_and_create_retries_connect(
     sleeps: list[float],
 ) -> None:
     with Client(f"http://127.0.0.1:{free_port()}/v1", KEY, max_retries=2) as c:
-        with pytest.raises(TransportError, match="POST /v1/sandboxes failed") as info:
+        with pytest.raises(TransportError, match=r"connection refused .*osb-sync serve") as info:
             c.create_sandbox()
     assert KEY not in str(info.value)
     # Nothing was sent, so even the create POST may be retried; then the leak lookup retries too.

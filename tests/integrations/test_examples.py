@@ -51,6 +51,8 @@ def test_example_runs_submitted_code(script: str, framework: str, tmp_path: Path
     try:
         answer = post_when_up(url, "print(6 * 7)", process)
         assert answer.status_code == 200 and answer.json()["stdout"] == "42\n"
+        empty = requests.post(url, data="", timeout=30)
+        assert empty.status_code == 400 and "empty" in empty.json()["error"]
         raised = requests.post(url, data="1/0", timeout=30).json()
         assert raised["error"]["name"] == "ZeroDivisionError"
         flood = requests.post(url, data="print('x' * 100_000)", timeout=30).json()

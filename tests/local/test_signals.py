@@ -75,7 +75,7 @@ def test_run_cleans_up_on_a_signal(tmp: Path, sig: int) -> None:
     proc = start([sys.executable, "-m", "osb_sync", "run", code], tmp)
     wait_for_line(proc.stdout, "ready")
     stop_and_check(proc, sig, tmp)
-    assert proc.returncode == 130
+    assert proc.returncode == 128 + sig
 
 
 def serve(tmp: Path, *args: str, **env: str) -> tuple[subprocess.Popen[str], str]:
@@ -98,7 +98,8 @@ def test_serve_cleans_up_on_a_signal(tmp: Path, sig: int) -> None:
     )
     assert ran.status_code == 200
     stop_and_check(proc, sig, tmp)
-    assert proc.returncode == 0
+    assert proc.returncode == 128 + sig  # 130 for Ctrl-C, as a shell reports it
+    assert proc.stderr is not None and "interrupted: server stopped" in proc.stderr.read()
 
 
 def test_serve_that_cannot_bind_leaves_nothing(tmp: Path) -> None:
@@ -106,7 +107,7 @@ def test_serve_that_cannot_bind_leaves_nothing(tmp: Path) -> None:
         port = taken.getsockname()[1]
         proc = start([sys.executable, "-m", "osb_sync", "serve", "--port", str(port)], tmp)
         _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1 and "Address already in use" in err
+    assert proc.returncode == 125 and "Address already in use" in err
     assert os.listdir(tmp) == []
 
 
@@ -127,7 +128,7 @@ def test_serve_reads_its_key_without_argv(tmp: Path, source: str) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
-    assert proc.returncode == 0
+    assert proc.returncode == 128 + signal.SIGTERM
 
 
 def test_serve_answers_an_allowed_host(tmp: Path) -> None:
