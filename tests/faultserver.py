@@ -588,6 +588,12 @@ def _stall_mid_body(h: Handler, r: Reply, s: Scene) -> None:
     h.fin()
 
 
+def _end_interrupted_run(h: Handler) -> None:
+    """End the stream as execd ends an interrupted run, keeping the connection alive: closing
+    it right after a complete answer would race the client's reuse of the pooled connection."""
+    h.write(b"0\r\n\r\n")
+
+
 def _drip(h: Handler, r: Reply, s: Scene) -> None:
     _start(h, r)
     h.chunk(r.events[0])
@@ -596,8 +602,8 @@ def _drip(h: Handler, r: Reply, s: Scene) -> None:
         if s.release.wait(DRIP_INTERVAL):
             break
         if s.world.interrupted.is_set():
-            h.write(b"0\r\n\r\n")
-            break
+            _end_interrupted_run(h)
+            return
         h.chunk(slow[i % len(slow) : i % len(slow) + 1])
     h.fin()
 
@@ -705,8 +711,8 @@ def _flood(h: Handler, r: Reply, s: Scene) -> None:
         if i % 16 == 0 and s.release.wait(0.002):  # at most ~0.5 GB/s, until the client quits
             break
         if r.kind == "stream" and s.world.interrupted.is_set():
-            h.write(b"0\r\n\r\n")
-            break
+            _end_interrupted_run(h)
+            return
         h.chunk(piece)
     h.fin()
 
