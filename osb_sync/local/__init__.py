@@ -16,7 +16,7 @@ execd routes need the per-sandbox token returned by the endpoint route, and life
 API key when one is set. Do not expose it to other users or networks.
 
 Modules: `server` (LocalServer: start, stop, routing, auth, reaper), `httpd` (connections:
-timeouts, cap, Host check, dispatch), `lifecycle` (sandbox registry and routes), `validation`
+timeouts, cap, Host check, dispatch), `registry` (sandboxes, lifecycle routes), `validation`
 (422/400 rules), `execd` (execd routing, code contexts, /code), `bodies` (checked execd request
 values), `commands` (/command, /session), `files` (file routes, metrics), `filewrite` (uploads,
 replace, permissions), `workers` (Python workers, output tailing, bash sessions), `runner`

@@ -1,10 +1,13 @@
-"""Checked values of execd request bodies: every string and number is validated before a
-route starts a process or answers with a stream, so bad input is a 400, never a broken stream.
+"""Shared HTTP helpers of the local server: checked values of request bodies and timestamps.
+
+Every string and number of an execd body is validated before a route starts a process or
+answers with a stream, so bad input is a 400, never a broken stream.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,11 @@ from .runner import SandboxRuntime
 
 MAX_TIMEOUT_MS = 86_400_000  # one day, the local server's largest sandbox timeout
 MAX_ID = 2**32 - 2  # the largest uid or gid
+
+
+def rfc3339(moment: datetime) -> str:
+    """`moment` as RFC 3339 UTC with a `Z` suffix."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def bad_request(message: str) -> HttpError:

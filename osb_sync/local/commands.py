@@ -32,9 +32,9 @@ from .bodies import (
 )
 from .runner import SandboxRuntime, kill_group
 from .workers import (
-    BashSession,
     CommandRecord,
     LineSplitter,
+    ShellSession,
     complete,
     exit_error,
     failure,
@@ -128,7 +128,7 @@ class Commands:
         self.grace = grace
         self._lock = threading.Lock()
         self._commands: dict[str, CommandRecord] = {}
-        self._sessions: dict[str, BashSession] = {}
+        self._sessions: dict[str, ShellSession] = {}
 
     def add_routes(self, add: Callable[[str, str, Callable[[Exchange], None]], None]) -> None:
         """Register the command and session routes."""
@@ -306,14 +306,14 @@ class Commands:
         """POST /session: start a persistent bash."""
         body = read_object(ex, empty={})
         try:
-            session = BashSession(self.runtime, resolve_cwd(self.runtime, body.get("cwd")))
+            session = ShellSession(self.runtime, resolve_cwd(self.runtime, body.get("cwd")))
         except OSError as exc:
             raise error(500, "RUNTIME_ERROR", f"error creating session: {exc}") from None
         with self._lock:
             self._sessions[session.id] = session
         ex.send_json(200, {"session_id": session.id})
 
-    def _session(self, session_id: str) -> BashSession:
+    def _session(self, session_id: str) -> ShellSession:
         with self._lock:
             session = self._sessions.get(session_id)
         if session is None:

@@ -56,7 +56,7 @@ class Context:
             self.worker.kill()
 
 
-class Execd:
+class ExecdApp:
     """The execd of one sandbox: its routes, contexts, commands and sessions."""
 
     def __init__(self, runtime: SandboxRuntime, ping_interval: float, command_grace: float) -> None:

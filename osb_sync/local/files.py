@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ._http import Exchange, Route, error, now_ms
+from .bodies import rfc3339
 from .filewrite import (
     apply_permissions,
     bad_value,
@@ -33,7 +34,6 @@ from .filewrite import (
     upload,
 )
 from .runner import SandboxRuntime
-from .workers import rfc3339
 
 PIECE = 1 << 16
 METADATA_LIMIT = 1 << 20

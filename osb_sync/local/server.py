@@ -22,7 +22,7 @@ from types import FrameType, TracebackType
 from . import proxy
 from ._http import Exchange, HttpError, error
 from .httpd import HTTPServer, Limits, host_names
-from .lifecycle import EXECD_PORT, Config, Lifecycle, not_found
+from .registry import EXECD_PORT, Config, Registry, not_found
 from .runner import NetnsMode, PortSink, probe_netns
 
 logger = logging.getLogger("osb_sync.local")
@@ -101,7 +101,7 @@ class LocalServer:
         self._started = False
         self._stopped = threading.Event()
         self._httpd: HTTPServer | None = None
-        self._lifecycle: Lifecycle | None = None
+        self._registry: Registry | None = None
         self._sink: PortSink | None = None
         self._threads: list[threading.Thread] = []
         self._catches_sigterm = False
@@ -137,7 +137,7 @@ class LocalServer:
             self.port = self._httpd.server_address[1]
             self.root_dir = self._make_root()
             self._sink = PortSink()
-            self._lifecycle = Lifecycle(
+            self._registry = Registry(
                 Config(
                     root=self.root_dir,
                     min_timeout=self.min_timeout,
@@ -182,9 +182,9 @@ class LocalServer:
 
     def _reap(self) -> None:
         while not self._stopped.wait(REAP_INTERVAL):
-            assert self._lifecycle is not None
+            assert self._registry is not None
             try:
-                self._lifecycle.reap_expired()
+                self._registry.reap_expired()
             except Exception:
                 logger.exception("local server: reaping expired sandboxes failed")
 
@@ -196,14 +196,14 @@ class LocalServer:
                 return
             self._stopped.set()
         atexit.unregister(self.stop)
-        assert self._httpd is not None and self._lifecycle is not None and self._sink is not None
+        assert self._httpd is not None and self._registry is not None and self._sink is not None
         if self._catches_sigterm:
             _release_sigterm()
         self._httpd.shutdown()
         self._httpd.server_close()
         for thread in self._threads:
             thread.join()
-        self._lifecycle.close_all()
+        self._registry.close_all()
         self._sink.close()
         self._httpd.close_connections()
         if self._root_dir is None and self.root_dir is not None:
@@ -233,7 +233,7 @@ class LocalServer:
 
     def route(self, ex: Exchange) -> None:
         """Answer one request (called by the handler threads)."""
-        assert self._lifecycle is not None
+        assert self._registry is not None
         found = PROXY_PATH.match(ex.path)
         if found:
             self._proxy(ex, found["id"], proxy.port_number(found["port"]), found["rest"] or "/")
@@ -247,7 +247,7 @@ class LocalServer:
             ex.send_json(200, {})
             return
         self._authenticate(ex)
-        matched = self._lifecycle.router.match(ex.method, path)
+        matched = self._registry.router.match(ex.method, path)
         if isinstance(matched, int):
             raise HttpError(
                 matched, {"detail": "Not Found" if matched == 404 else "Method Not Allowed"}
@@ -265,8 +265,8 @@ class LocalServer:
             raise error(401, "INVALID_API_KEY", INVALID_KEY)
 
     def _proxy(self, ex: Exchange, sandbox_id: str, port: int, rest: str) -> None:
-        assert self._lifecycle is not None
-        sandbox = self._lifecycle.find(sandbox_id)
+        assert self._registry is not None
+        sandbox = self._registry.find(sandbox_id)
         if sandbox is None:
             raise not_found(sandbox_id)
         token = ex.headers.get("X-EXECD-ACCESS-TOKEN") or ""

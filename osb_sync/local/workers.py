@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
+from .bodies import rfc3339
 from .runner import SandboxRuntime, kill_group
 
 POLL_INTERVAL = 0.02
@@ -31,11 +32,6 @@ TERM_GRACE = 3.0
 SIGNAL_WORDS = {signal.SIGKILL: "killed", signal.SIGTERM: "terminated", signal.SIGINT: "interrupt"}
 
 Emit = Callable[[dict[str, Any]], None]
-
-
-def rfc3339(moment: datetime) -> str:
-    """`moment` as RFC 3339 UTC with a `Z` suffix."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def exit_error(returncode: int) -> tuple[str, str]:
@@ -207,7 +203,7 @@ class CommandRecord:
         timer.start()
 
 
-class BashSession:
+class ShellSession:
     """A persistent bash process: cwd and environment survive between runs."""
 
     def __init__(self, runtime: SandboxRuntime, cwd: Path) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from ._http import Exchange, HttpError, Router, error
-from .execd import Execd
+from .bodies import rfc3339
+from .execd import ExecdApp
 from .runner import NetnsMode, SandboxRuntime
 from .validation import (
     check_create,
@@ -31,7 +32,6 @@ from .validation import (
     read_json,
     unprocessable,
 )
-from .workers import rfc3339
 
 EXECD_PORT = 44772
 REASONS = {
@@ -58,14 +58,14 @@ class Config:
 
 
 @dataclass
-class Sandbox:
+class LocalSandbox:
     """One sandbox: its API data plus the runtime and execd that back it."""
 
     id: str
     body: dict[str, Any]
     token: str
     runtime: SandboxRuntime
-    execd: Execd
+    execd: ExecdApp
     created_at: datetime
     expires_at: datetime | None
     ready_at: datetime
@@ -112,13 +112,13 @@ def not_found(sandbox_id: str) -> HttpError:
     return error(404, "DOCKER::SANDBOX_NOT_FOUND", f"Sandbox {sandbox_id} not found.")
 
 
-class Lifecycle:
+class Registry:
     """The sandbox registry (one lock) and the `/sandboxes` routes."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self._lock = threading.Lock()
-        self._sandboxes: dict[str, Sandbox] = {}
+        self._sandboxes: dict[str, LocalSandbox] = {}
         self.router = Router()
         add = self.router.add
         add("POST", "/sandboxes", self.create)
@@ -131,7 +131,7 @@ class Lifecycle:
         add("PATCH", "/sandboxes/{id}/metadata", self.patch_metadata)
         add("GET", "/sandboxes/{id}/endpoints/{port}", self.endpoint)
 
-    def find(self, sandbox_id: str) -> Sandbox | None:
+    def find(self, sandbox_id: str) -> LocalSandbox | None:
         """The live sandbox `sandbox_id` with its state brought up to date, or None."""
         with self._lock:
             sandbox = self._sandboxes.get(sandbox_id)
@@ -139,7 +139,7 @@ class Lifecycle:
                 sandbox.refresh(datetime.now(timezone.utc))
             return sandbox
 
-    def _get(self, ex: Exchange) -> Sandbox:
+    def _get(self, ex: Exchange) -> LocalSandbox:
         sandbox = self.find(ex.params["id"])
         if sandbox is None:
             raise not_found(ex.params["id"])
@@ -174,15 +174,15 @@ class Lifecycle:
 
     def _register(
         self, sandbox_id: str, body: dict[str, Any], runtime: SandboxRuntime, note: str
-    ) -> Sandbox:
+    ) -> LocalSandbox:
         now = datetime.now(timezone.utc)
         timeout = body.get("timeout")
-        sandbox = Sandbox(
+        sandbox = LocalSandbox(
             id=sandbox_id,
             body=body,
             token=secrets.token_urlsafe(24),
             runtime=runtime,
-            execd=Execd(runtime, self.config.ping_interval, self.config.command_grace),
+            execd=ExecdApp(runtime, self.config.ping_interval, self.config.command_grace),
             created_at=now,
             expires_at=now + timedelta(seconds=timeout) if timeout else None,
             ready_at=now + timedelta(seconds=self.config.pending_seconds),
