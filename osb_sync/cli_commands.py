@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.keep:
                 print(f"osb-sync: kept sandbox {sandbox.id}", file=sys.stderr)
             else:
-                client._delete_quietly(sandbox.id)
+                client.delete_quietly(sandbox.id)
 
 
 def _run_code(sandbox: Sandbox, code: str, args: argparse.Namespace) -> int:

@@ -6,6 +6,9 @@ import builtins
 import logging
 import os
 import secrets
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
@@ -27,10 +30,11 @@ from .constants import (
     MAX_OUTPUT_BYTES,
     _NoTimeout,
 )
-from .errors import ApiError, ConfigurationError
-from .execd import execd_base_url
+from .create_options import build_create_body
+from .errors import ApiError, ConfigurationError, TransportError
+from .execd import Execd
 from .execution import ExecutionStream
-from .lifecycle import MAX_PAGE_SIZE, Lifecycle, build_create_body
+from .lifecycle import MAX_PAGE_SIZE, Lifecycle
 from .models import Endpoint, Event, ExecutionResult, SandboxInfo
 from .sandbox import Sandbox
 from .transport import Transport
@@ -39,6 +43,9 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 logger = logging.getLogger("osb_sync")
+
+# Handles kept for calls by sandbox id (Client.run_code(sandbox_id, ...)).
+HANDLES_KEPT = 64
 
 
 class Client:
@@ -91,8 +98,14 @@ class Client:
             max_retries=max_retries,
         )
         self._lifecycle = Lifecycle(
-            self._transport, self.api_base, api_key_value, float(create_timeout)
+            self._transport, self.api_base, api_key_value, float(create_timeout), self.execd_scheme
         )
+        self._handles = _Handles()
+
+    @property
+    def read_timeout(self) -> float:
+        """Seconds of silence allowed on any response (the ``read_timeout`` argument)."""
+        return self._transport.read_timeout
 
     def __repr__(self) -> str:
         return f"Client(api_base={self.api_base!r})"
@@ -202,7 +215,7 @@ class Client:
                 sandbox_id, use_server_proxy, ready_timeout, poll_interval, health_check
             )
         except BaseException:
-            self._delete_quietly(sandbox_id)
+            self._lifecycle.delete_quietly(sandbox_id)
             raise
         logger.debug("sandbox %s is running", sandbox_id)
         sandbox.delete_on_exit = True
@@ -245,7 +258,20 @@ class Client:
             TransportError: the server could not be reached.
         """
         sandbox_id = check_id(sandbox.id if isinstance(sandbox, Sandbox) else sandbox)
+        self._handles.forget(sandbox_id)
         return self._lifecycle.delete(sandbox_id)
+
+    def delete_quietly(self, sandbox: Sandbox | str) -> bool:
+        """Delete a sandbox for a cleanup path: a failure is logged, never raised.
+
+        What ``with sandbox:``, :class:`SandboxPool`, the CLI and the pytest plugin use.
+
+        Returns:
+            True if it was deleted; False if it did not exist or could not be deleted.
+        """
+        sandbox_id = check_id(sandbox.id if isinstance(sandbox, Sandbox) else sandbox)
+        self._handles.forget(sandbox_id)
+        return self._lifecycle.delete_quietly(sandbox_id)
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
         """Fetch a sandbox's current description.
@@ -255,14 +281,7 @@ class Client:
             ApiError: another error status.
             TransportError: the server could not be reached.
         """
-        data = self._lifecycle.get(check_id(sandbox_id))
-        if not isinstance(data, dict):
-            raise ApiError(
-                f"GET /sandboxes/{sandbox_id}: the answer is not a JSON object",
-                status_code=200,
-                code="INVALID_RESPONSE",
-            )
-        return SandboxInfo.from_dict(data)
+        return self._lifecycle.info(check_id(sandbox_id))
 
     def list_sandboxes(
         self,
@@ -302,13 +321,10 @@ class Client:
             SandboxTimeoutError: no endpoint within ``ready_timeout``.
             ApiError: the server refused.
         """
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise ConfigurationError("port must be an int from 1 to 65535")
         ready_timeout, poll_interval = wait_settings(ready_timeout, None)
-        endpoint, headers = self._lifecycle.resolve_endpoint(
+        return self._lifecycle.endpoint(
             check_id(sandbox_id), port, use_server_proxy, ready_timeout, poll_interval
         )
-        return Endpoint(url=execd_base_url(endpoint, self.execd_scheme), headers=headers)
 
     def pause(self, sandbox_id: str) -> None:
         """Pause a sandbox.
@@ -316,7 +332,9 @@ class Client:
         Raises:
             ApiError: e.g. 409 when it is not running.
         """
-        self._lifecycle.action(check_id(sandbox_id), "pause")
+        sandbox_id = check_id(sandbox_id)
+        self._handles.forget(sandbox_id)
+        self._lifecycle.action(sandbox_id, "pause")
 
     def resume(
         self,
@@ -333,18 +351,16 @@ class Client:
         """
         sandbox_id = check_id(sandbox_id)
         ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
-        self._lifecycle.action(sandbox_id, "resume")
-        data = self._lifecycle.get(sandbox_id)
-        self._lifecycle.wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
+        self._handles.forget(sandbox_id)
+        self._lifecycle.resume(sandbox_id, ready_timeout, poll_interval)
 
     def renew(self, sandbox_id: str, seconds: float) -> datetime | None:
         """Make a sandbox expire ``seconds`` from now; returns the new expiry.
 
         Raises:
+            ConfigurationError: ``seconds`` is not a positive number.
             ApiError: e.g. a sandbox without expiry.
         """
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-            raise ConfigurationError("seconds must be a positive number")
         return self._lifecycle.renew(check_id(sandbox_id), seconds)
 
     def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> SandboxInfo:
@@ -353,8 +369,7 @@ class Client:
         Raises:
             ApiError: e.g. a reserved or invalid label.
         """
-        data = self._lifecycle.patch_metadata(check_id(sandbox_id), patch)
-        return SandboxInfo.from_dict(data if isinstance(data, dict) else {"id": sandbox_id})
+        return self._lifecycle.patch_metadata(check_id(sandbox_id), patch)
 
     def delete_all(self, *, metadata: Mapping[str, str]) -> builtins.list[str]:
         """Delete every sandbox whose labels include ``metadata``; returns their ids.
@@ -401,13 +416,14 @@ class Client:
             ApiError: execd refused the request.
             TransportError: execd could not be reached.
         """
-        return self._as_sandbox(sandbox).run_code(
-            code,
-            language=language,
-            max_output_bytes=max_output_bytes,
-            timeout=timeout,
-            on_event=on_event,
-        )
+        with self._handle(sandbox) as handle:
+            return handle.run_code(
+                code,
+                language=language,
+                max_output_bytes=max_output_bytes,
+                timeout=timeout,
+                on_event=on_event,
+            )
 
     def stream_code(
         self,
@@ -428,13 +444,14 @@ class Client:
             ApiError: execd refused the request.
             TransportError: execd could not be reached.
         """
-        return self._as_sandbox(sandbox).stream_code(
-            code,
-            language=language,
-            max_output_bytes=max_output_bytes,
-            timeout=timeout,
-            on_event=on_event,
-        )
+        with self._handle(sandbox) as handle:
+            return handle.stream_code(
+                code,
+                language=language,
+                max_output_bytes=max_output_bytes,
+                timeout=timeout,
+                on_event=on_event,
+            )
 
     def code_interpreter_tool(
         self,
@@ -467,7 +484,7 @@ class Client:
                 on_event=on_event,
             )
         finally:
-            self._delete_quietly(sandbox.id)
+            self._lifecycle.delete_quietly(sandbox.id)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -480,24 +497,60 @@ class Client:
         health_check: bool,
     ) -> Sandbox:
         """A handle on execd's endpoint; with ``health_check``, once execd answers ``/ping``."""
-        endpoint, headers = self._lifecycle.resolve_endpoint(
+        endpoint = self._lifecycle.endpoint(
             sandbox_id, EXECD_PORT, use_server_proxy, ready_timeout, poll_interval
         )
         sandbox = Sandbox(
-            self,
             sandbox_id,
-            execd_endpoint=endpoint,
-            execd_headers=headers,
+            lifecycle=self._lifecycle,
+            execd=Execd(self._transport, endpoint.url, endpoint.headers),
             use_server_proxy=use_server_proxy,
         )
         if health_check:
             sandbox.wait_until_healthy(ready_timeout, poll_interval)
         return sandbox
 
-    def _as_sandbox(self, sandbox: Sandbox | str) -> Sandbox:
-        if isinstance(sandbox, Sandbox):
-            return sandbox
-        return self.connect(sandbox)
+    @contextmanager
+    def _handle(self, sandbox: Sandbox | str) -> Iterator[Sandbox]:
+        """The sandbox, or a handle on it kept for the next call by id (forgotten on error).
 
-    def _delete_quietly(self, sandbox_id: str) -> None:
-        self._lifecycle.delete_quietly(sandbox_id)
+        A handle is reached (endpoint and ``/ping``) once, not on every call by id.
+        """
+        if isinstance(sandbox, Sandbox):
+            yield sandbox
+            return
+        sandbox_id = check_id(sandbox)
+        handle = self._handles.get(sandbox_id)
+        if handle is None:
+            handle = self._handles.keep(self.connect(sandbox_id))
+        try:
+            yield handle
+        except (ApiError, TransportError):
+            self._handles.forget(sandbox_id)  # gone, moved or paused: reach it afresh next time
+            raise
+
+
+class _Handles:
+    """The last ``HANDLES_KEPT`` handles reached for calls by sandbox id (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: OrderedDict[str, Sandbox] = OrderedDict()
+
+    def get(self, sandbox_id: str) -> Sandbox | None:
+        with self._lock:
+            handle = self._handles.get(sandbox_id)
+            if handle is not None:
+                self._handles.move_to_end(sandbox_id)
+            return handle
+
+    def keep(self, handle: Sandbox) -> Sandbox:
+        with self._lock:
+            self._handles[handle.id] = handle
+            while len(self._handles) > HANDLES_KEPT:
+                self._handles.popitem(last=False)
+        return handle
+
+    def forget(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._handles.pop(sandbox_id, None)

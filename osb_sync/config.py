@@ -83,6 +83,14 @@ def wait_settings(ready_timeout: float | None, poll_interval: float | None) -> t
     return float(ready), float(poll)
 
 
+def execd_url(endpoint: str, scheme: str) -> str:
+    """``scheme://endpoint`` for a scheme-less endpoint (which may carry a path)."""
+    endpoint = endpoint.strip().rstrip("/")
+    if "://" in endpoint:
+        return endpoint
+    return f"{scheme}://{endpoint}"
+
+
 def check_id(sandbox_id: object) -> str:
     """A sandbox id, checked to be a non-empty str."""
     if not isinstance(sandbox_id, str) or not sandbox_id.strip():

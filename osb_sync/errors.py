@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from typing import Any, Iterable
+from urllib.parse import urlsplit
 
 import requests
 
@@ -153,6 +154,24 @@ def error_from_response(
         status_code=response.status_code,
         code=code,
         message=redact(message, secrets),
+        request_id=request_id,
+        response=response,
+    )
+
+
+def invalid_response(response: requests.Response, what: str) -> ApiError:
+    """The ApiError for a success status whose body is unusable (``what`` says how)."""
+    method = (response.request.method or "") if response.request is not None else ""
+    path = urlsplit(response.url).path if response.url else ""
+    request_id = response.headers.get(REQUEST_ID_HEADER)
+    text = f"{method} {path} -> {response.status_code}: {what}"
+    if request_id:
+        text += f" (request id {request_id})"
+    return ApiError(
+        text,
+        status_code=response.status_code,
+        code="INVALID_RESPONSE",
+        message=what,
         request_id=request_id,
         response=response,
     )

@@ -9,7 +9,12 @@ from urllib.parse import urlsplit
 import requests
 
 from .constants import INTERRUPT_WAIT
-from .errors import ApiError, OpenSandboxError, SandboxStateError, error_from_response
+from .errors import (
+    OpenSandboxError,
+    SandboxStateError,
+    error_from_response,
+    invalid_response,
+)
 from .execution import ExecutionStream, Folder, R
 from .models import Event
 from .transport import Transport, response_json
@@ -26,22 +31,28 @@ STREAM_HEADERS = {
 PAUSED_HINT = "the sandbox is paused: resume it first (sandbox.resume())"
 
 
-def execd_base_url(endpoint: str, scheme: str) -> str:
-    """``scheme://endpoint`` for a scheme-less endpoint (which may carry a path)."""
-    endpoint = endpoint.strip().rstrip("/")
-    if "://" in endpoint:
-        return endpoint
-    return f"{scheme}://{endpoint}"
-
-
 class Execd:
     """One sandbox's execd: its base URL and the headers the server requires on every call."""
 
     def __init__(self, transport: Transport, base_url: str, headers: Mapping[str, str]):
-        self.base_url = base_url
         self._transport = transport
+        self.move(base_url, headers)
+
+    def move(self, base_url: str, headers: Mapping[str, str]) -> None:
+        """Send later calls to another address (a resumed sandbox's execd may have moved)."""
+        self.base_url = base_url
         self._headers = dict(headers)
         self._secrets = tuple(self._headers.values())
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """A copy of the headers sent on every call."""
+        return dict(self._headers)
+
+    @property
+    def read_timeout(self) -> float:
+        """Seconds of silence allowed on a response, unless a call says otherwise."""
+        return self._transport.read_timeout
 
     def request(
         self,
@@ -115,12 +126,8 @@ class Execd:
         content_type = response.headers.get("Content-Type", "")
         if "html" in content_type.lower():
             response.close()
-            raise ApiError(
-                f"POST {urlsplit(response.url).path} -> {response.status_code}: an HTML page "
-                "instead of an event stream (a proxy or gateway in the way?)",
-                status_code=response.status_code,
-                code="INVALID_RESPONSE",
-                response=response,
+            raise invalid_response(
+                response, "an HTML page instead of an event stream (a proxy or gateway in the way?)"
             )
         interrupt = None
         if interrupt_path is not None:
@@ -138,11 +145,20 @@ class Execd:
             stop_at_terminal=stop_at_terminal,
         )
 
+    def interrupt(self, path: str, run_id: str, read_timeout: float | None = None) -> None:
+        """``DELETE {path}?id=``: stop a run (``/code``: a context's run; ``/command``: a command).
+
+        Raises:
+            NotFoundError: no such run or context.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        self.request("DELETE", path, params={"id": run_id}, read_timeout=read_timeout)
+
     def try_interrupt(self, path: str, run_id: str) -> bool:
-        """``DELETE {path}?id=``, bounded by ``INTERRUPT_WAIT``; False (logged) if it failed."""
+        """:meth:`interrupt`, bounded by ``INTERRUPT_WAIT``; False (logged) if it failed."""
         try:
-            read_timeout = min(INTERRUPT_WAIT, self._transport.read_timeout)
-            self.request("DELETE", path, params={"id": run_id}, read_timeout=read_timeout)
+            self.interrupt(path, run_id, min(INTERRUPT_WAIT, self._transport.read_timeout))
         except OpenSandboxError as exc:
             logger.warning("interrupting run %s (DELETE %s) failed: %s", run_id, path, exc)
             return False

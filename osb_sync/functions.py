@@ -23,7 +23,7 @@ def create_sandbox(
     session: requests.Session | None = None,
     **create_kwargs: Any,
 ) -> Sandbox:
-    """Create a sandbox with a new client; the Sandbox keeps that client.
+    """Create a sandbox with a new client (the Sandbox keeps its connections).
 
     Raises:
         The errors of :meth:`Client.create_sandbox`.

@@ -11,17 +11,8 @@ from urllib.parse import quote, urlencode, urlsplit
 import requests
 
 from . import orphans
-from .constants import (
-    API_KEY_HEADER,
-    CREATE_ID_KEY,
-    DEFAULT_ENTRYPOINT,
-    DEFAULT_RESOURCE_LIMITS,
-    DEFAULT_TEMPLATE,
-    DEFAULT_TIMEOUT,
-    NO_TIMEOUT,
-    REQUEST_ID_HEADER,
-    _NoTimeout,
-)
+from .config import execd_url
+from .constants import API_KEY_HEADER, CREATE_ID_KEY
 from .errors import (
     ApiError,
     ConfigurationError,
@@ -31,10 +22,11 @@ from .errors import (
     SandboxTimeoutError,
     TransportError,
     error_from_response,
+    invalid_response,
     with_suffix,
 )
 from .failures import V1_HINT
-from .models import parse_time
+from .models import Endpoint, SandboxInfo, parse_time
 from .transport import Transport, never_sent, response_json
 
 logger = logging.getLogger("osb_sync")
@@ -45,76 +37,6 @@ EGRESS_HINT = (
     "allow_internet_access=True or configure egress on the server."
 )
 MAX_PAGE_SIZE = 200
-
-
-def build_create_body(
-    *,
-    template: str | None = None,
-    timeout: int | _NoTimeout | None = None,
-    allow_internet_access: bool | None = None,
-    metadata: Mapping[str, str] | None = None,
-    env_vars: Mapping[str, str] | None = None,
-    resource_limits: Mapping[str, str] | None = None,
-    resource_requests: Mapping[str, str] | None = None,
-    entrypoint: Sequence[str] | None = None,
-    network_policy: Mapping[str, Any] | None = None,
-    secure_access: bool = False,
-    snapshot_id: str | None = None,
-    image_auth: Mapping[str, str] | None = None,
-    platform: Mapping[str, str] | None = None,
-    volumes: Sequence[Mapping[str, Any]] | None = None,
-    extensions: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """The ``POST /sandboxes`` body; deny-all network unless internet access is asked for.
-
-    Raises:
-        ConfigurationError: both ``template`` and ``snapshot_id``; a ``timeout`` that is not
-            a positive int, None or NO_TIMEOUT.
-    """
-    _check_lifetime(timeout)
-    body: dict[str, Any] = {}
-    if snapshot_id is not None:
-        if template is not None or image_auth is not None:
-            raise ConfigurationError("pass either template (with image_auth) or snapshot_id")
-        body["snapshotId"] = snapshot_id
-        if entrypoint:
-            body["entrypoint"] = list(entrypoint)
-    else:
-        body["image"] = {"uri": template or DEFAULT_TEMPLATE}
-        if image_auth:
-            body["image"]["auth"] = dict(image_auth)
-        body["entrypoint"] = list(entrypoint or DEFAULT_ENTRYPOINT)
-    body["timeout"] = None if timeout is NO_TIMEOUT else (timeout or DEFAULT_TIMEOUT)
-    body["resourceLimits"] = dict(resource_limits or DEFAULT_RESOURCE_LIMITS)
-    if metadata:
-        body["metadata"] = dict(metadata)
-    if env_vars:
-        body["env"] = dict(env_vars)
-    if resource_requests:
-        body["resourceRequests"] = dict(resource_requests)
-    if network_policy is not None:
-        body["networkPolicy"] = dict(network_policy)
-    elif allow_internet_access is not True:
-        body["networkPolicy"] = {"defaultAction": "deny", "egress": []}
-    if secure_access:
-        body["secureAccess"] = True
-    if platform:
-        body["platform"] = dict(platform)
-    if volumes:
-        body["volumes"] = [dict(volume) for volume in volumes]
-    if extensions:
-        body["extensions"] = dict(extensions)
-    return body
-
-
-def _check_lifetime(timeout: object) -> None:
-    if timeout is None or timeout is NO_TIMEOUT:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
-        raise ConfigurationError(
-            f"timeout (the sandbox lifetime) must be a positive int of seconds, got {timeout!r}: "
-            f"None for the default ({DEFAULT_TIMEOUT} s), osb_sync.NO_TIMEOUT for no expiry"
-        )
 
 
 def sandbox_path(sandbox_id: str) -> str:
@@ -139,9 +61,17 @@ def _describe_state(data: Any) -> str:
 class Lifecycle:
     """The lifecycle API of one server, reached through a Transport with one API key."""
 
-    def __init__(self, transport: Transport, api_base: str, api_key: str, create_timeout: float):
+    def __init__(
+        self,
+        transport: Transport,
+        api_base: str,
+        api_key: str,
+        create_timeout: float,
+        execd_scheme: str,
+    ):
+        self.api_base = api_base
+        self.execd_scheme = execd_scheme
         self._transport = transport
-        self._api_base = api_base
         self._api_key = api_key
         self._create_timeout = create_timeout
 
@@ -169,7 +99,7 @@ class Lifecycle:
             headers[API_KEY_HEADER] = self._api_key
         response = self._transport.request(
             method,
-            self._api_base + path,
+            self.api_base + path,
             json=json,
             params=params,
             headers=headers,
@@ -189,9 +119,9 @@ class Lifecycle:
         if (
             exc.status_code == 404
             and "SANDBOX" not in (exc.code or "")
-            and not self._api_base.endswith("/v1")
+            and not self.api_base.endswith("/v1")
         ):
-            return with_suffix(exc, f"({V1_HINT}: {self._api_base}/v1?)")
+            return with_suffix(exc, f"({V1_HINT}: {self.api_base}/v1?)")
         return exc
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -224,13 +154,7 @@ class Lifecycle:
         if not isinstance(data, dict) or data.get("id") in (None, ""):
             self._search_after_failed_create(body, answered=True)
             shape = "an object without an id" if isinstance(data, dict) else "not a JSON object"
-            raise ApiError(
-                f"POST /sandboxes -> {response.status_code}: the create response is {shape}",
-                status_code=response.status_code,
-                code="INVALID_RESPONSE",
-                request_id=response.headers.get(REQUEST_ID_HEADER),
-                response=response,
-            )
+            raise invalid_response(response, f"the create response is {shape}")
         return data
 
     def _search_after_failed_create(self, body: dict[str, Any], *, answered: bool) -> None:
@@ -241,7 +165,7 @@ class Lifecycle:
             orphans.search(self, create_id, answered=answered, lifetime=lifetime)
 
     def get(self, sandbox_id: str) -> Any:
-        """``GET /sandboxes/{id}``: the decoded body.
+        """``GET /sandboxes/{id}``: the decoded body (None if it is not JSON).
 
         Raises:
             NotFoundError: no such sandbox.
@@ -250,6 +174,51 @@ class Lifecycle:
         """
         return response_json(self.request("GET", sandbox_path(sandbox_id)))
 
+    def info(self, sandbox_id: str) -> SandboxInfo:
+        """The sandbox's current description.
+
+        Raises:
+            NotFoundError: no such sandbox.
+            ApiError: another error status, or an answer that is not a JSON object.
+            TransportError: no usable response.
+        """
+        response = self.request("GET", sandbox_path(sandbox_id))
+        data = response_json(response)
+        if not isinstance(data, dict):
+            raise invalid_response(response, "the answer is not a JSON object")
+        return SandboxInfo.from_dict(data)
+
+    def resume(self, sandbox_id: str, ready_timeout: float, poll_interval: float) -> None:
+        """Resume a paused sandbox and wait until it is Running.
+
+        Raises:
+            ApiError: e.g. 409 when it is not paused.
+            SandboxTimeoutError: not Running within ``ready_timeout``.
+        """
+        self.action(sandbox_id, "resume")
+        self.wait_until_running(sandbox_id, self.get(sandbox_id), ready_timeout, poll_interval)
+
+    def endpoint(
+        self,
+        sandbox_id: str,
+        port: int,
+        use_server_proxy: bool,
+        ready_timeout: float,
+        poll_interval: float,
+    ) -> Endpoint:
+        """How to reach ``port`` of a sandbox: a URL with scheme, and the headers to send.
+
+        Raises:
+            ConfigurationError: a port outside 1..65535.
+            The errors of :meth:`resolve_endpoint`.
+        """
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ConfigurationError("port must be an int from 1 to 65535")
+        endpoint, headers = self.resolve_endpoint(
+            sandbox_id, port, use_server_proxy, ready_timeout, poll_interval
+        )
+        return Endpoint(url=execd_url(endpoint, self.execd_scheme), headers=headers)
+
     def action(self, sandbox_id: str, verb: str) -> None:
         """``POST /sandboxes/{id}/{verb}`` with no body (``pause``, ``resume``)."""
         self.request("POST", f"{sandbox_path(sandbox_id)}/{verb}").close()
@@ -257,17 +226,25 @@ class Lifecycle:
     def renew(
         self, sandbox_id: str, seconds: float, read_timeout: float | None = None
     ) -> datetime | None:
-        """Set the expiry to now + ``seconds`` (RFC 3339 UTC); returns the server's answer."""
+        """Set the expiry to now + ``seconds`` (RFC 3339 UTC); returns the server's answer.
+
+        Raises:
+            ConfigurationError: ``seconds`` is not a positive number.
+            ApiError: e.g. a sandbox without expiry.
+        """
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise ConfigurationError("seconds must be a positive number")
         expires = datetime.now(timezone.utc) + timedelta(seconds=seconds)
         body = {"expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
         path = f"{sandbox_path(sandbox_id)}/renew-expiration"
         data = response_json(self.request("POST", path, json=body, read_timeout=read_timeout))
         return parse_time(data.get("expiresAt")) if isinstance(data, dict) else None
 
-    def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> Any:
-        """JSON merge patch of the labels; returns the decoded sandbox."""
+    def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> SandboxInfo:
+        """JSON merge patch of the labels; returns the sandbox as the server now describes it."""
         path = f"{sandbox_path(sandbox_id)}/metadata"
-        return response_json(self.request("PATCH", path, json=dict(patch)))
+        data = response_json(self.request("PATCH", path, json=dict(patch)))
+        return SandboxInfo.from_dict(data if isinstance(data, dict) else {"id": sandbox_id})
 
     def iter_sandboxes(
         self, states: Sequence[str] | None, metadata: Mapping[str, str] | None, page_size: int
@@ -375,12 +352,13 @@ class Lifecycle:
             raise self.error(response)
         return True
 
-    def delete_quietly(self, sandbox_id: str) -> None:
-        """Best-effort delete for cleanup paths: logs, never raises."""
+    def delete_quietly(self, sandbox_id: str) -> bool:
+        """Best-effort delete for cleanup paths: logs, never raises; True if it was deleted."""
         try:
-            self.delete(sandbox_id)
+            return self.delete(sandbox_id)
         except OpenSandboxError as exc:
             logger.warning("could not delete sandbox %s: %s", sandbox_id, exc)
+            return False
 
     def find_by_create_id(self, create_id: str) -> list[str]:
         """Ids of the sandboxes tagged with this ``osb-sync/create-id``.

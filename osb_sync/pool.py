@@ -102,6 +102,7 @@ class SandboxPool:
         self._doomed: list[Sandbox] = []
         self._to_reset: list[Sandbox] = []
         self._expires: dict[str, float] = {}
+        self._commands_stopped: dict[str, int] = {}  # by sandbox: background commands reset
         self._creating = 0
         self._in_flight = 0  # being checked before lending, reset, or deleted
         self._failures = 0
@@ -193,7 +194,7 @@ class SandboxPool:
             self._cond.notify_all()
             threads = [self._worker, *self._creators]
         for sandbox in doomed:
-            self._client._delete_quietly(sandbox.id)
+            self._client.delete_quietly(sandbox.id)
         deadline = time.monotonic() + CLOSE_WAIT
         for thread in threads:
             if thread is not None and thread is not threading.current_thread():
@@ -293,7 +294,7 @@ class SandboxPool:
             self._cond.notify_all()
         if closed:
             self._expires.pop(sandbox.id, None)
-            self._client._delete_quietly(sandbox.id)
+            self._client.delete_quietly(sandbox.id)
 
     def _new_sandbox(self) -> Sandbox:
         sandbox = self._client.create_sandbox(**self._create_kwargs)
@@ -323,8 +324,7 @@ class SandboxPool:
         if expires - time.monotonic() > self._lifetime / 2:
             return True
         try:
-            lifecycle = self._client._lifecycle
-            lifecycle.renew(sandbox.id, self._lifetime, self._call_timeout(deadline))
+            sandbox.renew(self._lifetime, timeout=self._call_timeout(deadline))
         except OpenSandboxError as exc:
             logger.info("could not renew pooled sandbox %s (%s); replacing it", sandbox.id, exc)
             return False
@@ -333,7 +333,7 @@ class SandboxPool:
 
     def _call_timeout(self, deadline: float | None) -> float:
         """The read timeout of a call made for acquire(): what is left, at least PING_FLOOR."""
-        read_timeout = self._client._transport.read_timeout
+        read_timeout = self._client.read_timeout
         if deadline is None:
             return read_timeout
         return min(read_timeout, max(deadline - time.monotonic(), PING_FLOOR))
@@ -376,12 +376,16 @@ class SandboxPool:
         doomed, to_reset = chore
         for sandbox in doomed:
             self._expires.pop(sandbox.id, None)
-            self._client._delete_quietly(sandbox.id)
+            self._commands_stopped.pop(sandbox.id, None)
+            self._client.delete_quietly(sandbox.id)
             with self._cond:
                 self._in_flight -= 1
                 self._cond.notify_all()
         for sandbox in to_reset:
-            self._settle(sandbox, doomed=not reset_for_next_user(sandbox))
+            stopped = reset_for_next_user(sandbox, self._commands_stopped.get(sandbox.id, 0))
+            if stopped is not None:
+                self._commands_stopped[sandbox.id] = stopped
+            self._settle(sandbox, doomed=stopped is None)
         if self._closed:
             self.close()  # delete what was settled after close() had run
         return True

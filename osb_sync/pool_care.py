@@ -57,31 +57,36 @@ def timeout_error(
 def answers_ping(sandbox: Sandbox, read_timeout: float) -> bool:
     """Whether execd answers ``/ping`` within ``read_timeout`` seconds; never raises."""
     try:
-        sandbox._execd.request("GET", "/ping", retry=False, read_timeout=read_timeout).close()
+        return sandbox.ping(timeout=read_timeout)
     except OpenSandboxError:
         return False
-    return True
 
 
-def reset_for_next_user(sandbox: Sandbox) -> bool:
-    """Clean a sandbox for its next user through execd; False if that could not be done."""
+def reset_for_next_user(sandbox: Sandbox, stopped: int) -> int | None:
+    """Clean a sandbox for its next user through execd.
+
+    ``stopped``: how many of ``sandbox.started_commands`` earlier resets already stopped.
+
+    Returns:
+        How many are stopped now, or None if the sandbox could not be reset.
+    """
+    started = sandbox.started_commands
     try:
         for context in sandbox.list_contexts():
             sandbox.delete_context(context)
-        for command_id in list(sandbox._background_ids):
+        for command in started[stopped:]:
             try:
-                sandbox.interrupt_command(command_id)
+                command.kill()
             except OpenSandboxError:
                 pass  # it had ended
-        sandbox._background_ids.clear()
         home = sandbox.run_command("pwd", timeout=30).check().stdout.strip()
         if home in ("", "/"):
-            return False  # never empty a root directory: replace the sandbox instead
+            return None  # never empty a root directory: replace the sandbox instead
         sandbox.run_command(f"find '{home}' -mindepth 1 -delete", timeout=60).check()
     except OpenSandboxError as exc:
         logger.info("could not reset sandbox %s (%s); replacing it", sandbox.id, exc)
-        return False
-    return True
+        return None
+    return len(started)
 
 
 class _Closable(Protocol):

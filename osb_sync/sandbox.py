@@ -5,6 +5,9 @@ from __future__ import annotations
 import builtins
 import time
 from typing import TYPE_CHECKING, Callable, Mapping
+from urllib.parse import urlsplit
+
+import requests
 
 from .commands import (
     BackgroundCommand,
@@ -15,10 +18,16 @@ from .commands import (
     command_body,
     line_callbacks,
 )
-from .config import check_run_arguments
-from .constants import DEFAULT_LANGUAGE, MAX_OUTPUT_BYTES
-from .errors import OpenSandboxError, SandboxStateError, SandboxTimeoutError
-from .execd import Execd, execd_base_url
+from .config import check_client_options, check_run_arguments, wait_settings
+from .constants import (
+    DEFAULT_LANGUAGE,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_READY_TIMEOUT,
+    EXECD_PORT,
+    MAX_OUTPUT_BYTES,
+)
+from .errors import ConfigurationError, OpenSandboxError, SandboxStateError, SandboxTimeoutError
+from .execd import Execd
 from .files import Files
 from .models import (
     CodeContext,
@@ -30,51 +39,110 @@ from .models import (
     SandboxInfo,
 )
 from .stream import ExecutionFolder
+from .transport import Transport
 
 if TYPE_CHECKING:
     from datetime import datetime
     from types import TracebackType
 
-    from .client import Client
     from .execution import ExecutionStream
+    from .lifecycle import Lifecycle
 
 
 class Sandbox:
-    """A running sandbox: its id, its execd endpoint, and the client that reaches it.
+    """A running sandbox: its id and the handles on its lifecycle API and its execd.
+
+    Built by :meth:`Client.create_sandbox` and :meth:`Client.connect`; the constructor is
+    internal. Two handles on the same sandbox are equal (and hash alike).
 
     Used as a context manager, it deletes the sandbox on exit when ``delete_on_exit`` is true:
-    the default for a sandbox this client created, not for one obtained with ``connect()``.
+    the default for a sandbox created by ``create_sandbox``, not for one obtained with
+    ``connect()``.
 
     Attributes:
         id: the sandbox id.
-        api_base: the lifecycle API it belongs to.
-        execd_endpoint: execd's address as the server gave it (usually without a scheme).
-        execd_headers: headers the server requires on execd calls (e.g. an access token).
-        use_server_proxy: whether the endpoint goes through the server's proxy.
+        use_server_proxy: whether execd is reached through the server's proxy.
         delete_on_exit: whether leaving a ``with`` block deletes the sandbox.
     """
 
     def __init__(
         self,
-        client: Client,
         sandbox_id: str,
         *,
-        execd_endpoint: str,
-        execd_headers: Mapping[str, str] | None = None,
+        lifecycle: Lifecycle | None,
+        execd: Execd,
         use_server_proxy: bool = False,
         delete_on_exit: bool = False,
     ):
         self.id = sandbox_id
-        self.api_base = client.api_base
-        self.execd_endpoint = execd_endpoint
-        self.execd_headers = dict(execd_headers or {})
         self.use_server_proxy = use_server_proxy
         self.delete_on_exit = delete_on_exit
-        self._client = client
-        self._background_ids: set[str] = set()  # for SandboxPool's reset
+        self._lifecycle_api = lifecycle
+        self._execd = execd
+        self._started: list[BackgroundCommand] = []
+        self._owned_transport: Transport | None = None  # from_execd's own connections
+
+    @classmethod
+    def from_execd(
+        cls,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        sandbox_id: str | None = None,
+        session: requests.Session | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        pool_maxsize: int = 32,
+    ) -> Sandbox:
+        """A handle on a bare execd, without a lifecycle server in front of it.
+
+        For an execd you run yourself (``execd --port 44772``) or reach directly. Code,
+        commands, contexts, files, ``metrics`` and ``ping`` work as on any sandbox; the
+        lifecycle calls (``info``, ``pause``, ``resume``, ``renew``, ``patch_metadata``,
+        ``delete``, ``get_endpoint``) raise ConfigurationError. ``with`` closes the handle's
+        connections on exit.
+
+        Args:
+            url: execd's base URL, e.g. ``http://127.0.0.1:44772``.
+            headers: sent on every call, e.g. ``{"X-EXECD-ACCESS-TOKEN": token}``; never sent
+                to another origin.
+            sandbox_id: the handle's ``id`` (default: ``url``).
+            session: a ``requests.Session`` to send through; never mutated or closed.
+            connect_timeout: seconds to open a connection.
+            read_timeout: seconds of silence allowed on any response, streams included.
+            pool_maxsize: connections kept to execd: size it for the number of threads.
+
+        Raises:
+            ConfigurationError: ``url`` is not an http(s) URL, or a bad argument.
+        """
+        if not isinstance(url, str) or urlsplit(url.strip()).scheme not in ("http", "https"):
+            raise ConfigurationError(
+                f"url must be execd's http:// or https:// URL, e.g. 'http://127.0.0.1:{EXECD_PORT}'"
+            )
+        check_client_options(None, connect_timeout, read_timeout, 1.0, pool_maxsize, 0)
+        transport = Transport(
+            session=session,
+            connect_timeout=float(connect_timeout),
+            read_timeout=float(read_timeout),
+            pool_maxsize=pool_maxsize,
+            max_retries=0,
+        )
+        base_url = url.strip().rstrip("/")
+        execd = Execd(transport, base_url, headers or {})
+        sandbox = cls(sandbox_id or base_url, lifecycle=None, execd=execd)
+        sandbox._owned_transport = transport
+        return sandbox
 
     def __repr__(self) -> str:
-        return f"Sandbox(id={self.id!r}, execd_endpoint={self.execd_endpoint!r})"
+        return f"Sandbox(id={self.id!r}, execd_url={self.execd_url!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sandbox):
+            return NotImplemented
+        return self.id == other.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -86,16 +154,28 @@ class Sandbox:
         tb: TracebackType | None,
     ) -> None:
         if self.delete_on_exit:
-            self._client._delete_quietly(self.id)
+            self._lifecycle.delete_quietly(self.id)
+        if self._owned_transport is not None:
+            self._owned_transport.close()
+
+    @property
+    def _lifecycle(self) -> Lifecycle:
+        if self._lifecycle_api is None:
+            raise ConfigurationError(
+                f"sandbox handle {self.id!r} was made by Sandbox.from_execd: it has no lifecycle "
+                "API (info, pause, resume, renew, patch_metadata, delete, get_endpoint)"
+            )
+        return self._lifecycle_api
 
     @property
     def execd_url(self) -> str:
-        """execd's base URL, with the scheme of the client's ``api_base`` (or ``execd_scheme``)."""
-        return execd_base_url(self.execd_endpoint, self._client.execd_scheme)
+        """execd's base URL (with the scheme of the client's ``api_base`` or ``execd_scheme``)."""
+        return self._execd.base_url
 
     @property
-    def _execd(self) -> Execd:
-        return Execd(self._client._transport, self.execd_url, self.execd_headers)
+    def execd_headers(self) -> dict[str, str]:
+        """A copy of the headers the server requires on execd calls (e.g. an access token)."""
+        return self._execd.headers
 
     @property
     def files(self) -> Files:
@@ -172,7 +252,7 @@ class Sandbox:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("DELETE", "/code", params={"id": context_id})
+        self._execd.interrupt("/code", context_id)
 
     def create_context(
         self, language: str = DEFAULT_LANGUAGE, cwd: str | None = None
@@ -311,8 +391,14 @@ class Sandbox:
         if result.id is None or result.error is not None:
             reason = result.error.value if result.error else "no command id"
             raise OpenSandboxError(f"the background command did not start: {reason}")
-        self._background_ids.add(result.id)
-        return BackgroundCommand(self._execd, result.id)
+        handle = BackgroundCommand(self._execd, result.id)
+        self._started.append(handle)
+        return handle
+
+    @property
+    def started_commands(self) -> tuple[BackgroundCommand, ...]:
+        """The background commands started through this handle, oldest first."""
+        return tuple(self._started)
 
     def interrupt_command(self, command_id: str) -> None:
         """Stop a command (SIGTERM to its process group, then SIGKILL).
@@ -321,7 +407,7 @@ class Sandbox:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("DELETE", "/command", params={"id": command_id})
+        self._execd.interrupt("/command", command_id)
 
     def session(self, cwd: str | None = None) -> BashSession:
         """A persistent bash session (use it in ``with``: it is deleted on exit).
@@ -342,10 +428,13 @@ class Sandbox:
         """How to reach a port the sandbox serves (a web app started inside it).
 
         Raises:
+            ConfigurationError: a port outside 1..65535.
             SandboxTimeoutError: no endpoint within the default ready timeout.
-            ApiError: the server refused (a bad port, for instance).
+            ApiError: the server refused.
         """
-        return self._client.get_endpoint(self.id, port, use_server_proxy=self.use_server_proxy)
+        return self._lifecycle.endpoint(
+            self.id, port, self.use_server_proxy, DEFAULT_READY_TIMEOUT, DEFAULT_POLL_INTERVAL
+        )
 
     def metrics(self) -> Metrics:
         """One resource sample (CPU and memory).
@@ -356,14 +445,14 @@ class Sandbox:
         """
         return Metrics.from_dict(self._execd.json("GET", "/metrics"))
 
-    def ping(self) -> bool:
-        """Whether execd answers ``/ping``.
+    def ping(self, *, timeout: float | None = None) -> bool:
+        """Whether execd answers ``/ping`` (within ``timeout`` seconds: default, the read timeout).
 
         Raises:
             SandboxStateError: the sandbox is paused (waiting would not help).
         """
         try:
-            self._execd.request("GET", "/ping", retry=False).close()
+            self._execd.request("GET", "/ping", retry=False, read_timeout=timeout).close()
         except SandboxStateError:
             raise
         except OpenSandboxError:
@@ -394,7 +483,7 @@ class Sandbox:
             ApiError: the server refused the call.
             TransportError: the server could not be reached.
         """
-        return self._client.get_sandbox(self.id)
+        return self._lifecycle.info(self.id)
 
     def pause(self) -> None:
         """Pause the sandbox (its processes stop; execution is refused until resumed).
@@ -403,7 +492,7 @@ class Sandbox:
             ApiError: e.g. 409 when it is not running.
             TransportError: the server could not be reached.
         """
-        self._client.pause(self.id)
+        self._lifecycle.action(self.id, "pause")
 
     def resume(
         self, *, ready_timeout: float | None = None, poll_interval: float | None = None
@@ -415,23 +504,27 @@ class Sandbox:
             SandboxTimeoutError: not Running, or execd not answering, within ``ready_timeout``.
             TransportError: the server could not be reached.
         """
-        self._client.resume(self.id, ready_timeout=ready_timeout, poll_interval=poll_interval)
-        fresh = self._client.connect(
-            self.id,
-            use_server_proxy=self.use_server_proxy,
-            ready_timeout=ready_timeout,
-            poll_interval=poll_interval,
+        ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
+        self._lifecycle.resume(self.id, ready_timeout, poll_interval)
+        endpoint = self._lifecycle.endpoint(
+            self.id, EXECD_PORT, self.use_server_proxy, ready_timeout, poll_interval
         )
-        self.execd_endpoint, self.execd_headers = fresh.execd_endpoint, fresh.execd_headers
+        self._execd.move(endpoint.url, endpoint.headers)
+        self.wait_until_healthy(ready_timeout, poll_interval)
 
-    def renew(self, seconds: float) -> datetime | None:
+    def renew(self, seconds: float, *, timeout: float | None = None) -> datetime | None:
         """Expire ``seconds`` from now instead; returns the new expiry.
 
+        Args:
+            seconds: the new remaining lifetime.
+            timeout: seconds to wait for the answer (default: the client's read timeout).
+
         Raises:
+            ConfigurationError: ``seconds`` is not a positive number.
             ApiError: e.g. a sandbox without expiry.
             TransportError: the server could not be reached.
         """
-        return self._client.renew(self.id, seconds)
+        return self._lifecycle.renew(self.id, seconds, timeout)
 
     def patch_metadata(self, patch: Mapping[str, str | None]) -> SandboxInfo:
         """Merge-patch the labels (``None`` deletes a key).
@@ -440,7 +533,7 @@ class Sandbox:
             ApiError: e.g. a reserved or invalid label.
             TransportError: the server could not be reached.
         """
-        return self._client.patch_metadata(self.id, patch)
+        return self._lifecycle.patch_metadata(self.id, patch)
 
     def delete(self) -> bool:
         """Delete this sandbox; see :meth:`Client.delete_sandbox`.
@@ -449,4 +542,4 @@ class Sandbox:
             ApiError: an error status other than 404.
             TransportError: the server could not be reached.
         """
-        return self._client.delete_sandbox(self)
+        return self._lifecycle.delete(self.id)

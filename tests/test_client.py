@@ -24,7 +24,7 @@ from osb_sync import (
     TransportError,
 )
 from osb_sync.constants import CREATE_ID_KEY
-from osb_sync.lifecycle import build_create_body
+from osb_sync.create_options import build_create_body
 from tests.helpers import (
     API,
     ENDPOINT,
@@ -150,8 +150,8 @@ def test_key_from_env_is_sent_to_lifecycle(
 
 
 def test_reprs_show_no_secrets(client: Client) -> None:
-    sandbox = osb_sync.Sandbox(
-        client, SID, execd_endpoint=ENDPOINT, execd_headers={"X-EXECD-ACCESS-TOKEN": TOKEN}
+    sandbox = osb_sync.Sandbox.from_execd(
+        f"http://{ENDPOINT}", headers={"X-EXECD-ACCESS-TOKEN": TOKEN}, sandbox_id=SID
     )
     assert SID in repr(sandbox) and ENDPOINT in repr(sandbox)
     assert TOKEN not in repr(sandbox) and KEY not in repr(client)
@@ -250,7 +250,7 @@ def test_running_create_does_not_poll_or_sleep(
     add_ping(ordered)
     sandbox = client.create_sandbox()
     assert clock.sleeps == []
-    assert sandbox.execd_endpoint == ENDPOINT
+    assert sandbox.execd_url == f"http://{ENDPOINT}"
     assert sandbox.execd_headers == {"X-EXECD-ACCESS-TOKEN": TOKEN}
     assert sandbox.delete_on_exit is True
 
@@ -357,7 +357,7 @@ def test_connect_resolves_endpoint_and_does_not_own(
 ) -> None:
     add_endpoint(rsps)
     with client.connect(SID) as sandbox:
-        assert sandbox.execd_endpoint == ENDPOINT
+        assert sandbox.execd_url == f"http://{ENDPOINT}"
     assert calls(rsps) == [
         ("GET", f"/v1/sandboxes/{SID}/endpoints/44772"),
         ("GET", "/proxy/44772/ping"),
@@ -537,7 +537,7 @@ def test_get_retries_connection_errors(
     add_endpoint(ordered, body=requests.ConnectionError("reset"))
     add_endpoint(ordered)
     add_ping(ordered)
-    assert client.connect(SID).execd_endpoint == ENDPOINT
+    assert client.connect(SID).execd_url == f"http://{ENDPOINT}"
 
 
 @pytest.mark.parametrize(
@@ -586,6 +586,47 @@ def test_ids_are_escaped_in_paths(client: Client, rsps: responses.RequestsMock) 
 
 
 # -- running code ---------------------------------------------------------------------------
+
+
+def test_runs_by_id_reach_the_sandbox_once(client: Client, rsps: responses.RequestsMock) -> None:
+    add_endpoint(rsps)
+    add_run(rsps)
+    client.run_code(SID, "1")
+    client.run_code(SID, "2")
+    assert calls(rsps) == [
+        ("GET", f"/v1/sandboxes/{SID}/endpoints/44772"),
+        ("GET", "/proxy/44772/ping"),
+        ("POST", "/proxy/44772/code"),
+        ("POST", "/proxy/44772/code"),
+    ]
+
+
+def test_a_failed_run_by_id_reaches_the_sandbox_afresh(
+    client: Client, rsps: responses.RequestsMock
+) -> None:
+    add_endpoint(rsps)
+    rsps.post("http://execd.test:9000/proxy/44772/code", status=502)
+    with pytest.raises(ApiError):
+        client.run_code(SID, "1")
+    add_run(rsps)
+    client.run_code(SID, "2")
+    assert [path for _, path in calls(rsps)].count(f"/v1/sandboxes/{SID}/endpoints/44772") == 2
+
+
+def test_handles_compare_and_hash_by_id(client: Client, rsps: responses.RequestsMock) -> None:
+    add_endpoint(rsps)
+    first, second = client.connect(SID), client.connect(SID)
+    assert first is not second and first == second and len({first, second}) == 1
+    assert first != osb_sync.Sandbox.from_execd(f"http://{ENDPOINT}")
+
+
+def test_delete_quietly_logs_instead_of_raising(
+    client: Client, rsps: responses.RequestsMock, caplog: pytest.LogCaptureFixture
+) -> None:
+    rsps.delete(f"{API}/sandboxes/{SID}", status=409, json={"code": "X", "message": "busy"})
+    with caplog.at_level(logging.WARNING, logger="osb_sync"):
+        assert client.delete_quietly(SID) is False
+    assert f"could not delete sandbox {SID}" in caplog.text and "busy" in caplog.text
 
 
 def test_run_code_request_shape_and_no_api_key_to_execd(
@@ -686,7 +727,7 @@ def test_output_cap_raises_and_interrupts(client: Client, rsps: responses.Reques
     ],
 )
 def test_bad_run_arguments(client: Client, bad: dict[str, Any]) -> None:
-    sandbox = osb_sync.Sandbox(client, SID, execd_endpoint=ENDPOINT)
+    sandbox = osb_sync.Sandbox.from_execd(f"http://{ENDPOINT}")
     kwargs: dict[str, Any] = {"code": "1", **bad}
     code = kwargs.pop("code")
     with pytest.raises(ConfigurationError):

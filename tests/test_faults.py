@@ -388,7 +388,7 @@ def check_value(op: Op, fault: str, value: Any) -> None:
 
 def is_present(op: Op, client: Client) -> bool:
     """Whether this build has the operation (run_command and files join when they land)."""
-    probe = Sandbox(client, "probe", execd_endpoint="127.0.0.1:9")
+    probe = Sandbox.from_execd("http://127.0.0.1:9")
     if op.name == "run_command":
         return hasattr(probe, "run_command")
     if op.name == "read_bytes":

@@ -201,7 +201,7 @@ def test_pending_then_running() -> None:
 
 def test_execd_token_is_required(client: Client) -> None:
     with client.create_sandbox() as sandbox:
-        stranger = osb_sync.Sandbox(client, sandbox.id, execd_endpoint=sandbox.execd_endpoint)
+        stranger = osb_sync.Sandbox.from_execd(sandbox.execd_url)
         with pytest.raises(ApiError) as info:
             stranger.run_code("print(1)")
         assert info.value.status_code == 401

@@ -100,8 +100,11 @@ def execd(server: FakeServer) -> Iterator[Execd]:
 
 def bare_handle(server: FakeServer, read_timeout: float = 5.0) -> Sandbox:
     """A Sandbox on the fake execd itself (no lifecycle API involved)."""
-    client = Client(server.api_base, read_timeout=read_timeout, connect_timeout=2.0)
-    return Sandbox(client, "sbx-bare", execd_endpoint=f"127.0.0.1:{server.server_address[1]}")
+    return Sandbox.from_execd(
+        f"http://127.0.0.1:{server.server_address[1]}",
+        read_timeout=read_timeout,
+        connect_timeout=2.0,
+    )
 
 
 def test_the_deadline_interrupts_a_run_whose_execution_complete_came_first(

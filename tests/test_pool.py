@@ -84,9 +84,10 @@ def test_reset_reuse_cleans_the_same_sandbox(client: Client) -> None:
         with pool.sandbox() as first:
             first.files.write("left/over.txt", "x")
             first.run_code("leftover = 1")
-            first.start_command("sleep 60")
+            sleeper = first.start_command("sleep 60")
         with pool.sandbox() as second:
             assert second.id == first.id
+            assert not sleeper.wait(timeout=20).running  # the reset stopped it
             assert not second.files.exists("left")
             result = second.run_code("leftover")
             assert result.error is not None and result.error.name == "NameError"

@@ -222,7 +222,7 @@ def test_metrics_and_ping(client: Client, sandbox: Sandbox) -> None:
     metrics = sandbox.metrics()
     assert metrics.cpu_count >= 1 and metrics.mem_total_mib > 0
     assert sandbox.ping() is True
-    stranger = Sandbox(client, sandbox.id, execd_endpoint=sandbox.execd_endpoint)
+    stranger = Sandbox.from_execd(sandbox.execd_url)
     assert stranger.ping() is False  # no execd token
 
 

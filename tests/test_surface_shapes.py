@@ -12,9 +12,9 @@ import pytest
 import responses
 
 import osb_sync
-from osb_sync import Client, ConfigurationError, Sandbox
-from osb_sync.lifecycle import build_create_body
-from tests.helpers import API, ENDPOINT, SID, TOKEN, stream_body
+from osb_sync import ConfigurationError, Sandbox
+from osb_sync.create_options import build_create_body
+from tests.helpers import API, ENDPOINT, SID, TOKEN, add_endpoint, stream_body
 
 EXECD = "http://execd.test:9000/proxy/44772"
 
@@ -27,10 +27,16 @@ def rsps() -> Iterator[responses.RequestsMock]:
 
 @pytest.fixture
 def sandbox() -> Sandbox:
-    client = Client(API, "key-0123456789")
-    return Sandbox(
-        client, SID, execd_endpoint=ENDPOINT, execd_headers={"X-EXECD-ACCESS-TOKEN": TOKEN}
+    return Sandbox.from_execd(
+        f"http://{ENDPOINT}", headers={"X-EXECD-ACCESS-TOKEN": TOKEN}, sandbox_id=SID
     )
+
+
+@pytest.fixture
+def managed(rsps: responses.RequestsMock) -> Sandbox:
+    """A handle with a lifecycle API behind it (``connect`` without a health check)."""
+    add_endpoint(rsps)
+    return osb_sync.Client(API, "key-0123456789").connect(SID, health_check=False)
 
 
 def last_json(rsps: responses.RequestsMock) -> object:
@@ -145,7 +151,8 @@ def test_file_calls_shapes(rsps: responses.RequestsMock, sandbox: Sandbox) -> No
     assert parse_qs(urlsplit(rsps.calls[-1].request.url).query) == {"path": ["a", "b"]}
 
 
-def test_renew_and_patch_bodies(rsps: responses.RequestsMock, sandbox: Sandbox) -> None:
+def test_renew_and_patch_bodies(rsps: responses.RequestsMock, managed: Sandbox) -> None:
+    sandbox = managed
     rsps.post(f"{API}/sandboxes/{SID}/renew-expiration", json={"expiresAt": "2030-01-01T00:00:00Z"})
     rsps.patch(f"{API}/sandboxes/{SID}/metadata", json={"id": SID, "metadata": {"a": "1"}})
     expiry = sandbox.renew(60)
@@ -177,7 +184,8 @@ def test_create_body_extras() -> None:
         build_create_body(snapshot_id="s", template="img")
 
 
-def test_get_endpoint_of_another_port(rsps: responses.RequestsMock, sandbox: Sandbox) -> None:
+def test_get_endpoint_of_another_port(rsps: responses.RequestsMock, managed: Sandbox) -> None:
+    sandbox = managed
     rsps.get(
         f"{API}/sandboxes/{SID}/endpoints/8080",
         json={"endpoint": "10.0.0.5:40109/proxy/8080", "headers": {"X-Gate": "g"}},
@@ -188,3 +196,11 @@ def test_get_endpoint_of_another_port(rsps: responses.RequestsMock, sandbox: San
     )
     with pytest.raises(ConfigurationError):
         sandbox.get_endpoint(70000)
+
+
+def test_a_bare_execd_handle_has_no_lifecycle_api(sandbox: Sandbox) -> None:
+    assert sandbox.id == SID and sandbox.execd_url == EXECD
+    with pytest.raises(ConfigurationError, match="Sandbox.from_execd: it has no lifecycle API"):
+        sandbox.renew(60)
+    with pytest.raises(ConfigurationError, match="http:// or https:// URL"):
+        Sandbox.from_execd(ENDPOINT)
