@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 
-from .client import Client
-from .errors import NotFoundError, OpenSandboxError
+from ._client import Client
+from ._errors import NotFoundError, OpenSandboxError
 
 if TYPE_CHECKING:
+    from ._sandbox import Sandbox
     from .local import LocalServer
-    from .sandbox import Sandbox
 
 SESSION_KEY = "osb-sync/test-session"
 

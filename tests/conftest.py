@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from osb_sync import orphans
+from osb_sync import _orphans as orphans
 from tests.fakeserver import FakeServer
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pkgutil
 import subprocess
 import sys
 import textwrap
@@ -13,28 +14,34 @@ import pytest
 import requests
 
 import osb_sync
-from osb_sync import errors
+from osb_sync._errors import error_from_response
 
-DOCUMENTED = {
-    "Client", "Sandbox", "ExecutionStream", "ExecutionResult", "ExecutionError", "Event",
-    "parse_execution", "create_sandbox", "run_code", "delete_sandbox", "code_interpreter_tool",
-    "discover_providers", "OpenSandboxProvider", "SandboxInfo",
-    "MAX_OUTPUT_BYTES", "DEFAULT_TEMPLATE", "DEFAULT_ENTRYPOINT", "DEFAULT_TIMEOUT",
-    "DEFAULT_RESOURCE_LIMITS", "EXECD_PORT", "DEFAULT_POLL_INTERVAL", "DEFAULT_READY_TIMEOUT",
-    "DEFAULT_LANGUAGE",
-    "OpenSandboxError", "ConfigurationError", "SandboxStateError", "SandboxTimeoutError",
-    "OutputLimitExceeded", "ApiError", "NotFoundError", "TransportError", "StreamError",
-    # the full surface (issue 4)
-    "NO_TIMEOUT", "CommandFailed", "CommandResult", "CommandStatus", "BackgroundCommand",
-    "BashSession", "CodeContext", "Endpoint", "Metrics", "FileInfo", "Files",
-    "SandboxPool",  # host integrations (issue 6)
-}  # fmt: skip
+# Submodules users import by name; every other module is private (a leading underscore).
+PUBLIC_MODULES = {"local", "testing", "integrations"}
 
 
-def test_all_is_exactly_the_documented_surface() -> None:
-    assert set(osb_sync.__all__) == DOCUMENTED
-    for name in DOCUMENTED:
-        assert getattr(osb_sync, name) is not None
+def public_names() -> set[str]:
+    """What ``osb_sync`` offers, as httpx's surface test reads it: its non-underscore names."""
+    return {name for name in vars(osb_sync) if not name.startswith("_")}
+
+
+def test_every_public_name_is_in_all() -> None:
+    # A new public name is a decision: it goes into __all__ (and the README) or gets a "_".
+    assert public_names() - PUBLIC_MODULES == set(osb_sync.__all__)
+
+
+def test_only_the_public_modules_lack_an_underscore() -> None:
+    modules = {info.name for info in pkgutil.iter_modules(osb_sync.__path__)}
+    assert {name for name in modules if not name.startswith("_")} == PUBLIC_MODULES
+
+
+def test_local_is_imported_on_first_use_only() -> None:
+    script = (
+        "import sys, osb_sync\n"
+        "assert 'osb_sync.local' not in sys.modules\n"
+        "assert osb_sync.local.LocalServer.__name__ == 'LocalServer'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
 
 
 def test_constants() -> None:
@@ -96,7 +103,7 @@ def make_response(
     ],
 )  # fmt: skip
 def test_error_funnel_messages(body: bytes, content_type: str, expected: str) -> None:
-    error = errors.error_from_response(make_response(409, body, content_type), "POST", "/v1/x")
+    error = error_from_response(make_response(409, body, content_type), "POST", "/v1/x")
     assert str(error) == expected
     assert error.status_code == 409 and error.request_id == "rid-42"
     assert isinstance(error.response, requests.Response)
@@ -104,7 +111,7 @@ def test_error_funnel_messages(body: bytes, content_type: str, expected: str) ->
 
 def test_error_funnel_redacts_secrets_and_maps_404() -> None:
     body = b'{"code":"NF","message":"key s3cr3t-key was wrong"}'
-    error = errors.error_from_response(make_response(404, body), "GET", "/v1/x", ["s3cr3t-key"])
+    error = error_from_response(make_response(404, body), "GET", "/v1/x", ["s3cr3t-key"])
     assert isinstance(error, osb_sync.NotFoundError)
     assert "s3cr3t-key" not in str(error) and "s3cr3t-key" not in error.message
 
@@ -115,7 +122,7 @@ def test_package_ships_py_typed() -> None:
 
 def test_entry_point_is_published_and_discovered() -> None:
     (ep,) = [e for e in entry_points(group="sandbox_providers") if e.name == "opensandbox"]
-    assert ep.value == "osb_sync.provider:OpenSandboxProvider"
+    assert ep.value == "osb_sync:OpenSandboxProvider"
     providers = osb_sync.discover_providers()
     assert providers["opensandbox"] is osb_sync.OpenSandboxProvider
 
@@ -138,7 +145,7 @@ def test_provider_methods_delegate(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
     for name in ("create_sandbox", "run_code", "delete_sandbox", "code_interpreter_tool"):
         monkeypatch.setattr(
-            f"osb_sync.functions.{name}",
+            f"osb_sync._functions.{name}",
             lambda *a, _n=name, **kw: seen.append((_n, a, kw)) or _n,
         )
     provider = osb_sync.OpenSandboxProvider()

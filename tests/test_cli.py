@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from osb_sync import Client
-from osb_sync.cli import build_parser
+from osb_sync._cli import build_parser
 from osb_sync.local import LocalServer
 from tests.fakeserver import FakeServer
 

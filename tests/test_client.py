@@ -23,8 +23,7 @@ from osb_sync import (
     SandboxTimeoutError,
     TransportError,
 )
-from osb_sync.constants import CREATE_ID_KEY
-from osb_sync.create_options import build_create_body
+from osb_sync._create_options import build_create_body
 from tests.helpers import (
     API,
     ENDPOINT,
@@ -39,6 +38,8 @@ from tests.helpers import (
     body_of,
     sandbox_body,
 )
+
+CREATE_ID_KEY = "osb-sync/create-id"  # the documented tag of every create
 
 
 class Clock:
@@ -872,7 +873,7 @@ def test_get_sandbox_parses_the_description(client: Client, rsps: responses.Requ
     ],
 )
 def test_parse_time(text: Any, expected: str | None) -> None:
-    from osb_sync.models import parse_time
+    from osb_sync._models import parse_time
 
     parsed = parse_time(text)
     assert (parsed.isoformat() if parsed else None) == expected

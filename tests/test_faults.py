@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-import osb_sync.transport
+import osb_sync._transport
 from osb_sync import Client, OpenSandboxError, Sandbox
 from tests.faultserver import (
     API_KEY_HEADER,
@@ -266,7 +266,7 @@ def backoff(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     slept: list[float] = []
     clock = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time) if n[0] != "_"})
     clock.sleep = slept.append
-    monkeypatch.setattr(osb_sync.transport, "time", clock)
+    monkeypatch.setattr(osb_sync._transport, "time", clock)
     return slept
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-import osb_sync.execution
+import osb_sync._execution
 from osb_sync import (
     Client,
     OutputLimitExceeded,
@@ -168,7 +168,7 @@ def test_an_exception_in_on_event_after_execution_complete_interrupts_the_run(
 def test_an_interrupt_that_does_not_take_effect_is_reported_as_such(
     server: FakeServer, execd: Execd, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(osb_sync.execution, "INTERRUPT_WAIT", 0.5)
+    monkeypatch.setattr(osb_sync._execution, "INTERRUPT_WAIT", 0.5)
     execd.honours_interrupts = False
     sandbox = bare_handle(server)
     started = time.monotonic()

@@ -12,9 +12,11 @@ import pytest
 import requests
 import responses
 
-from osb_sync import NO_TIMEOUT, ApiError, Client, TransportError, orphans
-from osb_sync.constants import CREATE_ID_KEY
+from osb_sync import NO_TIMEOUT, ApiError, Client, TransportError
+from osb_sync import _orphans as orphans
 from tests.helpers import API, add_delete, body_of
+
+CREATE_ID_KEY = "osb-sync/create-id"  # the documented tag of every create
 
 
 @pytest.fixture

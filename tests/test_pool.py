@@ -21,7 +21,8 @@ from osb_sync import (
     SandboxTimeoutError,
 )
 from osb_sync.local import LocalServer
-from osb_sync.pool import POOL_KEY
+
+POOL_KEY = "osb_sync.pool"  # the documented tag of every pooled sandbox
 
 
 @pytest.fixture(scope="module")

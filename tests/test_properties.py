@@ -1,4 +1,4 @@
-"""Properties of the pure stream pipeline (``osb_sync.stream``), checked with hypothesis.
+"""Properties of the pure stream pipeline (``osb_sync._stream``), checked with hypothesis.
 
 Bounded for CI: a few hundred examples in all, derandomized (the same ones every run), no
 deadline, and no example database written into the repository.
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from osb_sync import ExecutionResult, OutputLimitExceeded, StreamError, parse_execution
-from osb_sync.stream import capped, iter_events
+from osb_sync._stream import capped, iter_events
 
 # Hypothesis keeps caches even without a database: keep them out of the working tree.
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "osb-sync-hypothesis")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from osb_sync import Client, SandboxPool, SandboxTimeoutError, TransportError
-from osb_sync.orphans import searches_pending
+from osb_sync._orphans import searches_pending
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
 
@@ -195,7 +195,7 @@ def test_a_create_that_never_reached_the_server_logs_nothing(
 
 EXIT_SCRIPT = """
 import logging, sys, time
-import osb_sync, osb_sync.orphans as orphans
+import osb_sync, osb_sync._orphans as orphans
 logging.basicConfig(level=logging.WARNING)
 orphans.backoff_seconds = lambda attempt: 3600.0  # after a first failed lookup, only exit looks
 client = osb_sync.Client(sys.argv[1], read_timeout=1, create_timeout=1, max_retries=0)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from osb_sync import Event, ExecutionError, OutputLimitExceeded, StreamError, parse_execution
-from osb_sync.stream import ExecutionFolder, capped, frame_lines, iter_events
+from osb_sync._stream import ExecutionFolder, capped, frame_lines, iter_events
 
 
 def ev(**fields: object) -> bytes:

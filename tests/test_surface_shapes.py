@@ -13,7 +13,7 @@ import responses
 
 import osb_sync
 from osb_sync import ConfigurationError, Sandbox
-from osb_sync.create_options import build_create_body
+from osb_sync._create_options import build_create_body
 from tests.helpers import API, ENDPOINT, SID, TOKEN, add_endpoint, stream_body
 
 EXECD = "http://execd.test:9000/proxy/44772"
@@ -200,7 +200,7 @@ def test_get_endpoint_of_another_port(rsps: responses.RequestsMock, managed: San
 
 def test_a_bare_execd_handle_has_no_lifecycle_api(sandbox: Sandbox) -> None:
     assert sandbox.id == SID and sandbox.execd_url == EXECD
-    with pytest.raises(ConfigurationError, match="Sandbox.from_execd: it has no lifecycle API"):
+    with pytest.raises(ConfigurationError, match=r"Sandbox\.from_execd: it has no lifecycle API"):
         sandbox.renew(60)
-    with pytest.raises(ConfigurationError, match="http:// or https:// URL"):
+    with pytest.raises(ConfigurationError, match=r"http:// or https:// URL"):
         Sandbox.from_execd(ENDPOINT)

@@ -8,11 +8,11 @@ import os
 import weakref
 from typing import TYPE_CHECKING, Protocol
 
-from .errors import ApiError, ConfigurationError, OpenSandboxError, SandboxTimeoutError
+from ._errors import ApiError, ConfigurationError, OpenSandboxError, SandboxTimeoutError
 
 if TYPE_CHECKING:
-    from .pool import SandboxPool
-    from .sandbox import Sandbox
+    from ._pool import SandboxPool
+    from ._sandbox import Sandbox
 
 logger = logging.getLogger("osb_sync")
 

@@ -26,12 +26,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .constants import CREATE_ID_KEY
-from .errors import OpenSandboxError
-from .transport import backoff_seconds
+from ._constants import CREATE_ID_KEY
+from ._errors import OpenSandboxError
+from ._transport import backoff_seconds
 
 if TYPE_CHECKING:
-    from .lifecycle import Lifecycle
+    from ._lifecycle import Lifecycle
 
 logger = logging.getLogger("osb_sync")
 

@@ -40,9 +40,9 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
-from . import failures
-from .constants import VERSION
-from .errors import TransportError, redact
+from . import _failures as failures
+from ._constants import VERSION
+from ._errors import TransportError, redact
 
 logger = logging.getLogger("osb_sync")
 

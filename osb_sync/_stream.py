@@ -17,8 +17,8 @@ from typing import Any, Iterable, Iterator
 
 import sseclient
 
-from .errors import OutputLimitExceeded, StreamError
-from .models import Event, ExecutionError, ExecutionResult
+from ._errors import OutputLimitExceeded, StreamError
+from ._models import Event, ExecutionError, ExecutionResult
 
 _SKIPPED_PREFIXES = (b":", b"event:", b"id:", b"retry:")
 

@@ -10,10 +10,10 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import requests
 
-from . import orphans
-from .config import execd_url
-from .constants import API_KEY_HEADER, CREATE_ID_KEY
-from .errors import (
+from . import _orphans as orphans
+from ._config import execd_url
+from ._constants import API_KEY_HEADER, CREATE_ID_KEY
+from ._errors import (
     ApiError,
     ConfigurationError,
     NotFoundError,
@@ -25,9 +25,9 @@ from .errors import (
     invalid_response,
     with_suffix,
 )
-from .failures import V1_HINT
-from .models import Endpoint, SandboxInfo, parse_time
-from .transport import Transport, never_sent, response_json
+from ._failures import V1_HINT
+from ._models import Endpoint, SandboxInfo, parse_time
+from ._transport import Transport, never_sent, response_json
 
 logger = logging.getLogger("osb_sync")
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from .constants import (
+from ._constants import (
     API_BASE_ENV,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_READY_TIMEOUT,
     DOMAIN_ENV,
     LANGUAGES,
 )
-from .errors import ConfigurationError
+from ._errors import ConfigurationError
 
 
 def resolve_api_base(api_base: str | None) -> str:

@@ -11,18 +11,18 @@ from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TypeAlia
 import requests
 import urllib3
 
-from .constants import MAX_OUTPUT_BYTES
-from .errors import (
+from ._constants import MAX_OUTPUT_BYTES
+from ._errors import (
     ConfigurationError,
     NotFoundError,
     OutputLimitExceeded,
     StreamError,
     with_suffix,
 )
-from .models import FileInfo, mode_to_wire
+from ._models import FileInfo, mode_to_wire
 
 if TYPE_CHECKING:
-    from .execd import Execd
+    from ._execd import Execd
 
 Data: TypeAlias = str | bytes | IO[bytes]
 CHUNK_SIZE = 64 * 1024

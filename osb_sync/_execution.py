@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Callable, Generic, Iterable, Iterator, Protoco
 import requests
 import urllib3
 
-from .constants import INTERRUPT_WAIT
-from .errors import OpenSandboxError, OutputLimitExceeded, SandboxTimeoutError, StreamError
-from .models import Event
-from .stream import ExecutionFolder, capped, iter_events
+from ._constants import INTERRUPT_WAIT
+from ._errors import OpenSandboxError, OutputLimitExceeded, SandboxTimeoutError, StreamError
+from ._models import Event
+from ._stream import ExecutionFolder, capped, iter_events
 
 if TYPE_CHECKING:
     from types import TracebackType

@@ -15,14 +15,14 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .config import (
+from ._config import (
     check_client_options,
     check_id,
     check_run_arguments,
     resolve_api_base,
     wait_settings,
 )
-from .constants import (
+from ._constants import (
     API_KEY_ENV,
     CREATE_ID_KEY,
     DEFAULT_LANGUAGE,
@@ -30,14 +30,14 @@ from .constants import (
     MAX_OUTPUT_BYTES,
     _NoTimeout,
 )
-from .create_options import build_create_body
-from .errors import ApiError, ConfigurationError, TransportError
-from .execd import Execd
-from .execution import ExecutionStream
-from .lifecycle import MAX_PAGE_SIZE, Lifecycle
-from .models import Endpoint, Event, ExecutionResult, SandboxInfo
-from .sandbox import Sandbox
-from .transport import Transport
+from ._create_options import build_create_body
+from ._errors import ApiError, ConfigurationError, TransportError
+from ._execd import Execd
+from ._execution import ExecutionStream
+from ._lifecycle import MAX_PAGE_SIZE, Lifecycle
+from ._models import Endpoint, Event, ExecutionResult, SandboxInfo
+from ._sandbox import Sandbox
+from ._transport import Transport
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -51,7 +51,7 @@ HANDLES_KEPT = 64
 class Client:
     """A blocking, thread-safe OpenSandbox client.
 
-    One client may be shared by any number of threads (see ``osb_sync.transport``).
+    One client may be shared by any number of threads (the rules of its transport are in ``osb_sync/_transport.py``).
 
     Args:
         api_base: lifecycle base URL including ``/v1``; else ``OPEN_SANDBOX_API_BASE``, else
@@ -155,7 +155,7 @@ class Client:
         Creation is atomic from the caller's side: any failure after the server assigned an
         id deletes that sandbox before the error propagates, and a create whose answer was
         lost is looked up by its ``osb-sync/create-id`` metadata tag and deleted, in the
-        background (``osb_sync.orphans``; the call waits at most 1 s for the first lookup).
+        background (the call waits at most 1 s for the first lookup).
 
         Args:
             template: image URI (default ``DEFAULT_TEMPLATE``).

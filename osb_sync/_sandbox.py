@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .commands import (
+from ._commands import (
     BackgroundCommand,
     BashSession,
     CommandFolder,
@@ -18,18 +18,18 @@ from .commands import (
     command_body,
     line_callbacks,
 )
-from .config import check_client_options, check_run_arguments, wait_settings
-from .constants import (
+from ._config import check_client_options, check_run_arguments, wait_settings
+from ._constants import (
     DEFAULT_LANGUAGE,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_READY_TIMEOUT,
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
 )
-from .errors import ConfigurationError, OpenSandboxError, SandboxStateError, SandboxTimeoutError
-from .execd import Execd
-from .files import Files
-from .models import (
+from ._errors import ConfigurationError, OpenSandboxError, SandboxStateError, SandboxTimeoutError
+from ._execd import Execd
+from ._files import Files
+from ._models import (
     CodeContext,
     CommandResult,
     Endpoint,
@@ -38,15 +38,15 @@ from .models import (
     Metrics,
     SandboxInfo,
 )
-from .stream import ExecutionFolder
-from .transport import Transport
+from ._stream import ExecutionFolder
+from ._transport import Transport
 
 if TYPE_CHECKING:
     from datetime import datetime
     from types import TracebackType
 
-    from .execution import ExecutionStream
-    from .lifecycle import Lifecycle
+    from ._execution import ExecutionStream
+    from ._lifecycle import Lifecycle
 
 
 class Sandbox:

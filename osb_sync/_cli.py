@@ -19,10 +19,10 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from . import cli_commands as commands
-from .cli_output import EXIT_OWN_ERROR, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT, error_json
-from .constants import API_BASE_ENV, API_KEY_ENV, LANGUAGES, VERSION
-from .errors import OpenSandboxError
+from . import _cli_commands as commands
+from ._cli_output import EXIT_OWN_ERROR, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT, error_json
+from ._constants import API_BASE_ENV, API_KEY_ENV, LANGUAGES, VERSION
+from ._errors import OpenSandboxError
 
 STATES = ["Pending", "Running", "Paused", "Stopping", "Terminated", "Failed"]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .errors import CommandFailed, ConfigurationError, OpenSandboxError
+from ._errors import CommandFailed, ConfigurationError, OpenSandboxError
 
 
 @dataclass(frozen=True, slots=True)

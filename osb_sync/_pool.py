@@ -12,9 +12,9 @@ from collections import deque
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .constants import DEFAULT_TIMEOUT, NO_TIMEOUT
-from .errors import ConfigurationError, OpenSandboxError
-from .pool_care import (
+from ._constants import DEFAULT_TIMEOUT, NO_TIMEOUT
+from ._errors import ConfigurationError, OpenSandboxError
+from ._pool_care import (
     Order,
     after_fork_in_child,
     answers_ping,
@@ -27,8 +27,8 @@ from .pool_care import (
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from .client import Client
-    from .sandbox import Sandbox
+    from ._client import Client
+    from ._sandbox import Sandbox
 
 logger = logging.getLogger("osb_sync")
 

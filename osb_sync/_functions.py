@@ -11,9 +11,9 @@ from typing import Any
 
 import requests
 
-from .client import Client
-from .models import ExecutionResult
-from .sandbox import Sandbox
+from ._client import Client
+from ._models import ExecutionResult
+from ._sandbox import Sandbox
 
 
 def create_sandbox(

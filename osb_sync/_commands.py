@@ -6,16 +6,16 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from .constants import DEFAULT_POLL_INTERVAL, MAX_OUTPUT_BYTES
-from .errors import ConfigurationError, SandboxTimeoutError
-from .execution import ExecutionStream
-from .models import CommandResult, CommandStatus, Event, ExecutionError
-from .stream import error_of
+from ._constants import DEFAULT_POLL_INTERVAL, MAX_OUTPUT_BYTES
+from ._errors import ConfigurationError, SandboxTimeoutError
+from ._execution import ExecutionStream
+from ._models import CommandResult, CommandStatus, Event, ExecutionError
+from ._stream import error_of
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from .execd import Execd
+    from ._execd import Execd
 
 LOGS_CURSOR_HEADER = "EXECD-COMMANDS-TAIL-CURSOR"
 # Our own deadline comes this long after execd's, so execd's kill (with its exit status) wins.

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .constants import REQUEST_ID_HEADER
+from ._constants import REQUEST_ID_HEADER
 
 _MAX_BODY_EXCERPT = 300
 

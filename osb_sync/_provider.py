@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from . import functions
-from .models import ExecutionResult
-from .sandbox import Sandbox
+from . import _functions as functions
+from ._models import ExecutionResult
+from ._sandbox import Sandbox
 
 logger = logging.getLogger("osb_sync")
 

@@ -8,16 +8,16 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .constants import INTERRUPT_WAIT
-from .errors import (
+from ._constants import INTERRUPT_WAIT
+from ._errors import (
     OpenSandboxError,
     SandboxStateError,
     error_from_response,
     invalid_response,
 )
-from .execution import ExecutionStream, Folder, R
-from .models import Event
-from .transport import Transport, response_json
+from ._execution import ExecutionStream, Folder, R
+from ._models import Event
+from ._transport import Transport, response_json
 
 logger = logging.getLogger("osb_sync")
 

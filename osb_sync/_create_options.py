@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from .constants import (
+from ._constants import (
     DEFAULT_ENTRYPOINT,
     DEFAULT_RESOURCE_LIMITS,
     DEFAULT_TEMPLATE,
@@ -12,7 +12,7 @@ from .constants import (
     NO_TIMEOUT,
     _NoTimeout,
 )
-from .errors import ConfigurationError
+from ._errors import ConfigurationError
 
 
 def build_create_body(

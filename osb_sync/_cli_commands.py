@@ -1,4 +1,4 @@
-"""The subcommands of ``osb-sync`` (parsed by ``osb_sync.cli``)."""
+"""The subcommands of ``osb-sync`` (parsed by ``osb_sync._cli``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Callable, TextIO
 
-from .cli_output import (
+from ._cli_output import (
     EXIT_RAISED,
     EXIT_SIGNAL_BASE,
     EXIT_TIMED_OUT,
@@ -24,12 +24,12 @@ from .cli_output import (
     sandbox_json,
     sandbox_row,
 )
-from .client import Client
-from .config import check_run_arguments
-from .constants import API_BASE_ENV, API_KEY_ENV, DOMAIN_ENV, MAX_OUTPUT_BYTES
-from .errors import SandboxTimeoutError
-from .models import Event, ExecutionResult
-from .sandbox import Sandbox
+from ._client import Client
+from ._config import check_run_arguments
+from ._constants import API_BASE_ENV, API_KEY_ENV, DOMAIN_ENV, MAX_OUTPUT_BYTES
+from ._errors import SandboxTimeoutError
+from ._models import Event, ExecutionResult
+from ._sandbox import Sandbox
 
 if TYPE_CHECKING:
     from .local import LocalServer

@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, Callable
 
-from .constants import CREATE_ID_KEY
-from .models import CommandResult, ExecutionError, SandboxInfo
+from ._constants import CREATE_ID_KEY
+from ._models import CommandResult, ExecutionError, SandboxInfo
 
 EXIT_RAISED = 1  # the code raised; a sandbox to delete was not found
 EXIT_TIMED_OUT = 124  # as timeout(1)
