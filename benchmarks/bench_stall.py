@@ -183,7 +183,7 @@ def real_execd(run_execd: str) -> Iterator[str]:
 
 
 def measure_execd(sandbox: Sandbox, flood: str, cap: int, reps: int) -> dict[str, object]:
-    context = sandbox.create_context("python").id
+    context = sandbox.contexts.create("python").id
     return {
         "floods": measure_floods(sandbox, flood, cap, context),
         "deadline": measure_deadline(sandbox, context, reps),

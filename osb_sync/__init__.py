@@ -7,7 +7,7 @@ import importlib as _importlib
 import types as _types
 
 from ._client import Client
-from ._commands import BackgroundCommand, BashSession
+from ._commands import BackgroundCommand, BashSession, Commands
 from ._constants import (
     DEFAULT_ENTRYPOINT,
     DEFAULT_LANGUAGE,
@@ -21,6 +21,7 @@ from ._constants import (
     NO_TIMEOUT,
 )
 from ._constants import VERSION as _VERSION
+from ._contexts import Contexts
 from ._errors import (
     ApiError,
     CommandFailed,
@@ -82,7 +83,9 @@ __all__ = [
     "CommandFailed",
     "CommandResult",
     "CommandStatus",
+    "Commands",
     "ConfigurationError",
+    "Contexts",
     "Endpoint",
     "Event",
     "ExecutionError",

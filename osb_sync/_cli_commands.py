@@ -234,7 +234,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 def _run_command(sandbox: Sandbox, command: str, args: argparse.Namespace) -> int:
     """Run a shell command, echoing its output live (unless --json); its exit status."""
     echo = not args.json
-    result = sandbox.run_command(
+    result = sandbox.commands.run(
         command,
         timeout=args.timeout,
         on_stdout=_writer(sys.stdout) if echo else None,

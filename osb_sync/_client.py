@@ -51,7 +51,7 @@ HANDLES_KEPT = 64
 class Client:
     """A blocking, thread-safe OpenSandbox client.
 
-    One client may be shared by any number of threads (the rules of its transport are in ``osb_sync/_transport.py``).
+    One client may be shared by any number of threads (rules: ``osb_sync/_transport.py``).
 
     Args:
         api_base: lifecycle base URL including ``/v1``; else ``OPEN_SANDBOX_API_BASE``, else

@@ -1,139 +1,156 @@
-"""Shell commands in a sandbox: foreground runs, background commands, bash sessions."""
+"""``sandbox.commands``: shell commands, foreground or background, and bash sessions."""
 
 from __future__ import annotations
 
-import math
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
+from ._command_stream import CommandFolder, client_deadline, collect, command_body, line_callbacks
 from ._constants import DEFAULT_POLL_INTERVAL, MAX_OUTPUT_BYTES
-from ._errors import ConfigurationError, SandboxTimeoutError
-from ._execution import ExecutionStream
-from ._models import CommandResult, CommandStatus, Event, ExecutionError
-from ._stream import error_of
+from ._errors import OpenSandboxError, SandboxTimeoutError
+from ._models import CommandResult, CommandStatus, Event
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from ._execd import Execd
+    from ._execution import ExecutionStream
 
 LOGS_CURSOR_HEADER = "EXECD-COMMANDS-TAIL-CURSOR"
-# Our own deadline comes this long after execd's, so execd's kill (with its exit status) wins.
-DEADLINE_SLACK = 2.0
 
 
-class CommandFolder:
-    """Folds ``/command`` events into a CommandResult.
+class Commands:
+    """``sandbox.commands``: run shell commands (``bash -c``) in the sandbox through execd."""
 
-    execd sends one event per line without its terminator, and an empty line as ``"\\n"``.
-    """
+    def __init__(self, execd: Execd):
+        self._execd = execd
+        self._started: list[BackgroundCommand] = []
 
-    def __init__(self) -> None:
-        self._stdout: list[str] = []
-        self._stderr: list[str] = []
-        self._started = time.monotonic()
-        self._error: ExecutionError | None = None
-        self._exit_code: int | None = None
-        self.execution_id: str | None = None
-        self.completed = False
-        self.timed_out = False
+    def run(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ) -> CommandResult:
+        """Run a shell command (``bash -c``) and wait for it.
 
-    def add(self, event: Event) -> None:
-        """Take one event into account."""
-        kind = event.type
-        if kind in ("stdout", "stderr") and event.text:
-            line = event.text if event.text == "\n" else event.text + "\n"
-            (self._stdout if kind == "stdout" else self._stderr).append(line)
-        elif kind == "init" and self.execution_id is None and event.text:
-            self.execution_id = event.text
-        elif kind == "execution_complete" and self._error is None:
-            self._exit_code = 0
-            self.completed = True
-        elif kind == "error" and self._error is None:
-            self._error = error_of(event.data)
-            self._exit_code = _exit_code(self._error)
-            self.completed = True
+        A non-zero exit is data (``exit_code``); ``result.check()`` raises for it. ``timeout``
+        (seconds) is enforced by execd and bounds the client's wait; expiry gives
+        ``timed_out=True``. ``on_stdout``/``on_stderr`` receive each line as it arrives.
 
-    def result(self) -> CommandResult:
-        """The result of everything added so far."""
-        return CommandResult(
-            id=self.execution_id,
-            exit_code=self._exit_code,
-            stdout="".join(self._stdout),
-            stderr="".join(self._stderr),
-            error=self._error,
-            timed_out=self.timed_out,
-            duration=time.monotonic() - self._started,
+        Raises:
+            OutputLimitExceeded: the output passed ``max_output_bytes``.
+            ApiError: execd refused the command.
+            StreamError: the stream broke or stalled.
+        """
+        stream = self.stream(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            on_event=line_callbacks(on_stdout, on_stderr),
+            max_output_bytes=max_output_bytes,
+        )
+        return collect(stream, timeout)
+
+    def stream(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        on_event: Callable[[Event], object] | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ) -> ExecutionStream[CommandResult]:
+        """Start a command and return its live events; ``stream.result()`` is a CommandResult.
+
+        The stream ends at the terminal event; leaving it early interrupts the command.
+
+        Raises:
+            ConfigurationError: an empty command or a bad timeout.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        body = command_body(command, cwd, dict(env) if env else None, timeout)
+        return self._execd.stream(
+            "/command",
+            body,
+            folder=CommandFolder(),
+            max_output_bytes=max_output_bytes,
+            timeout=client_deadline(timeout),
+            on_event=on_event,
+            interrupt_path="/command",
+            stop_at_terminal=True,
         )
 
+    def start(
+        self, command: str, *, cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> BackgroundCommand:
+        """Start a command in the background and return at once.
 
-def _exit_code(error: ExecutionError) -> int | None:
-    try:
-        return int(error.value)
-    except ValueError:
-        return None
-
-
-def timeout_ms(timeout: float | None) -> int | None:
-    """Seconds (our API) to execd's milliseconds, at least 1."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ConfigurationError("timeout must be a positive number of seconds, or None")
-    return max(1, math.ceil(timeout * 1000))
-
-
-def line_callbacks(
-    on_stdout: Callable[[str], object] | None, on_stderr: Callable[[str], object] | None
-) -> Callable[[Event], object] | None:
-    """An ``on_event`` that hands each output line (with its newline) to the right callback."""
-    if on_stdout is None and on_stderr is None:
-        return None
-
-    def on_event(event: Event) -> None:
-        callback = {"stdout": on_stdout, "stderr": on_stderr}.get(event.type)
-        if callback is not None and event.text:
-            callback(event.text if event.text == "\n" else event.text + "\n")
-
-    return on_event
-
-
-def collect(stream: ExecutionStream[CommandResult], timeout: float | None) -> CommandResult:
-    """Read a command stream to its end; a run past ``timeout`` is a result, not an error."""
-    with stream:
-        try:
-            for _ in stream:
-                pass
-        except SandboxTimeoutError:
+        Raises:
+            ApiError: execd refused the command, or gave it no id.
+        """
+        body = {**command_body(command, cwd, dict(env) if env else None, None), "background": True}
+        stream = self._execd.stream(
+            "/command",
+            body,
+            folder=CommandFolder(),
+            max_output_bytes=MAX_OUTPUT_BYTES,
+            stop_at_terminal=True,
+        )
+        with stream:
+            for event in stream:
+                if event.type in ("execution_complete", "error"):
+                    break
             result = stream.partial()
-            return CommandResult(**{**result.__dict__, "timed_out": True})
-        result = stream.result()
-    stopped = result.error is not None and result.exit_code in (-1, None)
-    if timeout is not None and stopped and result.duration >= timeout:
-        return CommandResult(**{**result.__dict__, "timed_out": True})
-    return result
+        if result.id is None or result.error is not None:
+            reason = result.error.value if result.error else "no command id"
+            raise OpenSandboxError(f"the background command did not start: {reason}")
+        handle = BackgroundCommand(self._execd, result.id)
+        self._started.append(handle)
+        return handle
 
+    @property
+    def started(self) -> tuple[BackgroundCommand, ...]:
+        """The background commands started through this handle, oldest first."""
+        return tuple(self._started)
 
-def client_deadline(timeout: float | None) -> float | None:
-    """How long the client waits for a command that execd should stop after ``timeout``."""
-    return None if timeout is None else timeout + DEADLINE_SLACK
+    def get(self, command_id: str) -> BackgroundCommand:
+        """A handle on a command execd knows, by id (say, one started by another process).
 
+        No request is made: the handle's calls fail with NotFoundError if execd does not
+        know the command.
+        """
+        return BackgroundCommand(self._execd, command_id)
 
-def command_body(
-    command: str, cwd: str | None, env: dict[str, str] | None, timeout: float | None
-) -> dict[str, Any]:
-    """The ``POST /command`` body."""
-    if not isinstance(command, str) or not command.strip():
-        raise ConfigurationError("command must be a non-empty str")
-    body: dict[str, Any] = {"command": command}
-    if cwd is not None:
-        body["cwd"] = cwd
-    if env:
-        body["envs"] = {str(k): str(v) for k, v in env.items()}
-    ms = timeout_ms(timeout)
-    if ms is not None:
-        body["timeout"] = ms
-    return body
+    def interrupt(self, command_id: str) -> None:
+        """Stop a command (SIGTERM to its process group, then SIGKILL).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        self._execd.interrupt("/command", command_id)
+
+    def session(self, cwd: str | None = None) -> BashSession:
+        """A persistent bash session (use it in ``with``: it is deleted on exit).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        data = self._execd.json("POST", "/session", json={"cwd": cwd} if cwd else {})
+        session_id = data.get("session_id") if isinstance(data, dict) else None
+        if not isinstance(session_id, str) or not session_id:
+            raise OpenSandboxError("execd created a session without a session_id")
+        return BashSession(self._execd, session_id)
 
 
 class BackgroundCommand:
@@ -215,7 +232,7 @@ class BackgroundCommand:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("DELETE", "/command", params={"id": self.id})
+        self._execd.interrupt("/command", self.id)
 
 
 class BashSession:

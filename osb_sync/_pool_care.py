@@ -65,24 +65,24 @@ def answers_ping(sandbox: Sandbox, read_timeout: float) -> bool:
 def reset_for_next_user(sandbox: Sandbox, stopped: int) -> int | None:
     """Clean a sandbox for its next user through execd.
 
-    ``stopped``: how many of ``sandbox.started_commands`` earlier resets already stopped.
+    ``stopped``: how many of ``sandbox.commands.started`` earlier resets already stopped.
 
     Returns:
         How many are stopped now, or None if the sandbox could not be reset.
     """
-    started = sandbox.started_commands
+    started = sandbox.commands.started
     try:
-        for context in sandbox.list_contexts():
-            sandbox.delete_context(context)
+        for context in sandbox.contexts.list():
+            sandbox.contexts.delete(context)
         for command in started[stopped:]:
             try:
                 command.kill()
             except OpenSandboxError:
                 pass  # it had ended
-        home = sandbox.run_command("pwd", timeout=30).check().stdout.strip()
+        home = sandbox.commands.run("pwd", timeout=30).check().stdout.strip()
         if home in ("", "/"):
             return None  # never empty a root directory: replace the sandbox instead
-        sandbox.run_command(f"find '{home}' -mindepth 1 -delete", timeout=60).check()
+        sandbox.commands.run(f"find '{home}' -mindepth 1 -delete", timeout=60).check()
     except OpenSandboxError as exc:
         logger.info("could not reset sandbox %s (%s); replacing it", sandbox.id, exc)
         return None

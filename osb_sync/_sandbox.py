@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import builtins
 import time
 from typing import TYPE_CHECKING, Callable, Mapping
 from urllib.parse import urlsplit
 
 import requests
 
-from ._commands import (
-    BackgroundCommand,
-    BashSession,
-    CommandFolder,
-    client_deadline,
-    collect,
-    command_body,
-    line_callbacks,
-)
+from ._commands import Commands
 from ._config import check_client_options, check_run_arguments, wait_settings
 from ._constants import (
     DEFAULT_LANGUAGE,
@@ -26,18 +17,11 @@ from ._constants import (
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
 )
+from ._contexts import Contexts
 from ._errors import ConfigurationError, OpenSandboxError, SandboxStateError, SandboxTimeoutError
 from ._execd import Execd
 from ._files import Files
-from ._models import (
-    CodeContext,
-    CommandResult,
-    Endpoint,
-    Event,
-    ExecutionResult,
-    Metrics,
-    SandboxInfo,
-)
+from ._models import CodeContext, Endpoint, Event, ExecutionResult, Metrics, SandboxInfo
 from ._stream import ExecutionFolder
 from ._transport import Transport
 
@@ -61,6 +45,9 @@ class Sandbox:
 
     Attributes:
         id: the sandbox id.
+        commands: shell commands (:class:`Commands`).
+        contexts: code contexts (:class:`Contexts`).
+        files: the file system (:class:`Files`).
         use_server_proxy: whether execd is reached through the server's proxy.
         delete_on_exit: whether leaving a ``with`` block deletes the sandbox.
     """
@@ -79,7 +66,9 @@ class Sandbox:
         self.delete_on_exit = delete_on_exit
         self._lifecycle_api = lifecycle
         self._execd = execd
-        self._started: list[BackgroundCommand] = []
+        self.commands = Commands(execd)
+        self.contexts = Contexts(execd)
+        self.files = Files(execd)
         self._owned_transport: Transport | None = None  # from_execd's own connections
 
     @classmethod
@@ -177,11 +166,6 @@ class Sandbox:
         """A copy of the headers the server requires on execd calls (e.g. an access token)."""
         return self._execd.headers
 
-    @property
-    def files(self) -> Files:
-        """The sandbox's file system."""
-        return Files(self._execd)
-
     # -- code ---------------------------------------------------------------------------------
 
     def run_code(
@@ -243,184 +227,6 @@ class Sandbox:
             on_event=on_event,
             interrupt_path="/code",
         )
-
-    def interrupt_code(self, context_id: str) -> None:
-        """Interrupt the run going on in a code context (``CodeContext.id``).
-
-        Raises:
-            NotFoundError: no such context.
-            ApiError: execd refused the call.
-            TransportError: execd could not be reached.
-        """
-        self._execd.interrupt("/code", context_id)
-
-    def create_context(
-        self, language: str = DEFAULT_LANGUAGE, cwd: str | None = None
-    ) -> CodeContext:
-        """Create a named code context: its state persists between runs.
-
-        Raises:
-            ApiError: execd refused (an unknown language, for instance).
-        """
-        body = {"language": language, **({"cwd": cwd} if cwd else {})}
-        return CodeContext.from_dict(self._execd.json("POST", "/code/context", json=body), language)
-
-    def list_contexts(self, language: str | None = None) -> builtins.list[CodeContext]:
-        """The code contexts, of one language or all.
-
-        Raises:
-            ApiError: execd refused the call.
-            TransportError: execd could not be reached.
-        """
-        params = {"language": language} if language else None
-        data = self._execd.json("GET", "/code/contexts", params=params)
-        return [CodeContext.from_dict(item, language or "") for item in data or ()]
-
-    def get_context(self, context_id: str) -> CodeContext:
-        """One code context.
-
-        Raises:
-            NotFoundError: no such context.
-        """
-        return CodeContext.from_dict(self._execd.json("GET", f"/code/contexts/{context_id}"))
-
-    def delete_context(self, context: CodeContext | str) -> None:
-        """Delete a code context (its kernel state goes with it).
-
-        Raises:
-            NotFoundError: no such context.
-        """
-        context_id = context.id if isinstance(context, CodeContext) else context
-        self._execd.request("DELETE", f"/code/contexts/{context_id}")
-
-    def delete_contexts(self, language: str) -> None:
-        """Delete every code context of a language.
-
-        Raises:
-            ApiError: execd refused the call.
-            TransportError: execd could not be reached.
-        """
-        self._execd.request("DELETE", "/code/contexts", params={"language": language})
-
-    # -- commands -----------------------------------------------------------------------------
-
-    def run_command(
-        self,
-        command: str,
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        on_stdout: Callable[[str], object] | None = None,
-        on_stderr: Callable[[str], object] | None = None,
-        max_output_bytes: int = MAX_OUTPUT_BYTES,
-    ) -> CommandResult:
-        """Run a shell command (``bash -c``) and wait for it.
-
-        A non-zero exit is data (``exit_code``); ``result.check()`` raises for it. ``timeout``
-        (seconds) is enforced by execd and bounds the client's wait; expiry gives
-        ``timed_out=True``. ``on_stdout``/``on_stderr`` receive each line as it arrives.
-
-        Raises:
-            OutputLimitExceeded: the output passed ``max_output_bytes``.
-            ApiError: execd refused the command.
-            StreamError: the stream broke or stalled.
-        """
-        stream = self.stream_command(
-            command,
-            cwd=cwd,
-            env=env,
-            timeout=timeout,
-            on_event=line_callbacks(on_stdout, on_stderr),
-            max_output_bytes=max_output_bytes,
-        )
-        return collect(stream, timeout)
-
-    def stream_command(
-        self,
-        command: str,
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        on_event: Callable[[Event], object] | None = None,
-        max_output_bytes: int = MAX_OUTPUT_BYTES,
-    ) -> ExecutionStream[CommandResult]:
-        """Start a command and return its live events; ``stream.result()`` is a CommandResult.
-
-        The stream ends at the terminal event; leaving it early interrupts the command.
-
-        Raises:
-            ConfigurationError: an empty command or a bad timeout.
-            ApiError: execd refused the call.
-            TransportError: execd could not be reached.
-        """
-        body = command_body(command, cwd, dict(env) if env else None, timeout)
-        return self._execd.stream(
-            "/command",
-            body,
-            folder=CommandFolder(),
-            max_output_bytes=max_output_bytes,
-            timeout=client_deadline(timeout),
-            on_event=on_event,
-            interrupt_path="/command",
-            stop_at_terminal=True,
-        )
-
-    def start_command(
-        self, command: str, *, cwd: str | None = None, env: Mapping[str, str] | None = None
-    ) -> BackgroundCommand:
-        """Start a command in the background and return at once.
-
-        Raises:
-            ApiError: execd refused the command, or gave it no id.
-        """
-        body = {**command_body(command, cwd, dict(env) if env else None, None), "background": True}
-        stream = self._execd.stream(
-            "/command",
-            body,
-            folder=CommandFolder(),
-            max_output_bytes=MAX_OUTPUT_BYTES,
-            stop_at_terminal=True,
-        )
-        with stream:
-            for event in stream:
-                if event.type in ("execution_complete", "error"):
-                    break
-            result = stream.partial()
-        if result.id is None or result.error is not None:
-            reason = result.error.value if result.error else "no command id"
-            raise OpenSandboxError(f"the background command did not start: {reason}")
-        handle = BackgroundCommand(self._execd, result.id)
-        self._started.append(handle)
-        return handle
-
-    @property
-    def started_commands(self) -> tuple[BackgroundCommand, ...]:
-        """The background commands started through this handle, oldest first."""
-        return tuple(self._started)
-
-    def interrupt_command(self, command_id: str) -> None:
-        """Stop a command (SIGTERM to its process group, then SIGKILL).
-
-        Raises:
-            ApiError: execd refused the call.
-            TransportError: execd could not be reached.
-        """
-        self._execd.interrupt("/command", command_id)
-
-    def session(self, cwd: str | None = None) -> BashSession:
-        """A persistent bash session (use it in ``with``: it is deleted on exit).
-
-        Raises:
-            ApiError: execd refused the call.
-            TransportError: execd could not be reached.
-        """
-        data = self._execd.json("POST", "/session", json={"cwd": cwd} if cwd else {})
-        session_id = data.get("session_id") if isinstance(data, dict) else None
-        if not isinstance(session_id, str) or not session_id:
-            raise OpenSandboxError("execd created a session without a session_id")
-        return BashSession(self._execd, session_id)
 
     # -- the sandbox itself ---------------------------------------------------------------------
 

@@ -72,7 +72,7 @@ def test_a_lifetime_that_is_not_a_positive_int_is_refused(timeout: object) -> No
 def test_code_in_a_paused_sandbox_says_to_resume(local: LocalServer) -> None:
     with Client(local.api_base) as client, client.create_sandbox() as sandbox:
         sandbox.pause()
-        for call in (lambda: sandbox.run_code("1"), lambda: sandbox.run_command("true")):
+        for call in (lambda: sandbox.run_code("1"), lambda: sandbox.commands.run("true")):
             with pytest.raises(SandboxStateError, match=r"paused: resume it first") as info:
                 call()
             assert "502" in str(info.value)
@@ -103,9 +103,9 @@ def test_the_readmes_iter_logs_example_shows_output_while_the_server_runs(
     sandbox: Sandbox,
 ) -> None:
     readme = (Path(__file__).parent.parent / "README.rst").read_text()
-    example = re.search(r'start_command\("(python [^"]*http\.server) 8000"\)', readme)
+    example = re.search(r'commands\.start\("(python [^"]*http\.server) 8000"\)', readme)
     assert example is not None and " -u " in example.group(1)
-    server = sandbox.start_command(f"{example.group(1)} --bind 127.0.0.1 0")
+    server = sandbox.commands.start(f"{example.group(1)} --bind 127.0.0.1 0")
     stop = threading.Timer(30, server.kill)  # without -u, the logs stay empty: do not hang
     stop.start()
     try:
@@ -116,8 +116,8 @@ def test_the_readmes_iter_logs_example_shows_output_while_the_server_runs(
     assert "Serving HTTP" in first
 
 
-def test_the_readme_lists_command_failed_and_says_interrupt_code_takes_a_context() -> None:
+def test_the_readme_lists_command_failed_and_says_contexts_interrupt_takes_a_context() -> None:
     readme = " ".join((Path(__file__).parent.parent / "README.rst").read_text().split())
     assert "- ``CommandFailed``: ``CommandResult.check()``" in readme
-    assert "``interrupt_code(context_id)`` interrupts the run going on in a code context" in readme
+    assert "``interrupt(ctx)``: it interrupts the run going on in a code context" in readme
     assert "125 osb-sync itself failed" in readme

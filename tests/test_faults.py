@@ -168,8 +168,7 @@ class Matrix:
     def totals(self) -> dict[str, int]:
         values = list(self.cells.values())
         na = sum(v == "n/a" for v in values)
-        absent = sum(v == "absent" for v in values)
-        ran = len(values) - na - absent
+        ran = len(values) - na
         return {
             "cells": len(values),
             "ran": ran,
@@ -178,7 +177,6 @@ class Matrix:
             "ok": sum(v == "ok" for v in values),
             "raised": ran - len(self.failed) - sum(v == "ok" for v in values),
             "n/a": na,
-            "absent": absent,
         }
 
     def summary(self) -> str:
@@ -186,7 +184,7 @@ class Matrix:
         return (
             f"fault matrix: {t['cells']} cells, {t['passed']} passed ({t['ok']} ok, "
             f"{t['raised']} typed errors), {t['failed']} failed, {t['n/a']} n/a, "
-            f"{t['absent']} absent, {time.monotonic() - self.started:.1f} s -> {REPORT}"
+            f"{time.monotonic() - self.started:.1f} s -> {REPORT}"
         )
 
     def markdown(self) -> str:
@@ -198,8 +196,8 @@ class Matrix:
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.",
             "",
             "Each cell is the outcome of the faulted call: `ok` (it returned), the class of the "
-            "`OpenSandboxError` it raised, `n/a` (the fault means nothing for that call), "
-            "`absent` (the call is not in this build) or `FAIL` (an invariant broke). Every "
+            "`OpenSandboxError` it raised, `n/a` (the fault means nothing for that call) or "
+            "`FAIL` (an invariant broke). Every "
             "non-n/a cell also checked: no hang, no sandbox left behind, the next call on the "
             "same client succeeds, no credential in the error or the log.",
             "",
@@ -363,7 +361,7 @@ def healthy_call(op: Op, client: Client, sandbox: Sandbox | None) -> None:
     elif op.name == "run_code":
         assert sandbox is not None and sandbox.run_code("print('ok')").stdout == "ok\n"
     elif op.name == "run_command":
-        assert sandbox is not None and sandbox.run_command("echo ok").stdout == "ok\n"
+        assert sandbox is not None and sandbox.commands.run("echo ok").stdout == "ok\n"
     else:
         assert sandbox is not None and sandbox.files.read_bytes("/data.bin") == FILE_BYTES
 
@@ -384,16 +382,6 @@ def check_value(op: Op, fault: str, value: Any) -> None:
         assert value.error is not None and value.error.value.endswith("session is busy")
     elif fault not in ("missing_id", "wrong_types"):
         assert value.stdout.startswith("ok\n")
-
-
-def is_present(op: Op, client: Client) -> bool:
-    """Whether this build has the operation (run_command and files join when they land)."""
-    probe = Sandbox.from_execd("http://127.0.0.1:9")
-    if op.name == "run_command":
-        return hasattr(probe, "run_command")
-    if op.name == "read_bytes":
-        return hasattr(getattr(probe, "files", None), "read_bytes")
-    return True
 
 
 class Cell:
@@ -492,9 +480,6 @@ def test_fault_cell(
     if reason is not None:
         MATRIX.record(op_name, fault, "n/a", reason)
         pytest.skip(f"n/a: {reason}")
-    if not is_present(op, client):
-        MATRIX.record(op_name, fault, "absent")
-        pytest.skip(f"{op_name} is not in this build yet")
     caplog.set_level(logging.DEBUG, logger="osb_sync")
     try:
         Cell(world, client, op, fault, caplog).run()
@@ -559,8 +544,6 @@ def test_a_run_ends_on_time_when_the_interrupt_stalls_too(
     read timeout for the interrupt, plus scheduling slack.
     """
     op = OPS[op_name]
-    if not is_present(op, client):
-        pytest.skip(f"{op_name} is not in this build yet")
     client_deadline = (timeout or READ_TIMEOUT) + (2.0 if op_name == "run_command" else 0.0)
     bound = client_deadline + READ_TIMEOUT + 1.0
     with client.create_sandbox(**CREATE) as sandbox:
@@ -569,7 +552,7 @@ def test_a_run_ends_on_time_when_the_interrupt_stalls_too(
         if op_name == "run_code":
             call = lambda: sandbox.run_code("1", timeout=timeout)  # noqa: E731
         else:
-            call = lambda: sandbox.run_command("sleep 9", timeout=timeout)  # noqa: E731
+            call = lambda: sandbox.commands.run("sleep 9", timeout=timeout)  # noqa: E731
         outcome = bounded(world, call, bound)
         world.heal()
     assert not outcome.hung, (

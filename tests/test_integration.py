@@ -183,10 +183,10 @@ def test_api_key_is_required_when_configured() -> None:
 
 def test_paused_sandbox_refuses_to_run(client: Client) -> None:
     with client.create_sandbox() as sandbox:
-        client._lifecycle.request("POST", f"/sandboxes/{sandbox.id}/pause").close()
+        sandbox.pause()
         with pytest.raises(osb_sync.OpenSandboxError):
             sandbox.run_code("print(1)")
-        client._lifecycle.request("POST", f"/sandboxes/{sandbox.id}/resume").close()
+        sandbox.resume()
         assert sandbox.run_code("print(1)").stdout == "1\n"
 
 

@@ -202,7 +202,7 @@ def test_a_finished_command_is_neither_interrupted_nor_waited_for(
 ) -> None:
     sandbox = bare_handle(server)
     started = time.monotonic()
-    result = sandbox.run_command("echo hi")
+    result = sandbox.commands.run("echo hi")
     assert time.monotonic() - started < GRACE  # the stream ends at its terminal event
     assert (result.exit_code, result.stdout) == (0, "hi\n")
     assert execd.interrupts("/command") == []
@@ -212,7 +212,7 @@ def test_a_command_stopped_before_its_terminal_event_is_interrupted(
     server: FakeServer, execd: Execd
 ) -> None:
     sandbox = bare_handle(server)
-    with sandbox.stream_command("sleep 30") as stream:
+    with sandbox.commands.stream("sleep 30") as stream:
         assert [next(stream).type, next(stream).type] == ["init", "stdout"]
     assert execd.interrupts("/command") == [[COMMAND_ID]]
 
@@ -221,7 +221,7 @@ def test_starting_a_background_command_never_interrupts_it(
     server: FakeServer, execd: Execd
 ) -> None:
     sandbox = bare_handle(server)
-    assert sandbox.start_command("sleep 30").id == COMMAND_ID
+    assert sandbox.commands.start("sleep 30").id == COMMAND_ID
     assert execd.interrupts("/command") == []
 
 

@@ -85,7 +85,7 @@ def test_reset_reuse_cleans_the_same_sandbox(client: Client) -> None:
         with pool.sandbox() as first:
             first.files.write("left/over.txt", "x")
             first.run_code("leftover = 1")
-            sleeper = first.start_command("sleep 60")
+            sleeper = first.commands.start("sleep 60")
         with pool.sandbox() as second:
             assert second.id == first.id
             assert not sleeper.wait(timeout=20).running  # the reset stopped it

@@ -48,7 +48,7 @@ def sandbox(client: Client) -> Iterator[Sandbox]:
 
 def test_command_output_is_rebuilt_line_by_line(sandbox: Sandbox) -> None:
     started = time.monotonic()
-    result = sandbox.run_command("printf 'a\\n\\nb\\n'; echo oops >&2")
+    result = sandbox.commands.run("printf 'a\\n\\nb\\n'; echo oops >&2")
     assert (result.stdout, result.stderr, result.exit_code) == ("a\n\nb\n", "oops\n", 0)
     assert result.id and result.error is None and not result.timed_out
     # The stream ends at the terminal event, not when execd closes it a second later.
@@ -57,7 +57,7 @@ def test_command_output_is_rebuilt_line_by_line(sandbox: Sandbox) -> None:
 
 
 def test_non_zero_exit_is_data_and_check_raises(sandbox: Sandbox) -> None:
-    result = sandbox.run_command("echo bad >&2; exit 7")
+    result = sandbox.commands.run("echo bad >&2; exit 7")
     assert result.exit_code == 7 and result.error is not None
     with pytest.raises(CommandFailed, match="exited with 7: bad") as info:
         result.check()
@@ -67,7 +67,7 @@ def test_non_zero_exit_is_data_and_check_raises(sandbox: Sandbox) -> None:
 def test_command_cwd_env_and_live_lines(sandbox: Sandbox) -> None:
     sandbox.files.mkdir("work")
     lines: list[str] = []
-    result = sandbox.run_command(
+    result = sandbox.commands.run(
         "pwd; echo $GREETING; echo err >&2",
         cwd="work",
         env={"GREETING": "hi"},
@@ -80,7 +80,7 @@ def test_command_cwd_env_and_live_lines(sandbox: Sandbox) -> None:
 
 def test_command_timeout_is_a_result(sandbox: Sandbox) -> None:
     started = time.monotonic()
-    result = sandbox.run_command("sleep 30", timeout=0.5)
+    result = sandbox.commands.run("sleep 30", timeout=0.5)
     assert result.timed_out and result.exit_code == -1
     assert time.monotonic() - started < 5
     with pytest.raises(CommandFailed, match="timed out"):
@@ -88,18 +88,18 @@ def test_command_timeout_is_a_result(sandbox: Sandbox) -> None:
 
 
 def test_stream_command_and_early_exit_interrupts(sandbox: Sandbox) -> None:
-    with sandbox.stream_command("echo start; sleep 30") as stream:
+    with sandbox.commands.stream("echo start; sleep 30") as stream:
         for event in stream:
             if event.type == "stdout":
                 break
         command_id = stream.execution_id
     assert command_id is not None
-    status = osb_sync.BackgroundCommand(sandbox._execd, command_id).wait(timeout=10)
+    status = sandbox.commands.get(command_id).wait(timeout=10)
     assert not status.running
 
 
 def test_background_command_logs_status_wait(sandbox: Sandbox) -> None:
-    command = sandbox.start_command("for i in 1 2 3; do echo line$i; sleep 0.1; done")
+    command = sandbox.commands.start("for i in 1 2 3; do echo line$i; sleep 0.1; done")
     assert "".join(command.iter_logs(poll_interval=0.05)) == "line1\nline2\nline3\n"
     status = command.wait(timeout=5)
     assert (status.running, status.exit_code) == (False, 0)
@@ -109,16 +109,16 @@ def test_background_command_logs_status_wait(sandbox: Sandbox) -> None:
 
 
 def test_background_command_kill(sandbox: Sandbox) -> None:
-    command = sandbox.start_command("sleep 30")
+    command = sandbox.commands.start("sleep 30")
     assert command.status().running
     command.kill()
     assert not command.wait(timeout=10).running
     with pytest.raises(osb_sync.SandboxTimeoutError):
-        sandbox.start_command("sleep 30").wait(timeout=0.3)
+        sandbox.commands.start("sleep 30").wait(timeout=0.3)
 
 
 def test_bash_session_keeps_state_and_is_deleted(sandbox: Sandbox) -> None:
-    with sandbox.session() as session:
+    with sandbox.commands.session() as session:
         assert session.run("cd /tmp && export X=42").exit_code == 0
         result = session.run("pwd; echo $X; echo e >&2")
         assert result.stdout == "/tmp\n42\ne\n"
@@ -130,27 +130,27 @@ def test_bash_session_keeps_state_and_is_deleted(sandbox: Sandbox) -> None:
 
 
 def test_named_contexts(sandbox: Sandbox) -> None:
-    ctx = sandbox.create_context("python")
+    ctx = sandbox.contexts.create("python")
     sandbox.run_code("y = 21", context=ctx)
     assert sandbox.run_code("y * 2", context=ctx).results == [{"text": "42"}]
     assert sandbox.run_code("y * 2", context=ctx.id, language="python").execution_id == ctx.id
-    assert ctx in sandbox.list_contexts("python")
-    assert sandbox.get_context(ctx.id) == ctx
-    sandbox.delete_context(ctx)
+    assert ctx in sandbox.contexts.list("python")
+    assert sandbox.contexts.get(ctx.id) == ctx
+    sandbox.contexts.delete(ctx)
     with pytest.raises(NotFoundError):
-        sandbox.get_context(ctx.id)
-    sandbox.create_context("python")
-    sandbox.delete_contexts("python")
-    assert sandbox.list_contexts("python") == []
+        sandbox.contexts.get(ctx.id)
+    sandbox.contexts.create("python")
+    sandbox.contexts.delete_all("python")
+    assert sandbox.contexts.list("python") == []
 
 
 def test_interrupt_code_by_context_id(sandbox: Sandbox) -> None:
-    ctx = sandbox.create_context("python")
+    ctx = sandbox.contexts.create("python")
     with sandbox.stream_code(
         "import time\nprint('go', flush=True)\ntime.sleep(30)", context=ctx
     ) as s:
         next(e for e in s if e.type == "stdout")
-        sandbox.interrupt_code(ctx.id)
+        sandbox.contexts.interrupt(ctx.id)
         result = s.result()
     assert result.error is not None and "KeyboardInterrupt" in result.error.name
 
@@ -226,10 +226,24 @@ def test_metrics_and_ping(client: Client, sandbox: Sandbox) -> None:
     assert stranger.ping() is False  # no execd token
 
 
+def test_a_bare_execd_handle_runs_everything_but_the_lifecycle(sandbox: Sandbox) -> None:
+    with Sandbox.from_execd(sandbox.execd_url, headers=sandbox.execd_headers) as bare:
+        assert bare.id == sandbox.execd_url and bare != sandbox
+        assert bare.run_code("6 * 7").results == [{"text": "42"}]
+        assert bare.commands.run("echo hi").stdout == "hi\n"
+        bare.files.write("bare.txt", "seen")
+        assert sandbox.files.read_text("bare.txt") == "seen"
+        context = bare.contexts.create()
+        assert context.id in {c.id for c in sandbox.contexts.list("python")}
+        with pytest.raises(ConfigurationError, match="no lifecycle API"):
+            bare.info()
+    assert sandbox.ping()  # leaving the bare handle's block deleted nothing
+
+
 def test_reach_a_web_app_in_the_sandbox(sandbox: Sandbox) -> None:
     sandbox.files.write("www/index.html", "hello from the sandbox")
     port = 18000 + int(time.time() * 1000) % 2000
-    server = sandbox.start_command(f"python3 -m http.server {port} --bind 127.0.0.1", cwd="www")
+    server = sandbox.commands.start(f"python3 -m http.server {port} --bind 127.0.0.1", cwd="www")
     endpoint = sandbox.get_endpoint(port)
     assert endpoint.url.startswith("http://") and endpoint.headers
     deadline = time.monotonic() + 10

@@ -55,7 +55,7 @@ def test_run_command_body_and_headers(rsps: responses.RequestsMock, sandbox: San
         ),
         content_type="text/event-stream",
     )
-    result = sandbox.run_command("x", cwd="/w", env={"A": "1"}, timeout=1.5)
+    result = sandbox.commands.run("x", cwd="/w", env={"A": "1"}, timeout=1.5)
     assert last_json(rsps) == {"command": "x", "cwd": "/w", "envs": {"A": "1"}, "timeout": 1500}
     request = rsps.calls[-1].request
     assert request.headers["X-EXECD-ACCESS-TOKEN"] == TOKEN
@@ -66,7 +66,7 @@ def test_run_command_body_and_headers(rsps: responses.RequestsMock, sandbox: San
 @pytest.mark.parametrize("bad", ["", "   ", None])
 def test_empty_command_is_refused(sandbox: Sandbox, bad: object) -> None:
     with pytest.raises(ConfigurationError):
-        sandbox.run_command(bad)  # type: ignore[arg-type]
+        sandbox.commands.run(bad)  # type: ignore[arg-type]
 
 
 def test_start_command_is_background(rsps: responses.RequestsMock, sandbox: Sandbox) -> None:
@@ -78,7 +78,7 @@ def test_start_command_is_background(rsps: responses.RequestsMock, sandbox: Sand
     rsps.get(
         f"{EXECD}/command/bg-1/logs", body=b"tail", headers={"EXECD-COMMANDS-TAIL-CURSOR": "12"}
     )
-    command = sandbox.start_command("serve", cwd="/srv")
+    command = sandbox.commands.start("serve", cwd="/srv")
     assert last_json(rsps) == {"command": "serve", "cwd": "/srv", "background": True}
     assert command.logs(8) == ("tail", 12)
     assert parse_qs(urlsplit(rsps.calls[-1].request.url).query) == {"cursor": ["8"]}
@@ -87,8 +87,8 @@ def test_start_command_is_background(rsps: responses.RequestsMock, sandbox: Sand
 def test_interrupts_use_the_ids(rsps: responses.RequestsMock, sandbox: Sandbox) -> None:
     rsps.delete(f"{EXECD}/code")
     rsps.delete(f"{EXECD}/command")
-    sandbox.interrupt_code("ctx-1")
-    sandbox.interrupt_command("cmd-2")
+    sandbox.contexts.interrupt("ctx-1")
+    sandbox.commands.interrupt("cmd-2")
     queries = [parse_qs(urlsplit(c.request.url).query) for c in rsps.calls]
     assert queries == [{"id": ["ctx-1"]}, {"id": ["cmd-2"]}]
 

@@ -98,7 +98,7 @@ class OpenSandboxBackend(BaseSandbox):  # type: ignore[misc]
         limit = self.execute_timeout if timeout is None else timeout
         output: list[str] = []
         try:
-            result = self.sandbox.run_command(
+            result = self.sandbox.commands.run(
                 command,
                 timeout=limit or None,
                 on_stdout=output.append,

@@ -58,7 +58,7 @@ def test_sandbox_and_client_fixtures(pytester: pytest.Pytester) -> None:
 
         def test_client_creates_and_deletes(opensandbox_client):
             with opensandbox_client.create_sandbox() as sandbox:
-                assert sandbox.run_command("echo hi").stdout == "hi\\n"
+                assert sandbox.commands.run("echo hi").stdout == "hi\\n"
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
@@ -78,7 +78,7 @@ def test_create_kwargs_can_be_overridden(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
         def test_env(opensandbox_sandbox):
-            assert opensandbox_sandbox.run_command("echo $GREETING").stdout == "hello\\n"
+            assert opensandbox_sandbox.commands.run("echo $GREETING").stdout == "hello\\n"
             assert opensandbox_sandbox.info().metadata["team"] == "qa"
         """
     )
