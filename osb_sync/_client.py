@@ -10,7 +10,7 @@ import threading
 from collections import OrderedDict
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import requests
@@ -28,9 +28,14 @@ from ._constants import (
     DEFAULT_LANGUAGE,
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
-    _NoTimeout,
 )
-from ._create_options import build_create_body
+from ._create_options import (
+    CreateOptions,
+    build_create_body,
+    check_options,
+    option,
+    with_option_signature,
+)
 from ._errors import ApiError, ConfigurationError, TransportError
 from ._execd import Execd
 from ._execution import ExecutionStream
@@ -41,6 +46,8 @@ from ._transport import Transport
 
 if TYPE_CHECKING:
     from types import TracebackType
+
+    from typing_extensions import Unpack
 
 logger = logging.getLogger("osb_sync")
 
@@ -127,29 +134,8 @@ class Client:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def create_sandbox(
-        self,
-        *,
-        template: str | None = None,
-        timeout: int | _NoTimeout | None = None,
-        allow_internet_access: bool | None = None,
-        metadata: Mapping[str, str] | None = None,
-        env_vars: Mapping[str, str] | None = None,
-        resource_limits: Mapping[str, str] | None = None,
-        resource_requests: Mapping[str, str] | None = None,
-        entrypoint: Sequence[str] | None = None,
-        network_policy: Mapping[str, Any] | None = None,
-        secure_access: bool = False,
-        use_server_proxy: bool = False,
-        ready_timeout: float | None = None,
-        poll_interval: float | None = None,
-        snapshot_id: str | None = None,
-        image_auth: Mapping[str, str] | None = None,
-        platform: Mapping[str, str] | None = None,
-        volumes: Sequence[Mapping[str, Any]] | None = None,
-        extensions: Mapping[str, str] | None = None,
-        health_check: bool = True,
-    ) -> Sandbox:
+    @with_option_signature
+    def create_sandbox(self, **options: Unpack[CreateOptions]) -> Sandbox:
         """Create a sandbox, wait until it runs and resolve its execd endpoint.
 
         Creation is atomic from the caller's side: any failure after the server assigned an
@@ -189,30 +175,21 @@ class Client:
             SandboxTimeoutError: not Running, or no endpoint, within ``ready_timeout``.
             TransportError: the server could not be reached.
         """
-        ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
-        body = build_create_body(
-            template=template,
-            timeout=timeout,
-            allow_internet_access=allow_internet_access,
-            metadata={**(metadata or {}), CREATE_ID_KEY: secrets.token_hex(8)},
-            env_vars=env_vars,
-            resource_limits=resource_limits,
-            resource_requests=resource_requests,
-            entrypoint=entrypoint,
-            network_policy=network_policy,
-            secure_access=secure_access,
-            snapshot_id=snapshot_id,
-            image_auth=image_auth,
-            platform=platform,
-            volumes=volumes,
-            extensions=extensions,
+        check_options(options)
+        ready_timeout, poll_interval = wait_settings(
+            option(options, "ready_timeout"), option(options, "poll_interval")
         )
+        body = build_create_body(options, {CREATE_ID_KEY: secrets.token_hex(8)})
         data = self._lifecycle.create(body)
         sandbox_id = str(data["id"])
         try:
             self._lifecycle.wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
             sandbox = self._reach(
-                sandbox_id, use_server_proxy, ready_timeout, poll_interval, health_check
+                sandbox_id,
+                option(options, "use_server_proxy"),
+                ready_timeout,
+                poll_interval,
+                option(options, "health_check"),
             )
         except BaseException:
             self._lifecycle.delete_quietly(sandbox_id)
@@ -461,7 +438,7 @@ class Client:
         run_timeout: float | None = None,
         max_output_bytes: int = MAX_OUTPUT_BYTES,
         on_event: Callable[[Event], object] | None = None,
-        **create_kwargs: Any,
+        **create_kwargs: Unpack[CreateOptions],
     ) -> ExecutionResult:
         """Create a sandbox, run code in it, and delete it, whatever happened.
 
@@ -473,6 +450,7 @@ class Client:
             ConfigurationError: empty code, an unknown language, a bad argument.
             The errors of :meth:`create_sandbox` and :meth:`run_code`.
         """
+        check_options(create_kwargs, "code_interpreter_tool")
         check_run_arguments(code, language, max_output_bytes, run_timeout)
         sandbox = self.create_sandbox(**create_kwargs)
         try:

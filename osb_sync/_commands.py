@@ -131,13 +131,12 @@ class Commands:
         return BackgroundCommand(self._execd, command_id)
 
     def interrupt(self, command_id: str) -> None:
-        """Stop a command (SIGTERM to its process group, then SIGKILL).
+        """Stop a command by id: ``commands.get(command_id).kill()``.
 
         Raises:
-            ApiError: execd refused the call.
-            TransportError: execd could not be reached.
+            The errors of :meth:`BackgroundCommand.kill`.
         """
-        self._execd.interrupt("/command", command_id)
+        self.get(command_id).kill()
 
     def session(self, cwd: str | None = None) -> BashSession:
         """A persistent bash session (use it in ``with``: it is deleted on exit).

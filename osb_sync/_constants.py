@@ -8,6 +8,8 @@ from typing import Mapping
 VERSION = "0.1.0"
 
 MAX_OUTPUT_BYTES = 10 * 1024 * 1024
+# Bytes read from (or, for uploads, sent to) a socket at a time.
+CHUNK_SIZE = 64 * 1024
 DEFAULT_TEMPLATE = "opensandbox/code-interpreter:v1.1.0"
 DEFAULT_ENTRYPOINT = ("/opt/code-interpreter/code-interpreter.sh",)
 DEFAULT_TIMEOUT = 300

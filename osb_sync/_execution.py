@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Generic, Iterable, Iterator, Protoco
 import requests
 import urllib3
 
-from ._constants import INTERRUPT_WAIT
+from ._constants import CHUNK_SIZE, INTERRUPT_WAIT
 from ._errors import OpenSandboxError, OutputLimitExceeded, SandboxTimeoutError, StreamError
 from ._models import Event
 from ._stream import ExecutionFolder, capped, iter_events
@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 logger = logging.getLogger("osb_sync")
-
-CHUNK_SIZE = 64 * 1024
 
 R = TypeVar("R", covariant=True)
 

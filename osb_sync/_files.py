@@ -11,7 +11,7 @@ from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TypeAlia
 import requests
 import urllib3
 
-from ._constants import MAX_OUTPUT_BYTES
+from ._constants import CHUNK_SIZE, MAX_OUTPUT_BYTES
 from ._errors import (
     ConfigurationError,
     NotFoundError,
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from ._execd import Execd
 
 Data: TypeAlias = str | bytes | IO[bytes]
-CHUNK_SIZE = 64 * 1024
 
 
 class _Part:
@@ -75,7 +74,6 @@ class MultipartBody:
 
     def __init__(self, parts: list[_Part]):
         self.boundary = "osb-sync-" + secrets.token_hex(16)
-        self._parts = parts
         self._pieces: list[tuple[bytes, _Part | None]] = []
         for part in parts:
             self._pieces.append((self._head("metadata", "metadata", "application/json"), None))

@@ -10,9 +10,9 @@ import time
 import weakref
 from collections import deque
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from ._constants import DEFAULT_TIMEOUT, NO_TIMEOUT
+from ._create_options import CreateOptions, check_options, lifetime_seconds
 from ._errors import ConfigurationError, OpenSandboxError
 from ._pool_care import (
     Order,
@@ -23,9 +23,12 @@ from ._pool_care import (
     reset_for_next_user,
     timeout_error,
 )
+from ._transport import backoff_seconds
 
 if TYPE_CHECKING:
     from types import TracebackType
+
+    from typing_extensions import Unpack
 
     from ._client import Client
     from ._sandbox import Sandbox
@@ -72,7 +75,7 @@ class SandboxPool:
         max_size: int | None = None,
         reuse: str = "never",
         name: str | None = None,
-        **create_kwargs: Any,
+        **create_kwargs: Unpack[CreateOptions],
     ):
         if not isinstance(size, int) or size < 0:
             raise ConfigurationError("size must be an int >= 0")
@@ -84,12 +87,12 @@ class SandboxPool:
         self.name = name or f"pool-{secrets.token_hex(4)}"
         if not _LABEL.match(self.name):
             raise ConfigurationError("name must be label-safe: letters, digits, '-', '_', '.'")
+        check_options(create_kwargs, "SandboxPool")
         self.size, self.max_size, self.reuse = size, max_size, reuse
         self._client = client
-        metadata = {**(create_kwargs.pop("metadata", None) or {}), POOL_KEY: self.name}
-        self._create_kwargs = {**create_kwargs, "metadata": metadata}
-        lifetime = create_kwargs.get("timeout")
-        self._lifetime = None if lifetime is NO_TIMEOUT else float(lifetime or DEFAULT_TIMEOUT)
+        metadata = {**(create_kwargs.get("metadata") or {}), POOL_KEY: self.name}
+        self._create_kwargs: CreateOptions = {**create_kwargs, "metadata": metadata}
+        self._lifetime = lifetime_seconds(create_kwargs)
         self._reset_state()
         self._start_worker()
         close_at_exit_of_this_process(self)
@@ -271,7 +274,7 @@ class SandboxPool:
                 self._creating -= 1
                 self._creators.discard(threading.current_thread())
                 self._failures += 1
-                delay = float(min(MAX_CREATE_BACKOFF, 0.5 * 2 ** min(self._failures, 6)))
+                delay = backoff_seconds(self._failures, cap=MAX_CREATE_BACKOFF)
                 self._retry_at = time.monotonic() + delay
                 order.error, order.done = exc, True
                 abandoned = order.abandoned

@@ -41,7 +41,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 
 from . import _failures as failures
-from ._constants import VERSION
+from ._constants import CHUNK_SIZE, VERSION
 from ._errors import TransportError, redact
 
 logger = logging.getLogger("osb_sync")
@@ -49,7 +49,6 @@ logger = logging.getLogger("osb_sync")
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # Lifecycle and execd answers are small JSON; an endless or huge one is a broken peer.
 MAX_BODY_BYTES = 16 * 1024 * 1024
-BODY_CHUNK_SIZE = 64 * 1024
 BACKOFF_BASE = 0.5
 BACKOFF_MAX = 8.0
 RETRY_AFTER_MAX = 30.0
@@ -91,9 +90,9 @@ def response_json(response: requests.Response) -> Any:
         return None
 
 
-def backoff_seconds(attempt: int) -> float:
-    """Exponential backoff for retry number ``attempt`` (0-based), capped."""
-    return float(min(BACKOFF_MAX, BACKOFF_BASE * 2.0 ** min(attempt, 16)))
+def backoff_seconds(attempt: int, cap: float = BACKOFF_MAX) -> float:
+    """Exponential backoff for retry number ``attempt`` (0-based), at most ``cap`` seconds."""
+    return float(min(cap, BACKOFF_BASE * 2.0 ** min(attempt, 16)))
 
 
 class Transport:
@@ -314,7 +313,7 @@ def _read_capped_body(response: requests.Response) -> None:
         return
     pieces: list[bytes] = []
     total = 0
-    for chunk in raw.stream(BODY_CHUNK_SIZE, decode_content=True):
+    for chunk in raw.stream(CHUNK_SIZE, decode_content=True):
         total += len(chunk)
         if total > MAX_BODY_BYTES:
             response.close()

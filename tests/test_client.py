@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +24,6 @@ from osb_sync import (
     SandboxTimeoutError,
     TransportError,
 )
-from osb_sync._create_options import build_create_body
 from tests.helpers import (
     API,
     ENDPOINT,
@@ -36,6 +36,7 @@ from tests.helpers import (
     add_ping,
     add_run,
     body_of,
+    created_body,
     sandbox_body,
 )
 
@@ -162,7 +163,7 @@ def test_reprs_show_no_secrets(client: Client) -> None:
 
 
 def test_default_create_body() -> None:
-    body = build_create_body()
+    body = created_body()
     assert body == {
         "image": {"uri": "opensandbox/code-interpreter:v1.1.0"},
         "entrypoint": ["/opt/code-interpreter/code-interpreter.sh"],
@@ -172,11 +173,21 @@ def test_default_create_body() -> None:
     }
 
 
-def test_resource_limits_are_a_fresh_copy_each_time() -> None:
-    first = build_create_body()
-    first["resourceLimits"]["cpu"] = "64"
-    assert build_create_body()["resourceLimits"] == {"cpu": "1", "memory": "2Gi"}
-    assert dict(osb_sync.DEFAULT_RESOURCE_LIMITS) == {"cpu": "1", "memory": "2Gi"}
+def test_the_default_resource_limits_are_read_only() -> None:
+    with pytest.raises(TypeError):
+        osb_sync.DEFAULT_RESOURCE_LIMITS["cpu"] = "64"  # type: ignore[index]
+    assert created_body()["resourceLimits"] == {"cpu": "1", "memory": "2Gi"}
+
+
+def test_create_options_are_one_signature() -> None:
+    signature = inspect.signature(Client.create_sandbox)
+    keywords = [p for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY]
+    assert len(keywords) == 19 and signature.parameters["health_check"].default is True
+    assert signature.parameters["template"].default is None
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tempalte'"):
+        Client(API).create_sandbox(tempalte="x")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="SandboxPool\\(\\) got an unexpected keyword"):
+        osb_sync.SandboxPool(Client(API), size=0, tempalte="x")  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(
@@ -190,7 +201,7 @@ def test_resource_limits_are_a_fresh_copy_each_time() -> None:
     ],
 )
 def test_network_policy_is_deny_all_unless_asked(kwargs: dict[str, Any], policy: Any) -> None:
-    assert build_create_body(**kwargs).get("networkPolicy") == policy
+    assert created_body(**kwargs).get("networkPolicy") == policy
 
 
 def test_full_create_request(client: Client, rsps: responses.RequestsMock) -> None:
@@ -938,3 +949,32 @@ def test_a_sandbox_description_that_is_not_an_object_is_an_api_error(
     with pytest.raises(ApiError, match="not a JSON object") as info:
         client.get_sandbox(SID)
     assert not isinstance(info.value, ConfigurationError)
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "body", "content_type", "call"),
+    [
+        ("GET", f"{API}/sandboxes/{SID}", b"[]", "application/json",
+         lambda c: c.get_sandbox(SID)),
+        ("POST", f"{API}/sandboxes", b"{}", "application/json",
+         lambda c: c.create_sandbox()),
+        ("POST", "http://execd.test:9000/proxy/44772/code", b"<html></html>", "text/html",
+         lambda c: c.run_code(SID, "1")),
+    ],
+)  # fmt: skip
+def test_unusable_answers_are_invalid_response_with_their_request_id(
+    client: Client,
+    rsps: responses.RequestsMock,
+    method: str,
+    url: str,
+    body: bytes,
+    content_type: str,
+    call: Any,
+) -> None:
+    add_endpoint(rsps)
+    rsps.get(f"{API}/sandboxes", json={"items": []})
+    rsps.add(method, url, body=body, content_type=content_type, headers={"X-Request-ID": "r-7"})
+    with pytest.raises(ApiError) as info:
+        call(client)
+    assert info.value.code == "INVALID_RESPONSE" and info.value.request_id == "r-7"
+    assert str(info.value).startswith(f"{method} /") and "(request id r-7)" in str(info.value)

@@ -13,8 +13,7 @@ import responses
 
 import osb_sync
 from osb_sync import ConfigurationError, Sandbox
-from osb_sync._create_options import build_create_body
-from tests.helpers import API, ENDPOINT, SID, TOKEN, add_endpoint, stream_body
+from tests.helpers import API, ENDPOINT, SID, TOKEN, add_endpoint, created_body, stream_body
 
 EXECD = "http://execd.test:9000/proxy/44772"
 
@@ -166,7 +165,7 @@ def test_renew_and_patch_bodies(rsps: responses.RequestsMock, managed: Sandbox) 
 
 
 def test_create_body_extras() -> None:
-    body = build_create_body(
+    body = created_body(
         timeout=osb_sync.NO_TIMEOUT,
         image_auth={"username": "u", "password": "p"},
         platform={"os": "linux", "arch": "arm64"},
@@ -177,11 +176,11 @@ def test_create_body_extras() -> None:
     assert (body["platform"], body["volumes"], body["extensions"]) == (
         {"os": "linux", "arch": "arm64"}, [{"name": "v", "mountPath": "/m"}], {"k": "v"}
     )  # fmt: skip
-    snapshot = build_create_body(snapshot_id="snap-1", allow_internet_access=True)
+    snapshot = created_body(snapshot_id="snap-1", allow_internet_access=True)
     assert "image" not in snapshot and "entrypoint" not in snapshot
     assert snapshot["snapshotId"] == "snap-1"
     with pytest.raises(ConfigurationError):
-        build_create_body(snapshot_id="s", template="img")
+        created_body(snapshot_id="s", template="img")
 
 
 def test_get_endpoint_of_another_port(rsps: responses.RequestsMock, managed: Sandbox) -> None:
