@@ -33,7 +33,7 @@ REQUEST_ID_HEADER = "X-Request-ID"
 CREATE_ID_KEY = "osb-sync/create-id"
 
 
-class _NoTimeout:
+class NoTimeout:
     """Type of NO_TIMEOUT."""
 
     def __repr__(self) -> str:
@@ -41,4 +41,4 @@ class _NoTimeout:
 
 
 # ``create_sandbox(timeout=NO_TIMEOUT)`` sends ``null``: the sandbox never expires.
-NO_TIMEOUT = _NoTimeout()
+NO_TIMEOUT = NoTimeout()

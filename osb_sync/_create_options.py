@@ -18,7 +18,7 @@ from ._constants import (
     DEFAULT_TEMPLATE,
     DEFAULT_TIMEOUT,
     NO_TIMEOUT,
-    _NoTimeout,
+    NoTimeout,
 )
 from ._errors import ConfigurationError
 
@@ -29,7 +29,7 @@ class CreateOptions(TypedDict, total=False):
     """The keywords of ``Client.create_sandbox`` (documented there)."""
 
     template: str | None
-    timeout: int | _NoTimeout | None
+    timeout: int | NoTimeout | None
     allow_internet_access: bool | None
     metadata: Mapping[str, str] | None
     env_vars: Mapping[str, str] | None

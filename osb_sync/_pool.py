@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
-import secrets
 import threading
 import time
 import weakref
@@ -18,6 +16,7 @@ from ._pool_care import (
     Order,
     after_fork_in_child,
     answers_ping,
+    checked_pool_arguments,
     close_at_exit_of_this_process,
     hopeless,
     reset_for_next_user,
@@ -36,12 +35,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("osb_sync")
 
 POOL_KEY = "osb_sync.pool"
-REUSE_MODES = ("never", "reset")
 MAINTENANCE_INTERVAL = 1.0
 MAX_CREATE_BACKOFF = 30.0
 PING_FLOOR = 1.0
 CLOSE_WAIT = 10.0
-_LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
 class SandboxPool:
@@ -77,16 +74,7 @@ class SandboxPool:
         name: str | None = None,
         **create_kwargs: Unpack[CreateOptions],
     ):
-        if not isinstance(size, int) or size < 0:
-            raise ConfigurationError("size must be an int >= 0")
-        max_size = max(size, 1) if max_size is None else max_size
-        if not isinstance(max_size, int) or max_size < max(size, 1):
-            raise ConfigurationError("max_size must be an int >= size and >= 1")
-        if reuse not in REUSE_MODES:
-            raise ConfigurationError(f"reuse must be one of {REUSE_MODES}")
-        self.name = name or f"pool-{secrets.token_hex(4)}"
-        if not _LABEL.match(self.name):
-            raise ConfigurationError("name must be label-safe: letters, digits, '-', '_', '.'")
+        max_size, self.name = checked_pool_arguments(size, max_size, reuse, name)
         check_options(create_kwargs, "SandboxPool")
         self.size, self.max_size, self.reuse = size, max_size, reuse
         self._client = client
@@ -246,7 +234,11 @@ class SandboxPool:
                         continue
                     if deadline is not None and now >= deadline:
                         raise timeout_error(
-                            self, timeout, running=self._creating > 0, last_error=last_error
+                            self,
+                            timeout,
+                            running=self._creating > 0,
+                            last_error=last_error,
+                            api_base=self._client.api_base,
                         ) from last_error
                     wake = [t for t in (deadline, self._retry_at) if t is not None and t > now]
                     self._cond.wait(min(wake) - now if wake else None)

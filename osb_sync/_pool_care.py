@@ -5,6 +5,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
+import secrets
 import weakref
 from typing import TYPE_CHECKING, Protocol
 
@@ -15,6 +17,31 @@ if TYPE_CHECKING:
     from ._sandbox import Sandbox
 
 logger = logging.getLogger("osb_sync")
+
+
+REUSE_MODES = ("never", "reset")
+_LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def checked_pool_arguments(
+    size: object, max_size: object, reuse: object, name: str | None
+) -> tuple[int, str]:
+    """SandboxPool's ``max_size`` (defaulted) and ``name`` (random when None), once checked.
+
+    Raises:
+        ConfigurationError: naming the first bad argument.
+    """
+    if not isinstance(size, int) or size < 0:
+        raise ConfigurationError("size must be an int >= 0")
+    max_size = max(size, 1) if max_size is None else max_size
+    if not isinstance(max_size, int) or max_size < max(size, 1):
+        raise ConfigurationError("max_size must be an int >= size and >= 1")
+    if reuse not in REUSE_MODES:
+        raise ConfigurationError(f"reuse must be one of {REUSE_MODES}")
+    name = name or f"pool-{secrets.token_hex(4)}"
+    if not _LABEL.match(name):
+        raise ConfigurationError("name must be label-safe: letters, digits, '-', '_', '.'")
+    return max_size, name
 
 
 class Order:
@@ -35,7 +62,12 @@ def hopeless(error: BaseException) -> bool:
 
 
 def timeout_error(
-    pool: SandboxPool, timeout: float | None, *, running: bool, last_error: BaseException | None
+    pool: SandboxPool,
+    timeout: float | None,
+    *,
+    running: bool,
+    last_error: BaseException | None,
+    api_base: str,
 ) -> SandboxTimeoutError:
     """Why acquire() found no sandbox in time, and what to do about it."""
     reasons, advice = [], []
@@ -44,7 +76,7 @@ def timeout_error(
         advice.append("pass a longer timeout or keep sandboxes warm with size")
     if last_error is not None:
         reasons.append(f"a create failed: {last_error}")
-        advice.append(f"check that the server at {pool._client.api_base} is reachable")
+        advice.append(f"check that the server at {api_base} is reachable")
     if not reasons:
         reasons.append(f"all {pool.max_size} sandboxes (max_size) are in use")
         advice.append("raise max_size or pass a longer timeout")
