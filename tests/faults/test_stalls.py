@@ -23,7 +23,7 @@ from osb_sync._orphans import searches_pending
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVE = (
     "import sys\n"
     "from osb_sync.local import LocalServer\n"

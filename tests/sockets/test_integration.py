@@ -210,7 +210,7 @@ def test_execd_token_is_required(client: Client) -> None:
 def test_readme_example_runs(local: LocalServer) -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.rst").read_text()
+    readme = (Path(__file__).parents[2] / "README.rst").read_text()
     lines = readme.split(".. code-block:: python\n", 1)[1].splitlines()
     body = []
     for line in lines[1:]:

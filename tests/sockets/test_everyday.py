@@ -102,7 +102,7 @@ def test_read_text_of_binary_data_names_the_path(sandbox: Sandbox) -> None:
 def test_the_readmes_iter_logs_example_shows_output_while_the_server_runs(
     sandbox: Sandbox,
 ) -> None:
-    readme = (Path(__file__).parent.parent / "README.rst").read_text()
+    readme = (Path(__file__).parents[2] / "README.rst").read_text()
     example = re.search(r'commands\.start\("(python [^"]*http\.server) 8000"\)', readme)
     assert example is not None and " -u " in example.group(1)
     server = sandbox.commands.start(f"{example.group(1)} --bind 127.0.0.1 0")
@@ -117,7 +117,7 @@ def test_the_readmes_iter_logs_example_shows_output_while_the_server_runs(
 
 
 def test_the_readme_lists_command_failed_and_says_contexts_interrupt_takes_a_context() -> None:
-    readme = " ".join((Path(__file__).parent.parent / "README.rst").read_text().split())
+    readme = " ".join((Path(__file__).parents[2] / "README.rst").read_text().split())
     assert "- ``CommandFailed``: ``CommandResult.check()``" in readme
     assert "``interrupt(ctx)``: it interrupts the run going on in a code context" in readme
     assert "125 osb-sync itself failed" in readme
