@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 
 MAX_OUTPUT_BYTES = 10 * 1024 * 1024
 # Bytes read from (or, for uploads, sent to) a socket at a time.
