@@ -362,7 +362,7 @@ def call_op(op: Op, client: Client, sandbox: Sandbox | None) -> Any:
         return sandbox.run_code("print('ok'); 1 + 1", timeout=RUN_TIMEOUT, max_output_bytes=CAP)
     if op.name == "run_command":
         return with_supported(
-            sandbox.run_command, "echo ok", timeout=COMMAND_TIMEOUT, max_output_bytes=CAP
+            sandbox.commands.run, "echo ok", timeout=COMMAND_TIMEOUT, max_output_bytes=CAP
         )
     return with_supported(sandbox.files.read_bytes, "/data.bin", max_bytes=CAP)
 

@@ -21,7 +21,10 @@ import pytest
 from osb_sync import Client, SandboxPool, SandboxTimeoutError, TransportError
 from osb_sync._orphans import searches_pending
 
-pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+pytestmark = [
+    pytest.mark.slow,  # about 30 s of stopped servers: `pytest -m slow`, and the tox interpreter envs
+    pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP"),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE = (

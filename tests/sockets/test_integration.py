@@ -99,8 +99,11 @@ def test_output_streams_live(client: Client) -> None:
             for event in stream:
                 if event.type == "stdout":
                     arrivals.append((event.text or "", time.monotonic() - started))
-        assert [text for text, _ in arrivals] == ["1\n", "2\n"]
-        assert arrivals[0][1] < 1.0 and arrivals[1][1] >= 1.5
+        # Joined text, not event boundaries (a server may coalesce or split output events).
+        assert "".join(text for text, _ in arrivals) == "1\n2\n"
+        first_at = next(at for text, at in arrivals if "1" in text)
+        second_at = next(at for text, at in arrivals if "2" in text)
+        assert second_at - first_at >= 1.5  # "1" came live, before the 2 s sleep ended
 
 
 def test_leaving_a_stream_interrupts_the_run(client: Client) -> None:
