@@ -22,7 +22,7 @@ from osb_sync import Client, SandboxPool, SandboxTimeoutError, TransportError
 from osb_sync._orphans import searches_pending
 
 pytestmark = [
-    pytest.mark.slow,  # about 30 s of stopped servers: `pytest -m slow`, and the tox interpreter envs
+    pytest.mark.slow,  # about 30 s of stopped servers: `pytest -m slow`, and the tox py envs
     pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP"),
 ]
 
