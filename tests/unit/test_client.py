@@ -883,10 +883,8 @@ def test_get_sandbox_parses_the_description(client: Client, rsps: responses.Requ
         (None, None),
     ],
 )
-def test_parse_time(text: Any, expected: str | None) -> None:
-    from osb_sync._models import parse_time
-
-    parsed = parse_time(text)
+def test_sandbox_times_are_parsed(text: Any, expected: str | None) -> None:
+    parsed = osb_sync.SandboxInfo.from_dict({"id": SID, "expiresAt": text}).expires_at
     assert (parsed.isoformat() if parsed else None) == expected
 
 
