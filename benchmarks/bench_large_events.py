@@ -17,7 +17,7 @@ import time
 from _common import local_server, measured, median, report, verdict
 
 from osb_sync import Client
-from osb_sync.stream import iter_events
+from osb_sync._stream import iter_events
 
 SIZES = {"1MiB": 1 << 20, "8MiB": 8 << 20}
 

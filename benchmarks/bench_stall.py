@@ -83,8 +83,7 @@ class WedgedExecd(BaseHTTPRequestHandler):
 
 def bare_handle(endpoint: str, read_timeout: float = 60.0) -> Sandbox:
     """A Sandbox on an execd endpoint itself, with no lifecycle API behind it."""
-    client = Client("http://127.0.0.1:9/v1", read_timeout=read_timeout)
-    return Sandbox(client, "bare-execd", execd_endpoint=endpoint)
+    return Sandbox.from_execd(f"http://{endpoint}", read_timeout=read_timeout)
 
 
 def measure_stall(read_timeouts: list[float], reps: int) -> dict[str, object]:
@@ -184,7 +183,7 @@ def real_execd(run_execd: str) -> Iterator[str]:
 
 
 def measure_execd(sandbox: Sandbox, flood: str, cap: int, reps: int) -> dict[str, object]:
-    context = sandbox.create_context("python").id
+    context = sandbox.contexts.create("python").id
     return {
         "floods": measure_floods(sandbox, flood, cap, context),
         "deadline": measure_deadline(sandbox, context, reps),

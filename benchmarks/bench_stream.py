@@ -78,7 +78,7 @@ def target(args: argparse.Namespace) -> Iterator[tuple[Client, Sandbox, int]]:
             replay_server(args.mb) as (endpoint, total),
             Client("http://127.0.0.1:9/v1", read_timeout=120) as client,
         ):
-            yield client, Sandbox(client, "replay", execd_endpoint=endpoint), total
+            yield client, Sandbox.from_execd(f"http://{endpoint}", read_timeout=120), total
         return
     with (
         local_server() as server,

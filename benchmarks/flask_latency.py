@@ -36,7 +36,8 @@ import requests
 from werkzeug.serving import make_server
 
 import osb_sync
-from osb_sync.pool import POOL_KEY
+
+POOL_KEY = "osb_sync.pool"  # the documented tag of every pooled sandbox
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "flask_app.py"
 WARMUP = 3

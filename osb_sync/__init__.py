@@ -3,12 +3,12 @@
 Table of contents only; see README.rst for the API and error tables.
 """
 
-import importlib
-from typing import Any
+import importlib as _importlib
+import types as _types
 
-from .client import Client
-from .commands import BackgroundCommand, BashSession
-from .constants import (
+from ._client import Client
+from ._commands import BackgroundCommand, BashSession, Commands
+from ._constants import (
     DEFAULT_ENTRYPOINT,
     DEFAULT_LANGUAGE,
     DEFAULT_POLL_INTERVAL,
@@ -19,9 +19,10 @@ from .constants import (
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
     NO_TIMEOUT,
-    VERSION,
 )
-from .errors import (
+from ._constants import VERSION as _VERSION
+from ._contexts import Contexts
+from ._errors import (
     ApiError,
     CommandFailed,
     ConfigurationError,
@@ -33,10 +34,10 @@ from .errors import (
     StreamError,
     TransportError,
 )
-from .execution import ExecutionStream
-from .files import Files
-from .functions import code_interpreter_tool, create_sandbox, delete_sandbox, run_code
-from .models import (
+from ._execution import ExecutionStream
+from ._files import Files
+from ._functions import code_interpreter_tool, create_sandbox, delete_sandbox, run_code
+from ._models import (
     CodeContext,
     CommandResult,
     CommandStatus,
@@ -48,18 +49,18 @@ from .models import (
     Metrics,
     SandboxInfo,
 )
-from .pool import SandboxPool
-from .provider import OpenSandboxProvider, discover_providers
-from .sandbox import Sandbox
-from .stream import parse_execution
+from ._pool import SandboxPool
+from ._provider import OpenSandboxProvider, discover_providers
+from ._sandbox import Sandbox
+from ._stream import parse_execution
 
-__version__ = VERSION
+__version__ = _VERSION
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _types.ModuleType:
     """``osb_sync.local`` on first use: ``import osb_sync`` stays light without the server."""
     if name == "local":
-        return importlib.import_module(".local", __name__)
+        return _importlib.import_module(".local", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -82,7 +83,9 @@ __all__ = [
     "CommandFailed",
     "CommandResult",
     "CommandStatus",
+    "Commands",
     "ConfigurationError",
+    "Contexts",
     "Endpoint",
     "Event",
     "ExecutionError",

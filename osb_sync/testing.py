@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 
-from .client import Client
-from .errors import NotFoundError, OpenSandboxError
+from ._client import Client
+from ._errors import NotFoundError, OpenSandboxError
 
 if TYPE_CHECKING:
+    from ._sandbox import Sandbox
     from .local import LocalServer
-    from .sandbox import Sandbox
 
 SESSION_KEY = "osb-sync/test-session"
 
@@ -139,7 +139,7 @@ def opensandbox_client(opensandbox_server: OpenSandboxServer) -> Iterator[Tracki
         yield client
         leaked = client.still_alive()
         for sandbox_id in leaked:
-            client._delete_quietly(sandbox_id)
+            client.delete_quietly(sandbox_id)
     finally:
         client.close()
     if leaked:
@@ -164,7 +164,7 @@ def opensandbox_sandbox(
     try:
         yield sandbox
     finally:
-        opensandbox_client._delete_quietly(sandbox.id)
+        opensandbox_client.delete_quietly(sandbox.id)
 
 
 def _fail_on_leaks(server: OpenSandboxServer, metadata: dict[str, str] | None) -> None:
@@ -175,7 +175,7 @@ def _fail_on_leaks(server: OpenSandboxServer, metadata: dict[str, str] | None) -
         except OpenSandboxError as exc:
             pytest.fail(f"could not list sandboxes to look for leaks: {exc}", pytrace=False)
         for sandbox_id in leaked:
-            client._delete_quietly(sandbox_id)
+            client.delete_quietly(sandbox_id)
     if leaked:
         pytest.fail(
             f"{len(leaked)} sandbox(es) were left alive at the end of the test session "

@@ -7,6 +7,8 @@ from typing import Any
 
 import responses
 
+import osb_sync
+
 API = "http://osb.test/v1"
 SID = "sbx-1"
 ENDPOINT = "execd.test:9000/proxy/44772"
@@ -56,3 +58,19 @@ def body_of(call: Any) -> Any:
 def add_ping(rsps: responses.RequestsMock, **kw: Any) -> None:
     kw.setdefault("body", b"")
     rsps.get("http://execd.test:9000/proxy/44772/ping", **kw)
+
+
+def created_body(**options: Any) -> dict[str, Any]:
+    """The ``POST /sandboxes`` body ``create_sandbox(**options)`` sends, less its create-id tag."""
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
+        add_create(rsps)
+        add_endpoint(rsps)
+        add_ping(rsps)
+        with osb_sync.Client(API) as client:
+            client.create_sandbox(**options)
+        body: dict[str, Any] = body_of(rsps.calls[0])
+    labels = body["metadata"]
+    del labels["osb-sync/create-id"]
+    if not labels:
+        del body["metadata"]
+    return body

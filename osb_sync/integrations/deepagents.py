@@ -41,10 +41,10 @@ from deepagents_code.integrations.sandbox_provider import (
     SandboxProviderMetadata,
 )
 
-from ..client import Client
-from ..constants import MAX_OUTPUT_BYTES
-from ..errors import ApiError, NotFoundError, OpenSandboxError, OutputLimitExceeded
-from ..sandbox import Sandbox
+from .._client import Client
+from .._constants import MAX_OUTPUT_BYTES
+from .._errors import ApiError, NotFoundError, OpenSandboxError, OutputLimitExceeded
+from .._sandbox import Sandbox
 
 logger = logging.getLogger("osb_sync")
 
@@ -98,7 +98,7 @@ class OpenSandboxBackend(BaseSandbox):  # type: ignore[misc]
         limit = self.execute_timeout if timeout is None else timeout
         output: list[str] = []
         try:
-            result = self.sandbox.run_command(
+            result = self.sandbox.commands.run(
                 command,
                 timeout=limit or None,
                 on_stdout=output.append,

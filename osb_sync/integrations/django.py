@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any, Iterator
 from django.conf import settings
 from django.core.signals import request_finished, setting_changed
 
-from ..client import Client
-from ..errors import ConfigurationError, OpenSandboxError
-from ..pool import SandboxPool
+from .._client import Client
+from .._errors import ConfigurationError, OpenSandboxError
+from .._pool import SandboxPool
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
-    from ..sandbox import Sandbox
+    from .._sandbox import Sandbox
 
 logger = logging.getLogger("osb_sync")
 

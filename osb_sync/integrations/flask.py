@@ -38,10 +38,10 @@ from typing import Any
 
 from flask import Flask, current_app, g
 
-from ..client import Client
-from ..errors import ConfigurationError
-from ..pool import SandboxPool
-from ..sandbox import Sandbox
+from .._client import Client
+from .._errors import ConfigurationError
+from .._pool import SandboxPool
+from .._sandbox import Sandbox
 
 EXTENSION_KEY = "opensandbox"
 DEFAULTS: dict[str, Any] = {

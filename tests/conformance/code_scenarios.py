@@ -26,12 +26,12 @@ def run(sandbox: Sandbox, code: str, context: CodeContext | str | None = None) -
 
 @contextmanager
 def fresh_context(sandbox: Sandbox) -> Iterator[CodeContext]:
-    context = sandbox.create_context()
+    context = sandbox.contexts.create()
     try:
         yield context
     finally:
         try:
-            sandbox.delete_context(context)
+            sandbox.contexts.delete(context)
         except OpenSandboxError:
             pass
 
@@ -119,36 +119,36 @@ def exceptions(t: Target) -> Outcome:
 
 def contexts(t: Target) -> Outcome:
     sandbox = t.sandbox
-    context = sandbox.create_context()
-    ids = [c.id for c in sandbox.list_contexts()]
-    python_ids = [c.id for c in sandbox.list_contexts("python")]
+    context = sandbox.contexts.create()
+    ids = [c.id for c in sandbox.contexts.list()]
+    python_ids = [c.id for c in sandbox.contexts.list("python")]
     outcome: Outcome = {
         "language": context.language,
         "listed": context.id in ids,
         "listed_as_python": context.id in python_ids,
-        "get": sandbox.get_context(context.id) == context,
+        "get": sandbox.contexts.get(context.id) == context,
         "define": code_outcome(run(sandbox, "kept = 'yes'", context)),
         "state_kept": code_outcome(run(sandbox, "kept", context)),
         "by_id": code_outcome(run(sandbox, "kept", context.id)),
     }
-    sandbox.delete_context(context)
-    outcome["listed_after_delete"] = context.id in [c.id for c in sandbox.list_contexts()]
-    outcome["get_deleted"] = raised(lambda: sandbox.get_context(context.id))
+    sandbox.contexts.delete(context)
+    outcome["listed_after_delete"] = context.id in [c.id for c in sandbox.contexts.list()]
+    outcome["get_deleted"] = raised(lambda: sandbox.contexts.get(context.id))
     outcome["run_deleted"] = raised(lambda: sandbox.run_code("1", context=context))
-    outcome["delete_deleted"] = raised(lambda: sandbox.delete_context(context))
+    outcome["delete_deleted"] = raised(lambda: sandbox.contexts.delete(context))
     with impatient(t, SILENCE) as handle:
-        outcome["unknown_language"] = raised(lambda: handle.create_context("cobol"))
+        outcome["unknown_language"] = raised(lambda: handle.contexts.create("cobol"))
         outcome["bash_language"] = raised(lambda: handle.run_code("echo hi", language="bash"))
     folder = t.fresh_dir()
     sandbox.files.mkdir(folder)
-    with_cwd = sandbox.create_context(cwd=folder)
+    with_cwd = sandbox.contexts.create(cwd=folder)
     cwd = run(sandbox, "import os\nos.getcwd()", with_cwd).results
     outcome["cwd"] = [r["text"].replace(folder, "<dir>") for r in cwd]
-    sandbox.delete_context(with_cwd)
-    pair = {sandbox.create_context().id, sandbox.create_context().id}
-    sandbox.delete_contexts("python")
-    outcome["left_after_delete_all"] = len(pair & {c.id for c in sandbox.list_contexts()})
-    outcome["delete_all_unknown"] = raised(lambda: sandbox.delete_contexts("cobol"))
+    sandbox.contexts.delete(with_cwd)
+    pair = {sandbox.contexts.create().id, sandbox.contexts.create().id}
+    sandbox.contexts.delete_all("python")
+    outcome["left_after_delete_all"] = len(pair & {c.id for c in sandbox.contexts.list()})
+    outcome["delete_all_unknown"] = raised(lambda: sandbox.contexts.delete_all("cobol"))
     return outcome
 
 
@@ -211,7 +211,7 @@ def explicit_interrupt(t: Target) -> Outcome:
         with sandbox.stream_code(SLEEPER, context=ctx, timeout=RUN_LIMIT) as stream:
             for event in stream:
                 if event.type == "stdout":
-                    sandbox.interrupt_code(ctx.id)
+                    sandbox.contexts.interrupt(ctx.id)
             interrupted = code_outcome(stream.result())
         return {"interrupted": interrupted, **_next_run(sandbox, ctx, time.monotonic())}
 

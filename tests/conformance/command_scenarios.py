@@ -24,7 +24,7 @@ def exit_codes(t: Target) -> Outcome:
         "kill -TERM $$",
         "no-such-program-xyz",
     ]
-    return {c: command_outcome(t.sandbox.run_command(c)) for c in commands}
+    return {c: command_outcome(t.sandbox.commands.run(c)) for c in commands}
 
 
 def command_output(t: Target) -> Outcome:
@@ -38,7 +38,7 @@ def command_output(t: Target) -> Outcome:
     }
     outcome: Outcome = {}
     for name, command in commands.items():
-        result = command_outcome(t.sandbox.run_command(command, timeout=30))
+        result = command_outcome(t.sandbox.commands.run(command, timeout=30))
         result["stdout"] = digest(result["stdout"].encode())
         outcome[name] = result
     return outcome
@@ -47,7 +47,7 @@ def command_output(t: Target) -> Outcome:
 def env_and_cwd(t: Target) -> Outcome:
     folder = t.fresh_dir()
     t.sandbox.files.mkdir(folder)
-    result = t.sandbox.run_command(
+    result = t.sandbox.commands.run(
         'pwd; echo "$FOO|$EMPTY|${UNSET-unset}"', cwd=folder, env={"FOO": "bar baz", "EMPTY": ""}
     )
     outcome = command_outcome(result)
@@ -58,14 +58,14 @@ def env_and_cwd(t: Target) -> Outcome:
 
 def command_outcome_or_error(t: Target, command: str, cwd: str) -> Outcome:
     try:
-        return command_outcome(t.sandbox.run_command(command, cwd=cwd))
+        return command_outcome(t.sandbox.commands.run(command, cwd=cwd))
     except Exception as exc:
         return {"raised": type(exc).__name__}
 
 
 def timeout(t: Target) -> Outcome:
     started = time.monotonic()
-    result = t.sandbox.run_command("echo before; sleep 30; echo after", timeout=1)
+    result = t.sandbox.commands.run("echo before; sleep 30; echo after", timeout=1)
     return {
         **command_outcome(result),
         "within_bound": time.monotonic() - started < TIMEOUT_BOUND,
@@ -74,7 +74,7 @@ def timeout(t: Target) -> Outcome:
 
 def background(t: Target) -> Outcome:
     sandbox = t.sandbox
-    command = sandbox.start_command("echo one; sleep 1; echo two >&2; exit 4")
+    command = sandbox.commands.start("echo one; sleep 1; echo two >&2; exit 4")
     early = command.status()
     final = command.wait(timeout=20, poll_interval=0.1)
     text, cursor = command.logs()
@@ -88,12 +88,12 @@ def background(t: Target) -> Outcome:
         "cursor_is_length": cursor == len(text.encode()),
         "tail_after_cursor": tail,
         "killed_status": _killed(t),
-        "interrupt_unknown": raised(lambda: sandbox.interrupt_command("no-such-command")),
+        "interrupt_unknown": raised(lambda: sandbox.commands.interrupt("no-such-command")),
     }
 
 
 def _killed(t: Target) -> Outcome:
-    command = t.sandbox.start_command("sleep 30")
+    command = t.sandbox.commands.start("sleep 30")
     command.kill()
     final = command.wait(timeout=20, poll_interval=0.1)
     return {"running": final.running, "exit_code": final.exit_code}
@@ -102,7 +102,7 @@ def _killed(t: Target) -> Outcome:
 def bash_session(t: Target) -> Outcome:
     folder = t.fresh_dir()
     t.sandbox.files.mkdir(folder + "/sub")
-    with t.sandbox.session(cwd=folder) as session:
+    with t.sandbox.commands.session(cwd=folder) as session:
         runs = {
             "cd": session.run("cd sub && export KEPT=yes"),
             "state": session.run('basename "$PWD"; echo "$KEPT"'),
@@ -123,7 +123,7 @@ def early_exit(t: Target) -> Outcome:
     marker = t.fresh_dir() + ".marker"
     command = f"echo start; sleep 1; touch {marker}; echo end"
     seen = None
-    with t.sandbox.stream_command(command) as stream:
+    with t.sandbox.commands.stream(command) as stream:
         for event in stream:
             if event.type == "stdout":
                 seen = event.text
@@ -137,7 +137,7 @@ def heartbeat(t: Target) -> Outcome:
     The code and the command run at the same time, to keep the scenario short."""
     streams = {
         "code": lambda: t.sandbox.stream_code("import time\ntime.sleep(4.5)", timeout=60),
-        "command": lambda: t.sandbox.stream_command("sleep 4.5", timeout=60),
+        "command": lambda: t.sandbox.commands.stream("sleep 4.5", timeout=60),
     }
     with ThreadPoolExecutor(len(streams)) as pool:
         kinds = dict(zip(streams, pool.map(event_types, streams.values()), strict=True))

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from osb_sync import Client
+from osb_sync import Client, Sandbox
 from osb_sync.local import LocalServer
 
-from .execds import TOKEN_HEADER, UNUSED_API_BASE, Target, bare_handle, real_execd
+from .execds import TOKEN_HEADER, Target, real_execd
 
 READ_TIMEOUT = 30.0
 
@@ -41,9 +41,10 @@ def retries() -> RetryLog:
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     with (
         real_execd(tmp_path_factory.mktemp("real-execd")) as (endpoint, token),
-        Client(UNUSED_API_BASE, read_timeout=READ_TIMEOUT) as client,
+        Sandbox.from_execd(
+            f"http://{endpoint}", headers={TOKEN_HEADER: token}, read_timeout=READ_TIMEOUT
+        ) as sandbox,
     ):
-        sandbox = bare_handle(client, endpoint, {TOKEN_HEADER: token})
         yield Target("real", sandbox, tmp_path_factory.mktemp("real-files"))
 
 

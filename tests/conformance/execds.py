@@ -1,9 +1,8 @@
 """The two execds under comparison: the real one (run-execd) and the local server's.
 
 Both are reached as a user reaches them: through ``Sandbox`` handles of the public client.
-The real execd has no lifecycle server in front of it, so :func:`bare_handle` builds a handle
-on its bare endpoint (test-only: ``Sandbox``'s constructor is public, its use here is not a
-recommended way to connect).
+The real execd has no lifecycle server in front of it: its handle comes from
+``Sandbox.from_execd``.
 """
 
 from __future__ import annotations
@@ -22,15 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from osb_sync import Client, Sandbox
+from osb_sync import Sandbox
 
 TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
 DIR_ENV = "OSB_REAL_EXECD_DIR"  # a folder holding run-execd and execd
 REQUIRE_ENV = "OSB_REQUIRE_REAL_EXECD"  # "1": a missing or unusable real execd fails the suite
 START_TIMEOUT = 300.0  # the first start builds the Jupyter venv (about 40 s on a quiet machine)
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Never contacted: a bare execd handle makes no lifecycle call.
-UNUSED_API_BASE = "http://127.0.0.1:9/v1"
 
 
 @dataclass
@@ -48,20 +45,18 @@ class Target:
 
     def handle(self, headers: dict[str, str]) -> Sandbox:
         """Another handle on the same execd endpoint, with other headers (no token, say)."""
-        return bare_handle(self.sandbox._client, self.sandbox.execd_endpoint, headers)
+        return Sandbox.from_execd(self.sandbox.execd_url, headers=headers)
 
 
 @contextmanager
 def impatient(target: Target, read_timeout: float) -> Iterator[Sandbox]:
     """A handle on the target's execd whose client waits at most ``read_timeout`` for data
     (real execd never answers some calls)."""
-    with Client(UNUSED_API_BASE, read_timeout=read_timeout) as client:
-        yield bare_handle(client, target.sandbox.execd_endpoint, target.sandbox.execd_headers)
-
-
-def bare_handle(client: Client, endpoint: str, headers: dict[str, str]) -> Sandbox:
-    """A Sandbox handle on an execd endpoint, without a lifecycle server."""
-    return Sandbox(client, "bare-execd", execd_endpoint=endpoint, execd_headers=headers)
+    sandbox = target.sandbox
+    with Sandbox.from_execd(
+        sandbox.execd_url, headers=sandbox.execd_headers, read_timeout=read_timeout
+    ) as handle:
+        yield handle
 
 
 def real_execd_dir() -> Path | None:

@@ -158,7 +158,7 @@ def refusals(handle: Sandbox) -> Outcome:
     return {
         "ping": handle.ping(),
         "code": raised(lambda: handle.run_code("1")),
-        "command": raised(lambda: handle.run_command("true")),
+        "command": raised(lambda: handle.commands.run("true")),
         "files": raised(lambda: handle.files.info("/")),
         "metrics": raised(handle.metrics),
     }

@@ -63,7 +63,7 @@ def stream(request: HttpRequest) -> HttpResponse:
 
 def block(request: HttpRequest) -> HttpResponse:
     with osb_django.sandbox() as sandbox:
-        return HttpResponse(sandbox.run_command("echo from-block").stdout)
+        return HttpResponse(sandbox.commands.run("echo from-block").stdout)
 
 
 urlpatterns = [

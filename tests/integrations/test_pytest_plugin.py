@@ -58,7 +58,7 @@ def test_sandbox_and_client_fixtures(pytester: pytest.Pytester) -> None:
 
         def test_client_creates_and_deletes(opensandbox_client):
             with opensandbox_client.create_sandbox() as sandbox:
-                assert sandbox.run_command("echo hi").stdout == "hi\\n"
+                assert sandbox.commands.run("echo hi").stdout == "hi\\n"
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
@@ -78,7 +78,7 @@ def test_create_kwargs_can_be_overridden(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
         def test_env(opensandbox_sandbox):
-            assert opensandbox_sandbox.run_command("echo $GREETING").stdout == "hello\\n"
+            assert opensandbox_sandbox.commands.run("echo $GREETING").stdout == "hello\\n"
             assert opensandbox_sandbox.info().metadata["team"] == "qa"
         """
     )
@@ -121,9 +121,12 @@ def test_a_sandbox_left_at_the_end_of_the_session_fails_the_run(
 def test_api_base_option_uses_that_server(pytester: pytest.Pytester, remote: LocalServer) -> None:
     pytester.makepyfile(
         """
+        from osb_sync import Client
+
         def test_remote(opensandbox_server, opensandbox_sandbox):
             assert opensandbox_server.local is None
-            assert opensandbox_sandbox.api_base == opensandbox_server.api_base
+            with Client(opensandbox_server.api_base) as remote:
+                assert remote.get_sandbox(opensandbox_sandbox.id).state == "Running"
             assert opensandbox_sandbox.run_code("1 + 1").results == [{"text": "2"}]
 
         def test_leak(opensandbox_client):

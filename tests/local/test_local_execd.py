@@ -312,7 +312,7 @@ def test_a_session_is_free_as_soon_as_its_run_reported_its_end(
 
     monkeypatch.setattr(EventStream, "event", linger_after_the_end)
     with Client(local.api_base) as client, client.create_sandbox() as sandbox:
-        with sandbox.session() as session:
+        with sandbox.commands.session() as session:
             results = [session.run("echo x") for _ in range(3)]
     assert [(r.exit_code, r.error) for r in results] == [(0, None)] * 3
 

@@ -150,7 +150,7 @@ from osb_sync.local import LocalServer
 server = LocalServer(unenforced_network_policy="accept").start()
 client = Client(server.api_base)
 sandbox = client.create_sandbox()
-sandbox.start_command("sleep 600")
+sandbox.commands.start("sleep 600")
 print("ready", flush=True)
 while True:
     time.sleep(1)
@@ -171,7 +171,7 @@ PLUGIN_TEST = """
 import time
 
 def test_long(opensandbox_sandbox):
-    opensandbox_sandbox.start_command("sleep 600")
+    opensandbox_sandbox.commands.start("sleep 600")
     print("ready", flush=True)
     while True:
         time.sleep(1)

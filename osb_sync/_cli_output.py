@@ -1,0 +1,144 @@
+"""What the ``osb-sync`` command prints: JSON shapes, tables, exit statuses, progress lines.
+
+One JSON shape per object (README.rst, Command line):
+
+- sandbox: ``{"id", "state", "message", "image", "created_at", "expires_at", "metadata"}``
+  (``metadata`` an object, without the internal ``osb-sync/create-id`` tag);
+- code run: ``ExecutionResult.to_dict()``; command (``exec``, ``run --language bash``):
+  ``{"id", "exit_code", "stdout", "stderr", "timed_out", "error"}``;
+- deletion: ``{"id", "deleted"}``; error: ``{"error": {"type", "message", "exit_code"}}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Callable
+
+from ._constants import CREATE_ID_KEY
+from ._models import CommandResult, ExecutionError, SandboxInfo
+
+EXIT_RAISED = 1  # the code raised; a sandbox to delete was not found
+EXIT_TIMED_OUT = 124  # as timeout(1)
+EXIT_OWN_ERROR = 125  # osb-sync itself failed, as docker run
+EXIT_SIGNAL_BASE = 128
+# Go's names for signals, as execd reports a command killed by one ("signal: killed").
+_GO_SIGNAL_NAMES = {
+    "hangup": signal.SIGHUP,
+    "interrupt": signal.SIGINT,
+    "quit": signal.SIGQUIT,
+    "aborted": signal.SIGABRT,
+    "killed": signal.SIGKILL,
+    "segmentation fault": signal.SIGSEGV,
+    "broken pipe": signal.SIGPIPE,
+    "terminated": signal.SIGTERM,
+}
+# Routine status messages (the real server's and the local server's); anything else is shown.
+ROUTINE_MESSAGES = frozenset({"", "Sandbox container started successfully."})
+
+
+def sandbox_json(info: SandboxInfo) -> dict[str, Any]:
+    """The JSON shape of a sandbox."""
+    return {
+        "id": info.id,
+        "state": info.state,
+        "message": info.message,
+        "image": info.image,
+        "created_at": info.created_at.isoformat() if info.created_at else None,
+        "expires_at": info.expires_at.isoformat() if info.expires_at else None,
+        "metadata": {k: v for k, v in info.metadata.items() if k != CREATE_ID_KEY},
+    }
+
+
+def sandbox_row(info: SandboxInfo) -> dict[str, str]:
+    """A sandbox as one row of text (``list`` and ``get``)."""
+    data = sandbox_json(info)
+    data["metadata"] = ",".join(f"{k}={v}" for k, v in sorted(data["metadata"].items()))
+    return {key: "" if value is None else str(value) for key, value in data.items()}
+
+
+def command_json(result: CommandResult) -> dict[str, Any]:
+    """The JSON shape of a command's result."""
+    return {
+        "id": result.id,
+        "exit_code": result.exit_code,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "timed_out": result.timed_out,
+        "error": _error_json(result.error),
+    }
+
+
+def _error_json(error: ExecutionError | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    return {"name": error.name, "value": error.value, "traceback": list(error.traceback)}
+
+
+def error_json(exc: BaseException, exit_code: int) -> dict[str, Any]:
+    """The JSON shape of a failure of osb-sync itself."""
+    return {"error": {"type": type(exc).__name__, "message": str(exc), "exit_code": exit_code}}
+
+
+def command_status(result: CommandResult) -> int:
+    """The exit status of a remote command as a shell reports it (128+n for signal n)."""
+    if result.timed_out:
+        return EXIT_TIMED_OUT
+    if result.exit_code is not None and 0 <= result.exit_code <= 255:
+        return result.exit_code
+    number = _signal_number(result.error)
+    if number is not None:
+        return EXIT_SIGNAL_BASE + number
+    return EXIT_OWN_ERROR  # no usable status: the outcome is unknown
+
+
+def _signal_number(error: ExecutionError | None) -> int | None:
+    """The signal that killed a command, from execd's ``signal: killed`` (or ``sigkill``)."""
+    text = " ".join([error.value, *error.traceback]) if error else ""
+    found = re.search(r"signal: ([a-z0-9 ]+)", text.lower())
+    if found is None:
+        return None
+    name = found.group(1).strip()
+    if name in _GO_SIGNAL_NAMES:
+        return int(_GO_SIGNAL_NAMES[name])
+    upper = name.upper()
+    member = signal.Signals.__members__.get(upper if upper.startswith("SIG") else "SIG" + upper)
+    return int(member) if member is not None else None
+
+
+def print_table(rows: list[dict[str, str]], columns: list[str]) -> None:
+    """Rows as left-aligned columns under upper-case headers."""
+    widths = {c: max([len(c)] + [len(r[c]) for r in rows]) for c in columns}
+    print("  ".join(c.upper().ljust(widths[c]) for c in columns).rstrip())
+    for row in rows:
+        print("  ".join(row[c].ljust(widths[c]) for c in columns).rstrip())
+
+
+@contextlib.contextmanager
+def progress(what: str) -> Iterator[None]:
+    """A live progress line while waiting, only when standard error is a terminal."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    done = threading.Event()
+    started = time.monotonic()
+
+    def show(write: Callable[[str], object] = sys.stderr.write) -> None:
+        while not done.wait(0.2):
+            write(f"\r{what}... {time.monotonic() - started:4.1f}s")
+            sys.stderr.flush()
+
+    thread = threading.Thread(target=show, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()

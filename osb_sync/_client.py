@@ -1,0 +1,369 @@
+"""The public facade: Client, which composes the transport, the lifecycle API and sandboxes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator
+from urllib.parse import urlsplit
+
+import requests
+
+from ._config import (
+    check_client_options,
+    check_id,
+    check_run_arguments,
+    resolve_api_base,
+    wait_settings,
+)
+from ._constants import (
+    API_KEY_ENV,
+    CREATE_ID_KEY,
+    DEFAULT_LANGUAGE,
+    EXECD_PORT,
+    MAX_OUTPUT_BYTES,
+)
+from ._create_options import (
+    CreateOptions,
+    build_create_body,
+    check_options,
+    option,
+    with_option_signature,
+)
+from ._errors import ApiError, TransportError
+from ._execd import Execd
+from ._execution import ExecutionStream
+from ._lifecycle import Lifecycle
+from ._management import SandboxManagement
+from ._models import Event, ExecutionResult
+from ._sandbox import Sandbox
+from ._transport import Transport
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from typing_extensions import Unpack
+
+logger = logging.getLogger("osb_sync")
+
+
+class Client(SandboxManagement):
+    """A blocking, thread-safe OpenSandbox client.
+
+    One client may be shared by any number of threads (rules: ``osb_sync/_transport.py``).
+
+    Args:
+        api_base: lifecycle base URL including ``/v1``; else ``OPEN_SANDBOX_API_BASE``, else
+            ``OPEN_SANDBOX_DOMAIN`` (host[:port] or URL without ``/v1``).
+        api_key: sent as ``OPEN-SANDBOX-API-KEY`` to the lifecycle API only, when non-empty;
+            an explicit value wins even when ``""``; else ``OPEN_SANDBOX_API_KEY``.
+        session: a ``requests.Session`` to send through (TLS, proxies, tests); never mutated,
+            never closed by the client.
+        connect_timeout: seconds to open a connection.
+        read_timeout: seconds of silence allowed on any response, streams included.
+        create_timeout: seconds allowed for ``POST /sandboxes`` (servers pull images inside it).
+        pool_maxsize: connections kept per host: size it for the number of threads.
+        max_retries: retries of idempotent lifecycle calls.
+        execd_scheme: scheme for scheme-less execd endpoints; default: that of ``api_base``.
+
+    Raises:
+        ConfigurationError: no api_base, or a bad argument.
+    """
+
+    def __init__(
+        self,
+        api_base: str | None = None,
+        api_key: str | None = None,
+        *,
+        session: requests.Session | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        create_timeout: float = 300.0,
+        pool_maxsize: int = 32,
+        max_retries: int = 2,
+        execd_scheme: str | None = None,
+    ):
+        self.api_base = resolve_api_base(api_base)
+        api_key_value = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
+        check_client_options(
+            execd_scheme, connect_timeout, read_timeout, create_timeout, pool_maxsize, max_retries
+        )
+        self.execd_scheme = execd_scheme or urlsplit(self.api_base).scheme
+        self._transport = Transport(
+            session=session,
+            connect_timeout=float(connect_timeout),
+            read_timeout=float(read_timeout),
+            pool_maxsize=pool_maxsize,
+            max_retries=max_retries,
+        )
+        super().__init__(
+            Lifecycle(
+                self._transport,
+                self.api_base,
+                api_key_value,
+                float(create_timeout),
+                self.execd_scheme,
+            )
+        )
+
+    @property
+    def read_timeout(self) -> float:
+        """Seconds of silence allowed on any response (the ``read_timeout`` argument)."""
+        return self._transport.read_timeout
+
+    def __repr__(self) -> str:
+        return f"Client(api_base={self.api_base!r})"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the client's own connections (a caller's session is left open)."""
+        self._transport.close()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @with_option_signature
+    def create_sandbox(self, **options: Unpack[CreateOptions]) -> Sandbox:
+        """Create a sandbox, wait until it runs and resolve its execd endpoint.
+
+        Creation is atomic from the caller's side: any failure after the server assigned an
+        id deletes that sandbox before the error propagates, and a create whose answer was
+        lost is looked up by its ``osb-sync/create-id`` metadata tag and deleted, in the
+        background (the call waits at most 1 s for the first lookup).
+
+        Args:
+            template: image URI (default ``DEFAULT_TEMPLATE``).
+            timeout: sandbox lifetime in seconds (default 300); ``NO_TIMEOUT`` for none.
+            allow_internet_access: True omits the default deny-all ``networkPolicy``.
+            metadata: labels (Kubernetes label rules apply to values).
+            env_vars: environment of the sandbox.
+            resource_limits: e.g. ``{"cpu": "1", "memory": "2Gi"}`` (the default).
+            resource_requests: sent as ``resourceRequests``.
+            entrypoint: the main process (default ``DEFAULT_ENTRYPOINT``).
+            network_policy: sent as is; wins over ``allow_internet_access`` (even ``{}``).
+            secure_access: ask for ``secureAccess``.
+            use_server_proxy: route execd calls through the server's proxy.
+            ready_timeout: seconds for each wait (Running, endpoint, ping); default 30.
+            poll_interval: seconds between polls; default 0.2.
+            snapshot_id: restore from a snapshot instead of an image.
+            image_auth: registry credentials ``{"username", "password"}`` (never logged).
+            platform: ``{"os": ..., "arch": ...}``.
+            volumes: volume definitions, sent as they are.
+            extensions: server-specific string options.
+            health_check: wait until execd answers ``/ping`` (a first call otherwise may meet
+                a 502 while execd starts).
+
+        Returns:
+            The running sandbox; leaving ``with sandbox:`` deletes it.
+
+        Raises:
+            ApiError: the server refused the request (a 400 for a network policy the server
+                cannot enforce carries a hint).
+            SandboxStateError: the sandbox entered Failed, Stopping or Terminated.
+            SandboxTimeoutError: not Running, or no endpoint, within ``ready_timeout``.
+            TransportError: the server could not be reached.
+        """
+        check_options(options)
+        ready_timeout, poll_interval = wait_settings(
+            option(options, "ready_timeout"), option(options, "poll_interval")
+        )
+        body = build_create_body(options, {CREATE_ID_KEY: secrets.token_hex(8)})
+        data = self._lifecycle.create(body)
+        sandbox_id = str(data["id"])
+        try:
+            self._lifecycle.wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
+            sandbox = self._reach(
+                sandbox_id,
+                option(options, "use_server_proxy"),
+                ready_timeout,
+                poll_interval,
+                option(options, "health_check"),
+            )
+        except BaseException:
+            self._lifecycle.delete_quietly(sandbox_id)
+            raise
+        logger.debug("sandbox %s is running", sandbox_id)
+        sandbox.delete_on_exit = True
+        return sandbox
+
+    def connect(
+        self,
+        sandbox_id: str,
+        *,
+        use_server_proxy: bool = False,
+        ready_timeout: float | None = None,
+        poll_interval: float | None = None,
+        health_check: bool = True,
+    ) -> Sandbox:
+        """Resolve the execd endpoint of an existing sandbox and return a handle to it.
+
+        The handle does not delete the sandbox when a ``with`` block ends unless its
+        ``delete_on_exit`` is set.
+
+        With ``health_check`` it then waits until execd answers ``/ping``.
+
+        Raises:
+            ApiError: the server refused the request.
+            SandboxTimeoutError: no endpoint (404s are retried) or no ``/ping`` answer within
+                ``ready_timeout``.
+            TransportError: the server could not be reached.
+        """
+        sandbox_id = check_id(sandbox_id)
+        ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
+        return self._reach(sandbox_id, use_server_proxy, ready_timeout, poll_interval, health_check)
+
+    # -- running code ----------------------------------------------------------------------
+
+    def run_code(
+        self,
+        sandbox: Sandbox | str,
+        code: str,
+        *,
+        language: str = DEFAULT_LANGUAGE,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+        timeout: float | None = None,
+        on_event: Callable[[Event], object] | None = None,
+    ) -> ExecutionResult:
+        """Run code in a sandbox and return what it produced.
+
+        An exception raised by the code is returned in ``result.error``, not raised.
+
+        Args:
+            sandbox: a Sandbox, or a sandbox id (its endpoint is resolved first).
+            code: the code to run.
+            language: the kernel (``python``, ``bash``, ...).
+            max_output_bytes: hard cap on the bytes of the event stream.
+            timeout: overall deadline in seconds; on expiry the run is interrupted.
+            on_event: called with each Event as it arrives, on the calling thread.
+
+        Raises:
+            OutputLimitExceeded: the stream passed ``max_output_bytes`` (the run is interrupted).
+            SandboxTimeoutError: ``timeout`` expired (the run is interrupted).
+            StreamError: the stream broke, stalled past ``read_timeout`` or ended truncated.
+            ApiError: execd refused the request.
+            TransportError: execd could not be reached.
+        """
+        with self._handle(sandbox) as handle:
+            return handle.run_code(
+                code,
+                language=language,
+                max_output_bytes=max_output_bytes,
+                timeout=timeout,
+                on_event=on_event,
+            )
+
+    def stream_code(
+        self,
+        sandbox: Sandbox | str,
+        code: str,
+        *,
+        language: str = DEFAULT_LANGUAGE,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+        timeout: float | None = None,
+        on_event: Callable[[Event], object] | None = None,
+    ) -> ExecutionStream[ExecutionResult]:
+        """Start running code and return its live event stream (use it in a ``with`` block).
+
+        Leaving the block before the end closes the connection and interrupts the run on
+        the server. Once exhausted, ``stream.result()`` returns the ExecutionResult.
+
+        Raises:
+            ApiError: execd refused the request.
+            TransportError: execd could not be reached.
+        """
+        with self._handle(sandbox) as handle:
+            return handle.stream_code(
+                code,
+                language=language,
+                max_output_bytes=max_output_bytes,
+                timeout=timeout,
+                on_event=on_event,
+            )
+
+    def code_interpreter_tool(
+        self,
+        code: str,
+        *,
+        language: str = DEFAULT_LANGUAGE,
+        run_timeout: float | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+        on_event: Callable[[Event], object] | None = None,
+        **create_kwargs: Unpack[CreateOptions],
+    ) -> ExecutionResult:
+        """Create a sandbox, run code in it, and delete it, whatever happened.
+
+        ``timeout`` among ``create_kwargs`` is the sandbox lifetime; ``run_timeout`` bounds
+        the run. A failed delete is logged and never masks the run's own error. Empty code
+        and an unknown language are refused before a sandbox is created.
+
+        Raises:
+            ConfigurationError: empty code, an unknown language, a bad argument.
+            The errors of :meth:`create_sandbox` and :meth:`run_code`.
+        """
+        check_options(create_kwargs, "code_interpreter_tool")
+        check_run_arguments(code, language, max_output_bytes, run_timeout)
+        sandbox = self.create_sandbox(**create_kwargs)
+        try:
+            return sandbox.run_code(
+                code,
+                language=language,
+                max_output_bytes=max_output_bytes,
+                timeout=run_timeout,
+                on_event=on_event,
+            )
+        finally:
+            self._lifecycle.delete_quietly(sandbox.id)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _reach(
+        self,
+        sandbox_id: str,
+        use_server_proxy: bool,
+        ready_timeout: float,
+        poll_interval: float,
+        health_check: bool,
+    ) -> Sandbox:
+        """A handle on execd's endpoint; with ``health_check``, once execd answers ``/ping``."""
+        endpoint = self._lifecycle.endpoint(
+            sandbox_id, EXECD_PORT, use_server_proxy, ready_timeout, poll_interval
+        )
+        sandbox = Sandbox(
+            sandbox_id,
+            lifecycle=self._lifecycle,
+            execd=Execd(self._transport, endpoint.url, endpoint.headers),
+            use_server_proxy=use_server_proxy,
+        )
+        if health_check:
+            sandbox.wait_until_healthy(ready_timeout, poll_interval)
+        return sandbox
+
+    @contextmanager
+    def _handle(self, sandbox: Sandbox | str) -> Iterator[Sandbox]:
+        """The sandbox, or a handle on it kept for the next call by id (forgotten on error).
+
+        A handle is reached (endpoint and ``/ping``) once, not on every call by id.
+        """
+        if isinstance(sandbox, Sandbox):
+            yield sandbox
+            return
+        sandbox_id = check_id(sandbox)
+        handle = self._handles.get(sandbox_id)
+        if handle is None:
+            handle = self._handles.keep(self.connect(sandbox_id))
+        try:
+            yield handle
+        except (ApiError, TransportError):
+            self._handles.forget(sandbox_id)  # gone, moved or paused: reach it afresh next time
+            raise

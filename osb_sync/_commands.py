@@ -1,0 +1,295 @@
+"""``sandbox.commands``: shell commands, foreground or background, and bash sessions."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+
+from ._command_stream import CommandFolder, client_deadline, collect, command_body, line_callbacks
+from ._constants import DEFAULT_POLL_INTERVAL, MAX_OUTPUT_BYTES
+from ._errors import OpenSandboxError, SandboxTimeoutError
+from ._models import CommandResult, CommandStatus, Event
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ._execd import Execd
+    from ._execution import ExecutionStream
+
+LOGS_CURSOR_HEADER = "EXECD-COMMANDS-TAIL-CURSOR"
+
+
+class Commands:
+    """``sandbox.commands``: run shell commands (``bash -c``) in the sandbox through execd."""
+
+    def __init__(self, execd: Execd):
+        self._execd = execd
+        self._started: list[BackgroundCommand] = []
+
+    def run(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ) -> CommandResult:
+        """Run a shell command (``bash -c``) and wait for it.
+
+        A non-zero exit is data (``exit_code``); ``result.check()`` raises for it. ``timeout``
+        (seconds) is enforced by execd and bounds the client's wait; expiry gives
+        ``timed_out=True``. ``on_stdout``/``on_stderr`` receive each line as it arrives.
+
+        Raises:
+            OutputLimitExceeded: the output passed ``max_output_bytes``.
+            ApiError: execd refused the command.
+            StreamError: the stream broke or stalled.
+        """
+        stream = self.stream(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            on_event=line_callbacks(on_stdout, on_stderr),
+            max_output_bytes=max_output_bytes,
+        )
+        return collect(stream, timeout)
+
+    def stream(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        on_event: Callable[[Event], object] | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ) -> ExecutionStream[CommandResult]:
+        """Start a command and return its live events; ``stream.result()`` is a CommandResult.
+
+        The stream ends at the terminal event; leaving it early interrupts the command.
+
+        Raises:
+            ConfigurationError: an empty command or a bad timeout.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        body = command_body(command, cwd, dict(env) if env else None, timeout)
+        return self._execd.stream(
+            "/command",
+            body,
+            folder=CommandFolder(),
+            max_output_bytes=max_output_bytes,
+            timeout=client_deadline(timeout),
+            on_event=on_event,
+            interrupt_path="/command",
+            stop_at_terminal=True,
+        )
+
+    def start(
+        self, command: str, *, cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> BackgroundCommand:
+        """Start a command in the background and return at once.
+
+        Raises:
+            ApiError: execd refused the command, or gave it no id.
+        """
+        body = {**command_body(command, cwd, dict(env) if env else None, None), "background": True}
+        stream = self._execd.stream(
+            "/command",
+            body,
+            folder=CommandFolder(),
+            max_output_bytes=MAX_OUTPUT_BYTES,
+            stop_at_terminal=True,
+        )
+        with stream:
+            for event in stream:
+                if event.type in ("execution_complete", "error"):
+                    break
+            result = stream.partial()
+        if result.id is None or result.error is not None:
+            reason = result.error.value if result.error else "no command id"
+            raise OpenSandboxError(f"the background command did not start: {reason}")
+        handle = BackgroundCommand(self._execd, result.id)
+        self._started.append(handle)
+        return handle
+
+    @property
+    def started(self) -> tuple[BackgroundCommand, ...]:
+        """The background commands started through this handle, oldest first."""
+        return tuple(self._started)
+
+    def get(self, command_id: str) -> BackgroundCommand:
+        """A handle on a command execd knows, by id (say, one started by another process).
+
+        No request is made: the handle's calls fail with NotFoundError if execd does not
+        know the command.
+        """
+        return BackgroundCommand(self._execd, command_id)
+
+    def interrupt(self, command_id: str) -> None:
+        """Stop a command by id: ``commands.get(command_id).kill()``.
+
+        Raises:
+            The errors of :meth:`BackgroundCommand.kill`.
+        """
+        self.get(command_id).kill()
+
+    def session(self, cwd: str | None = None) -> BashSession:
+        """A persistent bash session (use it in ``with``: it is deleted on exit).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        data = self._execd.json("POST", "/session", json={"cwd": cwd} if cwd else {})
+        session_id = data.get("session_id") if isinstance(data, dict) else None
+        if not isinstance(session_id, str) or not session_id:
+            raise OpenSandboxError("execd created a session without a session_id")
+        return BashSession(self._execd, session_id)
+
+
+class BackgroundCommand:
+    """A command started with ``background: true``: poll its status and read its output."""
+
+    def __init__(self, execd: Execd, command_id: str):
+        self.id = command_id
+        self._execd = execd
+
+    def __repr__(self) -> str:
+        return f"BackgroundCommand(id={self.id!r})"
+
+    def status(self) -> CommandStatus:
+        """The command's current status.
+
+        Raises:
+            NotFoundError: execd does not know the command.
+        """
+        data = self._execd.json("GET", f"/command/status/{self.id}")
+        return CommandStatus.from_dict(data if isinstance(data, dict) else {"id": self.id})
+
+    def logs(self, cursor: int | None = None) -> tuple[str, int]:
+        """Output (stdout and stderr together) from byte ``cursor`` on, and the next cursor.
+
+        Raises:
+            ApiError: not a background command (execd answers 400).
+            TransportError: execd could not be reached.
+        """
+        params = {"cursor": cursor} if cursor is not None else None
+        response = self._execd.request("GET", f"/command/{self.id}/logs", params=params)
+        text = response.content.decode("utf-8", "replace")
+        try:
+            next_cursor = int(response.headers.get(LOGS_CURSOR_HEADER, ""))
+        except ValueError:
+            next_cursor = (cursor or 0) + len(response.content)
+        return text, next_cursor
+
+    def iter_logs(self, poll_interval: float = 0.5) -> Iterator[str]:
+        """Follow the output until the command has ended and everything was read.
+
+        Raises:
+            NotFoundError: execd does not know the command.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        cursor: int | None = None
+        while True:
+            running = self.status().running
+            text, cursor = self.logs(cursor)
+            if text:
+                yield text
+            if not running:
+                return
+            time.sleep(poll_interval)
+
+    def wait(
+        self, timeout: float | None = None, poll_interval: float = DEFAULT_POLL_INTERVAL
+    ) -> CommandStatus:
+        """Poll until the command ends.
+
+        Raises:
+            SandboxTimeoutError: still running after ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if not status.running:
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                raise SandboxTimeoutError(
+                    f"command {self.id} still running after {timeout} seconds"
+                )
+            time.sleep(poll_interval)
+
+    def kill(self) -> None:
+        """Stop the command (SIGTERM to its process group, then SIGKILL).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        self._execd.interrupt("/command", self.id)
+
+
+class BashSession:
+    """A persistent bash: cwd and environment survive between runs. Deleted on ``with`` exit.
+
+    execd merges stderr into stdout for sessions.
+    """
+
+    def __init__(self, execd: Execd, session_id: str):
+        self.id = session_id
+        self._execd = execd
+
+    def __repr__(self) -> str:
+        return f"BashSession(id={self.id!r})"
+
+    def __enter__(self) -> BashSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def run(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ) -> CommandResult:
+        """Run a command in the session and wait for it.
+
+        Raises:
+            OutputLimitExceeded: the output passed ``max_output_bytes``.
+            ApiError: execd refused the run.
+            StreamError: the stream broke.
+        """
+        body = command_body(command, cwd, None, timeout)
+        stream = self._execd.stream(
+            f"/session/{self.id}/run",
+            body,
+            folder=CommandFolder(),
+            max_output_bytes=max_output_bytes,
+            timeout=client_deadline(timeout),
+            stop_at_terminal=True,
+        )
+        return collect(stream, timeout)
+
+    def close(self) -> None:
+        """Delete the session (its shell ends).
+
+        Raises:
+            NotFoundError: the session is already gone.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        self._execd.request("DELETE", f"/session/{self.id}")

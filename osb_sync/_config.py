@@ -1,0 +1,118 @@
+"""Configuration: the API base from arguments or environment, and argument checks."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+from ._constants import (
+    API_BASE_ENV,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_READY_TIMEOUT,
+    DOMAIN_ENV,
+    LANGUAGES,
+)
+from ._errors import ConfigurationError
+
+
+def resolve_api_base(api_base: str | None) -> str:
+    """The lifecycle base URL from the argument or the environment, without a trailing ``/``.
+
+    Raises:
+        ConfigurationError: nothing configured, or not an http(s) URL.
+    """
+    if api_base is None:
+        api_base = os.environ.get(API_BASE_ENV) or _base_from_domain(os.environ.get(DOMAIN_ENV))
+    if not api_base:
+        raise ConfigurationError(
+            f"api_base is required: pass api_base (e.g. 'http://127.0.0.1:8080/v1') "
+            f"or set {API_BASE_ENV} (or {DOMAIN_ENV})"
+        )
+    api_base = api_base.strip().rstrip("/")
+    parts = urlsplit(api_base)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError(
+            f"api_base must be an http:// or https:// URL such as 'http://127.0.0.1:8080/v1', "
+            f"got {parts.scheme or 'no'} scheme"
+        )
+    return api_base
+
+
+def _base_from_domain(domain: str | None) -> str | None:
+    """The official SDK's OPEN_SANDBOX_DOMAIN: host[:port] or a URL, without ``/v1``."""
+    if not domain:
+        return None
+    domain = domain.strip().rstrip("/")
+    if "://" not in domain:
+        domain = "http://" + domain
+    return domain + "/v1"
+
+
+def check_client_options(
+    execd_scheme: object,
+    connect_timeout: object,
+    read_timeout: object,
+    create_timeout: object,
+    pool_maxsize: object,
+    max_retries: object,
+) -> None:
+    """Raise ConfigurationError naming the first bad Client option."""
+    if execd_scheme not in (None, "http", "https"):
+        raise ConfigurationError("execd_scheme must be 'http', 'https' or None")
+    for name, value in (
+        ("connect_timeout", connect_timeout),
+        ("read_timeout", read_timeout),
+        ("create_timeout", create_timeout),
+    ):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigurationError(f"{name} must be a positive number of seconds")
+    if isinstance(pool_maxsize, bool) or not isinstance(pool_maxsize, int) or pool_maxsize < 1:
+        raise ConfigurationError("pool_maxsize must be a positive int")
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise ConfigurationError("max_retries must be an int >= 0")
+
+
+def wait_settings(ready_timeout: float | None, poll_interval: float | None) -> tuple[float, float]:
+    """``ready_timeout`` and ``poll_interval`` with their defaults, checked."""
+    ready = DEFAULT_READY_TIMEOUT if ready_timeout is None else ready_timeout
+    poll = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
+    if not isinstance(ready, (int, float)) or ready < 0:
+        raise ConfigurationError("ready_timeout must be a number of seconds >= 0")
+    if not isinstance(poll, (int, float)) or poll < 0:
+        raise ConfigurationError("poll_interval must be a number of seconds >= 0")
+    return float(ready), float(poll)
+
+
+def execd_url(endpoint: str, scheme: str) -> str:
+    """``scheme://endpoint`` for a scheme-less endpoint (which may carry a path)."""
+    endpoint = endpoint.strip().rstrip("/")
+    if "://" in endpoint:
+        return endpoint
+    return f"{scheme}://{endpoint}"
+
+
+def check_id(sandbox_id: object) -> str:
+    """A sandbox id, checked to be a non-empty str."""
+    if not isinstance(sandbox_id, str) or not sandbox_id.strip():
+        raise ConfigurationError("a sandbox id must be a non-empty str")
+    return sandbox_id
+
+
+def check_run_arguments(
+    code: object, language: object, max_output_bytes: object, timeout: object
+) -> None:
+    """Raise ConfigurationError naming the first bad argument of a code run."""
+    if not isinstance(code, str):
+        raise ConfigurationError(f"code must be a str, not {type(code).__name__}")
+    if not code.strip():
+        # Real execd never ends a run of blank code: its context would stay busy for good.
+        raise ConfigurationError("code is empty or blank: there is nothing to run")
+    if language not in LANGUAGES:
+        raise ConfigurationError(
+            f"unknown language {language!r}: execd runs {', '.join(LANGUAGES)} "
+            "(which ones depend on the image)"
+        )
+    if not isinstance(max_output_bytes, int) or max_output_bytes <= 0:
+        raise ConfigurationError("max_output_bytes must be a positive int")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ConfigurationError("timeout must be a positive number of seconds, or None")

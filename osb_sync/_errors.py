@@ -1,0 +1,216 @@
+"""Exceptions raised by osb_sync, and the one funnel that turns a response into one.
+
+The tree::
+
+    OpenSandboxError
+    ├── ConfigurationError      (also ValueError)     bad arguments or environment
+    ├── SandboxStateError       (also ValueError)     sandbox entered Failed/Stopping/Terminated
+    ├── SandboxTimeoutError     (also TimeoutError)   not ready in time, or a run past its deadline
+    ├── OutputLimitExceeded     (also ValueError)     a stream passed max_output_bytes
+    ├── CommandFailed                                  CommandResult.check() on a failed command
+    ├── ApiError                (also requests.HTTPError)  the server answered with an error status
+    │   └── NotFoundError                              404
+    └── TransportError          (also requests.ConnectionError)  no usable response
+        └── StreamError                                a stream broke, stalled or ended truncated
+
+Every message names what happened and, where known, the request id; none contains an API key
+or an execd token.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+from urllib.parse import urlsplit
+
+import requests
+
+from ._constants import REQUEST_ID_HEADER
+
+_MAX_BODY_EXCERPT = 300
+
+
+class OpenSandboxError(Exception):
+    """Root of every error raised by osb_sync."""
+
+
+class ConfigurationError(OpenSandboxError, ValueError):
+    """The client was given bad configuration or arguments."""
+
+
+class SandboxStateError(OpenSandboxError, ValueError):
+    """The sandbox reached a state it cannot run from (Failed, Stopping, Terminated)."""
+
+
+class SandboxTimeoutError(OpenSandboxError, TimeoutError):
+    """Something did not happen within its deadline."""
+
+
+class OutputLimitExceeded(OpenSandboxError, ValueError):
+    """A stream delivered more bytes than allowed; the stream was closed and the run interrupted."""
+
+    def __init__(self, message: str, *, limit: int, partial: Any = None):
+        super().__init__(message)
+        self.limit = limit
+        self.partial = partial
+
+
+class CommandFailed(OpenSandboxError):
+    """A command exited non-zero (raised by ``CommandResult.check()``)."""
+
+    def __init__(self, message: str, *, exit_code: int | None, stderr: str):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.stderr = stderr
+
+
+class ApiError(OpenSandboxError, requests.HTTPError):
+    """The server answered with an error status.
+
+    Attributes:
+        status_code: the HTTP status.
+        code: the server's error code (e.g. ``DOCKER::SANDBOX_NOT_FOUND``), or None.
+        message: the server's message, or an excerpt of the body.
+        request_id: the ``X-Request-ID`` of the response, or None.
+        response: the ``requests.Response``.
+    """
+
+    def __init__(
+        self,
+        text: str,
+        *,
+        status_code: int,
+        code: str | None = None,
+        message: str = "",
+        request_id: str | None = None,
+        response: requests.Response | None = None,
+    ):
+        requests.HTTPError.__init__(self, text, response=response)
+        self.status_code = status_code
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+class NotFoundError(ApiError):
+    """The server answered 404: the sandbox (or the thing asked for) does not exist."""
+
+
+class TransportError(OpenSandboxError, requests.ConnectionError):
+    """A request got no usable response: refused, DNS, TLS, timeout, or a refused redirect."""
+
+    def __init__(self, message: str):
+        requests.ConnectionError.__init__(self, message)
+
+
+class StreamError(TransportError):
+    """An event stream broke, stalled past the read timeout, or ended truncated.
+
+    Attributes:
+        partial: what had been received before the fault, folded into a result.
+    """
+
+    def __init__(self, message: str, *, partial: Any = None):
+        super().__init__(message)
+        self.partial = partial
+
+
+def with_suffix(exc: ApiError, suffix: str) -> ApiError:
+    """The same ApiError (same class and fields) with ``suffix`` added to its message."""
+    return type(exc)(
+        f"{exc} {suffix}",
+        status_code=exc.status_code,
+        code=exc.code,
+        message=exc.message,
+        request_id=exc.request_id,
+        response=exc.response,
+    )
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """Replace every secret value that occurs in ``text``."""
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "[redacted]")
+    return text
+
+
+def error_from_response(
+    response: requests.Response, method: str, path: str, secrets: Iterable[str] = ()
+) -> ApiError:
+    """Build the ApiError (or NotFoundError) that describes an error response."""
+    code, message = _parse_error_body(response)
+    request_id = response.headers.get(REQUEST_ID_HEADER)
+    text = f"{method} {path} -> {response.status_code}"
+    if code:
+        text += f" {code}"
+    if message:
+        text += f": {message}"
+    if request_id:
+        text += f" (request id {request_id})"
+    cls = NotFoundError if response.status_code == 404 else ApiError
+    return cls(
+        redact(text, secrets),
+        status_code=response.status_code,
+        code=code,
+        message=redact(message, secrets),
+        request_id=request_id,
+        response=response,
+    )
+
+
+def invalid_response(response: requests.Response, what: str) -> ApiError:
+    """The ApiError for a success status whose body is unusable (``what`` says how)."""
+    method = (response.request.method or "") if response.request is not None else ""
+    path = urlsplit(response.url).path if response.url else ""
+    request_id = response.headers.get(REQUEST_ID_HEADER)
+    text = f"{method} {path} -> {response.status_code}: {what}"
+    if request_id:
+        text += f" (request id {request_id})"
+    return ApiError(
+        text,
+        status_code=response.status_code,
+        code="INVALID_RESPONSE",
+        message=what,
+        request_id=request_id,
+        response=response,
+    )
+
+
+def _parse_error_body(response: requests.Response) -> tuple[str | None, str]:
+    try:
+        body: Any = json.loads(response.content)
+    except (ValueError, RecursionError):
+        return None, _excerpt(response)
+    if not isinstance(body, dict):
+        return None, _excerpt(response)
+    code = body.get("code")
+    if "message" in body or code is not None:
+        return (str(code) if code is not None else None), str(body.get("message") or "")
+    if "detail" in body:
+        return "VALIDATION_ERROR", _describe_detail(body["detail"])
+    if "error" in body:
+        return None, str(body["error"])
+    return None, _excerpt(response)
+
+
+def _describe_detail(detail: Any) -> str:
+    """Summarise FastAPI's ``{"detail": [...]}`` validation errors."""
+    if not isinstance(detail, list):
+        return str(detail)
+    parts = []
+    for item in detail:
+        if isinstance(item, dict):
+            loc = ".".join(str(p) for p in item.get("loc") or ())
+            parts.append(f"{loc}: {item.get('msg', '')}" if loc else str(item.get("msg", "")))
+        else:
+            parts.append(str(item))
+    return "; ".join(parts)
+
+
+def _excerpt(response: requests.Response) -> str:
+    content_type = response.headers.get("Content-Type", "")
+    if "html" in content_type.lower():
+        return f"an HTML page ({len(response.content)} bytes) instead of an API error body"
+    text = response.content[:_MAX_BODY_EXCERPT].decode("utf-8", "replace")
+    return " ".join(text.split())

@@ -1,0 +1,165 @@
+"""Low-level calls to one sandbox's execd: the request funnel and event streams."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
+
+import requests
+
+from ._constants import INTERRUPT_WAIT
+from ._errors import (
+    OpenSandboxError,
+    SandboxStateError,
+    error_from_response,
+    invalid_response,
+)
+from ._execution import ExecutionStream, Folder, R
+from ._models import Event
+from ._transport import Transport, response_json
+
+logger = logging.getLogger("osb_sync")
+
+STREAM_HEADERS = {
+    "Content-Type": "application/json",
+    "Accept": "text/event-stream",
+    "Cache-Control": "no-cache",
+    # Counted bytes must be wire bytes: no transparent decompression under the cap.
+    "Accept-Encoding": "identity",
+}
+PAUSED_HINT = "the sandbox is paused: resume it first (sandbox.resume())"
+
+
+class Execd:
+    """One sandbox's execd: its base URL and the headers the server requires on every call."""
+
+    def __init__(self, transport: Transport, base_url: str, headers: Mapping[str, str]):
+        self._transport = transport
+        self.move(base_url, headers)
+
+    def move(self, base_url: str, headers: Mapping[str, str]) -> None:
+        """Send later calls to another address (a resumed sandbox's execd may have moved)."""
+        self.base_url = base_url
+        self._headers = dict(headers)
+        self._secrets = tuple(self._headers.values())
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """A copy of the headers sent on every call."""
+        return dict(self._headers)
+
+    @property
+    def read_timeout(self) -> float:
+        """Seconds of silence allowed on a response, unless a call says otherwise."""
+        return self._transport.read_timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+        data: Any = None,
+        headers: Mapping[str, str] | None = None,
+        read_timeout: float | None = None,
+        stream: bool = False,
+        retry: bool | None = None,
+    ) -> requests.Response:
+        """Send one call; an error status raises (and closes the response).
+
+        GETs are retried on transient failures unless ``retry`` is False.
+
+        Raises:
+            NotFoundError: 404 (a missing file, context or command).
+            SandboxStateError: the server's proxy says the sandbox is paused.
+            ApiError: another error status.
+            TransportError: no usable response.
+        """
+        url = self.base_url + path
+        response = self._transport.request(
+            method,
+            url,
+            json=json,
+            params=params,
+            data=data,
+            headers={**(headers or {}), **self._headers},
+            read_timeout=read_timeout,
+            stream=stream,
+            idempotent=method == "GET" if retry is None else retry,
+            secrets=self._secrets,
+        )
+        if response.status_code >= 300:
+            try:
+                exc = error_from_response(response, method, urlsplit(url).path, self._secrets)
+            finally:
+                response.close()
+            if exc.status_code == 502 and "paused" in exc.message.lower():
+                raise SandboxStateError(f"{PAUSED_HINT} ({exc})") from exc
+            raise exc
+        return response
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """A call whose answer is JSON (None for an empty or non-JSON body)."""
+        return response_json(self.request(method, path, **kwargs))
+
+    def stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        folder: Folder[R],
+        max_output_bytes: int,
+        timeout: float | None = None,
+        on_event: Callable[[Event], object] | None = None,
+        interrupt_path: str | None = None,
+        stop_at_terminal: bool = False,
+    ) -> ExecutionStream[R]:
+        """POST a run and return its live event stream.
+
+        Raises:
+            ApiError: execd refused the run.
+            TransportError: execd could not be reached.
+        """
+        response = self.request("POST", path, json=body, headers=STREAM_HEADERS, stream=True)
+        content_type = response.headers.get("Content-Type", "")
+        if "html" in content_type.lower():
+            response.close()
+            raise invalid_response(
+                response, "an HTML page instead of an event stream (a proxy or gateway in the way?)"
+            )
+        interrupt = None
+        if interrupt_path is not None:
+
+            def interrupt(run_id: str) -> bool:
+                return self.try_interrupt(interrupt_path, run_id)
+
+        return ExecutionStream(
+            response,
+            max_output_bytes=max_output_bytes,
+            timeout=timeout,
+            on_event=on_event,
+            interrupt=interrupt,
+            folder=folder,
+            stop_at_terminal=stop_at_terminal,
+        )
+
+    def interrupt(self, path: str, run_id: str, read_timeout: float | None = None) -> None:
+        """``DELETE {path}?id=``: stop a run (``/code``: a context's run; ``/command``: a command).
+
+        Raises:
+            NotFoundError: no such run or context.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        self.request("DELETE", path, params={"id": run_id}, read_timeout=read_timeout)
+
+    def try_interrupt(self, path: str, run_id: str) -> bool:
+        """:meth:`interrupt`, bounded by ``INTERRUPT_WAIT``; False (logged) if it failed."""
+        try:
+            self.interrupt(path, run_id, min(INTERRUPT_WAIT, self._transport.read_timeout))
+        except OpenSandboxError as exc:
+            logger.warning("interrupting run %s (DELETE %s) failed: %s", run_id, path, exc)
+            return False
+        return True

@@ -1,0 +1,377 @@
+"""Files in a sandbox through execd: streamed upload and download, and file-system calls."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import secrets
+from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TypeAlias
+
+import requests
+import urllib3
+
+from ._constants import CHUNK_SIZE, MAX_OUTPUT_BYTES
+from ._errors import (
+    ConfigurationError,
+    NotFoundError,
+    OutputLimitExceeded,
+    StreamError,
+    with_suffix,
+)
+from ._models import FileInfo, mode_to_wire
+
+if TYPE_CHECKING:
+    from ._execd import Execd
+
+Data: TypeAlias = str | bytes | IO[bytes]
+
+
+class _Part:
+    """One file of a multipart upload: its JSON metadata part, then its content part."""
+
+    def __init__(self, path: str, data: Data, mode: int, owner: str | None, group: str | None):
+        if not isinstance(path, str) or not path:
+            raise ConfigurationError("a file path must be a non-empty str")
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        self.data = data
+        self.size = len(data) if isinstance(data, bytes) else _remaining_size(data)
+        meta = {"path": path, "mode": mode_to_wire(mode), "owner": owner, "group": group}
+        self.metadata = json.dumps(meta).encode()
+
+    def chunks(self) -> Iterator[bytes]:
+        if isinstance(self.data, bytes):
+            yield self.data
+            return
+        left = self.size
+        while left > 0:
+            chunk = self.data.read(min(CHUNK_SIZE, left))
+            if not chunk:
+                raise ConfigurationError("a file shrank while it was being uploaded")
+            left -= len(chunk)
+            yield chunk
+
+
+def _remaining_size(handle: IO[bytes]) -> int:
+    """Bytes left in a seekable binary file object (needed for Content-Length)."""
+    try:
+        here = handle.tell()
+        end = handle.seek(0, os.SEEK_END)
+        handle.seek(here)
+    except (AttributeError, OSError, ValueError) as exc:
+        raise ConfigurationError("file objects to upload must be binary and seekable") from exc
+    return end - here
+
+
+class MultipartBody:
+    """A ``multipart/form-data`` body streamed part by part, with a known length.
+
+    Paired parts named ``metadata`` and ``file``, both with a filename, as execd requires.
+    ``requests`` reads ``len()`` for Content-Length and iterates, so a large file is never held
+    in memory.
+    """
+
+    def __init__(self, parts: list[_Part]):
+        self.boundary = "osb-sync-" + secrets.token_hex(16)
+        self._pieces: list[tuple[bytes, _Part | None]] = []
+        for part in parts:
+            self._pieces.append((self._head("metadata", "metadata", "application/json"), None))
+            self._pieces.append((part.metadata + b"\r\n", None))
+            self._pieces.append((self._head("file", "file", "application/octet-stream"), part))
+            self._pieces.append((b"\r\n", None))
+        self._pieces.append((f"--{self.boundary}--\r\n".encode(), None))
+
+    @property
+    def content_type(self) -> str:
+        return f"multipart/form-data; boundary={self.boundary}"
+
+    def _head(self, name: str, filename: str, content_type: str) -> bytes:
+        return (
+            f"--{self.boundary}\r\n"
+            f'Content-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+            f"Content-Type: {content_type}\r\n\r\n"
+        ).encode()
+
+    def __len__(self) -> int:
+        return sum(len(head) + (part.size if part else 0) for head, part in self._pieces)
+
+    def __iter__(self) -> Iterator[bytes]:
+        for head, part in self._pieces:
+            yield head
+            if part is not None:
+                yield from part.chunks()
+
+
+class Files:
+    """``sandbox.files``: the sandbox's file system, through execd.
+
+    Relative paths are resolved by execd (in the sandbox's working directory).
+    """
+
+    def __init__(self, execd: Execd):
+        self._execd = execd
+
+    def write(
+        self,
+        path: str,
+        data: Data,
+        *,
+        mode: int = 0o644,
+        owner: str | None = None,
+        group: str | None = None,
+    ) -> None:
+        """Write one file (parents are created). ``data``: str, bytes or a binary file object.
+
+        Raises:
+            ApiError: execd refused the upload.
+        """
+        self._upload([_Part(path, data, mode, owner, group)])
+
+    def write_many(
+        self,
+        entries: Mapping[str, Data] | Iterable[tuple[str, Data] | tuple[str, Data, int]],
+    ) -> None:
+        """Write several files in one request: a ``{path: data}`` dict, or ``(path, data)``
+        and ``(path, data, mode)`` tuples.
+
+        Raises:
+            ConfigurationError: an entry that is not such a tuple, an empty path, a mode that
+                is not an int, or a file object that is not seekable.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        if isinstance(entries, Mapping):
+            entries = list(entries.items())
+        parts = []
+        for entry in entries:
+            if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+                raise ConfigurationError(
+                    "write_many takes a {path: data} dict or (path, data[, mode]) tuples, "
+                    f"got {type(entry).__name__} {entry!r:.60}"
+                )
+            path, data, *rest = entry
+            parts.append(_Part(path, data, rest[0] if rest else 0o644, None, None))
+        if parts:
+            self._upload(parts)
+
+    def upload(self, local_path: str | os.PathLike[str], path: str, *, mode: int = 0o644) -> None:
+        """Stream a local file into the sandbox without loading it into memory.
+
+        Raises:
+            OSError: the local file could not be read.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        with open(local_path, "rb") as handle:
+            self._upload([_Part(path, handle, mode, None, None)])
+
+    def _upload(self, parts: list[_Part]) -> None:
+        body = MultipartBody(parts)
+        self._execd.request(
+            "POST", "/files/upload", data=body, headers={"Content-Type": body.content_type}
+        )
+
+    def read_bytes(self, path: str, *, max_bytes: int = MAX_OUTPUT_BYTES) -> bytes:
+        """A whole file, up to ``max_bytes``.
+
+        Raises:
+            NotFoundError: no such file.
+            OutputLimitExceeded: the file is larger than ``max_bytes``.
+        """
+        pieces: list[bytes] = []
+        total = 0
+        for chunk in self.iter_bytes(path):
+            total += len(chunk)
+            if total > max_bytes:
+                raise OutputLimitExceeded(
+                    f"file {path} exceeded {max_bytes} bytes (raise max_bytes to allow more)",
+                    limit=max_bytes,
+                )
+            pieces.append(chunk)
+        return b"".join(pieces)
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """A whole file decoded as text (capped like :meth:`read_bytes`).
+
+        Raises:
+            NotFoundError: no such file.
+            OutputLimitExceeded: the file is larger than the cap.
+            UnicodeDecodeError: the file is not text in ``encoding`` (the message names it).
+        """
+        data = self.read_bytes(path)
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError as exc:
+            exc.reason = (
+                f"{exc.reason}: {path!r} is not {encoding} text (read_bytes reads any file)"
+            )
+            raise
+
+    def iter_bytes(
+        self, path: str, chunk_size: int = CHUNK_SIZE, start: int = 0
+    ) -> Iterator[bytes]:
+        """Stream a file from byte ``start`` on (a Range request: resume after a failure).
+
+        Raises:
+            NotFoundError: no such file.
+            StreamError: the download broke.
+        """
+        headers = {"Range": f"bytes={start}-"} if start else None
+        try:
+            response = self._execd.request(
+                "GET", "/files/download", params={"path": path}, headers=headers, stream=True
+            )
+        except NotFoundError as exc:
+            raise with_suffix(exc, f"(path {path!r})") from None
+        try:
+            yield from _chunks_or_stream_error(response, chunk_size)
+        finally:
+            response.close()
+
+    def download(self, path: str, local_path: str | os.PathLike[str]) -> int:
+        """Stream a file to a local path; returns the bytes written.
+
+        Raises:
+            NotFoundError: no such file.
+            StreamError: the download broke.
+            OSError: the local file could not be written.
+        """
+        written = 0
+        with open(local_path, "wb") as handle:
+            for chunk in self.iter_bytes(path):
+                handle.write(chunk)
+                written += len(chunk)
+        return written
+
+    def info(self, *paths: str) -> dict[str, FileInfo]:
+        """Stat files.
+
+        Raises:
+            NotFoundError: one of them does not exist.
+        """
+        try:
+            data = self._execd.json("GET", "/files/info", params={"path": list(paths)})
+        except NotFoundError as exc:
+            raise with_suffix(exc, f"(paths {list(paths)!r})") from None
+        items = data.items() if isinstance(data, dict) else ()
+        return {str(k): FileInfo.from_dict(v) for k, v in items if isinstance(v, dict)}
+
+    def exists(self, path: str) -> bool:
+        """Whether a file or directory exists.
+
+        Raises:
+            ApiError: execd refused the call for another reason than a missing path.
+            TransportError: execd could not be reached.
+        """
+        try:
+            return bool(self.info(path))
+        except NotFoundError:
+            return False
+
+    def list(self, path: str, depth: int = 1) -> builtins.list[FileInfo]:
+        """A directory's entries (``depth`` levels deep).
+
+        Raises:
+            NotFoundError: no such directory.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        data = self._execd.json("GET", "/directories/list", params={"path": path, "depth": depth})
+        return _file_infos(data)
+
+    def search(self, path: str, pattern: str = "**") -> builtins.list[FileInfo]:
+        """Files under ``path`` whose name matches the glob ``pattern``.
+
+        Raises:
+            NotFoundError: no such directory.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        data = self._execd.json("GET", "/files/search", params={"path": path, "pattern": pattern})
+        return _file_infos(data)
+
+    def remove(self, *paths: str) -> None:
+        """Delete files (a missing one is fine).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        self._execd.request("DELETE", "/files", params={"path": list(paths)})
+
+    def mkdir(self, path: str, *, mode: int = 0o755) -> None:
+        """Create a directory and its parents.
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        self._execd.request("POST", "/directories", json={path: {"mode": mode_to_wire(mode)}})
+
+    def rmtree(self, path: str) -> None:
+        """Delete a directory and everything in it.
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        self._execd.request("DELETE", "/directories", params={"path": path})
+
+    def move(self, src: str, dest: str) -> None:
+        """Move or rename.
+
+        Raises:
+            NotFoundError: no such source.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        self._execd.request("POST", "/files/mv", json=[{"src": src, "dest": dest}])
+
+    def chmod(
+        self, path: str, mode: int, owner: str | None = None, group: str | None = None
+    ) -> None:
+        """Change permissions (and owner/group when given).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        entry: dict[str, Any] = {"mode": mode_to_wire(mode)}
+        if owner is not None:
+            entry["owner"] = owner
+        if group is not None:
+            entry["group"] = group
+        self._execd.request("POST", "/files/permissions", json={path: entry})
+
+    def replace(self, path: str, old: str, new: str) -> int:
+        """Replace every ``old`` with ``new`` in a file; returns how many were replaced.
+
+        Raises:
+            ConfigurationError: an empty ``old``.
+            NotFoundError: no such file.
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        if not old:
+            raise ConfigurationError("replace needs a non-empty old text")
+        data = self._execd.json(
+            "POST",
+            "/files/replace",
+            params={"verbose": "true"},
+            json={path: {"old": old, "new": new}},
+        )
+        found = data.get(path) if isinstance(data, dict) else None
+        count = found.get("replacedCount") if isinstance(found, dict) else None
+        return count if isinstance(count, int) else 0
+
+
+def _file_infos(data: Any) -> builtins.list[FileInfo]:
+    return [FileInfo.from_dict(item) for item in data or () if isinstance(item, dict)]
+
+
+def _chunks_or_stream_error(response: requests.Response, chunk_size: int) -> Iterator[bytes]:
+    try:
+        yield from response.iter_content(chunk_size)
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise StreamError(f"the download broke: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,376 @@
+"""Lifecycle REST calls: create, wait until Running, resolve endpoints, get, list, delete."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator, Mapping, Sequence
+from urllib.parse import quote, urlencode, urlsplit
+
+import requests
+
+from . import _orphans as orphans
+from ._config import execd_url
+from ._constants import API_KEY_HEADER, CREATE_ID_KEY
+from ._errors import (
+    ApiError,
+    ConfigurationError,
+    NotFoundError,
+    OpenSandboxError,
+    SandboxStateError,
+    SandboxTimeoutError,
+    TransportError,
+    error_from_response,
+    invalid_response,
+    with_suffix,
+)
+from ._failures import V1_HINT
+from ._models import Endpoint, SandboxInfo, parse_time
+from ._transport import Transport, never_sent, response_json
+
+logger = logging.getLogger("osb_sync")
+
+FATAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
+EGRESS_HINT = (
+    "Hint: this server has no egress support for networkPolicy; pass "
+    "allow_internet_access=True or configure egress on the server."
+)
+MAX_PAGE_SIZE = 200
+
+
+def sandbox_path(sandbox_id: str) -> str:
+    """``/sandboxes/{id}`` with the id escaped, so no id can reach another route."""
+    return f"/sandboxes/{quote(sandbox_id, safe='')}"
+
+
+def _state_of(data: Any) -> str | None:
+    status = data.get("status") if isinstance(data, dict) else None
+    state = status.get("state") if isinstance(status, dict) else None
+    return state if isinstance(state, str) else None
+
+
+def _describe_state(data: Any) -> str:
+    status = data.get("status") if isinstance(data, dict) else None
+    if not isinstance(status, dict):
+        return ""
+    details = [str(status[k]) for k in ("reason", "message") if status.get(k)]
+    return f" ({': '.join(details)})" if details else ""
+
+
+class Lifecycle:
+    """The lifecycle API of one server, reached through a Transport with one API key."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        api_base: str,
+        api_key: str,
+        create_timeout: float,
+        execd_scheme: str,
+    ):
+        self.api_base = api_base
+        self.execd_scheme = execd_scheme
+        self._transport = transport
+        self._api_key = api_key
+        self._create_timeout = create_timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+        read_timeout: float | None = None,
+        check: bool = True,
+        secrets: tuple[str, ...] = (),
+    ) -> requests.Response:
+        """Send a lifecycle call with the API key; raise ApiError for an error status if asked.
+
+        ``secrets`` (besides the API key) are redacted from any error message.
+
+        Raises:
+            ApiError: an error status (when ``check``).
+            TransportError: no usable response.
+        """
+        headers = {"Content-Type": "application/json"} if json is not None else {}
+        if self._api_key:
+            headers[API_KEY_HEADER] = self._api_key
+        response = self._transport.request(
+            method,
+            self.api_base + path,
+            json=json,
+            params=params,
+            headers=headers,
+            read_timeout=read_timeout,
+            idempotent=method in ("GET", "DELETE"),
+            secrets=(self._api_key, *secrets),
+        )
+        if check and response.status_code >= 300:
+            raise self.error(response, secrets)
+        return response
+
+    def error(self, response: requests.Response, secrets: tuple[str, ...] = ()) -> ApiError:
+        """The ApiError describing an error response (secrets redacted)."""
+        path = urlsplit(response.url).path if response.url else ""
+        method = (response.request.method or "") if response.request is not None else ""
+        exc = error_from_response(response, method, path, (self._api_key, *secrets))
+        if (
+            exc.status_code == 404
+            and "SANDBOX" not in (exc.code or "")
+            and not self.api_base.endswith("/v1")
+        ):
+            return with_suffix(exc, f"({V1_HINT}: {self.api_base}/v1?)")
+        return exc
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /sandboxes``; a failure that may have left a sandbox starts a search for it.
+
+        Raises:
+            ApiError: an error status, or a success without an id.
+            TransportError: no usable response.
+        """
+        auth = body.get("image", {}).get("auth") or {}
+        try:
+            response = self.request(
+                "POST",
+                "/sandboxes",
+                json=body,
+                read_timeout=self._create_timeout,
+                secrets=tuple(str(v) for v in auth.values()),
+            )
+        except ApiError as exc:
+            if exc.status_code >= 500:
+                self._search_after_failed_create(body, answered=exc.status_code != 504)
+            if exc.code == "SANDBOX::INVALID_PARAMETER" and "networkPolicy" in body:
+                raise with_suffix(exc, EGRESS_HINT) from None
+            raise
+        except TransportError as exc:
+            if not never_sent(exc):
+                self._search_after_failed_create(body, answered=False)
+            raise
+        data = response_json(response)
+        if not isinstance(data, dict) or data.get("id") in (None, ""):
+            self._search_after_failed_create(body, answered=True)
+            shape = "an object without an id" if isinstance(data, dict) else "not a JSON object"
+            raise invalid_response(response, f"the create response is {shape}")
+        return data
+
+    def _search_after_failed_create(self, body: dict[str, Any], *, answered: bool) -> None:
+        create_id = body.get("metadata", {}).get(CREATE_ID_KEY, "")
+        if create_id:
+            lifetime = body.get("timeout")  # None: the sandbox never expires
+            lifetime = None if lifetime is None else float(lifetime)
+            orphans.search(self, create_id, answered=answered, lifetime=lifetime)
+
+    def get(self, sandbox_id: str) -> Any:
+        """``GET /sandboxes/{id}``: the decoded body (None if it is not JSON).
+
+        Raises:
+            NotFoundError: no such sandbox.
+            ApiError: another error status.
+            TransportError: no usable response.
+        """
+        return response_json(self.request("GET", sandbox_path(sandbox_id)))
+
+    def info(self, sandbox_id: str) -> SandboxInfo:
+        """The sandbox's current description.
+
+        Raises:
+            NotFoundError: no such sandbox.
+            ApiError: another error status, or an answer that is not a JSON object.
+            TransportError: no usable response.
+        """
+        response = self.request("GET", sandbox_path(sandbox_id))
+        data = response_json(response)
+        if not isinstance(data, dict):
+            raise invalid_response(response, "the answer is not a JSON object")
+        return SandboxInfo.from_dict(data)
+
+    def resume(self, sandbox_id: str, ready_timeout: float, poll_interval: float) -> None:
+        """Resume a paused sandbox and wait until it is Running.
+
+        Raises:
+            ApiError: e.g. 409 when it is not paused.
+            SandboxTimeoutError: not Running within ``ready_timeout``.
+        """
+        self.action(sandbox_id, "resume")
+        self.wait_until_running(sandbox_id, self.get(sandbox_id), ready_timeout, poll_interval)
+
+    def endpoint(
+        self,
+        sandbox_id: str,
+        port: int,
+        use_server_proxy: bool,
+        ready_timeout: float,
+        poll_interval: float,
+    ) -> Endpoint:
+        """How to reach ``port`` of a sandbox: a URL with scheme, and the headers to send.
+
+        Raises:
+            ConfigurationError: a port outside 1..65535.
+            The errors of :meth:`resolve_endpoint`.
+        """
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ConfigurationError("port must be an int from 1 to 65535")
+        endpoint, headers = self.resolve_endpoint(
+            sandbox_id, port, use_server_proxy, ready_timeout, poll_interval
+        )
+        return Endpoint(url=execd_url(endpoint, self.execd_scheme), headers=headers)
+
+    def action(self, sandbox_id: str, verb: str) -> None:
+        """``POST /sandboxes/{id}/{verb}`` with no body (``pause``, ``resume``)."""
+        self.request("POST", f"{sandbox_path(sandbox_id)}/{verb}").close()
+
+    def renew(
+        self, sandbox_id: str, seconds: float, read_timeout: float | None = None
+    ) -> datetime | None:
+        """Set the expiry to now + ``seconds`` (RFC 3339 UTC); returns the server's answer.
+
+        Raises:
+            ConfigurationError: ``seconds`` is not a positive number.
+            ApiError: e.g. a sandbox without expiry.
+        """
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise ConfigurationError("seconds must be a positive number")
+        expires = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+        body = {"expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        path = f"{sandbox_path(sandbox_id)}/renew-expiration"
+        data = response_json(self.request("POST", path, json=body, read_timeout=read_timeout))
+        return parse_time(data.get("expiresAt")) if isinstance(data, dict) else None
+
+    def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> SandboxInfo:
+        """JSON merge patch of the labels; returns the sandbox as the server now describes it."""
+        path = f"{sandbox_path(sandbox_id)}/metadata"
+        data = response_json(self.request("PATCH", path, json=dict(patch)))
+        return SandboxInfo.from_dict(data if isinstance(data, dict) else {"id": sandbox_id})
+
+    def iter_sandboxes(
+        self, states: Sequence[str] | None, metadata: Mapping[str, str] | None, page_size: int
+    ) -> Iterator[dict[str, Any]]:
+        """Every sandbox matching the filters, page by page, fetched lazily."""
+        params: dict[str, Any] = {"pageSize": page_size}
+        if states:
+            params["state"] = list(states)
+        if metadata:
+            params["metadata"] = urlencode(dict(metadata))
+        page = 1
+        while True:
+            data = response_json(self.request("GET", "/sandboxes", params={**params, "page": page}))
+            items = data.get("items") if isinstance(data, dict) else None
+            if not isinstance(items, list) or not items:
+                return
+            yield from (item for item in items if isinstance(item, dict))
+            pagination = data.get("pagination")
+            if not (isinstance(pagination, dict) and pagination.get("hasNextPage")):
+                return
+            page += 1
+
+    def wait_until_running(
+        self, sandbox_id: str, data: Any, ready_timeout: float, poll_interval: float
+    ) -> None:
+        """Poll while the sandbox is not Running: one ``time.sleep`` between two polls.
+
+        Raises:
+            SandboxStateError: Failed, Stopping or Terminated.
+            SandboxTimeoutError: not Running within ``ready_timeout``.
+            NotFoundError: the sandbox disappeared.
+        """
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            state = _state_of(data)
+            if state == "Running":
+                return
+            if state in FATAL_STATES:
+                raise SandboxStateError(
+                    f"sandbox {sandbox_id} entered {state}{_describe_state(data)}"
+                )
+            if time.monotonic() >= deadline:
+                raise SandboxTimeoutError(
+                    f"sandbox {sandbox_id} was not Running within {ready_timeout} seconds "
+                    f"(last state: {state or 'unknown'})"
+                )
+            time.sleep(poll_interval)
+            data = self.get(sandbox_id)
+
+    def resolve_endpoint(
+        self,
+        sandbox_id: str,
+        port: int,
+        use_server_proxy: bool,
+        ready_timeout: float,
+        poll_interval: float,
+    ) -> tuple[str, dict[str, str]]:
+        """The endpoint and headers of a port; 404s and unusable bodies are retried.
+
+        A 404 whose code says the sandbox itself is unknown (``*::SANDBOX_NOT_FOUND``) is not
+        retried: only a 404 for an endpoint that is not ready yet (e.g. Kubernetes'
+        ``POD_IP_NOT_AVAILABLE``) is.
+
+        Raises:
+            NotFoundError: the sandbox does not exist.
+            SandboxTimeoutError: no endpoint within ``ready_timeout`` (chained from the last error).
+            ApiError: any error status other than 404.
+        """
+        path = f"{sandbox_path(sandbox_id)}/endpoints/{port}"
+        params = {"use_server_proxy": "true" if use_server_proxy else "false"}
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            try:
+                data = response_json(self.request("GET", path, params=params))
+            except NotFoundError as exc:
+                if (exc.code or "").endswith("SANDBOX_NOT_FOUND"):
+                    raise  # the sandbox is gone; only an endpoint not ready yet is retried
+                last_error: Exception = exc
+            else:
+                endpoint = data.get("endpoint") if isinstance(data, dict) else None
+                if isinstance(endpoint, str) and endpoint.strip():
+                    headers = data.get("headers")
+                    headers = headers if isinstance(headers, dict) else {}
+                    return endpoint, {str(k): str(v) for k, v in headers.items()}
+                last_error = ValueError("the endpoint response has no usable 'endpoint'")
+            if time.monotonic() >= deadline:
+                raise SandboxTimeoutError(
+                    f"execd endpoint for {sandbox_id} was not ready within {ready_timeout} "
+                    f"seconds (use_server_proxy={use_server_proxy})"
+                ) from last_error
+            time.sleep(poll_interval)
+
+    def delete(self, sandbox_id: str) -> bool:
+        """``DELETE /sandboxes/{id}``: True if deleted, False on 404.
+
+        Raises:
+            ApiError: any other error status.
+            TransportError: no usable response.
+        """
+        response = self.request("DELETE", sandbox_path(sandbox_id), check=False)
+        response.close()
+        if response.status_code == 404:
+            return False
+        if response.status_code >= 300:
+            raise self.error(response)
+        return True
+
+    def delete_quietly(self, sandbox_id: str) -> bool:
+        """Best-effort delete for cleanup paths: logs, never raises; True if it was deleted."""
+        try:
+            return self.delete(sandbox_id)
+        except OpenSandboxError as exc:
+            logger.warning("could not delete sandbox %s: %s", sandbox_id, exc)
+            return False
+
+    def find_by_create_id(self, create_id: str) -> list[str]:
+        """Ids of the sandboxes tagged with this ``osb-sync/create-id``.
+
+        Raises:
+            ApiError: an error status.
+            TransportError: no usable response.
+        """
+        found = self.iter_sandboxes(None, {CREATE_ID_KEY: create_id}, MAX_PAGE_SIZE)
+        return [
+            str(item.get("id"))
+            for item in found
+            if isinstance(item.get("metadata"), dict)
+            and item["metadata"].get(CREATE_ID_KEY) == create_id
+        ]

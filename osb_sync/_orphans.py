@@ -1,0 +1,177 @@
+"""Sandboxes that failed creates may have left: found by their create-id tag and deleted.
+
+Every create carries a random ``osb-sync/create-id`` metadata tag. When a create fails after
+its request reached the server, a search looks the tag up and deletes what it finds. It runs
+in a background thread and retries failed lookups with the transport's backoff:
+
+- after an error status other than 504, the server is done with the request: the first
+  lookup that gets an answer decides;
+- after no answer (a read timeout, a broken connection) or a 504 (a gateway gave up, the
+  server behind it may not have), the server may still be making the sandbox: lookups go on,
+  even when they find nothing, until one finds it, or until the sandbox's requested lifetime
+  has passed (the server deletes it then; ``SEARCH_CAP`` seconds for ``NO_TIMEOUT``).
+
+The failed call waits for the first lookup, at most ``CALLER_WAIT`` seconds. At interpreter exit
+every unfinished search gets a last chance, all of them together for at most ``EXIT_WAIT``
+seconds, in which one answered lookup decides. A create whose connection was never opened
+reached no server: it starts no search and logs nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ._constants import CREATE_ID_KEY
+from ._errors import OpenSandboxError
+from ._transport import backoff_seconds
+
+if TYPE_CHECKING:
+    from ._lifecycle import Lifecycle
+
+logger = logging.getLogger("osb_sync")
+
+CALLER_WAIT = 1.0
+EXIT_WAIT = 3.0
+EXIT_RETRY_INTERVAL = 0.1
+SEARCH_CAP = 3600.0
+
+_lock = threading.Lock()
+_searches: set[_Search] = set()
+_exiting = threading.Event()
+
+
+class _Search:
+    """One failed create's search: lookups with backoff until it is decided or too late."""
+
+    def __init__(self, lifecycle: Lifecycle, create_id: str, *, answered: bool, lifetime: float):
+        self.create_id = create_id
+        self.attempts = 0
+        self.looked = threading.Event()  # the first lookup is over, whatever it found
+        self.done = threading.Event()
+        self._lifecycle = lifecycle
+        self._answered = answered
+        self._deadline = time.monotonic() + lifetime
+        self._reached = False  # some lookup got an answer
+        self._wake = threading.Event()  # set at exit, or to cancel
+        self._cancelled = False
+
+    def run(self) -> None:
+        try:
+            while not self._cancelled and not self._attempt():
+                self.looked.set()
+                if time.monotonic() >= self._deadline:
+                    self._give_up()
+                    return
+                if _exiting.is_set():
+                    time.sleep(EXIT_RETRY_INTERVAL)
+                else:
+                    self._wake.wait(backoff_seconds(self.attempts - 1))
+        finally:
+            with _lock:
+                _searches.discard(self)
+            self.looked.set()
+            self.done.set()
+
+    def _attempt(self) -> bool:
+        """One lookup (and delete); True when the search is decided."""
+        self.attempts += 1
+        try:
+            found = self._lifecycle.find_by_create_id(self.create_id)
+            for sandbox_id in found:
+                logger.warning("deleting sandbox %s left by a failed create", sandbox_id)
+                self._lifecycle.delete(sandbox_id)
+        except OpenSandboxError as exc:
+            logger.debug("lookup %d for tag %s failed: %s", self.attempts, self.tag, exc)
+            return False
+        self._reached = True
+        return bool(found) or self._answered or _exiting.is_set()
+
+    def _give_up(self) -> None:
+        if not self._reached:
+            logger.warning(
+                "no lookup for a sandbox left by a failed create got an answer before its "
+                "lifetime ended; if it exists, delete it with delete_all(metadata={%r: %r})",
+                CREATE_ID_KEY,
+                self.create_id,
+            )
+
+    def wake(self, *, cancel: bool = False) -> None:
+        """End the backoff wait now; with ``cancel``, look no more."""
+        self._cancelled = self._cancelled or cancel
+        self._wake.set()
+
+    @property
+    def tag(self) -> str:
+        return f"{CREATE_ID_KEY}={self.create_id}"
+
+
+def search(lifecycle: Lifecycle, create_id: str, *, answered: bool, lifetime: float | None) -> None:
+    """Look for the sandbox of a failed create in the background.
+
+    Returns after the first lookup, or after CALLER_WAIT seconds if it takes longer.
+
+    Args:
+        lifecycle: the API the create went to.
+        create_id: the create's ``osb-sync/create-id`` tag.
+        answered: the server answered the create (with an error status other than 504).
+        lifetime: the sandbox's requested lifetime in seconds, None for no expiry.
+    """
+    job = _Search(lifecycle, create_id, answered=answered, lifetime=lifetime or SEARCH_CAP)
+    with _lock:
+        _searches.add(job)
+    threading.Thread(target=job.run, name="osb-orphan-search", daemon=True).start()
+    job.looked.wait(CALLER_WAIT)
+
+
+def searches_pending() -> int:
+    """Searches of this process that are not decided yet."""
+    with _lock:
+        return len(_searches)
+
+
+def _last_chance_at_exit() -> None:
+    """Let the unfinished searches look once more, for EXIT_WAIT seconds in all."""
+    _exiting.set()
+    with _lock:
+        pending = list(_searches)
+    for job in pending:
+        job.wake()
+    deadline = time.monotonic() + EXIT_WAIT
+    for job in pending:
+        job.done.wait(max(0.0, deadline - time.monotonic()))
+    unfinished = [job.tag for job in pending if not job.done.is_set()]
+    if unfinished:
+        logger.warning(
+            "at exit, the lookup for sandboxes left by failed creates did not finish within "
+            "%s s; look for them by metadata: %s",
+            EXIT_WAIT,
+            ", ".join(unfinished),
+        )
+
+
+def _cancel_all(wait: float) -> None:
+    """Tests: stop every search (their servers go away), waiting ``wait`` s for them to end."""
+    with _lock:
+        pending = list(_searches)
+    for job in pending:
+        job.wake(cancel=True)
+    deadline = time.monotonic() + wait
+    for job in pending:
+        job.done.wait(max(0.0, deadline - time.monotonic()))
+
+
+def _forget_in_child() -> None:
+    """A forked child has none of the parent's threads: the parent's searches are its own."""
+    global _lock
+    _lock = threading.Lock()
+    _searches.clear()
+
+
+atexit.register(_last_chance_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

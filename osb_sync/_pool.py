@@ -1,0 +1,395 @@
+"""SandboxPool: a thread-safe pool of warm sandboxes for request handlers and workers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
+
+from ._create_options import CreateOptions, check_options, lifetime_seconds
+from ._errors import ConfigurationError, OpenSandboxError
+from ._pool_care import (
+    Order,
+    after_fork_in_child,
+    answers_ping,
+    checked_pool_arguments,
+    close_at_exit_of_this_process,
+    hopeless,
+    reset_for_next_user,
+    timeout_error,
+)
+from ._transport import backoff_seconds
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from typing_extensions import Unpack
+
+    from ._client import Client
+    from ._sandbox import Sandbox
+
+logger = logging.getLogger("osb_sync")
+
+POOL_KEY = "osb_sync.pool"
+MAINTENANCE_INTERVAL = 1.0
+MAX_CREATE_BACKOFF = 30.0
+PING_FLOOR = 1.0
+CLOSE_WAIT = 10.0
+
+
+class SandboxPool:
+    """Lends ready sandboxes to threads and takes them back.
+
+    ``with pool.sandbox() as sb:`` lends one and takes it back on exit, even when the block
+    raised. A returned sandbox is deleted and replaced (``reuse="never"``, the default: the next
+    user must not see the last one's files or variables) or, with ``reuse="reset"``, cleaned
+    (code contexts deleted, background commands it started killed, working directory emptied)
+    and lent again. A background thread keeps ``size`` sandboxes ready, deletes returned ones,
+    and retries failed creates with backoff. Before lending, a sandbox is pinged (a dead one is
+    replaced) and renewed when close to expiry. Every pooled sandbox carries the metadata tag
+    ``osb_sync.pool=<name>``, so ``client.delete_all(metadata={"osb_sync.pool": name})``
+    cleans up after a crash. ``close()`` (also run at exit, in the creating process only)
+    deletes everything the pool created. A forked child starts with an empty pool of its own.
+
+    Args:
+        client: the client that creates the sandboxes.
+        size: sandboxes kept ready.
+        max_size: most sandboxes alive at once, lent ones included (default ``size``, at least 1).
+        reuse: ``"never"`` or ``"reset"``.
+        name: the pool's tag value (label-safe); random by default.
+        **create_kwargs: passed to ``client.create_sandbox``.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        size: int = 4,
+        max_size: int | None = None,
+        reuse: str = "never",
+        name: str | None = None,
+        **create_kwargs: Unpack[CreateOptions],
+    ):
+        max_size, self.name = checked_pool_arguments(size, max_size, reuse, name)
+        check_options(create_kwargs, "SandboxPool")
+        self.size, self.max_size, self.reuse = size, max_size, reuse
+        self._client = client
+        metadata = {**(create_kwargs.get("metadata") or {}), POOL_KEY: self.name}
+        self._create_kwargs: CreateOptions = {**create_kwargs, "metadata": metadata}
+        self._lifetime = lifetime_seconds(create_kwargs)
+        self._reset_state()
+        self._start_worker()
+        close_at_exit_of_this_process(self)
+        after_fork_in_child(self)
+
+    def _reset_state(self) -> None:
+        self._cond = threading.Condition()
+        self._idle: deque[Sandbox] = deque()
+        self._lent: dict[str, Sandbox] = {}
+        self._doomed: list[Sandbox] = []
+        self._to_reset: list[Sandbox] = []
+        self._expires: dict[str, float] = {}
+        self._commands_stopped: dict[str, int] = {}  # by sandbox: background commands reset
+        self._creating = 0
+        self._in_flight = 0  # being checked before lending, reset, or deleted
+        self._failures = 0
+        self._retry_at = 0.0  # no create starts before, after a failure (the caller's first may)
+        self._refill: Order | None = None
+        self._closed = False
+        self._worker: threading.Thread | None = None
+        self._creators: set[threading.Thread] = set()
+
+    def __repr__(self) -> str:
+        return f"SandboxPool(name={self.name!r}, size={self.size}, max_size={self.max_size})"
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def sandbox(self, timeout: float | None = None) -> Iterator[Sandbox]:
+        """Lend a sandbox for a ``with`` block; it comes back even when the block raises.
+
+        Raises:
+            The errors of :meth:`acquire`.
+        """
+        sandbox = self.acquire(timeout)
+        try:
+            yield sandbox
+        finally:
+            self.release(sandbox)
+
+    def acquire(self, timeout: float | None = None) -> Sandbox:
+        """Take a ready sandbox, creating one if the pool may grow; give it back with release().
+
+        ``timeout`` bounds the whole call (plus at most ``PING_FLOOR`` seconds for each of the
+        ``/ping`` and the renewal of a sandbox taken at the last moment). Creates run in threads
+        of their own: a create still running at the deadline goes on, and its sandbox joins the
+        pool (or is deleted if the pool is closed). With a ``timeout``, a failed create is
+        retried with the pool's backoff until the deadline; without one, its error is raised.
+
+        Raises:
+            SandboxTimeoutError: none ready within ``timeout`` seconds (chained from the last
+                failed create, if any).
+            ApiError: a create was refused with a 4xx status (waiting would not help).
+            OpenSandboxError: the pool is closed, or (without ``timeout``) a create failed.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            sandbox = self._take_or_create(deadline, timeout)
+            if not self._fit_to_lend(sandbox, deadline):
+                self._settle(sandbox, doomed=True)
+                continue
+            with self._cond:
+                self._in_flight -= 1
+                if self._closed:
+                    self._doomed.append(sandbox)
+                    raise OpenSandboxError(f"{self!r} is closed")
+                self._lent[sandbox.id] = sandbox
+            return sandbox
+
+    def release(self, sandbox: Sandbox) -> None:
+        """Give a lent sandbox back: deleted and replaced, or reset and kept, in the background.
+
+        Raises:
+            ConfigurationError: the sandbox was not lent by this pool.
+        """
+        with self._cond:
+            if self._closed:
+                return  # close() deleted it
+            if self._lent.pop(sandbox.id, None) is None:
+                raise ConfigurationError(f"sandbox {sandbox.id} was not lent by {self!r}")
+            (self._doomed if self.reuse == "never" else self._to_reset).append(sandbox)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Delete every sandbox the pool created (lent ones too) and stop the worker."""
+        with self._cond:
+            self._closed = True
+            doomed = [*self._idle, *self._lent.values(), *self._doomed, *self._to_reset]
+            self._idle.clear()
+            self._lent.clear()
+            self._doomed.clear()
+            self._to_reset.clear()
+            self._cond.notify_all()
+            threads = [self._worker, *self._creators]
+        for sandbox in doomed:
+            self._client.delete_quietly(sandbox.id)
+        deadline = time.monotonic() + CLOSE_WAIT
+        for thread in threads:
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _alive(self) -> int:
+        """Every sandbox of the pool that exists or is being created, wherever it is."""
+        return (
+            len(self._idle) + len(self._lent) + len(self._doomed) + len(self._to_reset)
+            + self._creating + self._in_flight
+        )  # fmt: skip
+
+    def _take_or_create(self, deadline: float | None, timeout: float | None) -> Sandbox:
+        """An idle sandbox, or one created for this call; waits for either until the deadline.
+
+        Either way the sandbox counts as in flight until it is lent or settled. A create still
+        running when this call leaves (deadline, closed pool, an idle one came first) is
+        abandoned: its sandbox joins the pool.
+        """
+        order: Order | None = None
+        last_error: BaseException | None = None
+        with self._cond:
+            if self._worker is None:
+                self._start_worker()  # first use in a forked child
+            try:
+                while True:
+                    if self._closed:
+                        raise OpenSandboxError(f"{self!r} is closed")
+                    if order is not None and order.done:
+                        if order.sandbox is not None:
+                            sandbox, order = order.sandbox, None
+                            return sandbox
+                        last_error, order = order.error, None
+                        assert last_error is not None
+                        if deadline is None or hopeless(last_error):
+                            raise last_error
+                    if self._idle:
+                        self._in_flight += 1
+                        return self._idle.popleft()
+                    now = time.monotonic()
+                    may_retry = last_error is None or now >= self._retry_at
+                    if order is None and may_retry and self._alive() < self.max_size:
+                        order = self._start_create(for_caller=True)
+                        continue
+                    if deadline is not None and now >= deadline:
+                        raise timeout_error(
+                            self,
+                            timeout,
+                            running=self._creating > 0,
+                            last_error=last_error,
+                            api_base=self._client.api_base,
+                        ) from last_error
+                    wake = [t for t in (deadline, self._retry_at) if t is not None and t > now]
+                    self._cond.wait(min(wake) - now if wake else None)
+            finally:
+                if order is not None:
+                    order.abandoned = True
+
+    def _start_create(self, *, for_caller: bool) -> Order:
+        """Under the lock: start a create in a thread of its own."""
+        order = Order(for_caller=for_caller)
+        self._creating += 1
+        thread = threading.Thread(
+            target=self._fulfil, args=(order,), name=f"osb-pool-{self.name}-create", daemon=True
+        )
+        self._creators.add(thread)
+        thread.start()
+        return order
+
+    def _fulfil(self, order: Order) -> None:
+        """The thread of one create: the sandbox goes to its caller, else to the pool."""
+        try:
+            sandbox = self._new_sandbox()
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting caller, or logged
+            with self._cond:
+                self._creating -= 1
+                self._creators.discard(threading.current_thread())
+                self._failures += 1
+                delay = backoff_seconds(self._failures, cap=MAX_CREATE_BACKOFF)
+                self._retry_at = time.monotonic() + delay
+                order.error, order.done = exc, True
+                abandoned = order.abandoned
+                self._cond.notify_all()
+            if abandoned:
+                logger.warning("pool %s could not create a sandbox (%s); next create in %.1f s",
+                               self.name, exc, delay)  # fmt: skip
+            return
+        with self._cond:
+            self._creating -= 1
+            self._creators.discard(threading.current_thread())
+            self._failures = 0
+            order.done = True
+            closed = self._closed
+            if not closed and order.abandoned:
+                self._idle.append(sandbox)
+            elif not closed:
+                order.sandbox = sandbox
+                self._in_flight += 1
+            self._cond.notify_all()
+        if closed:
+            self._expires.pop(sandbox.id, None)
+            self._client.delete_quietly(sandbox.id)
+
+    def _new_sandbox(self) -> Sandbox:
+        sandbox = self._client.create_sandbox(**self._create_kwargs)
+        sandbox.delete_on_exit = False  # the pool owns it, not the borrower's ``with``
+        if self._lifetime is not None:
+            self._expires[sandbox.id] = time.monotonic() + self._lifetime
+        return sandbox
+
+    def _settle(self, sandbox: Sandbox, *, doomed: bool) -> None:
+        """An in-flight sandbox goes to the idle queue or to deletion."""
+        with self._cond:
+            self._in_flight -= 1
+            if doomed or self._closed:
+                self._doomed.append(sandbox)
+            else:
+                self._idle.append(sandbox)
+            self._cond.notify_all()
+
+    def _fit_to_lend(self, sandbox: Sandbox, deadline: float | None) -> bool:
+        """Alive (answers /ping) and not about to expire (renewed if it is), by the deadline."""
+        if not answers_ping(sandbox, self._call_timeout(deadline)):
+            logger.info("pooled sandbox %s does not answer; replacing it", sandbox.id)
+            return False
+        expires = self._expires.get(sandbox.id)
+        if expires is None or self._lifetime is None:
+            return True
+        if expires - time.monotonic() > self._lifetime / 2:
+            return True
+        try:
+            sandbox.renew(self._lifetime, timeout=self._call_timeout(deadline))
+        except OpenSandboxError as exc:
+            logger.info("could not renew pooled sandbox %s (%s); replacing it", sandbox.id, exc)
+            return False
+        self._expires[sandbox.id] = time.monotonic() + self._lifetime
+        return True
+
+    def _call_timeout(self, deadline: float | None) -> float:
+        """The read timeout of a call made for acquire(): what is left, at least PING_FLOOR."""
+        read_timeout = self._client.read_timeout
+        if deadline is None:
+            return read_timeout
+        return min(read_timeout, max(deadline - time.monotonic(), PING_FLOOR))
+
+    def _start_worker(self) -> None:
+        self._worker = threading.Thread(
+            target=_maintain, args=(weakref.ref(self),), name=f"osb-pool-{self.name}", daemon=True
+        )
+        self._worker.start()
+
+    def _next_chore(self) -> tuple[list[Sandbox], list[Sandbox]] | None:
+        """Under the lock: start the refill's create if due; what to delete and reset.
+
+        None when the pool is closed. The refill creates one sandbox at a time.
+        """
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                refilling = self._refill is not None and not self._refill.done
+                if (
+                    not refilling
+                    and len(self._idle) + self._creating < self.size
+                    and self._alive() < self.max_size
+                    and time.monotonic() >= self._retry_at
+                ):
+                    self._refill = self._start_create(for_caller=False)
+                doomed, self._doomed = self._doomed, []
+                to_reset, self._to_reset = self._to_reset, []
+                self._in_flight += len(doomed) + len(to_reset)
+                if doomed or to_reset:
+                    return doomed, to_reset
+                self._cond.wait(MAINTENANCE_INTERVAL)
+
+    def _refill_once(self) -> bool:
+        """One round of background work; False when the pool is closed."""
+        chore = self._next_chore()
+        if chore is None:
+            return False
+        doomed, to_reset = chore
+        for sandbox in doomed:
+            self._expires.pop(sandbox.id, None)
+            self._commands_stopped.pop(sandbox.id, None)
+            self._client.delete_quietly(sandbox.id)
+            with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+        for sandbox in to_reset:
+            stopped = reset_for_next_user(sandbox, self._commands_stopped.get(sandbox.id, 0))
+            if stopped is not None:
+                self._commands_stopped[sandbox.id] = stopped
+            self._settle(sandbox, doomed=stopped is None)
+        if self._closed:
+            self.close()  # delete what was settled after close() had run
+        return True
+
+
+def _maintain(pool_ref: weakref.ref[SandboxPool]) -> None:
+    """The worker thread: holds the pool only weakly, so an abandoned pool can be collected."""
+    while True:
+        pool = pool_ref()
+        if pool is None or not pool._refill_once():
+            return
+        del pool

@@ -1,0 +1,351 @@
+"""The Sandbox handle: code, commands, contexts, files and lifecycle of one sandbox."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable, Mapping
+from urllib.parse import urlsplit
+
+import requests
+
+from ._commands import Commands
+from ._config import check_client_options, check_run_arguments, wait_settings
+from ._constants import (
+    DEFAULT_LANGUAGE,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_READY_TIMEOUT,
+    EXECD_PORT,
+    MAX_OUTPUT_BYTES,
+)
+from ._contexts import Contexts
+from ._errors import ConfigurationError, OpenSandboxError, SandboxStateError, SandboxTimeoutError
+from ._execd import Execd
+from ._files import Files
+from ._models import CodeContext, Endpoint, Event, ExecutionResult, Metrics, SandboxInfo
+from ._stream import ExecutionFolder
+from ._transport import Transport
+
+if TYPE_CHECKING:
+    from datetime import datetime
+    from types import TracebackType
+
+    from ._execution import ExecutionStream
+    from ._lifecycle import Lifecycle
+
+
+class Sandbox:
+    """A running sandbox: its id and the handles on its lifecycle API and its execd.
+
+    Built by :meth:`Client.create_sandbox` and :meth:`Client.connect`; the constructor is
+    internal. Two handles on the same sandbox are equal (and hash alike).
+
+    Used as a context manager, it deletes the sandbox on exit when ``delete_on_exit`` is true:
+    the default for a sandbox created by ``create_sandbox``, not for one obtained with
+    ``connect()``.
+
+    Attributes:
+        id: the sandbox id.
+        commands: shell commands (:class:`Commands`).
+        contexts: code contexts (:class:`Contexts`).
+        files: the file system (:class:`Files`).
+        use_server_proxy: whether execd is reached through the server's proxy.
+        delete_on_exit: whether leaving a ``with`` block deletes the sandbox.
+    """
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        *,
+        lifecycle: Lifecycle | None,
+        execd: Execd,
+        use_server_proxy: bool = False,
+        delete_on_exit: bool = False,
+    ):
+        self.id = sandbox_id
+        self.use_server_proxy = use_server_proxy
+        self.delete_on_exit = delete_on_exit
+        self._lifecycle_api = lifecycle
+        self._execd = execd
+        self.commands = Commands(execd)
+        self.contexts = Contexts(execd)
+        self.files = Files(execd)
+        self._owned_transport: Transport | None = None  # from_execd's own connections
+
+    @classmethod
+    def from_execd(
+        cls,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        sandbox_id: str | None = None,
+        session: requests.Session | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        pool_maxsize: int = 32,
+    ) -> Sandbox:
+        """A handle on a bare execd, without a lifecycle server in front of it.
+
+        For an execd you run yourself (``execd --port 44772``) or reach directly. Code,
+        commands, contexts, files, ``metrics`` and ``ping`` work as on any sandbox; the
+        lifecycle calls (``info``, ``pause``, ``resume``, ``renew``, ``patch_metadata``,
+        ``delete``, ``get_endpoint``) raise ConfigurationError. ``with`` closes the handle's
+        connections on exit.
+
+        Args:
+            url: execd's base URL, e.g. ``http://127.0.0.1:44772``.
+            headers: sent on every call, e.g. ``{"X-EXECD-ACCESS-TOKEN": token}``; never sent
+                to another origin.
+            sandbox_id: the handle's ``id`` (default: ``url``).
+            session: a ``requests.Session`` to send through; never mutated or closed.
+            connect_timeout: seconds to open a connection.
+            read_timeout: seconds of silence allowed on any response, streams included.
+            pool_maxsize: connections kept to execd: size it for the number of threads.
+
+        Raises:
+            ConfigurationError: ``url`` is not an http(s) URL, or a bad argument.
+        """
+        if not isinstance(url, str) or urlsplit(url.strip()).scheme not in ("http", "https"):
+            raise ConfigurationError(
+                f"url must be execd's http:// or https:// URL, e.g. 'http://127.0.0.1:{EXECD_PORT}'"
+            )
+        check_client_options(None, connect_timeout, read_timeout, 1.0, pool_maxsize, 0)
+        transport = Transport(
+            session=session,
+            connect_timeout=float(connect_timeout),
+            read_timeout=float(read_timeout),
+            pool_maxsize=pool_maxsize,
+            max_retries=0,
+        )
+        base_url = url.strip().rstrip("/")
+        execd = Execd(transport, base_url, headers or {})
+        sandbox = cls(sandbox_id or base_url, lifecycle=None, execd=execd)
+        sandbox._owned_transport = transport
+        return sandbox
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, execd_url={self.execd_url!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sandbox):
+            return NotImplemented
+        return self.id == other.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.delete_on_exit:
+            self._lifecycle.delete_quietly(self.id)
+        if self._owned_transport is not None:
+            self._owned_transport.close()
+
+    @property
+    def _lifecycle(self) -> Lifecycle:
+        if self._lifecycle_api is None:
+            raise ConfigurationError(
+                f"sandbox handle {self.id!r} was made by Sandbox.from_execd: it has no lifecycle "
+                "API (info, pause, resume, renew, patch_metadata, delete, get_endpoint)"
+            )
+        return self._lifecycle_api
+
+    @property
+    def execd_url(self) -> str:
+        """execd's base URL (with the scheme of the client's ``api_base`` or ``execd_scheme``)."""
+        return self._execd.base_url
+
+    @property
+    def execd_headers(self) -> dict[str, str]:
+        """A copy of the headers the server requires on execd calls (e.g. an access token)."""
+        return self._execd.headers
+
+    # -- code ---------------------------------------------------------------------------------
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        language: str = DEFAULT_LANGUAGE,
+        context: CodeContext | str | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+        timeout: float | None = None,
+        on_event: Callable[[Event], object] | None = None,
+    ) -> ExecutionResult:
+        """Run code and return what it produced; see :meth:`Client.run_code`.
+
+        ``context``: a CodeContext (its language is used) or a context id (with ``language``).
+
+        Raises:
+            The errors of :meth:`Client.run_code`.
+        """
+        with self.stream_code(
+            code,
+            language=language,
+            context=context,
+            max_output_bytes=max_output_bytes,
+            timeout=timeout,
+            on_event=on_event,
+        ) as stream:
+            return stream.result()
+
+    def stream_code(
+        self,
+        code: str,
+        *,
+        language: str = DEFAULT_LANGUAGE,
+        context: CodeContext | str | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+        timeout: float | None = None,
+        on_event: Callable[[Event], object] | None = None,
+    ) -> ExecutionStream[ExecutionResult]:
+        """Start running code and return the live event stream; see :meth:`Client.stream_code`.
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        if isinstance(context, CodeContext):
+            language = context.language
+        check_run_arguments(code, language, max_output_bytes, timeout)
+        target: dict[str, str] = {"language": language}
+        if context is not None:
+            # Both, always: without a language real execd runs the code as a shell command.
+            target["id"] = context.id if isinstance(context, CodeContext) else context
+        return self._execd.stream(
+            "/code",
+            {"code": code, "context": target},
+            folder=ExecutionFolder(),
+            max_output_bytes=max_output_bytes,
+            timeout=timeout,
+            on_event=on_event,
+            interrupt_path="/code",
+        )
+
+    # -- the sandbox itself ---------------------------------------------------------------------
+
+    def get_endpoint(self, port: int) -> Endpoint:
+        """How to reach a port the sandbox serves (a web app started inside it).
+
+        Raises:
+            ConfigurationError: a port outside 1..65535.
+            SandboxTimeoutError: no endpoint within the default ready timeout.
+            ApiError: the server refused.
+        """
+        return self._lifecycle.endpoint(
+            self.id, port, self.use_server_proxy, DEFAULT_READY_TIMEOUT, DEFAULT_POLL_INTERVAL
+        )
+
+    def metrics(self) -> Metrics:
+        """One resource sample (CPU and memory).
+
+        Raises:
+            ApiError: execd refused the call.
+            TransportError: execd could not be reached.
+        """
+        return Metrics.from_dict(self._execd.json("GET", "/metrics"))
+
+    def ping(self, *, timeout: float | None = None) -> bool:
+        """Whether execd answers ``/ping`` (within ``timeout`` seconds: default, the read timeout).
+
+        Raises:
+            SandboxStateError: the sandbox is paused (waiting would not help).
+        """
+        try:
+            self._execd.request("GET", "/ping", retry=False, read_timeout=timeout).close()
+        except SandboxStateError:
+            raise
+        except OpenSandboxError:
+            return False
+        return True
+
+    def wait_until_healthy(self, ready_timeout: float, poll_interval: float) -> None:
+        """Poll ``/ping`` until execd answers: one sleep between two pings.
+
+        Raises:
+            SandboxStateError: the sandbox is paused.
+            SandboxTimeoutError: no answer within ``ready_timeout`` seconds.
+        """
+        deadline = time.monotonic() + ready_timeout
+        while not self.ping():
+            if time.monotonic() >= deadline:
+                raise SandboxTimeoutError(
+                    f"execd of sandbox {self.id} did not answer /ping within {ready_timeout} "
+                    f"seconds ({self.execd_url})"
+                )
+            time.sleep(poll_interval)
+
+    def info(self) -> SandboxInfo:
+        """A fresh description from the lifecycle API.
+
+        Raises:
+            NotFoundError: the sandbox is gone.
+            ApiError: the server refused the call.
+            TransportError: the server could not be reached.
+        """
+        return self._lifecycle.info(self.id)
+
+    def pause(self) -> None:
+        """Pause the sandbox (its processes stop; execution is refused until resumed).
+
+        Raises:
+            ApiError: e.g. 409 when it is not running.
+            TransportError: the server could not be reached.
+        """
+        self._lifecycle.action(self.id, "pause")
+
+    def resume(
+        self, *, ready_timeout: float | None = None, poll_interval: float | None = None
+    ) -> None:
+        """Resume, wait until Running, and re-resolve execd (its endpoint may change).
+
+        Raises:
+            ApiError: e.g. 409 when it is not paused.
+            SandboxTimeoutError: not Running, or execd not answering, within ``ready_timeout``.
+            TransportError: the server could not be reached.
+        """
+        ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
+        self._lifecycle.resume(self.id, ready_timeout, poll_interval)
+        endpoint = self._lifecycle.endpoint(
+            self.id, EXECD_PORT, self.use_server_proxy, ready_timeout, poll_interval
+        )
+        self._execd.move(endpoint.url, endpoint.headers)
+        self.wait_until_healthy(ready_timeout, poll_interval)
+
+    def renew(self, seconds: float, *, timeout: float | None = None) -> datetime | None:
+        """Expire ``seconds`` from now instead; returns the new expiry.
+
+        Args:
+            seconds: the new remaining lifetime.
+            timeout: seconds to wait for the answer (default: the client's read timeout).
+
+        Raises:
+            ConfigurationError: ``seconds`` is not a positive number.
+            ApiError: e.g. a sandbox without expiry.
+            TransportError: the server could not be reached.
+        """
+        return self._lifecycle.renew(self.id, seconds, timeout)
+
+    def patch_metadata(self, patch: Mapping[str, str | None]) -> SandboxInfo:
+        """Merge-patch the labels (``None`` deletes a key).
+
+        Raises:
+            ApiError: e.g. a reserved or invalid label.
+            TransportError: the server could not be reached.
+        """
+        return self._lifecycle.patch_metadata(self.id, patch)
+
+    def delete(self) -> bool:
+        """Delete this sandbox; see :meth:`Client.delete_sandbox`.
+
+        Raises:
+            ApiError: an error status other than 404.
+            TransportError: the server could not be reached.
+        """
+        return self._lifecycle.delete(self.id)

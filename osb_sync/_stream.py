@@ -1,0 +1,275 @@
+"""Stream framing, capping and event folding for execd's event streams (pure, no I/O).
+
+Pipeline, one stage per function::
+
+    raw chunks -> capped() -> frame_lines() -> sseclient-py -> decode_event() -> ExecutionFolder
+
+``frame_lines`` accepts both framings seen on the wire (``data: {...}`` lines, and real execd's
+bare ``{...}`` lines) and hands sseclient-py one whole ``data:`` frame per event, so sseclient-py
+never grows a buffer chunk by chunk: cost stays linear in the event size. Like the official SDKs,
+every line is one event.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Iterator
+
+import sseclient
+
+from ._errors import OutputLimitExceeded, StreamError
+from ._models import Event, ExecutionError, ExecutionResult
+
+_SKIPPED_PREFIXES = (b":", b"event:", b"id:", b"retry:")
+
+
+def _require_sseclient_py() -> None:
+    """Fail early when the unrelated ``sseclient`` package owns the ``sseclient`` module."""
+    client = getattr(sseclient, "SSEClient", None)
+    init = getattr(client, "__init__", None)
+    params = getattr(getattr(init, "__code__", None), "co_varnames", ())[:2]
+    if not hasattr(client, "events") or params != ("self", "event_source"):
+        raise ImportError(
+            "osb_sync needs the 'sseclient-py' package, but the module 'sseclient' was installed "
+            "by the unrelated 'sseclient' package (both use the same import name). Fix: "
+            "pip uninstall -y sseclient sseclient-py && pip install sseclient-py"
+        )
+
+
+_require_sseclient_py()
+
+
+def capped(chunks: Iterable[bytes], limit: int) -> Iterator[bytes]:
+    """Yield chunks up to exactly ``limit`` bytes; raise OutputLimitExceeded past it.
+
+    The part of the last chunk that still fits is yielded first, so that the events it
+    completes (``init`` above all, which names the run to interrupt) are not lost.
+    """
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        if total > limit:
+            fits = len(chunk) - (total - limit)
+            if fits > 0:
+                yield chunk[:fits]
+            raise OutputLimitExceeded(
+                f"sandbox output exceeded {limit} bytes; the stream was closed "
+                "(raise max_output_bytes to allow more)",
+                limit=limit,
+            )
+        yield chunk
+
+
+def _payload(line: bytes) -> bytes | None:
+    """Return the JSON text a line carries, or None for lines that carry no event."""
+    line = line.strip()
+    if line.startswith(b"{"):
+        return line
+    if line.startswith(b"data:"):
+        return line[5:].strip() or None
+    return None
+
+
+def _frame(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
+
+
+def frame_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Turn arbitrary byte chunks into whole ``data:`` frames, one per event line.
+
+    Raises:
+        StreamError: the stream ended in the middle of a line that is not a JSON object.
+    """
+    pending: list[bytes] = []
+    for chunk in chunks:
+        if not pending and chunk[:1] == b"{" and chunk.count(b"\n") == 2 and chunk[-2:] == b"\n\n":
+            yield b"data: " + chunk  # execd's usual chunk: exactly one bare event
+            continue
+        if b"\n" not in chunk:
+            if chunk:
+                pending.append(chunk)
+            continue
+        lines = chunk.split(b"\n")
+        if pending:
+            pending.append(lines[0])
+            lines[0] = b"".join(pending)
+            pending = []
+        tail = lines.pop()
+        if tail:
+            pending.append(tail)
+        frames = [_frame(p) for p in map(_payload, lines) if p is not None]
+        if frames:
+            yield b"".join(frames)
+    if pending:
+        yield _final_frame(b"".join(pending))
+
+
+def _final_frame(tail: bytes) -> bytes:
+    """A last line without a newline is an event only if it is a whole JSON object."""
+    if not tail.strip():
+        return b""
+    payload = _payload(tail)
+    if payload is not None:
+        try:
+            if isinstance(json.loads(payload), dict):
+                return _frame(payload)
+        except (ValueError, RecursionError):
+            pass
+    raise StreamError(f"the event stream ended in the middle of an event ({len(tail)} bytes cut)")
+
+
+_decode_json = json.JSONDecoder().decode
+
+
+def decode_event(data: str) -> Event | None:
+    """Decode one event's JSON text; None for anything that is not an event object."""
+    try:
+        obj = _decode_json(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    return event_from_object(obj)
+
+
+def event_from_object(obj: dict[str, Any]) -> Event | None:
+    """Build an Event; a type-less ``{"code", "message"}`` object is an ``error`` event."""
+    kind = obj.get("type")
+    if kind is None:
+        if "code" in obj and "message" in obj:
+            kind = "error"
+        else:
+            return None
+    text = obj.get("text")
+    timestamp = obj.get("timestamp")
+    return Event(
+        type=str(kind),
+        text=text if isinstance(text, str) else None,
+        timestamp=timestamp
+        if isinstance(timestamp, int) and not isinstance(timestamp, bool)
+        else None,
+        data=obj,
+    )
+
+
+def iter_events(chunks: Iterable[bytes]) -> Iterator[Event]:
+    """Decode the events of a byte stream.
+
+    Raises:
+        StreamError: truncated stream or bytes that are not UTF-8.
+    """
+    try:
+        for sse in sseclient.SSEClient(frame_lines(chunks)).events():  # type: ignore[arg-type]
+            event = decode_event(sse.data)
+            if event is not None:
+                yield event
+    except UnicodeDecodeError as exc:
+        raise StreamError(f"the event stream is not valid UTF-8 ({exc.reason})") from None
+
+
+def _first_not_none(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _as_traceback(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [str(line) for line in value]
+    if isinstance(value, str):
+        return [value]
+    return []
+
+
+def error_of(data: dict[str, Any]) -> ExecutionError:
+    """The ExecutionError an error event describes (first non-None fields, defaults "" and [])."""
+    if "type" not in data:  # execd's bare mid-stream failure
+        name, value, traceback = data.get("code"), data.get("message"), None
+    elif isinstance(data.get("error"), dict):
+        err = data["error"]
+        name = _first_not_none(err.get("ename"), err.get("name"))
+        value = _first_not_none(err.get("evalue"), err.get("value"))
+        traceback = err.get("traceback")
+    else:
+        name = data.get("name")
+        value = _first_not_none(data.get("value"), data.get("text"))
+        traceback = data.get("traceback")
+    return ExecutionError(
+        name="" if name is None else str(name),
+        value="" if value is None else str(value),
+        traceback=_as_traceback(traceback),
+    )
+
+
+def _result_of(data: dict[str, Any]) -> dict[str, Any]:
+    results = data.get("results")
+    if isinstance(results, dict):
+        return results
+    return {k: v for k, v in data.items() if k not in ("type", "timestamp", "execution_count")}
+
+
+class ExecutionFolder:
+    """Folds events, in order, into an ExecutionResult."""
+
+    def __init__(self) -> None:
+        self._stdout: list[str] = []
+        self._stderr: list[str] = []
+        self._results: list[dict[str, Any]] = []
+        self._error: ExecutionError | None = None
+        self._count: int | None = None
+        self.execution_id: str | None = None
+        # Never set: on /code, execution_complete may come first, while the code still runs;
+        # only the end of the stream ends the run.
+        self.completed = False
+
+    def add(self, event: Event) -> None:
+        """Take one event into account."""
+        kind = event.type
+        if kind == "stdout" and event.text:
+            self._stdout.append(event.text)
+        elif kind == "stderr" and event.text:
+            self._stderr.append(event.text)
+        elif kind == "result":
+            self._results.append(_result_of(event.data))
+        elif kind == "execution_count" and self._count is None:
+            self._count = _as_int(event.data.get("execution_count"))
+        elif kind == "error" and self._error is None:
+            self._error = error_of(event.data)
+        elif kind == "init" and self.execution_id is None and event.text:
+            self.execution_id = event.text
+
+    def result(self) -> ExecutionResult:
+        """The result of everything added so far."""
+        return ExecutionResult(
+            stdout="".join(self._stdout),
+            stderr="".join(self._stderr),
+            results=list(self._results),
+            error=self._error,
+            execution_count=self._count,
+            execution_id=self.execution_id,
+        )
+
+
+def parse_execution(lines: Iterable[str | bytes]) -> ExecutionResult:
+    """Fold already-received stream lines into an ExecutionResult (a pure function).
+
+    Each item is one line (``data: {...}`` or a bare ``{...}``); other lines are skipped.
+    """
+    folder = ExecutionFolder()
+    for item in lines:
+        raw = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
+        for line in raw.splitlines():
+            payload = _payload(line)
+            if payload is None:
+                continue
+            event = decode_event(payload.decode("utf-8", "replace"))
+            if event is not None:
+                folder.add(event)
+    return folder.result()

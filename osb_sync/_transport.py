@@ -1,0 +1,346 @@
+"""Transport policy: sessions, pools, timeouts, retries, redirects and per-call logging.
+
+Rules that every request follows, whatever session it goes through:
+
+- **Threads.** One client may be shared by any number of threads. Its own session is fully
+  configured at construction and never mutated afterwards; per-call headers are arguments.
+  The pool keeps ``pool_maxsize`` connections per host, so as many threads can stream at once
+  without opening and discarding sockets. Cookies are refused (the API uses none), which
+  removes the only shared mutable state of a session.
+- **Fork.** A child process (gunicorn, Celery prefork) must not share its parent's sockets:
+  the first call in a new process opens a fresh session (for a caller's session, it drops the
+  inherited connection pools; its configuration is untouched).
+- **Redirects.** requests forwards custom headers (the API key, execd tokens) across redirects,
+  and a 307 re-sends the body. Every request is sent with ``allow_redirects=False``; a redirect
+  is followed here only within the same origin (307/308 for any method, 301/302/303 for GET),
+  anything else raises TransportError naming where it pointed.
+- **Environment.** The client's own session reads proxies, a CA bundle and a netrc from the
+  environment, as requests does, but only if the environment set one of them when the client
+  was built (requests would otherwise look them up again on every call).
+- **Retries.** Only calls marked idempotent (lifecycle GET and DELETE) are retried, on
+  connection errors and on 429/502/503/504, with capped exponential backoff that honours a
+  capped ``Retry-After``. Other calls are retried only when the connection could not be
+  opened (nothing was sent). The loop is ours, not urllib3's, so it works with any session.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import io
+import logging
+import math
+import os
+import time
+import urllib.request
+from http.cookiejar import DefaultCookiePolicy
+from typing import Any, Iterable, Mapping, NamedTuple
+from urllib.parse import urljoin, urlsplit
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+
+from . import _failures as failures
+from ._constants import CHUNK_SIZE, VERSION
+from ._errors import TransportError, redact
+
+logger = logging.getLogger("osb_sync")
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# Lifecycle and execd answers are small JSON; an endless or huge one is a broken peer.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+BACKOFF_BASE = 0.5
+BACKOFF_MAX = 8.0
+RETRY_AFTER_MAX = 30.0
+MAX_REDIRECTS = 5
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, with the default port filled in."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
+
+
+def retry_after_seconds(response: requests.Response) -> float | None:
+    """Parse ``Retry-After`` (seconds or HTTP-date), capped at RETRY_AFTER_MAX; None if absent."""
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        delay = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        delay = float(when.timestamp()) - time.time()
+    if not math.isfinite(delay):
+        return None
+    return min(max(delay, 0.0), RETRY_AFTER_MAX)
+
+
+def response_json(response: requests.Response) -> Any:
+    """The decoded body, or None when it is empty or not JSON (absurd nesting included)."""
+    try:
+        return response.json() if response.content else None
+    except (ValueError, RecursionError):
+        return None
+
+
+def backoff_seconds(attempt: int, cap: float = BACKOFF_MAX) -> float:
+    """Exponential backoff for retry number ``attempt`` (0-based), at most ``cap`` seconds."""
+    return float(min(cap, BACKOFF_BASE * 2.0 ** min(attempt, 16)))
+
+
+class Transport:
+    """Sends every HTTP request of one client (see the module docstring for the rules)."""
+
+    def __init__(
+        self,
+        *,
+        session: requests.Session | None,
+        connect_timeout: float,
+        read_timeout: float,
+        pool_maxsize: int,
+        max_retries: int,
+    ):
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._pool_maxsize = pool_maxsize
+        self._max_retries = max_retries
+        self._owns_session = session is None
+        self._session = session if session is not None else self._new_session()
+        self._pid = os.getpid()
+
+    def _new_session(self) -> requests.Session:
+        session = requests.Session()
+        adapter = HTTPAdapter(
+            pool_connections=self._pool_maxsize, pool_maxsize=self._pool_maxsize, max_retries=0
+        )
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
+        session.headers["User-Agent"] = f"osb-sync/{VERSION}"
+        # requests re-reads proxies, CA bundle and ~/.netrc from the environment on every call
+        # (a tenth of a small call's CPU); when the environment sets none of them, skip that.
+        session.trust_env = _environment_matters()
+        return session
+
+    @property
+    def session(self) -> requests.Session:
+        """The session to use in this process (a fresh one after a fork)."""
+        if os.getpid() != self._pid:
+            if self._owns_session:
+                self._session = self._new_session()
+            else:
+                for adapter in self._session.adapters.values():
+                    adapter.close()
+            self._pid = os.getpid()
+        return self._session
+
+    def close(self) -> None:
+        """Close the session if this transport created it (a caller's session is theirs)."""
+        if self._owns_session:
+            self._session.close()
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        read_timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        json: Any = None,
+        params: Any = None,
+        data: Any = None,
+        stream: bool = False,
+        idempotent: bool = False,
+        secrets: Iterable[str] = (),
+    ) -> requests.Response:
+        """Send one request and return the response, whatever its status.
+
+        ``read_timeout`` overrides the transport's for this call (bounding silence, not the
+        whole response).
+
+        Raises:
+            TransportError: no usable response (after the retries this call allows).
+        """
+        call = _Call(
+            method=method,
+            url=url,
+            timeout=(self.connect_timeout, read_timeout or self.read_timeout),
+            headers=dict(headers or {}),
+            json=json,
+            params=params,
+            data=data,
+            stream=stream,
+            secrets=tuple(secrets),
+        )
+        attempt = 0
+        while True:
+            try:
+                response = self._send(call)
+            except _ConnectFailed as exc:
+                if attempt >= self._max_retries or not (idempotent or exc.nothing_sent):
+                    raise exc.error from exc.__cause__
+                delay = backoff_seconds(attempt)
+            else:
+                if not idempotent or response.status_code not in RETRY_STATUSES:
+                    return response
+                if attempt >= self._max_retries:
+                    return response
+                delay = retry_after_seconds(response) or backoff_seconds(attempt)
+                response.close()
+            logger.debug("%s %s: retrying in %.2f s", method, call.path, delay)
+            time.sleep(delay)
+            attempt += 1
+
+    def _send(self, call: _Call) -> requests.Response:
+        """Send, following redirects only within the same origin."""
+        for _ in range(MAX_REDIRECTS + 1):
+            response = self._send_once(call)
+            if response.status_code not in _REDIRECT_STATUSES:
+                return response
+            if call.data is not None and not isinstance(call.data, bytes):
+                response.close()
+                raise TransportError(
+                    f"{call.method} {call.path} -> {response.status_code}: a streamed body "
+                    "cannot be sent again to follow a redirect"
+                )
+            target = self._redirect_target(call.method, call.url, response, call.secrets)
+            call = call._replace(url=target, params=None)  # the Location has its own query
+        raise TransportError(f"{call.method} {call.path}: more than {MAX_REDIRECTS} redirects")
+
+    def _send_once(self, call: _Call) -> requests.Response:
+        started = time.monotonic()
+        try:
+            response = self.session.request(
+                call.method,
+                call.url,
+                headers=call.headers,
+                json=call.json,
+                params=call.params,
+                data=call.data,
+                timeout=call.timeout,
+                stream=True,
+                allow_redirects=False,
+            )
+            if not call.stream:
+                _read_capped_body(response)
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            elapsed = (time.monotonic() - started) * 1000
+            logger.debug(
+                "%s %s -> %s after %.1f ms", call.method, call.path, type(exc).__name__, elapsed
+            )
+            message = failures.describe(call.method, call.url, exc, call.timeout)
+            error = TransportError(redact(message, call.secrets))
+            raise _ConnectFailed(error, _nothing_sent(exc)) from exc
+        except _BodyTooLarge:
+            raise TransportError(
+                f"{call.method} {call.path}: the response body exceeded {MAX_BODY_BYTES} bytes"
+            ) from None
+        elapsed = (time.monotonic() - started) * 1000
+        logger.debug(
+            "%s %s -> %d in %.1f ms", call.method, call.path, response.status_code, elapsed
+        )
+        return response
+
+    @staticmethod
+    def _redirect_target(
+        method: str, url: str, response: requests.Response, secrets: tuple[str, ...]
+    ) -> str:
+        location = response.headers.get("Location", "")
+        response.close()
+        target = urljoin(url, location)
+        shown = redact(urlsplit(target)._replace(query="", fragment="").geturl(), secrets)
+        path = urlsplit(url).path
+        if origin(target) != origin(url):
+            raise TransportError(
+                f"{method} {path} -> {response.status_code} redirect to another origin "
+                f"({shown}) refused: credentials are never sent to another origin"
+            )
+        if response.status_code not in (307, 308) and method != "GET":
+            raise TransportError(
+                f"{method} {path} -> {response.status_code} redirect to {shown} refused: "
+                "it would change the method"
+            )
+        return target
+
+
+def _environment_matters() -> bool:
+    """Whether requests' ``trust_env`` would find anything: proxies, a CA bundle, a netrc."""
+    if urllib.request.getproxies():
+        return True
+    if any(os.environ.get(name) for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")):
+        return True
+    return any(os.path.exists(os.path.expanduser(f"~/{name}")) for name in (".netrc", "_netrc"))
+
+
+class _Call(NamedTuple):
+    """One request as the caller described it (redirects replace ``url`` and ``params``)."""
+
+    method: str
+    url: str
+    timeout: tuple[float, float]
+    headers: dict[str, str]
+    json: Any
+    params: Any
+    data: Any
+    stream: bool
+    secrets: tuple[str, ...]
+
+    @property
+    def path(self) -> str:
+        return urlsplit(self.url).path
+
+
+class _BodyTooLarge(Exception):
+    """Internal: a non-streamed response passed MAX_BODY_BYTES."""
+
+
+def _read_capped_body(response: requests.Response) -> None:
+    """Read a whole (non-streamed) body, at most MAX_BODY_BYTES, and release the connection.
+
+    requests would read an endless body forever; here it is read through urllib3's public
+    ``stream()`` and swapped for an in-memory file, from which ``.content`` reads as usual.
+    """
+    raw = response.raw
+    if not hasattr(raw, "stream"):  # not urllib3 (an exotic adapter): no cap possible
+        response.content  # noqa: B018 - loads the body
+        return
+    pieces: list[bytes] = []
+    total = 0
+    for chunk in raw.stream(CHUNK_SIZE, decode_content=True):
+        total += len(chunk)
+        if total > MAX_BODY_BYTES:
+            response.close()
+            raise _BodyTooLarge
+        pieces.append(chunk)
+    raw.release_conn()
+    response.raw = io.BytesIO(b"".join(pieces))
+    response.content  # noqa: B018 - caches the body, as a non-streamed request would
+
+
+class _ConnectFailed(Exception):
+    """Internal: a request raised; carries the public error and whether a retry is safe."""
+
+    def __init__(self, error: TransportError, nothing_sent: bool):
+        super().__init__(str(error))
+        self.error = error
+        self.nothing_sent = nothing_sent
+
+
+def never_sent(error: TransportError) -> bool:
+    """True when the request behind ``error`` never left: its connection was never opened."""
+    return error.__cause__ is not None and _nothing_sent(error.__cause__)
+
+
+def _nothing_sent(exc: BaseException) -> bool:
+    """True when the connection was never opened, so not even a POST reached the server."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError)

@@ -1,0 +1,234 @@
+"""Stream framing, capping and folding, tested on byte strings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from osb_sync import Event, ExecutionError, OutputLimitExceeded, StreamError, parse_execution
+from osb_sync._stream import ExecutionFolder, capped, frame_lines, iter_events
+
+
+def ev(**fields: object) -> bytes:
+    return json.dumps(fields).encode()
+
+
+# A /code run as real execd frames it: bare JSON objects, each followed by a blank line.
+EXECD_RUN = b"".join(
+    line + b"\n\n"
+    for line in [
+        ev(type="init", text="ctx-1", timestamp=1),
+        ev(type="ping", text="pong", timestamp=2),
+        ev(type="stdout", text="hi\n", timestamp=3),
+        ev(type="stdout", text="caf\u00e9 \u2603\n", timestamp=4),
+        ev(type="stderr", text="warn\n", timestamp=5),
+        ev(type="execution_count", execution_count=1, timestamp=6),
+        ev(type="result", results={"text": "4"}, timestamp=7),
+        ev(type="execution_complete", execution_time=35, timestamp=8),
+    ]
+)
+
+
+def fold(chunks: list[bytes]) -> tuple[list[Event], ExecutionFolder]:
+    folder = ExecutionFolder()
+    events = list(iter_events(chunks))
+    for e in events:
+        folder.add(e)
+    return events, folder
+
+
+def test_bare_json_framing_gives_every_event() -> None:
+    events, folder = fold([EXECD_RUN])
+    assert [e.type for e in events] == [
+        "init",
+        "ping",
+        "stdout",
+        "stdout",
+        "stderr",
+        "execution_count",
+        "result",
+        "execution_complete",
+    ]
+    assert events[0] == Event(type="init", text="ctx-1", timestamp=1)
+    result = folder.result()
+    assert result.stdout == "hi\ncaf\u00e9 \u2603\n"
+    assert result.stderr == "warn\n"
+    assert result.results == [{"text": "4"}]
+    assert result.execution_count == 1
+    assert result.execution_id == "ctx-1"
+    assert result.error is None
+
+
+def test_data_prefixed_framing_and_sse_noise_give_the_same_events() -> None:
+    lines = [line for line in EXECD_RUN.split(b"\n\n") if line]
+    sse = b": comment\nretry: 100\n" + b"".join(
+        b"event: message\nid: 7\ndata: " + line + b"\r\n\r\n" for line in lines
+    )
+    assert list(iter_events([sse])) == list(iter_events([EXECD_RUN]))
+
+
+@pytest.mark.parametrize("stream", [EXECD_RUN, EXECD_RUN.replace(b"\n\n", b"\r\n\r\n")])
+def test_every_two_way_split_gives_the_same_events(stream: bytes) -> None:
+    expected = list(iter_events([stream]))
+    for cut in range(len(stream) + 1):
+        assert list(iter_events([stream[:cut], stream[cut:]])) == expected, cut
+
+
+def test_one_byte_at_a_time_gives_the_same_events() -> None:
+    chunks = [EXECD_RUN[i : i + 1] for i in range(len(EXECD_RUN))]
+    assert list(iter_events(chunks)) == list(iter_events([EXECD_RUN]))
+
+
+def test_frame_lines_hands_sseclient_whole_frames() -> None:
+    frames = list(frame_lines([b'{"type":"a"}\n\n{"ty', b'pe":"b"}\n\n']))
+    assert frames == [b'data: {"type":"a"}\n\n', b'data: {"type":"b"}\n\n']
+
+
+def test_bare_error_object_at_eof_without_newline_is_an_error_event() -> None:
+    stream = EXECD_RUN[:60].rsplit(b"\n\n", 1)[0] + b"\n\n"
+    stream += b'{"code":"RUNTIME_ERROR","message":"error running codes session is busy"}'
+    events, folder = fold([stream])
+    assert events[-1].type == "error"
+    assert folder.result().error == ExecutionError(
+        name="RUNTIME_ERROR", value="error running codes session is busy", traceback=[]
+    )
+
+
+def test_stream_cut_mid_event_raises_stream_error() -> None:
+    with pytest.raises(StreamError, match="middle of an event"):
+        list(iter_events([EXECD_RUN[:-20]]))
+
+
+def test_invalid_utf8_raises_stream_error() -> None:
+    with pytest.raises(StreamError, match="UTF-8"):
+        list(iter_events([b'{"type":"stdout","text":"\xff\xfe"}\n\n']))
+
+
+def test_non_object_and_invalid_json_lines_are_skipped() -> None:
+    stream = b'[1,2]\n\n{not json}\n\ndata: "str"\n\ndata: 5\n\n{"type":"stdout","text":"ok"}\n\n'
+    assert [e.text for e in iter_events([stream])] == ["ok"]
+
+
+def test_type_less_object_without_code_is_not_an_event() -> None:
+    assert list(iter_events([b'{"text":"x"}\n\n'])) == []
+
+
+def test_large_event_arriving_in_small_chunks_parses_whole() -> None:
+    text = "x" * (8 * 1024 * 1024)
+    line = ev(type="stdout", text=text) + b"\n\n"
+    chunks = [line[i : i + 65536] for i in range(0, len(line), 65536)]
+    (event,) = iter_events(chunks)
+    assert event.text == text
+
+
+@pytest.mark.parametrize("size", [0, 1, 99, 100])
+def test_cap_passes_a_stream_of_at_most_the_cap(size: int) -> None:
+    data = b"a" * size
+    assert b"".join(capped([data[:50], data[50:]], 100)) == data
+
+
+def test_cap_raises_the_moment_the_total_passes_it() -> None:
+    seen: list[bytes] = []
+    with pytest.raises(OutputLimitExceeded, match="exceeded 100 bytes") as info:
+        for chunk in capped([b"a" * 60, b"b" * 41, b"c"], 100):
+            seen.append(chunk)
+    assert seen == [b"a" * 60, b"b" * 40]
+    assert info.value.limit == 100
+
+
+# -- parse_execution: the reference provider's parsing rules --------------------------------
+
+
+def test_parse_execution_accepts_str_bytes_and_both_framings() -> None:
+    result = parse_execution(
+        [
+            'data: {"type":"stdout","text":"a"}',
+            b'{"type":"stdout","text":"b"}',
+            "",
+            ": keepalive",
+            "event: message",
+            "id: 1",
+            "retry: 10",
+            "data: not json",
+            "data: [1]",
+            '{"type":"stderr","text":"e"}',
+        ]
+    )
+    assert (result.stdout, result.stderr) == ("ab", "e")
+
+
+def test_parse_execution_results_keep_dicts_or_strip_envelope() -> None:
+    result = parse_execution(
+        [
+            '{"type":"result","results":{"text":"4","text/html":"<b>4</b>"}}',
+            '{"type":"result","text":"5","timestamp":1,"execution_count":2,"extra":true}',
+        ]
+    )
+    assert result.results == [{"text": "4", "text/html": "<b>4</b>"}, {"text": "5", "extra": True}]
+
+
+def test_parse_execution_count_is_the_first_int_like_value() -> None:
+    result = parse_execution(
+        [
+            '{"type":"execution_count","execution_count":"x"}',
+            '{"type":"execution_count","execution_count":true}',
+            '{"type":"execution_count","execution_count":"8"}',
+            '{"type":"execution_count","execution_count":9}',
+        ]
+    )
+    assert result.execution_count == 8
+
+
+def test_parse_execution_error_prefers_error_object_first_non_none() -> None:
+    result = parse_execution(
+        [
+            '{"type":"error","error":{"ename":"","name":"N","evalue":null,"value":"v",'
+            '"traceback":["t1","t2"]}}',
+            '{"type":"error","error":{"ename":"Second"}}',
+        ]
+    )
+    assert result.error == ExecutionError(name="", value="v", traceback=["t1", "t2"])
+
+
+def test_parse_execution_error_without_error_object_uses_event_fields() -> None:
+    result = parse_execution(['{"type":"error","name":"E","text":"from text","traceback":"tb"}'])
+    assert result.error == ExecutionError(name="E", value="from text", traceback=["tb"])
+    bare = parse_execution(['{"type":"error"}'])
+    assert bare.error == ExecutionError(name="", value="", traceback=[])
+
+
+def test_parse_execution_type_less_code_message_is_error() -> None:
+    result = parse_execution(['data: {"code":"RUNTIME_ERROR","message":"busy"}'])
+    assert result.error == ExecutionError(name="RUNTIME_ERROR", value="busy", traceback=[])
+
+
+def test_control_events_do_not_change_output() -> None:
+    result = parse_execution(
+        [
+            '{"type":"init","text":"ctx"}',
+            '{"type":"ping","text":"pong"}',
+            '{"type":"status","text":"error"}',
+            '{"type":"execution_complete","execution_time":3}',
+        ]
+    )
+    assert (result.stdout, result.stderr, result.results, result.error) == ("", "", [], None)
+    assert result.execution_id == "ctx"
+
+
+def test_to_dict_is_litellm_shape() -> None:
+    result = parse_execution(
+        [
+            '{"type":"stdout","text":"1"}',
+            '{"type":"error","error":{"ename":"ZeroDivisionError","evalue":"division by zero",'
+            '"traceback":["tb"]}}',
+            '{"type":"execution_count","execution_count":3}',
+        ]
+    )
+    assert result.to_dict() == {
+        "stdout": "1",
+        "stderr": "",
+        "results": [],
+        "error": {"name": "ZeroDivisionError", "value": "division by zero", "traceback": ["tb"]},
+        "execution_count": 3,
+    }
