@@ -11,7 +11,7 @@ from __future__ import annotations
 import http.client
 
 from ._http import Exchange, HttpError, error
-from .runner import SandboxRuntime
+from .container import SandboxContainer
 
 PIECE = 1 << 16
 UPSTREAM_TIMEOUT = 180.0
@@ -52,17 +52,24 @@ def unreachable(sandbox_id: str, detail: object) -> HttpError:
     )
 
 
-def forward(ex: Exchange, runtime: SandboxRuntime, sandbox_id: str, port: int, path: str) -> None:
-    """Send `ex` to 127.0.0.1:`port` in the sandbox and relay the answer."""
+def forward(
+    ex: Exchange,
+    container: SandboxContainer,
+    sandbox_id: str,
+    port: int,
+    path: str,
+    extra: dict[str, str],
+) -> None:
+    """Send `ex` to 127.0.0.1:`port` in the sandbox (adding `extra` headers), relay the answer."""
     try:
-        sock = runtime.connect(port)
+        sock = container.connect(port)
     except OSError as exc:
         raise unreachable(sandbox_id, exc) from None
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=UPSTREAM_TIMEOUT)
     conn.sock = sock
     sock.settimeout(UPSTREAM_TIMEOUT)
     try:
-        _send_request(ex, conn, port, path)
+        _send_request(ex, conn, port, path, extra)
         response = conn.getresponse()
     except OSError as exc:
         conn.close()
@@ -73,7 +80,9 @@ def forward(ex: Exchange, runtime: SandboxRuntime, sandbox_id: str, port: int, p
         conn.close()
 
 
-def _send_request(ex: Exchange, conn: http.client.HTTPConnection, port: int, path: str) -> None:
+def _send_request(
+    ex: Exchange, conn: http.client.HTTPConnection, port: int, path: str, extra: dict[str, str]
+) -> None:
     target = path + (f"?{ex.raw_query}" if ex.raw_query else "")
     conn.putrequest(ex.method, target, skip_host=True, skip_accept_encoding=True)
     for name, value in ex.headers.items():
@@ -84,6 +93,8 @@ def _send_request(ex: Exchange, conn: http.client.HTTPConnection, port: int, pat
     conn.putheader("X-Forwarded-Host", ex.headers.get("Host") or "")
     conn.putheader("X-Forwarded-Proto", "http")
     conn.putheader("Connection", "close")
+    for name, value in extra.items():
+        conn.putheader(name, value)
     chunked = "chunked" in (ex.headers.get("Transfer-Encoding") or "").lower()
     if chunked:
         conn.putheader("Transfer-Encoding", "chunked")
