@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import cgroup
+from ._http import error
 
 SANDBOX_HOME = "/home/sandbox"
 EXECD_STATE_DIR = "/run/osb-execd"
@@ -192,3 +193,34 @@ def container_argv(bwrap: str, home: Path, state: Path, info_fd: int) -> list[st
         SANDBOX_HOME,
         "--",
     ]
+
+
+def network_plan(needs: str, support: Support, accept_unenforced: bool) -> tuple[bool, str]:
+    """(give the sandbox outbound access?, status note) for what its network policy needs.
+
+    Args:
+        needs: `validation.policy_needs` of the policy: "nothing", "deny-all" or "rules".
+        support: what this host allows.
+        accept_unenforced: create the sandbox anyway when the policy cannot be enforced.
+
+    Raises:
+        HttpError: 400 when the policy cannot be enforced and that is not accepted.
+    """
+    if needs == "nothing":
+        return True, ""
+    if needs == "deny-all" and support.bwrap is not None:
+        return False, " Network policy enforced: private network namespace, loopback only."
+    why = (
+        "per-host egress rules are not supported by the local server"
+        if needs == "rules"
+        else f"sandboxes are not isolated here: {support.problem}"
+    )
+    if not accept_unenforced:
+        raise error(
+            400,
+            "SANDBOX::INVALID_PARAMETER",
+            f"networkPolicy cannot be enforced: {why}. Hint: only a deny-all policy "
+            "can be enforced, where sandboxes are isolated; start the local "
+            "server with unenforced_network_policy='accept' to run without it.",
+        )
+    return True, f" WARNING: networkPolicy is NOT enforced ({why})."

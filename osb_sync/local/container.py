@@ -17,119 +17,25 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from . import bwrap
 from .cgroup import Cgroup
+from .spawn import SPAWNER, descendants, pids_in_namespace, read_until, signal_pids
 
-T = TypeVar("T")
 MAIN_SCRIPT = str(Path(__file__).with_name("_container_main.py"))
 IN_CONTAINER_JUPYTER_PORT = 44771
 IN_CONTAINER_EXECD_PORT = 44772
 START_TIMEOUT = 30.0
+START_ATTEMPTS = 3
 STOP_TIMEOUT = 5.0
-
-
-class _Spawner:
-    """One long-lived thread that starts every container (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def run(self, job: Callable[[], T]) -> T:
-        """Run `job` in the spawner thread and return its result (or raise its error)."""
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._serve, name="osb-local-spawner", daemon=True
-                )
-                self._thread.start()
-        future: Future[T] = Future()
-        self._jobs.put((job, future))
-        return future.result()
-
-    def _serve(self) -> None:
-        while True:
-            job, future = self._jobs.get()
-            try:
-                future.set_result(job())
-            except BaseException as exc:  # noqa: BLE001 (handed to the caller)
-                future.set_exception(exc)
-
-
-SPAWNER = _Spawner()
-
-
-def _read_until(fd: int, end: bytes, deadline: float) -> bytes:
-    """Read `fd` until `end` is seen, EOF, or the deadline; what was read."""
-    data = b""
-    while end not in data:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            break
-        piece = os.read(fd, 4096)
-        if not piece:
-            break
-        data += piece
-    return data
-
-
-def _pids_in_namespace(init_pid: int) -> list[int]:
-    """Every process in the PID namespace whose init is `init_pid` (init first)."""
-    try:
-        wanted = os.readlink(f"/proc/{init_pid}/ns/pid")
-    except OSError:
-        return []
-    found = [init_pid]
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != init_pid:
-            try:
-                if os.readlink(f"/proc/{entry}/ns/pid") == wanted:
-                    found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
-def _descendants(root_pid: int) -> list[int]:
-    """`root_pid` and every process below it, by parent pid (what a plain subprocess made)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as stat:
-                    ppid = int(stat.read().rpartition(b")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [root_pid]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 class SandboxContainer:
@@ -195,11 +101,11 @@ class SandboxContainer:
             self._proc.stdin.write(b"\n")
             self._proc.stdin.flush()
             if self.isolated:
-                info = _read_until(info_r, b"}", deadline)
+                info = read_until(info_r, b"}", deadline)
                 self.init_pid = int(json.loads(info)["child-pid"])
                 if internet and self.support.slirp:
                     self._start_slirp(deadline)
-            if _read_until(ready_r, b"\n", deadline) != b"ready\n":
+            if read_until(ready_r, b"\n", deadline) != b"ready\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
         except (OSError, ValueError, KeyError) as exc:
             raise RuntimeError(f"the sandbox's container did not start: {exc}") from None
@@ -270,7 +176,7 @@ class SandboxContainer:
             )
             os.close(ready_w)
             ready_w = -1
-            if _read_until(ready_r, b"1", deadline) != b"1":
+            if read_until(ready_r, b"1", deadline) != b"1":
                 raise RuntimeError("slirp4netns did not configure the sandbox's network")
             self.network = "slirp4netns"
         finally:
@@ -331,15 +237,15 @@ class SandboxContainer:
 
     def _members(self) -> list[int]:
         if self.init_pid is not None:
-            return _pids_in_namespace(self.init_pid)
-        return _descendants(self._proc.pid) if self._proc is not None else []
+            return pids_in_namespace(self.init_pid)
+        return descendants(self._proc.pid) if self._proc is not None else []
 
     def pause(self) -> None:
         """Freeze every process of the sandbox."""
         if self._cgroup is not None:
             self._cgroup.freeze(True)
         else:
-            _signal(self._members(), signal.SIGSTOP)
+            signal_pids(self._members(), signal.SIGSTOP)
         self._frozen = True
 
     def resume(self) -> None:
@@ -347,7 +253,7 @@ class SandboxContainer:
         if self._cgroup is not None:
             self._cgroup.freeze(False)
         else:
-            _signal(self._members(), signal.SIGCONT)
+            signal_pids(self._members(), signal.SIGCONT)
         self._frozen = False
 
     def close(self) -> None:
@@ -374,14 +280,14 @@ class SandboxContainer:
 
     def _stop_main(self, proc: subprocess.Popen[bytes]) -> None:
         if self.init_pid is not None:
-            _signal([self.init_pid], signal.SIGKILL)  # the PID namespace ends with its init
+            signal_pids([self.init_pid], signal.SIGKILL)  # the PID namespace ends with its init
         elif proc.stdin is not None:
             proc.stdin.close()  # the plain main kills what it started, then exits
             try:
                 proc.wait(STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 pass
-        _signal(self._members() if proc.poll() is None else [], signal.SIGKILL)
+        signal_pids(self._members() if proc.poll() is None else [], signal.SIGKILL)
         proc.kill()
         proc.wait()
         if proc.stdin is not None and not proc.stdin.closed:
@@ -389,3 +295,28 @@ class SandboxContainer:
                 proc.stdin.close()
             except OSError:
                 pass
+
+
+def start_container(
+    sandbox_id: str,
+    root: Path,
+    support: bwrap.Support,
+    config: dict[str, Any],
+    internet: bool,
+    timing: tuple[float, float],
+) -> SandboxContainer:
+    """A started container (see `SandboxContainer.start`); nothing is left behind on failure.
+
+    bwrap now and then fails to set up a new namespace's loopback under load ("loopback:
+    Failed RTM_NEWADDR"): a failure of bwrap itself is retried a few times.
+    """
+    for attempt in range(1, START_ATTEMPTS + 1):
+        container = SandboxContainer(sandbox_id, root, support)
+        try:
+            container.start(config, internet, *timing)
+            return container
+        except BaseException as exc:
+            container.close()
+            if attempt == START_ATTEMPTS or "bwrap:" not in str(exc):
+                raise
+    raise AssertionError("unreachable")

@@ -69,9 +69,15 @@ def forward(
     conn.sock = sock
     sock.settimeout(UPSTREAM_TIMEOUT)
     try:
-        _send_request(ex, conn, port, path, extra)
-        response = conn.getresponse()
-    except OSError as exc:
+        try:
+            _send_request(ex, conn, port, path, extra)
+        except OSError:
+            # The upstream may answer before it has read the whole body (a 400 for a bad
+            # upload) and close: relay that answer if it came, else the send error.
+            response = conn.getresponse()
+        else:
+            response = conn.getresponse()
+    except (OSError, http.client.HTTPException) as exc:
         conn.close()
         raise unreachable(sandbox_id, exc) from None
     try:

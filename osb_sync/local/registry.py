@@ -18,8 +18,8 @@ from urllib.parse import parse_qsl, unquote
 
 from ._http import Exchange, HttpError, Router, error
 from .bodies import rfc3339
-from .bwrap import Support
-from .container import SandboxContainer
+from .bwrap import Support, network_plan
+from .container import SandboxContainer, start_container
 from .validation import (
     check_create,
     check_labels,
@@ -147,30 +147,32 @@ class Registry:
         body = read_json(ex)
         check_create(body, self.config.min_timeout, self.config.max_timeout)
         check_labels(body.get("metadata") or {})
-        internet, network_note = self._network_plan(body.get("networkPolicy"))
+        internet, network_note = network_plan(
+            policy_needs(body.get("networkPolicy")),
+            self.config.support,
+            self.config.unenforced_network_policy == "accept",
+        )
         sandbox_id = str(uuid.uuid4())
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
-        container = None
         try:
-            container = SandboxContainer(sandbox_id, self.config.root, self.config.support)
-            container.start(
+            container = start_container(
+                sandbox_id,
+                self.config.root,
+                self.config.support,
                 {"env": env, "token": token},
                 internet,
-                self.config.ping_interval,
-                self.config.command_grace,
+                (self.config.ping_interval, self.config.command_grace),
             )
-            note = container.status_note(internet) + network_note
-            sandbox = self._register(sandbox_id, body, token, container, note)
         except (OSError, RuntimeError) as exc:
-            if container is not None:
-                container.close()
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
+        try:
+            note = container.status_note(internet) + network_note
+            sandbox = self._register(sandbox_id, body, token, container, note)
         except BaseException:
-            if container is not None:
-                container.close()  # a refused create leaves no folder and no process
+            container.close()  # a refused create leaves no folder and no process
             raise
         ex.send_json(202, sandbox.view(created=True))
 
@@ -199,28 +201,6 @@ class Registry:
         with self._lock:
             self._sandboxes[sandbox_id] = sandbox
         return sandbox
-
-    def _network_plan(self, policy: Any) -> tuple[bool, str]:
-        """(give the sandbox outbound access?, status note) for a network policy."""
-        needs = policy_needs(policy)
-        if needs == "nothing":
-            return True, ""
-        if needs == "deny-all" and self.config.support.bwrap is not None:
-            return False, " Network policy enforced: private network namespace, loopback only."
-        why = (
-            "per-host egress rules are not supported by the local server"
-            if needs == "rules"
-            else f"sandboxes are not isolated here: {self.config.support.problem}"
-        )
-        if self.config.unenforced_network_policy != "accept":
-            raise error(
-                400,
-                "SANDBOX::INVALID_PARAMETER",
-                f"networkPolicy cannot be enforced: {why}. Hint: only a deny-all policy "
-                "can be enforced, where sandboxes are isolated; start the local "
-                "server with unenforced_network_policy='accept' to run without it.",
-            )
-        return True, f" WARNING: networkPolicy is NOT enforced ({why})."
 
     def list(self, ex: Exchange) -> None:
         """GET /sandboxes: state and metadata filters, pagination, newest first."""
