@@ -235,7 +235,8 @@ class SandboxContainer:
             sock.close()
             raise
 
-    def _members(self) -> list[int]:
+    def members(self) -> list[int]:
+        """The host pids of the sandbox's processes (its PID namespace, or its process tree)."""
         if self.init_pid is not None:
             return pids_in_namespace(self.init_pid)
         return descendants(self._proc.pid) if self._proc is not None else []
@@ -245,7 +246,7 @@ class SandboxContainer:
         if self._cgroup is not None:
             self._cgroup.freeze(True)
         else:
-            signal_pids(self._members(), signal.SIGSTOP)
+            signal_pids(self.members(), signal.SIGSTOP)
         self._frozen = True
 
     def resume(self) -> None:
@@ -253,7 +254,7 @@ class SandboxContainer:
         if self._cgroup is not None:
             self._cgroup.freeze(False)
         else:
-            signal_pids(self._members(), signal.SIGCONT)
+            signal_pids(self.members(), signal.SIGCONT)
         self._frozen = False
 
     def close(self) -> None:
@@ -287,7 +288,7 @@ class SandboxContainer:
                 proc.wait(STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 pass
-        signal_pids(self._members() if proc.poll() is None else [], signal.SIGKILL)
+        signal_pids(self.members() if proc.poll() is None else [], signal.SIGKILL)
         proc.kill()
         proc.wait()
         if proc.stdin is not None and not proc.stdin.closed:

@@ -120,7 +120,7 @@ class LocalServer:
 
     def _support(self) -> Support:
         if self._isolation is False:
-            return Support(None, "isolation=False", None, False)
+            return Support(None, "turned off by isolation=False", None, False)
         support = probe()
         if self._isolation and support.bwrap is None:
             raise RuntimeError(
