@@ -132,15 +132,19 @@ def _read_only_trees() -> list[str]:
     return trees
 
 
-def root_view() -> list[str]:
-    """bwrap arguments that build the container's read-only root (see the module docstring)."""
-    args = ["--ro-bind", "/usr", "/usr"]
+def root_view(host_root: Path = Path("/")) -> list[str]:
+    """bwrap arguments that build the container's read-only root (see the module docstring).
+
+    `/bin`, `/sbin` and `/lib*` are links into `/usr` on a merged-/usr system (made again as
+    links) and directories elsewhere (bound); `host_root` is for tests.
+    """
+    args = ["--ro-bind", str(host_root / "usr"), "/usr"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = Path("/") / name
+        path = host_root / name
         if path.is_symlink():
-            args += ["--symlink", os.readlink(path), str(path)]
+            args += ["--symlink", os.readlink(path), f"/{name}"]
         elif path.is_dir():
-            args += ["--ro-bind", str(path), str(path)]
+            args += ["--ro-bind", str(path), f"/{name}"]
     args += ["--dir", "/etc"]
     for name in ETC_FILES:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]

@@ -53,6 +53,7 @@ class SandboxContainer:
         self.init_pid: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._slirp: subprocess.Popen[bytes] | None = None
+        self._slirp_exit = -1
         self._cgroup: Cgroup | None = None
         self._frozen = False
         self._closed = False
@@ -156,6 +157,8 @@ class SandboxContainer:
     def _start_slirp(self, deadline: float) -> None:
         assert self.support.slirp is not None and self.init_pid is not None
         ready_r, ready_w = os.pipe()
+        # slirp4netns exits once this pipe's write end closes: on delete, or when the server dies.
+        exit_r, self._slirp_exit = os.pipe()
         try:
             self._slirp = subprocess.Popen(
                 [
@@ -165,13 +168,15 @@ class SandboxContainer:
                     "--disable-host-loopback",
                     "--ready-fd",
                     str(ready_w),
+                    "--exit-fd",
+                    str(exit_r),
                     str(self.init_pid),
                     "tap0",
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                pass_fds=(ready_w,),
+                pass_fds=(ready_w, exit_r),
                 start_new_session=True,
             )
             os.close(ready_w)
@@ -181,6 +186,7 @@ class SandboxContainer:
             self.network = "slirp4netns"
         finally:
             os.close(ready_r)
+            os.close(exit_r)
             if ready_w >= 0:
                 os.close(ready_w)
 
@@ -269,6 +275,8 @@ class SandboxContainer:
                 pass
         if self._proc is not None:
             self._stop_main(self._proc)
+        if self._slirp_exit >= 0:
+            os.close(self._slirp_exit)
         if self._slirp is not None:
             self._slirp.kill()
             self._slirp.wait()

@@ -311,3 +311,45 @@ def test_osb_sync_run_says_first_when_sandboxes_are_not_isolated(tmp_path: Path)
     first = proc.stderr.splitlines()[0]
     assert first.startswith("osb-sync: warning: sandboxes are NOT isolated"), proc.stderr
     assert "bubblewrap" in first
+
+
+def test_root_view_links_a_merged_usr_and_binds_separate_directories(tmp_path: Path) -> None:
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "bin").symlink_to("usr/bin")
+    (tmp_path / "lib").mkdir()
+    args = bwrap.root_view(tmp_path)
+    assert args[:3] == ["--ro-bind", str(tmp_path / "usr"), "/usr"]
+    assert ["--symlink", "usr/bin", "/bin"] == args[3:6]
+    assert ["--ro-bind", str(tmp_path / "lib"), "/lib"] == args[6:9]
+    assert "/sbin" not in args and "/lib64" not in args
+    etc = [args[i + 2] for i, arg in enumerate(args) if arg == "--ro-bind-try"]
+    assert "/etc/passwd" in etc and "/etc/ssl/certs" in etc
+    assert not [path for path in etc if "shadow" in path or "ssh" in path or "private" in path]
+
+
+def test_the_execd_token_is_nowhere_the_sandbox_can_read(
+    isolated_server: LocalServer, make_box: Any
+) -> None:
+    box = make_box(isolated_server)
+    token = box.headers["X-EXECD-ACCESS-TOKEN"]
+    # The command line holds the token reversed, so that it does not find itself.
+    script = (
+        "import glob, sys\n"
+        "token = sys.argv[1][::-1].encode()\n"
+        "for path in glob.glob('/proc/[0-9]*/environ') + glob.glob('/proc/[0-9]*/cmdline'):\n"
+        "    try:\n"
+        "        print(path) if token in open(path, 'rb').read() else None\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('searched')\n"
+    )
+    box.call(
+        "POST",
+        "/files/upload",
+        files=[
+            ("metadata", ("metadata", json.dumps({"path": "search.py"}), "application/json")),
+            ("file", ("search.py", script.encode(), "text/x-python")),
+        ],
+    )
+    assert texts(box.command(f"python search.py {token[::-1]}")) == ["searched"]
+    assert token not in "".join(texts(box.command("env")))
