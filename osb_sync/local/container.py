@@ -109,7 +109,9 @@ class SandboxContainer:
             if read_until(ready_r, b"\n", deadline) != b"ready\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
         except (OSError, ValueError, KeyError) as exc:
-            raise RuntimeError(f"the sandbox's container did not start: {exc}") from None
+            raise RuntimeError(
+                f"the sandbox's container did not start ({exc}): {self._log_tail()}"
+            ) from None
         finally:
             for fd in (ready_r, ready_w, info_r, info_w):
                 if fd >= 0:
