@@ -35,6 +35,7 @@ NOT_FORWARDED = {
     "x-execd-access-token",
 }
 NO_BODY = {204, 304}
+SET_BY_THIS_SERVER = {"server", "date", "x-request-id"}  # one of each in an answer
 
 
 def port_number(raw: str) -> int:
@@ -174,7 +175,8 @@ def _relay(ex: Exchange, response: http.client.HTTPResponse) -> None:
     headers = [
         (k, v)
         for k, v in response.getheaders()
-        if k.lower() not in NOT_FORWARDED or k.lower() == "content-length"
+        if (k.lower() not in NOT_FORWARDED or k.lower() == "content-length")
+        and k.lower() not in SET_BY_THIS_SERVER
     ]
     if ex.method == "HEAD" or response.status in NO_BODY:
         ex.start(response.status, headers)

@@ -393,3 +393,10 @@ def test_an_answer_before_the_whole_body_is_relayed_at_once(box: Box) -> None:
             return sock.recv(65536)
 
     assert wait_for(lambda: b"413" in answer(), timeout=30)
+
+
+def test_execd_answers_through_the_proxy_carry_one_server_date_and_request_id(box: Box) -> None:
+    answer = box.call("GET", "/ping", headers={"X-Request-ID": "mine-1"})
+    assert answer.status_code == 200
+    assert answer.headers["X-Request-ID"] == "mine-1"
+    assert "," not in answer.headers["Server"] and answer.headers["Date"].count("GMT") == 1
