@@ -6,10 +6,11 @@ list: `/usr` and the `/bin`, `/sbin`, `/lib*` links or directories, chosen `/etc
 (resolver, name service, users and groups, locale, time zone, loader cache, alternatives, CA
 certificates; never shadow, gshadow, ssh or ssl/private), and read-only at the same paths the
 server's interpreter (`sys.base_prefix`, `sys.prefix`) and the osb_sync package directory, all
-read-only. `python` and `python3` on `PATH` are that interpreter. Writable and private: `/tmp`
-(a tmpfs of `TMP_SIZE` bytes), the sandbox's home (the working directory) and execd's state
-directory (host directories bound in, so the server can remove them); a file grows to at most
-`FILE_SIZE_LIMIT` bytes (RLIMIT_FSIZE), which caps each file but not their number.
+read-only. `python` and `python3` on `PATH` are that interpreter. Writable and private: `/tmp`,
+the sandbox's home (the working directory) and execd's state directory, each a host directory
+of the sandbox bound in (so the server can remove them, and they behave like the disk of a
+real container, not like memory). The disk cap is RLIMIT_FSIZE: a file grows to at most
+`FILE_SIZE_LIMIT` bytes; the number of files, hence the total, is not capped.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ SANDBOX_HOME = "/home/sandbox"
 EXECD_STATE_DIR = "/run/osb-execd"
 PYTHON_BIN = "/opt/osb-sync/bin"
 SANDBOX_PATH = f"{PYTHON_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-TMP_SIZE = 1 << 30
 FILE_SIZE_LIMIT = 8 << 30
 PROBE_TIMEOUT = 20.0
 NAMESPACES = [
@@ -156,8 +156,8 @@ def root_view(host_root: Path = Path("/")) -> list[str]:
     return args
 
 
-def container_argv(bwrap: str, home: Path, state: Path, info_fd: int) -> list[str]:
-    """The bwrap argv (up to `--`) of a sandbox whose home and execd state are host dirs."""
+def container_argv(bwrap: str, home: Path, tmp: Path, state: Path, info_fd: int) -> list[str]:
+    """The bwrap argv (up to `--`) of a sandbox whose home, /tmp and execd state are host dirs."""
     return [
         bwrap,
         *NAMESPACES,
@@ -181,9 +181,8 @@ def container_argv(bwrap: str, home: Path, state: Path, info_fd: int) -> list[st
         "/proc",
         "--dev",
         "/dev",
-        "--size",
-        str(TMP_SIZE),
-        "--tmpfs",
+        "--bind",
+        str(tmp),
         "/tmp",  # noqa: S108 (the container's own /tmp)
         "--bind",
         str(home),

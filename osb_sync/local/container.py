@@ -47,6 +47,8 @@ class SandboxContainer:
         self.home.mkdir(parents=True)
         self.run_dir.mkdir(mode=0o700)
         (self.run_dir / "execd").mkdir()
+        (self.run_dir / "tmp").mkdir()
+        (self.run_dir / "tmp").chmod(0o1777)
         self.support = support
         self.isolated = support.bwrap is not None
         self.network = "none"
@@ -121,8 +123,8 @@ class SandboxContainer:
         main = [sys.executable, "-I", "-S", MAIN_SCRIPT]
         if self.support.bwrap is None:
             return main
-        state = self.run_dir / "execd"
-        argv = bwrap.container_argv(self.support.bwrap, self.home, state, info_fd) + main
+        tmp, state = self.run_dir / "tmp", self.run_dir / "execd"
+        argv = bwrap.container_argv(self.support.bwrap, self.home, tmp, state, info_fd) + main
         if self.support.freezer:
             self._cgroup = Cgroup(self.home.name, ("freezer",))
             argv = self._cgroup.launcher_prefix() + argv
