@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
@@ -195,26 +194,15 @@ def test_execd_inside_imports_no_requests() -> None:
 
 
 def test_sandbox_outlives_the_thread_that_created_it(isolated_server: LocalServer) -> None:
+    # bwrap's --die-with-parent fires when the thread that started it ends: a handler thread
+    # ends with its connection, so closing the creating session must not end the sandbox.
     before = set(threading.enumerate())
-    conn = http.client.HTTPConnection(isolated_server.host, isolated_server.port, timeout=30)
-    conn.request(
-        "POST",
-        "/v1/sandboxes",
-        json.dumps(CREATE_BODY),
-        {"Connection": "close", "Content-Type": "application/json"},
-    )
-    answer = conn.getresponse()
-    assert answer.status == 202
-    sandbox_id = json.loads(answer.read())["id"]
-    conn.close()
+    with requests.Session() as creator:
+        box = Box(isolated_server, creator, CREATE_BODY)
     handlers = [t for t in set(threading.enumerate()) - before if "spawner" not in t.name]
     assert wait_for(lambda: not any(t.is_alive() for t in handlers), timeout=30)
-    with requests.Session() as session:
-        box = Box.__new__(Box)
-        box.server, box.http, box.id = isolated_server, session, sandbox_id
-        endpoint = session.get(f"{isolated_server.api_base}/sandboxes/{sandbox_id}/endpoints/44772")
-        box.base = f"http://{endpoint.json()['endpoint']}"
-        box.headers = endpoint.json()["headers"]
+    with requests.Session() as http:
+        box.http = http
         assert texts(box.command("echo alive")) == ["alive"]
 
 
