@@ -6,7 +6,8 @@ Figures (median of ``--runs``):
   LocalServer, with ``isolation=True`` and with ``isolation=False``;
 - ``osb-sync run "print(1)"`` wall, a fresh process each time (embedded server, default
   isolation: a container where this host allows it);
-- the RSS of an idle sandbox's processes (the container's: bwrap, its init, our execd).
+- the RSS of an idle sandbox's processes (bwrap, its init, our execd, slirp4netns); RSS counts
+  the interpreter's shared pages in full (PSS of the execd is about 60% of its RSS).
 
     python benchmarks/bench_container_start.py [--runs 10] [--json out.json]
 """
@@ -54,13 +55,15 @@ def create_run_delete(server: LocalServer, http: requests.Session) -> float:
 
 
 def idle_rss(server: LocalServer, http: requests.Session) -> dict[str, Any]:
-    """The KiB resident in an idle sandbox's processes (with the bwrap launcher)."""
+    """The KiB resident in an idle sandbox's processes (with bwrap outside, slirp4netns)."""
     sandbox_id = http.post(f"{server.api_base}/sandboxes", json=CREATE).json()["id"]
     time.sleep(1.0)
     container = server._registry.find(sandbox_id).container  # type: ignore[union-attr]
     pids = container.members()
     if container.init_pid is not None and container._proc is not None:
         pids.append(container._proc.pid)  # the bwrap that waits outside
+    if container._slirp is not None:
+        pids.append(container._slirp.pid)  # the network of a sandbox without a policy
     sizes = {pid: rss_kib(pid) for pid in pids}
     http.delete(f"{server.api_base}/sandboxes/{sandbox_id}")
     return {"processes": len(sizes), "rss_kib": sum(sizes.values())}
