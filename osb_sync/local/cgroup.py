@@ -15,12 +15,16 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT = "osb-sync"
 FREEZE_TIMEOUT = 5.0
+STALE_AFTER = 60.0
 # sh: put ourselves into each group named before `--`, then exec the rest (the container).
 JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 111; shift; done; shift; exec "$@"'
 
 
 def usable(controller: str) -> bool:
-    """True when this process may make groups under `controller` (v1, writable, e.g. root)."""
+    """True when this process may make groups under `controller` (v1, writable, e.g. root).
+
+    Also removes the empty groups that servers killed without a chance to clean up left.
+    """
     base = CGROUP_ROOT / controller
     if not (base / "cgroup.procs").is_file():
         return False
@@ -31,7 +35,19 @@ def usable(controller: str) -> bool:
         probe.rmdir()
     except OSError:
         return False
+    _sweep(base / PARENT)
     return True
+
+
+def _sweep(parent: Path) -> None:
+    # A live sandbox always has processes in its group (rmdir fails: EBUSY); a group younger
+    # than STALE_AFTER may be one another server made and is about to join.
+    for group in parent.iterdir():
+        try:
+            if group.is_dir() and time.time() - group.stat().st_mtime > STALE_AFTER:
+                group.rmdir()
+        except OSError:
+            pass
 
 
 class Cgroup:

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 import requests
 from conftest import CREATE_BODY, Box, require_isolation, texts, wait_for
 
-from osb_sync.local import LocalServer, bwrap
+from osb_sync.local import LocalServer, bwrap, cgroup
 from osb_sync.local.container import MAIN_SCRIPT
 
 DENY_ALL = {"defaultAction": "deny", "egress": []}
@@ -388,3 +389,21 @@ def test_execd_answers_through_the_proxy_carry_one_server_date_and_request_id(bo
     assert answer.status_code == 200
     assert answer.headers["X-Request-ID"] == "mine-1"
     assert "," not in answer.headers["Server"] and answer.headers["Date"].count("GMT") == 1
+
+
+def test_groups_left_by_a_killed_server_are_swept(tmp_path: Path) -> None:
+    parent = cgroup.CGROUP_ROOT / "freezer" / cgroup.PARENT
+    if not cgroup.usable("freezer"):
+        require_isolation()
+        pytest.skip("no writable freezer cgroup here")
+    stale, young = parent / f"stale-{os.getpid()}", parent / f"young-{os.getpid()}"
+    stale.mkdir()
+    young.mkdir()
+    try:
+        os.utime(stale, (time.time() - 3600, time.time() - 3600))
+        assert cgroup.usable("freezer")
+        assert not stale.exists() and young.exists()
+    finally:
+        for group in (stale, young):
+            if group.exists():
+                group.rmdir()
