@@ -344,46 +344,6 @@ def test_the_execd_token_is_nowhere_the_sandbox_can_read(
     assert token not in "".join(texts(box.command("env")))
 
 
-EARLY_ANSWER = """
-import socket, time
-server = socket.create_server(("127.0.0.1", {port}))
-conn, _ = server.accept()
-head = b""
-while b"\\r\\n\\r\\n" not in head:
-    head += conn.recv(65536)
-conn.sendall(b"HTTP/1.1 413 Too Large\\r\\nContent-Length: 7\\r\\n\\r\\ntoo big")
-time.sleep(60)  # neither reads the body nor closes
-"""
-
-
-def test_an_answer_before_the_whole_body_is_relayed_at_once(box: Box) -> None:
-    port = free_port()
-    box.call(
-        "POST",
-        "/files/upload",
-        files=[
-            ("metadata", ("metadata", json.dumps({"path": "early.py"}), "application/json")),
-            ("file", ("early.py", EARLY_ANSWER.format(port=port).encode(), "text/x-python")),
-        ],
-    )
-    box.command("python early.py", background=True)
-    endpoint = box.http.get(f"{box.server.api_base}/sandboxes/{box.id}/endpoints/{port}").json()
-    host, _, rest = endpoint["endpoint"].partition("/")
-    token = endpoint["headers"]["X-EXECD-ACCESS-TOKEN"]
-    head = (
-        f"POST /{rest}/upload HTTP/1.1\r\nHost: {host}\r\nX-EXECD-ACCESS-TOKEN: {token}\r\n"
-        "Content-Length: 100000000\r\n\r\n"
-    ).encode()
-    address = host.split(":")
-
-    def answer() -> bytes:
-        with socket.create_connection((address[0], int(address[1])), timeout=20) as sock:
-            sock.sendall(head + b"x" * 1000)  # and then waits, as a client that reads first
-            return sock.recv(65536)
-
-    assert wait_for(lambda: b"413" in answer(), timeout=30)
-
-
 def test_execd_answers_through_the_proxy_carry_one_server_date_and_request_id(box: Box) -> None:
     answer = box.call("GET", "/ping", headers={"X-Request-ID": "mine-1"})
     assert answer.status_code == 200
