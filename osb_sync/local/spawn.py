@@ -17,7 +17,11 @@ T = TypeVar("T")
 
 
 class _Spawner:
-    """One long-lived thread that starts every container (see the module docstring)."""
+    """One thread, as long-lived as the process, that starts every container.
+
+    bwrap's `--die-with-parent` (PR_SET_PDEATHSIG) fires when the *thread* that forked it
+    ends, and a request's handler thread ends with its connection.
+    """
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
