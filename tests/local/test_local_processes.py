@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,16 +31,22 @@ def free_port() -> int:
     return port
 
 
-def running(marker: str) -> bool:
-    """True while a host process has `marker` in its command line (seen from the host)."""
+def marked(marker: str) -> list[int]:
+    """The host pids whose command line holds `marker`."""
+    found = []
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                if marker.encode() in cmdline.read():
-                    return True
+                if entry.isdigit() and marker.encode() in cmdline.read():
+                    found.append(int(entry))
         except OSError:
             pass
-    return False
+    return found
+
+
+def running(marker: str) -> bool:
+    """True while a host process has `marker` in its command line (seen from the host)."""
+    return bool(marked(marker))
 
 
 def start_sleepers(box: Box, tag: int) -> list[str]:
@@ -67,7 +74,8 @@ def test_delete_kills_every_process(box: Box, http: requests.Session) -> None:
         assert wait_for(lambda: not any(running(m) for m in markers))
     else:  # without a PID namespace only the sandbox's own process groups die
         assert wait_for(lambda: not running(markers[0]))
-        subprocess.run(["pkill", "-f", "sleep 601[.]"], check=False)  # the escaped ones
+        for pid in [pid for marker in markers for pid in marked(marker)]:
+            os.kill(pid, signal.SIGKILL)  # the escaped ones, which we started
     assert not os.path.exists(box.dir)
 
 
