@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ class SandboxContainer:
         self._cgroup: Cgroup | None = None
         self._frozen = False
         self._closed = False
+        self._lock = threading.Lock()
         self._dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
         # Through the directory's descriptor, the path stays short (a socket path holds ~107
         # bytes), however long the root directory's name.
@@ -231,7 +233,10 @@ class SandboxContainer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout)
-            sock.connect(self._relay_path)
+            with self._lock:  # the path names a descriptor: once closed, its number is reused
+                if self._closed:
+                    raise ConnectionRefusedError("the sandbox is being deleted")
+                sock.connect(self._relay_path)
             sock.sendall(b"%d\n" % port)
             answer = b""
             while not answer.endswith(b"\n"):
@@ -272,9 +277,10 @@ class SandboxContainer:
 
     def close(self) -> None:
         """Kill every process of the sandbox and remove its directories; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         if self._frozen:
             try:
                 self.resume()  # a frozen process cannot die
