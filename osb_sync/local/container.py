@@ -303,15 +303,17 @@ class SandboxContainer:
     def _stop_main(self, proc: subprocess.Popen[bytes]) -> None:
         if self.init_pid is not None:
             self._kill_init(proc)  # the PID namespace ends with its init
-        else:
-            if proc.stdin is not None:
-                proc.stdin.close()  # the plain main kills what it started, then exits
-            try:
-                proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
+        elif proc.stdin is not None:
+            proc.stdin.close()  # the plain main kills what it started, then exits
+        try:
+            # bwrap outside exits once it has reaped init (killed first, init would be left
+            # to the host's pid 1 as a zombie)
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            if self.init_pid is None:
                 signal_pids(descendants(proc.pid), signal.SIGKILL)
-        proc.kill()
-        proc.wait()
+            proc.kill()
+            proc.wait()
         if proc.stdin is not None and not proc.stdin.closed:
             try:
                 proc.stdin.close()

@@ -219,7 +219,13 @@ def test_delete_ends_the_pid_namespace(isolated_server: LocalServer, make_box: A
     box = make_box(isolated_server)
     assert texts(box.command("echo $$")) != ["1"]
     markers = start_sleepers(box, 3)
+    assert isolated_server._registry is not None
+    sandbox = isolated_server._registry.find(box.id)
+    assert sandbox is not None
+    init = sandbox.container.init_pid
+    assert init is not None and os.path.exists(f"/proc/{init}")
     assert box.http.delete(f"{isolated_server.api_base}/sandboxes/{box.id}").status_code == 204
+    assert not os.path.exists(f"/proc/{init}")  # reaped by bwrap, not left a zombie to pid 1
     assert wait_for(lambda: not any(running(m) for m in markers), timeout=30)
 
 
