@@ -15,6 +15,7 @@ Figures (median of ``--runs``):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -49,7 +50,9 @@ def create_run_delete(server: LocalServer, http: requests.Session) -> float:
         json={"code": "print(1)", "context": {"language": "python"}},
         headers=endpoint["headers"],
     )
-    assert b'"text":"1\\n"' in ran.content, ran.content
+    events = [json.loads(block) for block in ran.content.split(b"\n\n") if block.strip()]
+    out = "".join(e["text"] for e in events if e.get("type") == "stdout")
+    assert out == "1\n", ran.content
     assert http.delete(f"{server.api_base}/sandboxes/{sandbox['id']}").status_code == 204
     return time.perf_counter() - started
 
