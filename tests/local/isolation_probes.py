@@ -6,7 +6,9 @@ prints every outcome as one JSON line. Host-side helpers make canaries (files, a
 a process with a marker in its command line) that code in a sandbox must not reach.
 
 Nothing here reaches beyond loopback: 10.0.2.2 (slirp4netns' alias of the host) is tried only
-from a sandbox whose only interfaces are `lo` and `tap0`.
+from a sandbox in a network namespace of its own whose only interfaces are `lo` and `tap0`.
+A host pid may number one of the sandbox's own processes in its PID namespace: probes check
+the command line (`checked_pid`) before they signal or read one.
 """
 
 from __future__ import annotations
@@ -99,10 +101,20 @@ def talk_unix(path, payload):
         sock.settimeout(3)
         sock.connect(path)
         return drain(sock, payload)
-def only_slirp_interfaces():
+def behind_slirp(host_netns):
+    # In a network namespace of its own whose only interfaces are lo and slirp4netns' tap0?
     with open("/proc/net/dev") as f:
         names = {line.split(":")[0].strip() for line in f.readlines()[2:]}
-    return names <= {"lo", "tap0"}
+    return os.stat("/proc/self/ns/net").st_ino != host_netns and names <= {"lo", "tap0"}
+def checked_pid(pid, cmdline):
+    # pid, if it is the host process with that command line (not one of the sandbox's own)
+    try:
+        seen = read(f"/proc/{pid}/cmdline")
+    except FileNotFoundError:
+        raise ProcessLookupError(f"no process {pid} here") from None
+    if seen != cmdline:
+        raise LookupError(f"pid {pid} is another process here")
+    return pid
 """
 
 
@@ -290,7 +302,7 @@ attempt("{label}127.0.0.1", talk, "127.0.0.1", {port}, {payload!r})
 for pid in (1, {server_pid}):
     attempt(f"{label}127.0.0.1 from the netns of pid {{pid}}", talk_from_netns_of, pid,
             "127.0.0.1", {port}, {payload!r})
-if only_slirp_interfaces():
+if behind_slirp({host_netns}):
     attempt("{label}10.0.2.2", talk, "10.0.2.2", {port}, {payload!r})
 """
 
@@ -301,7 +313,13 @@ def reach(port: int, payload: str = "", label: str = "") -> str:
     The host's network namespace is entered through pid 1 and the server's pid, which a
     sandbox outside a PID namespace sees; attempts are named `label` + how they connected.
     """
-    return REACH.format(port=port, payload=payload, label=label, server_pid=os.getpid())
+    return REACH.format(
+        port=port,
+        payload=payload,
+        label=label,
+        server_pid=os.getpid(),
+        host_netns=os.stat("/proc/self/ns/net").st_ino,
+    )
 
 
 LISTENER = r"""

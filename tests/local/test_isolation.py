@@ -169,8 +169,9 @@ def test_code_cannot_read_the_servers_state(
         sandbox,
         f'attempt("root_dir", os.listdir, {str(server.root_dir)!r})\n'
         f'attempt("other sandbox dir", os.listdir, {str(server.root_dir)!r} + "/{other.id}")\n'
-        f'attempt("environ", read, "/proc/{server_pid}/environ")\n'
-        f'attempt("cmdline", read, "/proc/{server_pid}/cmdline")',
+        f"server = {server_pid}, {cmdline!r}\n"
+        'attempt("environ", lambda: read(f"/proc/{checked_pid(*server)}/environ"))\n'
+        'attempt("cmdline", lambda: read(f"/proc/{checked_pid(*server)}/cmdline"))',
     )
     # The sandbox may see its own directory at the host's path, but nothing else of root_dir.
     listed = outcomes.pop("root_dir")
@@ -195,11 +196,14 @@ def test_code_cannot_write_outside_its_writable_directories(sandbox: Sandbox) ->
 
 
 def test_code_cannot_signal_processes_outside(sandbox: Sandbox) -> None:
+    server = os.getpid(), host_text("/proc/self/cmdline")
     with host_process(unique("osb-host-process")) as outsider:
+        outsider_cmdline = host_text(f"/proc/{outsider.pid}/cmdline")  # Popen waited for exec
         outcomes = probe(
             sandbox,
-            f'attempt("signal 0 to the server", os.kill, {os.getpid()}, 0)\n'
-            f'attempt("SIGKILL to a host process", os.kill, {outsider.pid}, 9)',
+            f'attempt("signal 0 to the server", lambda: os.kill(checked_pid(*{server!r}), 0))\n'
+            f"outsider = {outsider.pid}, {outsider_cmdline!r}\n"
+            'attempt("SIGKILL to a host process", lambda: os.kill(checked_pid(*outsider), 9))',
         )
         assert_all_failed(outcomes)
         assert outsider.poll() is None
