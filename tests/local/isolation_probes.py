@@ -148,7 +148,9 @@ def isolating_server(**options: Any) -> LocalServer:
         try:
             return LocalServer(**options).start()
         except Exception as exc:
-            _unavailable(f"{reason or 'LocalServer(isolation=True) failed'}: {exc}")
+            if reason is None:  # this machine's bwrap works: the server is at fault
+                raise
+            _unavailable(f"{reason}; LocalServer(isolation=True): {exc}")
     if reason is not None:
         _unavailable(reason)
     return LocalServer(**options).start()

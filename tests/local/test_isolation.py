@@ -6,7 +6,9 @@ and host loopback ports; the files API is tried with `..`, absolute and symlinke
 tests assert on what got through (canary texts, successful calls), never on timings.
 
 They need a server that isolates its sandboxes (bubblewrap). Where the machine cannot isolate
-they skip, unless OSB_REQUIRE_ISOLATION=1 (CI), where they fail. Probes: `isolation_probes`.
+they skip, unless OSB_REQUIRE_ISOLATION=1 (CI), where they fail. Against a LocalServer without
+an `isolation` option (before containers) each is a strict xfail: every escape works there
+(`pytest --runxfail` shows them). Probes and host-side helpers: `isolation_probes`.
 """
 
 from __future__ import annotations
