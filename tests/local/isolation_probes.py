@@ -36,7 +36,7 @@ RUN_TIMEOUT = 120.0
 PROBE_MARK = "OSB-PROBE "
 # Shared by every probe: `attempt` records what a call returned or raised.
 PRELUDE = r"""
-import ctypes, json, os, socket, subprocess, sys
+import json, os, socket, subprocess, sys
 _outcomes = {}
 def attempt(name, fn, *args):
     try:
