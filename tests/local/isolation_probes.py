@@ -202,11 +202,20 @@ def canary_file(directory: str | Path) -> Iterator[tuple[Path, str]]:
 
 
 @contextmanager
-def host_listener() -> Iterator[tuple[int, str, list[Any]]]:
-    """A TCP listener on host 127.0.0.1: its port, the greeting it sends and who connected."""
+def host_listener(abstract: bool = False) -> Iterator[tuple[Any, str, list[Any]]]:
+    """A listener on the host: its address, the greeting it sends and who connected.
+
+    A TCP port on 127.0.0.1, or with `abstract` a name in the abstract Unix socket namespace
+    (which belongs to the network namespace, like loopback).
+    """
     greeting = unique("host-listener")
     accepted: list[Any] = []
-    sock = socket.create_server(("127.0.0.1", 0))
+    if abstract:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(f"\0{greeting}")
+        sock.listen()
+    else:
+        sock = socket.create_server(("127.0.0.1", 0))
     sock.settimeout(0.2)
     stop = threading.Event()
 
@@ -223,7 +232,7 @@ def host_listener() -> Iterator[tuple[int, str, list[Any]]]:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        yield sock.getsockname()[1], greeting, accepted
+        yield sock.getsockname() if abstract else sock.getsockname()[1], greeting, accepted
     finally:
         stop.set()
         thread.join()

@@ -245,9 +245,12 @@ def test_no_process_survives_delete(client: Client) -> None:
 
 def test_code_cannot_connect_to_a_host_loopback_listener(sandbox: Sandbox) -> None:
     with host_listener() as (port, greeting, accepted):
-        outcomes = probe(sandbox, reach(port))
-    assert_all_failed(outcomes, greeting)
-    assert not accepted
+        with host_listener(abstract=True) as (name, unix_greeting, unix_accepted):
+            outcomes = probe(
+                sandbox, reach(port) + f'attempt("abstract socket", talk_unix, {name!r}, "")'
+            )
+    assert_all_failed(outcomes, greeting, unix_greeting)
+    assert not accepted and not unix_accepted
 
 
 def test_code_cannot_connect_to_the_servers_port(server: LocalServer, sandbox: Sandbox) -> None:
@@ -283,9 +286,15 @@ def test_sandbox_with_internet_access_cannot_reach_host_loopback(
 ) -> None:
     with client.create_sandbox(allow_internet_access=True) as box, host_listener() as listener:
         port, greeting, accepted = listener
-        outcomes = probe(box, reach(port) + reach(server.port, label="the server at "))
-    assert_all_failed(outcomes, greeting)
-    assert not accepted
+        with host_listener(abstract=True) as (name, unix_greeting, unix_accepted):
+            outcomes = probe(
+                box,
+                reach(port)
+                + reach(server.port, label="the server at ")
+                + f'attempt("abstract socket", talk_unix, {name!r}, "")',
+            )
+    assert_all_failed(outcomes, greeting, unix_greeting)
+    assert not accepted and not unix_accepted
 
 
 # -- the files API --------------------------------------------------------------------------------
