@@ -106,8 +106,7 @@ def worker() -> None:
     """Answer one JSON line per command read from stdin: `cycle`, `memory N`, `quit`."""
     import osb_sync
 
-    workdir = tempfile.mkdtemp(prefix="osb-bench-iso-")
-    proc, api_base = start_server(workdir)
+    proc, api_base = start_server(os.getcwd())  # the driver's temporary directory
     client = osb_sync.Client(api_base=api_base)
     try:
         with client.create_sandbox() as sandbox:
