@@ -13,7 +13,6 @@ the command line (`checked_pid`) before they signal or read one.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shutil
@@ -137,23 +136,14 @@ def _unavailable(reason: str) -> None:
 
 
 def isolating_server(**options: Any) -> LocalServer:
-    """A started LocalServer that isolates its sandboxes (skips or fails where impossible).
-
-    A server without an `isolation` option (before containers) is started as it is, so that
-    these tests show what it lets through.
-    """
+    """A started LocalServer that isolates its sandboxes (skips or fails where impossible)."""
     reason = _why_bwrap_cannot_isolate()
-    if "isolation" in inspect.signature(LocalServer).parameters:
-        options["isolation"] = True
-        try:
-            return LocalServer(**options).start()
-        except Exception as exc:
-            if reason is None:  # this machine's bwrap works: the server is at fault
-                raise
-            _unavailable(f"{reason}; LocalServer(isolation=True): {exc}")
-    if reason is not None:
-        _unavailable(reason)
-    return LocalServer(**options).start()
+    try:
+        return LocalServer(isolation=True, **options).start()
+    except Exception as exc:
+        if reason is None:  # this machine's bwrap works: the server is at fault
+            raise
+        _unavailable(f"{reason}; LocalServer(isolation=True): {exc}")
 
 
 def run(sandbox: Sandbox, code: str) -> str:

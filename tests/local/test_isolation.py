@@ -6,14 +6,13 @@ and host loopback ports; the files API is tried with `..`, absolute and symlinke
 tests assert on what got through (canary texts, successful calls), never on timings.
 
 They need a server that isolates its sandboxes (bubblewrap). Where the machine cannot isolate
-they skip, unless OSB_REQUIRE_ISOLATION=1 (CI), where they fail. Against a LocalServer without
-an `isolation` option (before containers) each is a strict xfail: every escape works there
-(`pytest --runxfail` shows them). Probes and host-side helpers: `isolation_probes`.
+they skip, unless OSB_REQUIRE_ISOLATION=1 (CI), where they fail. Each failed on the server
+before containers (issue 11), where every escape worked. Probes and host-side helpers:
+`isolation_probes`.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import shutil
 import tempfile
@@ -47,16 +46,6 @@ from isolation_probes import (
 import osb_sync
 from osb_sync import Client, Sandbox
 from osb_sync.local import LocalServer
-
-SERVER_ISOLATES = "isolation" in inspect.signature(LocalServer).parameters
-
-
-@pytest.fixture(autouse=True)
-def _escapes_expected_without_isolation(request: pytest.FixtureRequest) -> None:
-    """Before containers (issue 11) every escape works: each test must fail (`--runxfail`)."""
-    if not SERVER_ISOLATES:
-        reason = "this LocalServer does not isolate sandboxes (issue 11)"
-        request.node.add_marker(pytest.mark.xfail(reason=reason, strict=True))
 
 
 @pytest.fixture(scope="module")
