@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import shlex
 import sys
@@ -35,11 +36,12 @@ if TYPE_CHECKING:
     from .local import LocalServer
 
 UNENFORCED_POLICY = (
-    "network namespaces are not available here, so the local server cannot enforce the "
+    "sandboxes cannot be isolated here, so the local server cannot enforce the "
     "deny-all network policy: code in its sandboxes can reach the network"
 )
 NOT_A_BOUNDARY = (
-    "a development server, NOT a security boundary: sandboxes run as this user on this machine"
+    "a development server: keep it on loopback; each sandbox is a bubblewrap container "
+    "where bubblewrap works, else NOT isolated from this machine"
 )
 SERVER_HINT = f"pass --api-base or set {API_BASE_ENV} (start a server with: osb-sync serve)"
 
@@ -133,7 +135,7 @@ def _announce(server: LocalServer, as_json: bool) -> None:
             "network_policy_enforced": server.network_policy_enforced,
         }
         print(json.dumps(line), flush=True)
-    print(f"osb-sync: serving {server.api_base} ({NOT_A_BOUNDARY})", file=sys.stderr)
+    print(f"osb-sync: serving {server.api_base} ({_isolation_line(server)})", file=sys.stderr)
     if server.api_key is None:
         print(f"osb-sync: warning: no API key ({API_KEY_ENV} is not set)", file=sys.stderr)
     if not server.network_policy_enforced:
@@ -290,9 +292,25 @@ def _client_or_local_server(args: argparse.Namespace) -> Iterator[Client]:
         return
     from .local import LocalServer
 
+    # The line below says what the server's start-up warning would say, in the CLI's words.
+    logging.getLogger("osb_sync.local").setLevel(logging.ERROR)
     with LocalServer(unenforced_network_policy="accept") as server:
+        if not server.isolated:
+            print(f"osb-sync: warning: {_isolation_line(server)}", file=sys.stderr)
         with Client(server.api_base, server.api_key) as client:
             yield client
+
+
+def _isolation_line(server: LocalServer) -> str:
+    """What the local server's sandboxes are, and how to isolate them where they are not."""
+    if server.isolated:
+        return "sandboxes are bubblewrap containers with their own namespaces"
+    from .local.bwrap import FIX
+
+    return (
+        f"sandboxes are NOT isolated ({server.isolation_problem}): code runs as this user on "
+        f"this machine; to isolate them, {FIX}"
+    )
 
 
 def _show_status_message(client: Client, sandbox_id: str) -> None:

@@ -9,9 +9,12 @@ forwarded.
 from __future__ import annotations
 
 import http.client
+import socket
+import threading
+from collections.abc import Callable
 
 from ._http import Exchange, HttpError, error
-from .runner import SandboxRuntime
+from .container import SandboxContainer
 
 PIECE = 1 << 16
 UPSTREAM_TIMEOUT = 180.0
@@ -32,6 +35,7 @@ NOT_FORWARDED = {
     "x-execd-access-token",
 }
 NO_BODY = {204, 304}
+SET_BY_THIS_SERVER = {"server", "date", "x-request-id"}  # one of each in an answer
 
 
 def port_number(raw: str) -> int:
@@ -52,28 +56,100 @@ def unreachable(sandbox_id: str, detail: object) -> HttpError:
     )
 
 
-def forward(ex: Exchange, runtime: SandboxRuntime, sandbox_id: str, port: int, path: str) -> None:
-    """Send `ex` to 127.0.0.1:`port` in the sandbox and relay the answer."""
+def forward(
+    ex: Exchange,
+    container: SandboxContainer,
+    sandbox_id: str,
+    port: int,
+    path: str,
+    extra: dict[str, str],
+) -> None:
+    """Send `ex` to 127.0.0.1:`port` in the sandbox (adding `extra` headers), relay the answer.
+
+    The request body goes up from its own thread, so an answer that comes before the whole
+    body (a 400 for a bad upload, while the client waits for it) is relayed at once.
+    """
     try:
-        sock = runtime.connect(port)
+        sock = container.connect(port)
     except OSError as exc:
         raise unreachable(sandbox_id, exc) from None
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=UPSTREAM_TIMEOUT)
     conn.sock = sock
     sock.settimeout(UPSTREAM_TIMEOUT)
+    body = _BodyPump(ex, sock)
     try:
-        _send_request(ex, conn, port, path)
+        body.start(_send_head(ex, conn, port, path, extra))
         response = conn.getresponse()
-    except OSError as exc:
+    except (OSError, http.client.HTTPException) as exc:
+        body.stop()
         conn.close()
         raise unreachable(sandbox_id, exc) from None
     try:
         _relay(ex, response)
     finally:
+        body.stop()
         conn.close()
 
 
-def _send_request(ex: Exchange, conn: http.client.HTTPConnection, port: int, path: str) -> None:
+class _BodyPump:
+    """Copies the request body to the upstream in a thread (see `forward`)."""
+
+    def __init__(self, ex: Exchange, upstream: socket.socket) -> None:
+        self._ex = ex
+        self._upstream = upstream
+        self._thread: threading.Thread | None = None
+        self._failure: HttpError | None = None
+
+    def start(self, chunked: bool) -> None:
+        """Start copying, unless the request has no body."""
+        if not self._ex.body.finished:
+            self._thread = threading.Thread(target=self._copy, args=(chunked,), daemon=True)
+            self._thread.start()
+
+    def _copy(self, chunked: bool) -> None:
+        try:
+            while data := self._ex.body.read(PIECE):
+                self._upstream.sendall(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+            if chunked:
+                self._upstream.sendall(b"0\r\n\r\n")
+        except HttpError as exc:  # a broken body: answer the client, not the upstream
+            self._failure = exc
+            _quietly(self._upstream.shutdown, socket.SHUT_RDWR)
+        except OSError:
+            pass  # the upstream stopped reading or the client stalled: the answer says which
+
+    def stop(self) -> None:
+        """End the copy (the exchange with the upstream is over) and wait for its thread.
+
+        A client whose body is still coming is cut off (its connection closes after the
+        answer); an upstream that stopped reading is shut down, so no send stays blocked.
+
+        Raises:
+            HttpError: the client's body was malformed (and nothing was answered yet).
+        """
+        if self._thread is None:
+            return
+        if self._thread.is_alive():
+            if not self._ex.body.finished:
+                self._ex.handler.close_connection = True
+                _quietly(self._ex.handler.connection.shutdown, socket.SHUT_RD)
+            _quietly(self._upstream.shutdown, socket.SHUT_RDWR)
+        self._thread.join()
+        if self._failure is not None and not self._ex.responded:
+            raise self._failure
+
+
+def _quietly(action: Callable[[int], None], how: int) -> None:
+    try:
+        action(how)
+    except OSError:
+        pass
+
+
+def _send_head(
+    ex: Exchange, conn: http.client.HTTPConnection, port: int, path: str, extra: dict[str, str]
+) -> bool:
+    """Send the request line and headers; True when the body goes up chunked."""
     target = path + (f"?{ex.raw_query}" if ex.raw_query else "")
     conn.putrequest(ex.method, target, skip_host=True, skip_accept_encoding=True)
     for name, value in ex.headers.items():
@@ -84,23 +160,23 @@ def _send_request(ex: Exchange, conn: http.client.HTTPConnection, port: int, pat
     conn.putheader("X-Forwarded-Host", ex.headers.get("Host") or "")
     conn.putheader("X-Forwarded-Proto", "http")
     conn.putheader("Connection", "close")
+    for name, value in extra.items():
+        conn.putheader(name, value)
     chunked = "chunked" in (ex.headers.get("Transfer-Encoding") or "").lower()
     if chunked:
         conn.putheader("Transfer-Encoding", "chunked")
     elif ex.headers.get("Content-Length"):
         conn.putheader("Content-Length", ex.headers["Content-Length"])
     conn.endheaders()
-    while data := ex.body.read(PIECE):
-        conn.send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
-    if chunked:
-        conn.send(b"0\r\n\r\n")
+    return chunked
 
 
 def _relay(ex: Exchange, response: http.client.HTTPResponse) -> None:
     headers = [
         (k, v)
         for k, v in response.getheaders()
-        if k.lower() not in NOT_FORWARDED or k.lower() == "content-length"
+        if (k.lower() not in NOT_FORWARDED or k.lower() == "content-length")
+        and k.lower() not in SET_BY_THIS_SERVER
     ]
     if ex.method == "HEAD" or response.status in NO_BODY:
         ex.start(response.status, headers)

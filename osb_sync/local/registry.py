@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import secrets
-import signal
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -19,8 +18,8 @@ from urllib.parse import parse_qsl, unquote
 
 from ._http import Exchange, HttpError, Router, error
 from .bodies import rfc3339
-from .execd import ExecdApp
-from .runner import NetnsMode, SandboxRuntime
+from .bwrap import Support, network_plan
+from .container import SandboxContainer, start_container
 from .validation import (
     check_create,
     check_labels,
@@ -52,20 +51,18 @@ class Config:
     ping_interval: float
     command_grace: float
     unenforced_network_policy: str
-    netns: NetnsMode | None
-    jupyter_port: int
+    support: Support
     address: str  # host:port of the server, when a request has no Host header
 
 
 @dataclass
 class LocalSandbox:
-    """One sandbox: its API data plus the runtime and execd that back it."""
+    """One sandbox: its API data plus the container that runs its execd."""
 
     id: str
     body: dict[str, Any]
     token: str
-    runtime: SandboxRuntime
-    execd: ExecdApp
+    container: SandboxContainer
     created_at: datetime
     expires_at: datetime | None
     ready_at: datetime
@@ -150,39 +147,50 @@ class Registry:
         body = read_json(ex)
         check_create(body, self.config.min_timeout, self.config.max_timeout)
         check_labels(body.get("metadata") or {})
-        isolate, note = self._network_plan(body.get("networkPolicy"))
+        internet, network_note = network_plan(
+            policy_needs(body.get("networkPolicy")),
+            self.config.support,
+            self.config.unenforced_network_policy == "accept",
+        )
         sandbox_id = str(uuid.uuid4())
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
+        token = secrets.token_urlsafe(24)
         try:
-            runtime = SandboxRuntime(
+            container = start_container(
                 sandbox_id,
                 self.config.root,
-                env,
-                self.config.jupyter_port,
-                self.config.netns if isolate else None,
+                self.config.support,
+                {"env": env, "token": token},
+                internet,
+                (self.config.ping_interval, self.config.command_grace),
             )
         except (OSError, RuntimeError) as exc:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
         try:
-            sandbox = self._register(sandbox_id, body, runtime, note)
+            note = container.status_note(internet) + network_note
+            sandbox = self._register(sandbox_id, body, token, container, note)
         except BaseException:
-            runtime.close()  # a refused create leaves no folder and no process
+            container.close()  # a refused create leaves no folder and no process
             raise
         ex.send_json(202, sandbox.view(created=True))
 
     def _register(
-        self, sandbox_id: str, body: dict[str, Any], runtime: SandboxRuntime, note: str
+        self,
+        sandbox_id: str,
+        body: dict[str, Any],
+        token: str,
+        container: SandboxContainer,
+        note: str,
     ) -> LocalSandbox:
         now = datetime.now(timezone.utc)
         timeout = body.get("timeout")
         sandbox = LocalSandbox(
             id=sandbox_id,
             body=body,
-            token=secrets.token_urlsafe(24),
-            runtime=runtime,
-            execd=ExecdApp(runtime, self.config.ping_interval, self.config.command_grace),
+            token=token,
+            container=container,
             created_at=now,
             expires_at=now + timedelta(seconds=timeout) if timeout else None,
             ready_at=now + timedelta(seconds=self.config.pending_seconds),
@@ -193,28 +201,6 @@ class Registry:
         with self._lock:
             self._sandboxes[sandbox_id] = sandbox
         return sandbox
-
-    def _network_plan(self, policy: Any) -> tuple[bool, str]:
-        """(run in a private network namespace?, status note) for a network policy."""
-        needs = policy_needs(policy)
-        if needs == "nothing":
-            return False, ""
-        if needs == "deny-all" and self.config.netns is not None:
-            return True, " Network policy enforced: private network namespace, loopback only."
-        why = (
-            "per-host egress rules are not supported by the local server"
-            if needs == "rules"
-            else "network namespaces are not available here (unshare/nsenter failed)"
-        )
-        if self.config.unenforced_network_policy != "accept":
-            raise error(
-                400,
-                "SANDBOX::INVALID_PARAMETER",
-                f"networkPolicy cannot be enforced: {why}. Hint: only a deny-all policy "
-                "can be enforced, where Linux network namespaces work; start the local "
-                "server with unenforced_network_policy='accept' to run without it.",
-            )
-        return False, f" WARNING: networkPolicy is NOT enforced ({why})."
 
     def list(self, ex: Exchange) -> None:
         """GET /sandboxes: state and metadata filters, pagination, newest first."""
@@ -269,8 +255,7 @@ class Registry:
             if sandbox is None or sandbox.removing:
                 return False
             sandbox.removing = True
-        sandbox.execd.close()
-        sandbox.runtime.close()
+        sandbox.container.close()
         with self._lock:
             del self._sandboxes[sandbox_id]
         return True
@@ -281,7 +266,7 @@ class Registry:
             raise not_found(ex.params["id"])
         ex.send(204)
 
-    def _transition(self, ex: Exchange, before: str, after: str, code: str, sig: int) -> None:
+    def _transition(self, ex: Exchange, before: str, after: str, code: str) -> None:
         with self._lock:
             sandbox = self._sandboxes.get(ex.params["id"])
             if sandbox is None:
@@ -289,17 +274,23 @@ class Registry:
             sandbox.refresh(datetime.now(timezone.utc))
             if sandbox.state != before:
                 raise error(409, code, f"Sandbox {sandbox.id} is {sandbox.state}, not {before}.")
+            try:
+                if after == "Paused":
+                    sandbox.container.pause()
+                else:
+                    sandbox.container.resume()
+            except OSError as exc:
+                raise error(500, "DOCKER::SANDBOX_PAUSE_FAILED", f"{exc}") from None
             sandbox.state, sandbox.transition_at = after, datetime.now(timezone.utc)
-            sandbox.runtime.signal_all(sig)
         ex.send(202)
 
     def pause(self, ex: Exchange) -> None:
-        """POST /sandboxes/{id}/pause: SIGSTOP every process."""
-        self._transition(ex, "Running", "Paused", "DOCKER::SANDBOX_NOT_RUNNING", signal.SIGSTOP)
+        """POST /sandboxes/{id}/pause: freeze every process of the sandbox."""
+        self._transition(ex, "Running", "Paused", "DOCKER::SANDBOX_NOT_RUNNING")
 
     def resume(self, ex: Exchange) -> None:
-        """POST /sandboxes/{id}/resume: SIGCONT every process."""
-        self._transition(ex, "Paused", "Running", "DOCKER::SANDBOX_NOT_PAUSED", signal.SIGCONT)
+        """POST /sandboxes/{id}/resume: let them run again."""
+        self._transition(ex, "Paused", "Running", "DOCKER::SANDBOX_NOT_PAUSED")
 
     def renew(self, ex: Exchange) -> None:
         """POST /sandboxes/{id}/renew-expiration."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import hmac
 import logging
-import os
 import re
 import shutil
 import signal
@@ -21,9 +20,9 @@ from types import FrameType, TracebackType
 
 from . import proxy
 from ._http import Exchange, HttpError, error
+from .bwrap import FIX, Support, probe
 from .httpd import HTTPServer, Limits, host_names
 from .registry import EXECD_PORT, Config, Registry, not_found
-from .runner import NetnsMode, PortSink, probe_netns
 
 logger = logging.getLogger("osb_sync.local")
 
@@ -46,7 +45,8 @@ class LocalServer:
     the server: its sandboxes, their processes and its temporary directory go away.
 
     Args:
-        host: address to bind; keep the loopback default (this is not a security boundary).
+        host: address to bind; keep the loopback default (anyone who reaches the port can
+            run code in sandboxes).
         port: port to bind, 0 for a free one.
         api_key: when set, lifecycle calls need it in `OPEN-SANDBOX-API-KEY`.
         min_timeout: smallest accepted sandbox `timeout` in seconds (the real server: 60).
@@ -58,7 +58,8 @@ class LocalServer:
         root_dir: where sandbox directories go; default a fresh temporary directory, removed
             on stop.
         command_grace: seconds /command keeps its stream open after the terminal event.
-        netns: None to probe for network namespaces, True/False to force the answer.
+        isolation: None to isolate sandboxes where this host allows it (see `bwrap.py`),
+            True to refuse to start where it does not, False to run them unisolated.
         allowed_hosts: more names requests may give in `Host` (besides loopback and `host`).
         limits: connection timeouts and cap (see `httpd.Limits`).
     """
@@ -76,7 +77,7 @@ class LocalServer:
         unenforced_network_policy: str = "refuse",
         root_dir: str | Path | None = None,
         command_grace: float = 1.0,
-        netns: bool | None = None,
+        isolation: bool | None = None,
         allowed_hosts: Iterable[str] = (),
         limits: Limits | None = None,
     ) -> None:
@@ -94,7 +95,9 @@ class LocalServer:
         self.allowed_hosts = tuple(allowed_hosts)
         self.limits = limits or Limits()
         self.network_policy_enforced = False
-        self._netns_choice = netns
+        self.isolated = False
+        self.isolation_problem = ""
+        self._isolation = isolation
         self._root_dir = Path(root_dir) if root_dir is not None else None
         self.root_dir: Path | None = None
         self._state_lock = threading.Lock()
@@ -102,7 +105,6 @@ class LocalServer:
         self._stopped = threading.Event()
         self._httpd: HTTPServer | None = None
         self._registry: Registry | None = None
-        self._sink: PortSink | None = None
         self._threads: list[threading.Thread] = []
         self._catches_sigterm = False
 
@@ -116,27 +118,33 @@ class LocalServer:
         """`http://host:port/v1`, the lifecycle API base URL."""
         return f"{self.base_url}/v1"
 
-    def _netns_mode(self) -> NetnsMode | None:
-        if self._netns_choice is None:
-            return probe_netns()
-        return NetnsMode(user_namespace=os.geteuid() != 0) if self._netns_choice else None
+    def _support(self) -> Support:
+        if self._isolation is False:
+            return Support(None, "turned off by isolation=False", None, False)
+        support = probe()
+        if self._isolation and support.bwrap is None:
+            raise RuntimeError(
+                f"sandboxes cannot be isolated here ({support.problem}); to fix it, {FIX}"
+            )
+        return support
 
     def start(self) -> LocalServer:
         """Bind and serve in background threads; returns self. Idempotent.
 
         Raises:
             OSError: the address cannot be bound (nothing is left behind).
+            RuntimeError: `isolation=True` where sandboxes cannot be isolated.
         """
         with self._state_lock:
             if self._started:
                 return self
-            netns = self._netns_mode()
-            self.network_policy_enforced = netns is not None
+            support = self._support()
+            self.isolated = self.network_policy_enforced = support.bwrap is not None
+            self.isolation_problem = support.problem
             hosts = host_names(self.host, self.allowed_hosts)
             self._httpd = HTTPServer((self.host, self.port), self.route, self.limits, hosts)
             self.port = self._httpd.server_address[1]
             self.root_dir = self._make_root()
-            self._sink = PortSink()
             self._registry = Registry(
                 Config(
                     root=self.root_dir,
@@ -146,8 +154,7 @@ class LocalServer:
                     ping_interval=self.ping_interval,
                     command_grace=self.command_grace,
                     unenforced_network_policy=self.unenforced_network_policy,
-                    netns=netns,
-                    jupyter_port=self._sink.port,
+                    support=support,
                     address=f"{self.host}:{self.port}",
                 )
             )
@@ -171,7 +178,15 @@ class LocalServer:
             self._started = True
             atexit.register(self.stop)
             self._catches_sigterm = _catch_sigterm()
-        logger.info("local OpenSandbox server on %s", self.api_base)
+        if self.isolated:
+            logger.info("local OpenSandbox server on %s (sandboxes isolated)", self.api_base)
+        else:
+            logger.warning(
+                "local OpenSandbox server on %s: sandboxes are NOT isolated (%s); to fix it, %s",
+                self.api_base,
+                self.isolation_problem,
+                FIX,
+            )
         return self
 
     def _make_root(self) -> Path:
@@ -196,7 +211,7 @@ class LocalServer:
                 return
             self._stopped.set()
         atexit.unregister(self.stop)
-        assert self._httpd is not None and self._registry is not None and self._sink is not None
+        assert self._httpd is not None and self._registry is not None
         if self._catches_sigterm:
             _release_sigterm()
         self._httpd.shutdown()
@@ -204,7 +219,6 @@ class LocalServer:
         for thread in self._threads:
             thread.join()
         self._registry.close_all()
-        self._sink.close()
         self._httpd.close_connections()
         if self._root_dir is None and self.root_dir is not None:
             shutil.rmtree(self.root_dir, ignore_errors=True)
@@ -275,10 +289,9 @@ class LocalServer:
         if sandbox.state != "Running":
             # What the real proxy answers while the container is starting or frozen.
             raise proxy.unreachable(sandbox_id, f"sandbox is {sandbox.state}")
-        if port == EXECD_PORT:
-            sandbox.execd.handle(ex, rest)
-        else:
-            proxy.forward(ex, sandbox.runtime, sandbox_id, port, rest)
+        # execd checks the token too: the proxy passes it on to execd's port, and only there.
+        extra = {"X-EXECD-ACCESS-TOKEN": sandbox.token} if port == EXECD_PORT else {}
+        proxy.forward(ex, sandbox.container, sandbox_id, port, rest, extra)
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -15,6 +15,10 @@ import pytest
 import requests
 
 from osb_sync.local import LocalServer
+from osb_sync.local.bwrap import SANDBOX_HOME, probe
+
+# OSB_REQUIRE_ISOLATION=1 (CI): a test that needs isolated sandboxes fails instead of skipping.
+REQUIRE_ISOLATION = os.environ.get("OSB_REQUIRE_ISOLATION") == "1"
 
 CREATE_BODY: dict[str, Any] = {
     "image": {"uri": "python:3.11"},
@@ -65,6 +69,11 @@ class Box:
         assert self.server.root_dir is not None
         return os.path.join(self.server.root_dir, self.id)
 
+    @property
+    def home(self) -> str:
+        """The sandbox directory as the sandbox's own processes see it."""
+        return SANDBOX_HOME if self.server.isolated else self.dir
+
     def call(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         """One execd request with the sandbox's token."""
         headers = {**self.headers, **kwargs.pop("headers", {})}
@@ -95,6 +104,23 @@ def texts(events: list[dict[str, Any]], kind: str = "stdout") -> list[str]:
 def local() -> Iterator[LocalServer]:
     """A started server with fast heartbeats, no /command grace and a 1 s minimum TTL."""
     with LocalServer(ping_interval=0.2, command_grace=0, min_timeout=1) as srv:
+        yield srv
+
+
+def require_isolation() -> None:
+    """Skip the test where sandboxes cannot be isolated (fail under OSB_REQUIRE_ISOLATION=1)."""
+    problem = probe().problem
+    if problem:
+        if REQUIRE_ISOLATION:
+            pytest.fail(f"OSB_REQUIRE_ISOLATION=1 but sandboxes cannot be isolated: {problem}")
+        pytest.skip(f"sandboxes cannot be isolated here: {problem}")
+
+
+@pytest.fixture
+def isolated_server() -> Iterator[LocalServer]:
+    """Like `local`, but sure to isolate its sandboxes (else skip, or fail in CI)."""
+    require_isolation()
+    with LocalServer(ping_interval=0.2, command_grace=0, min_timeout=1, isolation=True) as srv:
         yield srv
 
 

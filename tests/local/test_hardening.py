@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box
+from conftest import CREATE_BODY, Box, wait_for
 from rawhttp import exchange, read_answer, request
 
 from osb_sync.local import LocalServer
@@ -216,3 +216,45 @@ def test_proxy_refuses_ports_outside_1_to_65535(box: Box, port: str) -> None:
         f"{box.server.base_url}/sandboxes/{box.id}/proxy/{port}/", headers=box.headers
     )
     assert answer.status_code == 400 and "65535" in answer.json()["message"]
+
+
+EARLY_ANSWER = """
+import socket, time
+server = socket.create_server(("127.0.0.1", {port}))
+conn, _ = server.accept()
+head = b""
+while b"\\r\\n\\r\\n" not in head:
+    head += conn.recv(65536)
+conn.sendall(b"HTTP/1.1 413 Too Large\\r\\nContent-Length: 7\\r\\n\\r\\ntoo big")
+time.sleep(60)  # neither reads the body nor closes
+"""
+
+
+def test_an_answer_before_the_whole_body_is_relayed_at_once(box: Box) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    box.call(
+        "POST",
+        "/files/upload",
+        files=[
+            ("metadata", ("metadata", json.dumps({"path": "early.py"}), "application/json")),
+            ("file", ("early.py", EARLY_ANSWER.format(port=port).encode(), "text/x-python")),
+        ],
+    )
+    box.command("python early.py", background=True)
+    endpoint = box.http.get(f"{box.server.api_base}/sandboxes/{box.id}/endpoints/{port}").json()
+    host, _, rest = endpoint["endpoint"].partition("/")
+    token = endpoint["headers"]["X-EXECD-ACCESS-TOKEN"]
+    head = (
+        f"POST /{rest}/upload HTTP/1.1\r\nHost: {host}\r\nX-EXECD-ACCESS-TOKEN: {token}\r\n"
+        "Content-Length: 100000000\r\n\r\n"
+    ).encode()
+    address = host.split(":")
+
+    def answer() -> bytes:
+        with socket.create_connection((address[0], int(address[1])), timeout=20) as sock:
+            sock.sendall(head + b"x" * 1000)  # and then waits, as a client that reads first
+            return sock.recv(65536)
+
+    assert wait_for(lambda: b"413" in answer(), timeout=30)

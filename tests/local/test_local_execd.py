@@ -165,7 +165,7 @@ def test_interrupt(box: Box) -> None:
 
 def test_bash_language_and_languageless_code(box: Box) -> None:
     events = box.code("echo one; echo two >&2; pwd", language="bash")
-    assert "".join(texts(events)) == f"one\n{box.dir}\n"
+    assert "".join(texts(events)) == f"one\n{box.home}\n"
     assert texts(events, "stderr") == ["two\n"]
     failed = box.code("exit 4", language="bash")
     assert [e["error"]["evalue"] for e in failed if e["type"] == "error"] == ["4"]
@@ -195,7 +195,7 @@ def test_command_lines_and_exit(box: Box) -> None:
 def test_command_env_cwd_and_validation(box: Box) -> None:
     box.call("POST", "/directories", json={"sub": {"mode": 755}})
     events = box.command("echo $FOO; pwd; echo $HOME", envs={"FOO": "bar"}, cwd="sub")
-    assert texts(events) == ["bar", f"{box.dir}/sub", box.dir]
+    assert texts(events) == ["bar", f"{box.home}/sub", box.home]
     for body in (
         {"command": ""},
         {"command": "true", "timeout": 0},
@@ -267,7 +267,7 @@ def test_sessions(box: Box) -> None:
     run = f"/session/{session_id}/run"
     box.stream(run, {"command": "mkdir -p deep && cd deep && export X=42"})
     events = box.stream(run, {"command": "pwd; echo $X; echo err >&2; printf tail"})
-    assert texts(events) == [f"{box.dir}/deep", "42", "err", "tail"]
+    assert texts(events) == [f"{box.home}/deep", "42", "err", "tail"]
     assert events[0]["text"] == session_id and events[-1]["type"] == "execution_complete"
     failed = box.stream(run, {"command": "false"})
     assert failed[-1]["error"]["evalue"] == "1"

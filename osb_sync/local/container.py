@@ -1,0 +1,335 @@
+"""A sandbox's container on the host side: start, reach, pause, resume and delete it.
+
+The container's main process is `_container_main.py` (our execd, JUPYTER_PORT and a relay),
+started under bubblewrap (`bwrap.py`), or as a plain subprocess where isolation is impossible.
+The server reaches the container only through a listening Unix socket it makes in a host
+directory the sandbox cannot see and hands to the main process as an inherited descriptor.
+
+bwrap runs with `--die-with-parent`, which fires when the *thread* that started it ends: every
+container starts from one long-lived spawner thread, never from a request's handler thread.
+Deleting a container kills the init process of its PID namespace (every process in it dies with
+it, whatever it did to escape its group); pause freezes its freezer cgroup where one can be made,
+else stops every process of the namespace. A sandbox that may reach the internet gets
+`slirp4netns` (host loopback disabled); a deny-all one keeps loopback only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import bwrap
+from .cgroup import Cgroup
+from .spawn import SPAWNER, descendants, pids_in_namespace, read_until, signal_pids
+
+MAIN_SCRIPT = str(Path(__file__).with_name("_container_main.py"))
+IN_CONTAINER_JUPYTER_PORT = 44771
+IN_CONTAINER_EXECD_PORT = 44772
+START_TIMEOUT = 30.0
+START_ATTEMPTS = 3
+STOP_TIMEOUT = 5.0
+
+
+class SandboxContainer:
+    """The container (or, without isolation, the process) that runs one sandbox's execd."""
+
+    def __init__(self, sandbox_id: str, root: Path, support: bwrap.Support) -> None:
+        self.home = root / sandbox_id
+        self.run_dir = root / f"{sandbox_id}.run"
+        self.home.mkdir(parents=True)
+        self.run_dir.mkdir(mode=0o700)
+        (self.run_dir / "execd").mkdir()
+        (self.run_dir / "tmp").mkdir()
+        (self.run_dir / "tmp").chmod(0o1777)
+        self.support = support
+        self.isolated = support.bwrap is not None
+        self.network = "none"
+        self.init_pid: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._slirp: subprocess.Popen[bytes] | None = None
+        self._slirp_exit = -1
+        self._cgroup: Cgroup | None = None
+        self._frozen = False
+        self._closed = False
+        self._dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        # Through the directory's descriptor, the path stays short (a socket path holds ~107
+        # bytes), however long the root directory's name.
+        self._relay_path = f"/proc/self/fd/{self._dir_fd}/relay.sock"
+        self._relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def start(self, config: dict[str, Any], internet: bool, ping: float, grace: float) -> None:
+        """Start the container and wait until its execd is ready; RuntimeError if it is not.
+
+        Args:
+            config: `env` (the sandbox's variables) and `token` (execd's access token).
+            internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
+            ping: execd's heartbeat interval, seconds.
+            grace: seconds /command keeps its stream open after the terminal event.
+        """
+        self._relay.bind(self._relay_path)
+        os.chmod(self._relay_path, 0o600)
+        self._relay.listen(128)
+        ready_r, ready_w = os.pipe()
+        info_r, info_w = os.pipe()
+        deadline = time.monotonic() + START_TIMEOUT
+        try:
+            argv = [*self._argv(info_w), str(self._relay.fileno()), str(ready_w)]
+            log = open(self.run_dir / "container.log", "wb")
+            with log:
+                self._proc = SPAWNER.run(
+                    lambda: subprocess.Popen(
+                        argv,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL,
+                        stderr=log,
+                        pass_fds=(self._relay.fileno(), ready_w, info_w),
+                        cwd=self.home,
+                        env=None if self.isolated else self._plain_env(),
+                        start_new_session=True,
+                    )
+                )
+            os.close(ready_w)
+            os.close(info_w)
+            ready_w = info_w = -1
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps(self._main_config(config, ping, grace)).encode())
+            self._proc.stdin.write(b"\n")
+            self._proc.stdin.flush()
+            if self.isolated:
+                info = read_until(info_r, b"}", deadline)
+                self.init_pid = int(json.loads(info)["child-pid"])
+                if internet and self.support.slirp:
+                    self._start_slirp(deadline)
+            if read_until(ready_r, b"\n", deadline) != b"ready\n":
+                raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
+        except (OSError, ValueError, KeyError) as exc:
+            raise RuntimeError(
+                f"the sandbox's container did not start ({exc}): {self._log_tail()}"
+            ) from None
+        finally:
+            for fd in (ready_r, ready_w, info_r, info_w):
+                if fd >= 0:
+                    os.close(fd)
+
+    def _argv(self, info_fd: int) -> list[str]:
+        main = [sys.executable, "-I", "-S", MAIN_SCRIPT]
+        if self.support.bwrap is None:
+            return main
+        tmp, state = self.run_dir / "tmp", self.run_dir / "execd"
+        argv = bwrap.container_argv(self.support.bwrap, self.home, tmp, state, info_fd) + main
+        if self.support.freezer:
+            self._cgroup = Cgroup(self.home.name, ("freezer",))
+            argv = self._cgroup.launcher_prefix() + argv
+        return argv
+
+    def _plain_env(self) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
+
+    def _main_config(self, config: dict[str, Any], ping: float, grace: float) -> dict[str, Any]:
+        home = bwrap.SANDBOX_HOME if self.isolated else str(self.home)
+        state = bwrap.EXECD_STATE_DIR if self.isolated else str(self.run_dir / "execd")
+        env = {
+            "PATH": bwrap.SANDBOX_PATH
+            if self.isolated
+            else os.environ.get("PATH", "/usr/bin:/bin"),
+            **{k: os.environ[k] for k in ("LANG", "LC_ALL", "TZ") if k in os.environ},
+            "HOME": home,
+            "SHELL": "/bin/bash",
+            "PWD": home,
+            **config["env"],
+        }
+        return {
+            "token": config["token"],
+            "home": home,
+            "run_dir": state,
+            "env": env,
+            "execd_port": IN_CONTAINER_EXECD_PORT if self.isolated else 0,
+            "jupyter_port": IN_CONTAINER_JUPYTER_PORT if self.isolated else 0,
+            "ping_interval": ping,
+            "command_grace": grace,
+            "file_size_limit": bwrap.FILE_SIZE_LIMIT if self.isolated else 0,
+        }
+
+    def _start_slirp(self, deadline: float) -> None:
+        assert self.support.slirp is not None and self.init_pid is not None
+        ready_r, ready_w = os.pipe()
+        # slirp4netns exits once this pipe's write end closes: on delete, or when the server dies.
+        exit_r, self._slirp_exit = os.pipe()
+        try:
+            self._slirp = subprocess.Popen(
+                [
+                    self.support.slirp,
+                    "--configure",
+                    "--mtu=65520",
+                    "--disable-host-loopback",
+                    "--ready-fd",
+                    str(ready_w),
+                    "--exit-fd",
+                    str(exit_r),
+                    str(self.init_pid),
+                    "tap0",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(ready_w, exit_r),
+                start_new_session=True,
+            )
+            os.close(ready_w)
+            ready_w = -1
+            if read_until(ready_r, b"1", deadline) != b"1":
+                raise RuntimeError("slirp4netns did not configure the sandbox's network")
+            self.network = "slirp4netns"
+        finally:
+            os.close(ready_r)
+            os.close(exit_r)
+            if ready_w >= 0:
+                os.close(ready_w)
+
+    def _log_tail(self) -> str:
+        try:
+            text = (self.run_dir / "container.log").read_text(errors="replace").strip()
+        except OSError:
+            text = ""
+        return text[-500:] or "no output"
+
+    def status_note(self, internet: bool) -> str:
+        """What this sandbox's isolation and network are, for its status message."""
+        if not self.isolated:
+            return (
+                f" WARNING: this sandbox is NOT isolated ({self.support.problem}): its code runs"
+                " as the server's user, with the host's files, processes and network. To"
+                f" isolate sandboxes, {bwrap.FIX}."
+            )
+        pause = "freezer cgroup" if self._cgroup is not None else "signals"
+        note = (
+            " Isolation: bubblewrap container with private user, PID, mount, network, IPC and"
+            " UTS namespaces, no capabilities, read-only system directories; pause by"
+            f" {pause}."
+        )
+        if internet and self.network == "slirp4netns":
+            note += " Network: outbound through slirp4netns; host loopback is not reachable."
+        elif internet:
+            note += (
+                " Network: NONE (loopback only): slirp4netns is not installed"
+                " (apt-get install slirp4netns)."
+            )
+        return note
+
+    def connect(self, port: int, timeout: float = 10.0) -> socket.socket:
+        """A socket connected to 127.0.0.1:`port` inside the sandbox; OSError on failure."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(self._relay_path)
+            sock.sendall(b"%d\n" % port)
+            answer = b""
+            while not answer.endswith(b"\n"):
+                byte = sock.recv(1)
+                if not byte:
+                    break
+                answer += byte
+            if not answer.startswith(b"ok"):
+                raise ConnectionRefusedError(answer.decode(errors="replace").strip() or "closed")
+            sock.settimeout(None)
+            return sock
+        except BaseException:
+            sock.close()
+            raise
+
+    def members(self) -> list[int]:
+        """The host pids of the sandbox's processes (its PID namespace, or its process tree)."""
+        if self.init_pid is not None:
+            return pids_in_namespace(self.init_pid)
+        return descendants(self._proc.pid) if self._proc is not None else []
+
+    def pause(self) -> None:
+        """Freeze every process of the sandbox."""
+        if self._cgroup is not None:
+            self._cgroup.freeze(True)
+        else:
+            signal_pids(self.members(), signal.SIGSTOP)
+        self._frozen = True
+
+    def resume(self) -> None:
+        """Let every process of the sandbox run again."""
+        if self._cgroup is not None:
+            self._cgroup.freeze(False)
+        else:
+            signal_pids(self.members(), signal.SIGCONT)
+        self._frozen = False
+
+    def close(self) -> None:
+        """Kill every process of the sandbox and remove its directories; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._frozen:
+            try:
+                self.resume()  # a frozen process cannot die
+            except OSError:
+                pass
+        if self._proc is not None:
+            self._stop_main(self._proc)
+        if self._slirp_exit >= 0:
+            os.close(self._slirp_exit)
+        if self._slirp is not None:
+            self._slirp.kill()
+            self._slirp.wait()
+        if self._cgroup is not None:
+            self._cgroup.remove()
+        self._relay.close()
+        os.close(self._dir_fd)
+        shutil.rmtree(self.home, ignore_errors=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _stop_main(self, proc: subprocess.Popen[bytes]) -> None:
+        if self.init_pid is not None:
+            signal_pids([self.init_pid], signal.SIGKILL)  # the PID namespace ends with its init
+        elif proc.stdin is not None:
+            proc.stdin.close()  # the plain main kills what it started, then exits
+            try:
+                proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                pass
+        signal_pids(self.members() if proc.poll() is None else [], signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+        if proc.stdin is not None and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+
+
+def start_container(
+    sandbox_id: str,
+    root: Path,
+    support: bwrap.Support,
+    config: dict[str, Any],
+    internet: bool,
+    timing: tuple[float, float],
+) -> SandboxContainer:
+    """A started container (see `SandboxContainer.start`); nothing is left behind on failure.
+
+    bwrap now and then fails to set up a new namespace's loopback under load ("loopback:
+    Failed RTM_NEWADDR"): a failure of bwrap itself is retried a few times.
+    """
+    for attempt in range(1, START_ATTEMPTS + 1):
+        container = SandboxContainer(sandbox_id, root, support)
+        try:
+            container.start(config, internet, *timing)
+            return container
+        except BaseException as exc:
+            container.close()
+            if attempt == START_ATTEMPTS or "bwrap:" not in str(exc):
+                raise
+    raise AssertionError("unreachable")

@@ -1,0 +1,111 @@
+"""Host-side process helpers of the containers: the spawner thread, pipes read with a deadline,
+and the processes of a PID namespace or of a process tree.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import select
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class _Spawner:
+    """One thread, as long-lived as the process, that starts every container.
+
+    bwrap's `--die-with-parent` (PR_SET_PDEATHSIG) fires when the *thread* that forked it
+    ends, and a request's handler thread ends with its connection.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def run(self, job: Callable[[], T]) -> T:
+        """Run `job` in the spawner thread and return its result (or raise its error)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="osb-local-spawner", daemon=True
+                )
+                self._thread.start()
+        future: Future[T] = Future()
+        self._jobs.put((job, future))
+        return future.result()
+
+    def _serve(self) -> None:
+        while True:
+            job, future = self._jobs.get()
+            try:
+                future.set_result(job())
+            except BaseException as exc:  # noqa: BLE001 (handed to the caller)
+                future.set_exception(exc)
+
+
+SPAWNER = _Spawner()
+
+
+def read_until(fd: int, end: bytes, deadline: float) -> bytes:
+    """Read `fd` until `end` is seen, EOF, or the deadline; what was read."""
+    data = b""
+    while end not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        piece = os.read(fd, 4096)
+        if not piece:
+            break
+        data += piece
+    return data
+
+
+def pids_in_namespace(init_pid: int) -> list[int]:
+    """Every process in the PID namespace whose init is `init_pid` (init first)."""
+    try:
+        wanted = os.readlink(f"/proc/{init_pid}/ns/pid")
+    except OSError:
+        return []
+    found = [init_pid]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != init_pid:
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") == wanted:
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def descendants(root_pid: int) -> list[int]:
+    """`root_pid` and every process below it, by parent pid (what a plain subprocess made)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    ppid = int(stat.read().rpartition(b")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def signal_pids(pids: list[int], sig: int) -> None:
+    """Send `sig` to each of `pids`, ignoring those that are gone."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
