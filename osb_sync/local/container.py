@@ -22,13 +22,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from . import bwrap
 from .cgroup import Cgroup
-from .spawn import SPAWNER, descendants, pids_in_namespace, read_until, signal_pids
+from .spawn import SPAWNER, descendants, pidfd, pids_in_namespace, read_until, signal_pids
 
 MAIN_SCRIPT = str(Path(__file__).with_name("_container_main.py"))
 IN_CONTAINER_JUPYTER_PORT = 44771
@@ -53,12 +54,14 @@ class SandboxContainer:
         self.isolated = support.bwrap is not None
         self.network = "none"
         self.init_pid: int | None = None
+        self._init_fd = -1  # a pidfd of init: a pid can be reused once its process is gone
         self._proc: subprocess.Popen[bytes] | None = None
         self._slirp: subprocess.Popen[bytes] | None = None
         self._slirp_exit = -1
         self._cgroup: Cgroup | None = None
         self._frozen = False
         self._closed = False
+        self._lock = threading.Lock()
         self._dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
         # Through the directory's descriptor, the path stays short (a socket path holds ~107
         # bytes), however long the root directory's name.
@@ -106,6 +109,7 @@ class SandboxContainer:
             if self.isolated:
                 info = read_until(info_r, b"}", deadline)
                 self.init_pid = int(json.loads(info)["child-pid"])
+                self._init_fd = pidfd(self.init_pid)
                 if internet and self.support.slirp:
                     self._start_slirp(deadline)
             if read_until(ready_r, b"\n", deadline) != b"ready\n":
@@ -229,7 +233,10 @@ class SandboxContainer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout)
-            sock.connect(self._relay_path)
+            with self._lock:  # the path names a descriptor: once closed, its number is reused
+                if self._closed:
+                    raise ConnectionRefusedError("the sandbox is being deleted")
+                sock.connect(self._relay_path)
             sock.sendall(b"%d\n" % port)
             answer = b""
             while not answer.endswith(b"\n"):
@@ -248,7 +255,8 @@ class SandboxContainer:
     def members(self) -> list[int]:
         """The host pids of the sandbox's processes (its PID namespace, or its process tree)."""
         if self.init_pid is not None:
-            return pids_in_namespace(self.init_pid)
+            alive = self._proc is not None and self._proc.poll() is None
+            return pids_in_namespace(self.init_pid) if alive else []
         return descendants(self._proc.pid) if self._proc is not None else []
 
     def pause(self) -> None:
@@ -269,9 +277,10 @@ class SandboxContainer:
 
     def close(self) -> None:
         """Kill every process of the sandbox and remove its directories; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         if self._frozen:
             try:
                 self.resume()  # a frozen process cannot die
@@ -293,14 +302,14 @@ class SandboxContainer:
 
     def _stop_main(self, proc: subprocess.Popen[bytes]) -> None:
         if self.init_pid is not None:
-            signal_pids([self.init_pid], signal.SIGKILL)  # the PID namespace ends with its init
-        elif proc.stdin is not None:
-            proc.stdin.close()  # the plain main kills what it started, then exits
+            self._kill_init(proc)  # the PID namespace ends with its init
+        else:
+            if proc.stdin is not None:
+                proc.stdin.close()  # the plain main kills what it started, then exits
             try:
                 proc.wait(STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
-                pass
-        signal_pids(self.members() if proc.poll() is None else [], signal.SIGKILL)
+                signal_pids(descendants(proc.pid), signal.SIGKILL)
         proc.kill()
         proc.wait()
         if proc.stdin is not None and not proc.stdin.closed:
@@ -308,6 +317,18 @@ class SandboxContainer:
                 proc.stdin.close()
             except OSError:
                 pass
+
+    def _kill_init(self, proc: subprocess.Popen[bytes]) -> None:
+        assert self.init_pid is not None
+        if self._init_fd >= 0:
+            try:
+                signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.close(self._init_fd)
+            self._init_fd = -1
+        elif proc.poll() is None:  # bwrap outside still waits for it: init's pid is still its
+            signal_pids([self.init_pid], signal.SIGKILL)
 
 
 def start_container(

@@ -102,6 +102,14 @@ def descendants(root_pid: int) -> list[int]:
     return found
 
 
+def pidfd(pid: int) -> int:
+    """A descriptor naming process `pid` for good (see pidfd_open(2)), or -1 where unsupported."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return -1
+
+
 def signal_pids(pids: list[int], sig: int) -> None:
     """Send `sig` to each of `pids`, ignoring those that are gone."""
     for pid in pids:

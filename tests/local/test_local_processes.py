@@ -375,3 +375,13 @@ def test_groups_left_by_a_killed_server_are_swept(tmp_path: Path) -> None:
         for group in (stale, young):
             if group.exists():
                 group.rmdir()
+
+
+def test_a_sandbox_whose_container_died_is_still_deleted(
+    isolated_server: LocalServer, make_box: Any
+) -> None:
+    box = make_box(isolated_server)
+    box.command("sleep 0.3; kill -9 2", background=True)  # pid 2: execd, the container's main
+    assert wait_for(lambda: box.call("GET", "/ping").status_code == 502, timeout=30)
+    assert box.http.delete(f"{isolated_server.api_base}/sandboxes/{box.id}").status_code == 204
+    assert not os.path.exists(box.dir)
