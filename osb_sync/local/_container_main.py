@@ -153,6 +153,8 @@ def main(argv: list[str]) -> int:
     if config.get("file_size_limit"):
         limit = int(config["file_size_limit"])
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    for name, value in (config.get("rlimits") or {}).items():  # before anything of the sandbox runs
+        resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (value, value))
     serve(config, relay_server, int(argv[2]))
     return 0
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from . import limits, volumes
 from ._http import Exchange, HttpError, Router, error
 from .bodies import rfc3339
 from .bwrap import Support, network_plan
@@ -53,6 +54,9 @@ class Config:
     unenforced_network_policy: str
     support: Support
     address: str  # host:port of the server, when a request has no Host header
+    limit_controllers: frozenset[str] = frozenset()  # cgroup controllers for resourceLimits
+    allowed_host_paths: tuple[Path, ...] = ()  # trees `host` volumes may mount
+    volume_root: Path | None = None  # where `pvc` volumes live (default: <root>/volumes)
 
 
 @dataclass
@@ -152,6 +156,17 @@ class Registry:
             self.config.support,
             self.config.unenforced_network_policy == "accept",
         )
+        isolated = self.config.support.bwrap is not None
+        plan = limits.plan(
+            limits.parse(body["resourceLimits"]),
+            self.config.limit_controllers if isolated else frozenset(),
+        )
+        mounts = volumes.mounts(
+            body.get("volumes"),
+            self.config.allowed_host_paths,
+            self.config.volume_root or self.config.root / "volumes",
+            isolated,
+        )
         sandbox_id = str(uuid.uuid4())
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
@@ -160,7 +175,7 @@ class Registry:
                 sandbox_id,
                 self.config.root,
                 self.config.support,
-                {"env": env, "token": token},
+                {"env": env, "token": token, "limits": plan, "mounts": mounts},
                 internet,
                 (self.config.ping_interval, self.config.command_grace),
             )
@@ -169,7 +184,7 @@ class Registry:
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
         try:
-            note = container.status_note(internet) + network_note
+            note = container.status_note(internet) + network_note + plan.message()
             sandbox = self._register(sandbox_id, body, token, container, note)
         except BaseException:
             container.close()  # a refused create leaves no folder and no process
