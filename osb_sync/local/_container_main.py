@@ -116,7 +116,9 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
 
     jupyter = socket.create_server(("127.0.0.1", config["jupyter_port"]))
     env = {**config["env"], "JUPYTER_PORT": str(jupyter.getsockname()[1])}
-    runtime = runner.SandboxRuntime(Path(config["home"]), Path(config["run_dir"]), env)
+    runtime = runner.SandboxRuntime(
+        Path(config["home"]), Path(config["run_dir"]), env, config.get("address_space_limit")
+    )
     app = execd.ExecdApp(runtime, config["ping_interval"], config["command_grace"])
     token = str(config["token"]).encode()
 
@@ -153,8 +155,6 @@ def main(argv: list[str]) -> int:
     if config.get("file_size_limit"):
         limit = int(config["file_size_limit"])
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    for name, value in (config.get("rlimits") or {}).items():  # before anything of the sandbox runs
-        resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (value, value))
     serve(config, relay_server, int(argv[2]))
     return 0
 

@@ -179,7 +179,7 @@ class SandboxContainer:
             "ping_interval": ping,
             "command_grace": grace,
             "file_size_limit": bwrap.FILE_SIZE_LIMIT if self.isolated else 0,
-            "rlimits": self._limits.rlimits,
+            "address_space_limit": self._limits.address_space,
         }
 
     def _start_slirp(self, deadline: float) -> None:

@@ -2,10 +2,11 @@
 
 `memory`, `cpu` and a pids cap (`pids`, default 512) are enforced by cgroup v1 controllers the
 server can write (nested under its own group, see `cgroup.py`). Where the memory controller is
-not writable, RLIMIT_AS caps each process's address space instead (per process, not the
-sandbox's total). RLIMIT_NPROC is never used: it counts every process of a user id (host root
-for a root server, else the server's own user), so it is no per-sandbox cap. Whatever cannot be
-enforced is listed as such in the status message, never as enforced.
+not writable, RLIMIT_AS caps the address space of each process execd starts instead (per
+process, not the sandbox's total; execd itself stays uncapped). RLIMIT_NPROC is never used:
+it counts every process of a user id (host root for a root server, else the server's own
+user), so it is no per-sandbox cap. Whatever cannot be enforced is listed as such in the
+status message, never as enforced.
 """
 
 from __future__ import annotations
@@ -109,10 +110,10 @@ def parse(limits: dict[str, str]) -> Requested:
 
 @dataclass
 class Plan:
-    """How a sandbox's limits are enforced: cgroup files to write, rlimits for its processes."""
+    """How a sandbox's limits are enforced: cgroup files to write, an RLIMIT_AS for processes."""
 
     cgroup: dict[str, dict[str, str]] = field(default_factory=dict)
-    rlimits: dict[str, int] = field(default_factory=dict)
+    address_space: int | None = None  # bytes, for every process execd starts
     enforced: list[str] = field(default_factory=list)
     unenforced: list[str] = field(default_factory=list)
 
@@ -138,7 +139,7 @@ def plan(requested: Requested, controllers: frozenset[str]) -> Plan:
             out.cgroup["memory"] = {"memory.limit_in_bytes": str(requested.memory)}
             out.enforced.append(f"memory={texts['memory']} (cgroup)")
         else:
-            out.rlimits["AS"] = requested.memory
+            out.address_space = requested.memory
             out.enforced.append(f"memory={texts['memory']} (RLIMIT_AS, per process)")
     if requested.cpu is not None:
         if "cpu" in controllers:
