@@ -95,10 +95,11 @@ def _sub_path(volume: dict[str, Any], base: str, create: bool) -> str:
     if not isinstance(sub, str) or sub.startswith("/") or ".." in sub.split("/") or "\0" in sub:
         raise _bad("INVALID_SUB_PATH", f"subPath {str(sub)[:200]!r} must be relative, without '..'")
     joined = os.path.join(base, sub)
-    if create:
-        resolved_parent = os.path.realpath(os.path.dirname(joined.rstrip("/")))
-        if _within(resolved_parent, base):
+    if create and _within(os.path.realpath(os.path.dirname(joined.rstrip("/"))), base):
+        try:
             os.makedirs(joined, exist_ok=True)
+        except OSError:
+            pass  # e.g. a dangling symlink: refused below
     resolved = os.path.realpath(joined)
     if not _within(resolved, base):
         raise _bad("INVALID_SUB_PATH", f"subPath {sub[:200]!r} leads outside its volume")
@@ -154,7 +155,12 @@ def _pvc_source(volume: dict[str, Any], volume_root: Path) -> str:
                 "PVC_NOT_FOUND",
                 f"volume {claim!r} does not exist and createIfNotExists is false",
             )
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise error(
+                500, "VOLUME::CREATE_FAILED", f"volume {claim!r} could not be made: {exc}"
+            ) from None
     return _sub_path(volume, os.path.realpath(directory), create=True)
 
 

@@ -124,6 +124,19 @@ def test_symlink_out_of_an_allowed_tree_is_refused(
     assert escape.json()["code"] == "VOLUME::INVALID_SUB_PATH"
 
 
+def test_pvc_sub_path_through_a_symlink_is_refused(
+    server: LocalServer, http: requests.Session, tree: Path
+) -> None:
+    (tree / "volumes" / "claim").mkdir(parents=True)
+    os.symlink("/etc", tree / "volumes" / "claim" / "out")
+    os.symlink("/nowhere/x", tree / "volumes" / "claim" / "dangling")
+    for sub in ("out", "out/ssl", "dangling"):
+        answer = create(server, http, pvc("claim", subPath=sub))
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["code"] == "VOLUME::INVALID_SUB_PATH"
+    assert not os.path.exists("/nowhere")
+
+
 def test_host_volumes_need_an_allowed_directory(http: requests.Session, tree: Path) -> None:
     require_isolation()
     with LocalServer(min_timeout=1, isolation=True) as bare:
