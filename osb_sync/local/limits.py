@@ -23,6 +23,8 @@ MIN_MEMORY = 32 << 20
 MIN_PIDS = 16
 CPU_PERIOD_US = 100_000
 MIN_CPU = Decimal("0.01")
+MAX_CPU = 1024
+MAX_PIDS = 4_194_304  # the kernel's PID_MAX_LIMIT
 CONTROLLERS = ("memory", "cpu", "pids")
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([a-zA-Z]*)")
 _SUFFIXES: dict[str, int | Decimal] = {
@@ -90,17 +92,18 @@ def parse(limits: dict[str, str]) -> Requested:
         memory = int(value)
     if "cpu" in texts:
         cpu = quantity("cpu", texts["cpu"])
-        if cpu < MIN_CPU:
+        if not MIN_CPU <= cpu <= MAX_CPU:
             raise bad_parameter(
-                f"resourceLimits.cpu {texts['cpu']!r} must be at least 10m (0.01 cores)"
+                f"resourceLimits.cpu {texts['cpu']!r} must be between 10m (0.01 cores) and "
+                f"{MAX_CPU}"
             )
     pids = DEFAULT_PIDS
     if "pids" in texts:
         value = quantity("pids", texts["pids"])
-        if value != int(value) or value < MIN_PIDS:
+        if value != int(value) or not MIN_PIDS <= value <= MAX_PIDS:
             raise bad_parameter(
-                f"resourceLimits.pids {texts['pids']!r} must be a whole number of at least "
-                f"{MIN_PIDS}"
+                f"resourceLimits.pids {texts['pids']!r} must be a whole number from "
+                f"{MIN_PIDS} to {MAX_PIDS}"
             )
         pids = int(value)
     texts.setdefault("pids", str(pids))

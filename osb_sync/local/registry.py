@@ -55,8 +55,7 @@ class Config:
     support: Support
     address: str  # host:port of the server, when a request has no Host header
     limit_controllers: frozenset[str] = frozenset()  # cgroup controllers for resourceLimits
-    allowed_host_paths: tuple[Path, ...] = ()  # trees `host` volumes may mount
-    volume_root: Path | None = None  # where `pvc` volumes live (default: <root>/volumes)
+    volume_places: tuple[tuple[Path, ...], Path] = ((), Path())  # host trees allowed, pvc root
 
 
 @dataclass
@@ -156,17 +155,9 @@ class Registry:
             self.config.support,
             self.config.unenforced_network_policy == "accept",
         )
+        plan = limits.plan(limits.parse(body["resourceLimits"]), self.config.limit_controllers)
         isolated = self.config.support.bwrap is not None
-        plan = limits.plan(
-            limits.parse(body["resourceLimits"]),
-            self.config.limit_controllers if isolated else frozenset(),
-        )
-        mounts = volumes.mounts(
-            body.get("volumes"),
-            self.config.allowed_host_paths,
-            self.config.volume_root or self.config.root / "volumes",
-            isolated,
-        )
+        mounts = volumes.mounts(body.get("volumes"), *self.config.volume_places, isolated)
         sandbox_id = str(uuid.uuid4())
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)

@@ -168,8 +168,10 @@ class LocalServer:
                     limit_controllers=resource_limits.writable_controllers()
                     if self.isolated
                     else frozenset(),
-                    allowed_host_paths=self.allowed_host_paths,
-                    volume_root=self.volume_root,
+                    volume_places=(
+                        self.allowed_host_paths,
+                        self.volume_root or self.root_dir / "volumes",
+                    ),
                 )
             )
             self._threads = [

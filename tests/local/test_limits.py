@@ -85,10 +85,12 @@ def test_quantities_parse_like_kubernetes(text: str, value: Decimal) -> None:
         ({"memory": "lots"}, "not a quantity"),
         ({"memory": "1k"}, "at least 32Mi"),
         ({"memory": "500m"}, "whole number of bytes"),
-        ({"cpu": "1m"}, "at least 10m"),
+        ({"cpu": "1m"}, "between 10m"),
+        ({"cpu": "2048"}, "between 10m"),
         ({"cpu": "-1"}, "not a quantity"),
         ({"pids": "2.5"}, "whole number"),
-        ({"pids": "4"}, "at least 16"),
+        ({"pids": "4"}, "from 16"),
+        ({"pids": "1G"}, "from 16"),
     ],
 )
 def test_bad_limits_answer_400_naming_the_value(
