@@ -27,7 +27,18 @@ from .validation import issue, unprocessable
 
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 # No volume at or under these (the container's system and our own directories) ...
-PROTECTED = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
+PROTECTED = (
+    "/usr",
+    "/etc",
+    "/proc",
+    "/dev",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+)
 PROTECTED_OWN = (bwrap.EXECD_STATE_DIR, bwrap.PYTHON_BIN)
 # ... nor above these (it would hide them).
 HIDDEN_BY_PARENT = ("/tmp", bwrap.SANDBOX_HOME)  # noqa: S108 (the container's own /tmp)
@@ -61,7 +72,14 @@ def _check_shape(index: int, volume: Any) -> None:
         )
     if not isinstance(volume.get("readOnly", False), bool):
         raise unprocessable(
-            [issue("bool_type", [*loc, "readOnly"], "Input should be a valid boolean", volume)]
+            [
+                issue(
+                    "bool_type",
+                    [*loc, "readOnly"],
+                    "Input should be a valid boolean",
+                    volume["readOnly"],
+                )
+            ]
         )
 
 

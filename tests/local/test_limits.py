@@ -144,6 +144,10 @@ def test_memory_limit_stops_a_256mib_allocation(
     assert errors and ("killed" in str(errors[0]["error"]) or "MemoryError" in output(events)), (
         events
     )
+    in_code = box.code("b = b'x' * (256 << 20)\nprint('allocated')")
+    assert "allocated" not in output(in_code)
+    assert [e for e in in_code if e["type"] == "error"], in_code
+    assert texts(box.code("print(6 * 7)")) == ["42\n"]  # the sandbox's execd survived
 
 
 def test_fork_loop_stops_at_the_pids_cap(
