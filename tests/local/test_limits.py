@@ -6,6 +6,7 @@ where either is missing, and fail instead under OSB_REQUIRE_ISOLATION=1.
 
 from __future__ import annotations
 
+import os
 from decimal import Decimal
 from typing import Any
 
@@ -201,3 +202,20 @@ def test_without_controllers_memory_falls_back_to_rlimit_as_and_says_so(
         assert not (cgroup.parent_dir("memory") / box.id).exists()
         events = box.command(ALLOCATE_256M)
         assert "MemoryError" in output(events), events
+
+
+def test_leftover_groups_of_a_killed_server_are_swept(limited_server: LocalServer) -> None:
+    stale = [cgroup.parent_dir(c) / "stale-osb-test" for c in limits.CONTROLLERS]
+    fresh = cgroup.parent_dir("pids") / "fresh-osb-test"
+    try:
+        for group in (*stale, fresh):
+            group.mkdir()
+        for group in stale:
+            os.utime(group, (1, 1))  # older than STALE_AFTER
+        assert limits.writable_controllers() == frozenset(limits.CONTROLLERS)
+        assert [group for group in stale if group.exists()] == []
+        assert fresh.is_dir()  # may be a group another server is about to join
+    finally:
+        for group in (*stale, fresh):
+            if group.exists():
+                group.rmdir()
