@@ -209,6 +209,19 @@ def _add_serve(command: Any) -> None:
         action="store_true",
         help="accept deny-all network policies even where they cannot be enforced",
     )
+    serve.add_argument(
+        "--allow-host-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="let `host` volumes mount directories under DIR (repeatable; default: none)",
+    )
+    serve.add_argument(
+        "--volume-root",
+        metavar="DIR",
+        help="directory of `pvc` volumes, one folder per claimName (default: volumes/ in the "
+        "server's temporary state directory, removed when it stops)",
+    )
     serve.set_defaults(handler=commands.cmd_serve)
 
 

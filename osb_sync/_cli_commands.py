@@ -113,6 +113,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         min_timeout=args.min_timeout,
         pending_seconds=args.pending_seconds,
         unenforced_network_policy="accept" if args.allow_unenforced_network_policy else "refuse",
+        allowed_host_paths=args.allow_host_path,
+        volume_root=args.volume_root,
     )
     server.start()
     try:

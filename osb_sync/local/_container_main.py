@@ -116,7 +116,9 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
 
     jupyter = socket.create_server(("127.0.0.1", config["jupyter_port"]))
     env = {**config["env"], "JUPYTER_PORT": str(jupyter.getsockname()[1])}
-    runtime = runner.SandboxRuntime(Path(config["home"]), Path(config["run_dir"]), env)
+    runtime = runner.SandboxRuntime(
+        Path(config["home"]), Path(config["run_dir"]), env, config.get("address_space_limit")
+    )
     app = execd.ExecdApp(runtime, config["ping_interval"], config["command_grace"])
     token = str(config["token"]).encode()
 

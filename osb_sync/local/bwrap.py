@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,8 +157,13 @@ def root_view(host_root: Path = Path("/")) -> list[str]:
     return args
 
 
-def container_argv(bwrap: str, home: Path, tmp: Path, state: Path, info_fd: int) -> list[str]:
-    """The bwrap argv (up to `--`) of a sandbox whose home, /tmp and execd state are host dirs."""
+def container_argv(
+    bwrap: str, home: Path, tmp: Path, state: Path, info_fd: int, mounts: Sequence[str] = ()
+) -> list[str]:
+    """The bwrap argv (up to `--`) of a sandbox whose home, /tmp and execd state are host dirs.
+
+    `mounts` (its volumes' binds) come last, before the root is made read-only.
+    """
     return [
         bwrap,
         *NAMESPACES,
@@ -190,6 +196,7 @@ def container_argv(bwrap: str, home: Path, tmp: Path, state: Path, info_fd: int)
         "--bind",
         str(state),
         EXECD_STATE_DIR,
+        *mounts,
         "--remount-ro",
         "/",
         "--chdir",

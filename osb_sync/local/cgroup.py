@@ -1,13 +1,15 @@
 """Control groups (v1) of a sandbox: one directory per controller, made before the sandbox starts.
 
-Only the freezer is used today (pause and resume); memory, cpu and pids limits will join it as
-more controllers of the same group. A sandbox's launcher writes its own pid into every
-controller's `cgroup.procs` and only then starts the container (`launcher_prefix`), so no
-process of the sandbox is ever outside its group.
+The freezer pauses and resumes a sandbox; memory, cpu and pids enforce its limits (`limits.py`).
+Each controller's groups live in `osb-sync/` under the server's own group of that controller
+(`/proc/self/cgroup`), so a server confined by its parent stays confined with its sandboxes. A
+sandbox's launcher writes its own pid into every controller's `cgroup.procs` and only then
+starts the container (`launcher_prefix`), so no process of the sandbox is ever outside its group.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -20,22 +22,41 @@ STALE_AFTER = 60.0
 JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 111; shift; done; shift; exec "$@"'
 
 
+@functools.cache
+def own_group(controller: str) -> str:
+    """This process's group of a v1 `controller` ("/" when not listed), from /proc/self/cgroup."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return "/"
+    for line in lines:
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return path or "/"
+    return "/"
+
+
+def parent_dir(controller: str) -> Path:
+    """Where the sandboxes' groups of `controller` go: `osb-sync/` in the server's own group."""
+    return CGROUP_ROOT / controller / own_group(controller).lstrip("/") / PARENT
+
+
 def usable(controller: str) -> bool:
     """True when this process may make groups under `controller` (v1, writable, e.g. root).
 
     Also removes the empty groups that servers killed without a chance to clean up left.
     """
-    base = CGROUP_ROOT / controller
-    if not (base / "cgroup.procs").is_file():
+    parent = parent_dir(controller)
+    if not (parent.parent / "cgroup.procs").is_file():
         return False
     try:
-        (base / PARENT).mkdir(exist_ok=True)
-        probe = base / PARENT / f"probe-{os.getpid()}"
+        parent.mkdir(exist_ok=True)
+        probe = parent / f"probe-{os.getpid()}"
         probe.mkdir(exist_ok=True)
         probe.rmdir()
     except OSError:
         return False
-    _sweep(base / PARENT)
+    _sweep(parent)
     return True
 
 
@@ -54,9 +75,28 @@ class Cgroup:
     """The groups of one sandbox, one per controller."""
 
     def __init__(self, name: str, controllers: tuple[str, ...]) -> None:
-        self.dirs = {c: CGROUP_ROOT / c / PARENT / name for c in controllers}
-        for path in self.dirs.values():
-            path.mkdir()
+        self.dirs: dict[str, Path] = {}
+        try:
+            for controller in controllers:
+                path = parent_dir(controller) / name
+                path.mkdir()
+                self.dirs[controller] = path
+        except OSError:
+            self.remove()
+            raise
+
+    def configure(self, settings: dict[str, dict[str, str]]) -> None:
+        """Write each controller's files (`{"memory": {"memory.limit_in_bytes": "..."}}`).
+
+        A memory limit also caps memory plus swap where swap is accounted, so that swapping
+        does not lift it.
+        """
+        for controller, files in settings.items():
+            for name, value in files.items():
+                (self.dirs[controller] / name).write_text(value)
+                swap = self.dirs[controller] / "memory.memsw.limit_in_bytes"
+                if name == "memory.limit_in_bytes" and swap.is_file():
+                    swap.write_text(value)
 
     def launcher_prefix(self) -> list[str]:
         """An argv prefix that joins every group, then runs the argv that follows it."""

@@ -29,6 +29,7 @@ from typing import Any
 
 from . import bwrap
 from .cgroup import Cgroup
+from .limits import Plan
 from .spawn import SPAWNER, descendants, pidfd, pids_in_namespace, read_until, signal_pids
 
 MAIN_SCRIPT = str(Path(__file__).with_name("_container_main.py"))
@@ -59,6 +60,8 @@ class SandboxContainer:
         self._slirp: subprocess.Popen[bytes] | None = None
         self._slirp_exit = -1
         self._cgroup: Cgroup | None = None
+        self._limits = Plan()
+        self._mounts: list[str] = []
         self._frozen = False
         self._closed = False
         self._lock = threading.Lock()
@@ -73,10 +76,14 @@ class SandboxContainer:
 
         Args:
             config: `env` (the sandbox's variables) and `token` (execd's access token).
+                Optional: `limits` (a `limits.Plan`) and `mounts` (bwrap arguments of its
+                volumes, see `volumes.py`).
             internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
             ping: execd's heartbeat interval, seconds.
             grace: seconds /command keeps its stream open after the terminal event.
         """
+        self._limits = config.get("limits") or Plan()
+        self._mounts = list(config.get("mounts") or [])
         self._relay.bind(self._relay_path)
         os.chmod(self._relay_path, 0o600)
         self._relay.listen(128)
@@ -128,11 +135,23 @@ class SandboxContainer:
         if self.support.bwrap is None:
             return main
         tmp, state = self.run_dir / "tmp", self.run_dir / "execd"
-        argv = bwrap.container_argv(self.support.bwrap, self.home, tmp, state, info_fd) + main
-        if self.support.freezer:
-            self._cgroup = Cgroup(self.home.name, ("freezer",))
-            argv = self._cgroup.launcher_prefix() + argv
-        return argv
+        argv = bwrap.container_argv(
+            self.support.bwrap, self.home, tmp, state, info_fd, self._mounts
+        )
+        return self._join_cgroups(argv + main)
+
+    def _join_cgroups(self, argv: list[str]) -> list[str]:
+        """Make the sandbox's groups, write its limits, and prefix `argv` with joining them."""
+        controllers = (("freezer",) if self.support.freezer else ()) + tuple(self._limits.cgroup)
+        if not controllers:
+            return argv
+        self._cgroup = Cgroup(self.home.name, controllers)
+        self._cgroup.configure(self._limits.cgroup)
+        return self._cgroup.launcher_prefix() + argv
+
+    @property
+    def _freezer(self) -> Cgroup | None:
+        return self._cgroup if self._cgroup is not None and "freezer" in self._cgroup.dirs else None
 
     def _plain_env(self) -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
@@ -160,6 +179,7 @@ class SandboxContainer:
             "ping_interval": ping,
             "command_grace": grace,
             "file_size_limit": bwrap.FILE_SIZE_LIMIT if self.isolated else 0,
+            "address_space_limit": self._limits.address_space,
         }
 
     def _start_slirp(self, deadline: float) -> None:
@@ -213,7 +233,7 @@ class SandboxContainer:
                 " as the server's user, with the host's files, processes and network. To"
                 f" isolate sandboxes, {bwrap.FIX}."
             )
-        pause = "freezer cgroup" if self._cgroup is not None else "signals"
+        pause = "freezer cgroup" if self._freezer is not None else "signals"
         note = (
             " Isolation: bubblewrap container with private user, PID, mount, network, IPC and"
             " UTS namespaces, no capabilities, read-only system directories; pause by"
@@ -261,16 +281,16 @@ class SandboxContainer:
 
     def pause(self) -> None:
         """Freeze every process of the sandbox."""
-        if self._cgroup is not None:
-            self._cgroup.freeze(True)
+        if self._freezer is not None:
+            self._freezer.freeze(True)
         else:
             signal_pids(self.members(), signal.SIGSTOP)
         self._frozen = True
 
     def resume(self) -> None:
         """Let every process of the sandbox run again."""
-        if self._cgroup is not None:
-            self._cgroup.freeze(False)
+        if self._freezer is not None:
+            self._freezer.freeze(False)
         else:
             signal_pids(self.members(), signal.SIGCONT)
         self._frozen = False

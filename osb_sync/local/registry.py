@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from . import limits, volumes
 from ._http import Exchange, HttpError, Router, error
 from .bodies import rfc3339
 from .bwrap import Support, network_plan
@@ -53,6 +54,8 @@ class Config:
     unenforced_network_policy: str
     support: Support
     address: str  # host:port of the server, when a request has no Host header
+    limit_controllers: frozenset[str] = frozenset()  # cgroup controllers for resourceLimits
+    volume_places: tuple[tuple[Path, ...], Path] = ((), Path())  # host trees allowed, pvc root
 
 
 @dataclass
@@ -152,6 +155,9 @@ class Registry:
             self.config.support,
             self.config.unenforced_network_policy == "accept",
         )
+        plan = limits.plan(limits.parse(body["resourceLimits"]), self.config.limit_controllers)
+        isolated = self.config.support.bwrap is not None
+        mounts = volumes.mounts(body.get("volumes"), *self.config.volume_places, isolated)
         sandbox_id = str(uuid.uuid4())
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
@@ -160,7 +166,7 @@ class Registry:
                 sandbox_id,
                 self.config.root,
                 self.config.support,
-                {"env": env, "token": token},
+                {"env": env, "token": token, "limits": plan, "mounts": mounts},
                 internet,
                 (self.config.ping_interval, self.config.command_grace),
             )
@@ -169,7 +175,7 @@ class Registry:
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
         try:
-            note = container.status_note(internet) + network_note
+            note = container.status_note(internet) + network_note + plan.message()
             sandbox = self._register(sandbox_id, body, token, container, note)
         except BaseException:
             container.close()  # a refused create leaves no folder and no process

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import IO, Any
 
 KILL_WAIT_TIMEOUT = 5.0
+# sh: cap the address space (KiB, soft and hard) of what it then runs. Not set on execd itself:
+# its threads' reserved stacks and arenas would not fit a small cap.
+LIMIT_ADDRESS_SPACE = 'ulimit -v "$1" || exit 126; shift; exec "$@"'
 
 
 def kill_group(pgid: int, sig: int) -> None:
@@ -43,8 +46,15 @@ def group_exists(pgid: int) -> bool:
 class SandboxRuntime:
     """The working directory, environment and processes of one sandbox."""
 
-    def __init__(self, home: Path, run_dir: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        home: Path,
+        run_dir: Path,
+        env: dict[str, str],
+        address_space_limit: int | None = None,
+    ) -> None:
         self.dir = home
+        self.address_space_limit = address_space_limit
         self.run_dir = run_dir
         self.env = env
         self._lock = threading.Lock()
@@ -73,6 +83,9 @@ class SandboxRuntime:
             if self._closed:
                 raise OSError("sandbox is being deleted")
             self._forget_finished()
+            if self.address_space_limit:
+                kib = str(self.address_space_limit // 1024)
+                argv = ["/bin/sh", "-c", LIMIT_ADDRESS_SPACE, "sh", kib, *argv]
             proc = subprocess.Popen(
                 list(argv),
                 cwd=cwd or self.dir,

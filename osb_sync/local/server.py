@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from . import limits as resource_limits
 from . import proxy
 from ._http import Exchange, HttpError, error
 from .bwrap import FIX, Support, probe
@@ -62,6 +63,10 @@ class LocalServer:
             True to refuse to start where it does not, False to run them unisolated.
         allowed_hosts: more names requests may give in `Host` (besides loopback and `host`).
         limits: connection timeouts and cap (see `httpd.Limits`).
+        allowed_host_paths: host directories whose trees `host` volumes may mount (none by
+            default: every `host` volume answers 400).
+        volume_root: where `pvc` volumes live, one directory per claimName (default:
+            `volumes/` in the root directory).
     """
 
     def __init__(
@@ -80,6 +85,8 @@ class LocalServer:
         isolation: bool | None = None,
         allowed_hosts: Iterable[str] = (),
         limits: Limits | None = None,
+        allowed_host_paths: Iterable[str | Path] = (),
+        volume_root: str | Path | None = None,
     ) -> None:
         if unenforced_network_policy not in POLICY_CHOICES:
             raise ValueError(f"unenforced_network_policy must be one of {POLICY_CHOICES}")
@@ -94,6 +101,8 @@ class LocalServer:
         self.command_grace = command_grace
         self.allowed_hosts = tuple(allowed_hosts)
         self.limits = limits or Limits()
+        self.allowed_host_paths = tuple(Path(p).resolve() for p in allowed_host_paths)
+        self.volume_root = Path(volume_root) if volume_root is not None else None
         self.network_policy_enforced = False
         self.isolated = False
         self.isolation_problem = ""
@@ -156,6 +165,13 @@ class LocalServer:
                     unenforced_network_policy=self.unenforced_network_policy,
                     support=support,
                     address=f"{self.host}:{self.port}",
+                    limit_controllers=resource_limits.writable_controllers()
+                    if self.isolated
+                    else frozenset(),
+                    volume_places=(
+                        self.allowed_host_paths,
+                        self.volume_root or self.root_dir / "volumes",
+                    ),
                 )
             )
             self._threads = [

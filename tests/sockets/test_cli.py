@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from osb_sync import Client
+from osb_sync import ApiError, Client
 from osb_sync._cli import build_parser
 from osb_sync.local import LocalServer
+from osb_sync.local.bwrap import probe
 from tests.fakeserver import FakeServer
 
 OWN_ERROR = 125
@@ -99,6 +100,7 @@ def test_run_shows_the_servers_status_message_once(server: LocalServer) -> None:
     proc = osb("run", "print(1)", "--api-base", server.api_base)
     shown = [line for line in proc.stderr.splitlines() if line.startswith("osb-sync: server: ")]
     assert len(shown) == 1 and "enforced" in shown[0], proc.stderr
+    assert shown[0].count("Limits enforced: ") == 1 and "; not enforced: " in shown[0]
 
 
 # -- exit statuses --------------------------------------------------------------------------
@@ -354,6 +356,41 @@ def test_serve_json_prints_a_start_up_line_and_ctrl_c_exits_130() -> None:
             proc.kill()
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1] == "osb-sync: interrupted: server stopped"
+
+
+def test_serve_volume_options_reach_the_server(tmp_path: Path) -> None:
+    if probe().bwrap is None:
+        pytest.skip(f"volumes need isolated sandboxes: {probe().problem}")
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "in.txt").write_text("from the host")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPEN_SANDBOX_")}
+    argv = [sys.executable, "-m", "osb_sync", "serve", "--json", "--port", "0"]
+    argv += ["--allow-host-path", str(tmp_path / "shared"), "--volume-root", str(tmp_path / "v")]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "no start-up line within 60 s"
+        api = ("--api-base", json.loads(proc.stdout.readline())["api_base"])
+        with Client(api[1]) as client:
+            host = {"name": "h", "host": {"path": str(tmp_path / "shared")}, "mountPath": "/h"}
+            claim = {"name": "p", "pvc": {"claimName": "keep"}, "mountPath": "/p"}
+            with client.create_sandbox(volumes=[host, claim]) as sandbox:
+                said = sandbox.commands.run("cat /h/in.txt; echo made > /p/out.txt")
+                assert said.stdout == "from the host\n"
+            outside = {**host, "host": {"path": str(tmp_path)}}
+            with pytest.raises(ApiError, match="HOST_PATH_NOT_ALLOWED"):
+                client.create_sandbox(volumes=[outside])
+        assert (tmp_path / "v" / "keep" / "out.txt").read_text() == "made\n"
+        created = osb("create", *api)
+        shown = [line for line in created.stderr.splitlines() if "Limits enforced: " in line]
+        assert len(shown) == 1, created.stderr
+        osb("delete", created.stdout.strip(), *api)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_create_that_never_connected_logs_no_orphan_lookup() -> None:

@@ -1,0 +1,166 @@
+"""A sandbox's `resourceLimits`: parse them, decide how each is enforced, and say so honestly.
+
+`memory`, `cpu` and a pids cap (`pids`, default 512) are enforced by cgroup v1 controllers the
+server can write (nested under its own group, see `cgroup.py`). Where the memory controller is
+not writable, RLIMIT_AS caps the address space of each process execd starts instead (per
+process, not the sandbox's total; execd itself stays uncapped). RLIMIT_NPROC is never used:
+it counts every process of a user id (host root for a root server, else the server's own
+user), so it is no per-sandbox cap. Whatever cannot be enforced is listed as such in the
+status message, never as enforced.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+
+from . import cgroup
+from .validation import bad_parameter
+
+DEFAULT_PIDS = 512
+MIN_MEMORY = 32 << 20
+MIN_PIDS = 16
+CPU_PERIOD_US = 100_000
+MIN_CPU = Decimal("0.01")
+MAX_CPU = 1024
+MAX_PIDS = 4_194_304  # the kernel's PID_MAX_LIMIT
+CONTROLLERS = ("memory", "cpu", "pids")
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([a-zA-Z]*)")
+_SUFFIXES: dict[str, int | Decimal] = {
+    "": 1,
+    "m": Decimal("0.001"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+    "Pi": 1 << 50,
+    "Ei": 1 << 60,
+}
+
+
+def quantity(name: str, text: str) -> Decimal:
+    """The value of a Kubernetes quantity (`128Mi`, `1Gi`, `512M`, `500m`, `0.5`, `2`).
+
+    Raises:
+        HttpError: 400 naming the limit when `text` is not a quantity.
+    """
+    match = _QUANTITY.fullmatch(text.strip())
+    if match is None or match.group(2) not in _SUFFIXES:
+        raise bad_parameter(
+            f"resourceLimits.{name} {text[:40]!r} is not a quantity: use a number with an "
+            "optional suffix (m, k, M, G, Ki, Mi, Gi, ...), e.g. 128Mi, 1Gi, 500m, 0.5, 2"
+        )
+    try:
+        return Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
+    except InvalidOperation:
+        raise bad_parameter(f"resourceLimits.{name} {text[:40]!r} is out of range") from None
+
+
+@dataclass(frozen=True)
+class Requested:
+    """The limits a create asked for: bytes, cores and processes (None: no such limit)."""
+
+    memory: int | None
+    cpu: Decimal | None
+    pids: int
+    texts: dict[str, str]  # as given, for the status message
+    others: tuple[str, ...]  # keys the local server has no means to enforce
+
+
+def parse(limits: dict[str, str]) -> Requested:
+    """Check and convert a create's `resourceLimits`.
+
+    Raises:
+        HttpError: 400 for a malformed or unusable value.
+    """
+    texts = {k: str(v) for k, v in limits.items()}
+    memory = cpu = None
+    if "memory" in texts:
+        value = quantity("memory", texts["memory"])
+        if value != int(value) or value < MIN_MEMORY:
+            raise bad_parameter(
+                f"resourceLimits.memory {texts['memory']!r} must be a whole number of bytes "
+                f"of at least {MIN_MEMORY >> 20}Mi"
+            )
+        memory = int(value)
+    if "cpu" in texts:
+        cpu = quantity("cpu", texts["cpu"])
+        if not MIN_CPU <= cpu <= MAX_CPU:
+            raise bad_parameter(
+                f"resourceLimits.cpu {texts['cpu']!r} must be between 10m (0.01 cores) and "
+                f"{MAX_CPU}"
+            )
+    pids = DEFAULT_PIDS
+    if "pids" in texts:
+        value = quantity("pids", texts["pids"])
+        if value != int(value) or not MIN_PIDS <= value <= MAX_PIDS:
+            raise bad_parameter(
+                f"resourceLimits.pids {texts['pids']!r} must be a whole number from "
+                f"{MIN_PIDS} to {MAX_PIDS}"
+            )
+        pids = int(value)
+    texts.setdefault("pids", str(pids))
+    others = tuple(k for k in texts if k not in CONTROLLERS)
+    return Requested(memory, cpu, pids, texts, others)
+
+
+@dataclass
+class Plan:
+    """How a sandbox's limits are enforced: cgroup files to write, an RLIMIT_AS for processes."""
+
+    cgroup: dict[str, dict[str, str]] = field(default_factory=dict)
+    address_space: int | None = None  # bytes, for every process execd starts
+    enforced: list[str] = field(default_factory=list)
+    unenforced: list[str] = field(default_factory=list)
+
+    def message(self) -> str:
+        """The fixed-format sentence of the status message."""
+        return (
+            f" Limits enforced: {', '.join(self.enforced) or 'none'};"
+            f" not enforced: {', '.join(self.unenforced) or 'none'}."
+        )
+
+
+def writable_controllers() -> frozenset[str]:
+    """The limit controllers this server may make groups in (empty off Linux or unprivileged)."""
+    return frozenset(c for c in CONTROLLERS if cgroup.usable(c))
+
+
+def plan(requested: Requested, controllers: frozenset[str]) -> Plan:
+    """Decide how each requested limit is enforced with the `controllers` at hand."""
+    out = Plan()
+    texts = requested.texts
+    if requested.memory is not None:
+        if "memory" in controllers:
+            out.cgroup["memory"] = {"memory.limit_in_bytes": str(requested.memory)}
+            out.enforced.append(f"memory={texts['memory']} (cgroup)")
+        else:
+            out.address_space = requested.memory
+            out.enforced.append(f"memory={texts['memory']} (RLIMIT_AS, per process)")
+    if requested.cpu is not None:
+        if "cpu" in controllers:
+            quota = int(requested.cpu * CPU_PERIOD_US)
+            out.cgroup["cpu"] = {
+                "cpu.cfs_period_us": str(CPU_PERIOD_US),
+                "cpu.cfs_quota_us": str(quota),
+            }
+            out.enforced.append(f"cpu={texts['cpu']} (cgroup)")
+        else:
+            out.unenforced.append(f"cpu={texts['cpu']} (no writable cpu cgroup)")
+    if "pids" in controllers:
+        out.cgroup["pids"] = {"pids.max": str(requested.pids)}
+        out.enforced.append(f"pids={texts['pids']} (cgroup)")
+    else:
+        out.unenforced.append(
+            f"pids={texts['pids']} (no writable pids cgroup; RLIMIT_NPROC counts a whole"
+            " user's processes, not a sandbox's)"
+        )
+    out.unenforced += [f"{k}={texts[k]} (not supported locally)" for k in requested.others]
+    return out

@@ -1,0 +1,221 @@
+"""resourceLimits: quantities, the cgroups that enforce them, and the status message that says so.
+
+The enforcement tests need bubblewrap and writable cgroup v1 controllers (root): they skip
+where either is missing, and fail instead under OSB_REQUIRE_ISOLATION=1.
+"""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import requests
+from conftest import CREATE_BODY, REQUIRE_ISOLATION, Box, require_isolation, texts
+
+from osb_sync.local import LocalServer, cgroup, limits
+
+LIMITED = {"memory": "128Mi", "cpu": "0.5", "pids": "64"}
+ALLOCATE_256M = 'python3 -c \'b = b"x" * (256 << 20); print("allocated", len(b))\''
+FORK_LOOP = """python3 - <<'EOF'
+import os, time
+children = []
+try:
+    while len(children) < 1000:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        children.append(pid)
+except OSError as exc:
+    print("stopped after", len(children), exc.errno)
+for pid in children:
+    os.kill(pid, 9)
+EOF"""
+BUSY_5S = """python3 - <<'EOF'
+import time
+start_wall, start_cpu = time.monotonic(), time.process_time()
+while time.monotonic() - start_wall < 5:
+    pass
+print("fraction", (time.process_time() - start_cpu) / (time.monotonic() - start_wall))
+EOF"""
+
+
+@pytest.fixture
+def limited_server(isolated_server: LocalServer) -> LocalServer:
+    """An isolated server whose memory, cpu and pids controllers are writable (else skip)."""
+    missing = set(limits.CONTROLLERS) - limits.writable_controllers()
+    if missing:
+        if REQUIRE_ISOLATION:
+            pytest.fail(
+                f"OSB_REQUIRE_ISOLATION=1 but cgroup controllers {missing} are not writable"
+            )
+        pytest.skip(f"cgroup controllers {sorted(missing)} are not writable here")
+    return isolated_server
+
+
+def limited_box(server: LocalServer, http: requests.Session, **resource: str) -> Box:
+    return Box(server, http, {**CREATE_BODY, "resourceLimits": resource or LIMITED})
+
+
+def output(events: list[dict[str, Any]]) -> str:
+    return "".join(texts(events)) + "".join(texts(events, "stderr"))
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("128Mi", 128 << 20),
+        ("1Gi", 1 << 30),
+        ("512M", 512 * 10**6),
+        ("500m", Decimal("0.5")),
+        ("0.5", Decimal("0.5")),
+        ("2", 2),
+        ("1.5Gi", 3 << 29),
+    ],
+)
+def test_quantities_parse_like_kubernetes(text: str, value: Decimal) -> None:
+    assert limits.quantity("x", text) == value
+
+
+@pytest.mark.parametrize(
+    ("resource", "says"),
+    [
+        ({"memory": "12Qi"}, "not a quantity"),
+        ({"memory": "lots"}, "not a quantity"),
+        ({"memory": "1k"}, "at least 32Mi"),
+        ({"memory": "500m"}, "whole number of bytes"),
+        ({"cpu": "1m"}, "between 10m"),
+        ({"cpu": "2048"}, "between 10m"),
+        ({"cpu": "-1"}, "not a quantity"),
+        ({"pids": "2.5"}, "whole number"),
+        ({"pids": "4"}, "from 16"),
+        ({"pids": "1G"}, "from 16"),
+    ],
+)
+def test_bad_limits_answer_400_naming_the_value(
+    local: LocalServer, http: requests.Session, resource: dict[str, str], says: str
+) -> None:
+    answer = http.post(
+        f"{local.api_base}/sandboxes", json={**CREATE_BODY, "resourceLimits": resource}
+    )
+    assert answer.status_code == 400, answer.text
+    assert says in answer.json()["message"]
+    assert next(iter(resource)) in answer.json()["message"]
+
+
+def test_plan_never_claims_a_limit_without_its_controller() -> None:
+    requested = limits.parse({"memory": "128Mi", "cpu": "500m", "gpu": "1"})
+    message = limits.plan(requested, frozenset()).message()
+    assert message == (
+        " Limits enforced: memory=128Mi (RLIMIT_AS, per process);"
+        " not enforced: cpu=500m (no writable cpu cgroup), pids=512 (no writable pids cgroup;"
+        " RLIMIT_NPROC counts a whole user's processes, not a sandbox's), gpu=1 (not supported"
+        " locally)."
+    )
+    full = limits.plan(requested, frozenset(limits.CONTROLLERS))
+    assert full.message().startswith(
+        " Limits enforced: memory=128Mi (cgroup), cpu=500m (cgroup), pids=512 (cgroup);"
+    )
+    assert full.cgroup["cpu"]["cpu.cfs_quota_us"] == "50000"
+
+
+def test_status_message_says_which_limits_are_enforced(
+    limited_server: LocalServer, http: requests.Session
+) -> None:
+    box = limited_box(limited_server, http)
+    assert box.created["status"]["message"].endswith(
+        " Limits enforced: memory=128Mi (cgroup), cpu=0.5 (cgroup), pids=64 (cgroup);"
+        " not enforced: none."
+    )
+    got = http.get(f"{limited_server.api_base}/sandboxes/{box.id}").json()
+    assert got["status"]["message"] == box.created["status"]["message"]
+
+
+def test_memory_limit_stops_a_256mib_allocation(
+    limited_server: LocalServer, http: requests.Session
+) -> None:
+    box = limited_box(limited_server, http)
+    small = box.command('python3 -c \'b = b"x" * (32 << 20); print("allocated", len(b))\'')
+    assert "allocated 33554432" in output(small)
+    events = box.command(ALLOCATE_256M)
+    assert "allocated" not in output(events)
+    errors = [e for e in events if e["type"] == "error"]
+    assert errors and ("killed" in str(errors[0]["error"]) or "MemoryError" in output(events)), (
+        events
+    )
+    in_code = box.code("b = b'x' * (256 << 20)\nprint('allocated')")
+    assert "allocated" not in output(in_code)
+    assert [e for e in in_code if e["type"] == "error"], in_code
+    assert texts(box.code("print(6 * 7)")) == ["42\n"]  # the sandbox's execd survived
+
+
+def test_fork_loop_stops_at_the_pids_cap(
+    limited_server: LocalServer, http: requests.Session
+) -> None:
+    box = limited_box(limited_server, http)
+    said = output(box.command(FORK_LOOP))
+    assert "stopped after" in said, said
+    forked = int(said.split("stopped after")[1].split()[0])
+    assert 0 < forked < 64, said  # execd and the shell count too
+    assert "allocated" not in said
+
+
+def test_cpu_limit_holds_a_busy_loop_near_half_a_core(
+    limited_server: LocalServer, http: requests.Session
+) -> None:
+    box = limited_box(limited_server, http)
+    said = output(box.command(BUSY_5S, timeout=60000))
+    fraction = float(said.split("fraction")[1].split()[0])
+    print(f"CPU fraction under cpu=0.5 over 5 s: {fraction:.3f}")
+    assert 0 < fraction < 0.75, said
+
+
+def test_every_cgroup_is_gone_after_delete(
+    limited_server: LocalServer, http: requests.Session
+) -> None:
+    box = limited_box(limited_server, http)
+    groups = [cgroup.parent_dir(c) / box.id for c in (*limits.CONTROLLERS, "freezer")]
+    assert all(group.is_dir() for group in groups)
+    assert (groups[0] / "memory.limit_in_bytes").read_text().strip() == str(128 << 20)
+    assert (groups[2] / "pids.max").read_text().strip() == "64"
+    members = (groups[0] / "cgroup.procs").read_text().split()
+    assert members and set(members) == set((groups[2] / "cgroup.procs").read_text().split())
+    assert http.delete(f"{limited_server.api_base}/sandboxes/{box.id}").status_code == 204
+    assert not [group for group in groups if group.exists()]
+
+
+def test_without_controllers_memory_falls_back_to_rlimit_as_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, http: requests.Session
+) -> None:
+
+    require_isolation()
+    monkeypatch.setattr(limits, "writable_controllers", frozenset)
+    with LocalServer(ping_interval=0.2, command_grace=0, min_timeout=1, isolation=True) as srv:
+        box = limited_box(srv, http)
+        message = box.created["status"]["message"]
+        assert "Limits enforced: memory=128Mi (RLIMIT_AS, per process); not enforced:" in message
+        assert "cpu=0.5 (no writable cpu cgroup)" in message
+        assert "pids=64 (no writable pids cgroup" in message
+        assert "(cgroup)" not in message
+        assert not (cgroup.parent_dir("memory") / box.id).exists()
+        events = box.command(ALLOCATE_256M)
+        assert "MemoryError" in output(events), events
+
+
+def test_leftover_groups_of_a_killed_server_are_swept(limited_server: LocalServer) -> None:
+    stale = [cgroup.parent_dir(c) / "stale-osb-test" for c in limits.CONTROLLERS]
+    fresh = cgroup.parent_dir("pids") / "fresh-osb-test"
+    try:
+        for group in (*stale, fresh):
+            group.mkdir()
+        for group in stale:
+            os.utime(group, (1, 1))  # older than STALE_AFTER
+        assert limits.writable_controllers() == frozenset(limits.CONTROLLERS)
+        assert [group for group in stale if group.exists()] == []
+        assert fresh.is_dir()  # may be a group another server is about to join
+    finally:
+        for group in (*stale, fresh):
+            if group.exists():
+                group.rmdir()
