@@ -112,6 +112,9 @@ def hide_memory() -> None:
 def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> None:
     """Start execd, the JUPYTER_PORT sink and the relay; report ready; run until stdin EOF."""
     load_package()
+    if config.get("execd_binary"):
+        serve_binary(config, relay_server, ready_fd)
+        return
     from osb_sync.local import _http, execd, httpd, runner
 
     jupyter = socket.create_server(("127.0.0.1", config["jupyter_port"]))
@@ -143,6 +146,27 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
     stopped.set()
     app.close()
     runtime.close()
+
+
+def serve_binary(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> None:
+    """Like `serve`, with an execd binary (and a Jupyter server) as children instead of ours."""
+    from osb_sync.local._execd_child import ExecdChildren, ExecdStartError
+
+    jupyter = config.get("jupyter")
+    children = ExecdChildren(config, config["jupyter_port"])
+    if jupyter is None:  # nothing else listens on JUPYTER_PORT: the sink does
+        sink = socket.create_server(("127.0.0.1", config["jupyter_port"]))
+        threading.Thread(target=accept_forever, args=(sink, None), daemon=True).start()
+    try:
+        children.start(config["execd_binary"], jupyter, config["execd_port"])
+    except ExecdStartError as exc:
+        print(f"the execd binary did not start: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    threading.Thread(target=accept_forever, args=(relay_server, {}), daemon=True).start()
+    os.write(ready_fd, b"ready\n")
+    os.close(ready_fd)
+    sys.stdin.buffer.read()
+    children.stop()
 
 
 def main(argv: list[str]) -> int:

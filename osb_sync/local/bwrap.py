@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,8 +157,11 @@ def root_view(host_root: Path = Path("/")) -> list[str]:
     return args
 
 
-def container_argv(bwrap: str, home: Path, tmp: Path, state: Path, info_fd: int) -> list[str]:
-    """The bwrap argv (up to `--`) of a sandbox whose home, /tmp and execd state are host dirs."""
+def container_argv(
+    bwrap: str, home: Path, tmp: Path, state: Path, info_fd: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """The bwrap argv (up to `--`) of a sandbox whose home, /tmp and execd state are host dirs;
+    `extra` mount arguments (read-only binds of an execd binary) come after the root view."""
     return [
         bwrap,
         *NAMESPACES,
@@ -177,6 +181,7 @@ def container_argv(bwrap: str, home: Path, tmp: Path, state: Path, info_fd: int)
         "HOME",
         SANDBOX_HOME,
         *root_view(),
+        *extra,
         "--proc",
         "/proc",
         "--dev",

@@ -190,6 +190,12 @@ def _relay(ex: Exchange, response: http.client.HTTPResponse) -> None:
     writer = ex.start_chunked(
         response.status, [(k, v) for k, v in headers if k.lower() != "content-length"]
     )
-    while data := response.read1(PIECE):
-        writer.write(data)
+    try:
+        while data := response.read1(PIECE):
+            writer.write(data)
+    except http.client.IncompleteRead:
+        # The upstream broke off mid-answer (real execd does, once its client has gone):
+        # so does this answer, without the last chunk that would say it is complete.
+        ex.handler.close_connection = True
+        return
     writer.end()

@@ -20,6 +20,7 @@ from ._http import Exchange, HttpError, Router, error
 from .bodies import rfc3339
 from .bwrap import Support, network_plan
 from .container import SandboxContainer, start_container
+from .execd_binary import ExecdBinary
 from .validation import (
     check_create,
     check_labels,
@@ -53,6 +54,7 @@ class Config:
     unenforced_network_policy: str
     support: Support
     address: str  # host:port of the server, when a request has no Host header
+    binary: ExecdBinary | None = None  # an execd binary to run instead of ours
 
 
 @dataclass
@@ -160,7 +162,7 @@ class Registry:
                 sandbox_id,
                 self.config.root,
                 self.config.support,
-                {"env": env, "token": token},
+                {"env": env, "token": token, "binary": self.config.binary},
                 internet,
                 (self.config.ping_interval, self.config.command_grace),
             )
@@ -169,12 +171,19 @@ class Registry:
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
         try:
-            note = container.status_note(internet) + network_note
+            note = container.status_note(internet) + network_note + self._execd_note()
             sandbox = self._register(sandbox_id, body, token, container, note)
         except BaseException:
             container.close()  # a refused create leaves no folder and no process
             raise
         ex.send_json(202, sandbox.view(created=True))
+
+    def _execd_note(self) -> str:
+        binary = self.config.binary
+        if binary is None:
+            return ""
+        jupyter = f", Jupyter {binary.jupyter}" if binary.jupyter else ", no Jupyter"
+        return f" execd: {binary.execd}{jupyter}."
 
     def _register(
         self,

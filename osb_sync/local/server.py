@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import hmac
 import logging
+import os
 import re
 import shutil
 import signal
@@ -21,6 +22,7 @@ from types import FrameType, TracebackType
 from . import proxy
 from ._http import Exchange, HttpError, error
 from .bwrap import FIX, Support, probe
+from .execd_binary import ExecdBinary
 from .httpd import HTTPServer, Limits, host_names
 from .registry import EXECD_PORT, Config, Registry, not_found
 
@@ -62,6 +64,13 @@ class LocalServer:
             True to refuse to start where it does not, False to run them unisolated.
         allowed_hosts: more names requests may give in `Host` (besides loopback and `host`).
         limits: connection timeouts and cap (see `httpd.Limits`).
+        execd: an execd binary (OpenSandbox's) to run in every sandbox instead of ours; needs
+            isolated sandboxes (see `execd_binary.py`).
+        jupyter: with `execd`, the `jupyter` executable of a venv (notebook, ipykernel and a
+            kernelspec named `python`) whose Jupyter server each sandbox's execd runs code in.
+
+    Raises:
+        ValueError: a bad option, or `execd`/`jupyter` is not an executable (of a venv).
     """
 
     def __init__(
@@ -80,9 +89,14 @@ class LocalServer:
         isolation: bool | None = None,
         allowed_hosts: Iterable[str] = (),
         limits: Limits | None = None,
+        execd: str | os.PathLike[str] | None = None,
+        jupyter: str | os.PathLike[str] | None = None,
     ) -> None:
         if unenforced_network_policy not in POLICY_CHOICES:
             raise ValueError(f"unenforced_network_policy must be one of {POLICY_CHOICES}")
+        if jupyter is not None and execd is None:
+            raise ValueError("jupyter is for an execd binary: pass execd too")
+        self.execd_binary = ExecdBinary.checked(execd, jupyter) if execd is not None else None
         self.host = host
         self.port = port
         self.api_key = api_key
@@ -120,8 +134,15 @@ class LocalServer:
 
     def _support(self) -> Support:
         if self._isolation is False:
-            return Support(None, "turned off by isolation=False", None, False)
-        support = probe()
+            support = Support(None, "turned off by isolation=False", None, False)
+        else:
+            support = probe()
+        if self.execd_binary is not None and support.bwrap is None:
+            raise RuntimeError(
+                "an execd binary needs isolated sandboxes (it listens on every interface of"
+                f" its fixed port) but they cannot be isolated here ({support.problem}); to"
+                f" fix it, {FIX}"
+            )
         if self._isolation and support.bwrap is None:
             raise RuntimeError(
                 f"sandboxes cannot be isolated here ({support.problem}); to fix it, {FIX}"
@@ -156,6 +177,7 @@ class LocalServer:
                     unenforced_network_policy=self.unenforced_network_policy,
                     support=support,
                     address=f"{self.host}:{self.port}",
+                    binary=self.execd_binary,
                 )
             )
             self._threads = [
