@@ -161,7 +161,7 @@ def container_argv(
     bwrap: str, home: Path, tmp: Path, state: Path, info_fd: int, extra: Sequence[str] = ()
 ) -> list[str]:
     """The bwrap argv (up to `--`) of a sandbox whose home, /tmp and execd state are host dirs;
-    `extra` mount arguments (read-only binds of an execd binary) come after the root view."""
+    `extra` mount arguments (read-only binds of an execd binary) come after the others."""
     return [
         bwrap,
         *NAMESPACES,
@@ -181,7 +181,6 @@ def container_argv(
         "HOME",
         SANDBOX_HOME,
         *root_view(),
-        *extra,
         "--proc",
         "/proc",
         "--dev",
@@ -195,6 +194,7 @@ def container_argv(
         "--bind",
         str(state),
         EXECD_STATE_DIR,
+        *extra,  # after /tmp: a venv under the host's /tmp stays visible
         "--remount-ro",
         "/",
         "--chdir",
