@@ -21,12 +21,17 @@ from osb_sync import (
     Sandbox,
 )
 from osb_sync.local import LocalServer
+from tests import realexecd
 
 
 @pytest.fixture(scope="module")
 def local() -> Iterator[LocalServer]:
     with LocalServer(
-        min_timeout=1, ping_interval=0.5, command_grace=1.0, unenforced_network_policy="accept"
+        **realexecd.server_options(),
+        min_timeout=1,
+        ping_interval=0.5,
+        command_grace=1.0,
+        unenforced_network_policy="accept",
     ) as srv:
         yield srv
 
