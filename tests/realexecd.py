@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from osb_sync import ExecutionResult, Sandbox
+from osb_sync import CodeContext, ExecutionResult, Sandbox
 from tests.conformance.execds import real_execd_dir, skip_or_fail
 from tests.conformance.outcome import lacks_trailing
 
@@ -93,17 +93,23 @@ def until_complete(
 
 
 def run_expecting(
-    sandbox: Sandbox, code: str, test: str, setup: str = "", **expected: Any
+    sandbox: Sandbox,
+    code: str,
+    test: str,
+    setup: str = "",
+    context: CodeContext | None = None,
+    **expected: Any,
 ) -> ExecutionResult:
-    """``sandbox.run_code(code)``, retried as ``until_complete`` says against ``expected``
-    (fields of ExecutionResult); a retry runs ``setup`` then ``code`` in a new context."""
+    """``sandbox.run_code(code, context=context)``, retried as ``until_complete`` says against
+    ``expected`` (fields of ExecutionResult); a retry runs ``setup`` then ``code`` in a new
+    context."""
 
     def attempt(number: int) -> ExecutionResult:
         if number == 0:
-            return sandbox.run_code(code)
-        context = sandbox.contexts.create("python")
+            return sandbox.run_code(code, context=context)
+        fresh = sandbox.contexts.create("python")
         if setup:
-            sandbox.run_code(setup, context=context)
-        return sandbox.run_code(code, context=context)
+            sandbox.run_code(setup, context=fresh)
+        return sandbox.run_code(code, context=fresh)
 
     return until_complete(test, attempt, lambda r: vars(r), expected)
