@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from osb_sync import CodeContext, ExecutionResult, Sandbox
+from osb_sync.local.bwrap import probe
 from tests.conformance.execds import real_execd_dir, skip_or_fail
 from tests.conformance.outcome import lacks_trailing
 
@@ -57,6 +58,8 @@ def server_options() -> dict[str, Any]:
             skip_or_fail("shared/opensandbox-execd not found (set OSB_REAL_EXECD_DIR)")
         assert folder is not None
         wanted = str(folder / "execd")
+    if probe().bwrap is None:
+        skip_or_fail(f"an execd binary needs isolated sandboxes: {probe().problem}")
     jupyter = os.environ.get(JUPYTER_ENV) or str(default_venv() / "bin" / "jupyter")
     for path in (wanted, jupyter):
         if not os.access(path, os.X_OK):
