@@ -7,6 +7,7 @@ that delete leaves nothing. tests/sockets/conftest.py runs the client suites on 
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -40,6 +41,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if token != os.environ["EXECD_ACCESS_TOKEN"]:
             self.send_response(401)
             self.end_headers()
+            return
+        if self.path == "/broken":  # a chunked answer cut off before its last chunk
+            self.wfile.write(b"HTTP/1.1 200 OK\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n")
+            self.wfile.write(b"5\\r\\nhello\\r\\n")
+            self.close_connection = True
             return
         body = json.dumps({
             "argv": sys.argv[1:],
@@ -106,7 +112,7 @@ def test_paths_are_checked_and_the_venvs_interpreter_is_bound(tmp_path: Path, ex
 
 
 def test_the_binary_runs_on_44772_with_the_token_and_jupyter_behind_it(
-    tmp_path: Path, execd: str, http: requests.Session
+    tmp_path: Path, execd: str, http: requests.Session, caplog: pytest.LogCaptureFixture
 ) -> None:
     require_isolation()
     jupyter = fake_venv(tmp_path / "venv")
@@ -119,6 +125,12 @@ def test_the_binary_runs_on_44772_with_the_token_and_jupyter_behind_it(
         assert seen["envs_file"] and seen["sandbox_env"] == "hello"
         assert seen["cwd"] == "/home/sandbox"
         assert http.get(box.base + "/ping").status_code == 401  # the server's own check
+        with caplog.at_level(logging.ERROR, "osb_sync.local"):
+            broken = http.get(box.base + "/broken", headers=box.headers, stream=True)
+            assert broken.status_code == 200
+            with pytest.raises(requests.exceptions.ChunkedEncodingError):
+                broken.content  # noqa: B018 (the proxy cut its answer off too)
+        assert caplog.records == []  # an upstream that broke off is no server error
         sandbox = server._registry.find(box.id)  # type: ignore[union-attr]
         assert sandbox is not None
         members = sandbox.container.members()
