@@ -2,14 +2,15 @@
 
 Figures, for `LocalServer()` and `LocalServer(execd=..., jupyter=...)` (isolated sandboxes):
 
-- create + run `print(1)` + delete of one sandbox over HTTP (median of `--runs`, >= 5);
+- create + run `print(1)` + delete of one sandbox over HTTP (median of `--runs`, >= 5; the
+  two servers interleaved, order alternating);
 - memory per idle sandbox: (growth of this process's RSS, which hosts the server, plus the RSS
   of every process of the sandboxes: bwrap outside, the PID namespace, slirp4netns) divided by
   `--idle` sandboxes, right after create and again after one `print(1)` each (the real execd
   starts its Python kernel on the first run). RSS counts shared pages in full.
 
-    python benchmarks/bench_execd_bin.py [--runs 7] [--idle 3] [--execd PATH] [--jupyter PATH]
-        [--json out.json]
+    PYTHONPATH=. python benchmarks/bench_execd_bin.py [--runs 7] [--idle 3] [--execd PATH]
+        [--jupyter PATH] [--json out.json]
 
 Defaults: shared/opensandbox-execd/execd beside the repository, run-execd's Jupyter venv.
 """
@@ -17,6 +18,7 @@ Defaults: shared/opensandbox-execd/execd beside the repository, run-execd's Jupy
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -117,14 +119,28 @@ def idle_memory(server: LocalServer, http: requests.Session, count: int) -> dict
     return figures
 
 
-def measure(options: dict[str, Any], runs: int, idle: int) -> dict[str, Any]:
-    with requests.Session() as http, LocalServer(isolation=True, **options) as server:
-        create_run_delete(server, http)  # warm-up: probes, imports, page cache
-        walls = [create_run_delete(server, http) for _ in range(runs)]
+def measure(options: dict[str, dict[str, Any]], runs: int, idle: int) -> dict[str, Any]:
+    """Both servers side by side: create+run+delete interleaved (order alternating), then the
+    idle memory of each in turn."""
+    walls: dict[str, list[float]] = {name: [] for name in options}
+    with requests.Session() as http, contextlib.ExitStack() as stack:
+        servers = {
+            name: stack.enter_context(LocalServer(isolation=True, **extra))
+            for name, extra in options.items()
+        }
+        for server in servers.values():
+            create_run_delete(server, http)  # warm-up: probes, imports, page cache
+        for run in range(runs):
+            order = list(servers) if run % 2 == 0 else list(reversed(servers))
+            for name in order:
+                walls[name].append(create_run_delete(servers[name], http))
         return {
-            "create_run_delete_s_median": round(median(walls), 3),
-            "create_run_delete_s_all": [round(w, 3) for w in walls],
-            "idle": idle_memory(server, http, idle),
+            name: {
+                "create_run_delete_s_median": round(median(walls[name]), 3),
+                "create_run_delete_s_all": [round(w, 3) for w in walls[name]],
+                "idle": idle_memory(server, http, idle),
+            }
+            for name, server in servers.items()
         }
 
 
@@ -139,9 +155,11 @@ def main() -> None:
     if args.runs < 5 or not args.execd:
         parser.error("--runs must be at least 5, and --execd is needed where no build is found")
     data: dict[str, Any] = {"runs": args.runs, "idle_sandboxes": args.idle}
-    data["our_execd"] = measure({}, args.runs, args.idle)
-    data["execd_binary"] = measure(
-        {"execd": args.execd, "jupyter": args.jupyter}, args.runs, args.idle
+    binary = {"execd": args.execd, "jupyter": args.jupyter}
+    data.update(measure({"our_execd": {}, "execd_binary": binary}, args.runs, args.idle))
+    ours, theirs = data["our_execd"], data["execd_binary"]
+    data["create_run_delete_ratio"] = round(
+        theirs["create_run_delete_s_median"] / ours["create_run_delete_s_median"], 2
     )
     report("bring your own execd", data, args.json)
 

@@ -154,7 +154,7 @@ class LocalServer:
 
         Raises:
             OSError: the address cannot be bound (nothing is left behind).
-            RuntimeError: `isolation=True` where sandboxes cannot be isolated.
+            RuntimeError: `isolation=True`, or `execd`, where sandboxes cannot be isolated.
         """
         with self._state_lock:
             if self._started:
