@@ -194,7 +194,7 @@ def _relay(ex: Exchange, response: http.client.HTTPResponse) -> None:
         while data := response.read1(PIECE):
             writer.write(data)
     except http.client.IncompleteRead:
-        # The upstream broke off mid-answer (real execd does, once its client has gone):
+        # The upstream broke off mid-answer (seen with real execd, its client gone):
         # so does this answer, without the last chunk that would say it is complete.
         ex.handler.close_connection = True
         return
