@@ -61,9 +61,10 @@ def server_options() -> dict[str, Any]:
     if probe().bwrap is None:
         skip_or_fail(f"an execd binary needs isolated sandboxes: {probe().problem}")
     jupyter = os.environ.get(JUPYTER_ENV) or str(default_venv() / "bin" / "jupyter")
-    for path in (wanted, jupyter):
-        if not os.access(path, os.X_OK):
-            skip_or_fail(f"{path} is missing (run-execd start builds the Jupyter venv)")
+    if not os.access(wanted, os.X_OK):
+        skip_or_fail(f"the execd binary {wanted} is missing or not executable")
+    if not os.access(jupyter, os.X_OK):
+        skip_or_fail(f"{jupyter} is missing (run-execd start builds its Jupyter venv)")
     return {"execd": wanted, "jupyter": jupyter}
 
 
