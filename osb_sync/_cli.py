@@ -222,6 +222,17 @@ def _add_serve(command: Any) -> None:
         help="directory of `pvc` volumes, one folder per claimName (default: volumes/ in the "
         "server's temporary state directory, removed when it stops)",
     )
+    serve.add_argument(
+        "--execd",
+        metavar="PATH",
+        help="run this execd binary (OpenSandbox's) in every sandbox instead of the built-in one",
+    )
+    serve.add_argument(
+        "--jupyter",
+        metavar="PATH",
+        help="with --execd: the jupyter executable of a venv (notebook, ipykernel, kernelspec "
+        "'python') whose Jupyter server runs each sandbox's code",
+    )
     serve.set_defaults(handler=commands.cmd_serve)
 
 

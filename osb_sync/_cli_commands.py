@@ -105,18 +105,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.api_base:
         raise UsageError("serve starts a server and takes no --api-base: use --host and --port")
     _raise_file_limit()
-    server = LocalServer(
-        args.host,
-        args.port,
-        api_key=_server_key(args),
-        allowed_hosts=args.allowed_host,
-        min_timeout=args.min_timeout,
-        pending_seconds=args.pending_seconds,
-        unenforced_network_policy="accept" if args.allow_unenforced_network_policy else "refuse",
-        allowed_host_paths=args.allow_host_path,
-        volume_root=args.volume_root,
-    )
-    server.start()
+    try:
+        server = LocalServer(
+            args.host,
+            args.port,
+            api_key=_server_key(args),
+            allowed_hosts=args.allowed_host,
+            min_timeout=args.min_timeout,
+            pending_seconds=args.pending_seconds,
+            unenforced_network_policy="accept"
+            if args.allow_unenforced_network_policy
+            else "refuse",
+            execd=args.execd,
+            jupyter=args.jupyter,
+            allowed_host_paths=args.allow_host_path,
+            volume_root=args.volume_root,
+        )
+        server.start()
+    except (ValueError, RuntimeError) as exc:  # a bad --execd/--jupyter, or no isolation
+        raise UsageError(str(exc)) from None
     try:
         _announce(server, args.json)
         while True:  # until a signal: LocalServer.serve_forever would swallow it

@@ -28,11 +28,13 @@ Modules: `server` (LocalServer: start, stop, routing, auth, reaper), `httpd` (co
 timeouts, cap, Host check, dispatch), `registry` (sandboxes, lifecycle routes), `validation`
 (422/400 rules), `bwrap` (what the host allows, the container's command line), `container`
 (start, reach, pause, delete a container), `spawn` (the spawner thread, host process helpers),
-`cgroup` (freezer), `proxy` (port proxy). Inside the container: `_container_main` (execd, relay,
-JUPYTER_PORT), `execd` (execd routing, code contexts, /code), `bodies` (checked execd request
-values), `commands` (/command, /session), `files` (file routes, metrics), `filewrite` (uploads,
-replace, permissions), `workers` (Python workers, output tailing, bash sessions), `runner`
-(process groups), `_http` (request bodies, chunked answers, event streams, routing), `_worker`.
+`cgroup` (freezer), `proxy` (port proxy), `execd_binary` (bring your own execd: its paths and
+binds). Inside the container: `_container_main` (execd, relay, JUPYTER_PORT), `_execd_child`
+(an execd binary and its Jupyter server as children), `execd` (execd routing, code contexts,
+/code), `bodies` (checked execd request values), `commands` (/command, /session), `files`
+(file routes, metrics), `filewrite` (uploads, replace, permissions), `workers` (Python workers,
+output tailing, bash sessions), `runner` (process groups), `_http` (request bodies, chunked
+answers, event streams, routing), `_worker`.
 """
 
 from .server import LocalServer

@@ -4,7 +4,9 @@ Run as a script by path (`python -I -S _container_main.py RELAY_FD READY_FD`), i
 sandbox's bubblewrap container or, where isolation is impossible, as a plain subprocess. Its
 first line of standard input is a JSON object (the execd token, the working and state
 directories, the sandbox's environment, the ports, heartbeat and grace seconds, the file size
-limit): the token never appears in an environment or a command line the sandbox could read.
+limit): the token never appears in an environment or a command line the sandbox could read
+(except an execd binary's environment: it takes the token in EXECD_ACCESS_TOKEN, as in
+OpenSandbox).
 It then
 
 - serves our Python execd (`execd.ExecdApp`) on 127.0.0.1:`execd_port` (44772 in a container,
@@ -14,6 +16,9 @@ It then
 - relays each connection of the listening Unix socket RELAY_FD (made by the server in a
   directory the sandbox cannot see) to the port named on its first line, `PORT\\n`, answering
   `ok\\n` or `error ...\\n`: the server reaches execd and every port only this way;
+- or, when the configuration names an `execd_binary`, runs that binary on 44772 (and a
+  Jupyter server on `jupyter_port` when it names `jupyter`) as children (`_execd_child.py`)
+  and relays to them instead;
 - writes `ready\\n` to READY_FD, and exits once standard input reaches EOF (the server went
   away or deletes the sandbox), killing what its execd started.
 
@@ -112,6 +117,9 @@ def hide_memory() -> None:
 def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> None:
     """Start execd, the JUPYTER_PORT sink and the relay; report ready; run until stdin EOF."""
     load_package()
+    if config.get("execd_binary"):
+        serve_binary(config, relay_server, ready_fd)
+        return
     from osb_sync.local import _http, execd, httpd, runner
 
     jupyter = socket.create_server(("127.0.0.1", config["jupyter_port"]))
@@ -145,6 +153,27 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
     stopped.set()
     app.close()
     runtime.close()
+
+
+def serve_binary(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> None:
+    """Like `serve`, with an execd binary (and a Jupyter server) as children instead of ours."""
+    from osb_sync.local._execd_child import ExecdChildren, ExecdStartError
+
+    jupyter = config.get("jupyter")
+    children = ExecdChildren(config, config["jupyter_port"])
+    if jupyter is None:  # nothing else listens on JUPYTER_PORT: the sink does
+        sink = socket.create_server(("127.0.0.1", config["jupyter_port"]))
+        threading.Thread(target=accept_forever, args=(sink, None), daemon=True).start()
+    try:
+        children.start(config["execd_binary"], jupyter, config["execd_port"])
+    except ExecdStartError as exc:
+        print(f"the execd binary did not start: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    threading.Thread(target=accept_forever, args=(relay_server, {}), daemon=True).start()
+    os.write(ready_fd, b"ready\n")
+    os.close(ready_fd)
+    sys.stdin.buffer.read()
+    children.stop()
 
 
 def main(argv: list[str]) -> int:

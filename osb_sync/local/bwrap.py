@@ -158,11 +158,19 @@ def root_view(host_root: Path = Path("/")) -> list[str]:
 
 
 def container_argv(
-    bwrap: str, home: Path, tmp: Path, state: Path, info_fd: int, mounts: Sequence[str] = ()
+    bwrap: str,
+    home: Path,
+    tmp: Path,
+    state: Path,
+    info_fd: int,
+    mounts: Sequence[str] = (),
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """The bwrap argv (up to `--`) of a sandbox whose home, /tmp and execd state are host dirs.
 
-    `mounts` (its volumes' binds) come last, before the root is made read-only.
+    `mounts` (its volumes' binds) and `extra` (read-only binds of an execd binary) come after
+    the others (after /tmp: a venv under the host's /tmp stays visible), before the root is
+    made read-only.
     """
     return [
         bwrap,
@@ -197,6 +205,7 @@ def container_argv(
         str(state),
         EXECD_STATE_DIR,
         *mounts,
+        *extra,
         "--remount-ro",
         "/",
         "--chdir",

@@ -29,6 +29,7 @@ from typing import Any
 
 from . import bwrap
 from .cgroup import Cgroup
+from .execd_binary import ExecdBinary
 from .limits import Plan
 from .spawn import SPAWNER, descendants, pidfd, pids_in_namespace, read_until, signal_pids
 
@@ -37,6 +38,7 @@ IN_CONTAINER_JUPYTER_PORT = 44771
 IN_CONTAINER_EXECD_PORT = 44772
 START_TIMEOUT = 30.0
 START_ATTEMPTS = 3
+BINARY_START_TIMEOUT = 60.0  # a Jupyter server takes seconds to start, more on a busy machine
 STOP_TIMEOUT = 5.0
 
 
@@ -75,9 +77,10 @@ class SandboxContainer:
         """Start the container and wait until its execd is ready; RuntimeError if it is not.
 
         Args:
-            config: `env` (the sandbox's variables) and `token` (execd's access token).
-                Optional: `limits` (a `limits.Plan`) and `mounts` (bwrap arguments of its
-                volumes, see `volumes.py`).
+            config: `env` (the sandbox's variables), `token` (execd's access token) and
+                `binary` (an `ExecdBinary` to run instead of our execd, or None). Optional:
+                `limits` (a `limits.Plan`) and `mounts` (bwrap arguments of its volumes, see
+                `volumes.py`).
             internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
             ping: execd's heartbeat interval, seconds.
             grace: seconds /command keeps its stream open after the terminal event.
@@ -89,9 +92,10 @@ class SandboxContainer:
         self._relay.listen(128)
         ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe()
-        deadline = time.monotonic() + START_TIMEOUT
+        binary: ExecdBinary | None = config.get("binary")
+        deadline = time.monotonic() + START_TIMEOUT + (BINARY_START_TIMEOUT if binary else 0)
         try:
-            argv = [*self._argv(info_w), str(self._relay.fileno()), str(ready_w)]
+            argv = [*self._argv(info_w, binary), str(self._relay.fileno()), str(ready_w)]
             log = open(self.run_dir / "container.log", "wb")
             with log:
                 self._proc = SPAWNER.run(
@@ -130,13 +134,14 @@ class SandboxContainer:
                 if fd >= 0:
                     os.close(fd)
 
-    def _argv(self, info_fd: int) -> list[str]:
+    def _argv(self, info_fd: int, binary: ExecdBinary | None) -> list[str]:
         main = [sys.executable, "-I", "-S", MAIN_SCRIPT]
         if self.support.bwrap is None:
             return main
         tmp, state = self.run_dir / "tmp", self.run_dir / "execd"
+        extra = binary.bwrap_args() if binary else []
         argv = bwrap.container_argv(
-            self.support.bwrap, self.home, tmp, state, info_fd, self._mounts
+            self.support.bwrap, self.home, tmp, state, info_fd, self._mounts, extra
         )
         return self._join_cgroups(argv + main)
 
@@ -169,7 +174,10 @@ class SandboxContainer:
             "PWD": home,
             **config["env"],
         }
+        binary: ExecdBinary | None = config.get("binary")
         return {
+            "execd_binary": binary.execd if binary else None,
+            "jupyter": binary.jupyter if binary else None,
             "token": config["token"],
             "home": home,
             "run_dir": state,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ._http import Exchange, HttpError, error
 from .container import SandboxContainer
+from .validation import issue, unprocessable
 
 PIECE = 1 << 16
 UPSTREAM_TIMEOUT = 180.0
@@ -44,6 +45,16 @@ def port_number(raw: str) -> int:
         raise error(
             400, "DOCKER::INVALID_PORT", f"Port {raw[:20]!r} must be a number from 1 to 65535."
         )
+    return int(raw)
+
+
+def endpoint_port(raw: str) -> int:
+    """The port of an endpoint path: 422 unless digits, 400 unless from 1 to 65535."""
+    if not (raw.isascii() and raw.isdigit()):
+        message = "Input should be a valid integer, unable to parse string as an integer"
+        raise unprocessable([issue("int_parsing", ["path", "port"], message, raw)])
+    if len(raw) > 5 or not 1 <= int(raw) <= 65535:
+        raise error(400, "DOCKER::INVALID_PORT", f"Port {raw[:20]} must be between 1 and 65535.")
     return int(raw)
 
 
@@ -190,6 +201,12 @@ def _relay(ex: Exchange, response: http.client.HTTPResponse) -> None:
     writer = ex.start_chunked(
         response.status, [(k, v) for k, v in headers if k.lower() != "content-length"]
     )
-    while data := response.read1(PIECE):
-        writer.write(data)
+    try:
+        while data := response.read1(PIECE):
+            writer.write(data)
+    except http.client.IncompleteRead:
+        # The upstream broke off mid-answer (seen with real execd, its client gone):
+        # so does this answer, without the last chunk that would say it is complete.
+        ex.handler.close_connection = True
+        return
     writer.end()

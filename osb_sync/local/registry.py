@@ -21,16 +21,16 @@ from ._http import Exchange, HttpError, Router, error
 from .bodies import rfc3339
 from .bwrap import Support, network_plan
 from .container import SandboxContainer, start_container
+from .execd_binary import ExecdBinary
+from .proxy import endpoint_port
 from .validation import (
     check_create,
     check_labels,
     check_patch,
     check_renewal,
-    issue,
     policy_needs,
     query_int,
     read_json,
-    unprocessable,
 )
 
 EXECD_PORT = 44772
@@ -56,6 +56,7 @@ class Config:
     address: str  # host:port of the server, when a request has no Host header
     limit_controllers: frozenset[str] = frozenset()  # cgroup controllers for resourceLimits
     volume_places: tuple[tuple[Path, ...], Path] = ((), Path())  # host trees allowed, pvc root
+    binary: ExecdBinary | None = None  # an execd binary to run instead of ours
 
 
 @dataclass
@@ -166,7 +167,13 @@ class Registry:
                 sandbox_id,
                 self.config.root,
                 self.config.support,
-                {"env": env, "token": token, "limits": plan, "mounts": mounts},
+                {
+                    "env": env,
+                    "token": token,
+                    "limits": plan,
+                    "mounts": mounts,
+                    "binary": self.config.binary,
+                },
                 internet,
                 (self.config.ping_interval, self.config.command_grace),
             )
@@ -175,7 +182,9 @@ class Registry:
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
         try:
-            note = container.status_note(internet) + network_note + plan.message()
+            binary = self.config.binary
+            execd_note = binary.status_note() if binary else ""
+            note = container.status_note(internet) + network_note + plan.message() + execd_note
             sandbox = self._register(sandbox_id, body, token, container, note)
         except BaseException:
             container.close()  # a refused create leaves no folder and no process
@@ -344,23 +353,7 @@ class Registry:
 
     def endpoint(self, ex: Exchange) -> None:
         """GET /sandboxes/{id}/endpoints/{port}: always the server-proxy form."""
-        raw_port = ex.params["port"]
-        if not (raw_port.isascii() and raw_port.isdigit()):
-            raise unprocessable(
-                [
-                    issue(
-                        "int_parsing",
-                        ["path", "port"],
-                        "Input should be a valid integer, unable to parse string as an integer",
-                        raw_port,
-                    )
-                ]
-            )
-        if len(raw_port) > 5 or not 1 <= int(raw_port) <= 65535:
-            raise error(
-                400, "DOCKER::INVALID_PORT", f"Port {raw_port[:20]} must be between 1 and 65535."
-            )
-        port = int(raw_port)
+        port = endpoint_port(ex.params["port"])
         if ex.arg("expires"):
             raise error(
                 400,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import hmac
 import logging
+import os
 import re
 import shutil
 import signal
@@ -22,6 +23,7 @@ from . import limits as resource_limits
 from . import proxy
 from ._http import Exchange, HttpError, error
 from .bwrap import FIX, Support, probe
+from .execd_binary import ExecdBinary
 from .httpd import HTTPServer, Limits, host_names
 from .registry import EXECD_PORT, Config, Registry, not_found
 
@@ -67,6 +69,13 @@ class LocalServer:
             default: every `host` volume answers 400).
         volume_root: where `pvc` volumes live, one directory per claimName (default:
             `volumes/` in the root directory).
+        execd: an execd binary (OpenSandbox's) to run in every sandbox instead of ours; needs
+            isolated sandboxes (see `execd_binary.py`).
+        jupyter: with `execd`, the `jupyter` executable of a venv (notebook, ipykernel and a
+            kernelspec named `python`) whose Jupyter server each sandbox's execd runs code in.
+
+    Raises:
+        ValueError: a bad option, or `execd`/`jupyter` is not an executable (of a venv).
     """
 
     def __init__(
@@ -87,9 +96,14 @@ class LocalServer:
         limits: Limits | None = None,
         allowed_host_paths: Iterable[str | Path] = (),
         volume_root: str | Path | None = None,
+        execd: str | os.PathLike[str] | None = None,
+        jupyter: str | os.PathLike[str] | None = None,
     ) -> None:
         if unenforced_network_policy not in POLICY_CHOICES:
             raise ValueError(f"unenforced_network_policy must be one of {POLICY_CHOICES}")
+        if jupyter is not None and execd is None:
+            raise ValueError("jupyter is for an execd binary: pass execd too")
+        self.execd_binary = ExecdBinary.checked(execd, jupyter) if execd is not None else None
         self.host = host
         self.port = port
         self.api_key = api_key
@@ -129,8 +143,15 @@ class LocalServer:
 
     def _support(self) -> Support:
         if self._isolation is False:
-            return Support(None, "turned off by isolation=False", None, False)
-        support = probe()
+            support = Support(None, "turned off by isolation=False", None, False)
+        else:
+            support = probe()
+        if self.execd_binary is not None and support.bwrap is None:
+            raise RuntimeError(
+                "an execd binary needs isolated sandboxes (it listens on every interface of"
+                f" its fixed port) but they cannot be isolated here ({support.problem}); to"
+                f" fix it, {FIX}"
+            )
         if self._isolation and support.bwrap is None:
             raise RuntimeError(
                 f"sandboxes cannot be isolated here ({support.problem}); to fix it, {FIX}"
@@ -142,7 +163,7 @@ class LocalServer:
 
         Raises:
             OSError: the address cannot be bound (nothing is left behind).
-            RuntimeError: `isolation=True` where sandboxes cannot be isolated.
+            RuntimeError: `isolation=True`, or `execd`, where sandboxes cannot be isolated.
         """
         with self._state_lock:
             if self._started:
@@ -172,6 +193,7 @@ class LocalServer:
                         self.allowed_host_paths,
                         self.volume_root or self.root_dir / "volumes",
                     ),
+                    binary=self.execd_binary,
                 )
             )
             self._threads = [
