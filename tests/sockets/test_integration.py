@@ -137,7 +137,11 @@ def test_output_flood_is_capped_and_the_run_interrupted(client: Client, tcp: Tcp
         assert after.stdout == "next\n", after
 
 
-def test_32_threads_each_in_its_own_sandbox(client: Client, tcp: TcpConnects) -> None:
+def test_threads_each_in_its_own_sandbox_share_the_clients_connections(
+    client: Client, tcp: TcpConnects
+) -> None:
+    # 32 threads on one connection pool: tests/sockets/test_sockets.py (a fake server)
+    threads_count = 8
     errors: list[BaseException] = []
 
     def work(n: int) -> None:
@@ -150,14 +154,14 @@ def test_32_threads_each_in_its_own_sandbox(client: Client, tcp: TcpConnects) ->
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(32)]
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(threads_count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     assert errors == []
-    print(f"TCP connections opened by 32 threads x (create + 5 runs + delete): {tcp.count}")
-    assert 1 <= tcp.count <= 32
+    print(f"TCP connections by {threads_count} threads x (create + 5 runs + delete): {tcp.count}")
+    assert 1 <= tcp.count <= 2 * threads_count  # over 7 requests a thread: most reuse one
 
 
 def test_sandbox_expires_after_its_timeout(client: Client) -> None:
