@@ -215,7 +215,7 @@ def test_keep_on_a_server_keeps_the_sandbox(server: LocalServer) -> None:
 # -- failures say what to do ----------------------------------------------------------------
 
 
-def test_server_down_is_one_line_with_the_fix() -> None:
+def test_server_down_is_one_line_with_the_fix(sleeps: list[float]) -> None:
     port = closed_port()
     proc = osb("run", "print(1)", "--api-base", f"http://127.0.0.1:{port}/v1")
     assert proc.returncode == OWN_ERROR
@@ -223,6 +223,7 @@ def test_server_down_is_one_line_with_the_fix() -> None:
         f"osb-sync: error: POST http://127.0.0.1:{port}/v1/sandboxes failed: connection refused "
         "(is the server running? start one with: osb-sync serve)"
     )
+    assert sleeps == [0.5, 1.0]  # retried with backoff (recorded by the fixture, not slept)
 
 
 def test_https_against_the_plain_http_server_says_use_http(server: LocalServer) -> None:
@@ -302,7 +303,7 @@ def test_exec_json_is_the_command_shape(server: LocalServer, sandbox_id: str) ->
     assert (shape["exit_code"], shape["stdout"], shape["timed_out"]) == (4, "hi\n", False)
 
 
-def test_errors_under_json_are_an_object_on_stdout() -> None:
+def test_errors_under_json_are_an_object_on_stdout(sleeps: list[float]) -> None:
     proc = osb("list", "--json", "--api-base", f"http://127.0.0.1:{closed_port()}/v1")
     assert proc.returncode == OWN_ERROR
     error = json.loads(proc.stdout)["error"]
@@ -386,7 +387,7 @@ def test_serve_json_prints_a_start_up_line_and_ctrl_c_exits_130() -> None:
 
 
 def test_a_create_that_never_connected_logs_no_orphan_lookup(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, sleeps: list[float]
 ) -> None:
     caplog.set_level(logging.DEBUG)
     proc = osb("create", "--api-base", f"http://127.0.0.1:{closed_port()}/v1", "--debug")
