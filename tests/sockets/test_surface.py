@@ -37,8 +37,9 @@ def client(local: LocalServer) -> Iterator[Client]:
         yield c
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def sandbox(client: Client) -> Iterator[Sandbox]:
+    """One sandbox for the module: each test uses files, contexts and commands of its own."""
     with client.create_sandbox() as sb:
         yield sb
 
