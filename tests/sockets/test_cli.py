@@ -46,8 +46,8 @@ def osb(*args: str, stdin: str | None = None) -> Ran:
         with redirect_stdout(out), redirect_stderr(err):
             try:
                 status = main(list(args))
-            except SystemExit as exit:  # argparse: usage errors, --help, --version
-                status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+            except SystemExit as stop:  # argparse: usage errors, --help, --version
+                status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
     finally:
         sys.stdin = saved_stdin
     return Ran(status, out.getvalue(), err.getvalue())
@@ -349,13 +349,13 @@ def test_help_shows_defaults_and_choices(command: str, shown: list[str]) -> None
 
 
 def test_no_progress_escapes_in_a_stderr_file_when_stdout_is_a_terminal(tmp_path: Path) -> None:
-    main, terminal = pty.openpty()
+    controller, terminal = pty.openpty()
     try:
         with (tmp_path / "err").open("w") as err:
             proc = osb_process("run", "print(1)", stdout=terminal, stderr=err)
     finally:
         os.close(terminal)
-        os.close(main)
+        os.close(controller)
     assert proc.returncode == 0
     written = (tmp_path / "err").read_bytes()
     assert b"\r" not in written and b"\x1b[" not in written, written
