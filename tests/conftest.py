@@ -8,15 +8,14 @@ from osb_sync import _orphans as orphans
 from tests.fakeserver import FakeServer
 
 # Suites marked by where they live (their own files stay as their owners wrote them).
-MARKED_DIRECTORIES = {"conformance": "conformance"}
-MARKED_FILES = {"test_isolation.py": "isolation"}
+MARKED_DIRECTORIES = {"conformance": "conformance", "local": "local"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the suites plain ``pytest`` leaves out (see ``addopts`` in setup.cfg)."""
     for item in items:
         path = item.path
-        marker = MARKED_FILES.get(path.name) or MARKED_DIRECTORIES.get(path.parent.name)
+        marker = MARKED_DIRECTORIES.get(path.parent.name)
         if marker is not None:
             item.add_marker(marker)
 

@@ -22,6 +22,15 @@ def remote() -> Iterator[LocalServer]:
         yield srv
 
 
+def inner_pytest(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """An inner session in this process, without hypothesis's plugin.
+
+    pytester drops the modules an inner session imported: hypothesis's plugin would import
+    hypothesis anew at the end of every session (about a second of CPU each).
+    """
+    return pytester.runpytest("-p", "no:cacheprovider", "-p", "no:hypothesispytest", *args)
+
+
 def test_the_plugin_is_registered_for_pytest() -> None:
     (ep,) = [e for e in entry_points(group="pytest11") if e.name == "opensandbox"]
     assert ep.value == "osb_sync.testing"
@@ -61,7 +70,7 @@ def test_sandbox_and_client_fixtures(pytester: pytest.Pytester) -> None:
                 assert sandbox.commands.run("echo hi").stdout == "hi\\n"
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = inner_pytest(pytester)
     result.assert_outcomes(passed=3)
 
 
@@ -82,7 +91,7 @@ def test_create_kwargs_can_be_overridden(pytester: pytest.Pytester) -> None:
             assert opensandbox_sandbox.info().metadata["team"] == "qa"
         """
     )
-    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    inner_pytest(pytester).assert_outcomes(passed=1)
 
 
 def test_a_sandbox_left_by_the_test_through_the_client_errors(pytester: pytest.Pytester) -> None:
@@ -95,7 +104,7 @@ def test_a_sandbox_left_by_the_test_through_the_client_errors(pytester: pytest.P
             pass
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = inner_pytest(pytester)
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaks*", "*left 1 sandbox(es) alive*"])
 
@@ -112,7 +121,7 @@ def test_a_sandbox_left_at_the_end_of_the_session_fails_the_run(
             Client(opensandbox_server.api_base).create_sandbox()
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = inner_pytest(pytester)
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*left alive at the end of the test session*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -133,9 +142,7 @@ def test_api_base_option_uses_that_server(pytester: pytest.Pytester, remote: Loc
             opensandbox_client.create_sandbox()
         """
     )
-    result = pytester.runpytest(
-        "-p", "no:cacheprovider", f"--opensandbox-api-base={remote.api_base}"
-    )
+    result = inner_pytest(pytester, f"--opensandbox-api-base={remote.api_base}")
     result.assert_outcomes(passed=2, errors=1)
     with Client(remote.api_base) as client:
         assert list(client.list_sandboxes()) == []
@@ -146,8 +153,6 @@ def test_unrelated_sandboxes_of_a_real_deployment_are_left_alone(
 ) -> None:
     with Client(remote.api_base) as client, client.create_sandbox() as someone_elses:
         pytester.makepyfile("def test_nothing(opensandbox_server):\n    pass\n")
-        result = pytester.runpytest(
-            "-p", "no:cacheprovider", f"--opensandbox-api-base={remote.api_base}"
-        )
+        result = inner_pytest(pytester, f"--opensandbox-api-base={remote.api_base}")
         result.assert_outcomes(passed=1)
         assert client.get_sandbox(someone_elses.id).state == "Running"

@@ -1,9 +1,12 @@
-"""The osb-sync command line, run as a real subprocess."""
+"""The osb-sync command line: main(argv) in this process, and a real subprocess where the
+process itself is under test (the ``-m`` entry's exit status, a terminal, a signal)."""
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import logging
 import os
 import pty
 import select
@@ -11,13 +14,15 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from osb_sync import ApiError, Client
-from osb_sync._cli import build_parser
+from osb_sync._cli import build_parser, main
 from osb_sync.local import LocalServer
 from osb_sync.local.bwrap import probe
 from tests.fakeserver import FakeServer
@@ -25,12 +30,36 @@ from tests.fakeserver import FakeServer
 OWN_ERROR = 125
 
 
-def osb(*args: str, stdin: str | None = None, **popen: Any) -> subprocess.CompletedProcess[str]:
+@dataclass
+class Ran:
+    """What a command line run left: its exit status and its output."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def osb(*args: str, stdin: str | None = None) -> Ran:
+    """Run ``osb-sync ARGS`` as ``python -m osb_sync`` would, in this process."""
+    out, err, saved_stdin = io.StringIO(), io.StringIO(), sys.stdin
+    sys.stdin = io.StringIO(stdin or "")
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                status = main(list(args))
+            except SystemExit as stop:  # argparse: usage errors, --help, --version
+                status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    finally:
+        sys.stdin = saved_stdin
+    return Ran(status, out.getvalue(), err.getvalue())
+
+
+def osb_process(*args: str, **popen: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m osb_sync ARGS`` as a real subprocess."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPEN_SANDBOX_")}
     options: dict[str, Any] = {"capture_output": True} if not popen else popen
     return subprocess.run(
         [sys.executable, "-m", "osb_sync", *args],
-        input=stdin,
         text=True,
         env=env,
         timeout=60,
@@ -45,7 +74,7 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def one_line(proc: subprocess.CompletedProcess[str]) -> str:
+def one_line(proc: Ran) -> str:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "HTTPConnectionPool" not in proc.stderr
@@ -188,7 +217,7 @@ def test_keep_on_a_server_keeps_the_sandbox(server: LocalServer) -> None:
 # -- failures say what to do ----------------------------------------------------------------
 
 
-def test_server_down_is_one_line_with_the_fix() -> None:
+def test_server_down_is_one_line_with_the_fix(sleeps: list[float]) -> None:
     port = closed_port()
     proc = osb("run", "print(1)", "--api-base", f"http://127.0.0.1:{port}/v1")
     assert proc.returncode == OWN_ERROR
@@ -196,6 +225,7 @@ def test_server_down_is_one_line_with_the_fix() -> None:
         f"osb-sync: error: POST http://127.0.0.1:{port}/v1/sandboxes failed: connection refused "
         "(is the server running? start one with: osb-sync serve)"
     )
+    assert sleeps == [0.5, 1.0]  # retried with backoff (recorded by the fixture, not slept)
 
 
 def test_https_against_the_plain_http_server_says_use_http(server: LocalServer) -> None:
@@ -275,7 +305,7 @@ def test_exec_json_is_the_command_shape(server: LocalServer, sandbox_id: str) ->
     assert (shape["exit_code"], shape["stdout"], shape["timed_out"]) == (4, "hi\n", False)
 
 
-def test_errors_under_json_are_an_object_on_stdout() -> None:
+def test_errors_under_json_are_an_object_on_stdout(sleeps: list[float]) -> None:
     proc = osb("list", "--json", "--api-base", f"http://127.0.0.1:{closed_port()}/v1")
     assert proc.returncode == OWN_ERROR
     error = json.loads(proc.stdout)["error"]
@@ -321,13 +351,13 @@ def test_help_shows_defaults_and_choices(command: str, shown: list[str]) -> None
 
 
 def test_no_progress_escapes_in_a_stderr_file_when_stdout_is_a_terminal(tmp_path: Path) -> None:
-    main, terminal = pty.openpty()
+    controller, terminal = pty.openpty()
     try:
         with (tmp_path / "err").open("w") as err:
-            proc = osb("run", "print(1)", stdout=terminal, stderr=err)
+            proc = osb_process("run", "print(1)", stdout=terminal, stderr=err)
     finally:
         os.close(terminal)
-        os.close(main)
+        os.close(controller)
     assert proc.returncode == 0
     written = (tmp_path / "err").read_bytes()
     assert b"\r" not in written and b"\x1b[" not in written, written
@@ -393,7 +423,19 @@ def test_serve_volume_options_reach_the_server(tmp_path: Path) -> None:
         proc.wait()
 
 
-def test_a_create_that_never_connected_logs_no_orphan_lookup() -> None:
+def test_a_create_that_never_connected_logs_no_orphan_lookup(
+    caplog: pytest.LogCaptureFixture, sleeps: list[float]
+) -> None:
+    caplog.set_level(logging.DEBUG)
     proc = osb("create", "--api-base", f"http://127.0.0.1:{closed_port()}/v1", "--debug")
     assert proc.returncode == OWN_ERROR
-    assert "failed create" not in proc.stderr and "look for a sandbox" not in proc.stderr
+    assert "POST /v1/sandboxes -> ConnectionError" in caplog.text, caplog.text
+    assert "failed create" not in caplog.text and "look for a sandbox" not in caplog.text
+
+
+def test_python_m_osb_sync_exits_with_the_status_main_returns(server: LocalServer) -> None:
+    proc = osb_process(
+        "run", "--api-base", server.api_base, "--language", "bash", "echo out; exit 3"
+    )
+    assert (proc.returncode, proc.stdout) == (3, "out\n"), proc.stderr
+    assert osb_process("nonsense").returncode == OWN_ERROR

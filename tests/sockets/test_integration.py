@@ -184,7 +184,8 @@ def test_output_flood_is_capped_and_the_run_interrupted(client: Client, tcp: Tcp
 
 
 # Each sandbox of a real execd starts a Jupyter server (seconds, ~100 MB): fewer at once.
-THREADS = 6 if realexecd.in_use() else 32
+# 32 threads on one connection pool: tests/sockets/test_sockets.py (a fake server)
+THREADS = 6 if realexecd.in_use() else 8
 
 
 def test_threads_each_in_its_own_sandbox(client: Client, tcp: TcpConnects) -> None:
@@ -210,7 +211,7 @@ def test_threads_each_in_its_own_sandbox(client: Client, tcp: TcpConnects) -> No
         t.join(120)
     assert errors == []
     print(f"TCP connections by {THREADS} threads x (create + 5 runs + delete): {tcp.count}")
-    assert 1 <= tcp.count <= THREADS
+    assert 1 <= tcp.count <= 2 * THREADS  # over 7 requests a thread: most reuse one
 
 
 def test_sandbox_expires_after_its_timeout(client: Client) -> None:

@@ -104,7 +104,7 @@ def test_many_threads_never_exceed_max_size(client: Client) -> None:
         def work() -> None:
             nonlocal peak, lent
             try:
-                for _ in range(3):
+                for _ in range(2):
                     with pool.sandbox(timeout=30) as sb:
                         with lock:
                             lent += 1
@@ -115,7 +115,7 @@ def test_many_threads_never_exceed_max_size(client: Client) -> None:
             except BaseException as exc:  # collected for the assertion
                 errors.append(exc)
 
-        threads = [threading.Thread(target=work) for _ in range(12)]
+        threads = [threading.Thread(target=work) for _ in range(8)]  # twice max_size
         for t in threads:
             t.start()
         for t in threads:

@@ -43,16 +43,8 @@ def client(local: LocalServer) -> Iterator[Client]:
 
 
 @pytest.fixture(scope="module")
-def shared_sandbox(client: Client) -> Iterator[Sandbox]:
-    with client.create_sandbox() as sb:
-        yield sb
-
-
-@pytest.fixture
-def sandbox(client: Client, request: pytest.FixtureRequest) -> Iterator[Sandbox]:
-    if realexecd.in_use():  # each sandbox starts a Jupyter server (seconds): they share one
-        yield request.getfixturevalue("shared_sandbox")
-        return
+def sandbox(client: Client) -> Iterator[Sandbox]:
+    """One sandbox for the module: each test uses files, contexts and commands of its own."""
     with client.create_sandbox() as sb:
         yield sb
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import requests
+import responses
 
 import osb_sync
-from osb_sync._errors import error_from_response
+from tests.helpers import API, SID
 
 # Submodules users import by name; every other module is private (a leading underscore).
 PUBLIC_MODULES = {"local", "testing", "integrations"}
@@ -76,43 +77,49 @@ def test_error_tree(cls: type, bases: tuple[type, ...]) -> None:
         assert issubclass(cls, base)
 
 
-def make_response(
-    status: int, body: bytes, content_type: str = "application/json"
-) -> requests.Response:
-    response = requests.Response()
-    response.status_code = status
-    response._content = body
-    response.headers["Content-Type"] = content_type
-    response.headers["X-Request-ID"] = "rid-42"
-    return response
+def answered_error(
+    status: int, body: bytes, content_type: str = "application/json", **client: str
+) -> osb_sync.ApiError:
+    """The error a client raises for ``GET /v1/sandboxes/{SID}`` answered with this body."""
+    headers = {"X-Request-ID": "rid-42"}
+    with responses.RequestsMock() as rsps, osb_sync.Client(API, **client) as c:
+        rsps.get(
+            f"{API}/sandboxes/{SID}",
+            status=status,
+            body=body,
+            content_type=content_type,
+            headers=headers,
+        )
+        with pytest.raises(osb_sync.ApiError) as info:
+            c.get_sandbox(SID)
+    return info.value
 
 
 @pytest.mark.parametrize(
     ("body", "content_type", "expected"),
     [
         (b'{"code":"DOCKER::SANDBOX_NOT_RUNNING","message":"not running"}', "application/json",
-         "POST /v1/x -> 409 DOCKER::SANDBOX_NOT_RUNNING: not running (request id rid-42)"),
+         " DOCKER::SANDBOX_NOT_RUNNING: not running (request id rid-42)"),
         (b'{"detail":[{"loc":["body","timeout"],"msg":"too small"}]}', "application/json",
-         "POST /v1/x -> 409 VALIDATION_ERROR: body.timeout: too small (request id rid-42)"),
-        (b'{"error":"Unauthorized"}', "application/json",
-         "POST /v1/x -> 409: Unauthorized (request id rid-42)"),
+         " VALIDATION_ERROR: body.timeout: too small (request id rid-42)"),
+        (b'{"error":"Unauthorized"}', "application/json", ": Unauthorized (request id rid-42)"),
         (b"<html><body>Bad gateway</body></html>", "text/html",
-         "POST /v1/x -> 409: an HTML page (37 bytes) instead of an API error body"
-         " (request id rid-42)"),
-        (b"plain\n  words", "text/plain", "POST /v1/x -> 409: plain words (request id rid-42)"),
-        (b"[1, 2]", "application/json", "POST /v1/x -> 409: [1, 2] (request id rid-42)"),
+         ": an HTML page (37 bytes) instead of an API error body (request id rid-42)"),
+        (b"plain\n  words", "text/plain", ": plain words (request id rid-42)"),
+        (b"[1, 2]", "application/json", ": [1, 2] (request id rid-42)"),
     ],
 )  # fmt: skip
 def test_error_funnel_messages(body: bytes, content_type: str, expected: str) -> None:
-    error = error_from_response(make_response(409, body, content_type), "POST", "/v1/x")
-    assert str(error) == expected
+    """Every unusable answer goes through one funnel: what a client call raises."""
+    error = answered_error(409, body, content_type)
+    assert str(error) == f"GET /v1/sandboxes/{SID} -> 409{expected}"
     assert error.status_code == 409 and error.request_id == "rid-42"
     assert isinstance(error.response, requests.Response)
 
 
 def test_error_funnel_redacts_secrets_and_maps_404() -> None:
     body = b'{"code":"NF","message":"key s3cr3t-key was wrong"}'
-    error = error_from_response(make_response(404, body), "GET", "/v1/x", ["s3cr3t-key"])
+    error = answered_error(404, body, api_key="s3cr3t-key")
     assert isinstance(error, osb_sync.NotFoundError)
     assert "s3cr3t-key" not in str(error) and "s3cr3t-key" not in error.message
 
