@@ -18,7 +18,13 @@ from ._constants import (
     MAX_OUTPUT_BYTES,
 )
 from ._contexts import Contexts
-from ._errors import ConfigurationError, OpenSandboxError, SandboxStateError, SandboxTimeoutError
+from ._errors import (
+    ConfigurationError,
+    NotFoundError,
+    OpenSandboxError,
+    SandboxStateError,
+    SandboxTimeoutError,
+)
 from ._execd import Execd
 from ._files import Files
 from ._models import CodeContext, Endpoint, Event, ExecutionResult, Metrics, SandboxInfo
@@ -270,16 +276,36 @@ class Sandbox:
 
         Raises:
             SandboxStateError: the sandbox is paused.
+            NotFoundError: the sandbox is gone (deleted while it started).
             SandboxTimeoutError: no answer within ``ready_timeout`` seconds.
         """
         deadline = time.monotonic() + ready_timeout
-        while not self.ping():
+        while not self._answers_ping():
             if time.monotonic() >= deadline:
                 raise SandboxTimeoutError(
                     f"execd of sandbox {self.id} did not answer /ping within {ready_timeout} "
                     f"seconds ({self.execd_url})"
                 )
             time.sleep(poll_interval)
+
+    def _answers_ping(self) -> bool:
+        """One ping of the wait; NotFoundError once the lifecycle API says the sandbox is gone.
+
+        A 404 from the endpoint alone proves nothing (a gateway may not route a new sandbox
+        yet), so the lifecycle API is asked; a sandbox deleted while it started fails the
+        wait at once instead of at its deadline.
+        """
+        try:
+            self._execd.request("GET", "/ping", retry=False).close()
+        except SandboxStateError:
+            raise
+        except NotFoundError:
+            if self._lifecycle_api is not None:
+                self._lifecycle_api.info(self.id)
+            return False
+        except OpenSandboxError:
+            return False
+        return True
 
     def info(self) -> SandboxInfo:
         """A fresh description from the lifecycle API.

@@ -406,6 +406,29 @@ def test_health_check_times_out_and_create_deletes(
     assert calls(rsps)[-1] == ("DELETE", f"/v1/sandboxes/{SID}")
 
 
+def test_health_check_stops_when_the_sandbox_is_gone(
+    client: Client, ordered: responses.RequestsMock, clock: Clock
+) -> None:
+    add_endpoint(ordered)
+    gone = {"code": "DOCKER::SANDBOX_NOT_FOUND", "message": f"Sandbox {SID} not found."}
+    add_ping(ordered, status=404, json=gone)
+    ordered.get(f"{API}/sandboxes/{SID}", status=404, json=gone)
+    with pytest.raises(NotFoundError, match="SANDBOX_NOT_FOUND"):
+        client.connect(SID, poll_interval=0.3, ready_timeout=30)
+    assert clock.sleeps == []
+
+
+def test_health_check_waits_on_a_404_while_the_sandbox_exists(
+    client: Client, ordered: responses.RequestsMock, clock: Clock
+) -> None:
+    add_endpoint(ordered)
+    add_ping(ordered, status=404, json={"code": "NOT_FOUND", "message": "no route yet"})
+    ordered.get(f"{API}/sandboxes/{SID}", json=sandbox_body("Running"))
+    add_ping(ordered)
+    client.connect(SID, poll_interval=0.3, ready_timeout=5)
+    assert clock.sleeps == [0.3]
+
+
 def test_sandbox_context_manager_deletes_what_it_created(
     client: Client, rsps: responses.RequestsMock
 ) -> None:
