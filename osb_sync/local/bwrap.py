@@ -148,6 +148,16 @@ def root_view(host_root: Path = Path("/")) -> list[str]:
     args += ["--dir", "/etc"]
     for name in ETC_FILES:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    return args
+
+
+def interpreter_view() -> list[str]:
+    """bwrap arguments that bind the server's interpreter and package at their own paths.
+
+    They come after the writable binds: an interpreter under `/tmp` (a venv made there, a
+    checkout there) then stays visible, its mount point made inside the sandbox's own `/tmp`.
+    """
+    args: list[str] = []
     for tree in _read_only_trees():
         args += ["--ro-bind", tree, tree]
     args += ["--dir", PYTHON_BIN]
@@ -190,6 +200,7 @@ def container_argv(bwrap: str, home: Path, tmp: Path, state: Path, info_fd: int)
         "--bind",
         str(state),
         EXECD_STATE_DIR,
+        *interpreter_view(),
         "--remount-ro",
         "/",
         "--chdir",
