@@ -2,10 +2,11 @@
 
 Run as a script by path (`python -I -S _container_main.py RELAY_FD READY_FD`), inside the
 sandbox's bubblewrap container or, where isolation is impossible, as a plain subprocess. Its
-first line of standard input is a JSON object (the execd token, the working and state
-directories, the sandbox's environment, the ports, heartbeat and grace seconds, the file size
-limit): the token never appears in an environment or a command line the sandbox could read.
-It then
+standard input brings two JSON lines: the start line (the working and state directories, the
+ports, heartbeat and grace seconds, the file size limit), then the claim line (the execd token
+and the sandbox's environment). Between them the container is a warm spare: imported, sockets
+bound, serving nothing. The token never appears in an environment or a command line the sandbox
+could read. Once claimed it
 
 - serves our Python execd (`execd.ExecdApp`) on 127.0.0.1:`execd_port` (44772 in a container,
   an ephemeral port without one), refusing requests without the token;
@@ -14,8 +15,9 @@ It then
 - relays each connection of the listening Unix socket RELAY_FD (made by the server in a
   directory the sandbox cannot see) to the port named on its first line, `PORT\\n`, answering
   `ok\\n` or `error ...\\n`: the server reaches execd and every port only this way;
-- writes `ready\\n` to READY_FD, and exits once standard input reaches EOF (the server went
-  away or deletes the sandbox), killing what its execd started.
+- writes `ready\\n` to READY_FD once started (a spare waits for its claim there), `serving\\n`
+  once claimed, and exits once standard input reaches EOF (the server went away or deletes the
+  sandbox), killing what its execd started.
 
 It loads `osb_sync.local` without running `osb_sync/__init__.py`, so it never imports the
 client (nor `requests`): standard library only.
@@ -110,15 +112,23 @@ def hide_memory() -> None:
 
 
 def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> None:
-    """Start execd, the JUPYTER_PORT sink and the relay; report ready; run until stdin EOF."""
+    """Start up, report ready, wait for the claim line, then serve until stdin EOF."""
     load_package()
     from osb_sync.local import _http, execd, httpd, runner
 
     jupyter = socket.create_server(("127.0.0.1", config["jupyter_port"]))
-    env = {**config["env"], "JUPYTER_PORT": str(jupyter.getsockname()[1])}
+    hosts = httpd.host_names("127.0.0.1", ())
+    server = httpd.HTTPServer(
+        ("127.0.0.1", config["execd_port"]), lambda ex: None, httpd.Limits(), hosts
+    )
+    os.write(ready_fd, b"ready\n")
+    claim = json.loads(sys.stdin.buffer.readline() or b"null")
+    if claim is None:
+        return  # a spare the server never claimed
+    env = {**claim["env"], "JUPYTER_PORT": str(jupyter.getsockname()[1])}
     runtime = runner.SandboxRuntime(Path(config["home"]), Path(config["run_dir"]), env)
     app = execd.ExecdApp(runtime, config["ping_interval"], config["command_grace"])
-    token = str(config["token"]).encode()
+    token = str(claim["token"]).encode()
 
     def route(ex: _http.Exchange) -> None:
         given = (ex.headers.get(TOKEN_HEADER) or "").encode()
@@ -126,8 +136,7 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
             raise _http.HttpError(401, UNAUTHORIZED)
         app.handle(ex, ex.path)
 
-    hosts = httpd.host_names("127.0.0.1", ())
-    server = httpd.HTTPServer(("127.0.0.1", config["execd_port"]), route, httpd.Limits(), hosts)
+    server.route = route
     ports = {EXECD_PORT: server.server_address[1]}
     stopped = threading.Event()
     for target, args in (
@@ -137,7 +146,7 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
         (accept_forever, (relay_server, ports)),
     ):
         threading.Thread(target=target, args=args, daemon=True).start()
-    os.write(ready_fd, b"ready\n")
+    os.write(ready_fd, b"serving\n")
     os.close(ready_fd)
     sys.stdin.buffer.read()
     stopped.set()
@@ -146,7 +155,7 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
 
 
 def main(argv: list[str]) -> int:
-    """Read the configuration from standard input and serve until it closes."""
+    """Read the start line from standard input, then serve (see `serve`) until it closes."""
     hide_memory()
     relay_server = socket.socket(fileno=int(argv[1]))
     config = json.loads(sys.stdin.buffer.readline())

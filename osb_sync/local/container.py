@@ -61,6 +61,8 @@ class SandboxContainer:
         self._cgroup: Cgroup | None = None
         self._frozen = False
         self._closed = False
+        self._ready_r = -1
+        self.launched_at = 0.0  # time.monotonic() when its main process started
         self._lock = threading.Lock()
         self._dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
         # Through the directory's descriptor, the path stays short (a socket path holds ~107
@@ -68,20 +70,14 @@ class SandboxContainer:
         self._relay_path = f"/proc/self/fd/{self._dir_fd}/relay.sock"
         self._relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 
-    def start(self, config: dict[str, Any], internet: bool, ping: float, grace: float) -> None:
-        """Start the container and wait until its execd is ready; RuntimeError if it is not.
-
-        Args:
-            config: `env` (the sandbox's variables) and `token` (execd's access token).
-            internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
-            ping: execd's heartbeat interval, seconds.
-            grace: seconds /command keeps its stream open after the terminal event.
-        """
+    def launch(self, ping: float, grace: float) -> None:
+        """Start the container up to its claim (a warm spare); RuntimeError if it does not."""
         self._relay.bind(self._relay_path)
         os.chmod(self._relay_path, 0o600)
         self._relay.listen(128)
         ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe()
+        self._ready_r = ready_r
         deadline = time.monotonic() + START_TIMEOUT
         try:
             argv = [*self._argv(info_w), str(self._relay.fileno()), str(ready_w)]
@@ -99,19 +95,15 @@ class SandboxContainer:
                         start_new_session=True,
                     )
                 )
+            self.launched_at = time.monotonic()
             os.close(ready_w)
             os.close(info_w)
             ready_w = info_w = -1
-            assert self._proc.stdin is not None
-            self._proc.stdin.write(json.dumps(self._main_config(config, ping, grace)).encode())
-            self._proc.stdin.write(b"\n")
-            self._proc.stdin.flush()
+            self._send(self._start_line(ping, grace))
             if self.isolated:
                 info = read_until(info_r, b"}", deadline)
                 self.init_pid = int(json.loads(info)["child-pid"])
                 self._init_fd = pidfd(self.init_pid)
-                if internet and self.support.slirp:
-                    self._start_slirp(deadline)
             if read_until(ready_r, b"\n", deadline) != b"ready\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
         except (OSError, ValueError, KeyError) as exc:
@@ -119,9 +111,55 @@ class SandboxContainer:
                 f"the sandbox's container did not start ({exc}): {self._log_tail()}"
             ) from None
         finally:
-            for fd in (ready_r, ready_w, info_r, info_w):
+            for fd in (ready_w, info_r, info_w):
                 if fd >= 0:
                     os.close(fd)
+
+    def claim(self, config: dict[str, Any], internet: bool) -> None:
+        """Make a launched container the sandbox's: network, env and token; then it serves.
+
+        Args:
+            config: `env` (the sandbox's variables) and `token` (execd's access token).
+            internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
+
+        Raises:
+            RuntimeError: the container died, or its execd did not start serving.
+        """
+        deadline = time.monotonic() + START_TIMEOUT
+        try:
+            if internet and self.isolated and self.support.slirp:
+                self._start_slirp(deadline)
+            self._send({"token": config["token"], "env": self._env(config["env"])})
+            if read_until(self._ready_r, b"\n", deadline) != b"serving\n":
+                raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(
+                f"the sandbox's container did not start ({exc}): {self._log_tail()}"
+            ) from None
+        finally:
+            os.close(self._ready_r)
+            self._ready_r = -1
+
+    def move_to(self, root: Path) -> None:
+        """Move the sandbox's host directories under `root` (a claimed spare's, isolated only).
+
+        The container keeps its binds: mounts follow the directories, not their names.
+        """
+        assert self.isolated
+        home, run_dir = root / self.home.name, root / self.run_dir.name
+        self.home.rename(home)
+        self.home = home
+        self.run_dir.rename(run_dir)
+        self.run_dir = run_dir
+
+    def alive(self) -> bool:
+        """True while the container's main process runs."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def _send(self, line: dict[str, Any]) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(line).encode() + b"\n")
+        self._proc.stdin.flush()
 
     def _argv(self, info_fd: int) -> list[str]:
         main = [sys.executable, "-I", "-S", MAIN_SCRIPT]
@@ -137,10 +175,9 @@ class SandboxContainer:
     def _plain_env(self) -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
 
-    def _main_config(self, config: dict[str, Any], ping: float, grace: float) -> dict[str, Any]:
+    def _env(self, sandbox_env: dict[str, str]) -> dict[str, str]:
         home = bwrap.SANDBOX_HOME if self.isolated else str(self.home)
-        state = bwrap.EXECD_STATE_DIR if self.isolated else str(self.run_dir / "execd")
-        env = {
+        return {
             "PATH": bwrap.SANDBOX_PATH
             if self.isolated
             else os.environ.get("PATH", "/usr/bin:/bin"),
@@ -148,13 +185,13 @@ class SandboxContainer:
             "HOME": home,
             "SHELL": "/bin/bash",
             "PWD": home,
-            **config["env"],
+            **sandbox_env,
         }
+
+    def _start_line(self, ping: float, grace: float) -> dict[str, Any]:
         return {
-            "token": config["token"],
-            "home": home,
-            "run_dir": state,
-            "env": env,
+            "home": bwrap.SANDBOX_HOME if self.isolated else str(self.home),
+            "run_dir": bwrap.EXECD_STATE_DIR if self.isolated else str(self.run_dir / "execd"),
             "execd_port": IN_CONTAINER_EXECD_PORT if self.isolated else 0,
             "jupyter_port": IN_CONTAINER_JUPYTER_PORT if self.isolated else 0,
             "ping_interval": ping,
@@ -296,6 +333,9 @@ class SandboxContainer:
         if self._cgroup is not None:
             self._cgroup.remove()
         self._relay.close()
+        if self._ready_r >= 0:
+            os.close(self._ready_r)
+            self._ready_r = -1
         os.close(self._dir_fd)
         shutil.rmtree(self.home, ignore_errors=True)
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -333,15 +373,10 @@ class SandboxContainer:
             signal_pids([self.init_pid], signal.SIGKILL)
 
 
-def start_container(
-    sandbox_id: str,
-    root: Path,
-    support: bwrap.Support,
-    config: dict[str, Any],
-    internet: bool,
-    timing: tuple[float, float],
+def launch_container(
+    sandbox_id: str, root: Path, support: bwrap.Support, timing: tuple[float, float]
 ) -> SandboxContainer:
-    """A started container (see `SandboxContainer.start`); nothing is left behind on failure.
+    """A launched container (see `SandboxContainer.launch`); nothing is left behind on failure.
 
     bwrap now and then fails to set up a new namespace's loopback under load ("loopback:
     Failed RTM_NEWADDR"): a failure of bwrap itself is retried a few times.
@@ -349,7 +384,7 @@ def start_container(
     for attempt in range(1, START_ATTEMPTS + 1):
         container = SandboxContainer(sandbox_id, root, support)
         try:
-            container.start(config, internet, *timing)
+            container.launch(*timing)
             return container
         except BaseException as exc:
             container.close()

@@ -19,7 +19,8 @@ from urllib.parse import parse_qsl, unquote
 from ._http import Exchange, HttpError, Router, error
 from .bodies import rfc3339
 from .bwrap import Support, network_plan
-from .container import SandboxContainer, start_container
+from .container import SandboxContainer, launch_container
+from .spares import SparePool
 from .validation import (
     check_create,
     check_labels,
@@ -33,6 +34,7 @@ from .validation import (
 )
 
 EXECD_PORT = 44772
+SPARES_DIR = ".spares"
 REASONS = {
     "Pending": ("CONTAINER_STARTING", "Sandbox container is starting."),
     "Running": ("CONTAINER_RUNNING", "Sandbox container started successfully."),
@@ -53,6 +55,7 @@ class Config:
     unenforced_network_policy: str
     support: Support
     address: str  # host:port of the server, when a request has no Host header
+    spare_containers: int = 0
 
 
 @dataclass
@@ -116,6 +119,9 @@ class Registry:
         self.config = config
         self._lock = threading.Lock()
         self._sandboxes: dict[str, LocalSandbox] = {}
+        # Spares wait in a directory of their own: the root holds sandboxes only.
+        spares = config.spare_containers if config.support.bwrap is not None else 0
+        self.spares = SparePool(spares, self._launch_spare)
         self.router = Router()
         add = self.router.add
         add("POST", "/sandboxes", self.create)
@@ -152,22 +158,15 @@ class Registry:
             self.config.support,
             self.config.unenforced_network_policy == "accept",
         )
-        sandbox_id = str(uuid.uuid4())
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
         try:
-            container = start_container(
-                sandbox_id,
-                self.config.root,
-                self.config.support,
-                {"env": env, "token": token},
-                internet,
-                (self.config.ping_interval, self.config.command_grace),
-            )
+            container = self._container(body, {"env": env, "token": token}, internet)
         except (OSError, RuntimeError) as exc:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
+        sandbox_id = container.home.name
         try:
             note = container.status_note(internet) + network_note
             sandbox = self._register(sandbox_id, body, token, container, note)
@@ -175,6 +174,50 @@ class Registry:
             container.close()  # a refused create leaves no folder and no process
             raise
         ex.send_json(202, sandbox.view(created=True))
+
+    def _launch(self, sandbox_id: str) -> SandboxContainer:
+        timing = (self.config.ping_interval, self.config.command_grace)
+        return launch_container(sandbox_id, self.config.root, self.config.support, timing)
+
+    def _launch_spare(self, sandbox_id: str) -> SandboxContainer:
+        timing = (self.config.ping_interval, self.config.command_grace)
+        root = self.config.root / SPARES_DIR
+        return launch_container(sandbox_id, root, self.config.support, timing)
+
+    def _container(
+        self, body: dict[str, Any], config: dict[str, Any], internet: bool
+    ) -> SandboxContainer:
+        """A claimed container for the create `body`: a warm spare when one fits, else cold."""
+        spare = self.spares.claim(body)
+        if spare is not None:
+            try:
+                spare.move_to(self.config.root)
+                return self._claim(spare, body, config, internet)
+            except RuntimeError:
+                pass  # it died on the way: a cold start, as without spares
+        return self._claim(self._launch(str(uuid.uuid4())), body, config, internet)
+
+    def _claim(
+        self,
+        container: SandboxContainer,
+        body: dict[str, Any],
+        config: dict[str, Any],
+        internet: bool,
+    ) -> SandboxContainer:
+        try:
+            self.on_claim(container, body)
+            container.claim(config, internet)
+        except BaseException:
+            container.close()
+            raise
+        return container
+
+    def on_claim(self, container: SandboxContainer, body: dict[str, Any]) -> None:
+        """Apply what a running container can still take, before its execd serves.
+
+        Runs for spares and cold starts alike, between launch and claim: the place for
+        settings written to a live container (e.g. cgroup limit files). Nothing yet.
+        """
 
     def _register(
         self,
@@ -384,7 +427,8 @@ class Registry:
             self.remove(sandbox_id)
 
     def close_all(self) -> None:
-        """Remove every sandbox (server stop)."""
+        """Remove every sandbox and every spare container (server stop)."""
+        self.spares.close()
         with self._lock:
             ids = list(self._sandboxes)
         for sandbox_id in ids:

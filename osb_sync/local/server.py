@@ -62,6 +62,8 @@ class LocalServer:
             True to refuse to start where it does not, False to run them unisolated.
         allowed_hosts: more names requests may give in `Host` (besides loopback and `host`).
         limits: connection timeouts and cap (see `httpd.Limits`).
+        spare_containers: containers kept started ahead for creates to claim (see
+            `spares.py`; 0 turns them off); each costs the memory of an idle sandbox.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class LocalServer:
         isolation: bool | None = None,
         allowed_hosts: Iterable[str] = (),
         limits: Limits | None = None,
+        spare_containers: int = 1,
     ) -> None:
         if unenforced_network_policy not in POLICY_CHOICES:
             raise ValueError(f"unenforced_network_policy must be one of {POLICY_CHOICES}")
@@ -94,6 +97,9 @@ class LocalServer:
         self.command_grace = command_grace
         self.allowed_hosts = tuple(allowed_hosts)
         self.limits = limits or Limits()
+        if spare_containers < 0:
+            raise ValueError("spare_containers must be 0 or more")
+        self.spare_containers = spare_containers
         self.network_policy_enforced = False
         self.isolated = False
         self.isolation_problem = ""
@@ -156,8 +162,10 @@ class LocalServer:
                     unenforced_network_policy=self.unenforced_network_policy,
                     support=support,
                     address=f"{self.host}:{self.port}",
+                    spare_containers=self.spare_containers,
                 )
             )
+            self._registry.spares.fill()
             self._threads = [
                 threading.Thread(
                     target=self._httpd.serve_forever,
@@ -200,6 +208,7 @@ class LocalServer:
             assert self._registry is not None
             try:
                 self._registry.reap_expired()
+                self._registry.spares.replace_dead()
             except Exception:
                 logger.exception("local server: reaping expired sandboxes failed")
 

@@ -1,0 +1,126 @@
+"""Warm spare containers: started ahead with the server's settings, claimed by a create.
+
+A container's start (bwrap, the interpreter, execd's imports) is most of a create's time. The
+pool keeps `count` isolated containers launched up to their claim (`SandboxContainer.launch`),
+in a directory of their own; a create whose needs a spare can take later (`fits`) claims the
+oldest one, waiting for it if it is still starting, and a replacement starts in the
+background. What is given at claim: the sandbox's id (the spare's; its directories move into
+the server's root), env, token and network (slirp4netns attaches to the running namespace);
+the registry's `on_claim` runs then too (e.g. writing cgroup limit files). Anything fixed when
+bwrap starts (extra binds such as volumes) makes a cold start instead.
+
+Spares are no sandboxes: the registry never lists them. A spare that died is dropped and
+replaced (`replace_dead`, from the server's reaper); `close` kills every spare, including the
+ones still starting.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from .container import SandboxContainer
+
+logger = logging.getLogger("osb_sync.local")
+
+# Fields of a create body fixed when a container starts: a spare has none of them.
+FIXED_AT_START: tuple[str, ...] = ("volumes",)
+CLAIM_WAIT = 60.0
+
+
+def fits(body: dict[str, Any]) -> bool:
+    """True when a spare can become the sandbox `body` asks for (it needs nothing at start)."""
+    return not any(body.get(name) for name in FIXED_AT_START)
+
+
+class SparePool:
+    """Up to `count` containers launched ahead (see the module docstring).
+
+    Args:
+        count: how many spares to keep (0: none, every create is a cold start).
+        launch: starts one container up to its claim, given its sandbox id (blocking).
+    """
+
+    def __init__(self, count: int, launch: Callable[[str], SandboxContainer]) -> None:
+        self.count = count
+        self.claimed = 0  # spares handed to creates, for tests and figures
+        self._launch = launch
+        self._lock = threading.Lock()
+        self._spares: list[Future[SandboxContainer]] = []
+        self._ids: dict[Future[SandboxContainer], str] = {}
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def fill(self) -> None:
+        """Start spares in the background until `count` are ready or starting."""
+        with self._lock:
+            while not self._closed and len(self._spares) < self.count:
+                future: Future[SandboxContainer] = Future()
+                self._spares.append(future)
+                self._ids[future] = str(uuid.uuid4())
+                thread = threading.Thread(
+                    target=self._start, args=(future,), name="osb-local-spare", daemon=True
+                )
+                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+                thread.start()
+
+    def _start(self, future: Future[SandboxContainer]) -> None:
+        try:
+            future.set_result(self._launch(self._ids[future]))
+        except BaseException as exc:  # noqa: BLE001 (the claim falls back to a cold start)
+            logger.warning("local server: a spare container did not start: %s", exc)
+            future.set_exception(exc)
+            with self._lock:
+                if future in self._spares:
+                    self._spares.remove(future)
+
+    def claim(self, body: dict[str, Any]) -> SandboxContainer | None:
+        """A launched container for the create `body`, or None (then: a cold start)."""
+        if not fits(body):
+            return None
+        with self._lock:
+            future = self._spares.pop(0) if self._spares else None
+        self.fill()
+        if future is None:
+            return None
+        try:
+            container = future.result(CLAIM_WAIT)
+        except Exception:  # noqa: BLE001 (logged by _start; a cold start follows)
+            return None
+        if not container.alive():
+            container.close()
+            return None
+        with self._lock:
+            self.claimed += 1
+        return container
+
+    def replace_dead(self) -> None:
+        """Drop every ready spare whose container died, and start replacements."""
+        with self._lock:
+            dead = [
+                f
+                for f in self._spares
+                if f.done() and f.exception() is None and not f.result().alive()
+            ]
+            for future in dead:
+                self._spares.remove(future)
+        for future in dead:
+            future.result().close()
+        if dead:
+            self.fill()
+
+    def close(self) -> None:
+        """Kill every spare, waiting for those still starting (server stop)."""
+        with self._lock:
+            self._closed = True
+            spares, self._spares = self._spares, []
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join()
+        for future in spares:
+            if future.exception() is None:
+                future.result().close()
