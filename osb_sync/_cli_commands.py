@@ -113,6 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         min_timeout=args.min_timeout,
         pending_seconds=args.pending_seconds,
         unenforced_network_policy="accept" if args.allow_unenforced_network_policy else "refuse",
+        spare_containers=args.spare_containers,
     )
     server.start()
     try:

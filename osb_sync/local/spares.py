@@ -51,7 +51,6 @@ class SparePool:
         self._launch = launch
         self._lock = threading.Lock()
         self._spares: list[Future[SandboxContainer]] = []
-        self._ids: dict[Future[SandboxContainer], str] = {}
         self._threads: list[threading.Thread] = []
         self._closed = False
 
@@ -61,16 +60,18 @@ class SparePool:
             while not self._closed and len(self._spares) < self.count:
                 future: Future[SandboxContainer] = Future()
                 self._spares.append(future)
-                self._ids[future] = str(uuid.uuid4())
                 thread = threading.Thread(
-                    target=self._start, args=(future,), name="osb-local-spare", daemon=True
+                    target=self._start,
+                    args=(future, str(uuid.uuid4())),
+                    name="osb-local-spare",
+                    daemon=True,
                 )
                 self._threads = [t for t in self._threads if t.is_alive()] + [thread]
                 thread.start()
 
-    def _start(self, future: Future[SandboxContainer]) -> None:
+    def _start(self, future: Future[SandboxContainer], sandbox_id: str) -> None:
         try:
-            future.set_result(self._launch(self._ids[future]))
+            future.set_result(self._launch(sandbox_id))
         except BaseException as exc:  # noqa: BLE001 (the claim falls back to a cold start)
             logger.warning("local server: a spare container did not start: %s", exc)
             future.set_exception(exc)
@@ -98,18 +99,22 @@ class SparePool:
             self.claimed += 1
         return container
 
+    def ready(self) -> list[SandboxContainer]:
+        """The spares launched and waiting for a claim (not those still starting)."""
+        with self._lock:
+            return [f.result() for f in self._spares if f.done() and f.exception() is None]
+
     def replace_dead(self) -> None:
         """Drop every ready spare whose container died, and start replacements."""
+        dead = [container for container in self.ready() if not container.alive()]
         with self._lock:
-            dead = [
+            self._spares = [
                 f
                 for f in self._spares
-                if f.done() and f.exception() is None and not f.result().alive()
+                if not (f.done() and f.exception() is None) or f.result() not in dead
             ]
-            for future in dead:
-                self._spares.remove(future)
-        for future in dead:
-            future.result().close()
+        for container in dead:
+            container.close()
         if dead:
             self.fill()
 
