@@ -20,7 +20,7 @@ from types import FrameType, TracebackType
 
 from . import proxy
 from ._http import Exchange, HttpError, error
-from .bwrap import FIX, Support, probe
+from .bwrap import FIX, Support, compile_package, probe
 from .httpd import HTTPServer, Limits, host_names
 from .registry import EXECD_PORT, Config, Registry, not_found
 
@@ -145,6 +145,8 @@ class LocalServer:
             if self._started:
                 return self
             support = self._support()
+            if support.bwrap is not None:
+                compile_package()
             self.isolated = self.network_policy_enforced = support.bwrap is not None
             self.isolation_problem = support.problem
             hosts = host_names(self.host, self.allowed_hosts)
