@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import secrets
 import threading
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,8 +18,8 @@ from urllib.parse import parse_qsl, unquote
 from ._http import Exchange, HttpError, Router, error
 from .bodies import rfc3339
 from .bwrap import Support, network_plan
-from .container import SandboxContainer, launch_container
-from .spares import SparePool
+from .container import SandboxContainer
+from .spares import ContainerSource
 from .validation import (
     check_create,
     check_labels,
@@ -34,7 +33,6 @@ from .validation import (
 )
 
 EXECD_PORT = 44772
-SPARES_DIR = ".spares"
 REASONS = {
     "Pending": ("CONTAINER_STARTING", "Sandbox container is starting."),
     "Running": ("CONTAINER_RUNNING", "Sandbox container started successfully."),
@@ -119,9 +117,11 @@ class Registry:
         self.config = config
         self._lock = threading.Lock()
         self._sandboxes: dict[str, LocalSandbox] = {}
-        # Spares wait in a directory of their own: the root holds sandboxes only.
-        spares = config.spare_containers if config.support.bwrap is not None else 0
-        self.spares = SparePool(spares, self._launch_spare)
+        timing = (config.ping_interval, config.command_grace)
+        self.containers = ContainerSource(
+            config.root, config.support, timing, config.spare_containers
+        )
+        self.spares = self.containers.pool
         self.router = Router()
         add = self.router.add
         add("POST", "/sandboxes", self.create)
@@ -161,7 +161,7 @@ class Registry:
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
         try:
-            container = self._container(body, {"env": env, "token": token}, internet)
+            container = self.containers.claimed(body, {"env": env, "token": token}, internet)
         except (OSError, RuntimeError) as exc:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
@@ -174,50 +174,6 @@ class Registry:
             container.close()  # a refused create leaves no folder and no process
             raise
         ex.send_json(202, sandbox.view(created=True))
-
-    def _launch(self, sandbox_id: str) -> SandboxContainer:
-        timing = (self.config.ping_interval, self.config.command_grace)
-        return launch_container(sandbox_id, self.config.root, self.config.support, timing)
-
-    def _launch_spare(self, sandbox_id: str) -> SandboxContainer:
-        timing = (self.config.ping_interval, self.config.command_grace)
-        root = self.config.root / SPARES_DIR
-        return launch_container(sandbox_id, root, self.config.support, timing)
-
-    def _container(
-        self, body: dict[str, Any], config: dict[str, Any], internet: bool
-    ) -> SandboxContainer:
-        """A claimed container for the create `body`: a warm spare when one fits, else cold."""
-        spare = self.spares.claim(body)
-        if spare is not None:
-            try:
-                spare.move_to(self.config.root)
-                return self._claim(spare, body, config, internet)
-            except RuntimeError:
-                pass  # it died on the way: a cold start, as without spares
-        return self._claim(self._launch(str(uuid.uuid4())), body, config, internet)
-
-    def _claim(
-        self,
-        container: SandboxContainer,
-        body: dict[str, Any],
-        config: dict[str, Any],
-        internet: bool,
-    ) -> SandboxContainer:
-        try:
-            self.on_claim(container, body)
-            container.claim(config, internet)
-        except BaseException:
-            container.close()
-            raise
-        return container
-
-    def on_claim(self, container: SandboxContainer, body: dict[str, Any]) -> None:
-        """Apply what a running container can still take, before its execd serves.
-
-        Runs for spares and cold starts alike, between launch and claim: the place for
-        settings written to a live container (e.g. cgroup limit files). Nothing yet.
-        """
 
     def _register(
         self,

@@ -6,7 +6,7 @@ in a directory of their own; a create whose needs a spare can take later (`fits`
 oldest one, waiting for it if it is still starting, and a replacement starts in the
 background. What is given at claim: the sandbox's id (the spare's; its directories move into
 the server's root), env, token and network (slirp4netns attaches to the running namespace);
-the registry's `on_claim` runs then too (e.g. writing cgroup limit files). Anything fixed when
+`ContainerSource.on_claim` runs then too (e.g. writing cgroup limit files). Anything fixed when
 bwrap starts (extra binds such as volumes) makes a cold start instead.
 
 Spares are no sandboxes: the registry never lists them. A spare that died is dropped and
@@ -21,15 +21,18 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
-from .container import SandboxContainer
+from .bwrap import Support
+from .container import SandboxContainer, launch_container
 
 logger = logging.getLogger("osb_sync.local")
 
 # Fields of a create body fixed when a container starts: a spare has none of them.
 FIXED_AT_START: tuple[str, ...] = ("volumes",)
 CLAIM_WAIT = 60.0
+SPARES_DIR = ".spares"  # under the server's root, which holds sandboxes only
 
 
 def fits(body: dict[str, Any]) -> bool:
@@ -129,3 +132,68 @@ class SparePool:
         for future in spares:
             if future.exception() is None:
                 future.result().close()
+
+
+class ContainerSource:
+    """Where a create's container comes from: a claimed spare when one fits, else a cold start.
+
+    Args:
+        root: the server's root directory (sandboxes; spares wait in `SPARES_DIR` below it).
+        support: what this host allows; spares only where containers are isolated.
+        timing: execd's heartbeat interval and /command grace, seconds.
+        spares: how many spares to keep.
+    """
+
+    def __init__(
+        self, root: Path, support: Support, timing: tuple[float, float], spares: int
+    ) -> None:
+        self.root, self.support, self.timing = root, support, timing
+        self.pool = SparePool(spares if support.bwrap is not None else 0, self._launch_spare)
+
+    def _launch_spare(self, sandbox_id: str) -> SandboxContainer:
+        return launch_container(sandbox_id, self.root / SPARES_DIR, self.support, self.timing)
+
+    def claimed(
+        self, body: dict[str, Any], config: dict[str, Any], internet: bool
+    ) -> SandboxContainer:
+        """A container serving the sandbox `body` asks for; nothing is left on failure.
+
+        Args:
+            body: the create request.
+            config: `env` (the sandbox's variables) and `token` (execd's access token).
+            internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
+
+        Raises:
+            RuntimeError, OSError: no container could be started.
+        """
+        spare = self.pool.claim(body)
+        if spare is not None:
+            try:
+                spare.move_to(self.root)
+                return self._claim(spare, body, config, internet)
+            except (OSError, RuntimeError):
+                pass  # it died on the way: a cold start, as without spares
+        cold = launch_container(str(uuid.uuid4()), self.root, self.support, self.timing)
+        return self._claim(cold, body, config, internet)
+
+    def _claim(
+        self,
+        container: SandboxContainer,
+        body: dict[str, Any],
+        config: dict[str, Any],
+        internet: bool,
+    ) -> SandboxContainer:
+        try:
+            self.on_claim(container, body)
+            container.claim(config, internet)
+        except BaseException:
+            container.close()
+            raise
+        return container
+
+    def on_claim(self, container: SandboxContainer, body: dict[str, Any]) -> None:
+        """Apply what a running container can still take, before its execd serves.
+
+        Runs for spares and cold starts alike, between launch and claim: the place for
+        settings written to a live container (e.g. cgroup limit files). Nothing yet.
+        """
