@@ -21,6 +21,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,11 @@ SPARES_DIR = ".spares"  # under the server's root, which holds sandboxes only
 def fits(body: dict[str, Any]) -> bool:
     """True when a spare can become the sandbox `body` asks for (it needs nothing at start)."""
     return not any(body.get(name) for name in FIXED_AT_START)
+
+
+def _close_launched(future: Future[SandboxContainer]) -> None:
+    if future.exception() is None:
+        future.result().close()
 
 
 class SparePool:
@@ -93,6 +99,9 @@ class SparePool:
             return None
         try:
             container = future.result(CLAIM_WAIT)
+        except FutureTimeout:
+            future.add_done_callback(_close_launched)  # whenever it starts, nobody wants it
+            return None
         except Exception:  # noqa: BLE001 (logged by _start; a cold start follows)
             return None
         if not container.alive():
@@ -130,8 +139,7 @@ class SparePool:
         for thread in threads:
             thread.join()
         for future in spares:
-            if future.exception() is None:
-                future.result().close()
+            _close_launched(future)
 
 
 class ContainerSource:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -155,3 +156,31 @@ def test_no_spares_with_zero(make_box: Any) -> None:
 def test_spares_fit_only_creates_without_start_settings() -> None:
     assert spares.fits(CREATE_BODY)
     assert not spares.fits({**CREATE_BODY, "volumes": [{"name": "data"}]})
+
+
+def test_a_spare_too_slow_for_its_claim_is_closed_once_it_starts(monkeypatch: Any) -> None:
+    class Slow:
+        closed = False
+
+        def alive(self) -> bool:
+            return True
+
+        def close(self) -> None:
+            self.closed = True
+
+    go = threading.Event()
+    made: list[Slow] = []
+
+    def launch(sandbox_id: str) -> Any:
+        go.wait(30)
+        made.append(Slow())
+        return made[-1]
+
+    monkeypatch.setattr(spares, "CLAIM_WAIT", 0.05)
+    slow = SparePool(1, launch)
+    slow.fill()
+    assert slow.claim(CREATE_BODY) is None  # a cold start follows
+    go.set()
+    assert wait_for(lambda: len(made) == 2 and made[0].closed, 10)
+    slow.close()
+    assert made[1].closed
