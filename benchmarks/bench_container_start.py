@@ -3,11 +3,14 @@
 Figures (median of ``--runs``):
 
 - create + run ``print(1)`` + delete of one sandbox, over HTTP against an in-process
-  LocalServer, with ``isolation=True`` and with ``isolation=False``;
+  LocalServer: isolated with one warm spare container (``spare_containers=1``, the default)
+  back to back (a create may wait for the spare still starting) and with the spare ready
+  before each create, isolated without spares (every create a cold start), and unisolated;
 - ``osb-sync run "print(1)"`` wall, a fresh process each time (embedded server, default
   isolation: a container where this host allows it);
-- the RSS of an idle sandbox's processes (bwrap, its init, our execd, slirp4netns); RSS counts
-  the interpreter's shared pages in full (PSS of the execd is about 60% of its RSS).
+- the RSS of an idle sandbox's processes (bwrap, its init, our execd, slirp4netns), and of the
+  idle server's spare container (what ``spare_containers=1`` costs); RSS counts the
+  interpreter's shared pages in full (PSS of the execd is about 60% of its RSS).
 
     python benchmarks/bench_container_start.py [--runs 10] [--json out.json]
 """
@@ -72,6 +75,24 @@ def idle_rss(server: LocalServer, http: requests.Session) -> dict[str, Any]:
     return {"processes": len(sizes), "rss_kib": sum(sizes.values())}
 
 
+def spare_ready(server: LocalServer) -> Any:
+    """The server's spare container, once it is launched (None without spares)."""
+    spares = server._registry.spares  # type: ignore[union-attr]
+    if not spares.count:
+        return None
+    deadline = time.monotonic() + 60
+    while not spares.ready() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return spares.ready()[0]
+
+
+def spare_rss(server: LocalServer) -> dict[str, Any]:
+    """The KiB resident in the idle server's spare container (bwrap outside included)."""
+    container = spare_ready(server)
+    pids = [*container.members(), container._proc.pid]
+    return {"processes": len(pids), "rss_kib": sum(rss_kib(pid) for pid in pids)}
+
+
 def cli_run_wall(runs: int) -> float:
     """Median seconds of `osb-sync run "print(1)"` in a fresh process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPEN_SANDBOX_")}
@@ -96,13 +117,20 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     data: dict[str, Any] = {"runs": args.runs}
+    setups = (("isolated_spare", True, 1), ("isolated_cold", True, 0), ("unisolated", False, 0))
     with requests.Session() as http:
-        for isolation in (True, False):
-            with LocalServer(isolation=isolation) as server:
+        for name, isolation, spares in setups:
+            with LocalServer(isolation=isolation, spare_containers=spares) as server:
                 create_run_delete(server, http)  # warm-up: probes, imports
                 walls = [create_run_delete(server, http) for _ in range(args.runs)]
-                name = "isolated" if isolation else "unisolated"
                 data[f"create_run_delete_s_{name}"] = round(median(walls), 3)
+                if spares:
+                    walls = []
+                    for _ in range(args.runs):
+                        spare_ready(server)
+                        walls.append(create_run_delete(server, http))
+                    data[f"create_run_delete_s_{name}_ready"] = round(median(walls), 3)
+                    data["idle_spare_container"] = spare_rss(server)
                 data[f"idle_sandbox_{name}"] = idle_rss(server, http)
     data["osb_sync_run_print_1_s"] = round(cli_run_wall(args.runs), 3)
     report("container start", data, args.json)

@@ -233,7 +233,22 @@ def _add_serve(command: Any) -> None:
         help="with --execd: the jupyter executable of a venv (notebook, ipykernel, kernelspec "
         "'python') whose Jupyter server runs each sandbox's code",
     )
+    serve.add_argument(
+        "--spare-containers",
+        type=_non_negative,
+        default=1,
+        metavar="N",
+        help="containers kept started ahead for fast creates (0: none)",
+    )
     serve.set_defaults(handler=commands.cmd_serve)
+
+
+def _non_negative(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
 
 
 def _add_manage(command: Any) -> None:

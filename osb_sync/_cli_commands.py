@@ -120,6 +120,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             jupyter=args.jupyter,
             allowed_host_paths=args.allow_host_path,
             volume_root=args.volume_root,
+            spare_containers=args.spare_containers,
         )
         server.start()
     except (ValueError, RuntimeError) as exc:  # a bad --execd/--jupyter, or no isolation
@@ -303,7 +304,8 @@ def _client_or_local_server(args: argparse.Namespace) -> Iterator[Client]:
 
     # The line below says what the server's start-up warning would say, in the CLI's words.
     logging.getLogger("osb_sync.local").setLevel(logging.ERROR)
-    with LocalServer(unenforced_network_policy="accept") as server:
+    # One sandbox per process: a spare would only be started to be killed at exit.
+    with LocalServer(unenforced_network_policy="accept", spare_containers=0) as server:
         if not server.isolated:
             print(f"osb-sync: warning: {_isolation_line(server)}", file=sys.stderr)
         with Client(server.api_base, server.api_key) as client:

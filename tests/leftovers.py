@@ -8,10 +8,14 @@ import time
 from pathlib import Path
 
 
-def processes_under(root: Path) -> list[int]:
-    """Pids of live processes whose working directory is inside `root` (sandbox processes)."""
+def processes_under(root: Path, spares: bool = False) -> list[int]:
+    """Pids of live processes whose working directory is inside `root` (sandbox processes).
+
+    The server's warm spare containers (under `root/.spares`) count only with `spares`.
+    """
     found = []
     prefix = str(root.resolve())
+    skipped = () if spares else (os.path.join(prefix, ".spares") + os.sep,)
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -20,6 +24,8 @@ def processes_under(root: Path) -> list[int]:
             with open(f"/proc/{entry}/stat") as stat:
                 zombie = stat.read().rpartition(")")[2].split()[0] == "Z"
         except OSError:
+            continue
+        if cwd.startswith(skipped):
             continue
         if not zombie and (cwd == prefix or cwd.startswith(prefix + os.sep)):
             found.append(int(entry))

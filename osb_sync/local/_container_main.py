@@ -2,12 +2,12 @@
 
 Run as a script by path (`python -I -S _container_main.py RELAY_FD READY_FD`), inside the
 sandbox's bubblewrap container or, where isolation is impossible, as a plain subprocess. Its
-first line of standard input is a JSON object (the execd token, the working and state
-directories, the sandbox's environment, the ports, heartbeat and grace seconds, the file size
-limit): the token never appears in an environment or a command line the sandbox could read
-(except an execd binary's environment: it takes the token in EXECD_ACCESS_TOKEN, as in
-OpenSandbox).
-It then
+first line of standard input is the start line (the working and state directories, the ports,
+heartbeat and grace seconds, the file size limit, an execd binary), the second the claim line
+(the execd token, the sandbox's environment, an address space limit). Between them the
+container is a warm spare: imported, sockets bound, serving nothing. The token never appears in
+an environment or a command line the sandbox could read (except an execd binary's environment:
+it takes the token in EXECD_ACCESS_TOKEN, as in OpenSandbox). Once claimed it
 
 - serves our Python execd (`execd.ExecdApp`) on 127.0.0.1:`execd_port` (44772 in a container,
   an ephemeral port without one), refusing requests without the token;
@@ -16,11 +16,12 @@ It then
 - relays each connection of the listening Unix socket RELAY_FD (made by the server in a
   directory the sandbox cannot see) to the port named on its first line, `PORT\\n`, answering
   `ok\\n` or `error ...\\n`: the server reaches execd and every port only this way;
-- or, when the configuration names an `execd_binary`, runs that binary on 44772 (and a
-  Jupyter server on `jupyter_port` when it names `jupyter`) as children (`_execd_child.py`)
-  and relays to them instead;
-- writes `ready\\n` to READY_FD, and exits once standard input reaches EOF (the server went
-  away or deletes the sandbox), killing what its execd started.
+- or, when the start line names an `execd_binary`, runs that binary on 44772 (and a
+  Jupyter server on `jupyter_port` when it names `jupyter`) as children (`_execd_child.py`),
+  started once claimed, and relays to them instead;
+- writes `ready\\n` to READY_FD once started (a spare waits for its claim there), `serving\\n`
+  once claimed, and exits once standard input reaches EOF (the server went away or deletes the
+  sandbox), killing what its execd started.
 
 It loads `osb_sync.local` without running `osb_sync/__init__.py`, so it never imports the
 client (nor `requests`): standard library only.
@@ -114,8 +115,15 @@ def hide_memory() -> None:
         pass  # not Linux: there is no container to hide from either
 
 
+def wait_for_claim(ready_fd: int) -> dict[str, Any] | None:
+    """Report ready, then read the claim line (None: stdin closed, the spare was not needed)."""
+    os.write(ready_fd, b"ready\n")
+    claim: dict[str, Any] | None = json.loads(sys.stdin.buffer.readline() or b"null")
+    return claim
+
+
 def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> None:
-    """Start execd, the JUPYTER_PORT sink and the relay; report ready; run until stdin EOF."""
+    """Start up, report ready, wait for the claim line, then serve until stdin EOF."""
     load_package()
     if config.get("execd_binary"):
         serve_binary(config, relay_server, ready_fd)
@@ -123,12 +131,19 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
     from osb_sync.local import _http, execd, httpd, runner
 
     jupyter = socket.create_server(("127.0.0.1", config["jupyter_port"]))
-    env = {**config["env"], "JUPYTER_PORT": str(jupyter.getsockname()[1])}
+    hosts = httpd.host_names("127.0.0.1", ())
+    server = httpd.HTTPServer(
+        ("127.0.0.1", config["execd_port"]), lambda ex: None, httpd.Limits(), hosts
+    )
+    claim = wait_for_claim(ready_fd)
+    if claim is None:
+        return  # a spare the server never claimed
+    env = {**claim["env"], "JUPYTER_PORT": str(jupyter.getsockname()[1])}
     runtime = runner.SandboxRuntime(
-        Path(config["home"]), Path(config["run_dir"]), env, config.get("address_space_limit")
+        Path(config["home"]), Path(config["run_dir"]), env, claim.get("address_space_limit")
     )
     app = execd.ExecdApp(runtime, config["ping_interval"], config["command_grace"])
-    token = str(config["token"]).encode()
+    token = str(claim["token"]).encode()
 
     def route(ex: _http.Exchange) -> None:
         given = (ex.headers.get(TOKEN_HEADER) or "").encode()
@@ -136,8 +151,7 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
             raise _http.HttpError(401, UNAUTHORIZED)
         app.handle(ex, ex.path)
 
-    hosts = httpd.host_names("127.0.0.1", ())
-    server = httpd.HTTPServer(("127.0.0.1", config["execd_port"]), route, httpd.Limits(), hosts)
+    server.route = route
     ports = {EXECD_PORT: server.server_address[1]}
     stopped = threading.Event()
     for target, args in (
@@ -147,7 +161,7 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
         (accept_forever, (relay_server, ports)),
     ):
         threading.Thread(target=target, args=args, daemon=True).start()
-    os.write(ready_fd, b"ready\n")
+    os.write(ready_fd, b"serving\n")
     os.close(ready_fd)
     sys.stdin.buffer.read()
     stopped.set()
@@ -159,8 +173,11 @@ def serve_binary(config: dict[str, Any], relay_server: socket.socket, ready_fd: 
     """Like `serve`, with an execd binary (and a Jupyter server) as children instead of ours."""
     from osb_sync.local._execd_child import ExecdChildren, ExecdStartError
 
+    claim = wait_for_claim(ready_fd)
+    if claim is None:
+        return  # a spare the server never claimed
     jupyter = config.get("jupyter")
-    children = ExecdChildren(config, config["jupyter_port"])
+    children = ExecdChildren({**config, **claim}, config["jupyter_port"])
     if jupyter is None:  # nothing else listens on JUPYTER_PORT: the sink does
         sink = socket.create_server(("127.0.0.1", config["jupyter_port"]))
         threading.Thread(target=accept_forever, args=(sink, None), daemon=True).start()
@@ -170,14 +187,14 @@ def serve_binary(config: dict[str, Any], relay_server: socket.socket, ready_fd: 
         print(f"the execd binary did not start: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
     threading.Thread(target=accept_forever, args=(relay_server, {}), daemon=True).start()
-    os.write(ready_fd, b"ready\n")
+    os.write(ready_fd, b"serving\n")
     os.close(ready_fd)
     sys.stdin.buffer.read()
     children.stop()
 
 
 def main(argv: list[str]) -> int:
-    """Read the configuration from standard input and serve until it closes."""
+    """Read the start line from standard input, then serve (see `serve`) until it closes."""
     hide_memory()
     relay_server = socket.socket(fileno=int(argv[1]))
     config = json.loads(sys.stdin.buffer.readline())

@@ -24,14 +24,16 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import bwrap
+from . import bwrap, spawn
 from .cgroup import Cgroup
 from .execd_binary import ExecdBinary
 from .limits import Plan
-from .spawn import SPAWNER, descendants, pidfd, pids_in_namespace, read_until, signal_pids
+from .slirp import start_slirp
+from .spawn import SPAWNER, pidfd, read_until, signal_pids
 
 MAIN_SCRIPT = str(Path(__file__).with_name("_container_main.py"))
 IN_CONTAINER_JUPYTER_PORT = 44771
@@ -40,6 +42,20 @@ START_TIMEOUT = 30.0
 START_ATTEMPTS = 3
 BINARY_START_TIMEOUT = 60.0  # a Jupyter server takes seconds to start, more on a busy machine
 STOP_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What is fixed when a container starts.
+
+    A cold start gives its `plan` (limits written before its processes join the groups); a
+    spare gives the server's limit `controllers` (groups made, configured at claim).
+    """
+
+    binary: ExecdBinary | None = None  # an execd binary to run instead of ours
+    mounts: tuple[str, ...] = ()  # bwrap arguments of its volumes (see `volumes.py`)
+    plan: Plan | None = None
+    controllers: frozenset[str] = frozenset()
 
 
 class SandboxContainer:
@@ -63,9 +79,11 @@ class SandboxContainer:
         self._slirp_exit = -1
         self._cgroup: Cgroup | None = None
         self._limits = Plan()
-        self._mounts: list[str] = []
+        self._settings = Launch()
         self._frozen = False
         self._closed = False
+        self._ready_r = -1
+        self.launched_at = 0.0  # time.monotonic() when its main process started
         self._lock = threading.Lock()
         self._dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
         # Through the directory's descriptor, the path stays short (a socket path holds ~107
@@ -73,29 +91,25 @@ class SandboxContainer:
         self._relay_path = f"/proc/self/fd/{self._dir_fd}/relay.sock"
         self._relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 
-    def start(self, config: dict[str, Any], internet: bool, ping: float, grace: float) -> None:
-        """Start the container and wait until its execd is ready; RuntimeError if it is not.
+    def launch(self, ping: float, grace: float, settings: Launch) -> None:
+        """Start the container up to its claim (a warm spare); RuntimeError if it does not.
 
         Args:
-            config: `env` (the sandbox's variables), `token` (execd's access token) and
-                `binary` (an `ExecdBinary` to run instead of our execd, or None). Optional:
-                `limits` (a `limits.Plan`) and `mounts` (bwrap arguments of its volumes, see
-                `volumes.py`).
-            internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
             ping: execd's heartbeat interval, seconds.
             grace: seconds /command keeps its stream open after the terminal event.
+            settings: what is fixed when bwrap starts (binds, execd binary, limit groups).
         """
-        self._limits = config.get("limits") or Plan()
-        self._mounts = list(config.get("mounts") or [])
+        self._settings = settings
+        self._limits = settings.plan or Plan()
         self._relay.bind(self._relay_path)
         os.chmod(self._relay_path, 0o600)
         self._relay.listen(128)
         ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe()
-        binary: ExecdBinary | None = config.get("binary")
-        deadline = time.monotonic() + START_TIMEOUT + (BINARY_START_TIMEOUT if binary else 0)
+        self._ready_r = ready_r
+        deadline = time.monotonic() + START_TIMEOUT
         try:
-            argv = [*self._argv(info_w, binary), str(self._relay.fileno()), str(ready_w)]
+            argv = [*self._argv(info_w), str(self._relay.fileno()), str(ready_w)]
             log = open(self.run_dir / "container.log", "wb")
             with log:
                 self._proc = SPAWNER.run(
@@ -110,19 +124,15 @@ class SandboxContainer:
                         start_new_session=True,
                     )
                 )
+            self.launched_at = time.monotonic()
             os.close(ready_w)
             os.close(info_w)
             ready_w = info_w = -1
-            assert self._proc.stdin is not None
-            self._proc.stdin.write(json.dumps(self._main_config(config, ping, grace)).encode())
-            self._proc.stdin.write(b"\n")
-            self._proc.stdin.flush()
+            self._send(self._start_line(ping, grace))
             if self.isolated:
                 info = read_until(info_r, b"}", deadline)
                 self.init_pid = int(json.loads(info)["child-pid"])
                 self._init_fd = pidfd(self.init_pid)
-                if internet and self.support.slirp:
-                    self._start_slirp(deadline)
             if read_until(ready_r, b"\n", deadline) != b"ready\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
         except (OSError, ValueError, KeyError) as exc:
@@ -130,24 +140,96 @@ class SandboxContainer:
                 f"the sandbox's container did not start ({exc}): {self._log_tail()}"
             ) from None
         finally:
-            for fd in (ready_r, ready_w, info_r, info_w):
+            for fd in (ready_w, info_r, info_w):
                 if fd >= 0:
                     os.close(fd)
 
-    def _argv(self, info_fd: int, binary: ExecdBinary | None) -> list[str]:
+    def claim(self, config: dict[str, Any], internet: bool) -> None:
+        """Make a launched container the sandbox's: network, env and token; then it serves.
+
+        Args:
+            config: `env` (the sandbox's variables) and `token` (execd's access token).
+            internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
+
+        Raises:
+            RuntimeError: the container died, or its execd did not start serving.
+        """
+        binary = self._settings.binary
+        deadline = time.monotonic() + START_TIMEOUT + (BINARY_START_TIMEOUT if binary else 0)
+        try:
+            if internet and self.support.slirp and self.init_pid is not None:
+                self._slirp, self._slirp_exit = start_slirp(
+                    self.support.slirp, self.init_pid, deadline
+                )
+                self.network = "slirp4netns"
+            line = {"token": config["token"], "env": self._env(config["env"])}
+            self._send({**line, "address_space_limit": self._limits.address_space})
+            if read_until(self._ready_r, b"\n", deadline) != b"serving\n":
+                raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(
+                f"the sandbox's container did not start ({exc}): {self._log_tail()}"
+            ) from None
+        finally:
+            os.close(self._ready_r)
+            self._ready_r = -1
+
+    def apply_limits(self, plan: Plan) -> None:
+        """Write `plan`'s cgroup limits into a launched spare's (unconfigured) groups.
+
+        Raises:
+            RuntimeError: a group is missing, or the kernel refused a value (a memory limit
+                below what the spare already uses: EBUSY).
+        """
+        if self._settings.plan is not None:
+            return  # a cold start: written before its processes joined
+        missing = set(plan.cgroup) - set(self._cgroup.dirs if self._cgroup else ())
+        if missing:
+            raise RuntimeError(f"the spare has no {', '.join(sorted(missing))} group")
+        try:
+            if self._cgroup is not None:
+                self._cgroup.configure(plan.cgroup)
+        except OSError as exc:
+            raise RuntimeError(f"the spare's limits could not be written: {exc}") from None
+        self._limits = plan
+
+    def move_to(self, root: Path) -> None:
+        """Move the sandbox's host directories under `root` (a claimed spare's, isolated only).
+
+        The container keeps its binds: mounts follow the directories, not their names.
+        """
+        assert self.isolated
+        home, run_dir = root / self.home.name, root / self.run_dir.name
+        self.home.rename(home)
+        self.home = home
+        self.run_dir.rename(run_dir)
+        self.run_dir = run_dir
+
+    def alive(self) -> bool:
+        """True while the container's main process runs."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def _send(self, line: dict[str, Any]) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(line).encode() + b"\n")
+        self._proc.stdin.flush()
+
+    def _argv(self, info_fd: int) -> list[str]:
         main = [sys.executable, "-I", "-S", MAIN_SCRIPT]
         if self.support.bwrap is None:
             return main
         tmp, state = self.run_dir / "tmp", self.run_dir / "execd"
+        binary, mounts = self._settings.binary, self._settings.mounts
         extra = binary.bwrap_args() if binary else []
         argv = bwrap.container_argv(
-            self.support.bwrap, self.home, tmp, state, info_fd, self._mounts, extra
+            self.support.bwrap, self.home, tmp, state, info_fd, mounts, extra
         )
         return self._join_cgroups(argv + main)
 
     def _join_cgroups(self, argv: list[str]) -> list[str]:
         """Make the sandbox's groups, write its limits, and prefix `argv` with joining them."""
-        controllers = (("freezer",) if self.support.freezer else ()) + tuple(self._limits.cgroup)
+        wanted = {*self._limits.cgroup, *self._settings.controllers}
+        controllers = (("freezer",) if self.support.freezer else ()) + tuple(sorted(wanted))
         if not controllers:
             return argv
         self._cgroup = Cgroup(self.home.name, controllers)
@@ -161,10 +243,9 @@ class SandboxContainer:
     def _plain_env(self) -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
 
-    def _main_config(self, config: dict[str, Any], ping: float, grace: float) -> dict[str, Any]:
+    def _env(self, sandbox_env: dict[str, str]) -> dict[str, str]:
         home = bwrap.SANDBOX_HOME if self.isolated else str(self.home)
-        state = bwrap.EXECD_STATE_DIR if self.isolated else str(self.run_dir / "execd")
-        env = {
+        return {
             "PATH": bwrap.SANDBOX_PATH
             if self.isolated
             else os.environ.get("PATH", "/usr/bin:/bin"),
@@ -172,59 +253,22 @@ class SandboxContainer:
             "HOME": home,
             "SHELL": "/bin/bash",
             "PWD": home,
-            **config["env"],
+            **sandbox_env,
         }
-        binary: ExecdBinary | None = config.get("binary")
+
+    def _start_line(self, ping: float, grace: float) -> dict[str, Any]:
+        binary = self._settings.binary
         return {
             "execd_binary": binary.execd if binary else None,
             "jupyter": binary.jupyter if binary else None,
-            "token": config["token"],
-            "home": home,
-            "run_dir": state,
-            "env": env,
+            "home": bwrap.SANDBOX_HOME if self.isolated else str(self.home),
+            "run_dir": bwrap.EXECD_STATE_DIR if self.isolated else str(self.run_dir / "execd"),
             "execd_port": IN_CONTAINER_EXECD_PORT if self.isolated else 0,
             "jupyter_port": IN_CONTAINER_JUPYTER_PORT if self.isolated else 0,
             "ping_interval": ping,
             "command_grace": grace,
             "file_size_limit": bwrap.FILE_SIZE_LIMIT if self.isolated else 0,
-            "address_space_limit": self._limits.address_space,
         }
-
-    def _start_slirp(self, deadline: float) -> None:
-        assert self.support.slirp is not None and self.init_pid is not None
-        ready_r, ready_w = os.pipe()
-        # slirp4netns exits once this pipe's write end closes: on delete, or when the server dies.
-        exit_r, self._slirp_exit = os.pipe()
-        try:
-            self._slirp = subprocess.Popen(
-                [
-                    self.support.slirp,
-                    "--configure",
-                    "--mtu=65520",
-                    "--disable-host-loopback",
-                    "--ready-fd",
-                    str(ready_w),
-                    "--exit-fd",
-                    str(exit_r),
-                    str(self.init_pid),
-                    "tap0",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                pass_fds=(ready_w, exit_r),
-                start_new_session=True,
-            )
-            os.close(ready_w)
-            ready_w = -1
-            if read_until(ready_r, b"1", deadline) != b"1":
-                raise RuntimeError("slirp4netns did not configure the sandbox's network")
-            self.network = "slirp4netns"
-        finally:
-            os.close(ready_r)
-            os.close(exit_r)
-            if ready_w >= 0:
-                os.close(ready_w)
 
     def _log_tail(self) -> str:
         try:
@@ -284,8 +328,8 @@ class SandboxContainer:
         """The host pids of the sandbox's processes (its PID namespace, or its process tree)."""
         if self.init_pid is not None:
             alive = self._proc is not None and self._proc.poll() is None
-            return pids_in_namespace(self.init_pid) if alive else []
-        return descendants(self._proc.pid) if self._proc is not None else []
+            return spawn.pids_in_namespace(self.init_pid) if alive else []
+        return spawn.descendants(self._proc.pid) if self._proc is not None else []
 
     def pause(self) -> None:
         """Freeze every process of the sandbox."""
@@ -324,13 +368,18 @@ class SandboxContainer:
         if self._cgroup is not None:
             self._cgroup.remove()
         self._relay.close()
+        if self._ready_r >= 0:
+            os.close(self._ready_r)
+            self._ready_r = -1
         os.close(self._dir_fd)
         shutil.rmtree(self.home, ignore_errors=True)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _stop_main(self, proc: subprocess.Popen[bytes]) -> None:
         if self.init_pid is not None:
-            self._kill_init(proc)  # the PID namespace ends with its init
+            # the PID namespace ends with its init (whose pid is its while bwrap waits for it)
+            spawn.kill_init(self._init_fd, self.init_pid, proc.poll() is None)
+            self._init_fd = -1
         elif proc.stdin is not None:
             proc.stdin.close()  # the plain main kills what it started, then exits
         try:
@@ -339,7 +388,7 @@ class SandboxContainer:
             proc.wait(STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
             if self.init_pid is None:
-                signal_pids(descendants(proc.pid), signal.SIGKILL)
+                signal_pids(spawn.descendants(proc.pid), signal.SIGKILL)
             proc.kill()
             proc.wait()
         if proc.stdin is not None and not proc.stdin.closed:
@@ -347,40 +396,3 @@ class SandboxContainer:
                 proc.stdin.close()
             except OSError:
                 pass
-
-    def _kill_init(self, proc: subprocess.Popen[bytes]) -> None:
-        assert self.init_pid is not None
-        if self._init_fd >= 0:
-            try:
-                signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.close(self._init_fd)
-            self._init_fd = -1
-        elif proc.poll() is None:  # bwrap outside still waits for it: init's pid is still its
-            signal_pids([self.init_pid], signal.SIGKILL)
-
-
-def start_container(
-    sandbox_id: str,
-    root: Path,
-    support: bwrap.Support,
-    config: dict[str, Any],
-    internet: bool,
-    timing: tuple[float, float],
-) -> SandboxContainer:
-    """A started container (see `SandboxContainer.start`); nothing is left behind on failure.
-
-    bwrap now and then fails to set up a new namespace's loopback under load ("loopback:
-    Failed RTM_NEWADDR"): a failure of bwrap itself is retried a few times.
-    """
-    for attempt in range(1, START_ATTEMPTS + 1):
-        container = SandboxContainer(sandbox_id, root, support)
-        try:
-            container.start(config, internet, *timing)
-            return container
-        except BaseException as exc:
-            container.close()
-            if attempt == START_ATTEMPTS or "bwrap:" not in str(exc):
-                raise
-    raise AssertionError("unreachable")

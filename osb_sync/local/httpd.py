@@ -12,13 +12,13 @@ Requests must name the server in `Host` (DNS rebinding).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import resource
 import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -222,7 +222,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _request_id(self) -> str:
         given = self.headers.get("X-Request-ID") or ""
-        return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        return given if REQUEST_ID.fullmatch(given) else os.urandom(16).hex()
 
     def _check_host(self) -> None:
         hosts = self.headers.get_all("Host") or []

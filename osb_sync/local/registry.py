@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import secrets
 import threading
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,9 +19,10 @@ from . import limits, volumes
 from ._http import Exchange, HttpError, Router, error
 from .bodies import rfc3339
 from .bwrap import Support, network_plan
-from .container import SandboxContainer, start_container
+from .container import Launch, SandboxContainer
 from .execd_binary import ExecdBinary
 from .proxy import endpoint_port
+from .spares import ContainerSource
 from .validation import (
     check_create,
     check_labels,
@@ -57,6 +57,7 @@ class Config:
     limit_controllers: frozenset[str] = frozenset()  # cgroup controllers for resourceLimits
     volume_places: tuple[tuple[Path, ...], Path] = ((), Path())  # host trees allowed, pvc root
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours
+    spare_containers: int = 0
 
 
 @dataclass
@@ -120,6 +121,12 @@ class Registry:
         self.config = config
         self._lock = threading.Lock()
         self._sandboxes: dict[str, LocalSandbox] = {}
+        timing = (config.ping_interval, config.command_grace)
+        spare_settings = Launch(binary=config.binary, controllers=config.limit_controllers)
+        self.containers = ContainerSource(
+            config.root, config.support, timing, config.spare_containers, spare_settings
+        )
+        self.spares = self.containers.pool
         self.router = Router()
         add = self.router.add
         add("POST", "/sandboxes", self.create)
@@ -159,28 +166,16 @@ class Registry:
         plan = limits.plan(limits.parse(body["resourceLimits"]), self.config.limit_controllers)
         isolated = self.config.support.bwrap is not None
         mounts = volumes.mounts(body.get("volumes"), *self.config.volume_places, isolated)
-        sandbox_id = str(uuid.uuid4())
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
+        config = {"env": env, "token": token, "limits": plan}
         try:
-            container = start_container(
-                sandbox_id,
-                self.config.root,
-                self.config.support,
-                {
-                    "env": env,
-                    "token": token,
-                    "limits": plan,
-                    "mounts": mounts,
-                    "binary": self.config.binary,
-                },
-                internet,
-                (self.config.ping_interval, self.config.command_grace),
-            )
+            container = self.containers.claimed(body, config, internet, mounts)
         except (OSError, RuntimeError) as exc:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
+        sandbox_id = container.home.name
         try:
             binary = self.config.binary
             execd_note = binary.status_note() if binary else ""
@@ -383,7 +378,8 @@ class Registry:
             self.remove(sandbox_id)
 
     def close_all(self) -> None:
-        """Remove every sandbox (server stop)."""
+        """Remove every sandbox and every spare container (server stop)."""
+        self.spares.close()
         with self._lock:
             ids = list(self._sandboxes)
         for sandbox_id in ids:

@@ -22,7 +22,7 @@ from types import FrameType, TracebackType
 from . import limits as resource_limits
 from . import proxy
 from ._http import Exchange, HttpError, error
-from .bwrap import FIX, Support, probe
+from .bwrap import FIX, Support, compile_package, probe
 from .execd_binary import ExecdBinary
 from .httpd import HTTPServer, Limits, host_names
 from .registry import EXECD_PORT, Config, Registry, not_found
@@ -73,6 +73,8 @@ class LocalServer:
             isolated sandboxes (see `execd_binary.py`).
         jupyter: with `execd`, the `jupyter` executable of a venv (notebook, ipykernel and a
             kernelspec named `python`) whose Jupyter server each sandbox's execd runs code in.
+        spare_containers: containers kept started ahead for creates to claim (see
+            `spares.py`; 0 turns them off); each costs the memory of an idle sandbox.
 
     Raises:
         ValueError: a bad option, or `execd`/`jupyter` is not an executable (of a venv).
@@ -98,6 +100,7 @@ class LocalServer:
         volume_root: str | Path | None = None,
         execd: str | os.PathLike[str] | None = None,
         jupyter: str | os.PathLike[str] | None = None,
+        spare_containers: int = 1,
     ) -> None:
         if unenforced_network_policy not in POLICY_CHOICES:
             raise ValueError(f"unenforced_network_policy must be one of {POLICY_CHOICES}")
@@ -117,6 +120,9 @@ class LocalServer:
         self.limits = limits or Limits()
         self.allowed_host_paths = tuple(Path(p).resolve() for p in allowed_host_paths)
         self.volume_root = Path(volume_root) if volume_root is not None else None
+        if spare_containers < 0:
+            raise ValueError("spare_containers must be 0 or more")
+        self.spare_containers = spare_containers
         self.network_policy_enforced = False
         self.isolated = False
         self.isolation_problem = ""
@@ -169,6 +175,8 @@ class LocalServer:
             if self._started:
                 return self
             support = self._support()
+            if support.bwrap is not None:
+                compile_package()
             self.isolated = self.network_policy_enforced = support.bwrap is not None
             self.isolation_problem = support.problem
             hosts = host_names(self.host, self.allowed_hosts)
@@ -194,8 +202,10 @@ class LocalServer:
                         self.volume_root or self.root_dir / "volumes",
                     ),
                     binary=self.execd_binary,
+                    spare_containers=self.spare_containers,
                 )
             )
+            self._registry.spares.fill()
             self._threads = [
                 threading.Thread(
                     target=self._httpd.serve_forever,
@@ -238,6 +248,7 @@ class LocalServer:
             assert self._registry is not None
             try:
                 self._registry.reap_expired()
+                self._registry.spares.replace_dead()
             except Exception:
                 logger.exception("local server: reaping expired sandboxes failed")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import queue
 import select
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -117,3 +118,21 @@ def signal_pids(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def kill_init(init_fd: int, init_pid: int, pid_is_init: bool) -> None:
+    """SIGKILL a container's init through its pidfd `init_fd` (closed), or by pid.
+
+    Args:
+        init_fd: a pidfd of init, or -1 (then its pid, if `pid_is_init`).
+        init_pid: init's host pid.
+        pid_is_init: the pid still names init (its parent has not reaped it).
+    """
+    if init_fd >= 0:
+        try:
+            signal.pidfd_send_signal(init_fd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(init_fd)
+    elif pid_is_init:
+        signal_pids([init_pid], signal.SIGKILL)

@@ -12,6 +12,7 @@ import requests
 from conftest import CREATE_BODY, Box, parse_events
 
 from osb_sync.local import LocalServer
+from osb_sync.local.spares import SPARES_DIR
 from tests.leftovers import processes_under
 
 JSON = {"Content-Type": "application/json"}
@@ -27,7 +28,7 @@ def refused(answer: requests.Response, *statuses: int) -> None:
 
 def entries(local: LocalServer) -> list[str]:
     assert local.root_dir is not None
-    return sorted(os.listdir(local.root_dir))
+    return sorted(e for e in os.listdir(local.root_dir) if e != SPARES_DIR)
 
 
 @pytest.mark.parametrize(

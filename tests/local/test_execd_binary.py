@@ -18,6 +18,7 @@ from conftest import CREATE_BODY, Box, alive, require_isolation, wait_for
 from osb_sync._cli import main as cli_main
 from osb_sync.local import LocalServer
 from osb_sync.local.execd_binary import ExecdBinary
+from osb_sync.local.spares import SPARES_DIR
 
 # Answers every GET with what it was started with; /ping needs EXECD_ACCESS_TOKEN's token.
 FAKE_EXECD = """
@@ -111,13 +112,21 @@ def test_paths_are_checked_and_the_venvs_interpreter_is_bound(tmp_path: Path, ex
         LocalServer(jupyter=binary.jupyter)
 
 
+@pytest.mark.parametrize("spares", [1, 0])  # a claimed spare starts the binary at its claim
 def test_the_binary_runs_on_44772_with_the_token_and_jupyter_behind_it(
-    tmp_path: Path, execd: str, http: requests.Session, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    execd: str,
+    http: requests.Session,
+    caplog: pytest.LogCaptureFixture,
+    spares: int,
 ) -> None:
     require_isolation()
     jupyter = fake_venv(tmp_path / "venv")
-    with LocalServer(execd=execd, jupyter=jupyter, min_timeout=1) as server:
+    with LocalServer(
+        execd=execd, jupyter=jupyter, min_timeout=1, spare_containers=spares
+    ) as server:
         box = Box(server, http, {**CREATE_BODY, "env": {"GREETING": "hello"}})
+        assert server._registry.spares.claimed == spares  # type: ignore[union-attr]
         assert f"execd: {execd}, Jupyter {jupyter}." in box.created["status"]["message"]
         seen = box.call("GET", "/ping").json()  # the proxy passed the token on
         assert seen["argv"] == ["--port", "44772"]
@@ -151,7 +160,8 @@ def test_a_binary_that_fails_is_a_500_with_its_log_and_leaves_nothing(
         message = created.json()["message"]
         assert "execd exited with status 3" in message
         assert "execd stand-in fails on purpose, token ***" in message  # no token shown
-        assert server.root_dir is not None and list(server.root_dir.iterdir()) == []
+        assert server.root_dir is not None
+        assert [p.name for p in server.root_dir.iterdir() if p.name != SPARES_DIR] == []
         listed = http.get(f"{server.api_base}/sandboxes").json()
         assert listed["items"] == []
 

@@ -23,7 +23,7 @@ JSON = {"Content-Type": "application/json"}
 
 def sandbox_count(server: LocalServer) -> int:
     assert server.root_dir is not None
-    return len([p for p in server.root_dir.iterdir() if not p.name.endswith(".run")])
+    return len([p for p in server.root_dir.iterdir() if p.suffix != ".run" and p.name != ".spares"])
 
 
 @pytest.mark.parametrize(

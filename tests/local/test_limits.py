@@ -6,13 +6,14 @@ where either is missing, and fail instead under OSB_REQUIRE_ISOLATION=1.
 
 from __future__ import annotations
 
+import errno
 import os
 from decimal import Decimal
 from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, REQUIRE_ISOLATION, Box, require_isolation, texts
+from conftest import CREATE_BODY, REQUIRE_ISOLATION, Box, require_isolation, texts, wait_for
 
 from osb_sync.local import LocalServer, cgroup, limits
 
@@ -219,3 +220,52 @@ def test_leftover_groups_of_a_killed_server_are_swept(limited_server: LocalServe
         for group in (*stale, fresh):
             if group.exists():
                 group.rmdir()
+
+
+def ready_spare(server: LocalServer) -> Any:
+    assert server._registry is not None
+    spares = server._registry.spares
+    assert wait_for(lambda: spares.ready(), 60), "no spare became ready"
+    return spares.ready()[0]
+
+
+def container_of(server: LocalServer, box: Box) -> Any:
+    assert server._registry is not None
+    sandbox = server._registry.find(box.id)
+    assert sandbox is not None
+    return sandbox.container
+
+
+def test_a_claimed_spare_gets_its_limits_written_at_claim(
+    limited_server: LocalServer, http: requests.Session
+) -> None:
+    spare = ready_spare(limited_server)
+    memory = cgroup.parent_dir("memory") / spare.home.name
+    assert memory.is_dir() and int((memory / "memory.limit_in_bytes").read_text()) > 1 << 40
+    box = limited_box(limited_server, http)
+    assert container_of(limited_server, box) is spare and box.id == spare.home.name
+    assert (memory / "memory.limit_in_bytes").read_text().strip() == str(128 << 20)
+    pids = cgroup.parent_dir("pids") / box.id
+    assert (pids / "pids.max").read_text().strip() == "64"
+    assert "allocated" not in output(box.command(ALLOCATE_256M))
+
+
+def test_a_spare_that_refuses_its_limits_makes_way_for_a_cold_start(
+    limited_server: LocalServer, http: requests.Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spare = ready_spare(limited_server)
+    configure = cgroup.Cgroup.configure
+
+    def busy_on_a_live_group(self: cgroup.Cgroup, settings: dict[str, dict[str, str]]) -> None:
+        procs = (next(iter(self.dirs.values())) / "cgroup.procs").read_text().split()
+        if procs:  # what the kernel answers a memory limit below the group's usage
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        configure(self, settings)
+
+    monkeypatch.setattr(cgroup.Cgroup, "configure", busy_on_a_live_group)
+    box = limited_box(limited_server, http)
+    container = container_of(limited_server, box)
+    assert container is not spare and not spare.alive() and not spare.home.exists()
+    memory = cgroup.parent_dir("memory") / box.id
+    assert (memory / "memory.limit_in_bytes").read_text().strip() == str(128 << 20)
+    assert texts(box.code("print(6 * 7)")) == ["42\n"]

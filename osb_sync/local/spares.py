@@ -1,0 +1,245 @@
+"""Warm spare containers: started ahead with the server's settings, claimed by a create.
+
+A container's start (bwrap, the interpreter, execd's imports) is most of a create's time. The
+pool keeps `count` isolated containers launched up to their claim (`SandboxContainer.launch`),
+in a directory of their own; a create whose needs a spare can take later (`fits`) claims the
+oldest one, waiting for it if it is still starting, and a replacement starts in the
+background. What is given at claim: the sandbox's id (the spare's; its directories move into
+the server's root), env, token and network (slirp4netns attaches to the running namespace);
+`ContainerSource.on_claim` runs then too (e.g. writing cgroup limit files). Anything fixed when
+bwrap starts (extra binds such as volumes) makes a cold start instead.
+
+Spares are no sandboxes: the registry never lists them. A spare that died is dropped and
+replaced (`replace_dead`, from the server's reaper); `close` kills every spare, including the
+ones still starting.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .bwrap import Support
+from .container import START_ATTEMPTS, Launch, SandboxContainer
+
+logger = logging.getLogger("osb_sync.local")
+
+# Fields of a create body fixed when a container starts: a spare has none of them.
+FIXED_AT_START: tuple[str, ...] = ("volumes",)
+CLAIM_WAIT = 60.0
+SPARES_DIR = ".spares"  # under the server's root, which holds sandboxes only
+
+
+def fits(body: dict[str, Any]) -> bool:
+    """True when a spare can become the sandbox `body` asks for (it needs nothing at start)."""
+    return not any(body.get(name) for name in FIXED_AT_START)
+
+
+def _close_launched(future: Future[SandboxContainer]) -> None:
+    if future.exception() is None:
+        future.result().close()
+
+
+def launch_container(
+    sandbox_id: str,
+    root: Path,
+    support: Support,
+    timing: tuple[float, float],
+    settings: Launch,
+) -> SandboxContainer:
+    """A launched container (see `SandboxContainer.launch`); nothing is left behind on failure.
+
+    bwrap now and then fails to set up a new namespace's loopback under load ("loopback:
+    Failed RTM_NEWADDR"): a failure of bwrap itself is retried a few times.
+    """
+    for attempt in range(1, START_ATTEMPTS + 1):
+        container = SandboxContainer(sandbox_id, root, support)
+        try:
+            container.launch(*timing, settings)
+            return container
+        except BaseException as exc:
+            container.close()
+            if attempt == START_ATTEMPTS or "bwrap:" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+class SparePool:
+    """Up to `count` containers launched ahead (see the module docstring).
+
+    Args:
+        count: how many spares to keep (0: none, every create is a cold start).
+        launch: starts one container up to its claim, given its sandbox id (blocking).
+    """
+
+    def __init__(self, count: int, launch: Callable[[str], SandboxContainer]) -> None:
+        self.count = count
+        self.claimed = 0  # spares handed to creates, for tests and figures
+        self._launch = launch
+        self._lock = threading.Lock()
+        self._spares: list[Future[SandboxContainer]] = []
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def fill(self) -> None:
+        """Start spares in the background until `count` are ready or starting."""
+        with self._lock:
+            while not self._closed and len(self._spares) < self.count:
+                future: Future[SandboxContainer] = Future()
+                self._spares.append(future)
+                thread = threading.Thread(
+                    target=self._start,
+                    args=(future, str(uuid.uuid4())),
+                    name="osb-local-spare",
+                    daemon=True,
+                )
+                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+                thread.start()
+
+    def _start(self, future: Future[SandboxContainer], sandbox_id: str) -> None:
+        try:
+            future.set_result(self._launch(sandbox_id))
+        except BaseException as exc:  # noqa: BLE001 (the claim falls back to a cold start)
+            logger.warning("local server: a spare container did not start: %s", exc)
+            future.set_exception(exc)
+            with self._lock:
+                if future in self._spares:
+                    self._spares.remove(future)
+
+    def claim(self, body: dict[str, Any]) -> SandboxContainer | None:
+        """A launched container for the create `body`, or None (then: a cold start)."""
+        if not fits(body):
+            return None
+        with self._lock:
+            future = self._spares.pop(0) if self._spares else None
+        self.fill()
+        if future is None:
+            return None
+        try:
+            container = future.result(CLAIM_WAIT)
+        except FutureTimeout:
+            future.add_done_callback(_close_launched)  # whenever it starts, nobody wants it
+            return None
+        except Exception:  # noqa: BLE001 (logged by _start; a cold start follows)
+            return None
+        if not container.alive():
+            container.close()
+            return None
+        with self._lock:
+            self.claimed += 1
+        return container
+
+    def ready(self) -> list[SandboxContainer]:
+        """The spares launched and waiting for a claim (not those still starting)."""
+        with self._lock:
+            return [f.result() for f in self._spares if f.done() and f.exception() is None]
+
+    def replace_dead(self) -> None:
+        """Drop every ready spare whose container died, and start replacements."""
+        dead = [container for container in self.ready() if not container.alive()]
+        with self._lock:
+            self._spares = [
+                f
+                for f in self._spares
+                if not (f.done() and f.exception() is None) or f.result() not in dead
+            ]
+        for container in dead:
+            container.close()
+        if dead:
+            self.fill()
+
+    def close(self) -> None:
+        """Kill every spare, waiting for those still starting (server stop)."""
+        with self._lock:
+            self._closed = True
+            spares, self._spares = self._spares, []
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join()
+        for future in spares:
+            _close_launched(future)
+
+
+class ContainerSource:
+    """Where a create's container comes from: a claimed spare when one fits, else a cold start.
+
+    Args:
+        root: the server's root directory (sandboxes; spares wait in `SPARES_DIR` below it).
+        support: what this host allows; spares only where containers are isolated.
+        timing: execd's heartbeat interval and /command grace, seconds.
+        spares: how many spares to keep.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        support: Support,
+        timing: tuple[float, float],
+        spares: int,
+        spare_settings: Launch | None = None,
+    ) -> None:
+        self.root, self.support, self.timing = root, support, timing
+        self.spare_settings = spare_settings or Launch()
+        self.pool = SparePool(spares if support.bwrap is not None else 0, self._launch_spare)
+
+    def _launch_spare(self, sandbox_id: str) -> SandboxContainer:
+        root = self.root / SPARES_DIR
+        return launch_container(sandbox_id, root, self.support, self.timing, self.spare_settings)
+
+    def claimed(
+        self, body: dict[str, Any], config: dict[str, Any], internet: bool, mounts: list[str]
+    ) -> SandboxContainer:
+        """A container serving the sandbox `body` asks for; nothing is left on failure.
+
+        Args:
+            body: the create request.
+            config: `env` (the sandbox's variables), `token` (execd's access token) and
+                `limits` (a `limits.Plan`).
+            internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
+            mounts: bwrap arguments of its volumes (given only with `volumes`: a cold start).
+
+        Raises:
+            RuntimeError, OSError: no container could be started.
+        """
+        spare = None if mounts else self.pool.claim(body)
+        if spare is not None:
+            try:
+                spare.move_to(self.root)
+                return self._claim(spare, config, internet)
+            except (OSError, RuntimeError) as exc:  # a cold start, as without spares
+                logger.info("local server: a claimed spare failed (%s): cold start", exc)
+        settings = replace(self.spare_settings, mounts=tuple(mounts), plan=config["limits"])
+        cold = launch_container(str(uuid.uuid4()), self.root, self.support, self.timing, settings)
+        return self._claim(cold, config, internet)
+
+    def _claim(
+        self,
+        container: SandboxContainer,
+        config: dict[str, Any],
+        internet: bool,
+    ) -> SandboxContainer:
+        try:
+            self.on_claim(container, config)
+            container.claim(config, internet)
+        except BaseException:
+            container.close()
+            raise
+        return container
+
+    def on_claim(self, container: SandboxContainer, config: dict[str, Any]) -> None:
+        """Apply what a running container can still take, before its execd serves.
+
+        Runs for spares and cold starts alike, between launch and claim: a spare's cgroup
+        limits are written here (a cold start's were, before its processes joined).
+
+        Raises:
+            RuntimeError: the limits could not be written (see `apply_limits`).
+        """
+        container.apply_limits(config["limits"])
