@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -34,6 +35,7 @@ logger = logging.getLogger("osb_sync.local")
 # Fields of a create body fixed when a container starts: a spare has none of them.
 FIXED_AT_START: tuple[str, ...] = ("volumes",)
 CLAIM_WAIT = 60.0
+CLOSE_WAIT = 10.0  # server stop waits this long for spares still starting
 SPARES_DIR = ".spares"  # under the server's root, which holds sandboxes only
 
 
@@ -156,15 +158,16 @@ class SparePool:
             self.fill()
 
     def close(self) -> None:
-        """Kill every spare, waiting for those still starting (server stop)."""
+        """Kill every spare; one still starting after `CLOSE_WAIT` seconds is killed once it has."""
         with self._lock:
             self._closed = True
             spares, self._spares = self._spares, []
             threads = list(self._threads)
+        deadline = time.monotonic() + CLOSE_WAIT
         for thread in threads:
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()))
         for future in spares:
-            _close_launched(future)
+            future.add_done_callback(_close_launched)  # now, or when a slow launch ends
 
 
 class ContainerSource:

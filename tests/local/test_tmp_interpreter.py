@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,8 @@ def test_a_server_run_by_a_venv_under_tmp_starts_sandboxes() -> None:
             timeout=120,
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("OPEN_SANDBOX_")}
-        env["PYTHONPATH"] = str(REPO)
+        # the venv sees the base interpreter's packages; the server also needs this one's (tox)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *site.getsitepackages()])
         done = subprocess.run(
             [str(venv / "bin" / "python"), "-c", SCRIPT],
             capture_output=True,
