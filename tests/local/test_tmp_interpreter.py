@@ -13,6 +13,9 @@ from pathlib import Path
 from conftest import require_isolation
 
 REPO = Path(__file__).resolve().parents[2]
+# A venv made by a venv's python on 3.10 links its python to that venv (not bound in the
+# container): make it from the real interpreter, as a user's venv is.
+BASE_PYTHON = os.path.realpath(sys.executable)
 SCRIPT = """
 import json, urllib.request
 from osb_sync.local import LocalServer
@@ -39,7 +42,7 @@ def test_a_server_run_by_a_venv_under_tmp_starts_sandboxes() -> None:
     venv = Path(tempfile.mkdtemp(prefix="osb-venv-"))  # under /tmp, like a tox env there
     try:
         subprocess.run(
-            [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+            [BASE_PYTHON, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
             check=True,
             timeout=120,
         )
