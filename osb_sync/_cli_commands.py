@@ -127,8 +127,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     try:
         _announce(server, args.json)
-        while True:  # until a signal: LocalServer.serve_forever would swallow it
-            time.sleep(3600)
+        # Until a signal (LocalServer.serve_forever would swallow it), in short sleeps: a SIGTERM
+        # the kernel hands to another thread (one forking a container, say) does not wake this
+        # one, whose Python handler then runs only when its sleep ends.
+        while True:
+            time.sleep(0.5)
     except KeyboardInterrupt as exc:
         print("osb-sync: interrupted: server stopped", file=sys.stderr)
         return EXIT_SIGNAL_BASE + int(getattr(exc, "signum", 2))

@@ -217,3 +217,37 @@ def test_serve_raises_a_low_open_file_limit(tmp: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+SIGTERM_TO_A_THREAD = """
+import signal, sys, threading
+from osb_sync._cli import main
+
+def signal_this_thread():
+    sys.stdin.readline()  # the test writes a line once the server is serving
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=signal_this_thread, daemon=True).start()
+sys.exit(main(["serve", "--port", "0"]))
+"""
+
+
+def test_serve_stops_on_a_sigterm_the_kernel_gave_another_thread(tmp: Path) -> None:
+    # The kernel may hand a process's SIGTERM to any thread; a main thread asleep for an hour
+    # would then run its handler an hour later (seen in CI: serve ignored SIGTERM for 30 s).
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_TO_A_THREAD],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    try:
+        wait_for_line(proc.stderr, "serving")
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
