@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from ._command_stream import CommandFolder, client_deadline, collect, command_body, line_callbacks
 from ._constants import DEFAULT_POLL_INTERVAL, MAX_OUTPUT_BYTES
-from ._errors import OpenSandboxError, SandboxTimeoutError
+from ._errors import NotFoundError, OpenSandboxError, SandboxTimeoutError
 from ._models import CommandResult, CommandStatus, Event
 
 if TYPE_CHECKING:
@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from ._execution import ExecutionStream
 
 LOGS_CURSOR_HEADER = "EXECD-COMMANDS-TAIL-CURSOR"
+# Real execd records a background command in a goroutine of its own and may send
+# `execution_complete` first: status, logs and kill then fail for a moment (seen in CI).
+REGISTRATION_WAIT = 10.0
 
 
 class Commands:
@@ -114,6 +117,7 @@ class Commands:
             reason = result.error.value if result.error else "no command id"
             raise OpenSandboxError(f"the background command did not start: {reason}")
         handle = BackgroundCommand(self._execd, result.id)
+        handle._await_registration(REGISTRATION_WAIT)
         self._started.append(handle)
         return handle
 
@@ -170,6 +174,23 @@ class BackgroundCommand:
         """
         data = self._execd.json("GET", f"/command/status/{self.id}")
         return CommandStatus.from_dict(data if isinstance(data, dict) else {"id": self.id})
+
+    def _await_registration(self, seconds: float) -> None:
+        """Poll the status until execd knows the command (see `REGISTRATION_WAIT`)."""
+        deadline = time.monotonic() + seconds
+        pause = 0.01
+        while True:
+            try:
+                self.status()
+                return
+            except NotFoundError:
+                if time.monotonic() + pause > deadline:
+                    raise OpenSandboxError(
+                        f"execd started background command {self.id} but did not know it "
+                        f"{seconds:g} s later"
+                    ) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
     def logs(self, cursor: int | None = None) -> tuple[str, int]:
         """Output (stdout and stderr together) from byte ``cursor`` on, and the next cursor.

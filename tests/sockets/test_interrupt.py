@@ -41,6 +41,8 @@ class Execd:
         server.routes[("DELETE", "/code")] = self.interrupt
         server.routes[("POST", "/command")] = self.run_command
         server.routes[("DELETE", "/command")] = self.interrupt
+        server.routes[("GET", f"/command/status/{COMMAND_ID}")] = self.status
+        self.status_calls = 0
 
     def interrupts(self, path: str) -> list[list[str]]:
         return [r.query.get("id", []) for r in self.server.seen("DELETE", path)]
@@ -52,6 +54,13 @@ class Execd:
         if self.honours_interrupts:
             self.server.interrupted.set()
         req.send_raw(200, b"")
+
+    def status(self, req: Request) -> None:
+        self.status_calls += 1
+        if self.status_calls == 1:  # real execd records a background command a moment late
+            req.send_json(404, {"code": "INVALID_REQUEST_BODY", "message": "not found"})
+        else:
+            req.send_json(200, {"id": COMMAND_ID, "running": True, "content": "sleep 30"})
 
     def run_code(self, req: Request) -> None:
         req.start_stream()
@@ -223,6 +232,7 @@ def test_starting_a_background_command_never_interrupts_it(
     sandbox = bare_handle(server)
     assert sandbox.commands.start("sleep 30").id == COMMAND_ID
     assert execd.interrupts("/command") == []
+    assert execd.status_calls == 2  # start returns once execd knows the command
 
 
 def test_twelve_output_floods_each_leave_the_context_free_on_the_local_server() -> None:

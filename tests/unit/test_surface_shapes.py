@@ -74,13 +74,47 @@ def test_start_command_is_background(rsps: responses.RequestsMock, sandbox: Sand
         body=stream_body({"type": "init", "text": "bg-1"}, {"type": "execution_complete"}),
         content_type="text/event-stream",
     )
+    rsps.get(f"{EXECD}/command/status/bg-1", json={"id": "bg-1", "running": True})
     rsps.get(
         f"{EXECD}/command/bg-1/logs", body=b"tail", headers={"EXECD-COMMANDS-TAIL-CURSOR": "12"}
     )
     command = sandbox.commands.start("serve", cwd="/srv")
-    assert last_json(rsps) == {"command": "serve", "cwd": "/srv", "background": True}
+    body = json.loads(rsps.calls[0].request.body)
+    assert body == {"command": "serve", "cwd": "/srv", "background": True}
     assert command.logs(8) == ("tail", 12)
     assert parse_qs(urlsplit(rsps.calls[-1].request.url).query) == {"cursor": ["8"]}
+
+
+def test_start_returns_once_execd_knows_the_command(
+    rsps: responses.RequestsMock, sandbox: Sandbox
+) -> None:
+    # Real execd sends execution_complete before it records a background command.
+    rsps.post(
+        f"{EXECD}/command",
+        body=stream_body({"type": "init", "text": "bg-2"}, {"type": "execution_complete"}),
+        content_type="text/event-stream",
+    )
+    status = f"{EXECD}/command/status/bg-2"
+    for _ in range(2):
+        rsps.get(status, status=404, json={"code": "INVALID_REQUEST_BODY", "message": "no"})
+    rsps.get(status, json={"id": "bg-2", "running": True})
+    assert sandbox.commands.start("serve").status().running is True
+    assert [c.request.url for c in rsps.calls].count(status) == 4
+
+
+def test_start_fails_clearly_when_execd_never_knows_the_command(
+    rsps: responses.RequestsMock, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("osb_sync._commands.REGISTRATION_WAIT", 0.2)
+    rsps.post(
+        f"{EXECD}/command",
+        body=stream_body({"type": "init", "text": "bg-3"}, {"type": "execution_complete"}),
+        content_type="text/event-stream",
+    )
+    rsps.get(f"{EXECD}/command/status/bg-3", status=404, json={"code": "X", "message": "no"})
+    with pytest.raises(osb_sync.OpenSandboxError, match="bg-3 but did not know it"):
+        sandbox.commands.start("serve")
+    assert sandbox.commands.started == ()
 
 
 def test_interrupts_use_the_ids(rsps: responses.RequestsMock, sandbox: Sandbox) -> None:
