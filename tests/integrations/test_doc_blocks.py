@@ -149,8 +149,8 @@ def all_blocks() -> list[Block]:
 def kind_of(block: Block) -> str:
     if block.language in ("python", "python3", "py", "pycon"):
         return "python"
-    if block.language in SHELL or block.language == "toml":
-        return "shell" if block.language in SHELL else "toml"
+    if block.language in SHELL:
+        return "shell"
     if block.language:
         return block.language
     try:
@@ -213,6 +213,7 @@ def run_python(block: Block, client: osb_sync.Client) -> None:
     namespace["user_code"] = USER_CODE
     sandbox = None
     if names & {"sandbox", "token", "execd_url"}:
+        # labelled like the sandboxes the README's listing example looks for
         sandbox = client.create_sandbox(metadata={"team": "ml"})
         for path, data in SANDBOX_FILES.items():
             sandbox.files.write(path, data)
@@ -245,8 +246,8 @@ def run_as_test_file(
     result = pytester.runpytest_subprocess(
         *plugin, "-p", "no:cacheprovider", "--opensandbox-api-base", api_base, timeout=300
     )
-    outcomes = result.parseoutcomes()
-    assert outcomes.get("passed", 0) >= 1 and set(outcomes) <= {"passed"}, result.stdout.str()
+    tests = len(re.findall(r"^def test_", block.code, re.MULTILINE))
+    assert result.parseoutcomes() == {"passed": tests}, result.stdout.str()
 
 
 def run_shell(block: Block, tmp_path: Path) -> None:
@@ -269,10 +270,17 @@ def run_shell(block: Block, tmp_path: Path) -> None:
     )
 
 
+def class_paths(table: dict[str, Any]) -> Iterator[str]:
+    for key, value in table.items():
+        if isinstance(value, dict):
+            yield from class_paths(value)
+        elif key == "class_path":
+            yield value
+
+
 def check_toml(block: Block) -> None:
     tomllib = pytest.importorskip("tomllib", reason="parsing TOML needs Python 3.11")
-    document = tomllib.loads(block.code)
-    paths = re.findall(r"'class_path': '([^']*)'", repr(document))
+    paths = list(class_paths(tomllib.loads(block.code)))
     assert paths, f"{block.name}: a TOML block names no class_path"
     for class_path in paths:
         module, _, name = class_path.partition(":")
