@@ -1,6 +1,32 @@
-"""osb_sync: a synchronous, thread-safe client for OpenSandbox.
+"""osb_sync: a blocking, thread-safe Python client for OpenSandbox.
 
-Table of contents only; see README.rst for the API and error tables.
+It creates sandboxes through the OpenSandbox lifecycle API, waits until they run, runs code and
+commands in them over a capped event stream, manages their files and code contexts, and deletes
+them. No event loop needed: for scripts, Django and Flask handlers, workers and notebooks.
+
+Five names to start with:
+
+- ``Client``: a connection to a server (``OPEN_SANDBOX_API_BASE`` and ``OPEN_SANDBOX_API_KEY``,
+  or arguments); ``create_sandbox``, ``connect``, ``code_interpreter_tool``, ``list_sandboxes``.
+- ``Sandbox``: one sandbox; ``run_code``, ``stream_code``, ``commands``, ``contexts``, ``files``;
+  ``with`` deletes it.
+- ``ExecutionResult``: what a run returns: ``stdout``, ``stderr``, ``results`` and ``error`` (an
+  exception in the sandbox is returned, not raised).
+- ``SandboxPool``: warm sandboxes lent to threads (web handlers, workers).
+- ``OpenSandboxError``: the base class of every error osb_sync raises.
+
+Example::
+
+    import osb_sync
+
+    with osb_sync.Client() as client, client.create_sandbox() as sandbox:
+        print(sandbox.run_code("6 * 7").results)  # [{'text': '42'}]
+
+Also: ``osb_sync.local.LocalServer`` (and ``osb-sync serve``), a local OpenSandbox-compatible
+server; ``osb_sync.testing``, a pytest plugin; ``osb_sync.integrations``, for Flask, Django and
+deepagents-code. ``help()`` on each name gives its reference. In the source repository,
+README.rst is the overview and ``docs/`` holds the guides and API reference (build them with
+``tox -e docs``).
 """
 
 import importlib as _importlib

@@ -73,7 +73,7 @@ class TrackingClient(Client):
         self._created_lock = threading.Lock()
 
     def create_sandbox(self, **kwargs: Any) -> Sandbox:
-        """:meth:`Client.create_sandbox`, adding the session label to ``metadata``."""
+        """:meth:`osb_sync.Client.create_sandbox`, adding the session label to ``metadata``."""
         kwargs["metadata"] = {**(kwargs.get("metadata") or {}), SESSION_KEY: self.session_tag}
         sandbox = super().create_sandbox(**kwargs)
         with self._created_lock:

@@ -186,7 +186,7 @@ class OpenSandboxProvider(SandboxProvider):  # type: ignore[misc]
 
     @property
     def metadata(self) -> SandboxProviderMetadata:
-        """What the host shows and tells the agent: the name and the working directory."""
+        """What the host shows and tells the agent (the name and the working directory)."""
         return SandboxProviderMetadata(
             name="opensandbox",
             working_dir=os.environ.get(WORKING_DIR_ENV) or "/tmp",  # noqa: S108

@@ -122,7 +122,7 @@ class OpenSandbox:
 
     @property
     def sandbox(self) -> Sandbox:
-        """The current request's sandbox: borrowed on first access, returned at teardown."""
+        """The current request's sandbox (borrowed on first access, returned at teardown)."""
         return get_sandbox()
 
     def get_pool(self, app: Flask | None = None) -> SandboxPool:

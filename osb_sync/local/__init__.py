@@ -14,10 +14,11 @@ server's Python; a private writable /tmp, home and execd state (host directories
 sandbox); a per-file size limit (no total disk cap); deletion kills every process of the sandbox
 (its PID namespace ends); pause freezes them all (freezer cgroup, else SIGSTOP); a deny-all
 network policy leaves loopback only, no policy gives outbound access through slirp4netns without
-host loopback (no network where it is missing). Not enforced: memory, CPU and process-count
-limits, per-host egress rules (refused with 400), the image (recorded, never pulled: code runs
-on the host's /usr with the server's interpreter), and the sandbox's root is uid 0 mapped to the
-server's user (host root when run as root), so a kernel hole in user namespaces is a way out.
+host loopback (no network where it is missing); memory, CPU and process-count limits by cgroups
+where the server can write them (`limits.py` says which). Not enforced: per-host egress rules
+(refused with 400), the image (recorded, never pulled: code runs on the host's /usr with the
+server's interpreter), and the sandbox's root is uid 0 mapped to the server's user (host root
+when run as root), so a kernel hole in user namespaces is a way out.
 Where bubblewrap or user namespaces are missing, sandboxes are plain processes of the server's
 user, NOT isolated: the start-up log line, every create's status message and `osb-sync run` say
 so. The server binds 127.0.0.1 by default; the proxy and execd need the per-sandbox token

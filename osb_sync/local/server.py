@@ -139,12 +139,12 @@ class LocalServer:
 
     @property
     def base_url(self) -> str:
-        """`http://host:port`, without `/v1`."""
+        """``http://host:port``, without ``/v1``."""
         return f"http://{self.host}:{self.port}"
 
     @property
     def api_base(self) -> str:
-        """`http://host:port/v1`, the lifecycle API base URL."""
+        """``http://host:port/v1``, the lifecycle API base URL."""
         return f"{self.base_url}/v1"
 
     def _support(self) -> Support:

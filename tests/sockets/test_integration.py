@@ -272,7 +272,7 @@ def test_execd_token_is_required(client: Client) -> None:
         assert info.value.status_code == 401
 
 
-def test_readme_example_runs(local: LocalServer) -> None:
+def test_readme_example_runs(local: LocalServer, monkeypatch: pytest.MonkeyPatch) -> None:
     from pathlib import Path
 
     readme = (Path(__file__).parents[2] / "README.rst").read_text()
@@ -283,6 +283,6 @@ def test_readme_example_runs(local: LocalServer) -> None:
             break
         body.append(line[4:])
     code = "\n".join(body)
-    code = code.replace('"http://127.0.0.1:8080/v1", api_key="..."', f'"{local.api_base}"')
+    monkeypatch.setenv("OPEN_SANDBOX_API_BASE", local.api_base)  # the example's Client() reads it
     namespace: dict[str, object] = {}
     exec(compile(code, "README.rst", "exec"), namespace)
