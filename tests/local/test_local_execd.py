@@ -217,11 +217,11 @@ def test_command_timeout(box: Box) -> None:
 
 
 def test_command_grace_keeps_stream_open(make_box: Any) -> None:
-    with LocalServer(command_grace=0.6) as graceful:
+    with LocalServer(command_grace=3.0) as graceful:
         box = make_box(graceful)
         started = time.monotonic()
         _, times = raw_stream(box, "/command", {"command": "true"})
-        assert times[-1] < 0.5 <= time.monotonic() - started  # complete event, then EOF
+        assert times[-1] < 2.5 and time.monotonic() - started >= 3.0  # complete event, then EOF
 
 
 def test_background_command_status_and_logs(box: Box) -> None:
