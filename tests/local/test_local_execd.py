@@ -220,8 +220,10 @@ def test_command_grace_keeps_stream_open(make_box: Any) -> None:
     with LocalServer(command_grace=3.0) as graceful:
         box = make_box(graceful)
         started = time.monotonic()
-        _, times = raw_stream(box, "/command", {"command": "true"})
-        assert times[-1] < 2.5 and time.monotonic() - started >= 3.0  # complete event, then EOF
+        chunks, times = raw_stream(box, "/command", {"command": "true"})
+        types = [json.loads(chunk)["type"] for chunk in chunks]
+        complete_at = times[types.index("execution_complete")]
+        assert complete_at < 2.5 and time.monotonic() - started >= 3.0  # the event, then EOF
 
 
 def test_background_command_status_and_logs(box: Box) -> None:
