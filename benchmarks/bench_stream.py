@@ -43,6 +43,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -157,17 +158,11 @@ def worker() -> None:
         if request.get("profile"):
             print(json.dumps({"profile": profiled(run)}), flush=True)
             continue
-        wall, cpu = _clock()
+        wall, cpu = time.perf_counter(), time.process_time()
         got = run()
-        wall, cpu = _clock(wall, cpu)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         assert got == total, (request["variant"], got, total)
         print(json.dumps({"wall": wall, "cpu": cpu}), flush=True)
-
-
-def _clock(wall: float = 0.0, cpu: float = 0.0) -> tuple[float, float]:
-    import time
-
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def profiled(run: Callable[[], object], top: int = 18) -> str:
