@@ -5,8 +5,10 @@ bytes, for N = 448 KiB and 3.5 MiB (the local server refuses results over 4 MiB)
 seconds per run, medians of ``--reps``, sizes interleaved. The pure parser is also timed in
 process on the same event bytes cut into 64 KiB and 4 KiB chunks (smaller chunks are where a
 quadratic buffer shows), framed both as execd does (a bare JSON line: the direct decoder) and
-as SSE (``data:``: sseclient-py). Result building: folding 100, 800 and 6400 8 KiB stdout
-events into an ExecutionResult (the list of texts and the final join), next to the join alone.
+as SSE (``data:``: sseclient-py). Result building: folding 800 and 6400 8 KiB stdout events
+into an ExecutionResult (the list of texts and the final join), next to the join alone (which
+any consumer building the string pays; above glibc's 32 MiB mmap threshold every join of that
+size takes page faults on a fresh mapping, so neither is proportional across that step).
 
     python benchmarks/bench_large_events.py
 """
@@ -101,8 +103,8 @@ def main() -> None:
         key: round(cost / (int(key.split("MiB")[0]) << 20) * 1e9, 2)
         for key, cost in parser_only.items()
     }
-    folding = {n: fold_cost(n, args.reps) for n in (100, 800, 6400)}
-    fold_ratio = folding[800][0] / folding[100][0]
+    folding = {n: fold_cost(n, args.reps) for n in (800, 6400)}
+    fold_over_join = folding[6400][0] / folding[6400][1]
     report(
         "large_events",
         {
@@ -113,12 +115,11 @@ def main() -> None:
             "parser_8MiB_over_1MiB_at_4KiB_chunks": round(parse_ratio_4k, 2),
             "result_building_cpu_s": {f"{n}x8KiB": round(c[0], 4) for n, c in folding.items()},
             "join_alone_cpu_s": {f"{n}x8KiB": round(c[1], 4) for n, c in folding.items()},
-            "result_building_800_over_100": round(fold_ratio, 2),
             "result_building_6400_over_800": round(folding[6400][0] / folding[800][0], 2),
             "join_alone_6400_over_800": round(folding[6400][1] / folding[800][1], 2),
             "goals": {
                 "8x larger event <= 10x the CPU (end to end)": verdict(ratio <= 10),
-                "result building of 8x the events <= 10x (100 -> 800)": verdict(fold_ratio <= 10),
+                "result building of 52 MB <= 1.5x its join alone": verdict(fold_over_join <= 1.5),
             },
         },
         args.json,
