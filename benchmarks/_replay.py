@@ -1,10 +1,16 @@
 """A replay execd for the streaming benchmark: every ``POST .../code`` gets the same corpus.
 
-The corpus mimics what a Jupyter-backed execd sends for chatty output: mostly small stdout
-events, some medium ones and a few large ones (about 50 MB in all, proportions from
-``shared/reference/dependencies.md`` section 6a), each event its own HTTP chunk, as execd
-flushes per event. The whole answer is encoded once; serving it costs this process little.
-Usage: ``_replay.py MEGABYTES``; prints ``replaying http://127.0.0.1:PORT`` on stdout.
+Two corpora, each event its own HTTP chunk, as execd flushes per event:
+
+- synthetic (``_replay.py MEGABYTES``): what a Jupyter-backed execd sends for chatty output,
+  mostly small stdout events, some medium ones and a few large ones (proportions from
+  ``shared/reference/dependencies.md`` section 6a);
+- a capture of the real execd (``_replay.py MEGABYTES CAPTURE``): the HTTP chunks one real
+  ``POST /code`` answered, exactly as sent (``capture`` records them), repeated whole until
+  MEGABYTES of stdout (each repetition repeats its ``init``, pings and ``execution_complete``).
+
+The whole answer is encoded once; serving it costs this process little. Prints
+``replaying http://127.0.0.1:PORT STDOUT_BYTES`` on stdout.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -32,9 +39,39 @@ def corpus(total: int) -> tuple[bytes, int]:
         stdout += len(text)
         events.append(json.dumps({"type": "stdout", "text": text, "timestamp": 2}).encode())
     events.append(json.dumps({"type": "execution_complete", "timestamp": 3}).encode())
-    frames = [e + b"\n\n" for e in events]
-    body = b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in frames) + b"0\r\n\r\n"
-    return body, stdout
+    return chunked([e + b"\n\n" for e in events]), stdout
+
+
+def chunked(chunks: Iterable[bytes]) -> bytes:
+    """An HTTP/1.1 chunked body sending each of ``chunks`` as one chunk."""
+    return b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks if c) + b"0\r\n\r\n"
+
+
+def unchunked(body: bytes) -> list[bytes]:
+    """The chunks of a chunked body (no extensions or trailers: ours and execd's)."""
+    chunks, at = [], 0
+    while True:
+        end = body.index(b"\r\n", at)
+        size = int(body[at:end], 16)
+        if not size:
+            return chunks
+        chunks.append(body[end + 2 : end + 2 + size])
+        at = end + 4 + size
+
+
+def stdout_bytes(chunks: list[bytes]) -> int:
+    """Characters of stdout text the events of ``chunks`` carry."""
+    lines = b"".join(chunks).split(b"\n")
+    events = [json.loads(line) for line in lines if line.strip()]
+    return sum(len(e.get("text", "")) for e in events if e.get("type") == "stdout")
+
+
+def replayed(capture: bytes, total: int) -> tuple[bytes, int]:
+    """(chunked body, stdout characters) of a captured answer repeated to ``total`` stdout."""
+    chunks = unchunked(capture)
+    once = stdout_bytes(chunks)
+    times = max(1, -(-total // once))
+    return chunked(chunks * times), once * times
 
 
 class Replay(BaseHTTPRequestHandler):
@@ -70,7 +107,12 @@ class ReplayServer(ThreadingHTTPServer):
 
 
 if __name__ == "__main__":
-    body, stdout = corpus(int(float(sys.argv[1]) * 1_000_000))
+    wanted = int(float(sys.argv[1]) * 1_000_000)
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], "rb") as handle:
+            body, stdout = replayed(handle.read(), wanted)
+    else:
+        body, stdout = corpus(wanted)
     server = ReplayServer(body)
     print(f"replaying http://127.0.0.1:{server.server_address[1]} {stdout}", flush=True)
     server.serve_forever()

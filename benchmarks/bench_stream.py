@@ -1,19 +1,33 @@
-"""Streaming: 50 MB of stdout through run_code, against two baselines on the same execd stream.
+"""Streaming: osb_sync against a minimal consumer of the same execd stream, on four corpora.
 
-Three consumers read the same ``POST /code`` stream of the same sandbox on the same local server
-(a separate process, so its CPU is not counted), interleaved, ``--reps`` times each:
+Goal 1 of issue 16: client CPU <= 1.2x and wall throughput >= 0.9x of a minimal consumer
+(requests ``iter_content(65536)``, split on ``\\n``, strip an optional ``data:``,
+``json.loads``), for
 
-- ``osb_sync``: ``sandbox.run_code(...)`` with the cap raised;
-- ``raw``: plain ``requests`` ``iter_content`` with no parsing (the transport limit);
-- ``minimal``: split lines and ``json.loads`` each event, joining stdout (the parsing limit).
+- ``stream_code``: iterating the stream's events, against the minimal consumer summing the
+  stdout text (``min_sum``);
+- ``run_code``: against the minimal consumer that also builds the stdout string (``min_join``).
 
-Reported: wall throughput (MB of stdout per second) and client CPU seconds per 50 MB, medians,
-and the ratios the goals are about. ``--profile`` adds a cProfile of one osb_sync run.
-``--corpus small-events`` streams a recorded-style corpus of ~50k mostly small events from a
-replay execd instead (``_replay.py``), where per-event costs dominate.
+Corpora (``--corpus``, default all), about ``--mb`` MB of stdout each:
 
-    python benchmarks/bench_stream.py
-    python benchmarks/bench_stream.py --corpus small-events
+- ``large``: the local server runs Python writing 64 KiB pieces (large coalesced events);
+- ``lines8k``: the local server runs ``sys.stdout.write('x' * 8191 + '\\n')`` in a loop;
+- ``small-events``: a replay execd (``_replay.py``) sends ~57k mostly small events, one HTTP
+  chunk each;
+- ``execd-capture``: the same replay execd sends the HTTP chunks one ``POST /code`` of the
+  real execd answered (4000 flushed prints, then 100 000 unflushed lines: small events, then
+  Jupyter's coalesced ones), captured once (``--capture``, made with
+  ``shared/opensandbox-execd/run-execd`` when missing) and repeated to ``--mb``.
+
+Servers run in their own processes. The clients run in worker processes, one per source tree:
+this checkout and, with ``--baseline DIR``, another one (e.g. a worktree of ``main``), so
+before and after are measured in the same run. Every (tree, variant) pair runs once to warm
+up, then ``--reps`` times, the order rotating every repetition; medians are reported, and each
+tree's ratios are against the minimal consumers measured in its own worker. ``--profile``
+adds a cProfile of one ``run_code`` and one ``stream_code`` of this checkout per corpus.
+
+    python benchmarks/bench_stream.py --baseline /work/wt/main-base --reps 7
+    python benchmarks/bench_stream.py --corpus small-events --profile
 """
 
 from __future__ import annotations
@@ -25,21 +39,32 @@ import io
 import json
 import os
 import pstats
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
-import requests
-from _common import local_server, measured, median, report, verdict
-
-from osb_sync import Client, Sandbox
-
+HERE = Path(__file__).resolve().parent
 CHUNK = 65536
-PIECE = 64 * 1024  # the program writes its output in pieces of this size
+PIECE = 64 * 1024  # the large corpus writes its output in pieces of this size
+CORPORA = ("large", "lines8k", "small-events", "execd-capture")
+VARIANTS = ("run_code", "min_join", "stream_code", "min_sum")
+STREAM_HEADERS = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
+CAPTURE_CODE = (
+    "for i in range(4000):\n"
+    "    print('step', i, 'x' * (i % 90), flush=True)\n"
+    "for i in range(100000):\n"
+    "    print('line', i, 'y' * (i % 90))\n"
+)
+CPU_GOAL, WALL_GOAL = 1.2, 0.9
 
 
-def program(total: int) -> str:
-    """Python code that writes exactly ``total`` bytes to stdout."""
+def large_program(total: int) -> str:
+    """Python code that writes exactly ``total`` bytes to stdout, in 64 KiB pieces."""
     full, rest = divmod(total, PIECE)
     return (
         "import sys\n"
@@ -50,161 +75,341 @@ def program(total: int) -> str:
     )
 
 
-def via_osb_sync(sandbox: Sandbox, code: str, total: int) -> int:
-    result = sandbox.run_code(code, max_output_bytes=4 * total + (1 << 20))
-    assert len(result.stdout) == total, len(result.stdout)
-    return total
+def lines8k_program(total: int) -> tuple[str, int]:
+    """Python code writing 8 KiB lines (``'x' * 8191 + '\\n'``), and the bytes it writes."""
+    count = max(1, total // 8192)
+    code = f"import sys\nfor _ in range({count}):\n    sys.stdout.write('x' * 8191 + '\\n')\n"
+    return code, count * 8192
+
+
+# -- the worker: one process per source tree, driven over stdin/stdout ------------------------
+
+
+def worker() -> None:
+    """Run the variants the driver asks for; answer one JSON line per request."""
+    import requests
+
+    import osb_sync
+
+    setup = json.loads(sys.stdin.readline())
+    sandbox = osb_sync.Sandbox.from_execd(setup["url"], headers=setup["headers"], read_timeout=120)
+    session = requests.Session()
+    code, total = setup["code"], setup["total"]
+    cap = 4 * total + (1 << 20)
+
+    def open_stream() -> requests.Response:
+        body = {"code": code, "context": {"language": "python"}}
+        headers = {**STREAM_HEADERS, **setup["headers"]}
+        response = session.post(
+            setup["url"] + "/code", json=body, headers=headers, stream=True, timeout=(10, 120)
+        )
+        response.raise_for_status()
+        return response
+
+    def minimal(texts: Callable[[str], object]) -> None:
+        tail = b""
+        with open_stream() as response:
+            for chunk in response.iter_content(CHUNK):
+                lines = (tail + chunk).split(b"\n")
+                tail = lines.pop()
+                for line in lines:
+                    if line.startswith(b"data:"):
+                        line = line[5:]
+                    if line.strip():
+                        event = json.loads(line)
+                        if event.get("type") == "stdout":
+                            texts(event["text"])
+
+    def min_join() -> int:
+        parts: list[str] = []
+        minimal(parts.append)
+        return len("".join(parts))
+
+    def min_sum() -> int:
+        size = [0]
+
+        def add(text: str) -> None:
+            size[0] += len(text)
+
+        minimal(add)
+        return size[0]
+
+    def run_code() -> int:
+        return len(sandbox.run_code(code, max_output_bytes=cap).stdout)
+
+    def stream_code() -> int:
+        size = 0
+        with sandbox.stream_code(code, max_output_bytes=cap) as stream:
+            for event in stream:
+                if event.type == "stdout" and event.text:
+                    size += len(event.text)
+        return size
+
+    variants: dict[str, Callable[[], int]] = {
+        "run_code": run_code,
+        "min_join": min_join,
+        "stream_code": stream_code,
+        "min_sum": min_sum,
+    }
+    print(json.dumps({"osb_sync": osb_sync.__file__}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        run = variants[request["variant"]]
+        if request.get("profile"):
+            print(json.dumps({"profile": profiled(run)}), flush=True)
+            continue
+        wall, cpu = time.perf_counter(), time.process_time()
+        got = run()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        assert got == total, (request["variant"], got, total)
+        print(json.dumps({"wall": wall, "cpu": cpu}), flush=True)
+
+
+def profiled(run: Callable[[], object], top: int = 18) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).strip_dirs().sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+class Worker:
+    """A worker process importing osb_sync from ``tree``."""
+
+    def __init__(self, tree: Path, setup: dict[str, Any]):
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        self.imported = self.ask(setup)["osb_sync"]
+        expected = str(tree.resolve() / "osb_sync" / "__init__.py")
+        assert self.imported == expected, (self.imported, expected)
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the worker died (exit {self.proc.wait()})")
+        result: dict[str, Any] = json.loads(answer)
+        return result
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+# -- the driver ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def real_execd_dir() -> Path | None:
+    """run-execd's folder: ``$OSB_REAL_EXECD_DIR``, else ``shared/opensandbox-execd`` above."""
+    if os.environ.get("OSB_REAL_EXECD_DIR"):
+        return Path(os.environ["OSB_REAL_EXECD_DIR"])
+    for parent in HERE.parents:
+        if (parent / "shared" / "opensandbox-execd" / "run-execd").is_file():
+            return parent / "shared" / "opensandbox-execd"
+    return None
+
+
+def capture_real_execd(path: Path) -> None:
+    """Record, as a chunked body, the HTTP chunks the real execd answers ``CAPTURE_CODE`` with."""
+    import requests
+    from _replay import chunked
+
+    folder = real_execd_dir()
+    if folder is None:
+        raise SystemExit("no shared/opensandbox-execd: set OSB_REAL_EXECD_DIR or --capture")
+    run_execd, port = str(folder / "run-execd"), free_port()
+    with tempfile.TemporaryDirectory(prefix="osb-bench-execd-") as state:
+        subprocess.run([run_execd, "start", state, str(port)], check=True)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            with requests.Session() as session:
+                context = session.post(f"{url}/code/context", json={"language": "python"})
+                body = {"code": CAPTURE_CODE, "context": {**context.json(), "language": "python"}}
+                response = session.post(
+                    f"{url}/code", json=body, headers=STREAM_HEADERS, stream=True, timeout=120
+                )
+                with response:
+                    chunks = list(response.iter_content(None))  # one item per HTTP chunk
+        finally:
+            subprocess.run([run_execd, "stop", state], check=False)
+    path.write_bytes(chunked(chunks))
 
 
 @contextlib.contextmanager
-def replay_server(mb: float) -> Iterator[tuple[str, int]]:
-    """``_replay.py`` in its own process: (execd endpoint, stdout bytes of its corpus)."""
-    script = os.path.join(os.path.dirname(__file__), "_replay.py")
-    proc = subprocess.Popen([sys.executable, script, str(mb)], stdout=subprocess.PIPE, text=True)
+def replay_server(mb: float, capture: Path | None = None) -> Iterator[tuple[str, int]]:
+    """``_replay.py`` in its own process: (execd URL, stdout characters of one answer)."""
+    command = [sys.executable, str(HERE / "_replay.py"), str(mb)]
+    if capture is not None:
+        command.append(str(capture))
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     _, url, stdout = proc.stdout.readline().split()
     try:
-        yield url.removeprefix("http://"), int(stdout)
+        yield url, int(stdout)
     finally:
         proc.terminate()
         proc.wait()
 
 
 @contextlib.contextmanager
-def target(args: argparse.Namespace) -> Iterator[tuple[Client, Sandbox, int]]:
-    """The client, the sandbox to stream from, and the stdout bytes one run yields."""
-    if args.corpus == "small-events":
-        with (
-            replay_server(args.mb) as (endpoint, total),
-            Client("http://127.0.0.1:9/v1", read_timeout=120) as client,
-        ):
-            yield client, Sandbox.from_execd(f"http://{endpoint}", read_timeout=120), total
+def source(corpus: str, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """What the workers stream from: execd URL and headers, the code, the stdout it yields."""
+    total = int(args.mb * 1_000_000)
+    if corpus in ("small-events", "execd-capture"):
+        capture = None
+        if corpus == "execd-capture":
+            capture = Path(args.capture)
+            if not capture.exists():
+                capture_real_execd(capture)
+        with replay_server(args.mb, capture) as (url, stdout):
+            yield {"url": url, "headers": {}, "code": "replayed", "total": stdout}
         return
+    from _common import local_server
+
+    from osb_sync import Client
+
+    if corpus == "large":
+        code = large_program(total)
+    else:
+        code, total = lines8k_program(total)
     with (
         local_server() as server,
         Client(server.api_base, read_timeout=120) as client,
         client.create_sandbox(allow_internet_access=True) as sandbox,
     ):
-        yield client, sandbox, int(args.mb * 1_000_000)
+        yield {
+            "url": sandbox.execd_url,
+            "headers": sandbox.execd_headers,
+            "code": code,
+            "total": total,
+        }
 
 
-def open_stream(session: requests.Session, sandbox: Sandbox, code: str) -> requests.Response:
-    body = {"code": code, "context": {"language": "python"}}
-    headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
-    response = session.post(
-        sandbox.execd_url + "/code",
-        json=body,
-        headers={**headers, **sandbox.execd_headers},
-        stream=True,
-        timeout=(10, 120),
-    )
-    response.raise_for_status()
-    return response
+def measure(corpus: str, trees: dict[str, Path], args: argparse.Namespace) -> dict[str, Any]:
+    """Samples of every (tree, variant) pair, interleaved; medians, ratios and verdicts."""
+    with source(corpus, args) as setup:
+        workers = {name: Worker(tree, setup) for name, tree in trees.items()}
+        try:
+            pairs = [(name, variant) for name in workers for variant in VARIANTS]
+            for name, variant in pairs:  # warm up: connections, caches, the kernel's state
+                workers[name].ask({"variant": variant})
+            samples: dict[tuple[str, str], list[dict[str, float]]] = {p: [] for p in pairs}
+            for rep in range(args.reps):
+                shift = rep % len(pairs)
+                for pair in pairs[shift:] + pairs[:shift]:
+                    samples[pair].append(workers[pair[0]].ask({"variant": pair[1]}))
+            profiles = {}
+            if args.profile:
+                for variant in ("run_code", "stream_code"):
+                    answer = workers["after"].ask({"variant": variant, "profile": True})
+                    profiles[variant] = answer["profile"]
+        finally:
+            for each in workers.values():
+                each.close()
+    return summarize(corpus, setup["total"], samples, profiles)
 
 
-def via_raw(session: requests.Session, sandbox: Sandbox, code: str, total: int) -> int:
-    """The transport limit: read the bytes, parse nothing."""
-    received = 0
-    with open_stream(session, sandbox, code) as response:
-        for chunk in response.iter_content(CHUNK):
-            received += len(chunk)
-    assert received > total
-    return total
+def summarize(
+    corpus: str,
+    total: int,
+    samples: dict[tuple[str, str], list[dict[str, float]]],
+    profiles: dict[str, str],
+) -> dict[str, Any]:
+    from _common import median, verdict
 
-
-def via_minimal(session: requests.Session, sandbox: Sandbox, code: str, total: int) -> int:
-    """The parsing limit: split lines, json.loads each event, join the stdout text."""
-    stdout: list[str] = []
-    tail = b""
-    with open_stream(session, sandbox, code) as response:
-        for chunk in response.iter_content(CHUNK):
-            lines = (tail + chunk).split(b"\n")
-            tail = lines.pop()
-            for line in lines:
-                if line:
-                    event = json.loads(line)
-                    if event.get("type") == "stdout":
-                        stdout.append(event["text"])
-    text = "".join(stdout)
-    assert len(text) == total, len(text)
-    return total
-
-
-def profile_once(run: Callable[[], int], top: int) -> str:
-    profiler = cProfile.Profile()
-    profiler.enable()
-    run()
-    profiler.disable()
-    out = io.StringIO()
-    stats = pstats.Stats(profiler, stream=out).strip_dirs()
-    stats.sort_stats("tottime").print_stats(top)
-    return out.getvalue()
+    out: dict[str, Any] = {"corpus": corpus, "stdout_bytes": total}
+    for name in dict.fromkeys(tree for tree, _ in samples):
+        cpu = {v: median([s["cpu"] for s in samples[name, v]]) for v in VARIANTS}
+        wall = {v: median([s["wall"] for s in samples[name, v]]) for v in VARIANTS}
+        ratios = {
+            "run_code_cpu": cpu["run_code"] / cpu["min_join"],
+            "run_code_throughput": wall["min_join"] / wall["run_code"],
+            "stream_code_cpu": cpu["stream_code"] / cpu["min_sum"],
+            "stream_code_throughput": wall["min_sum"] / wall["stream_code"],
+        }
+        out[name] = {
+            "cpu_s": {v: round(c, 3) for v, c in cpu.items()},
+            "wall_s": {v: round(w, 3) for v, w in wall.items()},
+            "MB_per_s": {v: round(total / 1e6 / w, 1) for v, w in wall.items()},
+            "ratios": {k: round(r, 2) for k, r in ratios.items()},
+            "goals": {
+                f"{kind} CPU <= {CPU_GOAL}x, throughput >= {WALL_GOAL}x": verdict(
+                    ratios[f"{kind}_cpu"] <= CPU_GOAL and ratios[f"{kind}_throughput"] >= WALL_GOAL
+                )
+                for kind in ("run_code", "stream_code")
+            },
+            "all_cpu_s": {v: [round(s["cpu"], 3) for s in samples[name, v]] for v in VARIANTS},
+        }
+    if profiles:
+        out["profile"] = profiles
+    return out
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--worker"]:
+        worker()
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", choices=[*CORPORA, "all"], default="all")
     parser.add_argument("--mb", type=float, default=50.0, help="stdout per run, in MB (10^6)")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--baseline", help="another source tree to measure in the same run")
     parser.add_argument(
-        "--corpus",
-        choices=["local", "small-events"],
-        default="local",
-        help="local: the local server runs Python that prints (large coalesced events); "
-        "small-events: a replay execd sends ~50k mostly small events, one HTTP chunk each",
+        "--capture",
+        default=os.path.join(tempfile.gettempdir(), "osb-bench-execd-capture.bin"),
+        help="the real-execd capture (made with run-execd when missing)",
     )
+    parser.add_argument("--profile", action="store_true")
     parser.add_argument("--json")
     args = parser.parse_args()
 
-    with target(args) as (_client, sandbox, total), requests.Session() as session:
-        code = program(total)
-        variants: dict[str, Callable[[], int]] = {
-            "osb_sync": lambda: via_osb_sync(sandbox, code, total),
-            "raw": lambda: via_raw(session, sandbox, code, total),
-            "minimal": lambda: via_minimal(session, sandbox, code, total),
-        }
-        for run in variants.values():  # warm up: worker, pools, caches
-            run()
-        samples: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
-        names = list(variants)
-        for rep in range(args.reps):
-            for name in names[rep % 3 :] + names[: rep % 3]:  # rotate the order
-                with measured() as m:
-                    variants[name]()
-                samples[name].append(m)
-        profile = profile_once(variants["osb_sync"], 25) if args.profile else None
+    # the driver's osb_sync (local server, sandbox set-up) is this checkout's
+    sys.path.insert(0, str(HERE.parent))
+    paths = [str(HERE.parent), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    from _common import report
 
-    per_50mb = 50_000_000 / total
-    results = {}
-    for name, runs in samples.items():
-        wall = median([r["wall"] for r in runs])
-        cpu = median([r["cpu"] for r in runs])
-        results[name] = {
-            "wall_s": round(wall, 3),
-            "stdout_MB_per_s": round(total / 1e6 / wall, 1),
-            "client_cpu_s_per_50MB": round(cpu * per_50mb, 3),
-            "all_cpu_s": [round(r["cpu"], 3) for r in runs],
-            "all_wall_s": [round(r["wall"], 3) for r in runs],
-        }
-    cpu_ratio = results["osb_sync"]["client_cpu_s_per_50MB"] / max(
-        results["minimal"]["client_cpu_s_per_50MB"], 1e-9
-    )
-    wall_ratio = results["osb_sync"]["stdout_MB_per_s"] / results["minimal"]["stdout_MB_per_s"]
+    trees = {"after": HERE.parent}
+    if args.baseline:
+        trees["before"] = Path(args.baseline)
+    corpora = CORPORA if args.corpus == "all" else (args.corpus,)
+    load_before = os.getloadavg()
+    results = [measure(corpus, trees, args) for corpus in corpora]
     data = {
-        "corpus": args.corpus,
-        "stdout_bytes": total,
+        "trees": {name: str(tree) for name, tree in trees.items()},
         "reps": args.reps,
-        "results": results,
-        "cpu_osb_over_minimal": round(cpu_ratio, 2),
-        "throughput_osb_over_minimal": round(wall_ratio, 2),
-        "goals": {
-            "client CPU <= 1.5x minimal": verdict(cpu_ratio <= 1.5),
-            "wall throughput >= 0.9x minimal": verdict(wall_ratio >= 0.9),
-        },
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "corpora": [{k: v for k, v in r.items() if k != "profile"} for r in results],
     }
     report("stream", data, args.json)
-    if profile:
-        print(profile)
+    print(f"{'corpus':14} {'tree':7} run_code CPU / thru   stream_code CPU / thru   (vs minimal)")
+    for result in results:
+        for name in trees:
+            r = result[name]["ratios"]
+            run = f"{r['run_code_cpu']:.2f}x / {r['run_code_throughput']:.2f}x"
+            stream = f"{r['stream_code_cpu']:.2f}x / {r['stream_code_throughput']:.2f}x"
+            print(f"{result['corpus']:14} {name:7} {run:>21} {stream:>24}")
+    for result in results:
+        for variant, text in result.get("profile", {}).items():
+            print(f"--- profile: {result['corpus']}, {variant}\n{text}")
 
 
 if __name__ == "__main__":

@@ -2,16 +2,20 @@
 
 Pipeline, one stage per function::
 
-    raw chunks -> capped() -> frame_lines() -> sseclient-py -> decode_event() -> ExecutionFolder
+    raw chunks -> capped() -> iter_events() -> decode_event() -> ExecutionFolder
 
-``frame_lines`` accepts both framings seen on the wire (``data: {...}`` lines, and real execd's
-bare ``{...}`` lines) and hands sseclient-py one whole ``data:`` frame per event, so sseclient-py
-never grows a buffer chunk by chunk: cost stays linear in the event size. Like the official SDKs,
-every line is one event.
+Like the official SDKs, every line is one event. ``iter_events`` picks the parser per stream
+from its first non-blank byte: real execd's bare ``{...}`` lines are decoded directly (one
+``json`` call per event, nothing else per byte); a stream that starts any other way (``data:``,
+``event:``, a comment) is SSE and goes through sseclient-py, one whole ``data:`` frame per line
+(``frame_lines``), so its buffer never grows chunk by chunk. A line of a bare stream that is not
+a plain JSON object line (a ``data:`` line, or a bare ``\r`` inside the line, where SSE ends a
+line) is handed to sseclient-py on its own, so both parsers give the same events for any bytes.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any, Iterable, Iterator
 
@@ -82,8 +86,8 @@ def frame_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """
     pending: list[bytes] = []
     for chunk in chunks:
-        if not pending and chunk[:1] == b"{" and chunk.count(b"\n") == 2 and chunk[-2:] == b"\n\n":
-            yield b"data: " + chunk  # execd's usual chunk: exactly one bare event
+        if not pending and chunk[:1] == b"{" and chunk.count(b"\n") == 2 and chunk[-3:] == b"}\n\n":
+            yield b"data: " + chunk  # execd's usual chunk: exactly one bare event, nothing to strip
             continue
         if b"\n" not in chunk:
             if chunk:
@@ -105,20 +109,27 @@ def frame_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 
 def _final_frame(tail: bytes) -> bytes:
+    payload = _final_payload(tail)
+    return b"" if payload is None else _frame(payload)
+
+
+def _final_payload(tail: bytes) -> bytes | None:
     """A last line without a newline is an event only if it is a whole JSON object."""
     if not tail.strip():
-        return b""
+        return None
     payload = _payload(tail)
     if payload is not None:
         try:
             if isinstance(json.loads(payload), dict):
-                return _frame(payload)
+                return payload
         except (ValueError, RecursionError):
             pass
     raise StreamError(f"the event stream ended in the middle of an event ({len(tail)} bytes cut)")
 
 
-_decode_json = json.JSONDecoder().decode
+_DECODER = json.JSONDecoder()
+_decode_json = _DECODER.decode
+_raw_decode = _DECODER.raw_decode
 
 
 def decode_event(data: str) -> Event | None:
@@ -128,6 +139,19 @@ def decode_event(data: str) -> Event | None:
     except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
+        return None
+    return event_from_object(obj)
+
+
+def _single_event(chunk: bytes) -> Event | None:
+    """The event of a ``{...}\\n\\n`` chunk: like ``decode_event`` of its line, one call less."""
+    text = chunk.decode("utf-8")
+    try:
+        obj, end = _raw_decode(text)
+    except (ValueError, RecursionError):
+        return None
+    # Anything between the object and the newlines ends in "}": not whitespace, so no event.
+    if end != len(text) - 2 or not isinstance(obj, dict):
         return None
     return event_from_object(obj)
 
@@ -143,12 +167,10 @@ def event_from_object(obj: dict[str, Any]) -> Event | None:
     text = obj.get("text")
     timestamp = obj.get("timestamp")
     return Event(
-        type=str(kind),
-        text=text if isinstance(text, str) else None,
-        timestamp=timestamp
-        if isinstance(timestamp, int) and not isinstance(timestamp, bool)
-        else None,
-        data=obj,
+        kind if type(kind) is str else str(kind),
+        text if isinstance(text, str) else None,
+        timestamp if type(timestamp) is int else None,  # json makes int or bool, never subclasses
+        obj,
     )
 
 
@@ -159,12 +181,78 @@ def iter_events(chunks: Iterable[bytes]) -> Iterator[Event]:
         StreamError: truncated stream or bytes that are not UTF-8.
     """
     try:
-        for sse in sseclient.SSEClient(frame_lines(chunks)).events():  # type: ignore[arg-type]
-            event = decode_event(sse.data)
-            if event is not None:
-                yield event
+        seen, bare = _sniff(iter(chunks))
+        if bare:
+            yield from _bare_events(seen)
+        else:
+            yield from _sse_events(seen)
     except UnicodeDecodeError as exc:
         raise StreamError(f"the event stream is not valid UTF-8 ({exc.reason})") from None
+
+
+def _sniff(chunks: Iterator[bytes]) -> tuple[Iterator[bytes], bool]:
+    """The same chunks, and whether the stream starts with ``{`` (real execd's bare lines)."""
+    head: list[bytes] = []
+    for chunk in chunks:
+        head.append(chunk)
+        start = chunk.lstrip()
+        if start:
+            return itertools.chain(head, chunks), start[:1] == b"{"
+    return iter(head), False
+
+
+def _sse_events(chunks: Iterable[bytes]) -> Iterator[Event]:
+    """sseclient-py's events of ``data:`` frames, one per line (see ``frame_lines``)."""
+    for sse in sseclient.SSEClient(frame_lines(chunks)).events():  # type: ignore[arg-type]
+        event = decode_event(sse.data)
+        if event is not None:
+            yield event
+
+
+def _bare_events(chunks: Iterable[bytes]) -> Iterator[Event]:
+    """The events of bare JSON lines, decoded directly; other lines go through sseclient-py."""
+    pending: list[bytes] = []
+    for chunk in chunks:
+        if (
+            not pending
+            and chunk[:1] == b"{"
+            and chunk[-3:] == b"}\n\n"
+            and chunk.count(b"\n") == 2
+            and b"\r" not in chunk
+        ):
+            event = _single_event(chunk)  # execd's usual chunk: exactly one event line
+            if event is not None:
+                yield event
+            continue
+        if b"\n" not in chunk:
+            if chunk:
+                pending.append(chunk)
+            continue
+        lines = chunk.split(b"\n")
+        if pending:
+            pending.append(lines[0])
+            lines[0] = b"".join(pending)
+            pending = []
+        tail = lines.pop()
+        if tail:
+            pending.append(tail)
+        for line in lines:
+            yield from _line_events(line)
+    if pending:
+        payload = _final_payload(b"".join(pending))
+        if payload is not None:
+            yield from _line_events(payload)
+
+
+def _line_events(line: bytes) -> Iterator[Event]:
+    """The event of one line of a bare stream (none for blank and SSE field lines)."""
+    line = line.strip()
+    if line[:1] == b"{" and b"\r" not in line:
+        event = decode_event(line.decode("utf-8"))
+        if event is not None:
+            yield event
+    elif line:
+        yield from _sse_events([line + b"\n"])
 
 
 def _first_not_none(*values: Any) -> Any:
