@@ -127,6 +127,17 @@ class Client(SandboxManagement):
     ) -> None:
         self.close()
 
+    def reload_environment(self) -> None:
+        """Read proxy, CA bundle and netrc settings from the environment again.
+
+        The client's own session reads them once per origin, and again by itself only when
+        one of the variables requests documents (``HTTP_PROXY``, ``HTTPS_PROXY``,
+        ``ALL_PROXY``, ``NO_PROXY``, ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``, ``NETRC``)
+        changes: call this after editing ``~/.netrc`` or the system's proxy configuration.
+        A caller's session reads them on every call, as requests does.
+        """
+        self._transport.reload_environment()
+
     def close(self) -> None:
         """Close the client's own connections (a caller's session is left open)."""
         self._transport.close()
