@@ -36,7 +36,6 @@ from ._errors import (
     TransportError,
 )
 from ._execution import ExecutionStream
-from ._files import Files
 from ._models import (
     CodeContext,
     CommandResult,
@@ -53,6 +52,7 @@ from ._sandbox import Sandbox
 from ._stream import parse_execution
 
 if _TYPE_CHECKING:
+    from ._files import Files
     from ._functions import code_interpreter_tool, create_sandbox, delete_sandbox, run_code
     from ._pool import SandboxPool
     from ._provider import OpenSandboxProvider, discover_providers
@@ -61,6 +61,7 @@ __version__ = _VERSION
 
 # Imported on first use, so that a script that only runs code does not pay for them.
 _LAZY = {
+    "Files": "._files",
     "SandboxPool": "._pool",
     "OpenSandboxProvider": "._provider",
     "discover_providers": "._provider",

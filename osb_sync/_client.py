@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator
 from urllib.parse import urlsplit
@@ -189,7 +188,7 @@ class Client(SandboxManagement):
         ready_timeout, poll_interval = wait_settings(
             option(options, "ready_timeout"), option(options, "poll_interval")
         )
-        body = build_create_body(options, {CREATE_ID_KEY: secrets.token_hex(8)})
+        body = build_create_body(options, {CREATE_ID_KEY: os.urandom(8).hex()})
         data = self._lifecycle.create(body)
         sandbox_id = str(data["id"])
         try:

@@ -53,7 +53,7 @@ def test_pools_providers_and_functions_are_imported_on_first_use_only() -> None:
     script = (
         "import sys, osb_sync\n"
         "lazy = ['osb_sync._pool', 'osb_sync._provider', 'osb_sync._functions', "
-        "'osb_sync._orphans']\n"
+        "'osb_sync._orphans', 'osb_sync._files', 'secrets']\n"
         "assert not [m for m in lazy if m in sys.modules], sys.modules.keys()\n"
         "from osb_sync import SandboxPool, run_code\n"
         "assert SandboxPool.__module__ == 'osb_sync._pool'\n"
