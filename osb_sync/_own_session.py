@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
-from requests.sessions import merge_setting
 from requests.structures import CaseInsensitiveDict
 from requests.utils import get_netrc_auth
 
@@ -109,12 +108,11 @@ def send_prepared(
     prepared = requests.Request(
         method.upper(),
         url,
-        headers=merge_setting(  # type: ignore[no-untyped-call]
-            headers, session.headers, dict_class=CaseInsensitiveDict
-        ),
+        headers=_merged_headers(session.headers, headers),
         data=data or {},
         json=json,
-        params=params or {},
+        # b"" is requests' documented "no query" without its Protocol isinstance checks.
+        params=params or b"",
     ).prepare()
     settings = environment.settings(prepared.url or url)
     if settings.auth is not None:
@@ -128,3 +126,15 @@ def send_prepared(
         cert=settings.cert,
         proxies=dict(settings.proxies),
     )
+
+
+def _merged_headers(
+    defaults: Mapping[str, str | bytes], headers: Mapping[str, str]
+) -> CaseInsensitiveDict[str | bytes]:
+    """The session's headers overridden by the call's, None dropping one: what
+    ``Session.prepare_request`` merges (``merge_setting``), minus requests' Protocol checks."""
+    merged: CaseInsensitiveDict[str | bytes] = CaseInsensitiveDict(defaults)
+    merged.update(headers)
+    for name in [name for name, value in merged.items() if value is None]:
+        del merged[name]
+    return merged
