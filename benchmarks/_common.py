@@ -121,6 +121,7 @@ class ConnectionCounter:
     def __init__(self) -> None:
         self.urllib3 = 0
         self.sockets = 0
+        self.by_address: dict[str, int] = {}  # socket connects per "host:port"
         self._lock = threading.Lock()
         self._undo: list[Callable[[], None]] = []
 
@@ -139,8 +140,10 @@ class ConnectionCounter:
 
         def connect(sock: socket.socket, address: Any) -> None:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
+                where = f"{address[0]}:{address[1]}"
                 with self._lock:
                     self.sockets += 1
+                    self.by_address[where] = self.by_address.get(where, 0) + 1
             original_connect(sock, address)
 
         u3conn.create_connection = create_connection  # type: ignore[assignment]
@@ -158,6 +161,7 @@ class ConnectionCounter:
     def reset(self) -> None:
         with self._lock:
             self.urllib3 = self.sockets = 0
+            self.by_address = {}
 
 
 @contextlib.contextmanager

@@ -48,6 +48,10 @@ def target(name: str) -> Iterator[str]:
             del os.environ[SKIP_SDK_HEALTH]
 
 
+def count(op: str, args: argparse.Namespace) -> int:
+    return int(args.calls if op == "runs" else args.command_calls)
+
+
 def measure(api_base: str, clients: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     """Medians of CPU and wall per call, per client, and ratios to the official SDK."""
     workers: dict[str, WorkerProcess] = {}
@@ -70,7 +74,7 @@ def measure(api_base: str, clients: dict[str, str], args: argparse.Namespace) ->
         for rep in range(args.reps):
             for label in rotated(list(workers), rep):
                 for op in CALLS:
-                    samples[label][op].append(workers[label].ask(op, n=args.calls))
+                    samples[label][op].append(workers[label].ask(op, n=count(op, args)))
     finally:
         for worker in workers.values():
             worker.stop()
@@ -78,12 +82,9 @@ def measure(api_base: str, clients: dict[str, str], args: argparse.Namespace) ->
     for label, by_op in samples.items():
         results[label] = {}
         for op, runs in by_op.items():
-            results[label][f"{op}_cpu_ms"] = round(
-                median([r["cpu"] for r in runs]) / args.calls * 1e3, 3
-            )
-            results[label][f"{op}_wall_ms"] = round(
-                median([r["wall"] for r in runs]) / args.calls * 1e3, 3
-            )
+            n = count(op, args)
+            results[label][f"{op}_cpu_ms"] = round(median([r["cpu"] for r in runs]) / n * 1e3, 3)
+            results[label][f"{op}_wall_ms"] = round(median([r["wall"] for r in runs]) / n * 1e3, 3)
     sdk = results.get("opensandbox")
     for label, values in results.items():
         if sdk and label != "opensandbox":
@@ -95,7 +96,10 @@ def measure(api_base: str, clients: dict[str, str], args: argparse.Namespace) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--calls", type=int, default=100, help="calls per repetition")
+    parser.add_argument("--calls", type=int, default=50, help="run_code calls per repetition")
+    parser.add_argument(
+        "--command-calls", type=int, default=20, help="commands.run calls per repetition"
+    )
     parser.add_argument("--targets", default="local,execd")
     parser.add_argument("--baseline", help="another source tree's osb_sync, measured alongside")
     parser.add_argument("--json")
@@ -117,7 +121,7 @@ def main() -> None:
         "overhead",
         {
             "reps": args.reps,
-            "calls": args.calls,
+            "calls": {"runs": args.calls, "commands": args.command_calls},
             "load_average": os.getloadavg(),
             "targets": by_target,
             "goals": goals,

@@ -60,7 +60,7 @@ class OsbSync:
         self.sandbox = self.client.create_sandbox(allow_internet_access=True)
 
     def run_once(self, context: str | None = None) -> None:
-        result = self.sandbox.run_code(CODE, context=context)
+        result = self.sandbox.run_code(CODE, context=context or None)
         assert result.error is None, result.error
 
     def run_many(self, n: int) -> None:
@@ -116,7 +116,7 @@ class OpenSandboxSdk:
         self.sandbox, self.interpreter = self._create()
 
     def run_once(self, context: str | None = None) -> None:
-        if context is None:
+        if not context:
             execution = self.interpreter.codes.run(CODE)
         else:
             from code_interpreter.models.code_sync import CodeContextSync
@@ -242,6 +242,8 @@ class Worker:
             return {"connections_setup": self.counter.sockets}
         if op == "round":
             return self.round(n)
+        if op == "connections":
+            return {"by_address": dict(self.counter.by_address)}
         if op == "close":
             self.peer.close()
             return {}
