@@ -8,7 +8,7 @@ them, and sent with ``Session.send`` with the settings ``Session.merge_environme
 gave for its origin, read again when a variable of ``ENVIRONMENT_VARIABLES`` changes or the
 client is told to (``Client.reload_environment()``). The session's params, auth, hooks and
 cookies are requests' defaults and never change (cookies are refused), so what reaches the
-wire is what ``Session.request`` would send (pinned by tests/unit/test_own_session.py).
+wire is what ``Session.request`` would send (pinned by tests/sockets/test_own_session.py).
 """
 
 from __future__ import annotations
