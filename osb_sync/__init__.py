@@ -84,6 +84,7 @@ def __getattr__(name: str) -> _Any:
 
 
 def __dir__() -> list[str]:
+    """Every name, the ones imported on first use included."""
     return sorted({*globals(), *_LAZY, "local"})
 
 
