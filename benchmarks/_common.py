@@ -121,6 +121,7 @@ class ConnectionCounter:
     def __init__(self) -> None:
         self.urllib3 = 0
         self.sockets = 0
+        self.by_address: dict[str, int] = {}  # socket connects per "host:port"
         self._lock = threading.Lock()
         self._undo: list[Callable[[], None]] = []
 
@@ -139,8 +140,10 @@ class ConnectionCounter:
 
         def connect(sock: socket.socket, address: Any) -> None:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
+                where = f"{address[0]}:{address[1]}"
                 with self._lock:
                     self.sockets += 1
+                    self.by_address[where] = self.by_address.get(where, 0) + 1
             original_connect(sock, address)
 
         u3conn.create_connection = create_connection  # type: ignore[assignment]
@@ -158,6 +161,7 @@ class ConnectionCounter:
     def reset(self) -> None:
         with self._lock:
             self.urllib3 = self.sockets = 0
+            self.by_address = {}
 
 
 @contextlib.contextmanager
@@ -168,6 +172,50 @@ def measured() -> Iterator[dict[str, float]]:
     yield out
     out["wall"] = time.perf_counter() - wall
     out["cpu"] = time.process_time() - cpu
+
+
+class WorkerProcess:
+    """A client in a process of its own (``peers.py`` worker mode), asked one op at a time.
+
+    ``tree``: the source tree whose ``osb_sync`` it imports (first on ``PYTHONPATH``).
+    """
+
+    def __init__(self, name: str, api_base: str, tree: str, pool_maxsize: int = 32):
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = {**os.environ, "PYTHONPATH": tree}
+        cmd = [sys.executable, os.path.join(here, "peers.py"), name, api_base, str(pool_maxsize)]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=here
+        )
+
+    def ask(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send one op; its answer (RuntimeError if the worker failed it)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker died during {op}")
+        answer: dict[str, Any] = json.loads(line)
+        if not answer.pop("ok"):
+            raise RuntimeError(answer["error"])
+        return answer
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.ask("close")
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def rotated(names: list[str], rep: int) -> list[str]:
+    """``names`` starting at position ``rep`` (the order changes every repetition)."""
+    shift = rep % len(names) if names else 0
+    return names[shift:] + names[:shift]
 
 
 def median(values: list[float]) -> float:

@@ -1,104 +1,62 @@
-"""Concurrency: 64 threads x 20 run_code calls, each thread in its own sandbox.
+"""Concurrency: 64 threads x 20 run_code calls against the real execd, one context per thread.
 
-osb_sync: one Client with ``pool_maxsize=64`` shared by all threads. The official SDK: one
-``SandboxSync`` + ``CodeInterpreterSync`` per thread (its documented pattern). Sandboxes are
-made once per client; each repetition starts the threads at a barrier. Reported, medians of
-``--reps`` interleaved repetitions: throughput, p50/p99 latency, and TCP connections opened
-during set-up plus a concurrent warm-up round, and during the measured rounds
-(``socket.connect`` calls, whatever the library; for osb_sync also urllib3's
-``create_connection``). The script re-runs itself in a loopback-only namespace.
+The real execd (``shared/opensandbox-execd``, a Go server) behind a stub lifecycle
+(``_real_execd.py``; ``--target local`` uses the local server instead). execd answers "session is
+busy" to two runs in one context, so ``--threads`` contexts are made first, outside the timing,
+and thread i of every client runs in context i. Each client runs in a worker process of its own
+(``peers.py``): osb_sync with one Client of ``pool_maxsize=threads`` shared by every thread (a
+sandbox object per thread), the official SDK with a ``SandboxSync`` + ``CodeInterpreterSync``
+per thread (its documented pattern), and with ``--baseline DIR`` the osb_sync of another tree.
+Each repetition starts the threads at a barrier; medians of ``--reps`` repetitions whose order
+rotates: throughput, client CPU per call, p50/p99 latency, and TCP connections opened
+(``socket.connect`` of the worker) during set-up plus a warm-up round, per measured round, and
+per host over the whole run (the pool holds ``pool_maxsize`` per host: lifecycle and execd are
+two hosts here).
+The script re-runs itself in a loopback-only network namespace.
 
-    /tmp/bench-venv/bin/python benchmarks/bench_concurrency.py
+    /tmp/bench-venv/bin/python benchmarks/bench_concurrency.py --baseline ../osb-base
 """
 
 from __future__ import annotations
 
 import argparse
-import threading
-import time
-import traceback
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from _common import (
-    ConnectionCounter,
-    isolate_network,
-    local_server,
-    median,
-    percentile,
-    report,
-    verdict,
-)
-from peers import OpenSandboxSdk, OsbSync
+from _common import WorkerProcess, isolate_network, local_server, median, report, rotated, verdict
+from _real_execd import create_contexts, real_execd, stub_lifecycle
+from peers import SKIP_SDK_HEALTH
+
+HERE = str(Path(__file__).resolve().parents[1])
+KEYS = ("throughput", "cpu_ms_per_call", "p50_ms", "p99_ms", "sockets")
 
 
-def make_workers(name: str, api_base: str, threads: int) -> list[Any]:
-    """One object per thread with a ``run_once()``: sandboxes made, warmed up."""
-    if name == "osb_sync":
-        shared = OsbSync(api_base, pool_maxsize=threads)
-        workers = []
-        for _ in range(threads):
-            worker = OsbSync.__new__(OsbSync)
-            worker.client = shared.client
-            worker.open()
-            workers.append(worker)
-    else:
-        workers = [OpenSandboxSdk(api_base) for _ in range(threads)]
-        for worker in workers:
-            worker.open()
-    for worker in workers:
-        worker.run_once()
-    return workers
+@contextlib.contextmanager
+def target(name: str, threads: int) -> Iterator[tuple[str, list[str]]]:
+    """(api_base, one context id per thread) on the real execd or the local server."""
+    if name == "local":
+        with local_server() as server:
+            yield server.api_base, [""] * threads  # "": each thread's own sandbox's default
+        return
+    os.environ[SKIP_SDK_HEALTH] = "1"
+    try:
+        with real_execd() as endpoint, stub_lifecycle(endpoint) as api_base:
+            yield api_base, create_contexts(endpoint, threads)
+    finally:
+        del os.environ[SKIP_SDK_HEALTH]
 
 
-def one_round(workers: list[Any], calls: int, counter: ConnectionCounter) -> dict[str, Any]:
-    latencies: list[float] = []
-    failures: list[str] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(len(workers) + 1)
-
-    def work(worker: Any) -> None:
-        barrier.wait()
-        mine = []
-        for _ in range(calls):
-            started = time.perf_counter()
-            try:
-                worker.run_once()
-            except Exception as exc:
-                with lock:
-                    failures.append(f"{type(exc).__name__}: {exc}")
-            mine.append(time.perf_counter() - started)
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=work, args=(w,)) for w in workers]
-    for thread in threads:
-        thread.start()
-    before = counter.sockets, counter.urllib3
-    barrier.wait()
-    started, cpu = time.perf_counter(), time.process_time()
-    for thread in threads:
-        thread.join()
-    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    return {
-        "throughput": len(latencies) / wall,
-        "client_cpu_ms_per_call": cpu / len(latencies) * 1e3,
-        "p50_ms": percentile(latencies, 50) * 1e3,
-        "p99_ms": percentile(latencies, 99) * 1e3,
-        "sockets": counter.sockets - before[0],
-        "urllib3": counter.urllib3 - before[1],
-        "failures": len(failures),
-        "failure_example": failures[:1],
-    }
-
-
-def close_all(name: str, workers: list[Any]) -> None:
-    for worker in workers:
-        if name == "osb_sync":
-            worker.sandbox.delete()
-        else:
-            worker.close()
-    if name == "osb_sync" and workers:
-        workers[0].client.close()
+def summary(rounds: list[dict[str, Any]], setup: int) -> dict[str, Any]:
+    out: dict[str, Any] = {key: round(median([r[key] for r in rounds]), 2) for key in KEYS}
+    out["all_throughput"] = [round(r["throughput"], 1) for r in rounds]
+    out["failures"] = sum(r["failures"] for r in rounds)
+    out["failure_example"] = next((r["failure_example"] for r in rounds if r["failures"]), [])
+    out["connections_setup_and_warmup"] = setup
+    out["connections_total"] = setup + sum(r["sockets"] for r in rounds)
+    return out
 
 
 def main() -> None:
@@ -106,65 +64,64 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=64)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--target", default="execd", choices=["execd", "local"])
+    parser.add_argument("--baseline", help="another source tree's osb_sync, measured alongside")
     parser.add_argument("--json")
     args = parser.parse_args()
-
+    clients = {"osb_sync": HERE, "opensandbox": HERE}
+    if args.baseline:
+        clients["osb_sync_baseline"] = str(Path(args.baseline).resolve())
     rounds: dict[str, list[dict[str, Any]]] = {}
+    setup: dict[str, int] = {}
     errors: dict[str, str] = {}
-    opened: dict[str, int] = {}
-    with local_server() as server, ConnectionCounter() as counter:
-        workers: dict[str, list[Any]] = {}
-        for name in ("osb_sync", "opensandbox"):
-            counter.reset()
-            try:
-                workers[name] = make_workers(name, server.api_base, args.threads)
-                one_round(workers[name], 2, counter)  # warm up concurrently
-                rounds[name] = []
-            except Exception as exc:
-                errors[name] = f"{type(exc).__name__}: {exc} | {traceback.format_exc(-1)}"
-            opened[name] = counter.sockets  # set-up and warm-up: every connection it needed
-        names = list(workers)
-        for rep in range(args.reps):
-            for name in names[rep % len(names) :] + names[: rep % len(names)]:
-                rounds[name].append(one_round(workers[name], args.calls, counter))
-        for name, group in workers.items():
-            close_all(name, group)
-
-    results: dict[str, Any] = {}
-    for name, runs in rounds.items():
-        results[name] = {
-            key: round(median([r[key] for r in runs]), 2)
-            for key in (
-                "throughput",
-                "client_cpu_ms_per_call",
-                "p50_ms",
-                "p99_ms",
-                "sockets",
-                "urllib3",
-            )
-        }
-        results[name]["failures"] = sum(r["failures"] for r in runs)
-        results[name]["failure_example"] = next(
-            (r["failure_example"] for r in runs if r["failure_example"]), []
-        )
-        results[name]["all_throughput"] = [round(r["throughput"], 1) for r in runs]
-        results[name]["connections_setup_and_warmup"] = opened[name]
+    per_host: dict[str, dict[str, int]] = {}
+    with target(args.target, args.threads) as (api_base, contexts):
+        workers: dict[str, WorkerProcess] = {}
+        try:
+            for label, tree in clients.items():
+                peer = "opensandbox" if label == "opensandbox" else "osb_sync"
+                worker = WorkerProcess(peer, api_base, tree, pool_maxsize=args.threads)
+                try:
+                    setup[label] = worker.ask("threads", contexts=contexts)["connections_setup"]
+                except RuntimeError as exc:
+                    errors[label] = str(exc)
+                    worker.stop()
+                    continue
+                workers[label] = worker
+                rounds[label] = []
+            for rep in range(args.reps):
+                for label in rotated(list(workers), rep):
+                    rounds[label].append(workers[label].ask("round", n=args.calls))
+            for label, worker in workers.items():
+                per_host[label] = worker.ask("connections")["by_address"]
+        finally:
+            for worker in workers.values():
+                worker.stop()
+    results = {label: summary(runs, setup[label]) for label, runs in rounds.items()}
+    for label, values in results.items():
+        values["connections_per_host"] = per_host.get(label, {})
+        values["most_connections_to_one_host"] = max(per_host.get(label, {}).values(), default=0)
     mine, sdk = results.get("osb_sync"), results.get("opensandbox")
     goals = {}
     if mine:
-        goals["connections <= pool size"] = verdict(
-            opened["osb_sync"] + sum(r["sockets"] for r in rounds["osb_sync"]) <= args.threads
+        goals["connections per host <= pool size"] = verdict(
+            mine["most_connections_to_one_host"] <= args.threads
         )
     if mine and sdk:
-        goals["higher throughput than the official SDK"] = verdict(
-            mine["throughput"] > sdk["throughput"]
+        goals["throughput at least the official SDK's"] = verdict(
+            mine["throughput"] >= sdk["throughput"]
         )
+        for values in results.values():
+            values["throughput_vs_sdk"] = round(values["throughput"] / sdk["throughput"], 3)
+            values["cpu_vs_sdk"] = round(values["cpu_ms_per_call"] / sdk["cpu_ms_per_call"], 3)
     report(
         "concurrency",
         {
+            "target": args.target,
             "threads": args.threads,
             "calls_per_thread": args.calls,
             "reps": args.reps,
+            "load_average": os.getloadavg(),
             "results": results,
             "errors": errors,
             "goals": goals,

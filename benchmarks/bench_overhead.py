@@ -1,102 +1,130 @@
-"""Client overhead: client CPU per run_code("pass") round trip and per create+run+delete cycle.
+"""Client overhead: client CPU per ``run_code("pass")`` and per ``commands.run("true")``.
 
-osb_sync against the official ``opensandbox`` sync SDK (+ ``opensandbox-code-interpreter``) and
-LiteLLM's async OpenSandbox provider, doing the same work on the same local server (a separate
-process). CPU is ``time.process_time`` of this process (every thread of it), per call; medians
-of ``--reps`` interleaved repetitions. Peers live in a separate virtualenv
-(``benchmarks/requirements.txt``); one that cannot be imported or cannot talk to the server is
-reported with its error text. The script re-runs itself in a loopback-only network namespace.
+osb_sync against the official ``opensandbox`` sync SDK (+ ``opensandbox-code-interpreter``),
+and against osb_sync of another source tree (``--baseline DIR``: e.g. a worktree of main), doing
+the same calls on two servers:
 
-    /tmp/bench-venv/bin/python benchmarks/bench_overhead.py
+- ``local``: the local server (``osb-sync serve``, a separate process);
+- ``execd``: the real execd (``shared/opensandbox-execd``, a Go server) reached directly by
+  every client through a stub lifecycle that answers create/get/endpoint with its address
+  (``_real_execd.py``), so that what shows is the client's own cost.
+
+Each client runs in a worker process of its own (``peers.py``), so CPU is
+``time.process_time`` of that process alone, per call; medians of ``--reps`` repetitions whose
+order rotates. The script re-runs itself in a loopback-only network namespace.
+
+    /tmp/bench-venv/bin/python benchmarks/bench_overhead.py --baseline ../osb-base
 """
 
 from __future__ import annotations
 
 import argparse
-import traceback
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from _common import isolate_network, local_server, measured, median, report, verdict
-from peers import FACTORIES, Peer
+from _common import WorkerProcess, isolate_network, local_server, median, report, rotated, verdict
+from _real_execd import real_execd, stub_lifecycle
+from peers import SKIP_SDK_HEALTH
+
+HERE = str(Path(__file__).resolve().parents[1])
+CALLS = ("runs", "commands")
 
 
-def start(name: str, api_base: str) -> tuple[Peer | None, str | None]:
-    """A warmed-up peer, or the error that prevented it."""
+@contextlib.contextmanager
+def target(name: str) -> Iterator[str]:
+    """The api_base of a lifecycle whose sandboxes are the local server's or the real execd."""
+    if name == "local":
+        with local_server() as server:
+            yield server.api_base
+    else:
+        os.environ[SKIP_SDK_HEALTH] = "1"
+        try:
+            with real_execd() as endpoint, stub_lifecycle(endpoint) as api_base:
+                yield api_base
+        finally:
+            del os.environ[SKIP_SDK_HEALTH]
+
+
+def count(op: str, args: argparse.Namespace) -> int:
+    return int(args.calls if op == "runs" else args.command_calls)
+
+
+def measure(api_base: str, clients: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    """Medians of CPU and wall per call, per client, and ratios to the official SDK."""
+    workers: dict[str, WorkerProcess] = {}
+    errors: dict[str, str] = {}
+    samples: dict[str, dict[str, list[dict[str, float]]]] = {}
     try:
-        peer: Peer = FACTORIES[name](api_base)
-        peer.open()
-        peer.run_many(20)
-        peer.cycle_many(1)
-        return peer, None
-    except Exception as exc:
-        tail = traceback.format_exc().strip().splitlines()[-3:]
-        return None, f"{type(exc).__name__}: {exc} | " + " / ".join(tail)
+        for label, tree in clients.items():
+            peer = "opensandbox" if label == "opensandbox" else "osb_sync"
+            worker = WorkerProcess(peer, api_base, tree)
+            try:
+                worker.ask("open")
+                for op in CALLS:  # warm up
+                    worker.ask(op, n=20)
+            except RuntimeError as exc:
+                errors[label] = str(exc)
+                worker.stop()
+                continue
+            workers[label] = worker
+            samples[label] = {op: [] for op in CALLS}
+        for rep in range(args.reps):
+            for label in rotated(list(workers), rep):
+                for op in CALLS:
+                    samples[label][op].append(workers[label].ask(op, n=count(op, args)))
+    finally:
+        for worker in workers.values():
+            worker.stop()
+    results: dict[str, Any] = {}
+    for label, by_op in samples.items():
+        results[label] = {}
+        for op, runs in by_op.items():
+            n = count(op, args)
+            results[label][f"{op}_cpu_ms"] = round(median([r["cpu"] for r in runs]) / n * 1e3, 3)
+            results[label][f"{op}_wall_ms"] = round(median([r["wall"] for r in runs]) / n * 1e3, 3)
+    sdk = results.get("opensandbox")
+    for label, values in results.items():
+        if sdk and label != "opensandbox":
+            for op in CALLS:
+                values[f"{op}_cpu_vs_sdk"] = round(values[f"{op}_cpu_ms"] / sdk[f"{op}_cpu_ms"], 3)
+    return {"results": results, "errors": errors}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--runs", type=int, default=100, help="run_code calls per repetition")
-    parser.add_argument("--cycles", type=int, default=10, help="cycles per repetition")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=50, help="run_code calls per repetition")
+    parser.add_argument(
+        "--command-calls", type=int, default=20, help="commands.run calls per repetition"
+    )
+    parser.add_argument("--targets", default="local,execd")
+    parser.add_argument("--baseline", help="another source tree's osb_sync, measured alongside")
     parser.add_argument("--json")
     args = parser.parse_args()
-
-    with local_server() as server:
-        peers: dict[str, Peer] = {}
-        errors: dict[str, str] = {}
-        for name in FACTORIES:
-            peer, error = start(name, server.api_base)
-            if peer is not None:
-                peers[name] = peer
-            else:
-                errors[name] = str(error)
-        runs: dict[str, list[dict[str, float]]] = {name: [] for name in peers}
-        cycles: dict[str, list[dict[str, float]]] = {name: [] for name in peers}
-        order = list(peers)
-        for rep in range(args.reps):
-            for name in order[rep % len(order) :] + order[: rep % len(order)]:
-                with measured() as m:
-                    peers[name].run_many(args.runs)
-                runs[name].append(m)
-                with measured() as m:
-                    peers[name].cycle_many(args.cycles)
-                cycles[name].append(m)
-        for peer in peers.values():
-            peer.close()
-
-    results: dict[str, Any] = {}
-    for name in peers:
-        results[name] = {
-            "cpu_ms_per_run": round(median([r["cpu"] for r in runs[name]]) / args.runs * 1e3, 3),
-            "wall_ms_per_run": round(median([r["wall"] for r in runs[name]]) / args.runs * 1e3, 2),
-            "cpu_ms_per_cycle": round(
-                median([c["cpu"] for c in cycles[name]]) / args.cycles * 1e3, 2
-            ),
-            "wall_ms_per_cycle": round(
-                median([c["wall"] for c in cycles[name]]) / args.cycles * 1e3, 1
-            ),
-        }
-    mine = results.get("osb_sync", {})
-    for name, values in results.items():
-        if name != "osb_sync" and mine:
-            values["cpu_per_run_vs_osb_sync"] = round(
-                values["cpu_ms_per_run"] / mine["cpu_ms_per_run"], 2
-            )
-            values["cpu_per_cycle_vs_osb_sync"] = round(
-                values["cpu_ms_per_cycle"] / mine["cpu_ms_per_cycle"], 2
-            )
-    lowest_run = min(results, key=lambda n: results[n]["cpu_ms_per_run"]) if results else None
-    lowest_cycle = min(results, key=lambda n: results[n]["cpu_ms_per_cycle"]) if results else None
+    clients = {"osb_sync": HERE, "opensandbox": HERE}
+    if args.baseline:
+        clients["osb_sync_baseline"] = str(Path(args.baseline).resolve())
+    by_target: dict[str, Any] = {}
+    goals: dict[str, str] = {}
+    for name in args.targets.split(","):
+        with target(name) as api_base:
+            by_target[name] = measured = measure(api_base, clients, args)
+        mine = measured["results"].get("osb_sync")
+        sdk = measured["results"].get("opensandbox")
+        for op in CALLS:
+            met = bool(mine and sdk) and mine[f"{op}_cpu_ms"] < sdk[f"{op}_cpu_ms"]
+            goals[f"{name}: CPU per {op[:-1]} below the official SDK's"] = verdict(met)
     report(
         "overhead",
         {
             "reps": args.reps,
-            "results": results,
-            "errors": errors,
-            "goals": {
-                "lowest CPU per run_code": verdict(lowest_run == "osb_sync" and not errors),
-                "lowest CPU per cycle": verdict(lowest_cycle == "osb_sync" and not errors),
-            },
+            "calls": {"runs": args.calls, "commands": args.command_calls},
+            "load_average": os.getloadavg(),
+            "targets": by_target,
+            "goals": goals,
         },
         args.json,
     )

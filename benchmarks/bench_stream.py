@@ -26,7 +26,7 @@ up, then ``--reps`` times, the order rotating every repetition; medians are repo
 tree's ratios are against the minimal consumers measured in its own worker. ``--profile``
 adds a cProfile of one ``run_code`` and one ``stream_code`` of this checkout per corpus.
 
-    python benchmarks/bench_stream.py --baseline /work/wt/main-base --reps 7
+    python benchmarks/bench_stream.py --baseline ../osb-base --reps 7
     python benchmarks/bench_stream.py --corpus small-events --profile
 """
 

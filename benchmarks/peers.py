@@ -7,13 +7,23 @@
   one event loop per client.
 
 Each client: ``open()`` a sandbox, ``run_many(n)`` calls of ``run_code("pass")`` in it,
-``cycle_many(n)`` create+run+delete cycles, ``close()``. Peers are imported lazily, so a missing
-one is reported (with its error text) instead of stopping the run.
+``command_many(n)`` calls of ``commands.run("true")``, ``cycle_many(n)`` create+run+delete
+cycles, ``close()``. Peers are imported lazily, so a missing one is reported (with its error
+text) instead of stopping the run.
+
+``python benchmarks/peers.py NAME API_BASE`` is a worker: one client in a process of its own
+(so its CPU time is its own, and two osb_sync trees can be compared side by side: put the other
+tree first on ``PYTHONPATH``), driven by JSON lines on stdin (``Worker.handle``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
+import threading
+import time
 from datetime import timedelta
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -21,6 +31,8 @@ from urllib.parse import urlsplit
 IMAGE = "opensandbox/code-interpreter:v1.1.0"
 ENTRYPOINT = ["/opt/code-interpreter/code-interpreter.sh"]
 CODE = "pass"
+COMMAND = "true"
+SKIP_SDK_HEALTH = "OSB_BENCH_SDK_SKIP_HEALTH"
 
 
 class Peer(Protocol):
@@ -47,18 +59,30 @@ class OsbSync:
     def open(self) -> None:
         self.sandbox = self.client.create_sandbox(allow_internet_access=True)
 
-    def run_once(self) -> None:
-        result = self.sandbox.run_code(CODE)
+    def run_once(self, context: str | None = None) -> None:
+        result = self.sandbox.run_code(CODE, context=context or None)
         assert result.error is None, result.error
 
     def run_many(self, n: int) -> None:
         for _ in range(n):
             self.run_once()
 
+    def command_many(self, n: int) -> None:
+        for _ in range(n):
+            result = self.sandbox.commands.run(COMMAND)
+            assert result.exit_code == 0, result
+
     def cycle_many(self, n: int) -> None:
         for _ in range(n):
             with self.client.create_sandbox(allow_internet_access=True) as sandbox:
                 assert sandbox.run_code(CODE).error is None
+
+    def for_thread(self) -> OsbSync:
+        """Another handle (own sandbox object) on the same client, for one thread."""
+        worker = OsbSync.__new__(OsbSync)
+        worker.client = self.client
+        worker.open()
+        return worker
 
     def close(self) -> None:
         if self.sandbox is not None:
@@ -83,18 +107,39 @@ class OpenSandboxSdk:
         from opensandbox import SandboxSync
 
         sandbox = SandboxSync.create(IMAGE, entrypoint=ENTRYPOINT, connection_config=self.config)
-        return sandbox, CodeInterpreterSync.create(sandbox)
+        # Its health check probes Jupyter on the image's port (44771); run-execd's Jupyter
+        # listens elsewhere, so against the real execd (SKIP_SDK_HEALTH set) it is skipped.
+        skip = bool(os.environ.get(SKIP_SDK_HEALTH))
+        return sandbox, CodeInterpreterSync.create(sandbox, skip_health_check=skip)
 
     def open(self) -> None:
         self.sandbox, self.interpreter = self._create()
 
-    def run_once(self) -> None:
-        execution = self.interpreter.codes.run(CODE)
+    def run_once(self, context: str | None = None) -> None:
+        if not context:
+            execution = self.interpreter.codes.run(CODE)
+        else:
+            from code_interpreter.models.code_sync import CodeContextSync
+
+            target = CodeContextSync(id=context, language="python")
+            execution = self.interpreter.codes.run(CODE, context=target)
         assert execution.error is None, execution.error
 
     def run_many(self, n: int) -> None:
         for _ in range(n):
             self.run_once()
+
+    def command_many(self, n: int) -> None:
+        for _ in range(n):
+            execution = self.sandbox.commands.run(COMMAND)
+            assert execution.error is None, execution.error
+
+    def for_thread(self) -> OpenSandboxSdk:
+        """Its own sandbox and interpreter objects for one thread (the SDK's pattern)."""
+        worker = OpenSandboxSdk.__new__(OpenSandboxSdk)
+        worker.config = self.config
+        worker.open()
+        return worker
 
     def cycle_many(self, n: int) -> None:
         for _ in range(n):
@@ -164,3 +209,99 @@ class LiteLlm:
 
 
 FACTORIES = {"osb_sync": OsbSync, "opensandbox": OpenSandboxSdk, "litellm": LiteLlm}
+
+
+class Worker:
+    """One client in this process, driven by ``{"op": ...}`` lines; answers one JSON line each."""
+
+    def __init__(self, name: str, api_base: str, pool_maxsize: int):
+        from _common import ConnectionCounter
+
+        options = {"pool_maxsize": pool_maxsize} if name == "osb_sync" else {}
+        self.peer: Any = FACTORIES[name](api_base, **options)
+        self.counter = ConnectionCounter().__enter__()
+        self.threads: list[tuple[Any, str | None]] = []
+
+    def handle(self, op: str, n: int = 0, contexts: list[str] | None = None) -> dict[str, Any]:
+        if op == "open":
+            self.peer.open()
+            module = sys.modules.get("osb_sync")
+            return {"osb_sync": getattr(module, "__file__", None)}
+        if op == "threads":  # one handle per context, made concurrently, then warmed up
+            made: list[Any] = [None] * len(contexts or [])
+            makers = [
+                threading.Thread(target=lambda i=i: made.__setitem__(i, self.peer.for_thread()))
+                for i in range(len(made))
+            ]
+            for thread in makers:
+                thread.start()
+            for thread in makers:
+                thread.join()
+            self.threads = list(zip(made, contexts or [], strict=True))
+            self.round(2)
+            return {"connections_setup": self.counter.sockets}
+        if op == "round":
+            return self.round(n)
+        if op == "connections":
+            return {"by_address": dict(self.counter.by_address)}
+        if op == "close":
+            self.peer.close()
+            return {}
+        work = {"runs": self.peer.run_many, "commands": self.peer.command_many}[op]
+        wall, cpu = time.perf_counter(), time.process_time()
+        work(n)
+        return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+
+    def round(self, calls: int) -> dict[str, Any]:
+        """Every thread makes ``calls`` runs in its own context, started at a barrier."""
+        latencies: list[float] = []
+        failures: list[str] = []
+        barrier = threading.Barrier(len(self.threads) + 1)
+
+        def work(handle: Any, context: str) -> None:
+            barrier.wait()
+            for _ in range(calls):
+                started = time.perf_counter()
+                try:
+                    handle.run_once(context)
+                except Exception as exc:
+                    failures.append(f"{type(exc).__name__}: {exc}")
+                latencies.append(time.perf_counter() - started)
+
+        threads = [threading.Thread(target=work, args=pair) for pair in self.threads]
+        for thread in threads:
+            thread.start()
+        sockets = self.counter.sockets
+        barrier.wait()
+        wall, cpu = time.perf_counter(), time.process_time()
+        for thread in threads:
+            thread.join()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        latencies.sort()
+        return {
+            "throughput": len(latencies) / wall,
+            "cpu_ms_per_call": cpu / len(latencies) * 1e3,
+            "p50_ms": latencies[len(latencies) // 2] * 1e3,
+            "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3,
+            "sockets": self.counter.sockets - sockets,
+            "failures": len(failures),
+            "failure_example": failures[:1],
+        }
+
+
+def serve(name: str, api_base: str, pool_maxsize: int) -> None:
+    """The worker loop: a JSON request per stdin line, a JSON answer per stdout line."""
+    worker: Worker | None = None
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            if worker is None:
+                worker = Worker(name, api_base, pool_maxsize)
+            answer = {"ok": True, **worker.handle(**request)}
+        except Exception as exc:
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 32)

@@ -30,7 +30,8 @@ README.rst is the overview and ``docs/`` holds the guides and API reference (bui
 """
 
 import importlib as _importlib
-import types as _types
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from ._client import Client
 from ._commands import BackgroundCommand, BashSession, Commands
@@ -61,8 +62,6 @@ from ._errors import (
     TransportError,
 )
 from ._execution import ExecutionStream
-from ._files import Files
-from ._functions import code_interpreter_tool, create_sandbox, delete_sandbox, run_code
 from ._models import (
     CodeContext,
     CommandResult,
@@ -75,19 +74,44 @@ from ._models import (
     Metrics,
     SandboxInfo,
 )
-from ._pool import SandboxPool
-from ._provider import OpenSandboxProvider, discover_providers
 from ._sandbox import Sandbox
 from ._stream import parse_execution
 
+if _TYPE_CHECKING:
+    from ._files import Files
+    from ._functions import code_interpreter_tool, create_sandbox, delete_sandbox, run_code
+    from ._pool import SandboxPool
+    from ._provider import OpenSandboxProvider, discover_providers
+
 __version__ = _VERSION
 
+# Imported on first use, so that a script that only runs code does not pay for them.
+_LAZY = {
+    "Files": "._files",
+    "SandboxPool": "._pool",
+    "OpenSandboxProvider": "._provider",
+    "discover_providers": "._provider",
+    "code_interpreter_tool": "._functions",
+    "create_sandbox": "._functions",
+    "delete_sandbox": "._functions",
+    "run_code": "._functions",
+}
 
-def __getattr__(name: str) -> _types.ModuleType:
-    """``osb_sync.local`` on first use: ``import osb_sync`` stays light without the server."""
+
+def __getattr__(name: str) -> _Any:
+    """The names of ``_LAZY`` and ``osb_sync.local`` (the server) on first use."""
     if name == "local":
         return _importlib.import_module(".local", __name__)
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """Every name, the ones imported on first use included."""
+    return sorted({*globals(), *_LAZY, "local"})
 
 
 __all__ = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator
 from urllib.parse import urlsplit
@@ -127,6 +126,17 @@ class Client(SandboxManagement):
     ) -> None:
         self.close()
 
+    def reload_environment(self) -> None:
+        """Read proxy, CA bundle and netrc settings from the environment again.
+
+        The client's own session reads them once per origin, and again by itself only when
+        one of the variables requests documents (``HTTP_PROXY``, ``HTTPS_PROXY``,
+        ``ALL_PROXY``, ``NO_PROXY``, ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``, ``NETRC``)
+        changes: call this after editing ``~/.netrc`` or the system's proxy configuration.
+        A caller's session reads them on every call, as requests does.
+        """
+        self._transport.reload_environment()
+
     def close(self) -> None:
         """Close the client's own connections (a caller's session is left open)."""
         self._transport.close()
@@ -178,7 +188,7 @@ class Client(SandboxManagement):
         ready_timeout, poll_interval = wait_settings(
             option(options, "ready_timeout"), option(options, "poll_interval")
         )
-        body = build_create_body(options, {CREATE_ID_KEY: secrets.token_hex(8)})
+        body = build_create_body(options, {CREATE_ID_KEY: os.urandom(8).hex()})
         data = self._lifecycle.create(body)
         sandbox_id = str(data["id"])
         try:

@@ -14,6 +14,7 @@ from ._constants import CHUNK_SIZE, INTERRUPT_WAIT
 from ._errors import OpenSandboxError, OutputLimitExceeded, SandboxTimeoutError, StreamError
 from ._models import Event
 from ._stream import ExecutionFolder, capped, iter_events
+from ._watchdog import WATCHDOG, Scheduled
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -111,11 +112,9 @@ class ExecutionStream(Generic[R]):
             chunks = self._within_deadline(chunks)
         chunks = capped(chunks, max_output_bytes)
         self._events = iter_events(chunks)
-        self._watchdog: threading.Timer | None = None
+        self._watchdog: Scheduled | None = None
         if timeout is not None and hasattr(response.raw, "shutdown"):
-            self._watchdog = threading.Timer(timeout, self._expire)
-            self._watchdog.daemon = True
-            self._watchdog.start()
+            self._watchdog = WATCHDOG.schedule(timeout, self._expire)
 
     def __iter__(self) -> ExecutionStream[R]:
         return self

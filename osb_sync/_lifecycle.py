@@ -10,7 +10,6 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import requests
 
-from . import _orphans as orphans
 from ._config import execd_url
 from ._constants import API_KEY_HEADER, CREATE_ID_KEY
 from ._errors import (
@@ -162,6 +161,8 @@ class Lifecycle:
         if create_id:
             lifetime = body.get("timeout")  # None: the sandbox never expires
             lifetime = None if lifetime is None else float(lifetime)
+            from . import _orphans as orphans  # only after a lost answer: not at import
+
             orphans.search(self, create_id, answered=answered, lifetime=lifetime)
 
     def get(self, sandbox_id: str) -> Any:

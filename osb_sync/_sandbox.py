@@ -26,7 +26,6 @@ from ._errors import (
     SandboxTimeoutError,
 )
 from ._execd import Execd
-from ._files import Files
 from ._models import CodeContext, Endpoint, Event, ExecutionResult, Metrics, SandboxInfo
 from ._stream import ExecutionFolder
 from ._transport import Transport
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from ._execution import ExecutionStream
+    from ._files import Files
     from ._lifecycle import Lifecycle
 
 
@@ -74,7 +74,7 @@ class Sandbox:
         self._execd = execd
         self.commands = Commands(execd)
         self.contexts = Contexts(execd)
-        self.files = Files(execd)
+        self._files: Files | None = None
         self._owned_transport: Transport | None = None  # from_execd's own connections
 
     @classmethod
@@ -161,6 +161,16 @@ class Sandbox:
                 "API (info, pause, resume, renew, patch_metadata, delete, get_endpoint)"
             )
         return self._lifecycle_api
+
+    @property
+    def files(self) -> Files:
+        """The file system (:class:`Files`), made on first use: a script that only runs code
+        never imports it."""
+        if self._files is None:
+            from ._files import Files
+
+            self._files = Files(self._execd)
+        return self._files
 
     @property
     def execd_url(self) -> str:

@@ -14,9 +14,12 @@ Rules that every request follows, whatever session it goes through:
   and a 307 re-sends the body. Every request is sent with ``allow_redirects=False``; a redirect
   is followed here only within the same origin (307/308 for any method, 301/302/303 for GET),
   anything else raises TransportError naming where it pointed.
-- **Environment.** The client's own session reads proxies, a CA bundle and a netrc from the
-  environment, as requests does, but only if the environment set one of them when the client
-  was built (requests would otherwise look them up again on every call).
+- **Environment.** The client's own session honours proxies, a CA bundle and a netrc from the
+  environment, as requests does, but reads them once per origin through
+  ``Session.merge_environment_settings`` (requests would scan the environment on every call),
+  and again when one of the variables that requests documents changes or
+  ``Client.reload_environment()`` is called. Its requests are built with ``Request.prepare()``
+  and sent with ``Session.send``; a caller's session goes through ``Session.request``, untouched.
 - **Retries.** Only calls marked idempotent (lifecycle GET and DELETE) are retried, on
   connection errors and on 429/502/503/504, with capped exponential backoff that honours a
   capped ``Retry-After``. Other calls are retried only when the connection could not be
@@ -31,18 +34,16 @@ import logging
 import math
 import os
 import time
-import urllib.request
-from http.cookiejar import DefaultCookiePolicy
 from typing import Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urljoin, urlsplit
 
 import requests
 import urllib3
-from requests.adapters import HTTPAdapter
 
 from . import _failures as failures
-from ._constants import CHUNK_SIZE, VERSION
+from ._constants import CHUNK_SIZE
 from ._errors import TransportError, redact
+from ._own_session import Environment, new_session, origin, send_prepared
 
 logger = logging.getLogger("osb_sync")
 
@@ -54,14 +55,6 @@ BACKOFF_MAX = 8.0
 RETRY_AFTER_MAX = 30.0
 MAX_REDIRECTS = 5
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def origin(url: str) -> tuple[str, str, int | None]:
-    """(scheme, host, port) of a URL, with the default port filled in."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
 
 
 def retry_after_seconds(response: requests.Response) -> float | None:
@@ -113,21 +106,15 @@ class Transport:
         self._max_retries = max_retries
         self._owns_session = session is None
         self._session = session if session is not None else self._new_session()
+        self._environment = Environment(self._session)
         self._pid = os.getpid()
 
+    def reload_environment(self) -> None:
+        """Read proxy, CA bundle and netrc settings again before the next request."""
+        self._environment.forget()
+
     def _new_session(self) -> requests.Session:
-        session = requests.Session()
-        adapter = HTTPAdapter(
-            pool_connections=self._pool_maxsize, pool_maxsize=self._pool_maxsize, max_retries=0
-        )
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
-        session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
-        session.headers["User-Agent"] = f"osb-sync/{VERSION}"
-        # requests re-reads proxies, CA bundle and ~/.netrc from the environment on every call
-        # (a tenth of a small call's CPU); when the environment sets none of them, skip that.
-        session.trust_env = _environment_matters()
-        return session
+        return new_session(self._pool_maxsize)
 
     @property
     def session(self) -> requests.Session:
@@ -135,6 +122,7 @@ class Transport:
         if os.getpid() != self._pid:
             if self._owns_session:
                 self._session = self._new_session()
+                self._environment = Environment(self._session)
             else:
                 for adapter in self._session.adapters.values():
                     adapter.close()
@@ -217,17 +205,7 @@ class Transport:
     def _send_once(self, call: _Call) -> requests.Response:
         started = time.monotonic()
         try:
-            response = self.session.request(
-                call.method,
-                call.url,
-                headers=call.headers,
-                json=call.json,
-                params=call.params,
-                data=call.data,
-                timeout=call.timeout,
-                stream=True,
-                allow_redirects=False,
-            )
+            response = self._send_own(call) if self._owns_session else self._send_theirs(call)
             if not call.stream:
                 _read_capped_body(response)
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
@@ -247,6 +225,35 @@ class Transport:
             "%s %s -> %d in %.1f ms", call.method, call.path, response.status_code, elapsed
         )
         return response
+
+    def _send_theirs(self, call: _Call) -> requests.Response:
+        """Through a caller's session: ``Session.request``, with whatever it configured."""
+        return self.session.request(
+            call.method,
+            call.url,
+            headers=call.headers,
+            json=call.json,
+            params=call.params,
+            data=call.data,
+            timeout=call.timeout,
+            stream=True,
+            allow_redirects=False,
+        )
+
+    def _send_own(self, call: _Call) -> requests.Response:
+        """Through the client's own session (``_own_session``: documented steps, the
+        environment read once per origin)."""
+        return send_prepared(
+            self.session,
+            self._environment,
+            call.method,
+            call.url,
+            headers=call.headers,
+            json=call.json,
+            params=call.params,
+            data=call.data,
+            timeout=call.timeout,
+        )
 
     @staticmethod
     def _redirect_target(
@@ -268,15 +275,6 @@ class Transport:
                 "it would change the method"
             )
         return target
-
-
-def _environment_matters() -> bool:
-    """Whether requests' ``trust_env`` would find anything: proxies, a CA bundle, a netrc."""
-    if urllib.request.getproxies():
-        return True
-    if any(os.environ.get(name) for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")):
-        return True
-    return any(os.path.exists(os.path.expanduser(f"~/{name}")) for name in (".netrc", "_netrc"))
 
 
 class _Call(NamedTuple):

@@ -9,6 +9,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -505,13 +506,30 @@ def test_a_callers_session_gets_the_same_safety_and_is_left_untouched(server: Fa
     assert closed == []  # the caller's session is the caller's to close
 
 
-def test_environment_is_read_per_call_only_when_it_sets_something(
+def test_environment_is_read_once_per_origin_and_again_when_a_variable_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
-                 "all_proxy", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", "/nonexistent-home")
-    assert Client("http://127.0.0.1:1/v1")._transport.session.trust_env is False
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
-    assert Client("http://127.0.0.1:1/v1")._transport.session.trust_env is True
+    import requests
+    import responses
+
+    reads: list[str] = []
+    original = requests.Session.merge_environment_settings
+
+    def counted(self: requests.Session, url: str, *args: Any) -> Any:
+        reads.append(url)
+        return original(self, url, *args)
+
+    monkeypatch.setattr(requests.Session, "merge_environment_settings", counted)
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    with responses.RequestsMock() as rsps, Client("http://a.test/v1", "") as c:
+        rsps.get("http://a.test/x")
+        rsps.get("http://b.test/x")
+        for url in ("http://a.test/x", "http://a.test/x", "http://b.test/x", "http://a.test/x"):
+            c._transport.request("GET", url).close()
+        assert reads == ["http://a.test/x", "http://b.test/x"]
+        monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+        c._transport.request("GET", "http://a.test/x").close()
+        c._transport.request("GET", "http://a.test/x").close()
+        c.reload_environment()
+        c._transport.request("GET", "http://a.test/x").close()
+    assert reads == ["http://a.test/x", "http://b.test/x", "http://a.test/x", "http://a.test/x"]

@@ -22,7 +22,10 @@ PUBLIC_MODULES = {"local", "testing", "integrations"}
 
 
 def public_names() -> set[str]:
-    """What ``osb_sync`` offers, as httpx's surface test reads it: its non-underscore names."""
+    """What ``osb_sync`` offers, as httpx's surface test reads it: its non-underscore names
+    (the ones imported on first use loaded first, every name ``dir()`` lists)."""
+    for name in dir(osb_sync):
+        getattr(osb_sync, name)
     # (isidentifier: pytest's assertion rewriting adds "@py_builtins" to modules it rewrites)
     return {name for name in vars(osb_sync) if name.isidentifier() and not name.startswith("_")}
 
@@ -42,6 +45,21 @@ def test_local_is_imported_on_first_use_only() -> None:
         "import sys, osb_sync\n"
         "assert 'osb_sync.local' not in sys.modules\n"
         "assert osb_sync.local.LocalServer.__name__ == 'LocalServer'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+
+
+def test_pools_providers_and_functions_are_imported_on_first_use_only() -> None:
+    script = (
+        "import sys, osb_sync\n"
+        "lazy = ['osb_sync._pool', 'osb_sync._provider', 'osb_sync._functions', "
+        "'osb_sync._orphans', 'osb_sync._files', 'secrets']\n"
+        "assert not [m for m in lazy if m in sys.modules], sys.modules.keys()\n"
+        "from osb_sync import SandboxPool, run_code\n"
+        "assert SandboxPool.__module__ == 'osb_sync._pool'\n"
+        "found = osb_sync.discover_providers\n"
+        "assert found is sys.modules['osb_sync._provider'].discover_providers\n"
+        "assert 'SandboxPool' in vars(osb_sync) and 'create_sandbox' in dir(osb_sync)\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True)
 

@@ -1,0 +1,84 @@
+"""The shared run-timeout watchdog: one thread for every deadline, callbacks on their own."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from osb_sync._watchdog import Watchdog
+
+
+def test_a_callback_fires_at_its_deadline_on_a_thread_of_its_own() -> None:
+    watchdog = Watchdog(name="test-watchdog-fires")
+    fired: list[tuple[float, str]] = []
+    done = threading.Event()
+    started = time.monotonic()
+
+    def callback() -> None:
+        fired.append((time.monotonic() - started, threading.current_thread().name))
+        done.set()
+
+    watchdog.schedule(0.2, callback)
+    assert done.wait(10)
+    elapsed, thread = fired[0]
+    assert 0.2 <= elapsed < 5
+    assert thread == "test-watchdog-fires"
+    assert watchdog.pending() == 0
+
+
+def test_a_cancelled_callback_never_fires() -> None:
+    watchdog = Watchdog()
+    fired = threading.Event()
+    handle = watchdog.schedule(0.1, fired.set)
+    handle.cancel()
+    later = threading.Event()
+    watchdog.schedule(0.3, later.set)
+    assert later.wait(10)
+    assert not fired.is_set()
+
+
+def test_many_deadlines_share_one_thread() -> None:
+    watchdog = Watchdog(name="test-watchdog-shared")
+    handles = [watchdog.schedule(60, lambda: None) for _ in range(50)]
+    named = [t for t in threading.enumerate() if t.name == "test-watchdog-shared"]
+    assert len(named) == 1
+    assert watchdog.pending() == 50
+    for handle in handles:
+        handle.cancel()
+    assert watchdog.pending() == 0
+
+
+def test_an_earlier_deadline_scheduled_later_fires_first() -> None:
+    watchdog = Watchdog()
+    order: list[str] = []
+    both = threading.Barrier(3)
+
+    def note(name: str) -> None:
+        order.append(name)
+        both.wait(10)
+
+    watchdog.schedule(1.5, lambda: note("late"))
+    time.sleep(0.05)  # let the thread sleep toward the late deadline first
+    watchdog.schedule(0.1, lambda: note("early"))
+    both.wait(10)
+    assert order == ["early", "late"]
+
+
+def test_a_slow_callback_does_not_delay_another_deadline() -> None:
+    watchdog = Watchdog()
+    release = threading.Event()
+    second = threading.Event()
+    watchdog.schedule(0.05, lambda: release.wait(10))
+    watchdog.schedule(0.1, second.set)
+    assert second.wait(5)  # fired while the first callback still blocks
+    release.set()
+
+
+def test_cancelled_entries_do_not_pile_up() -> None:
+    watchdog = Watchdog()
+    keep = watchdog.schedule(3600, lambda: None)
+    for _ in range(2000):
+        watchdog.schedule(3600, lambda: None).cancel()
+    assert watchdog.pending() == 1
+    assert len(watchdog._heap) <= 200
+    keep.cancel()
