@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import pytest
 
 from osb_sync import _orphans as orphans
 from tests.fakeserver import FakeServer
+
+# A shell that starts pytest in the background (`pytest &` in a script) ignores SIGINT, and the
+# processes the tests start would inherit that: tests that press Ctrl-C on them would hang.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Suites marked by where they live (their own files stay as their owners wrote them).
 MARKED_DIRECTORIES = {"conformance": "conformance", "local": "local"}
