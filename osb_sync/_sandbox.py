@@ -53,7 +53,6 @@ class Sandbox:
         id: the sandbox id.
         commands: shell commands (:class:`Commands`).
         contexts: code contexts (:class:`Contexts`).
-        files: the file system (:class:`Files`).
         use_server_proxy: whether execd is reached through the server's proxy.
         delete_on_exit: whether leaving a ``with`` block deletes the sandbox.
     """
