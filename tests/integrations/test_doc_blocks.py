@@ -294,6 +294,8 @@ def check_toml(block: Block) -> None:
 BLOCKS = all_blocks()
 
 
+# slow: plain pytest leaves these out (about 11 s); the tox interpreter envs, and so CI, run them
+@pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.name for block in BLOCKS])
 def test_block(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if block.skip is not None:
