@@ -89,23 +89,29 @@ def frame_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
         if not pending and chunk[:1] == b"{" and chunk.count(b"\n") == 2 and chunk[-3:] == b"}\n\n":
             yield b"data: " + chunk  # execd's usual chunk: exactly one bare event, nothing to strip
             continue
-        if b"\n" not in chunk:
-            if chunk:
-                pending.append(chunk)
-            continue
-        lines = chunk.split(b"\n")
-        if pending:
-            pending.append(lines[0])
-            lines[0] = b"".join(pending)
-            pending = []
-        tail = lines.pop()
-        if tail:
-            pending.append(tail)
-        frames = [_frame(p) for p in map(_payload, lines) if p is not None]
+        frames = [_frame(p) for p in map(_payload, _whole_lines(chunk, pending)) if p is not None]
         if frames:
             yield b"".join(frames)
     if pending:
         yield _final_frame(b"".join(pending))
+
+
+def _whole_lines(chunk: bytes, pending: list[bytes]) -> list[bytes]:
+    """The lines `chunk` completes (the first joined to what `pending` held); the unfinished
+    tail stays in `pending`, changed in place."""
+    if b"\n" not in chunk:
+        if chunk:
+            pending.append(chunk)
+        return []
+    lines = chunk.split(b"\n")
+    if pending:
+        pending.append(lines[0])
+        lines[0] = b"".join(pending)
+        pending.clear()
+    tail = lines.pop()
+    if tail:
+        pending.append(tail)
+    return lines
 
 
 def _final_frame(tail: bytes) -> bytes:
@@ -224,19 +230,7 @@ def _bare_events(chunks: Iterable[bytes]) -> Iterator[Event]:
             if event is not None:
                 yield event
             continue
-        if b"\n" not in chunk:
-            if chunk:
-                pending.append(chunk)
-            continue
-        lines = chunk.split(b"\n")
-        if pending:
-            pending.append(lines[0])
-            lines[0] = b"".join(pending)
-            pending = []
-        tail = lines.pop()
-        if tail:
-            pending.append(tail)
-        for line in lines:
+        for line in _whole_lines(chunk, pending):
             yield from _line_events(line)
     if pending:
         payload = _final_payload(b"".join(pending))
