@@ -259,12 +259,15 @@ class Exchange:
         self.send(status, body, {"Content-Type": "application/json", **(headers or {})})
 
     def start(self, status: int, headers: dict[str, str] | list[tuple[str, str]]) -> None:
-        """Send the status line and headers (plus X-Request-ID)."""
+        """Send the status line and headers (plus X-Request-ID, and `Connection: close` when
+        the connection ends after this answer, so no client sends another request on it)."""
         self.responded = True
         self.handler.send_response(status)
         self.handler.send_header("X-Request-ID", self.request_id)
         for name, value in headers.items() if isinstance(headers, dict) else headers:
             self.handler.send_header(name, value)
+        if self.handler.close_connection:
+            self.handler.send_header("Connection", "close")
         self.handler.end_headers()
 
     def start_chunked(

@@ -269,8 +269,6 @@ class Handler(BaseHTTPRequestHandler):
             return
         if not ex.body.finished and (ex.declared_length or 0) > UNREAD_BODY_LIMIT:
             self.close_connection = True  # too much to read away: the answer comes first
-        if self.close_connection:
-            headers = {**headers, "Connection": "close"}
         try:
             ex.send_json(status, body, headers)
         except OSError:

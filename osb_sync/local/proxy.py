@@ -95,6 +95,10 @@ def forward(
         body.stop()
         conn.close()
         raise unreachable(sandbox_id, exc) from None
+    if not ex.body.finished:
+        # The upstream answered before the whole body came (it may never read it): the
+        # connection cannot carry another request, and the answer has to say so.
+        ex.handler.close_connection = True
     try:
         _relay(ex, response)
     finally:

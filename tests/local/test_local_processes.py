@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import requests
 from conftest import CREATE_BODY, Box, require_isolation, texts, wait_for
+from rawhttp import exchange, read_answer, request
 
 from osb_sync.local import LocalServer, bwrap, cgroup
 from osb_sync.local.container import MAIN_SCRIPT
@@ -108,11 +109,31 @@ def test_port_proxy_to_web_server(box: Box, local: LocalServer, http: requests.S
     posted = http.post(url, headers=endpoint["headers"], data=b"x" * 1000)
     assert posted.status_code == 501  # http.server does not do POST: the answer is relayed
     closed = http.get(
-        f"http://{endpoint['endpoint'].replace(str(port), str(free_port()))}/",
+        f"http://{endpoint['endpoint'].replace(f'/proxy/{port}', f'/proxy/{free_port()}')}/",
         headers=endpoint["headers"],
     )
     assert closed.status_code == 502
     assert closed.json()["message"].startswith("Could not connect to the backend sandbox")
+
+
+def test_proxy_answer_before_the_whole_body_closes_the_connection_and_says_so(
+    box: Box, local: LocalServer
+) -> None:
+    # http.server answers a POST with 501 without reading its body; the rest of this body never
+    # comes. Unsaid, the close raced the client's next request on its kept-alive connection.
+    port = free_port()
+    box.command(f"python -m http.server {port} --bind 127.0.0.1", background=True)
+    path = f"/sandboxes/{box.id}/proxy/{port}/"
+    assert wait_for(
+        lambda: exchange(local.port, request("GET", path, local.port, box.headers)).status == 200
+    )
+    head = request("POST", path, local.port, {**box.headers, "Content-Length": "1000"})
+    with socket.create_connection(("127.0.0.1", local.port), timeout=30) as sock:
+        sock.sendall(head.replace(b"Content-Length: 0\r\n", b"") + b"x" * 10)
+        answer = read_answer(sock)
+        assert answer.status == 501
+        assert answer.headers.get("connection") == "close"
+        assert sock.recv(1) == b""  # and the server did close it
 
 
 def test_jupyter_port_accepts_connections(box: Box) -> None:
