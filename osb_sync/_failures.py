@@ -32,10 +32,9 @@ def describe(method: str, url: str, exc: BaseException, timeout: tuple[float, fl
 def _cause(exc: BaseException, url: str, timeout: tuple[float, float]) -> str:
     connect, read = timeout
     chain = list(_chain(exc))
+    if _speaks_plain_http(chain):
+        return f"TLS handshake failed ({PLAIN_HTTP_HINT})"
     if any(isinstance(e, (requests.exceptions.SSLError, ssl.SSLError)) for e in chain):
-        text = " ".join(str(e) for e in chain)
-        if "WRONG_VERSION_NUMBER" in text or "record layer failure" in text:
-            return f"TLS handshake failed ({PLAIN_HTTP_HINT})"
         return f"TLS error: {_innermost(chain)}"
     if any(isinstance(e, ConnectionRefusedError) for e in chain):
         return f"connection refused ({SERVE_HINT})"
@@ -49,6 +48,22 @@ def _cause(exc: BaseException, url: str, timeout: tuple[float, float]) -> str:
     ):
         return f"no answer within {read:g} s (read timeout: the server is slow or stuck)"
     return f"connection broken: {_innermost(chain)}"
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True for a failure that a retry cannot mend: a certificate that fails verification,
+    or TLS spoken to a plain-HTTP server."""
+    chain = list(_chain(exc))
+    if any(isinstance(e, ssl.SSLCertVerificationError) for e in chain):
+        return True
+    return _speaks_plain_http(chain)
+
+
+def _speaks_plain_http(chain: list[BaseException]) -> bool:
+    if not any(isinstance(e, (requests.exceptions.SSLError, ssl.SSLError)) for e in chain):
+        return False
+    text = " ".join(str(e) for e in chain)
+    return "WRONG_VERSION_NUMBER" in text or "record layer failure" in text
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

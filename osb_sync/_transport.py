@@ -21,7 +21,8 @@ Rules that every request follows, whatever session it goes through:
   ``Client.reload_environment()`` is called. Its requests are built with ``Request.prepare()``
   and sent with ``Session.send``; a caller's session goes through ``Session.request``, untouched.
 - **Retries.** Only calls marked idempotent (lifecycle GET and DELETE) are retried, on
-  connection errors and on 429/502/503/504, with capped exponential backoff that honours a
+  connection errors (not on a failed certificate check or TLS spoken to plain HTTP: those
+  are permanent) and on 429/502/503/504, with capped exponential backoff that honours a
   capped ``Retry-After``. Other calls are retried only when the connection could not be
   opened (nothing was sent). The loop is ours, not urllib3's, so it works with any session.
 """
@@ -172,7 +173,11 @@ class Transport:
             try:
                 response = self._send(call)
             except _ConnectFailed as exc:
-                if attempt >= self._max_retries or not (idempotent or exc.nothing_sent):
+                if (
+                    attempt >= self._max_retries
+                    or exc.permanent
+                    or not (idempotent or exc.nothing_sent)
+                ):
                     raise exc.error from exc.__cause__
                 delay = backoff_seconds(attempt)
             else:
@@ -215,7 +220,7 @@ class Transport:
             )
             message = failures.describe(call.method, call.url, exc, call.timeout)
             error = TransportError(redact(message, call.secrets))
-            raise _ConnectFailed(error, _nothing_sent(exc)) from exc
+            raise _ConnectFailed(error, _nothing_sent(exc), failures.is_permanent(exc)) from exc
         except _BodyTooLarge:
             raise TransportError(
                 f"{call.method} {call.path}: the response body exceeded {MAX_BODY_BYTES} bytes"
@@ -323,12 +328,14 @@ def _read_capped_body(response: requests.Response) -> None:
 
 
 class _ConnectFailed(Exception):
-    """Internal: a request raised; carries the public error and whether a retry is safe."""
+    """Internal: a request raised; carries the public error and whether a retry is safe
+    (nothing was sent) or pointless (the failure is permanent, such as a bad certificate)."""
 
-    def __init__(self, error: TransportError, nothing_sent: bool):
+    def __init__(self, error: TransportError, nothing_sent: bool, permanent: bool):
         super().__init__(str(error))
         self.error = error
         self.nothing_sent = nothing_sent
+        self.permanent = permanent
 
 
 def never_sent(error: TransportError) -> bool:

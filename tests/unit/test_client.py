@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import ssl
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -11,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 import responses
+import urllib3
 from responses.registries import OrderedRegistry
 
 import osb_sync
@@ -573,6 +575,46 @@ def test_get_retries_connection_errors(
     add_endpoint(ordered)
     add_ping(ordered)
     assert client.connect(SID).execd_url == f"http://{ENDPOINT}"
+
+
+def tls_failure(reason: ssl.SSLError) -> requests.exceptions.SSLError:
+    """What requests raises for a failed handshake: the ssl error, wrapped as urllib3 does."""
+    pool_error = urllib3.exceptions.MaxRetryError(
+        None,
+        "/",
+        reason=urllib3.exceptions.SSLError(reason),
+    )
+    return requests.exceptions.SSLError(pool_error)
+
+
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        (
+            ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] self-signed"),
+            "TLS error",
+        ),
+        (ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"), "use http://"),
+    ],
+)
+def test_a_permanent_tls_failure_is_not_retried(
+    client: Client, rsps: responses.RequestsMock, clock: Clock, reason: ssl.SSLError, said: str
+) -> None:
+    add_endpoint(rsps, body=tls_failure(reason))
+    with pytest.raises(TransportError, match=said):
+        client.connect(SID)
+    assert len(rsps.calls) == 1 and clock.sleeps == []
+
+
+def test_a_tls_connection_cut_mid_handshake_is_retried(
+    client: Client, ordered: responses.RequestsMock, clock: Clock
+) -> None:
+    eof = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
+    add_endpoint(ordered, body=tls_failure(eof))
+    add_endpoint(ordered)
+    add_ping(ordered)
+    assert client.connect(SID).execd_url == f"http://{ENDPOINT}"
+    assert clock.sleeps == [0.5]
 
 
 @pytest.mark.parametrize(
