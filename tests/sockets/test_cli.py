@@ -158,7 +158,7 @@ def test_a_run_past_its_timeout_exits_124_with_a_json_error_on_stdout() -> None:
 
 
 def test_a_command_past_its_timeout_exits_124(server: LocalServer, sandbox_id: str) -> None:
-    proc = osb("exec", "--api-base", server.api_base, "--timeout", "1", sandbox_id, "sleep 30")
+    proc = osb("exec", "--api-base", server.api_base, "--timeout", "0.5", sandbox_id, "sleep 30")
     assert proc.returncode == 124 and "--timeout" in proc.stderr
 
 

@@ -1,35 +1,19 @@
-"""Properties of the pure stream pipeline (``osb_sync._stream``), checked with hypothesis.
-
-Bounded for CI: a few hundred examples in all, derandomized (the same ones every run), no
-deadline, and no example database written into the repository.
-"""
+"""Properties of the pure stream pipeline (``osb_sync._stream``), checked with hypothesis
+(bounded and derandomized: see tests/properties.py)."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
-from hypothesis.configuration import set_hypothesis_home_dir
 
 from osb_sync import ExecutionResult, OutputLimitExceeded, StreamError, parse_execution
 from osb_sync._stream import capped, iter_events
-
-# Hypothesis keeps caches even without a database: keep them out of the working tree.
-set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "osb-sync-hypothesis")
-
-BOUNDED = settings(
-    max_examples=120,
-    deadline=None,
-    database=None,
-    derandomize=True,  # the same examples on every run: CI stays deterministic
-    suppress_health_check=[HealthCheck.too_slow],
-)
+from tests import properties
+from tests.properties import bounded, decoded, json_values, split
 
 EVENT_TYPES = (
     "init",
@@ -45,30 +29,7 @@ EVENT_TYPES = (
 NOISE = (b": comment\n", b"event: message\n", b"id: 7\n", b"retry: 3000\n", b"\n", b"\r\n")
 DEEP = b'{"type": "result", "results": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"
 
-json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
-    max_leaves=6,
-)
-event_objects = st.builds(
-    lambda kind, text, extra: {"type": kind, "text": text, **extra},
-    st.sampled_from(EVENT_TYPES),
-    st.text(max_size=60),
-    st.dictionaries(st.sampled_from(["timestamp", "results", "error", "x"]), json_values),
-)
-
-
-def decoded(events: list[Any]) -> list[tuple[str, str | None, int | None, str]]:
-    """Everything an Event carries, comparable (``data`` as canonical JSON)."""
-    return [(e.type, e.text, e.timestamp, json.dumps(e.data, sort_keys=True)) for e in events]
-
-
-def split(data: bytes, cuts: list[int]) -> list[bytes]:
-    """``data`` cut at the given offsets (any order, repeats allowed: empty chunks)."""
-    points = sorted(min(c, len(data)) for c in cuts)
-    bounds = [0, *points, len(data)]
-    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+event_objects = properties.event_objects(EVENT_TYPES)
 
 
 @st.composite
@@ -89,7 +50,7 @@ def wire_streams(draw: st.DrawFn) -> tuple[bytes, list[dict[str, Any]]]:
     return b"".join(parts), objects
 
 
-@settings(BOUNDED, max_examples=60)
+@bounded(60)
 @given(wire_streams(), st.lists(st.integers(min_value=0, max_value=4096), max_size=12))
 def test_events_do_not_depend_on_chunk_boundaries(
     stream: tuple[bytes, list[dict[str, Any]]], cuts: list[int]
@@ -103,7 +64,7 @@ def test_events_do_not_depend_on_chunk_boundaries(
     ]
 
 
-@BOUNDED
+@bounded(120)
 @given(st.lists(st.binary(max_size=300), max_size=10), st.integers(min_value=1, max_value=4000))
 @example([b'{"type": "stdout", "text": "\xff"}\n\n'], 10**6)
 @example([b'{"type": "stdout", "te'], 10**6)
@@ -115,7 +76,7 @@ def test_arbitrary_bytes_raise_only_stream_errors(chunks: list[bytes], cap: int)
         pass
 
 
-@BOUNDED
+@bounded(120)
 @given(st.lists(st.binary(max_size=200), max_size=12), st.integers(min_value=0, max_value=1500))
 def test_the_cap_is_exact(chunks: list[bytes], cap: int) -> None:
     data = b"".join(chunks)
@@ -141,7 +102,7 @@ prefixed = st.tuples(st.sampled_from(["", "data: ", "data:", ": ", "event: "]), 
 )
 
 
-@settings(BOUNDED, max_examples=80)
+@bounded(80)
 @given(st.lists(prefixed | st.binary(max_size=40), max_size=20))
 def test_parse_execution_never_raises(lines: list[str | bytes]) -> None:
     assert isinstance(parse_execution(lines), ExecutionResult)

@@ -8,39 +8,24 @@ framed (bare lines, ``data:`` SSE, a mix, garbage) and chunked.
 
 from __future__ import annotations
 
-import itertools
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sseclient
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
-from hypothesis.configuration import set_hypothesis_home_dir
 
 from osb_sync import OpenSandboxError, StreamError
 from osb_sync._stream import capped, decode_event, frame_lines, iter_events
+from tests import properties
 from tests.conformance.execds import real_execd_dir
+from tests.properties import bounded, decoded, split
 
-set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "osb-sync-hypothesis")
-
-BOUNDED = settings(
-    max_examples=100,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 SSECLIENT = sseclient.SSEClient  # the reference, kept before any test counts its uses
 
 Outcome = tuple[list[tuple[str, str | None, int | None, str]], tuple[str, str] | None]
-
-
-def decoded(events: list[Any]) -> list[tuple[str, str | None, int | None, str]]:
-    """Everything an Event carries, comparable (``data`` as canonical JSON)."""
-    return [(e.type, e.text, e.timestamp, json.dumps(e.data, sort_keys=True)) for e in events]
 
 
 def outcome(events: Any) -> Outcome:
@@ -65,11 +50,6 @@ def via_sseclient(chunks: Any) -> Any:
         raise StreamError(f"the event stream is not valid UTF-8 ({exc.reason})") from None
 
 
-def split(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted(min(c, len(data)) for c in cuts)
-    return [data[a:b] for a, b in itertools.pairwise([0, *points, len(data)])]
-
-
 def assert_same(chunks: list[bytes], cap: int | None = None) -> Outcome:
     """Both parsers on ``chunks`` (capped at ``cap``): equal outcomes; returns the fast one's."""
     fast = outcome(iter_events(chunks if cap is None else capped(chunks, cap)))
@@ -78,17 +58,8 @@ def assert_same(chunks: list[bytes], cap: int | None = None) -> Outcome:
     return fast
 
 
-json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
-    max_leaves=6,
-)
-event_objects = st.builds(
-    lambda kind, text, extra: {"type": kind, "text": text, **extra},
-    st.sampled_from(["init", "ping", "stdout", "stderr", "result", "error", "execution_complete"]),
-    st.text(max_size=60),
-    st.dictionaries(st.sampled_from(["timestamp", "results", "error", "x"]), json_values),
+event_objects = properties.event_objects(
+    ("init", "ping", "stdout", "stderr", "result", "error", "execution_complete")
 ) | st.builds(lambda m: {"code": "RUNTIME_ERROR", "message": m}, st.text(max_size=20))
 NOISE = [b": comment\n", b"event: message\n", b"id: 7\n", b"retry: 3000\n", b"\n", b"\r\n", b" \n"]
 
@@ -113,7 +84,7 @@ def framed_streams(draw: st.DrawFn) -> bytes:
     return b"".join(parts)
 
 
-@BOUNDED
+@bounded(100)
 @given(framed_streams(), st.lists(st.integers(min_value=0, max_value=2048), max_size=10))
 def test_framed_events_are_the_same_through_both_parsers(data: bytes, cuts: list[int]) -> None:
     assert_same(split(data, cuts))
@@ -125,7 +96,7 @@ line_noise = st.sampled_from(
 )
 
 
-@BOUNDED
+@bounded(100)
 @given(
     st.lists(st.binary(max_size=60) | line_noise | framed_streams(), max_size=12),
     st.lists(st.integers(min_value=0, max_value=600), max_size=8),

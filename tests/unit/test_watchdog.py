@@ -57,7 +57,7 @@ def test_an_earlier_deadline_scheduled_later_fires_first() -> None:
         order.append(name)
         both.wait(10)
 
-    watchdog.schedule(1.5, lambda: note("late"))
+    watchdog.schedule(0.6, lambda: note("late"))
     time.sleep(0.05)  # let the thread sleep toward the late deadline first
     watchdog.schedule(0.1, lambda: note("early"))
     both.wait(10)
