@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from osb_sync import CodeContext, Event, ExecutionResult, OpenSandboxError, Sandbox
 
 from .execds import Target, impatient
-from .outcome import Outcome, code_outcome, digest, raised
+from .outcome import Large, Outcome, code_outcome, raised
 
 SLEEPER = "import time\nprint('start', flush=True)\ntime.sleep(20)"
 FLOOD = "for _ in range(4000):\n    print('x' * 8192, flush=True)"
@@ -79,7 +79,7 @@ def results(t: Target) -> Outcome:
     with fresh_context(t.sandbox) as ctx:
         outcome = {k: code_outcome(run(t.sandbox, s, ctx)) for k, s in snippets.items()}
         big = run(t.sandbox, "print('y' * 300000)", ctx)
-    outcome["big"] = {"stdout": digest(big.stdout.encode()), "error": big.error}
+    outcome["big"] = {"stdout": Large(big.stdout.encode()), "error": big.error}
     return outcome
 
 

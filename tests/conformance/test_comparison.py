@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .outcome import differences, lacks_trailing
+from .outcome import Large, differences, lacks_trailing
 from .test_conformance import ACCEPTED, SCENARIOS, accepted, only_trailing_losses
 
 
@@ -29,6 +29,10 @@ def test_differences_name_each_differing_leaf() -> None:
         ("hi", "hi", False),
         (3, None, False),  # real has more
         ("hi!", "hi", False),
+        (Large(b""), Large(b"y" * 9 + b"\n"), True),  # a large output lost whole
+        (Large(b"y" * 5), Large(b"y" * 9 + b"\n"), True),
+        (Large(b"z"), Large(b"y" * 9 + b"\n"), False),
+        (Large(b"y"), Large(b"y"), False),
     ],
 )
 def test_only_late_losses_count_as_lost_events(real: object, local: object, lost: bool) -> None:
