@@ -55,12 +55,7 @@ class ServerProcess:
         return self.proc.pid
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 @contextlib.contextmanager
@@ -204,12 +199,17 @@ class WorkerProcess:
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self.ask("close")
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
+
+
+def stop_process(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 15 s; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def rotated(names: list[str], rep: int) -> list[str]:

@@ -234,30 +234,14 @@ class Transport:
     def _send_theirs(self, call: _Call) -> requests.Response:
         """Through a caller's session: ``Session.request``, with whatever it configured."""
         return self.session.request(
-            call.method,
-            call.url,
-            headers=call.headers,
-            json=call.json,
-            params=call.params,
-            data=call.data,
-            timeout=call.timeout,
-            stream=True,
-            allow_redirects=False,
+            call.method, call.url, stream=True, allow_redirects=False, **call.send_arguments()
         )
 
     def _send_own(self, call: _Call) -> requests.Response:
         """Through the client's own session (``_own_session``: documented steps, the
         environment read once per origin)."""
         return send_prepared(
-            self.session,
-            self._environment,
-            call.method,
-            call.url,
-            headers=call.headers,
-            json=call.json,
-            params=call.params,
-            data=call.data,
-            timeout=call.timeout,
+            self.session, self._environment, call.method, call.url, **call.send_arguments()
         )
 
     @staticmethod
@@ -298,6 +282,16 @@ class _Call(NamedTuple):
     @property
     def path(self) -> str:
         return urlsplit(self.url).path
+
+    def send_arguments(self) -> dict[str, Any]:
+        """What both send paths pass on as keywords: headers, body, query and timeout."""
+        return {
+            "headers": self.headers,
+            "json": self.json,
+            "params": self.params,
+            "data": self.data,
+            "timeout": self.timeout,
+        }
 
 
 class _BodyTooLarge(Exception):
