@@ -57,7 +57,7 @@ nitpick_ignore = [
         "R",
         "osb_sync._execution.R",
         "osb_sync._constants.NoTimeout",
-        "osb_sync.local.httpd.Limits",
+        "osb_sync.local.http.httpd.Limits",
         "Limits",
     )
 ] + [("py:exc", "SandboxNotFoundError")]  # deepagents-code's, named in a Raises section

@@ -319,7 +319,7 @@ def _isolation_line(server: LocalServer) -> str:
     """What the local server's sandboxes are, and how to isolate them where they are not."""
     if server.isolated:
         return "sandboxes are bubblewrap containers with their own namespaces"
-    from .local.bwrap import FIX
+    from .local.host.bwrap import FIX
 
     return (
         f"sandboxes are NOT isolated ({server.isolation_problem}): code runs as this user on "

@@ -24,14 +24,11 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._constants import CREATE_ID_KEY
 from ._errors import OpenSandboxError
 from ._transport import backoff_seconds
-
-if TYPE_CHECKING:
-    from ._lifecycle import Lifecycle
 
 logger = logging.getLogger("osb_sync")
 
@@ -39,6 +36,17 @@ CALLER_WAIT = 1.0
 EXIT_WAIT = 3.0
 EXIT_RETRY_INTERVAL = 0.1
 SEARCH_CAP = 3600.0
+
+
+class Lifecycle(Protocol):
+    """What a search needs of the lifecycle API (``_lifecycle.Lifecycle`` is one)."""
+
+    def find_by_create_id(self, create_id: str) -> list[str]:
+        """The ids of the sandboxes whose create carried ``create_id``."""
+
+    def delete(self, sandbox_id: str) -> bool:
+        """Delete the sandbox ``sandbox_id``: True if deleted, False if it was not found."""
+
 
 _lock = threading.Lock()
 _searches: set[_Search] = set()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from osb_sync import CodeContext, ExecutionResult, Sandbox
-from osb_sync.local.bwrap import probe
+from osb_sync.local.host.bwrap import probe
 from tests.conformance.execds import real_execd_dir, skip_or_fail
 from tests.conformance.outcome import lacks_trailing
 

@@ -7,37 +7,30 @@ sandbox, all on one port::
     with LocalServer() as srv:
         print(srv.api_base)  # http://127.0.0.1:<port>/v1
 
-Each sandbox is a bubblewrap container (`bwrap.py`, `container.py`) with our execd inside it.
-Enforced there: private user, PID, mount, network, IPC and UTS namespaces; no capabilities; a
-read-only root view of /usr, chosen /etc files (never shadow, ssh or private keys) and the
-server's Python; a private writable /tmp, home and execd state (host directories of the
-sandbox); a per-file size limit (no total disk cap); deletion kills every process of the sandbox
-(its PID namespace ends); pause freezes them all (freezer cgroup, else SIGSTOP); a deny-all
-network policy leaves loopback only, no policy gives outbound access through slirp4netns without
-host loopback (no network where it is missing); memory, CPU and process-count limits by cgroups
-where the server can write them (`limits.py` says which). Not enforced: per-host egress rules
-(refused with 400), the image (recorded, never pulled: code runs on the host's /usr with the
-server's interpreter), and the sandbox's root is uid 0 mapped to the server's user (host root
-when run as root), so a kernel hole in user namespaces is a way out.
+Each sandbox is a bubblewrap container (`host/bwrap.py`, `host/container.py`) with our execd
+inside it. Enforced there: private user, PID, mount, network, IPC and UTS namespaces; no
+capabilities; a read-only root view of /usr, chosen /etc files (never shadow, ssh or private
+keys) and the server's Python; a private writable /tmp, home and execd state (host directories
+of the sandbox); a per-file size limit (no total disk cap); deletion kills every process of the
+sandbox (its PID namespace ends); pause freezes them all (freezer cgroup, else SIGSTOP); a deny-
+all network policy leaves loopback only, no policy gives outbound access through slirp4netns
+without host loopback (no network where it is missing); memory, CPU and process-count limits by
+cgroups where the server can write them (`host/limits.py` says which). Not enforced: per-host
+egress rules (refused with 400), the image (recorded, never pulled: code runs on the host's /usr
+with the server's interpreter), and the sandbox's root is uid 0 mapped to the server's user
+(host root when run as root), so a kernel hole in user namespaces is a way out.
 Where bubblewrap or user namespaces are missing, sandboxes are plain processes of the server's
 user, NOT isolated: the start-up log line, every create's status message and `osb-sync run` say
 so. The server binds 127.0.0.1 by default; the proxy and execd need the per-sandbox token
 returned by the endpoint route, and lifecycle routes the API key when one is set. Do not expose
 it to other users or networks.
 
-Modules: `server` (LocalServer: start, stop, routing, auth, reaper), `httpd` (connections:
-timeouts, cap, Host check, dispatch), `registry` (sandboxes, lifecycle routes), `validation`
-(422/400 rules), `bwrap` (what the host allows, the container's command line), `container`
-(start, reach, pause, delete a container), `spawn` (the spawner thread, host process helpers),
-`cgroup` (freezer), `proxy` (port proxy), `execd_binary` (bring your own execd: its paths and
-binds). Inside the container: `_container_main` (execd, relay, JUPYTER_PORT), `_execd_child`
-(an execd binary and its Jupyter server as children), `execd` (execd routing, code contexts,
-/code), `bodies` (checked execd request values), `commands` (/command, /session), `files`
-(file routes, metrics), `filewrite` (uploads, replace, permissions), `workers` (Python workers,
-output tailing, bash sessions), `runner` (process groups), `_http` (request bodies, chunked
-answers, event streams, routing), `_worker`.
+Its folders follow the process boundary (each `__init__` lists its modules): `http/` (the HTTP
+layer both sides use), `host/` (the server process) and `execd/` (what runs inside each
+sandbox's container). `host/` and `execd/` never import each other: the security line, as a
+test (`tests/unit/test_layers.py`).
 """
 
-from .server import LocalServer
+from .host.server import LocalServer
 
 __all__ = ["LocalServer"]

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from osb_sync.local import LocalServer
-from osb_sync.local.bwrap import SANDBOX_HOME, probe
+from osb_sync.local.host.bwrap import SANDBOX_HOME, probe
 
 # OSB_REQUIRE_ISOLATION=1 (CI): a test that needs isolated sandboxes fails instead of skipping.
 REQUIRE_ISOLATION = os.environ.get("OSB_REQUIRE_ISOLATION") == "1"

@@ -12,7 +12,7 @@ import requests
 from conftest import CREATE_BODY, Box, parse_events
 
 from osb_sync.local import LocalServer
-from osb_sync.local.spares import SPARES_DIR
+from osb_sync.local.host.spares import SPARES_DIR
 from tests.leftovers import processes_under
 
 JSON = {"Content-Type": "application/json"}

@@ -17,8 +17,8 @@ from conftest import CREATE_BODY, Box, alive, require_isolation, wait_for
 
 from osb_sync._cli import main as cli_main
 from osb_sync.local import LocalServer
-from osb_sync.local.execd_binary import ExecdBinary
-from osb_sync.local.spares import SPARES_DIR
+from osb_sync.local.host.execd_binary import ExecdBinary
+from osb_sync.local.host.spares import SPARES_DIR
 
 # Answers every GET with what it was started with; /ping needs EXECD_ACCESS_TOKEN's token.
 FAKE_EXECD = """

@@ -94,7 +94,7 @@ def closed_by_server(sock: socket.socket, within: float) -> bool:
 
 @pytest.fixture
 def quick_limits() -> Iterator[LocalServer]:
-    from osb_sync.local.httpd import Limits
+    from osb_sync.local.http.httpd import Limits
 
     limits = Limits(header_timeout=1.0, idle_timeout=1.0, io_timeout=5.0)
     with LocalServer(limits=limits, command_grace=0) as server:

@@ -13,7 +13,7 @@ from conftest import Box, parse_events, texts, wait_for
 
 from osb_sync import Client
 from osb_sync.local import LocalServer
-from osb_sync.local._http import EventStream
+from osb_sync.local.http.exchange import EventStream
 
 
 def raw_stream(box: Box, path: str, body: dict[str, Any]) -> tuple[list[bytes], list[float]]:

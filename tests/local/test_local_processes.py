@@ -18,8 +18,9 @@ import requests
 from conftest import CREATE_BODY, Box, require_isolation, texts, wait_for
 from rawhttp import exchange, read_answer, request
 
-from osb_sync.local import LocalServer, bwrap, cgroup
-from osb_sync.local.container import MAIN_SCRIPT
+from osb_sync.local import LocalServer
+from osb_sync.local.host import bwrap, cgroup
+from osb_sync.local.host.container import MAIN_SCRIPT
 
 DENY_ALL = {"defaultAction": "deny", "egress": []}
 INTERFACES = "python -c 'import socket; print(*sorted(n for _, n in socket.if_nameindex()))'"
@@ -187,7 +188,7 @@ def test_unisolated_sandboxes_say_so(make_box: Any, caplog: Any) -> None:
 
 def test_isolation_true_refuses_to_start_without_support(monkeypatch: Any) -> None:
     missing = bwrap.Support(None, "bubblewrap (bwrap) is not installed", None, False)
-    monkeypatch.setattr("osb_sync.local.server.probe", lambda: missing)
+    monkeypatch.setattr("osb_sync.local.host.server.probe", lambda: missing)
     server = LocalServer(isolation=True)
     with pytest.raises(RuntimeError, match=r"bwrap.*install bubblewrap"):
         server.start()
@@ -198,7 +199,7 @@ def test_a_container_that_does_not_start_leaves_nothing(
     http: requests.Session, monkeypatch: Any, tmp_path: Path
 ) -> None:
     # A main that cannot even be opened (tmp_path is not in the container's view either).
-    monkeypatch.setattr("osb_sync.local.container.MAIN_SCRIPT", str(tmp_path / "main.py"))
+    monkeypatch.setattr("osb_sync.local.host.container.MAIN_SCRIPT", str(tmp_path / "main.py"))
     with LocalServer() as srv:
         failed = http.post(f"{srv.api_base}/sandboxes", json=CREATE_BODY)
         assert (failed.status_code, failed.json()["code"]) == (500, "DOCKER::SANDBOX_START_FAILED")
@@ -212,16 +213,17 @@ def test_execd_inside_imports_no_requests() -> None:
     script = (
         "import runpy, sys\n"
         f"runpy.run_path({MAIN_SCRIPT!r})['load_package']()\n"
-        "import osb_sync.local.execd, osb_sync.local.httpd, osb_sync.local.runner\n"
+        "import osb_sync.local.execd.router, osb_sync.local.http.httpd\n"
         "print(sorted(sys.modules))\n"
     )
     done = subprocess.run(
         [sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, check=True
     )
     modules = eval(done.stdout)
-    assert "osb_sync.local.execd" in modules
+    assert "osb_sync.local.execd.router" in modules
     assert not [m for m in modules if m.split(".")[0] in ("requests", "urllib3", "sseclient")]
-    assert "osb_sync.client" not in modules and "osb_sync.local.server" not in modules
+    assert "osb_sync._client" not in modules
+    assert not [m for m in modules if m.startswith("osb_sync.local.host")]
 
 
 def test_sandbox_outlives_the_thread_that_created_it(isolated_server: LocalServer) -> None:

@@ -13,9 +13,10 @@ import pytest
 import requests
 from conftest import CREATE_BODY, Box, alive, parse_events, require_isolation, texts, wait_for
 
-from osb_sync.local import LocalServer, spares
-from osb_sync.local.container import SandboxContainer
-from osb_sync.local.spares import SparePool
+from osb_sync.local import LocalServer
+from osb_sync.local.host import spares
+from osb_sync.local.host.container import SandboxContainer
+from osb_sync.local.host.spares import SparePool
 from tests.leftovers import processes_under
 
 START_WAIT = 60.0

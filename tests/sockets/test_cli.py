@@ -24,7 +24,7 @@ import pytest
 from osb_sync import ApiError, Client
 from osb_sync._cli import build_parser, main
 from osb_sync.local import LocalServer
-from osb_sync.local.bwrap import probe
+from osb_sync.local.host.bwrap import probe
 from tests.fakeserver import FakeServer
 
 OWN_ERROR = 125

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..http.exchange import error
 from . import cgroup
-from ._http import error
 
 SANDBOX_HOME = "/home/sandbox"
 EXECD_STATE_DIR = "/run/osb-execd"
@@ -121,7 +121,7 @@ def probe() -> Support:
 
 def package_dir() -> str:
     """The directory of the osb_sync package (not the whole checkout of an editable install)."""
-    return str(Path(__file__).resolve().parent.parent)
+    return str(Path(__file__).resolve().parents[2])
 
 
 def compile_package() -> None:
@@ -134,7 +134,8 @@ def compile_package() -> None:
     import compileall
 
     try:
-        compileall.compile_dir(Path(__file__).parent, maxlevels=0, quiet=2)
+        for side in ("http", "execd"):
+            compileall.compile_dir(Path(__file__).parents[1] / side, maxlevels=0, quiet=2)
     except OSError:
         pass
 

@@ -1,6 +1,6 @@
 """Inside a container: start a Jupyter server and an execd binary (see `execd_binary.py`).
 
-Run by `_container_main.py` when the server was given `execd=`; standard library only. Both
+Run by `main.py` when the server was given `execd=`; standard library only. Both
 run as children of the container's main process, each in its own process group, with their
 output in log files of execd's state directory; on a failed start the tail of those logs goes
 to the main's standard error (the container's log, which the failed create quotes), tokens

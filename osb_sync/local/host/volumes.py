@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..http.exchange import HttpError, error
 from . import bwrap
-from ._http import HttpError, error
 from .validation import issue, unprocessable
 
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

@@ -19,18 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ._http import EventStream, Exchange, error
-from .bodies import (
+from ..http.bodies import (
     MAX_ID,
     bad_request,
     bounded_int,
     environment,
     read_object,
-    resolve_cwd,
     text,
     timeout_ms,
 )
-from .runner import SandboxRuntime, kill_group
+from ..http.exchange import EventStream, Exchange, error
+from .runner import SandboxRuntime, kill_group, resolve_cwd
 from .workers import (
     CommandRecord,
     LineSplitter,
@@ -129,16 +128,6 @@ class Commands:
         self._lock = threading.Lock()
         self._commands: dict[str, CommandRecord] = {}
         self._sessions: dict[str, ShellSession] = {}
-
-    def add_routes(self, add: Callable[[str, str, Callable[[Exchange], None]], None]) -> None:
-        """Register the command and session routes."""
-        add("POST", "/command", self.run_command)
-        add("DELETE", "/command", self.interrupt)
-        add("GET", "/command/status/{id}", self.status)
-        add("GET", "/command/{id}/logs", self.logs)
-        add("POST", "/session", self.create_session)
-        add("POST", "/session/{id}/run", self.run_in_session)
-        add("DELETE", "/session/{id}", self.delete_session)
 
     def close(self) -> None:
         """Kill every session (commands die with the sandbox's process groups)."""

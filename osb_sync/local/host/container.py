@@ -1,6 +1,6 @@
 """A sandbox's container on the host side: start, reach, pause, resume and delete it.
 
-The container's main process is `_container_main.py` (our execd, JUPYTER_PORT and a relay),
+The container's main process is `execd/main.py` (our execd, JUPYTER_PORT and a relay),
 started under bubblewrap (`bwrap.py`), or as a plain subprocess where isolation is impossible.
 The server reaches the container only through a listening Unix socket it makes in a host
 directory the sandbox cannot see and hands to the main process as an inherited descriptor.
@@ -35,7 +35,8 @@ from .limits import Plan
 from .slirp import start_slirp
 from .spawn import SPAWNER, pidfd, read_until, signal_pids
 
-MAIN_SCRIPT = str(Path(__file__).with_name("_container_main.py"))
+# Run by path, never imported here: execd/ is the sandbox side of the security line.
+MAIN_SCRIPT = str(Path(__file__).parents[1] / "execd" / "main.py")
 IN_CONTAINER_JUPYTER_PORT = 44771
 IN_CONTAINER_EXECD_PORT = 44772
 START_TIMEOUT = 30.0

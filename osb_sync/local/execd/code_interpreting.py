@@ -1,6 +1,6 @@
-"""execd emulation: routing of a sandbox's execd, code contexts and `/code` runs.
+"""execd's CodeInterpreting routes: code contexts and `/code` runs.
 
-Commands and bash sessions live in `commands.py`, files and metrics in `files.py`. Streams
+The route table is `router.py`; commands and bash sessions live in `command.py`. Streams
 follow the real daemon (protocol reference, section 2.3): bare JSON events followed by a blank
 line, `init` first, a ping right after it and then every ping interval, and a type-less error
 object without a newline when a stream fails after `init` (e.g. "session is busy").
@@ -17,12 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import files
-from ._http import Exchange, Router, error
-from .bodies import bad_request, read_object, resolve_cwd
-from .commands import Commands, CommandSpec, run_shell
+from ..http.bodies import bad_request, read_object
+from ..http.exchange import Exchange, error
+from .command import Commands, CommandSpec, run_shell
 from .pyworker import PythonWorker
-from .runner import SandboxRuntime, kill_group
+from .runner import SandboxRuntime, kill_group, resolve_cwd
 from .workers import Emit, complete, exit_error, failure
 
 LANGUAGES = ("python", "bash")
@@ -56,47 +55,23 @@ class Context:
             self.worker.kill()
 
 
-class ExecdApp:
-    """The execd of one sandbox: its routes, contexts, commands and sessions."""
+class CodeInterpreter:
+    """The code contexts of one sandbox and their `/code` runs (the CodeInterpreting routes)."""
 
-    def __init__(self, runtime: SandboxRuntime, ping_interval: float, command_grace: float) -> None:
+    def __init__(self, runtime: SandboxRuntime, commands: Commands) -> None:
         self.runtime = runtime
-        self.commands = Commands(runtime, ping_interval, command_grace)
+        self.commands = commands  # language-less code runs as a command; streams start there
         self._lock = threading.Lock()
         self._contexts: dict[str, Context] = {}
         self._defaults: dict[str, str] = {}
-        self.router = Router()
-        add = self.router.add
-        add("GET", "/ping", lambda ex: ex.send(200))
-        add("POST", "/code", self.run_code)
-        add("DELETE", "/code", self.interrupt_code)
-        add("POST", "/code/context", self.create_context)
-        add("GET", "/code/contexts", self.list_contexts)
-        add("DELETE", "/code/contexts", self.delete_contexts)
-        add("GET", "/code/contexts/{id}", self.get_context)
-        add("DELETE", "/code/contexts/{id}", self.delete_context)
-        add("GET", "/metrics", lambda ex: ex.send_json(200, files.metrics()))
-        self.commands.add_routes(add)
-        files.add_routes(add, runtime)
 
     def close(self) -> None:
-        """Kill every worker and session (the sandbox is going away)."""
+        """Kill every context's worker (the sandbox is going away)."""
         with self._lock:
             contexts = list(self._contexts.values())
             self._contexts.clear()
         for context in contexts:
             context.close()
-        self.commands.close()
-
-    def handle(self, ex: Exchange, path: str) -> None:
-        """Answer `ex` for the execd path `path` (`/code`, `/files/info`, ...)."""
-        found = self.router.match(ex.method, path)
-        if isinstance(found, int):
-            text = b"404 page not found" if found == 404 else b"405 method not allowed"
-            ex.send(found, text, {"Content-Type": "text/plain"})
-            return
-        route, ex.params = found
-        route(ex)
 
     def _new_context(self, language: str, cwd: Path, default: bool = False) -> Context:
         """A new context; with `default`, the language's default one unless it exists."""

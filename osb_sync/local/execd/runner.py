@@ -1,6 +1,6 @@
 """Processes of a sandbox, as its execd starts them: environment, process groups, cleanup.
 
-This runs inside the sandbox's container (`_container_main.py`), so the paths it resolves and
+This runs inside the sandbox's container (`main.py`), so the paths it resolves and
 the processes it starts are the container's. Every process is started in its own session (so
 its process group id is its pid) and remembered by that id; closing kills each group with
 SIGKILL. Whatever escapes that bookkeeping (setsid, double forks) dies with the container's PID
@@ -17,6 +17,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
+
+from ..http.bodies import bad_request
 
 KILL_WAIT_TIMEOUT = 5.0
 # sh: cap the address space (KiB, soft and hard) of what it then runs. Not set on execd itself:
@@ -121,3 +123,15 @@ class SandboxRuntime:
                 proc.wait(KILL_WAIT_TIMEOUT)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def resolve_cwd(runtime: SandboxRuntime, cwd: Any) -> Path:
+    """The directory `cwd` names (env variables expanded), default the sandbox directory."""
+    if cwd in (None, ""):
+        return runtime.dir
+    if not isinstance(cwd, str) or "\0" in cwd:
+        raise bad_request("cwd must be a path without NUL characters")
+    path = runtime.resolve(os.path.expandvars(cwd))
+    if not path.is_dir():
+        raise bad_request(f"cwd {cwd!r} is not a directory")
+    return path

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._http import BODY_PIECE, BodyReader, Exchange, HttpError, error, parse_json
+from ..http.exchange import BODY_PIECE, BodyReader, Exchange, HttpError, error, parse_json
 from .runner import SandboxRuntime
 
 PIECE = 1 << 16

@@ -13,7 +13,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from ._http import Exchange, HttpError, error
+from ..http.exchange import Exchange, HttpError, error
 from .container import SandboxContainer
 from .validation import issue, unprocessable
 

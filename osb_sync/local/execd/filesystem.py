@@ -1,39 +1,34 @@
-"""execd file routes (upload, download with Range, stat, list, search, move, ...) and metrics.
+"""execd's Filesystem routes: download with Range, stat, list, search, move, delete, ...
 
 Relative paths resolve inside the sandbox directory; absolute paths are used as they are
 (the sandbox shares the host's file system). Downloads stream from disk in 64 KiB pieces;
-uploads, replacements and permissions live in `filewrite.py`.
+uploads, replacements and permissions live in `uploads.py`.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import functools
 import grp
 import os
 import pwd
 import re
 import shutil
 import stat
-import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ._http import Exchange, Route, error, now_ms
-from .bodies import rfc3339
-from .filewrite import (
+from ..http.bodies import rfc3339
+from ..http.exchange import Exchange, error
+from .runner import SandboxRuntime
+from .uploads import (
     apply_permissions,
     bad_value,
     existing,
     json_object,
     permissions_of,
-    replace,
     sandbox_path,
-    upload,
 )
-from .runner import SandboxRuntime
 
 PIECE = 1 << 16
 METADATA_LIMIT = 1 << 20
@@ -249,54 +244,3 @@ def _chmod_target(runtime: SandboxRuntime, raw: str) -> Path:
         reason = f"chmod {raw}: no such file or directory"
         raise error(500, "RUNTIME_ERROR", f"error changing permissions for {raw}. {reason}")
     return path
-
-
-def _cpu_times() -> tuple[int, int]:
-    with open("/proc/stat") as proc_stat:
-        values = [int(v) for v in proc_stat.readline().split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    return sum(values), idle
-
-
-def metrics() -> dict[str, Any]:
-    """One `/metrics` sample from /proc (CPU over 50 ms, not execd's 1 s)."""
-    cpu_count = os.cpu_count() or 1
-    try:
-        total0, idle0 = _cpu_times()
-        time.sleep(0.05)
-        total1, idle1 = _cpu_times()
-        busy = 100.0 * (1 - (idle1 - idle0) / max(1, total1 - total0))
-        with open("/proc/meminfo") as meminfo:
-            fields = {line.split(":")[0]: int(line.split()[1]) for line in meminfo}
-        total_kib = fields["MemTotal"]
-        used_kib = total_kib - fields.get("MemAvailable", fields.get("MemFree", 0))
-    except (OSError, ValueError, KeyError, IndexError):
-        busy = min(100.0, 100.0 * os.getloadavg()[0] / cpu_count)
-        total_kib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 1024
-        used_kib = 0
-    return {
-        "cpu_count": cpu_count,
-        "cpu_used_pct": round(busy, 2),
-        "mem_total_mib": round(total_kib / 1024, 2),
-        "mem_used_mib": round(used_kib / 1024, 2),
-        "timestamp": now_ms(),
-    }
-
-
-def add_routes(add: Callable[[str, str, Route], None], runtime: SandboxRuntime) -> None:
-    """Register the file routes of `runtime`'s sandbox with `add(method, pattern, route)`."""
-    table = [
-        ("POST", "/files/upload", upload),
-        ("GET", "/files/download", download),
-        ("GET", "/files/info", info),
-        ("GET", "/directories/list", list_directory),
-        ("GET", "/files/search", search),
-        ("DELETE", "/files", delete_files),
-        ("POST", "/directories", make_directories),
-        ("DELETE", "/directories", delete_directories),
-        ("POST", "/files/mv", move),
-        ("POST", "/files/permissions", permissions),
-        ("POST", "/files/replace", replace),
-    ]
-    for method, pattern, handler in table:
-        add(method, pattern, functools.partial(handler, runtime))

@@ -2,7 +2,7 @@
 `pyworker.py`), and the execd event helpers they share.
 
 Each runner reports output through an `emit` callback taking one execd event (without its
-timestamp) and never touches HTTP, so the framing stays in `execd.py`.
+timestamp) and never touches HTTP, so the framing stays in the route modules.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-from .bodies import rfc3339
+from ..http.bodies import rfc3339
 from .runner import SandboxRuntime, kill_group
 
 POLL_INTERVAL = 0.02

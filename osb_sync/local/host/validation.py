@@ -12,7 +12,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from ._http import Exchange, HttpError, error
+from ..http.exchange import Exchange, HttpError, error
 
 RESERVED_PREFIX = "opensandbox.io/"
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")

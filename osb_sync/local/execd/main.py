@@ -1,6 +1,6 @@
 """The main process of a sandbox's container: its execd, JUPYTER_PORT and the server's relay.
 
-Run as a script by path (`python -I -S _container_main.py RELAY_FD READY_FD`), inside the
+Run as a script by path (`python -I -S execd/main.py RELAY_FD READY_FD`), inside the
 sandbox's bubblewrap container or, where isolation is impossible, as a plain subprocess. Its
 first line of standard input is the start line (the working and state directories, the ports,
 heartbeat and grace seconds, the file size limit, an execd binary), the second the claim line
@@ -9,7 +9,7 @@ container is a warm spare: imported, sockets bound, serving nothing. The token n
 an environment or a command line the sandbox could read (except an execd binary's environment:
 it takes the token in EXECD_ACCESS_TOKEN, as in OpenSandbox). Once claimed it
 
-- serves our Python execd (`execd.ExecdApp`) on 127.0.0.1:`execd_port` (44772 in a container,
+- serves our Python execd (`router.ExecdApp`) on 127.0.0.1:`execd_port` (44772 in a container,
   an ephemeral port without one), refusing requests without the token;
 - accepts and drops connections on 127.0.0.1:`jupyter_port` (the official code interpreter
   probes `/dev/tcp/127.0.0.1/$JUPYTER_PORT` before it runs anything);
@@ -17,7 +17,7 @@ it takes the token in EXECD_ACCESS_TOKEN, as in OpenSandbox). Once claimed it
   directory the sandbox cannot see) to the port named on its first line, `PORT\\n`, answering
   `ok\\n` or `error ...\\n`: the server reaches execd and every port only this way;
 - or, when the start line names an `execd_binary`, runs that binary on 44772 (and a
-  Jupyter server on `jupyter_port` when it names `jupyter`) as children (`_execd_child.py`),
+  Jupyter server on `jupyter_port` when it names `jupyter`) as children (`binary_child.py`),
   started once claimed, and relays to them instead;
 - writes `ready\\n` to READY_FD once started (a spare waits for its claim there), `serving\\n`
   once claimed, and exits once standard input reaches EOF (the server went away or deletes the
@@ -49,8 +49,8 @@ PR_SET_DUMPABLE = 4
 
 def load_package() -> None:
     """Make `osb_sync.local` importable without importing `osb_sync` itself (the client)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name, path in (("osb_sync", os.path.dirname(here)), ("osb_sync.local", here)):
+    local = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name, path in (("osb_sync", os.path.dirname(local)), ("osb_sync.local", local)):
         if name not in sys.modules:
             package = types.ModuleType(name)
             package.__path__ = [path]
@@ -128,7 +128,8 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
     if config.get("execd_binary"):
         serve_binary(config, relay_server, ready_fd)
         return
-    from osb_sync.local import _http, execd, httpd, runner
+    from osb_sync.local.execd import router, runner
+    from osb_sync.local.http import exchange, httpd
 
     jupyter = socket.create_server(("127.0.0.1", config["jupyter_port"]))
     hosts = httpd.host_names("127.0.0.1", ())
@@ -142,13 +143,13 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
     runtime = runner.SandboxRuntime(
         Path(config["home"]), Path(config["run_dir"]), env, claim.get("address_space_limit")
     )
-    app = execd.ExecdApp(runtime, config["ping_interval"], config["command_grace"])
+    app = router.ExecdApp(runtime, config["ping_interval"], config["command_grace"])
     token = str(claim["token"]).encode()
 
-    def route(ex: _http.Exchange) -> None:
+    def route(ex: exchange.Exchange) -> None:
         given = (ex.headers.get(TOKEN_HEADER) or "").encode()
         if not hmac.compare_digest(given, token):
-            raise _http.HttpError(401, UNAUTHORIZED)
+            raise exchange.HttpError(401, UNAUTHORIZED)
         app.handle(ex, ex.path)
 
     server.route = route
@@ -171,7 +172,7 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
 
 def serve_binary(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> None:
     """Like `serve`, with an execd binary (and a Jupyter server) as children instead of ours."""
-    from osb_sync.local._execd_child import ExecdChildren, ExecdStartError
+    from osb_sync.local.execd.binary_child import ExecdChildren, ExecdStartError
 
     claim = wait_for_claim(ready_fd)
     if claim is None:

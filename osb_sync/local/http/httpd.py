@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ._http import Exchange, HttpError, error
+from .exchange import Exchange, HttpError, error
 
 logger = logging.getLogger("osb_sync.local")
 

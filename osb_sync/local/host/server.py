@@ -19,12 +19,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from ..http.exchange import Exchange, HttpError, error
+from ..http.httpd import HTTPServer, Limits, host_names
 from . import limits as resource_limits
 from . import proxy
-from ._http import Exchange, HttpError, error
 from .bwrap import FIX, Support, compile_package, probe
 from .execd_binary import ExecdBinary
-from .httpd import HTTPServer, Limits, host_names
 from .registry import EXECD_PORT, Config, Registry, not_found
 
 logger = logging.getLogger("osb_sync.local")

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from ..http.bodies import rfc3339
+from ..http.exchange import Exchange, HttpError, Router, error
 from . import limits, volumes
-from ._http import Exchange, HttpError, Router, error
-from .bodies import rfc3339
 from .bwrap import Support, network_plan
 from .container import Launch, SandboxContainer
 from .execd_binary import ExecdBinary

@@ -1,4 +1,4 @@
-"""Shared HTTP helpers of the local server: checked values of request bodies and timestamps.
+"""Checked values of request bodies and timestamps, for both servers (lifecycle and execd).
 
 Every string and number of an execd body is validated before a route starts a process or
 answers with a stream, so bad input is a 400, never a broken stream.
@@ -6,13 +6,10 @@ answers with a stream, so bad input is a 400, never a broken stream.
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-from ._http import Exchange, HttpError, error
-from .runner import SandboxRuntime
+from .exchange import Exchange, HttpError, error
 
 MAX_TIMEOUT_MS = 86_400_000  # one day, the local server's largest sandbox timeout
 MAX_ID = 2**32 - 2  # the largest uid or gid
@@ -47,18 +44,6 @@ def text(body: dict[str, Any], name: str) -> str:
     if "\0" in value:
         raise bad_request(f"{name} must not contain NUL characters")
     return value
-
-
-def resolve_cwd(runtime: SandboxRuntime, cwd: Any) -> Path:
-    """The directory `cwd` names (env variables expanded), default the sandbox directory."""
-    if cwd in (None, ""):
-        return runtime.dir
-    if not isinstance(cwd, str) or "\0" in cwd:
-        raise bad_request("cwd must be a path without NUL characters")
-    path = runtime.resolve(os.path.expandvars(cwd))
-    if not path.is_dir():
-        raise bad_request(f"cwd {cwd!r} is not a directory")
-    return path
 
 
 def bounded_int(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
