@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 import requests
 
 from ._config import (
-    check_client_options,
+    DEFAULT_SETTINGS,
+    ClientSettings,
     check_id,
     check_run_arguments,
     resolve_api_base,
@@ -89,28 +90,37 @@ class Client:
         api_key: str | None = None,
         *,
         session: requests.Session | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
-        create_timeout: float = 300.0,
-        pool_maxsize: int = 32,
-        max_retries: int = 2,
-        execd_scheme: str | None = None,
+        connect_timeout: float = DEFAULT_SETTINGS.connect_timeout,
+        read_timeout: float = DEFAULT_SETTINGS.read_timeout,
+        create_timeout: float = DEFAULT_SETTINGS.create_timeout,
+        pool_maxsize: int = DEFAULT_SETTINGS.pool_maxsize,
+        max_retries: int = DEFAULT_SETTINGS.max_retries,
+        execd_scheme: str | None = DEFAULT_SETTINGS.execd_scheme,
     ):
         self.api_base = resolve_api_base(api_base)
         api_key_value = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
-        check_client_options(
-            execd_scheme, connect_timeout, read_timeout, create_timeout, pool_maxsize, max_retries
-        )
-        self.execd_scheme = execd_scheme or urlsplit(self.api_base).scheme
-        self._transport = Transport(
-            session=session,
-            connect_timeout=float(connect_timeout),
-            read_timeout=float(read_timeout),
+        settings = ClientSettings(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            create_timeout=create_timeout,
             pool_maxsize=pool_maxsize,
             max_retries=max_retries,
+            execd_scheme=execd_scheme,
+        )
+        self.execd_scheme = settings.execd_scheme or urlsplit(self.api_base).scheme
+        self._transport = Transport(
+            session=session,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            pool_maxsize=settings.pool_maxsize,
+            max_retries=settings.max_retries,
         )
         self._lifecycle = Lifecycle(
-            self._transport, self.api_base, api_key_value, float(create_timeout), self.execd_scheme
+            self._transport,
+            self.api_base,
+            api_key_value,
+            settings.create_timeout,
+            self.execd_scheme,
         )
         self._handles = Handles()
 

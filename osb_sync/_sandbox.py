@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import requests
 
 from ._commands import Commands
-from ._config import check_client_options, check_run_arguments, wait_settings
+from ._config import DEFAULT_SETTINGS, ClientSettings, check_run_arguments, wait_settings
 from ._constants import (
     DEFAULT_LANGUAGE,
     DEFAULT_POLL_INTERVAL,
@@ -84,9 +84,9 @@ class Sandbox:
         headers: Mapping[str, str] | None = None,
         sandbox_id: str | None = None,
         session: requests.Session | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
-        pool_maxsize: int = 32,
+        connect_timeout: float = DEFAULT_SETTINGS.connect_timeout,
+        read_timeout: float = DEFAULT_SETTINGS.read_timeout,
+        pool_maxsize: int = DEFAULT_SETTINGS.pool_maxsize,
     ) -> Sandbox:
         """A handle on a bare execd, without a lifecycle server in front of it.
 
@@ -113,13 +113,18 @@ class Sandbox:
             raise ConfigurationError(
                 f"url must be execd's http:// or https:// URL, e.g. 'http://127.0.0.1:{EXECD_PORT}'"
             )
-        check_client_options(None, connect_timeout, read_timeout, 1.0, pool_maxsize, 0)
-        transport = Transport(
-            session=session,
-            connect_timeout=float(connect_timeout),
-            read_timeout=float(read_timeout),
+        settings = ClientSettings(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
             pool_maxsize=pool_maxsize,
             max_retries=0,
+        )
+        transport = Transport(
+            session=session,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            pool_maxsize=settings.pool_maxsize,
+            max_retries=settings.max_retries,
         )
         base_url = url.strip().rstrip("/")
         execd = Execd(transport, base_url, headers or {})
