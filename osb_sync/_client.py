@@ -25,7 +25,6 @@ from ._config import (
     check_id,
     check_run_arguments,
     resolve_api_base,
-    wait_settings,
 )
 from ._constants import (
     API_KEY_ENV,
@@ -34,18 +33,24 @@ from ._constants import (
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
 )
-from ._create_options import (
-    CreateOptions,
-    build_create_body,
-    check_options,
-    option,
-    with_option_signature,
-)
 from ._errors import ApiError, ConfigurationError, TransportError
 from ._execd import Execd
 from ._execution import ExecutionStream
 from ._lifecycle import MAX_PAGE_SIZE, Lifecycle
 from ._models import Endpoint, Event, ExecutionResult, SandboxInfo
+from ._options import (
+    CREATE_DEFAULTS,
+    REACH_DEFAULTS,
+    RUN_DEFAULTS,
+    CreateOptions,
+    Reach,
+    ReachOptions,
+    RunOptions,
+    build_create_body,
+    check_options,
+    split_create_options,
+    with_keywords,
+)
 from ._sandbox import Sandbox
 from ._transport import Transport
 
@@ -160,7 +165,7 @@ class Client:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    @with_option_signature
+    @with_keywords(CreateOptions, CREATE_DEFAULTS)
     def create_sandbox(self, **options: Unpack[CreateOptions]) -> Sandbox:
         """Create a sandbox, wait until it runs and resolve its execd endpoint.
 
@@ -180,16 +185,19 @@ class Client:
             entrypoint: the main process (default ``DEFAULT_ENTRYPOINT``).
             network_policy: sent as is; wins over ``allow_internet_access`` (even ``{}``).
             secure_access: ask for ``secureAccess``.
-            use_server_proxy: route execd calls through the server's proxy.
-            ready_timeout: seconds for each wait (Running, endpoint, ping); default 30.
-            poll_interval: seconds between polls; default 0.2.
             snapshot_id: restore from a snapshot instead of an image.
             image_auth: registry credentials ``{"username", "password"}`` (never logged).
             platform: ``{"os": ..., "arch": ...}``.
             volumes: volume definitions, sent as they are.
             extensions: server-specific string options.
+            use_server_proxy: route execd calls through the server's proxy.
+            ready_timeout: seconds for each wait (Running, endpoint, ping); default 30.
+            poll_interval: seconds between polls; default 0.2.
             health_check: wait until execd answers ``/ping`` (a first call otherwise may meet
                 a 502 while execd starts).
+
+        The last four are the client's own (how it reaches execd and waits); the others go
+        into the request body.
 
         Returns:
             The running sandbox; leaving ``with sandbox:`` deletes it.
@@ -202,21 +210,15 @@ class Client:
             TransportError: the server could not be reached.
         """
         check_options(options)
-        ready_timeout, poll_interval = wait_settings(
-            option(options, "ready_timeout"), option(options, "poll_interval")
-        )
-        body = build_create_body(options, {CREATE_ID_KEY: os.urandom(8).hex()})
+        body_options, reach = split_create_options(options)
+        body = build_create_body(body_options, {CREATE_ID_KEY: os.urandom(8).hex()})
         data = self._lifecycle.create(body)
         sandbox_id = str(data["id"])
         try:
-            self._lifecycle.wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
-            sandbox = self._reach(
-                sandbox_id,
-                option(options, "use_server_proxy"),
-                ready_timeout,
-                poll_interval,
-                option(options, "health_check"),
+            self._lifecycle.wait_until_running(
+                sandbox_id, data, reach.ready_timeout, reach.poll_interval
             )
+            sandbox = self._reach(sandbox_id, reach)
         except BaseException:
             self._lifecycle.delete_quietly(sandbox_id)
             raise
@@ -224,21 +226,18 @@ class Client:
         sandbox.delete_on_exit = True
         return sandbox
 
-    def connect(
-        self,
-        sandbox_id: str,
-        *,
-        use_server_proxy: bool = False,
-        ready_timeout: float | None = None,
-        poll_interval: float | None = None,
-        health_check: bool = True,
-    ) -> Sandbox:
+    @with_keywords(ReachOptions, REACH_DEFAULTS)
+    def connect(self, sandbox_id: str, **options: Unpack[ReachOptions]) -> Sandbox:
         """Resolve the execd endpoint of an existing sandbox and return a handle to it.
 
         The handle does not delete the sandbox when a ``with`` block ends unless its
         ``delete_on_exit`` is set.
 
-        With ``health_check`` it then waits until execd answers ``/ping``.
+        Args:
+            sandbox_id: the sandbox.
+            use_server_proxy, ready_timeout, poll_interval, health_check: as for
+                :meth:`create_sandbox`; with ``health_check`` it waits until execd answers
+                ``/ping``.
 
         Raises:
             ApiError: the server refused the request.
@@ -246,9 +245,9 @@ class Client:
                 ``ready_timeout``.
             TransportError: the server could not be reached.
         """
+        check_options(options, "connect", REACH_DEFAULTS)
         sandbox_id = check_id(sandbox_id)
-        ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
-        return self._reach(sandbox_id, use_server_proxy, ready_timeout, poll_interval, health_check)
+        return self._reach(sandbox_id, Reach.of(options))
 
     def delete_sandbox(self, sandbox: Sandbox | str) -> bool:
         """Delete a sandbox.
@@ -324,9 +323,9 @@ class Client:
             SandboxTimeoutError: no endpoint within ``ready_timeout``.
             ApiError: the server refused.
         """
-        ready_timeout, poll_interval = wait_settings(ready_timeout, None)
+        reach = Reach.of({"ready_timeout": ready_timeout})
         return self._lifecycle.endpoint(
-            check_id(sandbox_id), port, use_server_proxy, ready_timeout, poll_interval
+            check_id(sandbox_id), port, use_server_proxy, reach.ready_timeout, reach.poll_interval
         )
 
     def pause(self, sandbox_id: str) -> None:
@@ -353,9 +352,9 @@ class Client:
             SandboxTimeoutError: not Running within ``ready_timeout``.
         """
         sandbox_id = check_id(sandbox_id)
-        ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
+        reach = Reach.of({"ready_timeout": ready_timeout, "poll_interval": poll_interval})
         self._handles.forget(sandbox_id)
-        self._lifecycle.resume(sandbox_id, ready_timeout, poll_interval)
+        self._lifecycle.resume(sandbox_id, reach.ready_timeout, reach.poll_interval)
 
     def renew(self, sandbox_id: str, seconds: float) -> datetime | None:
         """Make a sandbox expire ``seconds`` from now; returns the new expiry.
@@ -390,15 +389,9 @@ class Client:
 
     # -- running code ----------------------------------------------------------------------
 
+    @with_keywords(RunOptions, RUN_DEFAULTS)
     def run_code(
-        self,
-        sandbox: Sandbox | str,
-        code: str,
-        *,
-        language: str = DEFAULT_LANGUAGE,
-        max_output_bytes: int = MAX_OUTPUT_BYTES,
-        timeout: float | None = None,
-        on_event: Callable[[Event], object] | None = None,
+        self, sandbox: Sandbox | str, code: str, **options: Unpack[RunOptions]
     ) -> ExecutionResult:
         """Run code in a sandbox and return what it produced.
 
@@ -419,24 +412,13 @@ class Client:
             ApiError: execd refused the request.
             TransportError: execd could not be reached.
         """
+        check_options(options, "run_code", RUN_DEFAULTS)
         with self._handle(sandbox) as handle:
-            return handle.run_code(
-                code,
-                language=language,
-                max_output_bytes=max_output_bytes,
-                timeout=timeout,
-                on_event=on_event,
-            )
+            return handle.run_code(code, **options)
 
+    @with_keywords(RunOptions, RUN_DEFAULTS)
     def stream_code(
-        self,
-        sandbox: Sandbox | str,
-        code: str,
-        *,
-        language: str = DEFAULT_LANGUAGE,
-        max_output_bytes: int = MAX_OUTPUT_BYTES,
-        timeout: float | None = None,
-        on_event: Callable[[Event], object] | None = None,
+        self, sandbox: Sandbox | str, code: str, **options: Unpack[RunOptions]
     ) -> ExecutionStream[ExecutionResult]:
         """Start running code and return its live event stream (use it in a ``with`` block).
 
@@ -447,14 +429,9 @@ class Client:
             ApiError: execd refused the request.
             TransportError: execd could not be reached.
         """
+        check_options(options, "stream_code", RUN_DEFAULTS)
         with self._handle(sandbox) as handle:
-            return handle.stream_code(
-                code,
-                language=language,
-                max_output_bytes=max_output_bytes,
-                timeout=timeout,
-                on_event=on_event,
-            )
+            return handle.stream_code(code, **options)
 
     def code_interpreter_tool(
         self,
@@ -492,26 +469,19 @@ class Client:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _reach(
-        self,
-        sandbox_id: str,
-        use_server_proxy: bool,
-        ready_timeout: float,
-        poll_interval: float,
-        health_check: bool,
-    ) -> Sandbox:
+    def _reach(self, sandbox_id: str, reach: Reach) -> Sandbox:
         """A handle on execd's endpoint; with ``health_check``, once execd answers ``/ping``."""
         endpoint = self._lifecycle.endpoint(
-            sandbox_id, EXECD_PORT, use_server_proxy, ready_timeout, poll_interval
+            sandbox_id, EXECD_PORT, reach.use_server_proxy, reach.ready_timeout, reach.poll_interval
         )
         sandbox = Sandbox(
             sandbox_id,
             lifecycle=self._lifecycle,
             execd=Execd(self._transport, endpoint.url, endpoint.headers),
-            use_server_proxy=use_server_proxy,
+            use_server_proxy=reach.use_server_proxy,
         )
-        if health_check:
-            sandbox.wait_until_healthy(ready_timeout, poll_interval)
+        if reach.health_check:
+            sandbox.wait_until_healthy(reach.ready_timeout, reach.poll_interval)
         return sandbox
 
     @contextmanager
