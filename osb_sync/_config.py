@@ -6,13 +6,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ._constants import (
-    API_BASE_ENV,
-    DEFAULT_POLL_INTERVAL,
-    DEFAULT_READY_TIMEOUT,
-    DOMAIN_ENV,
-    LANGUAGES,
-)
+from ._constants import API_BASE_ENV, DOMAIN_ENV, LANGUAGES
 from ._errors import ConfigurationError
 
 
@@ -91,17 +85,6 @@ class ClientSettings:
 
 
 DEFAULT_SETTINGS = ClientSettings()
-
-
-def wait_settings(ready_timeout: float | None, poll_interval: float | None) -> tuple[float, float]:
-    """``ready_timeout`` and ``poll_interval`` with their defaults, checked."""
-    ready = DEFAULT_READY_TIMEOUT if ready_timeout is None else ready_timeout
-    poll = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
-    if not isinstance(ready, (int, float)) or ready < 0:
-        raise ConfigurationError("ready_timeout must be a number of seconds >= 0")
-    if not isinstance(poll, (int, float)) or poll < 0:
-        raise ConfigurationError("poll_interval must be a number of seconds >= 0")
-    return float(ready), float(poll)
 
 
 def execd_url(endpoint: str, scheme: str) -> str:
