@@ -1,21 +1,30 @@
-"""The public facade: Client, which composes the transport, the lifecycle API and sandboxes."""
+"""The public facade: Client, which holds the transport, the lifecycle API and the handles.
+
+Client is one idea, the lifecycle API of a server as its caller sees it: create and connect,
+the calls on sandboxes named by id (describe, list, pause, resume, renew, delete), and runs
+by id. It holds its parts (a Transport, a Lifecycle, the Handles kept for runs by id) and
+inherits from nothing; every call that may move or end a sandbox forgets its handle.
+"""
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
+import threading
+from collections import OrderedDict
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import requests
 
 from ._config import (
-    check_client_options,
+    DEFAULT_SETTINGS,
+    ClientSettings,
     check_id,
     check_run_arguments,
     resolve_api_base,
-    wait_settings,
 )
 from ._constants import (
     API_KEY_ENV,
@@ -24,31 +33,40 @@ from ._constants import (
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
 )
-from ._create_options import (
-    CreateOptions,
-    build_create_body,
-    check_options,
-    option,
-    with_option_signature,
-)
-from ._errors import ApiError, TransportError
+from ._errors import ApiError, ConfigurationError, TransportError
 from ._execd import Execd
 from ._execution import ExecutionStream
-from ._lifecycle import Lifecycle
-from ._management import SandboxManagement
-from ._models import Event, ExecutionResult
+from ._lifecycle import MAX_PAGE_SIZE, Lifecycle
+from ._models import Endpoint, Event, ExecutionResult, SandboxInfo
+from ._options import (
+    CREATE_DEFAULTS,
+    REACH_DEFAULTS,
+    RUN_DEFAULTS,
+    CreateOptions,
+    Reach,
+    ReachOptions,
+    RunOptions,
+    build_create_body,
+    check_options,
+    split_create_options,
+    with_keywords,
+)
 from ._sandbox import Sandbox
 from ._transport import Transport
 
 if TYPE_CHECKING:
+    from datetime import datetime
     from types import TracebackType
 
     from typing_extensions import Unpack
 
 logger = logging.getLogger("osb_sync")
 
+# Handles kept for calls by sandbox id (Client.run_code(sandbox_id, ...)).
+HANDLES_KEPT = 64
 
-class Client(SandboxManagement):
+
+class Client:
     """A blocking, thread-safe OpenSandbox client.
 
     One client may be shared by any number of threads (rules: ``osb_sync/_transport.py``).
@@ -77,35 +95,39 @@ class Client(SandboxManagement):
         api_key: str | None = None,
         *,
         session: requests.Session | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
-        create_timeout: float = 300.0,
-        pool_maxsize: int = 32,
-        max_retries: int = 2,
-        execd_scheme: str | None = None,
+        connect_timeout: float = DEFAULT_SETTINGS.connect_timeout,
+        read_timeout: float = DEFAULT_SETTINGS.read_timeout,
+        create_timeout: float = DEFAULT_SETTINGS.create_timeout,
+        pool_maxsize: int = DEFAULT_SETTINGS.pool_maxsize,
+        max_retries: int = DEFAULT_SETTINGS.max_retries,
+        execd_scheme: str | None = DEFAULT_SETTINGS.execd_scheme,
     ):
         self.api_base = resolve_api_base(api_base)
         api_key_value = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
-        check_client_options(
-            execd_scheme, connect_timeout, read_timeout, create_timeout, pool_maxsize, max_retries
-        )
-        self.execd_scheme = execd_scheme or urlsplit(self.api_base).scheme
-        self._transport = Transport(
-            session=session,
-            connect_timeout=float(connect_timeout),
-            read_timeout=float(read_timeout),
+        settings = ClientSettings(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            create_timeout=create_timeout,
             pool_maxsize=pool_maxsize,
             max_retries=max_retries,
+            execd_scheme=execd_scheme,
         )
-        super().__init__(
-            Lifecycle(
-                self._transport,
-                self.api_base,
-                api_key_value,
-                float(create_timeout),
-                self.execd_scheme,
-            )
+        self.execd_scheme = settings.execd_scheme or urlsplit(self.api_base).scheme
+        self._transport = Transport(
+            session=session,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            pool_maxsize=settings.pool_maxsize,
+            max_retries=settings.max_retries,
         )
+        self._lifecycle = Lifecycle(
+            self._transport,
+            self.api_base,
+            api_key_value,
+            settings.create_timeout,
+            self.execd_scheme,
+        )
+        self._handles = Handles()
 
     @property
     def read_timeout(self) -> float:
@@ -143,7 +165,7 @@ class Client(SandboxManagement):
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    @with_option_signature
+    @with_keywords(CreateOptions, CREATE_DEFAULTS)
     def create_sandbox(self, **options: Unpack[CreateOptions]) -> Sandbox:
         """Create a sandbox, wait until it runs and resolve its execd endpoint.
 
@@ -163,16 +185,19 @@ class Client(SandboxManagement):
             entrypoint: the main process (default ``DEFAULT_ENTRYPOINT``).
             network_policy: sent as is; wins over ``allow_internet_access`` (even ``{}``).
             secure_access: ask for ``secureAccess``.
-            use_server_proxy: route execd calls through the server's proxy.
-            ready_timeout: seconds for each wait (Running, endpoint, ping); default 30.
-            poll_interval: seconds between polls; default 0.2.
             snapshot_id: restore from a snapshot instead of an image.
             image_auth: registry credentials ``{"username", "password"}`` (never logged).
             platform: ``{"os": ..., "arch": ...}``.
             volumes: volume definitions, sent as they are.
             extensions: server-specific string options.
+            use_server_proxy: route execd calls through the server's proxy.
+            ready_timeout: seconds for each wait (Running, endpoint, ping); default 30.
+            poll_interval: seconds between polls; default 0.2.
             health_check: wait until execd answers ``/ping`` (a first call otherwise may meet
                 a 502 while execd starts).
+
+        The last four are the client's own (how it reaches execd and waits); the others go
+        into the request body.
 
         Returns:
             The running sandbox; leaving ``with sandbox:`` deletes it.
@@ -185,21 +210,15 @@ class Client(SandboxManagement):
             TransportError: the server could not be reached.
         """
         check_options(options)
-        ready_timeout, poll_interval = wait_settings(
-            option(options, "ready_timeout"), option(options, "poll_interval")
-        )
-        body = build_create_body(options, {CREATE_ID_KEY: os.urandom(8).hex()})
+        body_options, reach = split_create_options(options)
+        body = build_create_body(body_options, {CREATE_ID_KEY: os.urandom(8).hex()})
         data = self._lifecycle.create(body)
         sandbox_id = str(data["id"])
         try:
-            self._lifecycle.wait_until_running(sandbox_id, data, ready_timeout, poll_interval)
-            sandbox = self._reach(
-                sandbox_id,
-                option(options, "use_server_proxy"),
-                ready_timeout,
-                poll_interval,
-                option(options, "health_check"),
+            self._lifecycle.wait_until_running(
+                sandbox_id, data, reach.ready_timeout, reach.poll_interval
             )
+            sandbox = self._reach(sandbox_id, reach)
         except BaseException:
             self._lifecycle.delete_quietly(sandbox_id)
             raise
@@ -207,21 +226,18 @@ class Client(SandboxManagement):
         sandbox.delete_on_exit = True
         return sandbox
 
-    def connect(
-        self,
-        sandbox_id: str,
-        *,
-        use_server_proxy: bool = False,
-        ready_timeout: float | None = None,
-        poll_interval: float | None = None,
-        health_check: bool = True,
-    ) -> Sandbox:
+    @with_keywords(ReachOptions, REACH_DEFAULTS)
+    def connect(self, sandbox_id: str, **options: Unpack[ReachOptions]) -> Sandbox:
         """Resolve the execd endpoint of an existing sandbox and return a handle to it.
 
         The handle does not delete the sandbox when a ``with`` block ends unless its
         ``delete_on_exit`` is set.
 
-        With ``health_check`` it then waits until execd answers ``/ping``.
+        Args:
+            sandbox_id: the sandbox.
+            use_server_proxy, ready_timeout, poll_interval, health_check: as for
+                :meth:`create_sandbox`; with ``health_check`` it waits until execd answers
+                ``/ping``.
 
         Raises:
             ApiError: the server refused the request.
@@ -229,21 +245,153 @@ class Client(SandboxManagement):
                 ``ready_timeout``.
             TransportError: the server could not be reached.
         """
+        check_options(options, "connect", REACH_DEFAULTS)
         sandbox_id = check_id(sandbox_id)
-        ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
-        return self._reach(sandbox_id, use_server_proxy, ready_timeout, poll_interval, health_check)
+        return self._reach(sandbox_id, Reach.of(options))
+
+    def delete_sandbox(self, sandbox: Sandbox | str) -> bool:
+        """Delete a sandbox.
+
+        Returns:
+            True if it was deleted, False if it did not exist (404).
+
+        Raises:
+            ApiError: any other error status.
+            TransportError: the server could not be reached.
+        """
+        sandbox_id = check_id(sandbox.id if isinstance(sandbox, Sandbox) else sandbox)
+        self._handles.forget(sandbox_id)
+        return self._lifecycle.delete(sandbox_id)
+
+    def delete_quietly(self, sandbox: Sandbox | str) -> bool:
+        """Delete a sandbox for a cleanup path: a failure is logged, never raised.
+
+        What ``with sandbox:``, :class:`SandboxPool`, the CLI and the pytest plugin use.
+
+        Returns:
+            True if it was deleted; False if it did not exist or could not be deleted.
+        """
+        sandbox_id = check_id(sandbox.id if isinstance(sandbox, Sandbox) else sandbox)
+        self._handles.forget(sandbox_id)
+        return self._lifecycle.delete_quietly(sandbox_id)
+
+    def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        """Fetch a sandbox's current description.
+
+        Raises:
+            NotFoundError: no such sandbox.
+            ApiError: another error status.
+            TransportError: the server could not be reached.
+        """
+        return self._lifecycle.info(check_id(sandbox_id))
+
+    def list_sandboxes(
+        self,
+        *,
+        states: Sequence[str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        page_size: int = 50,
+    ) -> Iterator[SandboxInfo]:
+        """Iterate over sandboxes, following pagination lazily.
+
+        Args:
+            states: keep sandboxes in any of these states.
+            metadata: keep sandboxes whose labels include all of these.
+            page_size: sandboxes per request (1 to 200).
+
+        Raises:
+            ApiError: an error status.
+            TransportError: the server could not be reached.
+        """
+        if not isinstance(page_size, int) or not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ConfigurationError(f"page_size must be an int from 1 to {MAX_PAGE_SIZE}")
+        for item in self._lifecycle.iter_sandboxes(states, metadata, page_size):
+            yield SandboxInfo.from_dict(item)
+
+    def get_endpoint(
+        self,
+        sandbox_id: str,
+        port: int,
+        *,
+        use_server_proxy: bool = False,
+        ready_timeout: float | None = None,
+    ) -> Endpoint:
+        """How to reach ``port`` of a sandbox: a URL with scheme, and the headers to send.
+
+        Raises:
+            ConfigurationError: a port outside 1..65535.
+            SandboxTimeoutError: no endpoint within ``ready_timeout``.
+            ApiError: the server refused.
+        """
+        reach = Reach.of({"ready_timeout": ready_timeout})
+        return self._lifecycle.endpoint(
+            check_id(sandbox_id), port, use_server_proxy, reach.ready_timeout, reach.poll_interval
+        )
+
+    def pause(self, sandbox_id: str) -> None:
+        """Pause a sandbox.
+
+        Raises:
+            ApiError: e.g. 409 when it is not running.
+        """
+        sandbox_id = check_id(sandbox_id)
+        self._handles.forget(sandbox_id)
+        self._lifecycle.action(sandbox_id, "pause")
+
+    def resume(
+        self,
+        sandbox_id: str,
+        *,
+        ready_timeout: float | None = None,
+        poll_interval: float | None = None,
+    ) -> None:
+        """Resume a paused sandbox and wait until it is Running.
+
+        Raises:
+            ApiError: e.g. 409 when it is not paused.
+            SandboxTimeoutError: not Running within ``ready_timeout``.
+        """
+        sandbox_id = check_id(sandbox_id)
+        reach = Reach.of({"ready_timeout": ready_timeout, "poll_interval": poll_interval})
+        self._handles.forget(sandbox_id)
+        self._lifecycle.resume(sandbox_id, reach.ready_timeout, reach.poll_interval)
+
+    def renew(self, sandbox_id: str, seconds: float) -> datetime | None:
+        """Make a sandbox expire ``seconds`` from now; returns the new expiry.
+
+        Raises:
+            ConfigurationError: ``seconds`` is not a positive number.
+            ApiError: e.g. a sandbox without expiry.
+        """
+        return self._lifecycle.renew(check_id(sandbox_id), seconds)
+
+    def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> SandboxInfo:
+        """Merge-patch a sandbox's labels: a value adds or replaces, ``None`` deletes.
+
+        Raises:
+            ApiError: e.g. a reserved or invalid label.
+        """
+        return self._lifecycle.patch_metadata(check_id(sandbox_id), patch)
+
+    def delete_all(self, *, metadata: Mapping[str, str]) -> builtins.list[str]:
+        """Delete every sandbox whose labels include ``metadata``; returns their ids.
+
+        The cleanup tool after a crash (pooled sandboxes carry a pool tag, every create an
+        ``osb-sync/create-id``). An empty filter is refused: it would match everything.
+
+        Raises:
+            ConfigurationError: an empty ``metadata``.
+        """
+        if not metadata:
+            raise ConfigurationError("delete_all needs a non-empty metadata filter")
+        ids = [info.id for info in self.list_sandboxes(metadata=metadata, page_size=MAX_PAGE_SIZE)]
+        return [sandbox_id for sandbox_id in ids if self._lifecycle.delete(sandbox_id)]
 
     # -- running code ----------------------------------------------------------------------
 
+    @with_keywords(RunOptions, RUN_DEFAULTS)
     def run_code(
-        self,
-        sandbox: Sandbox | str,
-        code: str,
-        *,
-        language: str = DEFAULT_LANGUAGE,
-        max_output_bytes: int = MAX_OUTPUT_BYTES,
-        timeout: float | None = None,
-        on_event: Callable[[Event], object] | None = None,
+        self, sandbox: Sandbox | str, code: str, **options: Unpack[RunOptions]
     ) -> ExecutionResult:
         """Run code in a sandbox and return what it produced.
 
@@ -264,24 +412,13 @@ class Client(SandboxManagement):
             ApiError: execd refused the request.
             TransportError: execd could not be reached.
         """
+        check_options(options, "run_code", RUN_DEFAULTS)
         with self._handle(sandbox) as handle:
-            return handle.run_code(
-                code,
-                language=language,
-                max_output_bytes=max_output_bytes,
-                timeout=timeout,
-                on_event=on_event,
-            )
+            return handle.run_code(code, **options)
 
+    @with_keywords(RunOptions, RUN_DEFAULTS)
     def stream_code(
-        self,
-        sandbox: Sandbox | str,
-        code: str,
-        *,
-        language: str = DEFAULT_LANGUAGE,
-        max_output_bytes: int = MAX_OUTPUT_BYTES,
-        timeout: float | None = None,
-        on_event: Callable[[Event], object] | None = None,
+        self, sandbox: Sandbox | str, code: str, **options: Unpack[RunOptions]
     ) -> ExecutionStream[ExecutionResult]:
         """Start running code and return its live event stream (use it in a ``with`` block).
 
@@ -292,14 +429,9 @@ class Client(SandboxManagement):
             ApiError: execd refused the request.
             TransportError: execd could not be reached.
         """
+        check_options(options, "stream_code", RUN_DEFAULTS)
         with self._handle(sandbox) as handle:
-            return handle.stream_code(
-                code,
-                language=language,
-                max_output_bytes=max_output_bytes,
-                timeout=timeout,
-                on_event=on_event,
-            )
+            return handle.stream_code(code, **options)
 
     def code_interpreter_tool(
         self,
@@ -337,26 +469,19 @@ class Client(SandboxManagement):
 
     # -- internals -------------------------------------------------------------------------
 
-    def _reach(
-        self,
-        sandbox_id: str,
-        use_server_proxy: bool,
-        ready_timeout: float,
-        poll_interval: float,
-        health_check: bool,
-    ) -> Sandbox:
+    def _reach(self, sandbox_id: str, reach: Reach) -> Sandbox:
         """A handle on execd's endpoint; with ``health_check``, once execd answers ``/ping``."""
         endpoint = self._lifecycle.endpoint(
-            sandbox_id, EXECD_PORT, use_server_proxy, ready_timeout, poll_interval
+            sandbox_id, EXECD_PORT, reach.use_server_proxy, reach.ready_timeout, reach.poll_interval
         )
         sandbox = Sandbox(
             sandbox_id,
             lifecycle=self._lifecycle,
             execd=Execd(self._transport, endpoint.url, endpoint.headers),
-            use_server_proxy=use_server_proxy,
+            use_server_proxy=reach.use_server_proxy,
         )
-        if health_check:
-            sandbox.wait_until_healthy(ready_timeout, poll_interval)
+        if reach.health_check:
+            sandbox.wait_until_healthy(reach.ready_timeout, reach.poll_interval)
         return sandbox
 
     @contextmanager
@@ -377,3 +502,29 @@ class Client(SandboxManagement):
         except (ApiError, TransportError):
             self._handles.forget(sandbox_id)  # gone, moved or paused: reach it afresh next time
             raise
+
+
+class Handles:
+    """The last ``HANDLES_KEPT`` handles reached for calls by sandbox id (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: OrderedDict[str, Sandbox] = OrderedDict()
+
+    def get(self, sandbox_id: str) -> Sandbox | None:
+        with self._lock:
+            handle = self._handles.get(sandbox_id)
+            if handle is not None:
+                self._handles.move_to_end(sandbox_id)
+            return handle
+
+    def keep(self, handle: Sandbox) -> Sandbox:
+        with self._lock:
+            self._handles[handle.id] = handle
+            while len(self._handles) > HANDLES_KEPT:
+                self._handles.popitem(last=False)
+        return handle
+
+    def forget(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._handles.pop(sandbox_id, None)

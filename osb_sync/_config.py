@@ -1,17 +1,12 @@
-"""Configuration: the API base from arguments or environment, and argument checks."""
+"""Configuration: the API base from arguments or environment, the client's settings, checks."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ._constants import (
-    API_BASE_ENV,
-    DEFAULT_POLL_INTERVAL,
-    DEFAULT_READY_TIMEOUT,
-    DOMAIN_ENV,
-    LANGUAGES,
-)
+from ._constants import API_BASE_ENV, DOMAIN_ENV, LANGUAGES
 from ._errors import ConfigurationError
 
 
@@ -48,39 +43,48 @@ def _base_from_domain(domain: str | None) -> str | None:
     return domain + "/v1"
 
 
-def check_client_options(
-    execd_scheme: object,
-    connect_timeout: object,
-    read_timeout: object,
-    create_timeout: object,
-    pool_maxsize: object,
-    max_retries: object,
-) -> None:
-    """Raise ConfigurationError naming the first bad Client option."""
-    if execd_scheme not in (None, "http", "https"):
-        raise ConfigurationError("execd_scheme must be 'http', 'https' or None")
-    for name, value in (
-        ("connect_timeout", connect_timeout),
-        ("read_timeout", read_timeout),
-        ("create_timeout", create_timeout),
-    ):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigurationError(f"{name} must be a positive number of seconds")
-    if isinstance(pool_maxsize, bool) or not isinstance(pool_maxsize, int) or pool_maxsize < 1:
-        raise ConfigurationError("pool_maxsize must be a positive int")
-    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-        raise ConfigurationError("max_retries must be an int >= 0")
+@dataclass(frozen=True)
+class ClientSettings:
+    """A client's connection settings, checked once when built; their defaults are written
+    here only (``Client``'s and ``Sandbox.from_execd``'s signatures read them off
+    :data:`DEFAULT_SETTINGS`).
+
+    Attributes:
+        connect_timeout: seconds to open a connection.
+        read_timeout: seconds of silence allowed on any response, streams included.
+        create_timeout: seconds allowed for ``POST /sandboxes``.
+        pool_maxsize: connections kept per host.
+        max_retries: retries of idempotent lifecycle calls.
+        execd_scheme: scheme for scheme-less execd endpoints (None: that of ``api_base``).
+
+    Raises:
+        ConfigurationError: naming the first bad setting.
+    """
+
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    create_timeout: float = 300.0
+    pool_maxsize: int = 32
+    max_retries: int = 2
+    execd_scheme: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.execd_scheme not in (None, "http", "https"):
+            raise ConfigurationError("execd_scheme must be 'http', 'https' or None")
+        for name in ("connect_timeout", "read_timeout", "create_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigurationError(f"{name} must be a positive number of seconds")
+            object.__setattr__(self, name, float(value))  # frozen: set once, here
+        size = self.pool_maxsize
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigurationError("pool_maxsize must be a positive int")
+        retries = self.max_retries
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ConfigurationError("max_retries must be an int >= 0")
 
 
-def wait_settings(ready_timeout: float | None, poll_interval: float | None) -> tuple[float, float]:
-    """``ready_timeout`` and ``poll_interval`` with their defaults, checked."""
-    ready = DEFAULT_READY_TIMEOUT if ready_timeout is None else ready_timeout
-    poll = DEFAULT_POLL_INTERVAL if poll_interval is None else poll_interval
-    if not isinstance(ready, (int, float)) or ready < 0:
-        raise ConfigurationError("ready_timeout must be a number of seconds >= 0")
-    if not isinstance(poll, (int, float)) or poll < 0:
-        raise ConfigurationError("poll_interval must be a number of seconds >= 0")
-    return float(ready), float(poll)
+DEFAULT_SETTINGS = ClientSettings()
 
 
 def execd_url(endpoint: str, scheme: str) -> str:

@@ -7,13 +7,17 @@ Each call that is not given a Sandbox builds a short-lived Client from ``api_bas
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 
 from ._client import Client
 from ._models import ExecutionResult
+from ._options import CODE_RUN_DEFAULTS, CodeRunOptions, with_keywords
 from ._sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def create_sandbox(
@@ -36,25 +40,28 @@ def create_sandbox(
         raise
 
 
+@with_keywords(CodeRunOptions, CODE_RUN_DEFAULTS)
 def run_code(
     container: Sandbox | str,
     code: str,
     *,
-    language: str = "python",
     api_key: str | None = None,
     api_base: str | None = None,
     session: requests.Session | None = None,
-    **kw: Any,
+    **options: Unpack[CodeRunOptions],
 ) -> ExecutionResult:
     """Run code in a sandbox: a Sandbox (which carries its own client) or a bare id.
+
+    The run's keywords are :meth:`Sandbox.run_code`'s (``context`` only with a Sandbox).
 
     Raises:
         The errors of :meth:`Client.run_code`.
     """
     if isinstance(container, Sandbox):
-        return container.run_code(code, language=language, **kw)
+        return container.run_code(code, **options)
     with Client(api_base, api_key, session=session) as client:
-        return client.run_code(container, code, language=language, **kw)
+        # A context needs its sandbox's handle: Client.run_code refuses it (TypeError).
+        return client.run_code(container, code, **options)  # type: ignore[misc]
 
 
 def delete_sandbox(

@@ -18,8 +18,8 @@ from collections import deque
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Protocol
 
-from ._create_options import CreateOptions, check_options, lifetime_seconds
 from ._errors import ApiError, ConfigurationError, OpenSandboxError, SandboxTimeoutError
+from ._options import CreateOptions, check_options, lifetime_seconds
 from ._transport import backoff_seconds
 
 if TYPE_CHECKING:

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlsplit
 
 import requests
 
 from ._commands import Commands
-from ._config import check_client_options, check_run_arguments, wait_settings
-from ._constants import (
-    DEFAULT_LANGUAGE,
-    DEFAULT_POLL_INTERVAL,
-    DEFAULT_READY_TIMEOUT,
-    EXECD_PORT,
-    MAX_OUTPUT_BYTES,
-)
+from ._config import DEFAULT_SETTINGS, ClientSettings, check_run_arguments
+from ._constants import EXECD_PORT
 from ._contexts import Contexts
 from ._errors import (
     ConfigurationError,
@@ -26,13 +20,23 @@ from ._errors import (
     SandboxTimeoutError,
 )
 from ._execd import Execd
-from ._models import CodeContext, Endpoint, Event, ExecutionResult, Metrics, SandboxInfo
+from ._models import CodeContext, Endpoint, ExecutionResult, Metrics, SandboxInfo
+from ._options import (
+    CODE_RUN_DEFAULTS,
+    DEFAULT_REACH,
+    CodeRunOptions,
+    Reach,
+    check_options,
+    with_keywords,
+)
 from ._stream import ExecutionFolder
 from ._transport import Transport
 
 if TYPE_CHECKING:
     from datetime import datetime
     from types import TracebackType
+
+    from typing_extensions import Unpack
 
     from ._execution import ExecutionStream
     from ._files import Files
@@ -84,9 +88,9 @@ class Sandbox:
         headers: Mapping[str, str] | None = None,
         sandbox_id: str | None = None,
         session: requests.Session | None = None,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
-        pool_maxsize: int = 32,
+        connect_timeout: float = DEFAULT_SETTINGS.connect_timeout,
+        read_timeout: float = DEFAULT_SETTINGS.read_timeout,
+        pool_maxsize: int = DEFAULT_SETTINGS.pool_maxsize,
     ) -> Sandbox:
         """A handle on a bare execd, without a lifecycle server in front of it.
 
@@ -113,13 +117,18 @@ class Sandbox:
             raise ConfigurationError(
                 f"url must be execd's http:// or https:// URL, e.g. 'http://127.0.0.1:{EXECD_PORT}'"
             )
-        check_client_options(None, connect_timeout, read_timeout, 1.0, pool_maxsize, 0)
-        transport = Transport(
-            session=session,
-            connect_timeout=float(connect_timeout),
-            read_timeout=float(read_timeout),
+        settings = ClientSettings(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
             pool_maxsize=pool_maxsize,
             max_retries=0,
+        )
+        transport = Transport(
+            session=session,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            pool_maxsize=settings.pool_maxsize,
+            max_retries=settings.max_retries,
         )
         base_url = url.strip().rstrip("/")
         execd = Execd(transport, base_url, headers or {})
@@ -183,16 +192,8 @@ class Sandbox:
 
     # -- code ---------------------------------------------------------------------------------
 
-    def run_code(
-        self,
-        code: str,
-        *,
-        language: str = DEFAULT_LANGUAGE,
-        context: CodeContext | str | None = None,
-        max_output_bytes: int = MAX_OUTPUT_BYTES,
-        timeout: float | None = None,
-        on_event: Callable[[Event], object] | None = None,
-    ) -> ExecutionResult:
+    @with_keywords(CodeRunOptions, CODE_RUN_DEFAULTS)
+    def run_code(self, code: str, **options: Unpack[CodeRunOptions]) -> ExecutionResult:
         """Run code and return what it produced; see :meth:`Client.run_code`.
 
         ``context``: a CodeContext (its language is used) or a context id (with ``language``).
@@ -200,25 +201,13 @@ class Sandbox:
         Raises:
             The errors of :meth:`Client.run_code`.
         """
-        with self.stream_code(
-            code,
-            language=language,
-            context=context,
-            max_output_bytes=max_output_bytes,
-            timeout=timeout,
-            on_event=on_event,
-        ) as stream:
+        check_options(options, "run_code", CODE_RUN_DEFAULTS)
+        with self.stream_code(code, **options) as stream:
             return stream.result()
 
+    @with_keywords(CodeRunOptions, CODE_RUN_DEFAULTS)
     def stream_code(
-        self,
-        code: str,
-        *,
-        language: str = DEFAULT_LANGUAGE,
-        context: CodeContext | str | None = None,
-        max_output_bytes: int = MAX_OUTPUT_BYTES,
-        timeout: float | None = None,
-        on_event: Callable[[Event], object] | None = None,
+        self, code: str, **options: Unpack[CodeRunOptions]
     ) -> ExecutionStream[ExecutionResult]:
         """Start running code and return the live event stream; see :meth:`Client.stream_code`.
 
@@ -226,8 +215,12 @@ class Sandbox:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
+        check_options(options, "stream_code", CODE_RUN_DEFAULTS)
+        run: dict[str, Any] = {**CODE_RUN_DEFAULTS, **options}
+        context, language = run["context"], run["language"]
         if isinstance(context, CodeContext):
             language = context.language
+        max_output_bytes, timeout = run["max_output_bytes"], run["timeout"]
         check_run_arguments(code, language, max_output_bytes, timeout)
         target: dict[str, str] = {"language": language}
         if context is not None:
@@ -239,7 +232,7 @@ class Sandbox:
             folder=ExecutionFolder(),
             max_output_bytes=max_output_bytes,
             timeout=timeout,
-            on_event=on_event,
+            on_event=run["on_event"],
             interrupt_path="/code",
         )
 
@@ -253,8 +246,9 @@ class Sandbox:
             SandboxTimeoutError: no endpoint within the default ready timeout.
             ApiError: the server refused.
         """
+        wait = DEFAULT_REACH
         return self._lifecycle.endpoint(
-            self.id, port, self.use_server_proxy, DEFAULT_READY_TIMEOUT, DEFAULT_POLL_INTERVAL
+            self.id, port, self.use_server_proxy, wait.ready_timeout, wait.poll_interval
         )
 
     def metrics(self) -> Metrics:
@@ -345,13 +339,13 @@ class Sandbox:
             SandboxTimeoutError: not Running, or execd not answering, within ``ready_timeout``.
             TransportError: the server could not be reached.
         """
-        ready_timeout, poll_interval = wait_settings(ready_timeout, poll_interval)
-        self._lifecycle.resume(self.id, ready_timeout, poll_interval)
+        wait = Reach.of({"ready_timeout": ready_timeout, "poll_interval": poll_interval})
+        self._lifecycle.resume(self.id, wait.ready_timeout, wait.poll_interval)
         endpoint = self._lifecycle.endpoint(
-            self.id, EXECD_PORT, self.use_server_proxy, ready_timeout, poll_interval
+            self.id, EXECD_PORT, self.use_server_proxy, wait.ready_timeout, wait.poll_interval
         )
         self._execd.move(endpoint.url, endpoint.headers)
-        self.wait_until_healthy(ready_timeout, poll_interval)
+        self.wait_until_healthy(wait.ready_timeout, wait.poll_interval)
 
     def renew(self, seconds: float, *, timeout: float | None = None) -> datetime | None:
         """Expire ``seconds`` from now instead; returns the new expiry.

@@ -4,15 +4,15 @@ The layers, top to bottom::
 
     consumers   osb_sync (the table of contents), _functions, _provider, _pool,
                 _cli*, testing, integrations.*      (they hold or build a Client)
-    Client      _client, _management                 (Client and its base class)
+    Client      _client                              (Client and the handles it keeps)
     Sandbox     _sandbox, _commands, _contexts, _files
-    handles     _lifecycle, _execd, _orphans, _execution, _stream, _command_stream, _create_options
+    handles     _lifecycle, _execd, _orphans, _execution, _stream, _command_stream, _options
     transport   _transport, _failures, _errors, _models, _config, _constants
 
 Rules:
 
-1. Only the consumers import ``_client`` (where ``Client`` lives) or ``_management``: nothing
-   Client is built from reaches a Client, so a ``Sandbox`` never does.
+1. Only the consumers import ``_client`` (where ``Client`` lives): nothing Client is built
+   from reaches a Client, so a ``Sandbox`` never does.
 2. A private name (one leading underscore) belongs to its module. Another module may use a
    private *module* (``from ._lifecycle import Lifecycle``: the names without an underscore of
    a private module are the documented internal interface), but never a private name of
@@ -43,7 +43,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "osb_sync"
 MAX_LINES = 800
 # module -> why it is one idea although longer than MAX_LINES
 LONG_MODULES: dict[str, str] = {}
-CLIENT_MODULES = {"_client", "_management"}
+CLIENT_MODULES = {"_client"}
 CONSUMERS = {
     "__init__", "__main__", "_functions", "_provider", "_pool",
     "_cli", "_cli_commands", "_cli_output", "testing",
