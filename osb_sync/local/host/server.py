@@ -1,7 +1,10 @@
-"""LocalServer: the HTTP server, top-level routing, authentication and the expiry reaper.
+"""LocalServer: the HTTP server, its one route table, authentication and the expiry reaper.
 
-One port serves the lifecycle API (under `/v1` and `/`), `/health`, and every sandbox's execd
-and ports through the server-proxy route `/sandboxes/{id}/proxy/{port}/...` (also under `/v1`).
+One port serves the lifecycle API, `/health`, and every sandbox's execd and ports through the
+server-proxy route `/sandboxes/{id}/proxy/{port}/...`, each route both under `/v1` and without
+it, as the released server does. `LocalServer.routes` is the table, in the order of the
+released server's spec; `tests/unit/test_route_tables.py` checks it against that spec and
+lists what is not served yet.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ import atexit
 import hmac
 import logging
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -19,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from ..http.exchange import Exchange, HttpError, error
+from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
 from . import limits as resource_limits
 from . import proxy
@@ -29,7 +31,8 @@ from .registry import EXECD_PORT, Config, Registry, not_found
 
 logger = logging.getLogger("osb_sync.local")
 
-PROXY_PATH = re.compile(r"^(?:/v1)?/sandboxes/(?P<id>[^/]+)/proxy/(?P<port>[^/]+)(?P<rest>/.*)?$")
+# Every method the HTTP layer accepts; the released server's spec lists the first five.
+PROXY_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 REAP_INTERVAL = 0.2
 MAX_SANDBOX_TIMEOUT = 86400  # the real server's example `max_sandbox_timeout_seconds`
 POLICY_CHOICES = ("refuse", "accept")
@@ -134,6 +137,7 @@ class LocalServer:
         self._stopped = threading.Event()
         self._httpd: HTTPServer | None = None
         self._registry: Registry | None = None
+        self._router: Router | None = None
         self._threads: list[threading.Thread] = []
         self._catches_sigterm = False
 
@@ -205,6 +209,9 @@ class LocalServer:
                     spare_containers=self.spare_containers,
                 )
             )
+            self._router = Router()
+            for method, pattern, route in self.routes(self._registry):
+                self._router.add(method, pattern, route)
             self._registry.spares.fill()
             self._threads = [
                 threading.Thread(
@@ -294,29 +301,51 @@ class LocalServer:
     ) -> None:
         self.stop()
 
+    def routes(self, registry: Registry) -> list[tuple[str, str, Route]]:
+        """(method, path pattern, route) of every route, in the released server's spec order.
+
+        Each is served under `/v1` too. Lifecycle routes need the API key (when one is set);
+        `/health`, the SDK's telemetry and the proxy (which checks the sandbox's token) do not.
+        """
+        keyed = self._keyed
+        proxy_root = "/sandboxes/{id}/proxy/{port}"
+        return [
+            ("POST", "/sandboxes", keyed(registry.create)),
+            ("GET", "/sandboxes", keyed(registry.list)),
+            ("GET", "/sandboxes/{id}", keyed(registry.show)),
+            ("DELETE", "/sandboxes/{id}", keyed(registry.delete)),
+            ("PATCH", "/sandboxes/{id}/metadata", keyed(registry.patch_metadata)),
+            ("POST", "/sandboxes/{id}/pause", keyed(registry.pause)),
+            ("POST", "/sandboxes/{id}/resume", keyed(registry.resume)),
+            ("POST", "/sandboxes/{id}/renew-expiration", keyed(registry.renew)),
+            ("GET", "/sandboxes/{id}/endpoints/{port}", keyed(registry.endpoint)),
+            *[(method, proxy_root, self._proxy) for method in PROXY_METHODS],
+            *[(method, proxy_root + "/{rest:path}", self._proxy) for method in PROXY_METHODS],
+            ("POST", "/metrics/events", report_metrics_event),
+            ("GET", "/health", health),
+        ]
+
     def route(self, ex: Exchange) -> None:
         """Answer one request (called by the handler threads)."""
-        assert self._registry is not None
-        found = PROXY_PATH.match(ex.path)
-        if found:
-            self._proxy(ex, found["id"], proxy.port_number(found["port"]), found["rest"] or "/")
-            return
+        assert self._router is not None
         path = ex.path[3:] if ex.path == "/v1" or ex.path.startswith("/v1/") else ex.path
-        if path == "/health" and ex.method == "GET":
-            ex.send_json(200, {"status": "healthy"})
-            return
-        if path == "/metrics/events" and ex.method == "POST":
-            ex.read_body()  # SDK telemetry: accepted and dropped
-            ex.send_json(200, {})
-            return
-        self._authenticate(ex)
-        matched = self._registry.router.match(ex.method, path)
+        matched = self._router.match(ex.method, path)
         if isinstance(matched, int):
+            self._authenticate(ex)  # a caller without the key learns nothing of the paths
             raise HttpError(
                 matched, {"detail": "Not Found" if matched == 404 else "Method Not Allowed"}
             )
         route, ex.params = matched
         route(ex)
+
+    def _keyed(self, route: Route) -> Route:
+        """`route`, behind the API key."""
+
+        def keyed(ex: Exchange) -> None:
+            self._authenticate(ex)
+            route(ex)
+
+        return keyed
 
     def _authenticate(self, ex: Exchange) -> None:
         if self.api_key is None:
@@ -327,7 +356,10 @@ class LocalServer:
         if not hmac.compare_digest(given.encode(), self.api_key.encode()):
             raise error(401, "INVALID_API_KEY", INVALID_KEY)
 
-    def _proxy(self, ex: Exchange, sandbox_id: str, port: int, rest: str) -> None:
+    def _proxy(self, ex: Exchange) -> None:
+        port = proxy.port_number(ex.params["port"])
+        sandbox_id = ex.params["id"]
+        rest = "/" + ex.params.get("rest", "")
         assert self._registry is not None
         sandbox = self._registry.find(sandbox_id)
         if sandbox is None:
@@ -341,6 +373,17 @@ class LocalServer:
         # execd checks the token too: the proxy passes it on to execd's port, and only there.
         extra = {"X-EXECD-ACCESS-TOKEN": sandbox.token} if port == EXECD_PORT else {}
         proxy.forward(ex, sandbox.container, sandbox_id, port, rest, extra)
+
+
+def health(ex: Exchange) -> None:
+    """GET /health."""
+    ex.send_json(200, {"status": "healthy"})
+
+
+def report_metrics_event(ex: Exchange) -> None:
+    """POST /metrics/events: the SDK's telemetry, accepted and dropped."""
+    ex.read_body()
+    ex.send_json(200, {})
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
