@@ -24,7 +24,7 @@ from types import FrameType, TracebackType
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
 from . import limits as resource_limits
-from . import proxy
+from . import options, proxy
 from .bwrap import FIX, Support, compile_package, probe
 from .execd_binary import ExecdBinary
 from .registry import EXECD_PORT, Config, Registry, not_found
@@ -34,8 +34,6 @@ logger = logging.getLogger("osb_sync.local")
 # Every method the HTTP layer accepts; the released server's spec lists the first five.
 PROXY_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 REAP_INTERVAL = 0.2
-MAX_SANDBOX_TIMEOUT = 86400  # the real server's example `max_sandbox_timeout_seconds`
-POLICY_CHOICES = ("refuse", "accept")
 MISSING_KEY = (
     "Authentication credentials are missing. Provide API key via OPEN-SANDBOX-API-KEY header."
 )
@@ -51,33 +49,7 @@ class LocalServer:
     the server: its sandboxes, their processes and its temporary directory go away.
 
     Args:
-        host: address to bind; keep the loopback default (anyone who reaches the port can
-            run code in sandboxes).
-        port: port to bind, 0 for a free one.
-        api_key: when set, lifecycle calls need it in `OPEN-SANDBOX-API-KEY`.
-        min_timeout: smallest accepted sandbox `timeout` in seconds (the real server: 60).
-        max_timeout: largest accepted sandbox `timeout`, and renewal ahead, in seconds.
-        pending_seconds: how long a new sandbox reports `Pending` before `Running`.
-        ping_interval: seconds between execd heartbeat events.
-        unenforced_network_policy: "refuse" (400, like a server without egress support) or
-            "accept" (create anyway; the status message says the policy is not enforced).
-        root_dir: where sandbox directories go; default a fresh temporary directory, removed
-            on stop.
-        command_grace: seconds /command keeps its stream open after the terminal event.
-        isolation: None to isolate sandboxes where this host allows it (see `bwrap.py`),
-            True to refuse to start where it does not, False to run them unisolated.
-        allowed_hosts: more names requests may give in `Host` (besides loopback and `host`).
-        limits: connection timeouts and cap (see `httpd.Limits`).
-        allowed_host_paths: host directories whose trees `host` volumes may mount (none by
-            default: every `host` volume answers 400).
-        volume_root: where `pvc` volumes live, one directory per claimName (default:
-            `volumes/` in the root directory).
-        execd: an execd binary (OpenSandbox's) to run in every sandbox instead of ours; needs
-            isolated sandboxes (see `execd_binary.py`).
-        jupyter: with `execd`, the `jupyter` executable of a venv (notebook, ipykernel and a
-            kernelspec named `python`) whose Jupyter server each sandbox's execd runs code in.
-        spare_containers: containers kept started ahead for creates to claim (see
-            `spares.py`; 0 turns them off); each costs the memory of an idle sandbox.
+        (one line per option, written from the declarations in `options.py`)
 
     Raises:
         ValueError: a bad option, or `execd`/`jupyter` is not an executable (of a venv).
@@ -85,30 +57,29 @@ class LocalServer:
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int = 0,
+        host: str = options.HOST.default,
+        port: int = options.PORT.default,
         *,
-        api_key: str | None = None,
-        min_timeout: int = 60,
-        max_timeout: int = MAX_SANDBOX_TIMEOUT,
-        pending_seconds: float = 0.0,
-        ping_interval: float = 3.0,
-        unenforced_network_policy: str = "refuse",
-        root_dir: str | Path | None = None,
-        command_grace: float = 1.0,
-        isolation: bool | None = None,
-        allowed_hosts: Iterable[str] = (),
-        limits: Limits | None = None,
-        allowed_host_paths: Iterable[str | Path] = (),
-        volume_root: str | Path | None = None,
-        execd: str | os.PathLike[str] | None = None,
-        jupyter: str | os.PathLike[str] | None = None,
-        spare_containers: int = 1,
+        api_key: str | None = options.API_KEY.default,
+        min_timeout: int = options.MIN_TIMEOUT.default,
+        max_timeout: int = options.MAX_TIMEOUT.default,
+        pending_seconds: float = options.PENDING_SECONDS.default,
+        ping_interval: float = options.PING_INTERVAL.default,
+        unenforced_network_policy: str = options.UNENFORCED_NETWORK_POLICY.default,
+        root_dir: str | Path | None = options.ROOT_DIR.default,
+        command_grace: float = options.COMMAND_GRACE.default,
+        isolation: bool | None = options.ISOLATION.default,
+        allowed_hosts: Iterable[str] = options.ALLOWED_HOSTS.default,
+        limits: Limits | None = options.LIMITS.default,
+        allowed_host_paths: Iterable[str | Path] = options.ALLOWED_HOST_PATHS.default,
+        volume_root: str | Path | None = options.VOLUME_ROOT.default,
+        execd: str | os.PathLike[str] | None = options.EXECD.default,
+        jupyter: str | os.PathLike[str] | None = options.JUPYTER.default,
+        spare_containers: int = options.SPARE_CONTAINERS.default,
     ) -> None:
-        if unenforced_network_policy not in POLICY_CHOICES:
-            raise ValueError(f"unenforced_network_policy must be one of {POLICY_CHOICES}")
-        if jupyter is not None and execd is None:
-            raise ValueError("jupyter is for an execd binary: pass execd too")
+        # First, while the locals are exactly the keywords (the test of options.py holds
+        # this signature and `options.OPTIONS` to each other).
+        options.check({name: value for name, value in locals().items() if name != "self"})
         self.execd_binary = ExecdBinary.checked(execd, jupyter) if execd is not None else None
         self.host = host
         self.port = port
@@ -123,8 +94,6 @@ class LocalServer:
         self.limits = limits or Limits()
         self.allowed_host_paths = tuple(Path(p).resolve() for p in allowed_host_paths)
         self.volume_root = Path(volume_root) if volume_root is not None else None
-        if spare_containers < 0:
-            raise ValueError("spare_containers must be 0 or more")
         self.spare_containers = spare_containers
         self.network_policy_enforced = False
         self.isolated = False
@@ -373,6 +342,11 @@ class LocalServer:
         # execd checks the token too: the proxy passes it on to execd's port, and only there.
         extra = {"X-EXECD-ACCESS-TOKEN": sandbox.token} if port == EXECD_PORT else {}
         proxy.forward(ex, sandbox.container, sandbox_id, port, rest, extra)
+
+
+LocalServer.__doc__ = (LocalServer.__doc__ or "").replace(
+    options.ARGS_PLACEHOLDER, options.args_section()
+)
 
 
 def health(ex: Exchange) -> None:
