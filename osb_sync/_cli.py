@@ -9,15 +9,11 @@ usage errors never load requests or the client; the verbs (``_cli_commands``) lo
 from __future__ import annotations
 
 import argparse
-import difflib
 import errno
-import json
-import logging
 import os
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -57,23 +53,22 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors exit 125, out of the way of remote exit statuses (as ``docker run``);
     an unknown command gets a "did you mean"."""
 
+    verbs: dict[str, argparse.ArgumentParser]  # the subcommands (set on the top parser)
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(EXIT_OWN_ERROR, f"{self.prog}: error: {message}{_suggestion(self, message)}\n")
+        self.exit(EXIT_OWN_ERROR, f"{self.prog}: error: {message}{self._suggestion(message)}\n")
 
+    def _suggestion(self, message: str) -> str:
+        """`` (did you mean 'list'?)`` for an unknown command close to a known one."""
+        verbs = getattr(self, "verbs", {})
+        if "invalid choice" not in message or not verbs:
+            return ""
+        import difflib
 
-def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
-    """`` (did you mean 'list'?)`` for an invalid choice close to a valid one."""
-    for action in parser._actions:  # argparse keeps no public list of a parser's actions
-        if not isinstance(action, argparse._SubParsersAction):
-            continue
-        names = list(action.choices)
         given = message.split("invalid choice: ", 1)[-1].split(" ", 1)[0].strip("'\"")
-        if "invalid choice" in message:
-            close = difflib.get_close_matches(given, names, n=1, cutoff=0.5)
-            if close:
-                return f" (did you mean {close[0]!r}?)"
-    return ""
+        close = difflib.get_close_matches(given, list(verbs), n=1, cutoff=0.5)
+        return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -94,7 +89,6 @@ class _HelpFormatter(argparse.HelpFormatter):
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
-    _configure_logging(args)
     previous = _interrupt_on_sigterm()
     try:
         return _dispatch(args)
@@ -109,6 +103,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return int(globals()[args.handler](args))
     from . import _cli_commands as commands  # the client and requests: only for a verb
     from ._errors import NotFoundError, OpenSandboxError, OutputLimitExceeded
+
+    commands.configure_logging(args)
 
     try:
         return int(getattr(commands, args.handler)(args))
@@ -141,40 +137,6 @@ def _quiet_broken_pipe() -> int:
     return EXIT_BROKEN_PIPE
 
 
-class _CliLogFormatter(logging.Formatter):
-    """``osb-sync: warning: ...``: the program's name on every log line it prints."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return f"{PROG}: {record.levelname.lower()}: {cli_terms(record.getMessage())}"
-
-
-def _configure_logging(args: argparse.Namespace) -> None:
-    """Warnings (and with --debug, everything) on stderr, each line with the program name."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_CliLogFormatter())
-    handler.addFilter(_MootAfterInterrupt(args))
-    package = logging.getLogger("osb_sync")
-    for old in [h for h in package.handlers if isinstance(h.formatter, _CliLogFormatter)]:
-        package.removeHandler(old)  # main() called again in one process (tests)
-    package.addHandler(handler)
-    package.propagate = False
-    package.setLevel(logging.DEBUG if args.debug else logging.WARNING)
-    if args.debug:
-        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
-
-
-class _MootAfterInterrupt(logging.Filter):
-    """Drop "its context may still be busy" in ``run``: the sandbox is deleted right after."""
-
-    def __init__(self, args: argparse.Namespace):
-        super().__init__()
-        self._args = args
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        moot = self._args.command == "run" and not getattr(self._args, "keep", False)
-        return not (moot and "may still be busy" in record.getMessage())
-
-
 def _interrupt_on_sigterm() -> Any:
     """Make SIGTERM unwind like Ctrl-C, so sandboxes and an embedded server are cleaned up.
 
@@ -193,6 +155,9 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def _report(args: argparse.Namespace, exc: BaseException, status: int | None) -> int:
     """One line on stderr (and, with --json, an error object on stdout); the exit status."""
+    import json
+    import traceback
+
     status = EXIT_OWN_ERROR if status is None else status
     if args.debug:
         traceback.print_exc()
@@ -211,6 +176,8 @@ def _report(args: argparse.Namespace, exc: BaseException, status: int | None) ->
 
 def cmd_help(args: argparse.Namespace) -> int:
     """``osb-sync help [TOPIC | COMMAND]``: a topic (exit-codes), a command's help, or all."""
+    import difflib
+
     parser = build_parser()
     if args.topic is None:
         parser.print_help()
@@ -246,10 +213,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def _verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:  # argparse keeps no public list of a parser's actions
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
+    return dict(getattr(parser, "verbs", {}))
 
 
 # -- argument types: each says what is wrong in the flag's terms ----------------------------
@@ -277,6 +241,8 @@ def _whole_seconds(text: str) -> int:
 
 def _state(text: str) -> str:
     """A sandbox state in any case (``running`` is ``Running``)."""
+    import difflib
+
     for state in STATES:
         if state.lower() == text.lower():
             return state
@@ -384,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_exec(command)
     _add_files_and_logs(command)
     _add_help(command)
+    parser.verbs = dict(sub.choices)
     return parser
 
 

@@ -24,13 +24,14 @@ from ._cli_output import (
     EXIT_RAISED,
     EXIT_SIGNAL_BASE,
     EXIT_TIMED_OUT,
+    cli_terms,
     command_json,
     command_status,
+    names_missing_thing,
     print_table,
     progress,
     sandbox_json,
     sandbox_row,
-    names_missing_thing,
     status_summary,
 )
 from ._client import Client
@@ -56,6 +57,8 @@ NO_TTY = (
     "-t needs a pseudo-terminal, and execd offers one only over a WebSocket (/pty) that "
     "osb-sync does not speak; run without -t (the command's output is then not a terminal)"
 )
+# What the local server's execd runs (osb_sync/local/execd/code_interpreting.py says so too).
+LOCAL_LANGUAGES = ("python", "bash")
 # Where `exec -i` puts standard input in the sandbox before the command opens it.
 STDIN_DIR = "/tmp"  # noqa: S108 - the sandbox's /tmp; the name is random, the mode 0600
 
@@ -76,6 +79,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(
             "--keep needs a server that outlives this command (the embedded one stops with "
             f"it): {SERVER_HINT}"
+        )
+    if args.language not in LOCAL_LANGUAGES and not _remote_configured(args):
+        raise UsageError(
+            f"the embedded local server runs {', '.join(LOCAL_LANGUAGES)}, not "
+            f"{args.language}: pass --api-base of an OpenSandbox server whose image runs it"
         )
     with _client_or_local_server(args) as (client, said_unisolated):
         with progress("creating a sandbox"):
@@ -191,6 +199,40 @@ def _server_key(args: argparse.Namespace) -> str | None:
             raise UsageError(f"{args.api_key_file} holds no API key")
         return key
     return os.environ.get(API_KEY_ENV) or None
+
+
+class _CliLogFormatter(logging.Formatter):
+    """``osb-sync: warning: ...``: the program's name on every log line it prints."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"osb-sync: {record.levelname.lower()}: {cli_terms(record.getMessage())}"
+
+
+def configure_logging(args: argparse.Namespace) -> None:
+    """Warnings (and with --debug, everything) on stderr, each line with the program name."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_CliLogFormatter())
+    handler.addFilter(_MootAfterInterrupt(args))
+    package = logging.getLogger("osb_sync")
+    for old in [h for h in package.handlers if isinstance(h.formatter, _CliLogFormatter)]:
+        package.removeHandler(old)  # main() called again in one process (tests)
+    package.addHandler(handler)
+    package.propagate = False
+    package.setLevel(logging.DEBUG if args.debug else logging.WARNING)
+    if args.debug:
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+
+
+class _MootAfterInterrupt(logging.Filter):
+    """Drop "its context may still be busy" in ``run``: the sandbox is deleted right after."""
+
+    def __init__(self, args: argparse.Namespace):
+        super().__init__()
+        self._args = args
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        moot = self._args.command == "run" and not getattr(self._args, "keep", False)
+        return not (moot and "may still be busy" in record.getMessage())
 
 
 # -- managing sandboxes ---------------------------------------------------------------------

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Callable
 
-from ._constants import API_KEY_ENV, CREATE_ID_KEY
+from ._constants import CREATE_ID_KEY
 
 if TYPE_CHECKING:  # not at import: `osb-sync --version` must not load requests
     from ._models import CommandResult, ExecutionError, SandboxInfo
@@ -132,8 +132,6 @@ def cli_terms(text: str, command: str = "") -> str:
         text = text.replace(keyword, flag)
     if command == "create" and "body.timeout" in text:
         text += " (body.timeout is --lifetime: the server sets its range)"
-    if "401" in text and "OPEN-SANDBOX-API-KEY" in text and API_KEY_ENV not in text:
-        text += f" (set {API_KEY_ENV} or pass --api-key)"
     return text
 
 
