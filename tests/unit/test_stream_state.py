@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import itertools
+import json
 
 import pytest
+import requests
 
-from osb_sync import _execution
+from osb_sync import ExecutionResult, _execution
 from osb_sync._execution import (
     OUTCOMES,
     TRANSITIONS,
+    ExecutionStream,
     IllegalTransition,
     State,
     Trigger,
@@ -132,3 +136,43 @@ def test_every_state_is_reachable_and_every_path_comes_to_rest() -> None:
         assert any(target is not state for target in TRANSITIONS[state].values()), state
     for state in RESTING:
         assert all(target is state for target in TRANSITIONS[state].values()), state
+
+
+class Raw:
+    """A response body with urllib3's ``shutdown()``, recording its calls."""
+
+    def __init__(self, body: bytes):
+        self._body = io.BytesIO(body)
+        self.shutdowns = 0
+
+    def read(self, amount: int = -1) -> bytes:
+        return self._body.read(amount)
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_deadline_that_fires_after_the_end_changes_nothing() -> None:
+    """The watchdog may fire just as a run ends: it neither interrupts nor cuts the socket.
+
+    Once read to its end, the connection may already serve another request.
+    """
+    body = b"".join(
+        json.dumps(event).encode() + b"\n\n"
+        for event in [{"type": "init", "text": "run-1"}, {"type": "stdout", "text": "hi\n"}]
+    )
+    response = requests.Response()
+    response.status_code, response.raw = 200, Raw(body)
+    interrupts: list[str] = []
+    stream: ExecutionStream[ExecutionResult] = ExecutionStream(
+        response,
+        max_output_bytes=1 << 20,
+        timeout=60,
+        interrupt=lambda run_id: interrupts.append(run_id) is None,
+    )
+    assert stream.result().stdout == "hi\n"
+    stream._expire()  # what the watchdog calls at the deadline
+    assert (interrupts, response.raw.shutdowns, stream._state) == ([], 0, S.ENDED)
