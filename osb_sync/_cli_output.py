@@ -30,7 +30,7 @@ EXIT_NOT_FOUND = 1  # a sandbox (file, command) was not found, as `docker inspec
 EXIT_TIMED_OUT = 124  # as timeout(1)
 EXIT_OWN_ERROR = 125  # osb-sync itself failed, as docker run
 EXIT_SIGNAL_BASE = 128
-EXIT_BROKEN_PIPE = EXIT_SIGNAL_BASE + signal.SIGPIPE  # 141: the reader left (`| head`)
+EXIT_BROKEN_PIPE = EXIT_SIGNAL_BASE + 13  # 141 (SIGPIPE is 13): the reader left (`| head`)
 # The one table of exit statuses, the same for every verb (`osb-sync help exit-codes`).
 EXIT_STATUSES = """\
 osb-sync exit statuses (the same for every command):
@@ -57,16 +57,18 @@ _CLI_TERMS = (
     ("raise max_output_bytes", "raise --max-output"),
     ("pass api_key=", "pass --api-key"),
 )
-# Go's names for signals, as execd reports a command killed by one ("signal: killed").
+# Go's names for signals, as execd reports a command killed by one ("signal: killed"), with
+# Linux's numbers: the command ran in a Linux sandbox, whatever the client runs on (Windows
+# has no SIGHUP, SIGQUIT, SIGKILL or SIGPIPE to look up).
 _GO_SIGNAL_NAMES = {
-    "hangup": signal.SIGHUP,
-    "interrupt": signal.SIGINT,
-    "quit": signal.SIGQUIT,
-    "aborted": signal.SIGABRT,
-    "killed": signal.SIGKILL,
-    "segmentation fault": signal.SIGSEGV,
-    "broken pipe": signal.SIGPIPE,
-    "terminated": signal.SIGTERM,
+    "hangup": 1,
+    "interrupt": 2,
+    "quit": 3,
+    "aborted": 6,
+    "killed": 9,
+    "segmentation fault": 11,
+    "broken pipe": 13,
+    "terminated": 15,
 }
 # Routine status messages (the real server's and the local server's); anything else is shown.
 ROUTINE_MESSAGES = frozenset({"", "Sandbox container started successfully."})
