@@ -31,6 +31,9 @@ logger = logging.getLogger("osb_sync.local")
 
 PROXY_PATH = re.compile(r"^(?:/v1)?/sandboxes/(?P<id>[^/]+)/proxy/(?P<port>[^/]+)(?P<rest>/.*)?$")
 REAP_INTERVAL = 0.2
+# /metrics/events takes no key (SDK telemetry, dropped): its body is small and capped, so a
+# client without the key cannot hold the server reading a large one.
+METRICS_BODY_LIMIT = 16 * 1024
 MAX_SANDBOX_TIMEOUT = 86400  # the real server's example `max_sandbox_timeout_seconds`
 POLICY_CHOICES = ("refuse", "accept")
 MISSING_KEY = (
@@ -306,7 +309,7 @@ class LocalServer:
             ex.send_json(200, {"status": "healthy"})
             return
         if path == "/metrics/events" and ex.method == "POST":
-            ex.read_body()  # SDK telemetry: accepted and dropped
+            ex.read_body(METRICS_BODY_LIMIT)  # SDK telemetry: accepted and dropped
             ex.send_json(200, {})
             return
         self._authenticate(ex)
