@@ -28,6 +28,8 @@ BODY_PIECE = 1 << 16
 MAX_JSON_VALUES = 20_000
 SMALL_JSON = 64 * 1024  # below this, values are not counted: the worst case is small anyway
 MAX_LENGTH_DIGITS = 18
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 JSON_TYPE = re.compile(r"application/(?:[\w.+-]+\+)?json", re.IGNORECASE)
 
 
@@ -72,9 +74,41 @@ def parse_json(data: bytes) -> Any:
         message = f"JSON body with more than {MAX_JSON_VALUES} values"
         raise error(413, "INVALID_REQUEST_BODY", message)
     try:
-        return _loads(data)
+        value = _loads(data)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+    if SURROGATE_ESCAPE.search(data):
+        where = _lone_surrogate(value, "")
+        if where is not None:
+            raise ValueError(
+                f"{where or 'the body'}: a lone surrogate (\\ud800-\\udfff) is not text; "
+                "send valid Unicode"
+            )
+    return value
+
+
+def _lone_surrogate(value: Any, where: str) -> str | None:
+    """Where (`envs.A`, `paths[2]`) in parsed JSON a string holds a lone surrogate, if anywhere.
+
+    Such a string cannot be encoded (for a path, a variable, a command line), so it is
+    refused here with its field's name instead of failing later.
+    """
+    if isinstance(value, str):
+        return where if LONE_SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if LONE_SURROGATE.search(key):
+                return f"a key of {where or 'the body'}"
+            inner = f"{where}.{key}" if where else str(key)
+            found = _lone_surrogate(item, inner)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _lone_surrogate(item, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 def _json_values(data: bytes) -> int:
