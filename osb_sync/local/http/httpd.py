@@ -13,8 +13,9 @@ and a watcher thread enforces that phase's rule (`Limits` holds the numbers):
 - `IDLE`: a kept-alive connection between requests closes after `idle_timeout`.
 
 At `max_connections` (at most half the open-file limit) a new connection makes room by closing
-first the longest idle one, then the oldest one still sending its head, then the slowest
-body; only when every connection is a prompt request being answered does it get a 503. So a
+first the slowest body (under `min_body_rate`), then the oldest connection still sending its
+head, then the longest idle one; only when every connection is a prompt request being
+answered does it get a 503. So a
 flood of slow clients exhausts neither threads nor descriptors, and cannot keep a prompt
 client out. Requests must name the server in `Host` (DNS rebinding): an RFC 3986 host (a
 bracketed IPv6 literal, an IPv4 address or a name) and an optional port, nothing else.
@@ -194,19 +195,23 @@ class HTTPServer(ThreadingHTTPServer):
         super().process_request(request, client_address)
 
     def _evictable(self, now: float) -> socket.socket | None:
-        """The connection to close for a new one: idle, then sending a head, then slow."""
+        """The connection to close for a new one: a slow body, a head, else an idle one.
+
+        Idle comes last: a prompt client's pooled connection is idle between its requests,
+        and closing it races with its next request.
+        """
         best: tuple[int, float] | None = None
         chosen = None
         for conn, state in self._connections.items():
             if state.phase is Phase.IDLE:
-                rank = (0, state.since)
+                rank = (2, state.since)
             elif state.phase is Phase.HEAD:
                 rank = (1, state.since)
             elif state.meter is not None:
                 received, waited = state.meter.progress(now)
                 if waited < 1.0 or received / waited >= self.limits.min_body_rate:
                     continue
-                rank = (2, received / waited)
+                rank = (0, received / waited)
             else:
                 continue
             if best is None or rank < best:
