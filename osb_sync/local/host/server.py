@@ -34,6 +34,9 @@ logger = logging.getLogger("osb_sync.local")
 # Every method the HTTP layer accepts; the released server's spec lists the first five.
 PROXY_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 REAP_INTERVAL = 0.2
+# /metrics/events takes no key (SDK telemetry, dropped): its body is small and capped, so a
+# client without the key cannot hold the server reading a large one.
+METRICS_BODY_LIMIT = 16 * 1024
 MISSING_KEY = (
     "Authentication credentials are missing. Provide API key via OPEN-SANDBOX-API-KEY header."
 )
@@ -356,7 +359,7 @@ def health(ex: Exchange) -> None:
 
 def report_metrics_event(ex: Exchange) -> None:
     """POST /metrics/events: the SDK's telemetry, accepted and dropped."""
-    ex.read_body()
+    ex.read_body(METRICS_BODY_LIMIT)
     ex.send_json(200, {})
 
 
