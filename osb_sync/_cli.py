@@ -171,6 +171,12 @@ def _add_run(command: Any) -> None:
     )
     run.add_argument("--template", help="image of the sandbox (default: the server's)")
     run.add_argument("--allow-internet", action="store_true", help="no deny-all network policy")
+    run.add_argument(
+        "--no-isolation",
+        action="store_true",
+        help="where sandboxes cannot be isolated, run the code on this machine as your user "
+        "anyway (the embedded server; default: refuse)",
+    )
     run.set_defaults(handler=commands.cmd_run)
 
 
@@ -239,6 +245,12 @@ def _add_serve(command: Any) -> None:
         default=1,
         metavar="N",
         help="containers kept started ahead for fast creates (0: none)",
+    )
+    serve.add_argument(
+        "--no-isolation",
+        action="store_true",
+        help="never isolate sandboxes: code runs as the server's user (default: isolate, and "
+        "where that is impossible answer creates 503)",
     )
     serve.set_defaults(handler=commands.cmd_serve)
 

