@@ -9,7 +9,9 @@ sandbox, all on one port::
 
 Each sandbox is a bubblewrap container (`host/bwrap.py`, `host/container.py`) with our execd
 inside it. Enforced there: private user, PID, mount, network, IPC and UTS namespaces; no
-capabilities; a read-only root view of /usr, chosen /etc files (never shadow, ssh or private
+capabilities; a seccomp filter (`host/seccomp.py`: a deny-list refusing io_uring, userfaultfd,
+perf_event_open, bpf, keyrings, kexec, modules and new user namespaces, not Docker's
+allow-list); a read-only root view of /usr, chosen /etc files (never shadow, ssh or private
 keys) and the server's Python; /proc masked as Docker's default does (/proc/sys, sysrq-trigger,
 irq, bus, fs read-only; keys, kcore, timer_list and the like hidden), no /sys; bwrap (PID 1 in
 the sandbox) and every process start from a minimal environment, never the server's, and no

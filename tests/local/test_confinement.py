@@ -152,3 +152,61 @@ def test_row12_no_host_path_in_command_lines_or_descriptors(
     host_paths = [str(server.root_dir), bwrap.package_dir()]
     found = [(pid, path) for pid, what in seen.items() for path in host_paths if path in repr(what)]
     assert not found, f"host paths seen in the sandbox: {found}"
+
+
+# -- rows 6-9 and KEYCTL_READ of row 3: the seccomp filter ----------------------------------------
+
+SYSCALLS = """
+import ctypes, errno, platform
+libc = ctypes.CDLL(None, use_errno=True)
+NUMBERS = {
+    "x86_64": {"io_uring_setup": 425, "userfaultfd": 323, "perf_event_open": 298, "bpf": 321,
+               "keyctl": 250, "add_key": 248, "request_key": 249, "kexec_load": 246},
+    "aarch64": {"io_uring_setup": 425, "userfaultfd": 282, "perf_event_open": 241, "bpf": 280,
+                "keyctl": 219, "add_key": 217, "request_key": 218, "kexec_load": 104},
+}[platform.machine()]
+def call(nr, *args):
+    # every call with null or zero arguments: harmless where it goes through
+    ctypes.set_errno(0)
+    result = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    if result < 0:
+        raise OSError(ctypes.get_errno(), errno.errorcode.get(ctypes.get_errno(), "?"))
+    return result
+"""
+
+
+def test_rows_6_to_9_refused_system_calls_fail_with_eperm_or_enosys(sandbox: Sandbox) -> None:
+    outcomes = probe(
+        sandbox,
+        SYSCALLS
+        + 'attempt("io_uring_setup", call, NUMBERS["io_uring_setup"], 1, 0)\n'
+        + 'attempt("userfaultfd", call, NUMBERS["userfaultfd"], 0)\n'
+        + 'attempt("perf_event_open", call, NUMBERS["perf_event_open"], 0, 0, -1, -1, 0)\n'
+        + 'attempt("bpf", call, NUMBERS["bpf"], 0, 0, 0)\n'
+        # KEYCTL_GET_KEYRING_ID (0) of the session keyring (-3): the first step to list keys
+        + 'attempt("keyctl", call, NUMBERS["keyctl"], 0, -3, 0)\n'
+        + 'attempt("add_key", call, NUMBERS["add_key"], 0, 0, 0, 0, 0)\n'
+        + 'attempt("request_key", call, NUMBERS["request_key"], 0, 0, 0, 0)\n'
+        + 'attempt("kexec_load", call, NUMBERS["kexec_load"], 0, 0, 0, 0)',
+    )
+    assert_all_failed(outcomes)
+    codes = {name: o["error"].split("]")[0].split("[")[-1] for name, o in outcomes.items()}
+    assert set(codes.values()) <= {"Errno 1", "Errno 38"}, codes  # EPERM, ENOSYS
+
+
+def test_row6_no_nested_user_namespace(sandbox: Sandbox) -> None:
+    outcomes = probe(
+        sandbox,
+        SYSCALLS + 'attempt("unshare -U", lambda: subprocess.run(["unshare", "-U", "true"], '
+        "capture_output=True, text=True, check=True).returncode)\n"
+        "def unshare_user():\n"
+        "    if libc.unshare(0x10000000) != 0:\n"
+        '        raise OSError(ctypes.get_errno(), "unshare")\n'
+        '    return "unshared"\n'
+        'attempt("unshare(CLONE_NEWUSER)", unshare_user)\n'
+        'attempt("a thread still starts", lambda: __import__("threading").Thread(target=print)'
+        '.start() or "started")',
+    )
+    started = outcomes.pop("a thread still starts")
+    assert started["ok"], started
+    assert_all_failed(outcomes)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..http.exchange import error
-from . import cgroup
+from . import cgroup, seccomp
 
 SANDBOX_HOME = "/home/sandbox"
 EXECD_STATE_DIR = "/run/osb-execd"
@@ -96,12 +96,17 @@ OPT_OUT = (
 
 @dataclass(frozen=True)
 class Support:
-    """What this host allows: bwrap (None: no isolation, see `problem`), slirp4netns, freezer."""
+    """What this host allows: bwrap (None: no isolation, see `problem`), slirp4netns, freezer.
+
+    `seccomp` is the filter program bwrap loads (`seccomp.py`), None on an architecture
+    without a table.
+    """
 
     bwrap: str | None
     problem: str
     slirp: str | None
     freezer: bool
+    seccomp: bytes | None = None
 
 
 def refusal(problem: str) -> str:
@@ -143,7 +148,7 @@ def probe() -> Support:
     if done.returncode != 0:
         why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
         return Support(None, f"bwrap cannot create namespaces here ({why})", None, False)
-    return Support(bwrap, "", slirp, freezer)
+    return Support(bwrap, "", slirp, freezer, seccomp.host_program())
 
 
 def package_dir() -> str:

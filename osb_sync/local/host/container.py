@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -59,6 +60,18 @@ class Launch:
     controllers: frozenset[str] = frozenset()
 
 
+def _memfd(name: str, data: bytes) -> int:
+    """A descriptor holding `data`, read from 0 (inherited only through pass_fds)."""
+    fd = os.memfd_create(name, 0)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _open_log(run_dir: Path) -> int:
     """The descriptor the container's standard error goes to (read back on failure).
 
@@ -97,6 +110,7 @@ class SandboxContainer:
         self._closed = False
         self._ready_r = -1
         self._log_fd = -1  # the container's standard error (see `_open_log`)
+        self._seccomp_fd = -1  # the filter bwrap reads while it starts
         self.launched_at = 0.0  # time.monotonic() when its main process started
         self._lock = threading.Lock()
         self._dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
@@ -134,7 +148,8 @@ class SandboxContainer:
                 )
             else:
                 argv = [sys.executable, "-I", "-S", MAIN_SCRIPT, *command]
-            kept = (self._relay.fileno(), ready_w, info_w) + ((options,) if options >= 0 else ())
+            extra_fds = [fd for fd in (options, self._seccomp_fd) if fd >= 0]
+            kept = (self._relay.fileno(), ready_w, info_w, *extra_fds)
             self._proc = SPAWNER.run(
                 lambda: subprocess.Popen(
                     argv,
@@ -163,9 +178,10 @@ class SandboxContainer:
                 f"the sandbox's container did not start ({exc}): {self._log_tail()}"
             ) from None
         finally:
-            for fd in (ready_w, info_r, info_w, options):
+            for fd in (ready_w, info_r, info_w, options, self._seccomp_fd):
                 if fd >= 0:
                     os.close(fd)
+            self._seccomp_fd = -1
 
     def claim(self, config: dict[str, Any], internet: bool) -> None:
         """Make a launched container the sandbox's: network, env and token; then it serves.
@@ -242,15 +258,12 @@ class SandboxContainer:
         tmp, state = self.run_dir / "tmp", self.run_dir / "execd"
         binary, mounts = self._settings.binary, self._settings.mounts
         extra = binary.bwrap_args() if binary else []
+        filtered = self.support.seccomp is not None
+        if filtered:
+            self._seccomp_fd = _memfd("seccomp", self.support.seccomp or b"")
+            extra = ["--seccomp", str(self._seccomp_fd), *extra]
         options = bwrap.container_options(self.home, tmp, state, info_fd, mounts, extra)
-        fd = os.memfd_create("bwrap-options", 0)  # not inherited but through pass_fds
-        try:
-            os.write(fd, b"".join(os.fsencode(arg) + b"\0" for arg in options))
-            os.lseek(fd, 0, os.SEEK_SET)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return _memfd("bwrap-options", b"".join(os.fsencode(a) + b"\0" for a in options))
 
     def _join_cgroups(self, argv: list[str]) -> list[str]:
         """Make the sandbox's groups, write its limits, and prefix `argv` with joining them."""
@@ -313,10 +326,17 @@ class SandboxContainer:
                 f" isolate sandboxes, {bwrap.FIX}."
             )
         pause = "freezer cgroup" if self._freezer is not None else "signals"
+        if self.support.seccomp is not None:
+            seccomp_note = (
+                "seccomp filter (io_uring, userfaultfd, perf_event_open, bpf, keyrings, kexec,"
+                " modules and new user namespaces refused)"
+            )
+        else:
+            seccomp_note = f"NO seccomp filter ({platform.machine()} has no table)"
         note = (
             " Isolation: bubblewrap container with private user, PID, mount, network, IPC and"
-            " UTS namespaces, no capabilities, read-only system directories; pause by"
-            f" {pause}."
+            " UTS namespaces, no capabilities, read-only system directories, /proc masked,"
+            f" {seccomp_note}; pause by {pause}."
         )
         if internet and self.network == "slirp4netns":
             note += " Network: outbound through slirp4netns; host loopback is not reachable."
