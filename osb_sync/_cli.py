@@ -389,6 +389,12 @@ def _add_run(command: Any) -> None:
     run.add_argument("--template", help="image of the sandbox (default: the server's)")
     run.add_argument("--allow-internet", action="store_true", help="no deny-all network policy")
     _max_output(run)
+    run.add_argument(
+        "--no-isolation",
+        action="store_true",
+        help="where sandboxes cannot be isolated, run the code on this machine as your user "
+        "anyway (the embedded server; default: refuse)",
+    )
     run.set_defaults(handler="cmd_run")
 
 

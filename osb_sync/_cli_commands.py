@@ -174,6 +174,8 @@ def _announce(server: LocalServer, as_json: bool) -> None:
         }
         print(json.dumps(line), flush=True)
     print(f"osb-sync: serving {server.api_base} ({_isolation_line(server)})", file=sys.stderr)
+    if server.refusal:
+        print(f"osb-sync: error: every create answers 503: {server.refusal}", file=sys.stderr)
     if server.api_key is None:
         print(f"osb-sync: warning: no API key ({API_KEY_ENV} is not set)", file=sys.stderr)
     if not server.network_policy_enforced:
@@ -662,7 +664,12 @@ def _client_or_local_server(args: argparse.Namespace) -> Iterator[tuple[Client, 
     # The line below says what the server's start-up warning would say, in the CLI's words.
     logging.getLogger("osb_sync.local").setLevel(logging.ERROR)
     # One sandbox per process: a spare would only be started to be killed at exit.
-    with LocalServer(unenforced_network_policy="accept", spare_containers=0) as server:
+    isolation = False if getattr(args, "no_isolation", False) else None
+    with LocalServer(
+        unenforced_network_policy="accept", spare_containers=0, isolation=isolation
+    ) as server:
+        if server.refusal:  # fails closed: no sandbox is made
+            raise UsageError(server.refusal)
         if not server.isolated:
             print(f"osb-sync: warning: {_isolation_line(server)}", file=sys.stderr)
         with Client(server.api_base, server.api_key) as client:
@@ -673,6 +680,8 @@ def _isolation_line(server: LocalServer) -> str:
     """What the local server's sandboxes are, and how to isolate them where they are not."""
     if server.isolated:
         return "sandboxes are bubblewrap containers with their own namespaces"
+    if server.refusal:
+        return f"sandboxes cannot be isolated ({server.isolation_problem}): none is created"
     from .local.host.bwrap import FIX
 
     return (

@@ -58,6 +58,7 @@ class Config:
     volume_places: tuple[tuple[Path, ...], Path] = ((), Path())  # host trees allowed, pvc root
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours
     spare_containers: int = 0
+    refusal: str = ""  # non-empty: every create answers 503 with it (fail closed)
 
 
 @dataclass
@@ -146,8 +147,14 @@ class Registry:
         return sandbox
 
     def create(self, ex: Exchange) -> None:
-        """POST /sandboxes: validate, make the directory and runtime, answer 202."""
+        """POST /sandboxes: validate, make the directory and runtime, answer 202.
+
+        Fails closed: where sandboxes cannot be isolated and the server was not told to run
+        them unisolated, 503 with what to install or allow.
+        """
         body = read_json(ex)
+        if self.config.refusal:
+            raise error(503, "SANDBOX::ISOLATION_UNAVAILABLE", self.config.refusal)
         check_create(body, self.config.min_timeout, self.config.max_timeout)
         check_labels(body.get("metadata") or {})
         internet, network_note = network_plan(
