@@ -99,6 +99,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "execd": "e",
         "jupyter": "j",
         "spare_containers": 0,
+        "isolation": False,
     }
     with pytest.raises(KeyError):
         options.keywords(build_parser().parse_args(["serve"]))  # the command reads the key
