@@ -12,7 +12,8 @@ Five names to start with:
   ``with`` deletes it.
 - ``ExecutionResult``: what a run returns: ``stdout``, ``stderr``, ``results`` and ``error`` (an
   exception in the sandbox is returned, not raised).
-- ``SandboxPool``: warm sandboxes lent to threads (web handlers, workers).
+- ``SandboxPool``: warm sandboxes lent to threads (web handlers, workers); with a
+  ``RedisStore``, one pool shared by every worker process and host.
 - ``OpenSandboxError``: the base class of every error osb_sync raises.
 
 Example::
@@ -80,7 +81,8 @@ from ._stream import parse_execution
 if _TYPE_CHECKING:
     from ._files import Files
     from ._functions import code_interpreter_tool, create_sandbox, delete_sandbox, run_code
-    from ._pool import SandboxPool
+    from ._pool import InProcessStore, SandboxPool
+    from ._pool_redis import RedisStore
     from ._provider import OpenSandboxProvider, discover_providers
 
 __version__ = _VERSION
@@ -89,6 +91,8 @@ __version__ = _VERSION
 _LAZY = {
     "Files": "._files",
     "SandboxPool": "._pool",
+    "InProcessStore": "._pool",
+    "RedisStore": "._pool_redis",
     "OpenSandboxProvider": "._provider",
     "discover_providers": "._provider",
     "code_interpreter_tool": "._functions",
@@ -143,11 +147,13 @@ __all__ = [
     "ExecutionStream",
     "FileInfo",
     "Files",
+    "InProcessStore",
     "Metrics",
     "NotFoundError",
     "OpenSandboxError",
     "OpenSandboxProvider",
     "OutputLimitExceeded",
+    "RedisStore",
     "Sandbox",
     "SandboxInfo",
     "SandboxPool",
