@@ -2,6 +2,8 @@
 
     python redis_pool_worker.py API_BASE REDIS_URL NAME MODE [options as JSON]
 
+REDIS_URL ``in-process``: a pool of this process only (the benchmark's comparison).
+
 MODE ``borrow``: threads borrow for ``seconds``; prints one JSON line per borrow (id, start,
 end, on the host's monotonic clock) and a final ``{"creates": n, "deletes": n}``.
 MODE ``hold``: borrows one sandbox, prints its id and the pool's owner id, then sleeps (to be
@@ -39,7 +41,7 @@ def main() -> None:
 
     client.create_sandbox = counted_create  # type: ignore[method-assign]
     client.delete_quietly = counted_delete  # type: ignore[method-assign]
-    store = RedisStore(url, **options.get("store", {}))
+    store = None if url == "in-process" else RedisStore(url, **options.get("store", {}))
     pool = SandboxPool(client, name=name, store=store, **options.get("pool", {}))
     out = sys.stdout
     if mode == "hold":
@@ -55,13 +57,16 @@ def main() -> None:
     def borrow() -> None:
         while time.monotonic() < stop_at:
             try:
+                asked = time.monotonic()
                 with pool.sandbox(timeout=60) as sb:
                     start = time.monotonic()
                     assert not sb.files.exists("mark"), "a sandbox lent dirty"
                     sb.files.write("mark", "x")
                     end = time.monotonic()
                 with lock:
-                    out.write(json.dumps({"id": sb.id, "start": start, "end": end}) + "\n")
+                    out.write(
+                        json.dumps({"id": sb.id, "asked": asked, "start": start, "end": end}) + "\n"
+                    )
             except Exception as exc:
                 errors.append(repr(exc))
                 return
