@@ -12,7 +12,8 @@ Five names to start with:
   ``with`` deletes it.
 - ``ExecutionResult``: what a run returns: ``stdout``, ``stderr``, ``results`` and ``error`` (an
   exception in the sandbox is returned, not raised).
-- ``SandboxPool``: warm sandboxes lent to threads (web handlers, workers).
+- ``SandboxPool``: warm sandboxes lent to threads (web handlers, workers); with a
+  ``RedisStore``, one pool shared by every worker process and host.
 - ``OpenSandboxError``: the base class of every error osb_sync raises.
 
 Example::
@@ -78,7 +79,8 @@ if _TYPE_CHECKING:  # what a type checker sees; at run time each name loads on f
         Metrics,
         SandboxInfo,
     )
-    from ._pool import SandboxPool
+    from ._pool import InProcessStore, SandboxPool
+    from ._pool_redis import RedisStore
     from ._provider import OpenSandboxProvider, discover_providers
     from ._sandbox import Sandbox
     from ._stream import parse_execution
@@ -128,6 +130,8 @@ _LAZY = {
     "parse_execution": "._stream",
     "Files": "._files",
     "SandboxPool": "._pool",
+    "InProcessStore": "._pool",
+    "RedisStore": "._pool_redis",
     "OpenSandboxProvider": "._provider",
     "discover_providers": "._provider",
     "code_interpreter_tool": "._functions",
@@ -182,11 +186,13 @@ __all__ = [
     "ExecutionStream",
     "FileInfo",
     "Files",
+    "InProcessStore",
     "Metrics",
     "NotFoundError",
     "OpenSandboxError",
     "OpenSandboxProvider",
     "OutputLimitExceeded",
+    "RedisStore",
     "Sandbox",
     "SandboxInfo",
     "SandboxPool",
