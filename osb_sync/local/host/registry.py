@@ -19,6 +19,7 @@ from ..http.bodies import rfc3339
 from ..http.exchange import Exchange, HttpError, error
 from . import limits, volumes
 from .bwrap import Support, network_plan
+from .capacity import Capacity
 from .container import Launch, SandboxContainer
 from .execd_binary import ExecdBinary
 from .proxy import endpoint_port
@@ -130,6 +131,7 @@ class Registry:
             config.root, config.support, timing, config.spare_containers, spare_settings
         )
         self.spares = self.containers.pool
+        self.capacity = Capacity(lambda: len(self._sandboxes) + self.spares.count)
 
     def find(self, sandbox_id: str) -> LocalSandbox | None:
         """The live sandbox `sandbox_id` with its state brought up to date, or None."""
@@ -162,7 +164,8 @@ class Registry:
         token = secrets.token_urlsafe(24)
         config = {"env": env, "token": token, "limits": plan}
         try:
-            container = self.containers.claimed(body, config, internet, mounts)
+            with self.capacity.admit():
+                container = self.containers.claimed(body, config, internet, mounts)
         except (OSError, RuntimeError) as exc:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"

@@ -23,8 +23,8 @@ from types import FrameType, TracebackType
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
+from . import capacity, options, proxy
 from . import limits as resource_limits
-from . import options, proxy
 from .bwrap import FIX, Support, compile_package, probe
 from .execd_binary import ExecdBinary
 from .registry import EXECD_PORT, Config, Registry, not_found
@@ -148,6 +148,7 @@ class LocalServer:
             if self._started:
                 return self
             support = self._support()
+            capacity.raise_descriptor_limit()
             if support.bwrap is not None:
                 compile_package()
             self.isolated = self.network_policy_enforced = support.bwrap is not None
