@@ -367,6 +367,9 @@ class SandboxContainer:
             self._slirp.kill()
             self._slirp.wait()
         if self._cgroup is not None:
+            # What the namespace's init did not take with it: an inner bwrap still setting up
+            # (it has no init yet), or a container whose main process was never told its init.
+            self._cgroup.kill()
             self._cgroup.remove()
         self._relay.close()
         if self._ready_r >= 0:
@@ -381,6 +384,8 @@ class SandboxContainer:
             # the PID namespace ends with its init (whose pid is its while bwrap waits for it)
             spawn.kill_init(self._init_fd, self.init_pid, proc.poll() is None)
             self._init_fd = -1
+        elif self.isolated and self._cgroup is not None:
+            self._cgroup.kill()  # no init known yet: bwrap is still setting up
         elif proc.stdin is not None:
             proc.stdin.close()  # the plain main kills what it started, then exits
         try:

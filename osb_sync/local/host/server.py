@@ -23,7 +23,7 @@ from types import FrameType, TracebackType
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
-from . import capacity, options, proxy
+from . import capacity, options, proxy, recovery
 from . import limits as resource_limits
 from .bwrap import FIX, Support, compile_package, probe
 from .execd_binary import ExecdBinary
@@ -109,6 +109,7 @@ class LocalServer:
         self._router: Router | None = None
         self._threads: list[threading.Thread] = []
         self._catches_sigterm = False
+        self._lock_fd = -1  # held for the server's life: the state directory is its (recovery.py)
 
     @property
     def base_url(self) -> str:
@@ -157,6 +158,9 @@ class LocalServer:
             self._httpd = HTTPServer((self.host, self.port), self.route, self.limits, hosts)
             self.port = self._httpd.server_address[1]
             self.root_dir = self._make_root()
+            self._lock_fd = recovery.claim(self.root_dir)
+            recovery.reap(self.root_dir)
+            recovery.sweep_strays()
             self._registry = Registry(
                 Config(
                     root=self.root_dir,
@@ -216,7 +220,7 @@ class LocalServer:
 
     def _make_root(self) -> Path:
         if self._root_dir is None:
-            return Path(tempfile.mkdtemp(prefix="osb-local-"))
+            return Path(tempfile.mkdtemp(prefix=recovery.STRAY_PREFIX))
         self._root_dir.mkdir(parents=True, exist_ok=True)
         return self._root_dir
 
@@ -248,6 +252,9 @@ class LocalServer:
         self._httpd.close_connections()
         if self._root_dir is None and self.root_dir is not None:
             shutil.rmtree(self.root_dir, ignore_errors=True)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def serve_forever(self) -> None:
         """Serve in the foreground until Ctrl-C, SIGTERM or `stop()`, then shut down cleanly."""
