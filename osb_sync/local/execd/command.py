@@ -38,6 +38,7 @@ from .workers import (
     exit_error,
     failure,
     follow,
+    run_error,
 )
 
 SHELL = shutil.which("bash") or "/bin/sh"
@@ -190,6 +191,7 @@ class Commands:
 
     def _foreground(self, ex: Exchange, command_id: str, spec: CommandSpec) -> None:
         started = time.monotonic()
+        oom_before = self.runtime.oom_kills()
         try:
             proc, paths = start_shell(self.runtime, spec)
         except OSError as exc:
@@ -215,7 +217,11 @@ class Commands:
                 stream.event(failure(outcome, outcome))
             else:
                 record.finish()
-                stream.event(complete(started) if outcome == 0 else failure(*exit_error(outcome)))
+                stream.event(
+                    complete(started)
+                    if outcome == 0
+                    else failure(*run_error(self.runtime, outcome, oom_before))
+                )
         finally:
             self._end(stream)
 

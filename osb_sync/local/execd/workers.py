@@ -42,6 +42,14 @@ def exit_error(returncode: int) -> tuple[str, str]:
     return str(returncode), f"exit status {returncode}"
 
 
+def run_error(runtime: SandboxRuntime, returncode: int, oom_before: int) -> tuple[str, str]:
+    """`exit_error`, saying so when the OOM killer ended the process (its count went up)."""
+    evalue, text = exit_error(returncode)
+    if returncode == -signal.SIGKILL and runtime.oom_kills() > oom_before:
+        text += " (out of memory: the OOM killer ended it at the sandbox's memory limit)"
+    return evalue, text
+
+
 def failure(evalue: str, text: str) -> dict[str, Any]:
     """An `error` event as execd sends it for a failed command."""
     return {

@@ -346,7 +346,10 @@ class LocalServer:
             raise HttpError(401, BAD_TOKEN)
         if sandbox.state != "Running":
             # What the real proxy answers while the container is starting or frozen.
-            raise proxy.unreachable(sandbox_id, f"sandbox is {sandbox.state}")
+            detail = f"sandbox is {sandbox.state}"
+            raise proxy.unreachable(
+                sandbox_id, f"{detail}: {sandbox.failure}" if sandbox.failure else detail
+            )
         # execd checks the token too: the proxy passes it on to execd's port, and only there.
         extra = {"X-EXECD-ACCESS-TOKEN": sandbox.token} if port == EXECD_PORT else {}
         proxy.forward(ex, sandbox.container, sandbox_id, port, rest, extra)
