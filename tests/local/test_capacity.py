@@ -42,7 +42,7 @@ def test_the_server_raises_its_soft_descriptor_limit_to_the_hard_one() -> None:
 
 def test_a_create_past_the_descriptor_limit_is_refused_with_503_and_leaks_nothing() -> None:
     require_isolation()
-    server = ServerProcess(nofile=(320, 320))
+    server = ServerProcess(nofile=(320, 320), spare_containers=0)
     http = requests.Session()
     created: list[str] = []
     try:
@@ -59,10 +59,15 @@ def test_a_create_past_the_descriptor_limit_is_refused_with_503_and_leaks_nothin
         assert "capacity" in refusal.json()["message"]
         assert "RLIMIT_NOFILE" in refusal.json()["message"]
         assert len(created) >= 5
-        # Nothing was started for the refusal: the same processes before and after another.
-        before = descendants(server.pid)
-        again = http.post(f"{server.api_base}/sandboxes", json=CREATE_BODY, timeout=120)
-        assert again.status_code == 503
+        # Nothing was started for a refusal: the same processes before and after one. (At
+        # the edge a create may fit again as the last answer's connection closes.)
+        for _ in range(5):
+            before = descendants(server.pid)
+            again = http.post(f"{server.api_base}/sandboxes", json=CREATE_BODY, timeout=120)
+            if again.status_code == 503:
+                break
+            created.append(again.json()["id"])
+        assert again.status_code == 503, again.text
         time.sleep(0.5)
         assert descendants(server.pid) == before
         # The sandboxes already there still work, and a delete makes room again.
