@@ -1,7 +1,9 @@
 """Lifecycle API of the local server: the sandbox registry, its route handlers and states.
 
 States follow the Docker runtime of the real server: `Pending` (only with `pending_seconds`),
-`Running`, `Paused`; a deleted or expired sandbox is gone (404), never `Terminated`.
+`Running`, `Paused`, and `Failed` (`CONTAINER_EXITED_ERROR`, with what ended it: an exit code,
+a signal, the OOM killer) once its container's main process (our execd) is seen dead; a deleted
+or expired sandbox is gone (404), never `Terminated`.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from urllib.parse import parse_qsl, unquote
 
 from ..http.bodies import rfc3339
 from ..http.exchange import Exchange, HttpError, error
-from . import limits, volumes
+from . import limits, liveness, volumes
 from .bwrap import Support, network_plan
+from .capacity import Capacity
 from .container import Launch, SandboxContainer
 from .execd_binary import ExecdBinary
 from .proxy import endpoint_port
@@ -38,6 +41,7 @@ REASONS = {
     "Pending": ("CONTAINER_STARTING", "Sandbox container is starting."),
     "Running": ("CONTAINER_RUNNING", "Sandbox container started successfully."),
     "Paused": ("CONTAINER_PAUSED", "Sandbox container is paused."),
+    "Failed": (liveness.REASON, "Sandbox container exited."),
 }
 
 
@@ -73,14 +77,19 @@ class LocalSandbox:
     expires_at: datetime | None
     ready_at: datetime
     note: str = ""
+    failure: str = ""  # why the container ended (state Failed)
     removing: bool = False
     state: str = "Pending"
     transition_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
     def refresh(self, now: datetime) -> None:
-        """Move Pending to Running once the pending time is over."""
+        """Move Pending to Running once the pending time is over, and to Failed once dead."""
         if self.state == "Pending" and now >= self.ready_at:
             self.state, self.transition_at = "Running", self.ready_at
+        if self.state != "Failed" and not self.removing:
+            why = liveness.death(self.container)
+            if why is not None:
+                self.state, self.failure, self.transition_at = "Failed", why, now
 
     def view(self, created: bool = False) -> dict[str, Any]:
         """The Sandbox (or, with `created`, CreateSandboxResponse) object; nulls omitted."""
@@ -88,7 +97,7 @@ class LocalSandbox:
         status = {
             "state": self.state,
             "reason": reason,
-            "message": message + self.note,
+            "message": (self.failure or message) + self.note,
             "lastTransitionAt": rfc3339(self.transition_at),
         }
         data: dict[str, Any] = {
@@ -131,6 +140,7 @@ class Registry:
             config.root, config.support, timing, config.spare_containers, spare_settings
         )
         self.spares = self.containers.pool
+        self.capacity = Capacity(lambda: len(self._sandboxes) + self.spares.count)
 
     def find(self, sandbox_id: str) -> LocalSandbox | None:
         """The live sandbox `sandbox_id` with its state brought up to date, or None."""
@@ -169,7 +179,8 @@ class Registry:
         token = secrets.token_urlsafe(24)
         config = {"env": env, "token": token, "limits": plan}
         try:
-            container = self.containers.claimed(body, config, internet, mounts)
+            with self.capacity.admit():
+                container = self.containers.claimed(body, config, internet, mounts)
         except (OSError, RuntimeError) as exc:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
@@ -369,9 +380,11 @@ class Registry:
         )
 
     def reap_expired(self) -> None:
-        """Remove every sandbox whose expiry has passed."""
+        """Remove every sandbox whose expiry has passed (and mark the dead ones Failed)."""
         now = datetime.now(timezone.utc)
         with self._lock:
+            for sandbox in self._sandboxes.values():
+                sandbox.refresh(now)
             doomed = [
                 s.id
                 for s in self._sandboxes.values()
