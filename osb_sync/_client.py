@@ -162,7 +162,14 @@ class Client:
         self._transport.reload_environment()
 
     def close(self) -> None:
-        """Close the client's own connections (a caller's session is left open)."""
+        """Stop the client's background work and close its own connections.
+
+        The background searches for sandboxes of failed creates get a last chance first (at
+        most 3 s in all, as at interpreter exit; an undecided one is logged with the tag to
+        look for), then stop. Every connection of the client's own session is closed; a
+        caller's session is left open.
+        """
+        self._lifecycle.close()
         self._transport.close()
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -74,6 +74,7 @@ class Lifecycle:
         self._transport = transport
         self._api_key = api_key
         self._create_timeout = create_timeout
+        self._searched = False  # a failed create started a background search (see close)
 
     def request(
         self,
@@ -167,7 +168,16 @@ class Lifecycle:
             lifetime = None if lifetime is None else float(lifetime)
             from . import _orphans as orphans  # only after a lost answer: not at import
 
+            self._searched = True
             orphans.search(self, create_id, answered=answered, lifetime=lifetime)
+
+    def close(self) -> None:
+        """End the background searches of this API's failed creates, after their last
+        chance (at most ``_orphans.EXIT_WAIT`` seconds in all, as at interpreter exit)."""
+        if self._searched:
+            from . import _orphans as orphans
+
+            orphans.finish(self)
 
     def get(self, sandbox_id: str, deadline: float | None = None) -> Any:
         """``GET /sandboxes/{id}``: the decoded body (None if it is not JSON).
@@ -279,9 +289,14 @@ class Lifecycle:
         return SandboxInfo.from_dict(data if isinstance(data, dict) else {"id": sandbox_id})
 
     def iter_sandboxes(
-        self, states: Sequence[str] | None, metadata: Mapping[str, str] | None, page_size: int
+        self,
+        states: Sequence[str] | None,
+        metadata: Mapping[str, str] | None,
+        page_size: int,
+        deadline: float | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Every sandbox matching the filters, page by page, fetched lazily."""
+        """Every sandbox matching the filters, page by page, fetched lazily (each page by
+        ``deadline``, a ``time.monotonic()`` instant, when given)."""
         params: dict[str, Any] = {"pageSize": page_size}
         if states:
             params["state"] = list(states)
@@ -289,7 +304,8 @@ class Lifecycle:
             params["metadata"] = urlencode(dict(metadata))
         page = 1
         while True:
-            data = response_json(self.request("GET", "/sandboxes", params={**params, "page": page}))
+            query = {**params, "page": page}
+            data = response_json(self.request("GET", "/sandboxes", params=query, deadline=deadline))
             items = data.get("items") if isinstance(data, dict) else None
             if not isinstance(items, list) or not items:
                 return
@@ -394,14 +410,14 @@ class Lifecycle:
             logger.warning("could not delete sandbox %s: %s", sandbox_id, exc)
             return False
 
-    def find_by_create_id(self, create_id: str) -> list[str]:
+    def find_by_create_id(self, create_id: str, deadline: float | None = None) -> list[str]:
         """Ids of the sandboxes tagged with this ``osb-sync/create-id``.
 
         Raises:
             ApiError: an error status.
-            TransportError: no usable response.
+            TransportError: no usable response (by ``deadline``, when given).
         """
-        found = self.iter_sandboxes(None, {CREATE_ID_KEY: create_id}, MAX_PAGE_SIZE)
+        found = self.iter_sandboxes(None, {CREATE_ID_KEY: create_id}, MAX_PAGE_SIZE, deadline)
         return [
             str(item.get("id"))
             for item in found
