@@ -250,6 +250,8 @@ class Client:
 
         Raises:
             ApiError: the server refused the request.
+            SandboxStateError: the sandbox is paused (resume it first), or Failed, Stopping or
+                Terminated: execd cannot answer ``/ping``.
             SandboxTimeoutError: no endpoint (404s are retried) or no ``/ping`` answer within
                 ``ready_timeout``.
             TransportError: the server could not be reached.
@@ -358,7 +360,8 @@ class Client:
 
         Raises:
             ApiError: e.g. 409 when it is not paused.
-            SandboxTimeoutError: not Running within ``ready_timeout``.
+            SandboxTimeoutError: not Running within ``ready_timeout`` (the resume request
+                included).
         """
         sandbox_id = check_id(sandbox_id)
         reach = Reach.of({"ready_timeout": ready_timeout, "poll_interval": poll_interval})

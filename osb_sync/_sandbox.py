@@ -337,6 +337,7 @@ class Sandbox:
 
         Raises:
             ApiError: e.g. 409 when it is not paused.
+            SandboxStateError: it entered Failed, Stopping or Terminated.
             SandboxTimeoutError: not Running, or execd not answering, within ``ready_timeout``.
             TransportError: the server could not be reached.
         """
