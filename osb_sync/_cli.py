@@ -23,6 +23,7 @@ from . import _cli_commands as commands
 from ._cli_output import EXIT_OWN_ERROR, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT, error_json
 from ._constants import API_BASE_ENV, API_KEY_ENV, LANGUAGES, VERSION
 from ._errors import OpenSandboxError
+from .local.host import options as server_options
 
 STATES = ["Pending", "Running", "Paused", "Stopping", "Terminated", "Failed"]
 
@@ -182,73 +183,8 @@ def _add_serve(command: Any) -> None:
         f"It requires the API key of ${API_KEY_ENV} or --api-key-file when one is set. "
         "--json prints one JSON start-up line on stdout.",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (keep loopback)")
-    serve.add_argument("--port", type=int, default=8080, help="port to bind (0: any free port)")
-    serve.add_argument(
-        "--api-key-file", metavar="PATH", help="read the API key from this file (first line)"
-    )
-    serve.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="also answer requests whose Host header is NAME (repeatable)",
-    )
-    serve.add_argument(
-        "--min-timeout", type=int, default=60, metavar="SECONDS", help="smallest sandbox lifetime"
-    )
-    serve.add_argument(
-        "--pending-seconds",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="time a new sandbox stays Pending",
-    )
-    serve.add_argument(
-        "--allow-unenforced-network-policy",
-        action="store_true",
-        help="accept deny-all network policies even where they cannot be enforced",
-    )
-    serve.add_argument(
-        "--allow-host-path",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="let `host` volumes mount directories under DIR (repeatable; default: none)",
-    )
-    serve.add_argument(
-        "--volume-root",
-        metavar="DIR",
-        help="directory of `pvc` volumes, one folder per claimName (default: volumes/ in the "
-        "server's temporary state directory, removed when it stops)",
-    )
-    serve.add_argument(
-        "--execd",
-        metavar="PATH",
-        help="run this execd binary (OpenSandbox's) in every sandbox instead of the built-in one",
-    )
-    serve.add_argument(
-        "--jupyter",
-        metavar="PATH",
-        help="with --execd: the jupyter executable of a venv (notebook, ipykernel, kernelspec "
-        "'python') whose Jupyter server runs each sandbox's code",
-    )
-    serve.add_argument(
-        "--spare-containers",
-        type=_non_negative,
-        default=1,
-        metavar="N",
-        help="containers kept started ahead for fast creates (0: none)",
-    )
+    server_options.add_flags(serve)  # one per LocalServer option that has a flag
     serve.set_defaults(handler=commands.cmd_serve)
-
-
-def _non_negative(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
 
 
 def _add_manage(command: Any) -> None:

@@ -101,27 +101,13 @@ def _run_bash(sandbox: Sandbox, code: str, args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """``osb-sync serve``: the local server in the foreground until Ctrl-C (exit 128+n)."""
     from .local import LocalServer
+    from .local.host import options as server_options
 
     if args.api_base:
         raise UsageError("serve starts a server and takes no --api-base: use --host and --port")
     _raise_file_limit()
     try:
-        server = LocalServer(
-            args.host,
-            args.port,
-            api_key=_server_key(args),
-            allowed_hosts=args.allowed_host,
-            min_timeout=args.min_timeout,
-            pending_seconds=args.pending_seconds,
-            unenforced_network_policy="accept"
-            if args.allow_unenforced_network_policy
-            else "refuse",
-            execd=args.execd,
-            jupyter=args.jupyter,
-            allowed_host_paths=args.allow_host_path,
-            volume_root=args.volume_root,
-            spare_containers=args.spare_containers,
-        )
+        server = LocalServer(**server_options.keywords(args, api_key=_server_key(args)))
         server.start()
     except (ValueError, RuntimeError) as exc:  # a bad --execd/--jupyter, or no isolation
         raise UsageError(str(exc)) from None

@@ -27,16 +27,18 @@ EXIT_RAISED = 1  # the code raised; a sandbox to delete was not found
 EXIT_TIMED_OUT = 124  # as timeout(1)
 EXIT_OWN_ERROR = 125  # osb-sync itself failed, as docker run
 EXIT_SIGNAL_BASE = 128
-# Go's names for signals, as execd reports a command killed by one ("signal: killed").
+# Go's names for signals, as execd reports a command killed by one ("signal: killed"), with
+# Linux's numbers: the command ran in a Linux sandbox, whatever the client runs on (Windows
+# has no SIGHUP, SIGQUIT, SIGKILL or SIGPIPE to look up).
 _GO_SIGNAL_NAMES = {
-    "hangup": signal.SIGHUP,
-    "interrupt": signal.SIGINT,
-    "quit": signal.SIGQUIT,
-    "aborted": signal.SIGABRT,
-    "killed": signal.SIGKILL,
-    "segmentation fault": signal.SIGSEGV,
-    "broken pipe": signal.SIGPIPE,
-    "terminated": signal.SIGTERM,
+    "hangup": 1,
+    "interrupt": 2,
+    "quit": 3,
+    "aborted": 6,
+    "killed": 9,
+    "segmentation fault": 11,
+    "broken pipe": 13,
+    "terminated": 15,
 }
 # Routine status messages (the real server's and the local server's); anything else is shown.
 ROUTINE_MESSAGES = frozenset({"", "Sandbox container started successfully."})

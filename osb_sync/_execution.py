@@ -1,11 +1,37 @@
-"""ExecutionStream: one live execd event stream, owned from first byte to close."""
+"""ExecutionStream: one live execd event stream, owned from first byte to close.
+
+A stream's state is one machine, after h11's ``_state.py``: :class:`State` names where a
+stream can be, :data:`TRANSITIONS` lists every legal move, and :func:`process_event` makes one
+(raising :class:`IllegalTransition` for any other). What became of a run the client stopped
+reading is the state its moves came to rest in (:data:`OUTCOMES`), never a flag set on the
+side. Three threads move a stream: its reader, the watchdog at the run's deadline, and a
+thread that closes it; every move is made under the stream's one lock.
+
+The moves (``DEADLINE`` and ``GIVE_UP`` come from timers, which may fire just as the stream
+moves on: where they have no move of their own, they change nothing)::
+
+    OPEN ──END──▶ ENDED                         read to its end (OPEN, EXPIRED and CUT alike)
+    OPEN ──DEADLINE──▶ EXPIRED ──GIVE_UP──▶ CUT  the watchdog interrupts; later cuts the read
+    OPEN ──CLOSE_ELSEWHERE──▶ CLOSING            another thread closes it under its reader
+    OPEN, EXPIRED, CUT, CLOSING ──STOP──▶ STOPPING   the client stops reading before the end
+    STOPPING ──NOTHING_TO_INTERRUPT──▶ LEFT      the run had completed (or no interrupt given)
+             ──UNNAMED──▶ NOT_STARTED            execd had not named the run
+             ──STALLED──▶ IN_BACKGROUND          the read timed out: interrupt in background
+             ──INTERRUPT──▶ INTERRUPTING ──REFUSED──▶ INTERRUPT_FAILED
+                                         ──RUN_ENDED──▶ INTERRUPTED   (a command)
+                                         ──ACCEPTED──▶ DRAINING       (code)
+    DRAINING ──RUN_ENDED──▶ INTERRUPTED | ──GIVE_UP──▶ NOT_ENDED | ──BROKE──▶ END_UNSEEN
+"""
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Generic, Iterable, Iterator, Protocol, TypeVar
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING, Callable, Generic, Iterable, Iterator, Mapping, Protocol, TypeVar
 
 import requests
 import urllib3
@@ -48,6 +74,132 @@ END_UNSEEN = (
     "its context may still be busy"
 )
 IN_BACKGROUND = "an interrupt is being sent in the background: its context may still be busy"
+
+
+class State(enum.Enum):
+    """Where a stream is; a stopped stream's last state says what became of its run."""
+
+    OPEN = "open"  # reading; the run goes on
+    EXPIRED = "expired"  # reading past the deadline: the watchdog is interrupting the run
+    CUT = "cut"  # ... and the run had not ended INTERRUPT_WAIT later: the read was cut
+    CLOSING = "closing"  # another thread closed the stream: its blocked reader is being woken
+    ENDED = "ended"  # read to its end (EOF, or a command's terminal event): the result is whole
+    STOPPING = "stopping"  # the client stopped reading before the run's end
+    INTERRUPTING = "interrupting"  # ... and is sending the interrupt
+    DRAINING = "draining"  # execd accepted it: the rest is discarded until execd ends the run
+    # At rest after a stop:
+    LEFT = "left"  # nothing to interrupt: the run had completed, or there is no interrupt
+    NOT_STARTED = "not started"
+    IN_BACKGROUND = "in background"
+    INTERRUPT_FAILED = "interrupt failed"
+    INTERRUPTED = "interrupted"
+    NOT_ENDED = "not ended"
+    END_UNSEEN = "end unseen"
+
+
+class Trigger(enum.Enum):
+    """What happens to a stream; each moves it from one :class:`State` to the next."""
+
+    END = "the stream reached its end"
+    DEADLINE = "the run's deadline passed"
+    GIVE_UP = "the run had not ended INTERRUPT_WAIT seconds after its interrupt"
+    CLOSE_ELSEWHERE = "another thread closed the stream while a reader was in it"
+    STOP = "the client stops reading before the run's end"
+    NOTHING_TO_INTERRUPT = "the run had completed, or the stream has no interrupt"
+    UNNAMED = "execd had not named the run: it cannot be interrupted"
+    STALLED = "the read timed out: the interrupt is sent in the background"
+    INTERRUPT = "the client sends the interrupt"
+    REFUSED = "the interrupt failed"
+    ACCEPTED = "execd accepted the interrupt of a code run"
+    RUN_ENDED = "the interrupted run ended (its stream's end, or a command's interrupt answered)"
+    BROKE = "the rest of the stream could not be read"
+
+
+S, T = State, Trigger
+# Timers fire while the stream moves on: where these have no move, they change nothing.
+_LATE = (T.DEADLINE, T.GIVE_UP)
+_MOVES: dict[State, dict[Trigger, State]] = {
+    S.OPEN: {
+        T.END: S.ENDED,
+        T.DEADLINE: S.EXPIRED,
+        T.CLOSE_ELSEWHERE: S.CLOSING,
+        T.STOP: S.STOPPING,
+    },
+    # The deadline outranks a close from elsewhere: the reader's error is still a timeout.
+    S.EXPIRED: {T.END: S.ENDED, T.GIVE_UP: S.CUT, T.CLOSE_ELSEWHERE: S.EXPIRED, T.STOP: S.STOPPING},
+    S.CUT: {T.END: S.ENDED, T.CLOSE_ELSEWHERE: S.CUT, T.STOP: S.STOPPING},
+    S.CLOSING: {T.STOP: S.STOPPING},
+    S.ENDED: {},
+    S.STOPPING: {
+        T.NOTHING_TO_INTERRUPT: S.LEFT,
+        T.UNNAMED: S.NOT_STARTED,
+        T.STALLED: S.IN_BACKGROUND,
+        T.INTERRUPT: S.INTERRUPTING,
+    },
+    S.INTERRUPTING: {
+        T.REFUSED: S.INTERRUPT_FAILED,
+        T.ACCEPTED: S.DRAINING,
+        T.RUN_ENDED: S.INTERRUPTED,
+    },
+    S.DRAINING: {T.RUN_ENDED: S.INTERRUPTED, T.GIVE_UP: S.NOT_ENDED, T.BROKE: S.END_UNSEEN},
+    S.LEFT: {},
+    S.NOT_STARTED: {},
+    S.IN_BACKGROUND: {},
+    S.INTERRUPT_FAILED: {},
+    S.INTERRUPTED: {},
+    # The drain's own end, after its timer gave up first, changes nothing.
+    S.NOT_ENDED: {T.RUN_ENDED: S.NOT_ENDED, T.BROKE: S.NOT_ENDED},
+    S.END_UNSEEN: {},
+}
+TRANSITIONS: Mapping[State, Mapping[Trigger, State]] = {
+    state: {**{late: state for late in _LATE}, **moves} for state, moves in _MOVES.items()
+}
+del S, T
+
+READING = frozenset({State.OPEN, State.EXPIRED, State.CUT})  # __next__ reads, close() acts
+STOPPABLE = READING | {State.CLOSING}
+PAST_DEADLINE = frozenset({State.EXPIRED, State.CUT})
+# The sentence each resting state adds to an error message.
+OUTCOMES: Mapping[State, str] = {
+    State.NOT_STARTED: NOT_STARTED,
+    State.IN_BACKGROUND: IN_BACKGROUND,
+    State.INTERRUPT_FAILED: INTERRUPT_FAILED,
+    State.INTERRUPTED: INTERRUPTED,
+    State.NOT_ENDED: NOT_ENDED,
+    State.END_UNSEEN: END_UNSEEN,
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A move :data:`TRANSITIONS` does not list: a bug in osb_sync, never the caller's doing."""
+
+
+def process_event(state: State, trigger: Trigger) -> State:
+    """The state ``trigger`` moves a stream in ``state`` to.
+
+    Raises:
+        IllegalTransition: ``trigger`` has no move from ``state``.
+    """
+    try:
+        return TRANSITIONS[state][trigger]
+    except KeyError:
+        raise IllegalTransition(f"{trigger.name} is not a move from {state.name}") from None
+
+
+class _Body:
+    """The response body's chunks, and whether they were read to the end.
+
+    A fact of the connection, not of the run: once the body is read to its end urllib3 may
+    hand the connection to another request, so its socket must not be shut down then.
+    """
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self.at_end = False
+        self.chunks = self._read(chunks)
+
+    def _read(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        yield from chunks
+        self.at_end = True  # not reached when the read fails
 
 
 class ExecutionStream(Generic[R]):
@@ -94,20 +246,13 @@ class ExecutionStream(Generic[R]):
         self._timeout = timeout
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._folder: Folder[R] = folder if folder is not None else ExecutionFolder()  # type: ignore[assignment]
-        self._state = "open"  # open -> done | closed | failed
-        self._lock = threading.Lock()
+        self._state = State.OPEN
+        self._changed = threading.Condition(threading.Lock())  # guards and announces _state
         self._reader: int | None = None  # the thread blocked in __next__, if any
-        self._released = threading.Event()
-        self._expired = False
-        self._gave_up = False  # the run had not ended INTERRUPT_WAIT seconds after its interrupt
-        self._interrupt_started = False
-        self._interrupt_answered = threading.Event()
-        self._interrupt_ok = False
-        self._outcome = ""
-        self._at_eof = False
+        self._interrupt_answer: Future[bool] | None = None  # the one interrupt, once sent
         # Kept apart from the pipeline: after an interrupt, the rest is read from here.
-        self._chunks = self._until_eof(response.iter_content(CHUNK_SIZE))
-        chunks: Iterable[bytes] = self._chunks
+        self._body = _Body(response.iter_content(CHUNK_SIZE))
+        chunks: Iterable[bytes] = self._body.chunks
         if self._deadline is not None:
             chunks = self._within_deadline(chunks)
         chunks = capped(chunks, max_output_bytes)
@@ -120,8 +265,9 @@ class ExecutionStream(Generic[R]):
         return self
 
     def __next__(self) -> Event:
-        if self._state != "open":
-            if self._state == "done":
+        state = self._state
+        if state not in READING:
+            if state is State.ENDED:
                 raise StopIteration
             raise StreamError(self._with_outcome("the stream is closed"), partial=self.partial())
         self._reader = threading.get_ident()
@@ -144,7 +290,7 @@ class ExecutionStream(Generic[R]):
         try:
             return next(self._events)
         except StopIteration:
-            if self._expired:  # the run ended because the watchdog interrupted it
+            if self._state in PAST_DEADLINE:  # the run ended because the watchdog interrupted it
                 self._stop(readable=True)
                 raise self._timeout_error() from None
             self._end_of_stream()
@@ -153,15 +299,14 @@ class ExecutionStream(Generic[R]):
             self._stop(readable=True)
             raise self._timeout_error() from None
         except (OutputLimitExceeded, StreamError) as exc:
-            self._stop(readable=True)
-            if self._expired:
+            if self._stop(readable=True) in PAST_DEADLINE:
                 raise self._timeout_error() from exc
             exc.args = (self._with_outcome(str(exc)),)
             exc.partial = self.partial()
             raise
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-            self._stop(readable=False, stalled=_is_read_timeout(exc))
-            raise self._broken(exc) from exc
+            stopped_from = self._stop(readable=False, stalled=_is_read_timeout(exc))
+            raise self._broken(exc, stopped_from) from exc
 
     def __enter__(self) -> ExecutionStream[R]:
         return self
@@ -189,10 +334,10 @@ class ExecutionStream(Generic[R]):
         Raises:
             StreamError: the stream was closed or failed before its end.
         """
-        if self._state == "open":
+        if self._state in READING:
             for _ in self:
                 pass
-        if self._state != "done":
+        if self._state is not State.ENDED:
             raise StreamError(
                 self._with_outcome("the stream was closed before its end; no complete result"),
                 partial=self.partial(),
@@ -206,17 +351,18 @@ class ExecutionStream(Generic[R]):
         at most ``INTERRUPT_WAIT`` seconds. From another thread, sends the interrupt and wakes
         the blocked reader at once, without waiting for the run's end.
         """
-        with self._lock:
-            if self._state != "open":
+        with self._changed:
+            if self._state not in READING:
                 return
-            self._state = "closed"
             elsewhere = self._reader not in (None, threading.get_ident())
+            stopped_from = self._move_locked(Trigger.CLOSE_ELSEWHERE if elsewhere else Trigger.STOP)
         if not elsewhere:
             if self._interrupt is not None and self._folder.execution_id is None:
                 self._read_until_init()
-            self._stop(readable=True)
-            if self._outcome not in ("", INTERRUPTED):
-                logger.warning("closing run %s early: %s", self.execution_id, self._outcome)
+            self._finish_stop(stopped_from, readable=True)
+            outcome = OUTCOMES.get(self._state, "")
+            if outcome not in ("", INTERRUPTED):
+                logger.warning("closing run %s early: %s", self.execution_id, outcome)
             return
         self._cancel_watchdog()
         if self._needs_interrupt():
@@ -224,15 +370,113 @@ class ExecutionStream(Generic[R]):
         self._shutdown_socket()
         self._response.close()
 
-    def _until_eof(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
-        yield from chunks
-        self._at_eof = True  # not reached when the read fails
+    # -- the state machine ----------------------------------------------------------------------
+
+    def _move(self, trigger: Trigger) -> State:
+        """Make the move ``trigger`` makes from the current state; return the state it left."""
+        with self._changed:
+            return self._move_locked(trigger)
+
+    def _move_locked(self, trigger: Trigger) -> State:
+        before = self._state
+        self._state = process_event(before, trigger)
+        if self._state is not before:
+            self._changed.notify_all()
+        return before
+
+    def _stop(self, *, readable: bool, stalled: bool = False) -> State:
+        """The client stops reading before the run's end; returns the state it stopped from."""
+        with self._changed:
+            before = self._state
+            if before in STOPPABLE:
+                self._move_locked(Trigger.STOP)
+        self._finish_stop(before, readable=readable, stalled=stalled)
+        return before
+
+    def _finish_stop(self, stopped_from: State, *, readable: bool, stalled: bool = False) -> None:
+        """Interrupt the run if it goes on, wait for that to take effect, and let go."""
+        self._cancel_watchdog()
+        if stopped_from in STOPPABLE:  # otherwise ended, or stopped already (by another reader)
+            self._settle(readable=readable, stalled=stalled, cut=stopped_from is State.CUT)
+        if not self._body.at_end:
+            self._shutdown_socket()
+        self._release()
+
+    def _settle(self, *, readable: bool, stalled: bool, cut: bool) -> None:
+        """From STOPPING to a resting state, which says what became of the run."""
+        if not self._needs_interrupt():
+            unnamed = self._folder.execution_id is None and self._interrupt is not None
+            self._move(Trigger.UNNAMED if unnamed else Trigger.NOTHING_TO_INTERRUPT)
+            return
+        if stalled:
+            threading.Thread(
+                target=self._send_interrupt, name="osb-sync-interrupt", daemon=True
+            ).start()
+            self._move(Trigger.STALLED)
+            return
+        self._move(Trigger.INTERRUPT)
+        if not self._send_interrupt():
+            self._move(Trigger.REFUSED)
+        elif self._stop_at_terminal:
+            self._move(Trigger.RUN_ENDED)  # execd answers a command's interrupt once it is gone
+        else:
+            self._move(Trigger.ACCEPTED)
+            if cut:  # the watchdog waited for the run's end already, and cut the read
+                self._move(Trigger.GIVE_UP)
+            elif readable:
+                self._drain()
+            else:
+                self._move(Trigger.BROKE)
+
+    def _drain(self) -> None:
+        """Discard the rest of the stream, waiting at most ``INTERRUPT_WAIT`` for its end."""
+        give_up_at = time.monotonic() + INTERRUPT_WAIT
+        timer = WATCHDOG.schedule(INTERRUPT_WAIT, self._give_up)
+        try:
+            for _ in self._body.chunks:
+                if time.monotonic() >= give_up_at:
+                    self._move(Trigger.GIVE_UP)
+                    return
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
+            self._move(Trigger.BROKE)
+            return
+        finally:
+            timer.cancel()
+        self._move(Trigger.RUN_ENDED if self._body.at_end else Trigger.BROKE)
+
+    def _expire(self) -> None:
+        """The watchdog, at the deadline: interrupt, then cut the read if the run goes on."""
+        if self._move(Trigger.DEADLINE) is not State.OPEN:
+            return  # the reader met the deadline or stopped first, or another thread closed it
+        if not (self._needs_interrupt() and self._send_interrupt()):
+            self._shutdown_socket()
+            return
+        with self._changed:
+            taken_over = self._changed.wait_for(
+                lambda: self._state is not State.EXPIRED, INTERRUPT_WAIT
+            )
+        if not taken_over:
+            self._give_up()
+
+    def _give_up(self) -> None:
+        """The run had not ended ``INTERRUPT_WAIT`` after its interrupt: cut the read."""
+        if self._move(Trigger.GIVE_UP) in (State.EXPIRED, State.DRAINING):
+            self._shutdown_socket()
+
+    def _end_of_stream(self) -> None:
+        with self._changed:
+            closed_meanwhile = self._state not in READING
+            if not closed_meanwhile:
+                self._move_locked(Trigger.END)
+        if closed_meanwhile:
+            raise StreamError("the stream was closed while reading", partial=self.partial())
+        self._release()
+
+    # -- reading --------------------------------------------------------------------------------
 
     def _read_until_init(self) -> None:
         """Learn which run to interrupt: execd sends ``init`` with the headers, so it is near."""
-        timer = threading.Timer(INTERRUPT_WAIT, self._shutdown_socket)
-        timer.daemon = True
-        timer.start()
+        timer = WATCHDOG.schedule(INTERRUPT_WAIT, self._shutdown_socket)
         try:
             while self._folder.execution_id is None:
                 self._folder.add(next(self._events))
@@ -250,91 +494,27 @@ class ExecutionStream(Generic[R]):
     def _within_deadline(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
         for chunk in chunks:
             if self._deadline is not None and time.monotonic() >= self._deadline:
-                self._expired = True
+                self._move(Trigger.DEADLINE)
                 raise self._timeout_error()
             yield chunk
-
-    def _expire(self) -> None:
-        """The watchdog, at the deadline: interrupt, then cut the read if the run goes on."""
-        self._expired = True
-        if not (self._needs_interrupt() and self._send_interrupt()):
-            self._shutdown_socket()
-        elif not self._released.wait(INTERRUPT_WAIT):
-            self._give_up()
 
     def _timeout_error(self) -> SandboxTimeoutError:
         message = f"the run did not finish within {self._timeout} seconds"
         return SandboxTimeoutError(self._with_outcome(message))
 
     def _with_outcome(self, message: str) -> str:
-        return f"{message}; {self._outcome}" if self._outcome else message
+        outcome = OUTCOMES.get(self._state)
+        return f"{message}; {outcome}" if outcome else message
 
-    def _broken(self, exc: BaseException) -> SandboxTimeoutError | StreamError:
-        if self._expired:
+    def _broken(self, exc: BaseException, stopped_from: State) -> SandboxTimeoutError | StreamError:
+        if stopped_from in PAST_DEADLINE:
             return self._timeout_error()
-        if self._state == "closed":
+        if stopped_from is State.CLOSING:
             return StreamError("the event stream broke: it was closed by another thread")
         message = self._with_outcome(f"the event stream broke: {_describe(exc)}")
         return StreamError(message, partial=self.partial())
 
-    def _end_of_stream(self) -> None:
-        with self._lock:
-            closed_meanwhile = self._state == "closed"
-            if not closed_meanwhile:
-                self._state = "done"
-        if closed_meanwhile:
-            raise StreamError("the stream was closed while reading", partial=self.partial())
-        self._release()
-
-    def _stop(self, *, readable: bool, stalled: bool = False) -> None:
-        """The client stops reading before the run's end: interrupt it and say what became of it."""
-        with self._lock:
-            if self._state == "open":
-                self._state = "failed"
-        self._cancel_watchdog()
-        if not self._needs_interrupt():
-            if self._folder.execution_id is None and self._interrupt is not None:
-                self._outcome = NOT_STARTED
-        elif stalled:
-            threading.Thread(
-                target=self._send_interrupt, name="osb-sync-interrupt", daemon=True
-            ).start()
-            self._outcome = IN_BACKGROUND
-        else:
-            self._outcome = self._interrupt_and_wait(readable)
-        if not self._at_eof:
-            self._shutdown_socket()
-        self._release()
-
-    def _interrupt_and_wait(self, readable: bool) -> str:
-        if not self._send_interrupt():
-            return INTERRUPT_FAILED
-        if self._stop_at_terminal:
-            return INTERRUPTED  # execd answers a command's interrupt once the command is gone
-        if readable and self._read_to_end():
-            return INTERRUPTED
-        return NOT_ENDED if self._gave_up else END_UNSEEN
-
-    def _read_to_end(self) -> bool:
-        """Discard the rest of the stream; True if it reached its end within ``INTERRUPT_WAIT``."""
-        give_up_at = time.monotonic() + INTERRUPT_WAIT
-        timer = threading.Timer(INTERRUPT_WAIT, self._give_up)
-        timer.daemon = True
-        timer.start()
-        try:
-            for _ in self._chunks:
-                if time.monotonic() >= give_up_at:
-                    self._gave_up = True
-                    return False
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
-            return False
-        finally:
-            timer.cancel()
-        return self._at_eof and not self._gave_up
-
-    def _give_up(self) -> None:
-        self._gave_up = True
-        self._shutdown_socket()
+    # -- the interrupt and the connection -------------------------------------------------------
 
     def _needs_interrupt(self) -> bool:
         return (
@@ -345,18 +525,22 @@ class ExecutionStream(Generic[R]):
 
     def _send_interrupt(self) -> bool:
         """Interrupt the run once, whichever thread asks first; True if execd accepted it."""
-        with self._lock:
-            first = not self._interrupt_started
-            self._interrupt_started = True
+        with self._changed:
+            answer, first = self._interrupt_answer, self._interrupt_answer is None
+            if answer is None:
+                answer = self._interrupt_answer = Future()
         if not first:
-            self._interrupt_answered.wait(INTERRUPT_WAIT)
-            return self._interrupt_ok
+            try:
+                return answer.result(INTERRUPT_WAIT)
+            except FutureTimeout:
+                return False
         run_id, interrupt = self._folder.execution_id, self._interrupt
+        accepted = False
         try:
-            self._interrupt_ok = run_id is not None and interrupt is not None and interrupt(run_id)
+            accepted = run_id is not None and interrupt is not None and interrupt(run_id)
         finally:
-            self._interrupt_answered.set()
-        return self._interrupt_ok
+            answer.set_result(accepted)
+        return accepted
 
     def _cancel_watchdog(self) -> None:
         if self._watchdog is not None:
@@ -365,7 +549,6 @@ class ExecutionStream(Generic[R]):
     def _release(self) -> None:
         self._cancel_watchdog()
         self._response.close()
-        self._released.set()
 
     def _shutdown_socket(self) -> None:
         shutdown = getattr(self._response.raw, "shutdown", None)

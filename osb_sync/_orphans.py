@@ -19,15 +19,14 @@ reached no server: it starts no search and logs nothing.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import threading
 import time
 from typing import Protocol
 
 from ._constants import CREATE_ID_KEY
 from ._errors import OpenSandboxError
+from ._hooks import at_exit, in_forked_child
 from ._transport import backoff_seconds
 
 logger = logging.getLogger("osb_sync")
@@ -180,6 +179,5 @@ def _forget_in_child() -> None:
     _searches.clear()
 
 
-atexit.register(_last_chance_at_exit)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_child)
+at_exit(_last_chance_at_exit)
+in_forked_child(_forget_in_child)

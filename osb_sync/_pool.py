@@ -6,7 +6,6 @@ threads of their own, health checks, resets between borrowers, and the fork and 
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import re
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Protocol
 
 from ._errors import ApiError, ConfigurationError, OpenSandboxError, SandboxTimeoutError
+from ._hooks import at_exit, in_forked_child
 from ._options import CreateOptions, check_options, lifetime_seconds
 from ._transport import backoff_seconds
 
@@ -156,13 +156,11 @@ def close_at_exit_of_this_process(pool: _Closable) -> None:
         if alive is not None and os.getpid() == pid:
             alive.close()
 
-    atexit.register(close)
+    at_exit(close)
 
 
 def after_fork_in_child(pool: _Closable) -> None:
     """A child process forgets the parent's sandboxes (they are the parent's to delete)."""
-    if not hasattr(os, "register_at_fork"):
-        return
     pool_ref = weakref.ref(pool)
 
     def forget() -> None:
@@ -171,7 +169,7 @@ def after_fork_in_child(pool: _Closable) -> None:
             child_pool._reset_state()
             close_at_exit_of_this_process(child_pool)
 
-    os.register_at_fork(after_in_child=forget)
+    in_forked_child(forget)
 
 
 class SandboxPool:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import os
 import threading
 import time
 from typing import Callable
+
+from ._hooks import in_forked_child
 
 
 class Scheduled:
@@ -39,7 +40,7 @@ class Watchdog:
     def __init__(self, name: str = "osb-sync-watchdog"):
         self._name = name
         self._reset()
-        os.register_at_fork(after_in_child=self._reset)  # the thread does not survive a fork
+        in_forked_child(self._reset)  # the thread does not survive a fork
 
     def _reset(self) -> None:
         self._cond = threading.Condition(threading.Lock())

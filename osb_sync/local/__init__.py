@@ -31,6 +31,21 @@ sandbox's container). `host/` and `execd/` never import each other: the security
 test (`tests/unit/test_layers.py`).
 """
 
-from .host.server import LocalServer
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .host.server import LocalServer
 
 __all__ = ["LocalServer"]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use, so the command line can read `host/options.py` (its serve flags)
+    # without importing the whole server for every command.
+    if name == "LocalServer":
+        from .host.server import LocalServer
+
+        return LocalServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

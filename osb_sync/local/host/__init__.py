@@ -1,9 +1,11 @@
 """The local server's process on the host: the trusted side of the security line.
 
-`server` (LocalServer: start, stop, routing, auth, reaper), `registry` (sandboxes, the lifecycle
-routes), `validation` (422/400 rules), `proxy` (port proxy), `spares` (warm containers),
-`container` (start, reach, pause, delete a container), `bwrap` (what the host allows, the
-container's command line), `cgroup`, `limits` (resource limits), `volumes`, `slirp` (outbound
-network), `spawn` (the spawner thread, host process helpers), `execd_binary` (bring your own
-execd). It never imports `execd/`: it starts `execd/main.py` as a program inside the container.
+`server` (LocalServer: start, stop, its route table, auth, reaper), `options` (its options,
+declared once; `osb-sync serve` builds its flags from them), `registry` (sandboxes, the
+lifecycle routes' handlers), `validation` (422/400 rules), `proxy` (port proxy), `spares` (warm
+containers), `container` (start, reach, pause, delete a container), `bwrap` (what the host
+allows, the container's command line), `cgroup`, `limits` (resource limits), `volumes`, `slirp`
+(outbound network), `spawn` (the spawner thread, host process helpers), `execd_binary` (bring
+your own execd). It never imports `execd/`: it starts `execd/main.py` as a program inside the
+container.
 """

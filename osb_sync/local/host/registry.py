@@ -1,4 +1,4 @@
-"""Lifecycle API of the local server: the sandbox registry, its routes and its states.
+"""Lifecycle API of the local server: the sandbox registry, its route handlers and states.
 
 States follow the Docker runtime of the real server: `Pending` (only with `pending_seconds`),
 `Running`, `Paused`; a deleted or expired sandbox is gone (404), never `Terminated`.
@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from ..http.bodies import rfc3339
-from ..http.exchange import Exchange, HttpError, Router, error
+from ..http.exchange import Exchange, HttpError, error
 from . import limits, volumes
 from .bwrap import Support, network_plan
 from .container import Launch, SandboxContainer
@@ -115,7 +115,10 @@ def not_found(sandbox_id: str) -> HttpError:
 
 
 class Registry:
-    """The sandbox registry (one lock) and the `/sandboxes` routes."""
+    """The sandbox registry (one lock) and the handlers of the `/sandboxes` routes.
+
+    The routes themselves are in the server's one table, `LocalServer.routes`.
+    """
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -127,17 +130,6 @@ class Registry:
             config.root, config.support, timing, config.spare_containers, spare_settings
         )
         self.spares = self.containers.pool
-        self.router = Router()
-        add = self.router.add
-        add("POST", "/sandboxes", self.create)
-        add("GET", "/sandboxes", self.list)
-        add("GET", "/sandboxes/{id}", lambda ex: ex.send_json(200, self._get(ex).view()))
-        add("DELETE", "/sandboxes/{id}", self.delete)
-        add("POST", "/sandboxes/{id}/pause", self.pause)
-        add("POST", "/sandboxes/{id}/resume", self.resume)
-        add("POST", "/sandboxes/{id}/renew-expiration", self.renew)
-        add("PATCH", "/sandboxes/{id}/metadata", self.patch_metadata)
-        add("GET", "/sandboxes/{id}/endpoints/{port}", self.endpoint)
 
     def find(self, sandbox_id: str) -> LocalSandbox | None:
         """The live sandbox `sandbox_id` with its state brought up to date, or None."""
@@ -211,6 +203,10 @@ class Registry:
         with self._lock:
             self._sandboxes[sandbox_id] = sandbox
         return sandbox
+
+    def show(self, ex: Exchange) -> None:
+        """GET /sandboxes/{id}: the Sandbox."""
+        ex.send_json(200, self._get(ex).view())
 
     def list(self, ex: Exchange) -> None:
         """GET /sandboxes: state and metadata filters, pagination, newest first."""

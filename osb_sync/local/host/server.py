@@ -1,7 +1,10 @@
-"""LocalServer: the HTTP server, top-level routing, authentication and the expiry reaper.
+"""LocalServer: the HTTP server, its one route table, authentication and the expiry reaper.
 
-One port serves the lifecycle API (under `/v1` and `/`), `/health`, and every sandbox's execd
-and ports through the server-proxy route `/sandboxes/{id}/proxy/{port}/...` (also under `/v1`).
+One port serves the lifecycle API, `/health`, and every sandbox's execd and ports through the
+server-proxy route `/sandboxes/{id}/proxy/{port}/...`, each route both under `/v1` and without
+it, as the released server does. `LocalServer.routes` is the table, in the order of the
+released server's spec; `tests/unit/test_route_tables.py` checks it against that spec and
+lists what is not served yet.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ import atexit
 import hmac
 import logging
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -19,20 +21,19 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from ..http.exchange import Exchange, HttpError, error
+from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
 from . import limits as resource_limits
-from . import proxy
+from . import options, proxy
 from .bwrap import FIX, Support, compile_package, probe
 from .execd_binary import ExecdBinary
 from .registry import EXECD_PORT, Config, Registry, not_found
 
 logger = logging.getLogger("osb_sync.local")
 
-PROXY_PATH = re.compile(r"^(?:/v1)?/sandboxes/(?P<id>[^/]+)/proxy/(?P<port>[^/]+)(?P<rest>/.*)?$")
+# Every method the HTTP layer accepts; the released server's spec lists the first five.
+PROXY_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 REAP_INTERVAL = 0.2
-MAX_SANDBOX_TIMEOUT = 86400  # the real server's example `max_sandbox_timeout_seconds`
-POLICY_CHOICES = ("refuse", "accept")
 MISSING_KEY = (
     "Authentication credentials are missing. Provide API key via OPEN-SANDBOX-API-KEY header."
 )
@@ -48,33 +49,7 @@ class LocalServer:
     the server: its sandboxes, their processes and its temporary directory go away.
 
     Args:
-        host: address to bind; keep the loopback default (anyone who reaches the port can
-            run code in sandboxes).
-        port: port to bind, 0 for a free one.
-        api_key: when set, lifecycle calls need it in `OPEN-SANDBOX-API-KEY`.
-        min_timeout: smallest accepted sandbox `timeout` in seconds (the real server: 60).
-        max_timeout: largest accepted sandbox `timeout`, and renewal ahead, in seconds.
-        pending_seconds: how long a new sandbox reports `Pending` before `Running`.
-        ping_interval: seconds between execd heartbeat events.
-        unenforced_network_policy: "refuse" (400, like a server without egress support) or
-            "accept" (create anyway; the status message says the policy is not enforced).
-        root_dir: where sandbox directories go; default a fresh temporary directory, removed
-            on stop.
-        command_grace: seconds /command keeps its stream open after the terminal event.
-        isolation: None to isolate sandboxes where this host allows it (see `bwrap.py`),
-            True to refuse to start where it does not, False to run them unisolated.
-        allowed_hosts: more names requests may give in `Host` (besides loopback and `host`).
-        limits: connection timeouts and cap (see `httpd.Limits`).
-        allowed_host_paths: host directories whose trees `host` volumes may mount (none by
-            default: every `host` volume answers 400).
-        volume_root: where `pvc` volumes live, one directory per claimName (default:
-            `volumes/` in the root directory).
-        execd: an execd binary (OpenSandbox's) to run in every sandbox instead of ours; needs
-            isolated sandboxes (see `execd_binary.py`).
-        jupyter: with `execd`, the `jupyter` executable of a venv (notebook, ipykernel and a
-            kernelspec named `python`) whose Jupyter server each sandbox's execd runs code in.
-        spare_containers: containers kept started ahead for creates to claim (see
-            `spares.py`; 0 turns them off); each costs the memory of an idle sandbox.
+        (one line per option, written from the declarations in `options.py`)
 
     Raises:
         ValueError: a bad option, or `execd`/`jupyter` is not an executable (of a venv).
@@ -82,30 +57,29 @@ class LocalServer:
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int = 0,
+        host: str = options.HOST.default,
+        port: int = options.PORT.default,
         *,
-        api_key: str | None = None,
-        min_timeout: int = 60,
-        max_timeout: int = MAX_SANDBOX_TIMEOUT,
-        pending_seconds: float = 0.0,
-        ping_interval: float = 3.0,
-        unenforced_network_policy: str = "refuse",
-        root_dir: str | Path | None = None,
-        command_grace: float = 1.0,
-        isolation: bool | None = None,
-        allowed_hosts: Iterable[str] = (),
-        limits: Limits | None = None,
-        allowed_host_paths: Iterable[str | Path] = (),
-        volume_root: str | Path | None = None,
-        execd: str | os.PathLike[str] | None = None,
-        jupyter: str | os.PathLike[str] | None = None,
-        spare_containers: int = 1,
+        api_key: str | None = options.API_KEY.default,
+        min_timeout: int = options.MIN_TIMEOUT.default,
+        max_timeout: int = options.MAX_TIMEOUT.default,
+        pending_seconds: float = options.PENDING_SECONDS.default,
+        ping_interval: float = options.PING_INTERVAL.default,
+        unenforced_network_policy: str = options.UNENFORCED_NETWORK_POLICY.default,
+        root_dir: str | Path | None = options.ROOT_DIR.default,
+        command_grace: float = options.COMMAND_GRACE.default,
+        isolation: bool | None = options.ISOLATION.default,
+        allowed_hosts: Iterable[str] = options.ALLOWED_HOSTS.default,
+        limits: Limits | None = options.LIMITS.default,
+        allowed_host_paths: Iterable[str | Path] = options.ALLOWED_HOST_PATHS.default,
+        volume_root: str | Path | None = options.VOLUME_ROOT.default,
+        execd: str | os.PathLike[str] | None = options.EXECD.default,
+        jupyter: str | os.PathLike[str] | None = options.JUPYTER.default,
+        spare_containers: int = options.SPARE_CONTAINERS.default,
     ) -> None:
-        if unenforced_network_policy not in POLICY_CHOICES:
-            raise ValueError(f"unenforced_network_policy must be one of {POLICY_CHOICES}")
-        if jupyter is not None and execd is None:
-            raise ValueError("jupyter is for an execd binary: pass execd too")
+        # First, while the locals are exactly the keywords (the test of options.py holds
+        # this signature and `options.OPTIONS` to each other).
+        options.check({name: value for name, value in locals().items() if name != "self"})
         self.execd_binary = ExecdBinary.checked(execd, jupyter) if execd is not None else None
         self.host = host
         self.port = port
@@ -120,8 +94,6 @@ class LocalServer:
         self.limits = limits or Limits()
         self.allowed_host_paths = tuple(Path(p).resolve() for p in allowed_host_paths)
         self.volume_root = Path(volume_root) if volume_root is not None else None
-        if spare_containers < 0:
-            raise ValueError("spare_containers must be 0 or more")
         self.spare_containers = spare_containers
         self.network_policy_enforced = False
         self.isolated = False
@@ -134,6 +106,7 @@ class LocalServer:
         self._stopped = threading.Event()
         self._httpd: HTTPServer | None = None
         self._registry: Registry | None = None
+        self._router: Router | None = None
         self._threads: list[threading.Thread] = []
         self._catches_sigterm = False
 
@@ -205,6 +178,9 @@ class LocalServer:
                     spare_containers=self.spare_containers,
                 )
             )
+            self._router = Router()
+            for method, pattern, route in self.routes(self._registry):
+                self._router.add(method, pattern, route)
             self._registry.spares.fill()
             self._threads = [
                 threading.Thread(
@@ -294,29 +270,51 @@ class LocalServer:
     ) -> None:
         self.stop()
 
+    def routes(self, registry: Registry) -> list[tuple[str, str, Route]]:
+        """(method, path pattern, route) of every route, in the released server's spec order.
+
+        Each is served under `/v1` too. Lifecycle routes need the API key (when one is set);
+        `/health`, the SDK's telemetry and the proxy (which checks the sandbox's token) do not.
+        """
+        keyed = self._keyed
+        proxy_root = "/sandboxes/{id}/proxy/{port}"
+        return [
+            ("POST", "/sandboxes", keyed(registry.create)),
+            ("GET", "/sandboxes", keyed(registry.list)),
+            ("GET", "/sandboxes/{id}", keyed(registry.show)),
+            ("DELETE", "/sandboxes/{id}", keyed(registry.delete)),
+            ("PATCH", "/sandboxes/{id}/metadata", keyed(registry.patch_metadata)),
+            ("POST", "/sandboxes/{id}/pause", keyed(registry.pause)),
+            ("POST", "/sandboxes/{id}/resume", keyed(registry.resume)),
+            ("POST", "/sandboxes/{id}/renew-expiration", keyed(registry.renew)),
+            ("GET", "/sandboxes/{id}/endpoints/{port}", keyed(registry.endpoint)),
+            *[(method, proxy_root, self._proxy) for method in PROXY_METHODS],
+            *[(method, proxy_root + "/{rest:path}", self._proxy) for method in PROXY_METHODS],
+            ("POST", "/metrics/events", report_metrics_event),
+            ("GET", "/health", health),
+        ]
+
     def route(self, ex: Exchange) -> None:
         """Answer one request (called by the handler threads)."""
-        assert self._registry is not None
-        found = PROXY_PATH.match(ex.path)
-        if found:
-            self._proxy(ex, found["id"], proxy.port_number(found["port"]), found["rest"] or "/")
-            return
+        assert self._router is not None
         path = ex.path[3:] if ex.path == "/v1" or ex.path.startswith("/v1/") else ex.path
-        if path == "/health" and ex.method == "GET":
-            ex.send_json(200, {"status": "healthy"})
-            return
-        if path == "/metrics/events" and ex.method == "POST":
-            ex.read_body()  # SDK telemetry: accepted and dropped
-            ex.send_json(200, {})
-            return
-        self._authenticate(ex)
-        matched = self._registry.router.match(ex.method, path)
+        matched = self._router.match(ex.method, path)
         if isinstance(matched, int):
+            self._authenticate(ex)  # a caller without the key learns nothing of the paths
             raise HttpError(
                 matched, {"detail": "Not Found" if matched == 404 else "Method Not Allowed"}
             )
         route, ex.params = matched
         route(ex)
+
+    def _keyed(self, route: Route) -> Route:
+        """`route`, behind the API key."""
+
+        def keyed(ex: Exchange) -> None:
+            self._authenticate(ex)
+            route(ex)
+
+        return keyed
 
     def _authenticate(self, ex: Exchange) -> None:
         if self.api_key is None:
@@ -327,7 +325,10 @@ class LocalServer:
         if not hmac.compare_digest(given.encode(), self.api_key.encode()):
             raise error(401, "INVALID_API_KEY", INVALID_KEY)
 
-    def _proxy(self, ex: Exchange, sandbox_id: str, port: int, rest: str) -> None:
+    def _proxy(self, ex: Exchange) -> None:
+        port = proxy.port_number(ex.params["port"])
+        sandbox_id = ex.params["id"]
+        rest = "/" + ex.params.get("rest", "")
         assert self._registry is not None
         sandbox = self._registry.find(sandbox_id)
         if sandbox is None:
@@ -341,6 +342,22 @@ class LocalServer:
         # execd checks the token too: the proxy passes it on to execd's port, and only there.
         extra = {"X-EXECD-ACCESS-TOKEN": sandbox.token} if port == EXECD_PORT else {}
         proxy.forward(ex, sandbox.container, sandbox_id, port, rest, extra)
+
+
+LocalServer.__doc__ = (LocalServer.__doc__ or "").replace(
+    options.ARGS_PLACEHOLDER, options.args_section()
+)
+
+
+def health(ex: Exchange) -> None:
+    """GET /health."""
+    ex.send_json(200, {"status": "healthy"})
+
+
+def report_metrics_event(ex: Exchange) -> None:
+    """POST /metrics/events: the SDK's telemetry, accepted and dropped."""
+    ex.read_body()
+    ex.send_json(200, {})
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -336,14 +336,19 @@ Route = Callable[[Exchange], None]
 
 
 class Router:
-    """Maps (method, path pattern) to a route; `{name}` in a pattern captures one segment."""
+    """Maps (method, path pattern) to a route, the first that matches in the order added.
+
+    `{name}` in a pattern captures one segment; `{name:path}` the rest of the path, slashes
+    included (the proxy's path inside the sandbox).
+    """
 
     def __init__(self) -> None:
         self._routes: list[tuple[str, re.Pattern[str], Route]] = []
 
     def add(self, method: str, pattern: str, route: Route) -> None:
         """Register `route` for `method` and `pattern`."""
-        regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern)
+        regex = re.sub(r"\{(\w+):path\}", r"(?P<\1>.*)", pattern)
+        regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", regex)
         self._routes.append((method, re.compile(f"^{regex}/?$"), route))
 
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]] | int:

@@ -1,0 +1,330 @@
+"""LocalServer's options, each declared once: keyword, default, check, docs and `serve` flag.
+
+One `Option` per keyword of `LocalServer` (in its signature's order, `OPTIONS`). From it come
+the keyword's default (the signature reads `HOST.default`, ...), its check (`check`, run by
+`LocalServer.__init__`, which raises ValueError naming the keyword), its line in LocalServer's
+`Args` (`args_section`), and the `osb-sync serve` flag (`add_flags` builds them, `keywords`
+turns parsed flags back into LocalServer keywords, where the same check answers in the flag's
+terms). An option without a flag says why (`python_only`); `tests/unit/test_server_options.py`
+holds the declarations, the signature and the serve parser to each other.
+
+Standard library only, and no import of the server: the command line reads these while it
+builds its parser, for every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import textwrap
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from ..http.httpd import Limits
+
+T = TypeVar("T")
+
+MAX_SANDBOX_TIMEOUT = 86400  # the real server's example `max_sandbox_timeout_seconds`
+POLICY_CHOICES = ("refuse", "accept")
+ARGS_PLACEHOLDER = "(one line per option, written from the declarations in `options.py`)"
+
+
+@dataclass(frozen=True)
+class Option(Generic[T]):
+    """One LocalServer keyword and its `serve` flag.
+
+    Attributes:
+        name: the LocalServer keyword.
+        default: its default.
+        doc: its `Args` line, in Python's terms.
+        flag: the `serve` flag, or None with `python_only` saying why there is none.
+        help: the flag's help, in the command line's terms.
+        python_only: why `serve` has no flag for it.
+        check: the value's problem ("must be ...", after the keyword or flag) or None.
+        parse: the flag's argparse `type` (its text to the value); the check runs on it too.
+        action: the flag's argparse action ("store", "append", "store_true").
+        metavar: the flag's metavar.
+        flag_default: the flag's default where it differs from `default` (`serve --port`).
+        from_flag: the parsed flag to the keyword's value (None: the command supplies it).
+    """
+
+    name: str
+    default: T
+    doc: str
+    flag: str | None = None
+    help: str = ""
+    python_only: str = ""
+    check: Callable[[T], str | None] | None = None
+    parse: Callable[[str], T] | None = None
+    action: str = "store"
+    metavar: str | None = None
+    flag_default: Any = None
+    from_flag: Callable[[Any], T] | None = lambda value: value
+
+    @property
+    def dest(self) -> str:
+        """The attribute argparse stores the flag in (its own rule for a long option)."""
+        assert self.flag is not None
+        return self.flag[2:].replace("-", "_")
+
+    def problem(self, value: T) -> str | None:
+        """What is wrong with `value` ("must be ..."), or None."""
+        return self.check(value) if self.check is not None else None
+
+
+def _at_least_zero(value: int) -> str | None:
+    return "must be 0 or more" if value < 0 else None
+
+
+def _a_policy(value: str) -> str | None:
+    return None if value in POLICY_CHOICES else f"must be one of {POLICY_CHOICES}"
+
+
+HOST = Option(
+    "host",
+    "127.0.0.1",
+    "address to bind; keep the loopback default (anyone who reaches the port can run code in"
+    " sandboxes).",
+    flag="--host",
+    help="address to bind (keep loopback)",
+)
+PORT = Option(
+    "port",
+    0,
+    "port to bind, 0 for a free one.",
+    flag="--port",
+    help="port to bind (0: any free port)",
+    parse=int,
+    flag_default=8080,  # a command line server wants a port its clients can be told
+)
+API_KEY: Option[str | None] = Option(
+    "api_key",
+    None,
+    "when set, lifecycle calls need it in `OPEN-SANDBOX-API-KEY`.",
+    flag="--api-key-file",
+    help="read the API key from this file (first line)",
+    metavar="PATH",
+    from_flag=None,  # serve reads the file, else --api-key, else the environment
+)
+MIN_TIMEOUT = Option(
+    "min_timeout",
+    60,
+    "smallest accepted sandbox `timeout` in seconds (the real server: 60).",
+    flag="--min-timeout",
+    help="smallest sandbox lifetime",
+    parse=int,
+    metavar="SECONDS",
+)
+MAX_TIMEOUT = Option(
+    "max_timeout",
+    MAX_SANDBOX_TIMEOUT,
+    "largest accepted sandbox `timeout`, and renewal ahead, in seconds.",
+    python_only="serve keeps the real server's example maximum, a day",
+)
+PENDING_SECONDS = Option(
+    "pending_seconds",
+    0.0,
+    "how long a new sandbox reports `Pending` before `Running`.",
+    flag="--pending-seconds",
+    help="time a new sandbox stays Pending",
+    parse=float,
+    metavar="SECONDS",
+)
+PING_INTERVAL = Option(
+    "ping_interval",
+    3.0,
+    "seconds between execd heartbeat events.",
+    python_only="tests shorten it; serve keeps execd's 3 s",
+)
+UNENFORCED_NETWORK_POLICY = Option(
+    "unenforced_network_policy",
+    "refuse",
+    '"refuse" (400, like a server without egress support) or "accept" (create anyway; the'
+    " status message says the policy is not enforced).",
+    flag="--allow-unenforced-network-policy",
+    help="accept deny-all network policies even where they cannot be enforced",
+    check=_a_policy,
+    action="store_true",
+    flag_default=False,
+    from_flag=lambda accept: "accept" if accept else "refuse",
+)
+ROOT_DIR: Option[str | Path | None] = Option(
+    "root_dir",
+    None,
+    "where sandbox directories go; default a fresh temporary directory, removed on stop.",
+    python_only="serve keeps its state in a temporary directory it removes when it stops",
+)
+COMMAND_GRACE = Option(
+    "command_grace",
+    1.0,
+    "seconds /command keeps its stream open after the terminal event.",
+    python_only="tests shorten it; serve keeps 1 s",
+)
+ISOLATION: Option[bool | None] = Option(
+    "isolation",
+    None,
+    "None to isolate sandboxes where this host allows it (see `bwrap.py`), True to refuse to"
+    " start where it does not, False to run them unisolated.",
+    python_only="serve isolates where the host allows it and says at start-up whether it does",
+)
+ALLOWED_HOSTS: Option[Iterable[str]] = Option(
+    "allowed_hosts",
+    (),
+    "more names requests may give in `Host` (besides loopback and `host`).",
+    flag="--allowed-host",
+    help="also answer requests whose Host header is NAME (repeatable)",
+    action="append",
+    metavar="NAME",
+    flag_default=[],
+)
+LIMITS: Option[Limits | None] = Option(
+    "limits",
+    None,
+    "connection timeouts and cap (see `httpd.Limits`).",
+    python_only="a `Limits` value (several timeouts and a cap), not one flag",
+)
+ALLOWED_HOST_PATHS: Option[Iterable[str | Path]] = Option(
+    "allowed_host_paths",
+    (),
+    "host directories whose trees `host` volumes may mount (none by default: every `host`"
+    " volume answers 400).",
+    flag="--allow-host-path",
+    help="let `host` volumes mount directories under DIR (repeatable; default: none)",
+    action="append",
+    metavar="DIR",
+    flag_default=[],
+)
+VOLUME_ROOT: Option[str | Path | None] = Option(
+    "volume_root",
+    None,
+    "where `pvc` volumes live, one directory per claimName (default: `volumes/` in the root"
+    " directory).",
+    flag="--volume-root",
+    help="directory of `pvc` volumes, one folder per claimName (default: volumes/ in the "
+    "server's temporary state directory, removed when it stops)",
+    metavar="DIR",
+)
+EXECD: Option[str | os.PathLike[str] | None] = Option(
+    "execd",
+    None,
+    "an execd binary (OpenSandbox's) to run in every sandbox instead of ours; needs isolated"
+    " sandboxes (see `execd_binary.py`).",
+    flag="--execd",
+    help="run this execd binary (OpenSandbox's) in every sandbox instead of the built-in one",
+    metavar="PATH",
+)
+JUPYTER: Option[str | os.PathLike[str] | None] = Option(
+    "jupyter",
+    None,
+    "with `execd`, the `jupyter` executable of a venv (notebook, ipykernel and a kernelspec"
+    " named `python`) whose Jupyter server each sandbox's execd runs code in.",
+    flag="--jupyter",
+    help="with --execd: the jupyter executable of a venv (notebook, ipykernel, kernelspec "
+    "'python') whose Jupyter server runs each sandbox's code",
+    metavar="PATH",
+)
+SPARE_CONTAINERS = Option(
+    "spare_containers",
+    1,
+    "containers kept started ahead for creates to claim (see `spares.py`; 0 turns them off);"
+    " each costs the memory of an idle sandbox.",
+    flag="--spare-containers",
+    help="containers kept started ahead for fast creates (0: none)",
+    check=_at_least_zero,
+    parse=int,
+    metavar="N",
+)
+
+OPTIONS: tuple[Option[Any], ...] = (
+    HOST,
+    PORT,
+    API_KEY,
+    MIN_TIMEOUT,
+    MAX_TIMEOUT,
+    PENDING_SECONDS,
+    PING_INTERVAL,
+    UNENFORCED_NETWORK_POLICY,
+    ROOT_DIR,
+    COMMAND_GRACE,
+    ISOLATION,
+    ALLOWED_HOSTS,
+    LIMITS,
+    ALLOWED_HOST_PATHS,
+    VOLUME_ROOT,
+    EXECD,
+    JUPYTER,
+    SPARE_CONTAINERS,
+)
+
+
+def check(given: dict[str, Any]) -> None:
+    """Check LocalServer's keywords `given` (every option by name).
+
+    Raises:
+        ValueError: a value's problem, naming its keyword; or `jupyter` without `execd`.
+    """
+    for option in OPTIONS:
+        problem = option.problem(given[option.name])
+        if problem is not None:
+            raise ValueError(f"{option.name} {problem}")
+    if given["jupyter"] is not None and given["execd"] is None:
+        raise ValueError("jupyter is for an execd binary: pass execd too")
+
+
+def args_section(indent: str = "        ") -> str:
+    """The `Args` lines of LocalServer's docstring, one per option, wrapped at 96 columns."""
+    lines: list[str] = []
+    for option in OPTIONS:
+        text = f"{option.name}: {option.doc}"
+        lines += textwrap.wrap(text, 96, initial_indent=indent, subsequent_indent=indent + "    ")
+    return "\n".join(lines).lstrip()
+
+
+def _flag_type(option: Option[Any]) -> Callable[[str], Any]:
+    """The argparse `type` of `option`'s flag: its parse, then its check in the flag's terms."""
+    assert option.parse is not None
+    parse = option.parse
+
+    def parsed(text: str) -> Any:
+        value = parse(text)
+        problem = option.problem(value)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"{problem}, not {value}")
+        return value
+
+    parsed.__name__ = parse.__name__  # argparse names it in "invalid int value"
+    return parsed
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the `serve` flag of every option that has one to `parser`."""
+    for option in OPTIONS:
+        if option.flag is None:
+            continue
+        settings: dict[str, Any] = {"action": option.action, "help": option.help}
+        default = option.flag_default if option.flag_default is not None else option.default
+        if option.action != "store_true":
+            settings["metavar"] = option.metavar
+            if option.parse is not None:
+                settings["type"] = _flag_type(option)
+        parser.add_argument(option.flag, default=default, **settings)
+
+
+def keywords(args: argparse.Namespace, **supplied: Any) -> dict[str, Any]:
+    """LocalServer's keywords from parsed `serve` flags; `supplied` gives those the command reads.
+
+    Raises:
+        KeyError: an option whose value the command supplies (`from_flag` None) is missing.
+    """
+    found: dict[str, Any] = {}
+    for option in OPTIONS:
+        if option.flag is None:
+            continue
+        if option.from_flag is None:
+            found[option.name] = supplied[option.name]
+        else:
+            found[option.name] = option.from_flag(getattr(args, option.dest))
+    return found
