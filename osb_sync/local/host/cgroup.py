@@ -114,6 +114,19 @@ class Cgroup:
                 raise OSError(f"the freezer did not reach {wanted}")
             time.sleep(0.01)
 
+    def oom_kills(self) -> int:
+        """How many processes the memory group's limit has killed (0 without that group)."""
+        path = self.dirs.get("memory")
+        try:
+            text = (path / "memory.oom_control").read_text() if path is not None else ""
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return 0
+
     def remove(self) -> None:
         """Remove the groups once their processes are gone (waits a little for them)."""
         deadline = time.monotonic() + FREEZE_TIMEOUT
