@@ -239,3 +239,17 @@ def test_snapshot_of_a_paused_sandbox_is_refused(client: Client) -> None:
         started = time.monotonic()
         snapshot = sandbox.snapshot(wait=True)
         assert snapshot.ready and time.monotonic() - started < 60
+
+
+def test_an_oom_kill_is_in_the_events(isolated_client: Client) -> None:
+    from osb_sync.local.host import limits
+
+    if "memory" not in limits.writable_controllers():
+        pytest.skip("the memory cgroup controller is not writable here")
+    with isolated_client.create_sandbox(
+        allow_internet_access=True, **{**FAST, "resource_limits": {"memory": "64Mi"}}
+    ) as sandbox:
+        grab = sandbox.commands.run("python3 -c 'b = bytearray(300 * 1024 * 1024)'")
+        assert grab.exit_code != 0
+        seen = lambda: sandbox.diagnostics.events().content or ""  # noqa: E731
+        assert wait_for(lambda: "OOM-killed" in seen(), 5), seen()
