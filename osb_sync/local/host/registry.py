@@ -172,6 +172,7 @@ class Registry:
         )
         self.spares = self.containers.pool
         self.journal = diagnostics.Journal()
+        self._policy_lock = threading.Lock()  # network policy changes, one at a time
         self.snapshots = SnapshotStore(config.root)
         self.pools = PoolStore(self.containers.new_pool)
 
@@ -516,8 +517,9 @@ class Registry:
             try:
                 copy()
             finally:
-                if freeze:
-                    with self._lock, suppress(OSError):
+                # thawed unless paused by its owner meanwhile (then it stays paused)
+                with self._lock, suppress(OSError):
+                    if freeze and sandbox.state == "Running" and not sandbox.removing:
                         sandbox.container.resume()
 
         snapshot = self.snapshots.take(
@@ -681,25 +683,28 @@ class Registry:
 
     # -- network policy --------------------------------------------------------------------
 
-    def _apply_policy(self, sandbox: LocalSandbox, policy: dict[str, Any]) -> dict[str, Any]:
-        """Enforce `policy` on a running sandbox; the create's 400 for what cannot be."""
-        policy = network.normal(policy)
-        internet, note = network_plan(
-            policy_needs(policy),
-            self.config.support,
-            self.config.unenforced_network_policy == "accept",
-        )
-        try:
-            sandbox.container.set_internet(internet)
-        except (OSError, RuntimeError) as exc:
-            raise error(
-                500, "DOCKER::NETWORK_POLICY_FAILED", f"The network could not change: {exc}"
-            ) from None
-        with self._lock:
+    def _apply_policy(
+        self, sandbox: LocalSandbox, change: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Enforce `change(current policy)` on a running sandbox; the create's 400 for what
+        cannot be. One change at a time: two PATCHes never lose one another's rules."""
+        with self._policy_lock:
+            policy = network.normal(change(sandbox.policy))
+            internet, note = network_plan(
+                policy_needs(policy),
+                self.config.support,
+                self.config.unenforced_network_policy == "accept",
+            )
+            try:
+                sandbox.container.set_internet(internet)
+            except (OSError, RuntimeError) as exc:
+                raise error(
+                    500, "DOCKER::NETWORK_POLICY_FAILED", f"The network could not change: {exc}"
+                ) from None
             sandbox.policy = policy
-        mode = network.status(policy)["mode"]
-        self.journal.record(sandbox.id, f"network policy changed: {mode}{note}")
-        return network.status(policy)
+        answer = network.status(policy)
+        self.journal.record(sandbox.id, f"network policy changed: {answer['mode']}{note}")
+        return answer
 
     def network_policy_get(self, ex: Exchange) -> None:
         """GET /sandboxes/{id}/networkpolicy: the policy it runs under (PolicyStatusResponse)."""
@@ -708,19 +713,19 @@ class Registry:
     def network_policy_put(self, ex: Exchange) -> None:
         """PUT /sandboxes/{id}/networkpolicy: replace the policy of the running sandbox."""
         policy = check_network_policy(read_json(ex))
-        ex.send_json(200, self._apply_policy(self._get(ex), policy))
+        ex.send_json(200, self._apply_policy(self._get(ex), lambda _: policy))
 
     def network_policy_patch(self, ex: Exchange) -> None:
         """PATCH /sandboxes/{id}/networkpolicy: merge rules by target."""
         rules = check_rules(read_json(ex))
         sandbox = self._get(ex)
-        ex.send_json(200, self._apply_policy(sandbox, network.patched(sandbox.policy, rules)))
+        ex.send_json(200, self._apply_policy(sandbox, lambda now: network.patched(now, rules)))
 
     def network_policy_delete(self, ex: Exchange) -> None:
         """DELETE /sandboxes/{id}/networkpolicy: remove the rules of these targets."""
         targets = check_targets(read_json(ex))
         sandbox = self._get(ex)
-        ex.send_json(200, self._apply_policy(sandbox, network.without(sandbox.policy, targets)))
+        ex.send_json(200, self._apply_policy(sandbox, lambda now: network.without(now, targets)))
 
     def egress_policy(self, ex: Exchange, sandbox: LocalSandbox, rest: str) -> None:
         """The egress sidecar's `/policy` for the proxy route of port 18080 (already checked
@@ -731,10 +736,11 @@ class Registry:
             ex.send_json(200, network.status(sandbox.policy))
         elif ex.method == "PATCH":
             rules = check_rules(read_json(ex))
-            ex.send_json(200, self._apply_policy(sandbox, network.patched(sandbox.policy, rules)))
+            ex.send_json(200, self._apply_policy(sandbox, lambda now: network.patched(now, rules)))
         elif ex.method == "DELETE":
             targets = check_targets(read_json(ex))
-            ex.send_json(200, self._apply_policy(sandbox, network.without(sandbox.policy, targets)))
+            answer = self._apply_policy(sandbox, lambda now: network.without(now, targets))
+            ex.send_json(200, answer)
         else:
             raise HttpError(405, {"detail": "Method Not Allowed"})
 
