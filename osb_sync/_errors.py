@@ -212,11 +212,14 @@ def error_from_response(
 def route_unknown(exc: ApiError) -> bool:
     """Whether an error says the server does not serve the route (not that a thing is absent).
 
-    405 and 501 always do. A 404 does when its body carries no error ``code``: a FastAPI
+    405 and 501 always do, and so does a 400 coded ``*::API_NOT_SUPPORTED`` (a runtime that
+    refuses the feature). A 404 does when its body carries no error ``code``: a FastAPI
     server answers an unknown route ``{"detail": "Not Found"}``, while a missing sandbox,
     snapshot or pool comes with a code such as ``SANDBOX::NOT_FOUND``.
     """
     if exc.status_code in (405, 501):
+        return True
+    if exc.status_code == 400 and (exc.code or "").endswith("::API_NOT_SUPPORTED"):
         return True
     if exc.status_code != 404:
         return False
@@ -229,9 +232,11 @@ def not_supported(
     """The NotSupportedError for ``exc``: it names the feature, the server's version and what
     would serve it."""
     version = f"server version {server_version}" if server_version else "server version unknown"
-    reason = {404: "does not know this route", 405: "does not allow this method"}.get(
-        exc.status_code, "does not implement it"
-    )
+    reason = {
+        400: "its runtime refuses it",
+        404: "does not know this route",
+        405: "does not allow this method",
+    }.get(exc.status_code, "does not implement it")
     text = f"this server does not serve {feature} ({version}: it {reason}; {exc})"
     return NotSupportedError(
         f"{text}. {served_by}",

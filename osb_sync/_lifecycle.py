@@ -61,6 +61,9 @@ FEATURES = {
     "templates": "Templates need OpenSandbox's Kubernetes runtime with fsb templates "
     "(SandboxTemplate CRDs).",
     "server version": "GET /version needs OpenSandbox server 1.1 or later.",
+    "signed endpoints": "A signed endpoint (expires) needs OpenSandbox's ingress gateway with "
+    "secure access configured (Kubernetes); without expires, the endpoint's headers "
+    "authorize the call.",
 }
 _UNASKED = object()  # the server's version before anyone asked
 
@@ -382,9 +385,10 @@ class Lifecycle:
         if expires is not None:
             params["expires"] = str(expires)
         deadline = time.monotonic() + ready_timeout
+        feature = "signed endpoints" if expires is not None else None
         while True:
             try:
-                data = response_json(self.request("GET", path, params=params))
+                data = response_json(self.request("GET", path, params=params, feature=feature))
             except NotFoundError as exc:
                 if (exc.code or "").endswith("SANDBOX_NOT_FOUND"):
                     raise  # the sandbox is gone; only an endpoint not ready yet is retried

@@ -253,3 +253,17 @@ def test_an_oom_kill_is_in_the_events(isolated_client: Client) -> None:
         assert grab.exit_code != 0
         seen = lambda: sandbox.diagnostics.events().content or ""  # noqa: E731
         assert wait_for(lambda: "OOM-killed" in seen(), 5), seen()
+
+
+def test_rules_deleted_and_what_the_local_server_refuses(client: Client) -> None:
+    with client.create_sandbox(**FAST, network_policy={"defaultAction": "allow"}) as sandbox:
+        sandbox.network_policy.patch_rules([NetworkRule("allow", "pypi.org")])  # agrees: fine
+        assert sandbox.network_policy.get().egress == (NetworkRule("allow", "pypi.org"),)
+        sandbox.network_policy.delete_rules(["pypi.org"])
+        assert sandbox.network_policy.get() == NetworkPolicy("allow")
+        with pytest.raises(NotSupportedError, match="signed endpoints"):
+            sandbox.get_endpoint(8080, expires=int(time.time()) + 600)
+    with pytest.raises(NotSupportedError, match="templates"):
+        client.templates.create("python:3.12", "s3://bucket/path")
+    with pytest.raises(NotSupportedError, match="templates"):
+        client.templates.delete("tpl-1")

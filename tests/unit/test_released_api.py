@@ -513,3 +513,24 @@ def test_a_signed_endpoint(client: Client, rsps: responses.RequestsMock) -> None
     assert sent(rsps) == ["GET /v1/sandboxes/{sandbox_id}/endpoints/{port}"] * 2
     with pytest.raises(ConfigurationError, match="future"):
         client.get_endpoint(SID, 8080, expires=int(time.time()) - 1)
+
+
+def test_a_runtime_that_refuses_signed_endpoints(
+    client: Client, rsps: responses.RequestsMock
+) -> None:
+    rsps.get(
+        f"{API}/sandboxes/{SID}/endpoints/8080",
+        status=400,
+        json={"code": "SANDBOX::API_NOT_SUPPORTED", "message": "no secure access"},
+    )
+    rsps.get(f"{ROOT}/version", json={"version": "1.1.1"})
+    with pytest.raises(NotSupportedError, match=r"signed endpoints.*runtime refuses it"):
+        client.get_endpoint(SID, 8080, expires=int(time.time()) + 60)
+    rsps.get(
+        f"{API}/sandboxes/{SID}/endpoints/8080",
+        status=400,
+        json={"code": "SANDBOX::INVALID_PARAMETER", "message": "bad port"},
+    )
+    with pytest.raises(ApiError) as plain:  # another 400 stays an ApiError
+        client.get_endpoint(SID, 8080, expires=int(time.time()) + 60)
+    assert not isinstance(plain.value, NotSupportedError)
