@@ -51,6 +51,9 @@ nitpick_ignore = [
         "HttpRequest",
         # private: the create keywords' TypedDict, internals a constructor takes, type variables
         "CreateOptions",
+        "PoolStore",  # the store protocol (osb_sync._pool): InProcessStore and RedisStore
+        "osb_sync._pool.PoolSpec",
+        "osb_sync._pool.Lender",
         "Lifecycle",
         "Execd",
         "Folder",

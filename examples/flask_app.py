@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from flask import Flask, jsonify, request
+from werkzeug.exceptions import HTTPException
 
 from osb_sync import OutputLimitExceeded, SandboxTimeoutError
 from osb_sync.integrations.flask import OpenSandbox
@@ -37,7 +38,17 @@ def create_app(api_base: str | None = None, api_key: str | None = None, **config
     """The app, pooling sandboxes on ``api_base`` (default: ``OPEN_SANDBOX_API_BASE``).
 
     ``config``: more ``app.config`` settings, applied last.
+
+    Raises:
+        RuntimeError: no server: neither ``api_base`` nor ``OPEN_SANDBOX_API_BASE`` (fail
+            here, at start-up, not with a 500 on the first request).
     """
+    api_base = api_base or os.environ.get("OPEN_SANDBOX_API_BASE")
+    if not api_base:
+        raise RuntimeError(
+            "create_app needs an OpenSandbox server: set OPEN_SANDBOX_API_BASE (or pass "
+            "api_base=); `python examples/flask_app.py` starts an embedded local one"
+        )
     app = Flask(__name__)
     app.config.update(
         MAX_CONTENT_LENGTH=MAX_CODE_BYTES,
@@ -50,6 +61,11 @@ def create_app(api_base: str | None = None, api_key: str | None = None, **config
     )
     app.config.update(config)
     sandboxes.init_app(app)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Any:
+        """Every error answer is JSON, as the API's own (a 413 body too large, a 400)."""
+        return jsonify(error=exc.description), exc.code or 500
 
     @app.post("/run")
     def run() -> Any:

@@ -12,7 +12,8 @@ Five names to start with:
   ``with`` deletes it.
 - ``ExecutionResult``: what a run returns: ``stdout``, ``stderr``, ``results`` and ``error`` (an
   exception in the sandbox is returned, not raised).
-- ``SandboxPool``: warm sandboxes lent to threads (web handlers, workers).
+- ``SandboxPool``: warm sandboxes lent to threads (web handlers, workers); with a
+  ``RedisStore``, one pool shared by every worker process and host.
 - ``OpenSandboxError``: the base class of every error osb_sync raises.
 
 Example::
@@ -33,71 +34,127 @@ import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from ._client import Client
-from ._commands import BackgroundCommand, BashSession, Commands
-from ._constants import (
-    DEFAULT_ENTRYPOINT,
-    DEFAULT_LANGUAGE,
-    DEFAULT_POLL_INTERVAL,
-    DEFAULT_READY_TIMEOUT,
-    DEFAULT_RESOURCE_LIMITS,
-    DEFAULT_TEMPLATE,
-    DEFAULT_TIMEOUT,
-    EXECD_PORT,
-    MAX_OUTPUT_BYTES,
-    NO_TIMEOUT,
-)
 from ._constants import VERSION as _VERSION
-from ._contexts import Contexts
-from ._errors import (
-    ApiError,
-    CommandFailed,
-    ConfigurationError,
-    NotFoundError,
-    NotSupportedError,
-    OpenSandboxError,
-    OutputLimitExceeded,
-    SandboxStateError,
-    SandboxTimeoutError,
-    StreamError,
-    TransportError,
-)
-from ._execution import ExecutionStream
-from ._models import (
-    CodeContext,
-    CommandResult,
-    CommandStatus,
-    DiagnosticContent,
-    Endpoint,
-    Event,
-    ExecutionError,
-    ExecutionResult,
-    FileInfo,
-    Metrics,
-    NetworkPolicy,
-    NetworkRule,
-    Pool,
-    PoolCapacity,
-    SandboxInfo,
-    Snapshot,
-    Template,
-)
-from ._resources import Diagnostics, Network, Pools, Snapshots, Templates
-from ._sandbox import Sandbox
-from ._stream import parse_execution
 
-if _TYPE_CHECKING:
+if _TYPE_CHECKING:  # what a type checker sees; at run time each name loads on first use
+    from ._client import Client
+    from ._commands import BackgroundCommand, BashSession, Commands
+    from ._constants import (
+        DEFAULT_ENTRYPOINT,
+        DEFAULT_LANGUAGE,
+        DEFAULT_POLL_INTERVAL,
+        DEFAULT_READY_TIMEOUT,
+        DEFAULT_RESOURCE_LIMITS,
+        DEFAULT_TEMPLATE,
+        DEFAULT_TIMEOUT,
+        EXECD_PORT,
+        MAX_OUTPUT_BYTES,
+        NO_TIMEOUT,
+    )
+    from ._contexts import Contexts
+    from ._errors import (
+        ApiError,
+        CommandFailed,
+        ConfigurationError,
+        NotFoundError,
+        NotSupportedError,
+        OpenSandboxError,
+        OutputLimitExceeded,
+        SandboxStateError,
+        SandboxTimeoutError,
+        StreamError,
+        TransportError,
+    )
+    from ._execution import ExecutionStream
     from ._files import Files
     from ._functions import code_interpreter_tool, create_sandbox, delete_sandbox, run_code
-    from ._pool import SandboxPool
+    from ._models import (
+        CodeContext,
+        CommandResult,
+        CommandStatus,
+        DiagnosticContent,
+        Endpoint,
+        Event,
+        ExecutionError,
+        ExecutionResult,
+        FileInfo,
+        Metrics,
+        NetworkPolicy,
+        NetworkRule,
+        Pool,
+        PoolCapacity,
+        SandboxInfo,
+        Snapshot,
+        Template,
+    )
+    from ._pool import InProcessStore, SandboxPool
+    from ._pool_redis import RedisStore
     from ._provider import OpenSandboxProvider, discover_providers
+    from ._resources import Diagnostics, Network, Pools, Snapshots, Templates
+    from ._sandbox import Sandbox
+    from ._stream import parse_execution
 
 __version__ = _VERSION
 
-# Imported on first use, so that a script that only runs code does not pay for them.
+# Every name is imported on first use (PEP 562): `import osb_sync` and `osb-sync --version` load
+# neither requests nor the client until a name is used.
 _LAZY = {
+    "ApiError": "._errors",
+    "BackgroundCommand": "._commands",
+    "BashSession": "._commands",
+    "Client": "._client",
+    "CodeContext": "._models",
+    "CommandFailed": "._errors",
+    "CommandResult": "._models",
+    "CommandStatus": "._models",
+    "Commands": "._commands",
+    "ConfigurationError": "._errors",
+    "Contexts": "._contexts",
+    "DEFAULT_ENTRYPOINT": "._constants",
+    "DEFAULT_LANGUAGE": "._constants",
+    "DEFAULT_POLL_INTERVAL": "._constants",
+    "DEFAULT_READY_TIMEOUT": "._constants",
+    "DEFAULT_RESOURCE_LIMITS": "._constants",
+    "DEFAULT_TEMPLATE": "._constants",
+    "DEFAULT_TIMEOUT": "._constants",
+    "EXECD_PORT": "._constants",
+    "Endpoint": "._models",
+    "Event": "._models",
+    "ExecutionError": "._models",
+    "ExecutionResult": "._models",
+    "ExecutionStream": "._execution",
+    "FileInfo": "._models",
+    "MAX_OUTPUT_BYTES": "._constants",
+    "Metrics": "._models",
+    "NO_TIMEOUT": "._constants",
+    "NotFoundError": "._errors",
+    "OpenSandboxError": "._errors",
+    "OutputLimitExceeded": "._errors",
+    "Sandbox": "._sandbox",
+    "SandboxInfo": "._models",
+    "SandboxStateError": "._errors",
+    "SandboxTimeoutError": "._errors",
+    "StreamError": "._errors",
+    "TransportError": "._errors",
+    # the released 1.1 API (issue 26)
+    "NotSupportedError": "._errors",
+    "DiagnosticContent": "._models",
+    "NetworkPolicy": "._models",
+    "NetworkRule": "._models",
+    "Pool": "._models",
+    "PoolCapacity": "._models",
+    "Snapshot": "._models",
+    "Template": "._models",
+    "Diagnostics": "._resources",
+    "Network": "._resources",
+    "Pools": "._resources",
+    "Snapshots": "._resources",
+    "Templates": "._resources",
+    "parse_execution": "._stream",
     "Files": "._files",
     "SandboxPool": "._pool",
+    "InProcessStore": "._pool",
+    "RedisStore": "._pool_redis",
     "OpenSandboxProvider": "._provider",
     "discover_providers": "._provider",
     "code_interpreter_tool": "._functions",
@@ -154,6 +211,7 @@ __all__ = [
     "ExecutionStream",
     "FileInfo",
     "Files",
+    "InProcessStore",
     "Metrics",
     "Network",
     "NetworkPolicy",
@@ -166,6 +224,7 @@ __all__ = [
     "Pool",
     "PoolCapacity",
     "Pools",
+    "RedisStore",
     "Sandbox",
     "SandboxInfo",
     "SandboxPool",

@@ -1,31 +1,44 @@
 """The ``osb-sync`` command line: run code in a sandbox, serve the local server, manage sandboxes.
 
-Exit statuses (one table, README.rst, Command line): 0 success; 1 the code raised, or a
-sandbox to delete was not found; the remote status of ``exec`` and ``run --language bash``
-(126/127 as the shell uses them, 128+n for a signal death); 124 past ``--timeout``; 125
-osb-sync itself failed (bad usage, server unreachable, refused); 128+n osb-sync stopped by
-signal n (130 for Ctrl-C).
+The exit statuses are one table, ``EXIT_STATUSES`` in ``_cli_output`` (``osb-sync help
+exit-codes`` prints it). This module imports only the standard library and the light modules
+(constants, the server's option declarations, the output table): ``--version``, ``--help`` and
+usage errors never load requests or the client; the verbs (``_cli_commands``) load on first use.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
+import errno
+import os
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from . import _cli_commands as commands
-from ._cli_output import EXIT_OWN_ERROR, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT, error_json
-from ._constants import API_BASE_ENV, API_KEY_ENV, LANGUAGES, VERSION
-from ._errors import OpenSandboxError
+from ._cli_output import (
+    EXIT_BROKEN_PIPE,
+    EXIT_NOT_FOUND,
+    EXIT_OWN_ERROR,
+    EXIT_SIGNAL_BASE,
+    EXIT_STATUSES,
+    EXIT_TIMED_OUT,
+    cli_terms,
+    error_json,
+    names_missing_thing,
+)
+from ._constants import API_BASE_ENV, API_KEY_ENV, LANGUAGES, MAX_OUTPUT_BYTES, VERSION
 from .local.host import options as server_options
 
+PROG = "osb-sync"
 STATES = ["Pending", "Running", "Paused", "Stopping", "Terminated", "Failed"]
+# Verbs that run something: their own failures take 125, as `docker run` (a missing sandbox
+# included); every other verb exits 1 for something not found.
+RUNNING_VERBS = frozenset({"run", "exec"})
+ALIASES = {"ls": "list", "rm": "delete"}
+SHELLS = ("bash", "zsh", "fish")
+HELP_TOPICS = {"exit-codes": EXIT_STATUSES}
 
 
 class _Interrupted(KeyboardInterrupt):
@@ -37,31 +50,91 @@ class _Interrupted(KeyboardInterrupt):
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors exit 125, out of the way of remote exit statuses (as ``docker run``)."""
+    """Usage errors exit 125, out of the way of remote exit statuses (as ``docker run``);
+    an unknown command gets a "did you mean"."""
+
+    verbs: dict[str, argparse.ArgumentParser]  # the subcommands (set on the top parser)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(EXIT_OWN_ERROR, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_OWN_ERROR, f"{self.prog}: error: {message}{self._suggestion(message)}\n")
+
+    def _suggestion(self, message: str) -> str:
+        """`` (did you mean 'list'?)`` for an unknown command close to a known one."""
+        verbs = getattr(self, "verbs", {})
+        if "invalid choice" not in message or not verbs:
+            return ""
+        import difflib
+
+        given = message.split("invalid choice: ", 1)[-1].split(" ", 1)[0].strip("'\"")
+        close = difflib.get_close_matches(given, list(verbs), n=1, cutoff=0.5)
+        return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """``(default: X)`` after an option's help only when there is a default worth saying."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default in (None, False, [], argparse.SUPPRESS)
+            or action.option_strings == []
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
-    if args.debug:
-        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
     previous = _interrupt_on_sigterm()
     try:
-        return int(args.handler(args))
-    except KeyboardInterrupt as exc:
-        print("osb-sync: interrupted", file=sys.stderr)
-        return EXIT_SIGNAL_BASE + getattr(exc, "signum", signal.SIGINT)
-    except commands.RunTimedOut as exc:
-        return _report(args, exc, EXIT_TIMED_OUT)
-    except (commands.UsageError, OpenSandboxError, OSError) as exc:
-        return _report(args, exc, None)
+        return _dispatch(args)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the verb; every failure becomes one line on stderr and its exit status."""
+    if args.handler in ("cmd_help", "cmd_completion"):
+        return int(globals()[args.handler](args))
+    from . import _cli_commands as commands  # the client and requests: only for a verb
+    from ._errors import NotFoundError, OpenSandboxError, OutputLimitExceeded
+
+    commands.configure_logging(args)
+
+    try:
+        return int(getattr(commands, args.handler)(args))
+    except KeyboardInterrupt as exc:
+        note = getattr(args, "interrupt_note", "")
+        print(f"{PROG}: interrupted{note}", file=sys.stderr)
+        return EXIT_SIGNAL_BASE + getattr(exc, "signum", signal.SIGINT)
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except commands.RunTimedOut as exc:
+        return _report(args, exc, EXIT_TIMED_OUT)
+    except OutputLimitExceeded as exc:
+        return _report(args, exc, EXIT_OWN_ERROR)
+    except NotFoundError as exc:
+        running = args.command in RUNNING_VERBS
+        missing = names_missing_thing(exc) and not running
+        return _report(args, exc, EXIT_NOT_FOUND if missing else EXIT_OWN_ERROR)
+    except (commands.UsageError, OpenSandboxError, OSError) as exc:
+        return _report(args, exc, None)
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader went away (``| head``): exit 141 without a word, as a shell tool does."""
+    # Python would flush stdout again at exit and print the error: point it at /dev/null.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced (a test's StringIO)
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 def _interrupt_on_sigterm() -> Any:
@@ -82,14 +155,125 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def _report(args: argparse.Namespace, exc: BaseException, status: int | None) -> int:
     """One line on stderr (and, with --json, an error object on stdout); the exit status."""
+    import json
+    import traceback
+
     status = EXIT_OWN_ERROR if status is None else status
     if args.debug:
         traceback.print_exc()
-    print(f"osb-sync: error: {exc}", file=sys.stderr)
+    message = cli_terms(str(exc), args.command)
+    if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
+        return _quiet_broken_pipe()
+    print(f"{PROG}: error: {message}", file=sys.stderr)
     if args.json:
-        cause = exc.__cause__ if isinstance(exc, commands.RunTimedOut) else None
-        print(json.dumps(error_json(cause or exc, status)))
+        cause = exc.__cause__ if type(exc).__name__ == "RunTimedOut" else None
+        print(json.dumps(error_json(cause or exc, status, message)))
     return status
+
+
+# -- the two verbs that need no server ------------------------------------------------------
+
+
+def cmd_help(args: argparse.Namespace) -> int:
+    """``osb-sync help [TOPIC | COMMAND]``: a topic (exit-codes), a command's help, or all."""
+    import difflib
+
+    parser = build_parser()
+    if args.topic is None:
+        parser.print_help()
+        return 0
+    if args.topic in HELP_TOPICS:
+        print(HELP_TOPICS[args.topic])
+        return 0
+    verbs = _verbs(parser)
+    name = ALIASES.get(args.topic, args.topic)
+    if name in verbs:
+        verbs[name].print_help()
+        return 0
+    close = difflib.get_close_matches(args.topic, [*HELP_TOPICS, *verbs], n=1, cutoff=0.5)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    topics = ", ".join([*HELP_TOPICS, *verbs])
+    print(f"{PROG}: error: no help on {args.topic!r}{hint}; topics: {topics}", file=sys.stderr)
+    return EXIT_OWN_ERROR
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """``osb-sync completion SHELL``: a static completion script, generated by shtab."""
+    try:
+        import shtab
+    except ImportError:
+        print(
+            f"{PROG}: error: completion scripts are generated by shtab, which is not "
+            "installed: pip install 'osb-sync[completion]' (or: pip install shtab)",
+            file=sys.stderr,
+        )
+        return EXIT_OWN_ERROR
+    print(shtab.complete(build_parser(), shell=args.shell))
+    return 0
+
+
+def _verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return dict(getattr(parser, "verbs", {}))
+
+
+# -- argument types: each says what is wrong in the flag's terms ----------------------------
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"a positive number of seconds, got {text!r}")
+    return value
+
+
+def _whole_seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a positive number of seconds, got {text!r}")
+    return value
+
+
+def _state(text: str) -> str:
+    """A sandbox state in any case (``running`` is ``Running``)."""
+    import difflib
+
+    for state in STATES:
+        if state.lower() == text.lower():
+            return state
+    close = difflib.get_close_matches(text.capitalize(), STATES, n=1, cutoff=0.5)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise argparse.ArgumentTypeError(
+        f"unknown state {text!r}{hint}; states: {', '.join(STATES)} (any case)"
+    )
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2}
+_UNITS.update({"mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3})
+
+
+def _size(text: str) -> int:
+    """A byte count with an optional unit: ``600000``, ``64KiB``, ``10MB``, ``1GiB``."""
+    stripped = text.strip().lower()
+    digits = stripped.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = stripped[len(digits) :]
+    try:
+        number = float(digits)
+    except ValueError:
+        number = -1.0
+    if unit not in _UNITS or not number > 0:
+        raise argparse.ArgumentTypeError(
+            f"a size such as 20MB, 64KiB or 1000000 (bytes), got {text!r}"
+        )
+    return int(number * _UNITS[unit])
+
+
+# -- the parser -----------------------------------------------------------------------------
 
 
 def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
@@ -110,13 +294,22 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
         "local server when neither is set)",
     )
     group.add_argument(
-        "--api-key", default=default(None), help=f"API key (default: ${API_KEY_ENV})"
+        "--api-key",
+        default=default(None),
+        help=f"API key (default: ${API_KEY_ENV}, which `ps` does not show)",
     )
     group.add_argument(
         "--json",
         action="store_true",
         default=default(False),
         help="machine-readable output on stdout (errors too)",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default(False),
+        help="say more: the server's whole status message (what it isolates and enforces)",
     )
     group.add_argument(
         "--debug",
@@ -129,28 +322,47 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = _Parser(
-        prog="osb-sync",
-        description="Run code in OpenSandbox sandboxes. Exit statuses: see README.rst, "
-        "Command line (125: osb-sync itself failed).",
+        prog=PROG,
+        description="Run code in OpenSandbox sandboxes. Exit statuses: osb-sync help exit-codes "
+        "(125: osb-sync itself failed).",
     )
-    parser.add_argument("-V", "--version", action="version", version=f"osb-sync {VERSION}")
+    parser.add_argument("-V", "--version", action="version", version=f"{PROG} {VERSION}")
     _global_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, summary: str, description: str = "") -> argparse.ArgumentParser:
+    def command(
+        name: str, summary: str, description: str = "", aliases: Sequence[str] = ()
+    ) -> argparse.ArgumentParser:
         child = sub.add_parser(
             name,
+            aliases=list(aliases),
             help=summary,
             description=description or summary,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=_HelpFormatter,
         )
         _global_options(child, suppress=True)
+        child.set_defaults(command=name)  # an alias (ls, rm) runs the verb it names
         return child
 
     _add_run(command)
     _add_serve(command)
     _add_manage(command)
+    _add_exec(command)
+    _add_files_and_logs(command)
+    _add_help(command)
+    parser.verbs = dict(sub.choices)
     return parser
+
+
+def _max_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-output",
+        type=_size,
+        default=MAX_OUTPUT_BYTES,
+        metavar="SIZE",
+        help="cap on the output (stdout, stderr and results as you read them; units: KB, "
+        "KiB, MB, MiB, GB, GiB); past it osb-sync stops the run and exits 125",
+    )
 
 
 def _add_run(command: Any) -> None:
@@ -158,8 +370,9 @@ def _add_run(command: Any) -> None:
         "run",
         "run code in a new sandbox (on an embedded local server by default)",
         "Run code in a new sandbox and delete it. Without --api-base or "
-        f"${API_BASE_ENV}, an embedded local server ({commands.NOT_A_BOUNDARY}) is started. "
-        "Python exits 1 when the code raised; bash passes its exit status through.",
+        f"${API_BASE_ENV}, an embedded local server (a development server, not a security "
+        "boundary where sandboxes cannot be isolated) is started. Python exits 1 when the "
+        "code raised (sys.exit(n) exits n); bash passes its exit status through.",
     )
     run.add_argument("code", nargs="?", help="the code; '-' reads standard input")
     run.add_argument("-f", "--file", help="read the code from this file (UTF-8 text)")
@@ -168,30 +381,45 @@ def _add_run(command: Any) -> None:
         "--keep", action="store_true", help="do not delete the sandbox (needs --api-base)"
     )
     run.add_argument(
-        "--timeout", type=float, metavar="SECONDS", help="deadline of the run (exit 124 past it)"
+        "--timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="deadline of the run (exit 124 past it; default: none)",
     )
     run.add_argument("--template", help="image of the sandbox (default: the server's)")
     run.add_argument("--allow-internet", action="store_true", help="no deny-all network policy")
-    run.set_defaults(handler=commands.cmd_run)
+    _max_output(run)
+    run.add_argument(
+        "--no-isolation",
+        action="store_true",
+        help="where sandboxes cannot be isolated, run the code on this machine as your user "
+        "anyway (the embedded server; default: refuse)",
+    )
+    run.set_defaults(handler="cmd_run")
 
 
 def _add_serve(command: Any) -> None:
     serve = command(
         "serve",
         "run the local server in the foreground (until Ctrl-C)",
-        f"Run the local OpenSandbox-compatible server: {commands.NOT_A_BOUNDARY}. "
-        f"It requires the API key of ${API_KEY_ENV} or --api-key-file when one is set. "
-        "--json prints one JSON start-up line on stdout.",
+        "Run the local OpenSandbox-compatible server: a development server, keep it on "
+        f"loopback. It requires the API key of ${API_KEY_ENV} or --api-key-file when one is "
+        "set (never --api-key: the command line shows in `ps`). --json prints one JSON "
+        "start-up line on stdout.",
     )
     server_options.add_flags(serve)  # one per LocalServer option that has a flag
-    serve.set_defaults(handler=commands.cmd_serve)
+    serve.set_defaults(handler="cmd_serve")
 
 
 def _add_manage(command: Any) -> None:
     create = command("create", "create a sandbox on a server and print its id (not deleted)")
     create.add_argument("--template", help="image of the sandbox (default: the server's)")
     create.add_argument(
-        "--lifetime", type=int, default=300, metavar="SECONDS", help="seconds until it expires"
+        "--lifetime",
+        type=_whole_seconds,
+        default=300,
+        metavar="SECONDS",
+        help="seconds until it expires (the server sets the range; 60 to 86400 on OpenSandbox)",
     )
     create.add_argument(
         "--metadata", action="append", default=[], metavar="KEY=VALUE", help="label (repeatable)"
@@ -200,35 +428,147 @@ def _add_manage(command: Any) -> None:
         "--env", action="append", default=[], metavar="KEY=VALUE", help="variable (repeatable)"
     )
     create.add_argument("--allow-internet", action="store_true", help="no deny-all network policy")
-    create.set_defaults(handler=commands.cmd_create)
+    create.set_defaults(handler="cmd_create")
 
-    listing = command("list", "list the sandboxes of a server")
+    listing = command("list", "list the sandboxes of a server", aliases=["ls"])
     listing.add_argument(
-        "--state", action="append", default=[], choices=STATES, help="keep this state (repeatable)"
+        "--state",
+        action="append",
+        default=[],
+        type=_state,
+        metavar="STATE",
+        help=f"keep this state, any case (repeatable): {', '.join(STATES)}",
     )
     listing.add_argument(
         "--metadata", action="append", default=[], metavar="KEY=VALUE", help="keep this label"
     )
-    listing.set_defaults(handler=commands.cmd_list)
+    listing.add_argument("-q", "--quiet", action="store_true", help="print only the ids")
+    listing.set_defaults(handler="cmd_list")
 
-    get = command("get", "describe one sandbox")
-    get.add_argument("id", help="the sandbox id")
-    get.set_defaults(handler=commands.cmd_get)
+    get = command("get", "describe sandboxes (exit 1 if one was not found)")
+    get.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+    get.set_defaults(handler="cmd_get")
 
-    delete = command("delete", "delete sandboxes (exit 1 if one was not found)")
-    delete.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
-    delete.set_defaults(handler=commands.cmd_delete)
+    inspect = command("inspect", "print sandboxes as a JSON array (exit 1 if one was not found)")
+    inspect.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+    inspect.set_defaults(handler="cmd_inspect")
 
+    delete = command("delete", "delete sandboxes (exit 1 if one was not found)", aliases=["rm"])
+    delete.add_argument("ids", nargs="*", metavar="ID", help="sandbox ids")
+    delete.add_argument("--all", action="store_true", help="every sandbox of the server")
+    delete.add_argument(
+        "--metadata",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="every sandbox with this label (repeatable: all of them)",
+    )
+    delete.set_defaults(handler="cmd_delete")
+
+    for verb, summary in (
+        ("pause", "pause sandboxes (wait until Paused)"),
+        ("resume", "resume paused sandboxes (wait until Running)"),
+    ):
+        action = command(verb, f"{summary}; exit 1 if one was not found")
+        action.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+        action.set_defaults(handler=f"cmd_{verb}")
+
+    renew = command("renew", "push back the expiry of sandboxes; exit 1 if one was not found")
+    renew.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+    renew.add_argument(
+        "--lifetime",
+        type=_whole_seconds,
+        default=300,
+        metavar="SECONDS",
+        help="expire this many seconds from now",
+    )
+    renew.set_defaults(handler="cmd_renew")
+
+    stats = command("stats", "one CPU and memory sample of sandboxes")
+    stats.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+    stats.set_defaults(handler="cmd_stats")
+
+
+def _add_exec(command: Any) -> None:
     execute = command(
         "exec",
         "run a shell command in a sandbox; exits with the command's status",
-        "Run a shell command (bash -c) in an existing sandbox and exit with its status.",
+        "Run a shell command (bash -c) in an existing sandbox and exit with its status. "
+        "-i sends standard input: it is read to its end and uploaded first (execd has no "
+        "stdin route), so the command sees it as a file, not a live stream.",
     )
-    execute.add_argument("id", help="the sandbox id")
     execute.add_argument(
-        "--timeout", type=float, metavar="SECONDS", help="deadline of the command (exit 124)"
+        "-i",
+        "--interactive",
+        action="store_true",
+        help="give the command this standard input (read to its end first, then uploaded)",
     )
+    execute.add_argument(
+        "-t",
+        "--tty",
+        action="store_true",
+        help="refused: execd's pseudo-terminals need a WebSocket osb-sync does not speak",
+    )
+    execute.add_argument(
+        "-d", "--detach", action="store_true", help="run in the background; print its id"
+    )
+    execute.add_argument(
+        "-e", "--env", action="append", default=[], metavar="KEY=VALUE", help="variable"
+    )
+    execute.add_argument("-w", "--workdir", metavar="DIR", help="working directory")
+    execute.add_argument(
+        "-u", "--user", metavar="UID[:GID]", help="numeric user (and group) to run as"
+    )
+    execute.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="deadline of the command (exit 124; default: none)",
+    )
+    _max_output(execute)
+    execute.add_argument("id", help="the sandbox id")
     execute.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments"
     )
-    execute.set_defaults(handler=commands.cmd_exec)
+    execute.set_defaults(handler="cmd_exec")
+
+
+def _add_files_and_logs(command: Any) -> None:
+    copy = command(
+        "cp",
+        "copy files and directories between this machine and a sandbox",
+        "Copy SRC to DEST; one of them is SANDBOX:PATH. A directory is copied whole; '-' "
+        "as SRC reads a tar archive from standard input, as DEST writes one to standard "
+        "output (as docker cp).",
+    )
+    copy.add_argument("src", metavar="SRC", help="a local path, SANDBOX:PATH, or -")
+    copy.add_argument("dest", metavar="DEST", help="a local path, SANDBOX:PATH, or -")
+    copy.set_defaults(handler="cmd_cp")
+
+    logs = command(
+        "logs",
+        "the output of a background command (exec -d)",
+        "Print the output (stdout and stderr together) of a command started with exec -d. "
+        "A sandbox's own log needs the server's diagnostics route, not there yet.",
+    )
+    logs.add_argument("id", help="the sandbox id")
+    logs.add_argument("command_id", nargs="?", metavar="COMMAND_ID", help="from exec -d")
+    logs.add_argument("-f", "--follow", action="store_true", help="until the command ends")
+    logs.set_defaults(handler="cmd_logs")
+
+
+def _add_help(command: Any) -> None:
+    helper = command("help", "help on a command or a topic (exit-codes)")
+    helper.add_argument("topic", nargs="?", metavar="TOPIC", help="exit-codes, or a command")
+    helper.set_defaults(handler="cmd_help")
+
+    completion = command(
+        "completion",
+        "print a shell completion script (bash, zsh, fish)",
+        "Print a static completion script, generated by shtab (pip install "
+        "'osb-sync[completion]'). bash: osb-sync completion bash > "
+        "~/.local/share/bash-completion/completions/osb-sync; zsh: into a directory of "
+        "$fpath as _osb-sync; fish: > ~/.config/fish/completions/osb-sync.fish.",
+    )
+    completion.add_argument("shell", choices=SHELLS, help="the shell")
+    completion.set_defaults(handler="cmd_completion")

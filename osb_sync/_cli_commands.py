@@ -4,32 +4,41 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import io
 import json
 import logging
 import os
+import posixpath
+import secrets
 import shlex
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Callable, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ._cli_output import (
+    EXIT_NOT_FOUND,
     EXIT_RAISED,
     EXIT_SIGNAL_BASE,
     EXIT_TIMED_OUT,
-    ROUTINE_MESSAGES,
+    cli_terms,
     command_json,
     command_status,
+    names_missing_thing,
     print_table,
     progress,
     sandbox_json,
     sandbox_row,
+    status_summary,
 )
 from ._client import Client
 from ._config import check_run_arguments
-from ._constants import API_BASE_ENV, API_KEY_ENV, DOMAIN_ENV, MAX_OUTPUT_BYTES
-from ._errors import SandboxTimeoutError
-from ._models import Event, ExecutionResult
+from ._constants import API_BASE_ENV, API_KEY_ENV, DOMAIN_ENV
+from ._errors import NotFoundError, SandboxTimeoutError
+from ._models import Event, ExecutionResult, FileInfo, SandboxInfo
 from ._sandbox import Sandbox
 
 if TYPE_CHECKING:
@@ -44,6 +53,14 @@ NOT_A_BOUNDARY = (
     "where bubblewrap works, else NOT isolated from this machine"
 )
 SERVER_HINT = f"pass --api-base or set {API_BASE_ENV} (start a server with: osb-sync serve)"
+NO_TTY = (
+    "-t needs a pseudo-terminal, and execd offers one only over a WebSocket (/pty) that "
+    "osb-sync does not speak; run without -t (the command's output is then not a terminal)"
+)
+# What the local server's execd runs (osb_sync/local/execd/code_interpreting.py says so too).
+LOCAL_LANGUAGES = ("python", "bash")
+# Where `exec -i` puts standard input in the sandbox before the command opens it.
+STDIN_DIR = "/tmp"  # noqa: S108 - the sandbox's /tmp; the name is random, the mode 0600
 
 
 class UsageError(Exception):
@@ -57,22 +74,31 @@ class RunTimedOut(Exception):
 def cmd_run(args: argparse.Namespace) -> int:
     """``osb-sync run``: create a sandbox, stream the code's output live, delete the sandbox."""
     code = _read_code(args)
-    check_run_arguments(code, args.language, MAX_OUTPUT_BYTES, args.timeout)
+    check_run_arguments(code, args.language, args.max_output, args.timeout)
     if args.keep and not _remote_configured(args):
         raise UsageError(
             "--keep needs a server that outlives this command (the embedded one stops with "
             f"it): {SERVER_HINT}"
         )
-    with _client_or_local_server(args) as client:
+    if args.language not in LOCAL_LANGUAGES and not _remote_configured(args):
+        raise UsageError(
+            f"the embedded local server runs {', '.join(LOCAL_LANGUAGES)}, not "
+            f"{args.language}: pass --api-base of an OpenSandbox server whose image runs it"
+        )
+    with _client_or_local_server(args) as (client, said_unisolated):
         with progress("creating a sandbox"):
             sandbox = client.create_sandbox(
                 template=args.template, allow_internet_access=args.allow_internet or None
             )
         try:
-            _show_status_message(client, sandbox.id)
+            _print_status(client.get_sandbox(sandbox.id).message, args, said_unisolated)
             if args.language == "bash":
                 return _run_bash(sandbox, code, args)
             return _run_code(sandbox, code, args)
+        except KeyboardInterrupt:
+            kept = "kept" if args.keep else "deleted"
+            args.interrupt_note = f": the run was stopped and sandbox {sandbox.id} {kept}"
+            raise
         finally:
             if args.keep:
                 print(f"osb-sync: kept sandbox {sandbox.id}", file=sys.stderr)
@@ -86,6 +112,7 @@ def _run_code(sandbox: Sandbox, code: str, args: argparse.Namespace) -> int:
             code,
             language=args.language,
             timeout=args.timeout,
+            max_output_bytes=args.max_output,
             on_event=None if args.json else _echo_output,
         )
     except SandboxTimeoutError as exc:
@@ -105,12 +132,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.api_base:
         raise UsageError("serve starts a server and takes no --api-base: use --host and --port")
+    if args.api_key:
+        raise UsageError(
+            "serve takes no --api-key: a command line shows in `ps`; put the key in "
+            f"{API_KEY_ENV} or in a file given with --api-key-file"
+        )
     _raise_file_limit()
     try:
         server = LocalServer(**server_options.keywords(args, api_key=_server_key(args)))
         server.start()
     except (ValueError, RuntimeError) as exc:  # a bad --execd/--jupyter, or no isolation
         raise UsageError(str(exc)) from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(
+                f"cannot listen on {args.host}:{args.port}: the port is in use (another "
+                "server?); pick another with --port, or --port 0 for any free one"
+            ) from None
+        raise
     try:
         _announce(server, args.json)
         # Until a signal (LocalServer.serve_forever would swallow it), in short sleeps: a SIGTERM
@@ -135,6 +174,8 @@ def _announce(server: LocalServer, as_json: bool) -> None:
         }
         print(json.dumps(line), flush=True)
     print(f"osb-sync: serving {server.api_base} ({_isolation_line(server)})", file=sys.stderr)
+    if server.refusal:
+        print(f"osb-sync: error: every create answers 503: {server.refusal}", file=sys.stderr)
     if server.api_key is None:
         print(f"osb-sync: warning: no API key ({API_KEY_ENV} is not set)", file=sys.stderr)
     if not server.network_policy_enforced:
@@ -152,16 +193,51 @@ def _raise_file_limit(wanted: int = 4096) -> None:
 
 
 def _server_key(args: argparse.Namespace) -> str | None:
-    """The key `serve` requires: --api-key-file, else --api-key, else the environment."""
-    if args.api_key_file and args.api_key:
-        raise UsageError("give --api-key-file or --api-key, not both")
+    """The key `serve` requires: --api-key-file, else the environment."""
     if args.api_key_file:
         with open(args.api_key_file, encoding="utf-8") as handle:
             key = handle.readline().strip()
         if not key:
             raise UsageError(f"{args.api_key_file} holds no API key")
         return key
-    return args.api_key or os.environ.get(API_KEY_ENV) or None
+    return os.environ.get(API_KEY_ENV) or None
+
+
+class _CliLogFormatter(logging.Formatter):
+    """``osb-sync: warning: ...``: the program's name on every log line it prints."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"osb-sync: {record.levelname.lower()}: {cli_terms(record.getMessage())}"
+
+
+def configure_logging(args: argparse.Namespace) -> None:
+    """Warnings (and with --debug, everything) on stderr, each line with the program name."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_CliLogFormatter())
+    handler.addFilter(_MootAfterInterrupt(args))
+    package = logging.getLogger("osb_sync")
+    for old in [h for h in package.handlers if isinstance(h.formatter, _CliLogFormatter)]:
+        package.removeHandler(old)  # main() called again in one process (tests)
+    package.addHandler(handler)
+    package.propagate = False
+    package.setLevel(logging.DEBUG if args.debug else logging.WARNING)
+    if args.debug:
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+
+
+class _MootAfterInterrupt(logging.Filter):
+    """Drop "its context may still be busy" in ``run``: the sandbox is deleted right after."""
+
+    def __init__(self, args: argparse.Namespace):
+        super().__init__()
+        self._args = args
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        moot = self._args.command == "run" and not getattr(self._args, "keep", False)
+        return not (moot and "may still be busy" in record.getMessage())
+
+
+# -- managing sandboxes ---------------------------------------------------------------------
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -179,18 +255,21 @@ def cmd_create(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(sandbox_json(info)))
     else:
-        _print_status_message(info.message)
+        _print_status(info.message, args)
         print(sandbox.id)
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """``osb-sync list``: a table (or a JSON array) of sandboxes."""
+    """``osb-sync list``: a table (or a JSON array, or with -q the ids) of sandboxes."""
     with _remote_client(args) as client:
         metadata = _pairs(args.metadata, "--metadata")
         infos = list(client.list_sandboxes(states=args.state or None, metadata=metadata))
     if args.json:
         print(json.dumps([sandbox_json(info) for info in infos]))
+    elif args.quiet:
+        for info in infos:
+            print(info.id)
     else:
         rows = [sandbox_row(info) for info in infos]
         print_table(rows, ["id", "state", "created_at", "expires_at", "metadata"])
@@ -198,48 +277,213 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    """``osb-sync get ID``: one sandbox's description."""
+    """``osb-sync get ID...``: each sandbox's description; exit 1 if one was not found."""
+    found = []
     with _remote_client(args) as client:
-        info = client.get_sandbox(args.id)
+        for sandbox_id in args.ids:
+            info = _info_or_none(client, sandbox_id)
+            if info is None:
+                continue
+            found.append(info)
+            if not args.json:
+                if len(found) > 1:
+                    print()
+                for key, value in sandbox_row(info).items():
+                    print(f"{key + ':':<12} {value}")
     if args.json:
-        print(json.dumps(sandbox_json(info)))
-    else:
-        for key, value in sandbox_row(info).items():
-            print(f"{key + ':':<12} {value}")
-    return 0
+        shapes = [sandbox_json(info) for info in found]
+        print(json.dumps(shapes[0] if len(args.ids) == 1 and shapes else shapes))
+    return 0 if len(found) == len(args.ids) else EXIT_NOT_FOUND
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``osb-sync inspect ID...``: a JSON array of sandboxes (as ``docker inspect``)."""
+    with _remote_client(args) as client:
+        found = [info for info in (_info_or_none(client, i) for i in args.ids) if info]
+    print(json.dumps([sandbox_json(info) for info in found], indent=2))
+    return 0 if len(found) == len(args.ids) else EXIT_NOT_FOUND
+
+
+def _info_or_none(client: Client, sandbox_id: str) -> SandboxInfo | None:
+    try:
+        return client.get_sandbox(sandbox_id)
+    except NotFoundError as exc:
+        if not names_missing_thing(exc):
+            raise  # a 404 about the route: a wrong API base, not a missing sandbox
+        print(f"osb-sync: error: no sandbox {sandbox_id}", file=sys.stderr)
+        return None
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    """``osb-sync delete ID...``: exit 1 if any was not found."""
+    """``osb-sync delete ID... | --all | --metadata K=V``: exit 1 if an id was not found."""
+    metadata = _pairs(args.metadata, "--metadata")
+    if bool(args.ids) + bool(args.all) + bool(metadata) != 1:
+        raise UsageError("delete takes sandbox ids, --all, or --metadata KEY=VALUE (one of them)")
     outcomes = []
     with _remote_client(args) as client:
-        for sandbox_id in args.ids:
+        ids = list(args.ids)
+        if args.all or metadata:
+            ids = [info.id for info in client.list_sandboxes(metadata=metadata)]
+        for sandbox_id in ids:
             deleted = client.delete_sandbox(sandbox_id)
             outcomes.append({"id": sandbox_id, "deleted": deleted})
             if not args.json:
                 print(f"{'deleted' if deleted else 'not found'} {sandbox_id}")
     if args.json:
         print(json.dumps(outcomes))
-    return 0 if all(o["deleted"] for o in outcomes) else EXIT_RAISED
+    # Under --all or --metadata a sandbox gone between the listing and its deletion is not
+    # an error: the command's goal (none left) is met.
+    missing = args.ids and not all(o["deleted"] for o in outcomes)
+    return EXIT_NOT_FOUND if missing else 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    """``osb-sync pause ID...``."""
+    return _each(args, "paused", lambda client, sandbox_id: client.pause(sandbox_id))
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """``osb-sync resume ID...``."""
+    return _each(args, "resumed", lambda client, sandbox_id: client.resume(sandbox_id))
+
+
+def cmd_renew(args: argparse.Namespace) -> int:
+    """``osb-sync renew ID... [--lifetime SECONDS]``: print each new expiry."""
+
+    def renew(client: Client, sandbox_id: str) -> object:
+        expires = client.renew(sandbox_id, args.lifetime)
+        return expires.isoformat() if expires else None
+
+    return _each(args, "renewed", renew, "expires_at")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """``osb-sync stats ID...``: one CPU and memory sample of each sandbox."""
+    rows: list[dict[str, str]] = []
+    shapes = []
+    with _remote_client(args) as client:
+        for sandbox_id in args.ids:
+            try:
+                metrics = client.connect(sandbox_id).metrics()
+            except NotFoundError as exc:
+                if not names_missing_thing(exc):
+                    raise
+                print(f"osb-sync: error: no sandbox {sandbox_id}", file=sys.stderr)
+                continue
+            shape = {"id": sandbox_id, **vars(metrics)}
+            shapes.append(shape)
+            rows.append(
+                {
+                    "id": sandbox_id,
+                    "cpus": f"{metrics.cpu_count:g}",
+                    "cpu%": f"{metrics.cpu_used_pct:.1f}",
+                    "mem_used": f"{metrics.mem_used_mib:.1f}MiB",
+                    "mem_total": f"{metrics.mem_total_mib:.1f}MiB",
+                }
+            )
+    if args.json:
+        print(json.dumps(shapes))
+    else:
+        print_table(rows, ["id", "cpus", "cpu%", "mem_used", "mem_total"])
+    return 0 if len(shapes) == len(args.ids) else EXIT_NOT_FOUND
+
+
+def _each(
+    args: argparse.Namespace,
+    done: str,
+    call: Callable[[Client, str], object],
+    field: str = "",
+) -> int:
+    """Apply ``call`` to each id; a line (or a JSON object) each; exit 1 if one was missing."""
+    outcomes = []
+    with _remote_client(args) as client:
+        for sandbox_id in args.ids:
+            try:
+                value = call(client, sandbox_id)
+            except NotFoundError as exc:
+                if not names_missing_thing(exc):
+                    raise
+                outcomes.append({"id": sandbox_id, "found": False})
+                if not args.json:
+                    print(f"not found {sandbox_id}")
+                continue
+            outcome: dict[str, object] = {"id": sandbox_id, "found": True}
+            if field:
+                outcome[field] = value
+            outcomes.append(outcome)
+            if not args.json:
+                print(f"{done} {sandbox_id}" + (f" {field}={value}" if field else ""))
+    if args.json:
+        print(json.dumps(outcomes))
+    return 0 if all(o["found"] for o in outcomes) else EXIT_NOT_FOUND
+
+
+# -- commands in a sandbox ------------------------------------------------------------------
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    """``osb-sync exec ID CMD...``: run a shell command in a sandbox; exit with its status."""
+    """``osb-sync exec [-i] [-d] [-e K=V] [-w DIR] [-u UID[:GID]] ID CMD...``: exit with its
+    status (``-d``: print the background command's id)."""
+    if args.tty:
+        raise UsageError(NO_TTY)
     if not args.cmd:
         raise UsageError("exec needs a command: osb-sync exec ID CMD...")
+    if args.detach and args.interactive:
+        raise UsageError("give -i or -d, not both: a background command reads no input")
     command = args.cmd[0] if len(args.cmd) == 1 else shlex.join(args.cmd)
     with _remote_client(args) as client:
-        return _run_command(client.connect(args.id), command, args)
+        sandbox = client.connect(args.id)
+        if args.detach:
+            handle = sandbox.commands.start(command, **_command_options(args))
+            print(json.dumps({"id": handle.id}) if args.json else handle.id)
+            return 0
+        if args.interactive:
+            command = _with_stdin(sandbox, command)
+        return _run_command(sandbox, command, args)
+
+
+def _command_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``cwd``, ``env`` and ``uid``/``gid`` of a command, from -w, -e and -u."""
+    options: dict[str, Any] = {"cwd": args.workdir, "env": _pairs(args.env, "--env")}
+    if args.user:
+        uid, _, gid = args.user.partition(":")
+        if not uid.isdigit() or (gid and not gid.isdigit()):
+            raise UsageError(
+                f"-u takes a numeric UID or UID:GID (execd runs a command as numbers, not "
+                f"names), got {args.user!r}"
+            )
+        options["uid"] = int(uid)
+        options["gid"] = int(gid) if gid else None
+    return options
+
+
+def _with_stdin(sandbox: Sandbox, command: str) -> str:
+    """Upload standard input to a file, and make it the command's standard input.
+
+    execd has no stdin route: the input is read to its end here, streamed to a file of the
+    sandbox, opened as the shell's standard input and unlinked at once (the open descriptor
+    keeps it), so nothing is left behind and the command reads it as from a pipe that has
+    already been written.
+    """
+    path = posixpath.join(STDIN_DIR, f"osb-stdin-{secrets.token_hex(8)}")
+    source = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else None
+    data = source if source is not None else io.BytesIO(sys.stdin.read().encode("utf-8"))
+    sandbox.files.write(path, data, mode=0o600)
+    quoted = shlex.quote(path)
+    return f"exec 0<{quoted} && rm -f {quoted} || exit 125\n{command}"
 
 
 def _run_command(sandbox: Sandbox, command: str, args: argparse.Namespace) -> int:
     """Run a shell command, echoing its output live (unless --json); its exit status."""
     echo = not args.json
+    options = _command_options(args) if args.command == "exec" else {}
     result = sandbox.commands.run(
         command,
         timeout=args.timeout,
         on_stdout=_writer(sys.stdout) if echo else None,
         on_stderr=_writer(sys.stderr) if echo else None,
+        max_output_bytes=args.max_output,
+        **options,
     )
     status = command_status(result)
     if args.json:
@@ -247,6 +491,131 @@ def _run_command(sandbox: Sandbox, command: str, args: argparse.Namespace) -> in
     elif status == EXIT_TIMED_OUT:
         print(f"osb-sync: the command passed --timeout ({args.timeout:g} s)", file=sys.stderr)
     return status
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """``osb-sync logs ID COMMAND_ID [-f]``: a background command's output."""
+    if args.command_id is None:
+        # NOTE: a sandbox's own log comes with the server's diagnostics route (being added to
+        # the client as a sub-object); until then only a background command's output is here.
+        raise UsageError(
+            "logs needs the COMMAND_ID that exec -d printed: a sandbox's own log needs the "
+            "server's diagnostics route, which this version does not read yet"
+        )
+    with _remote_client(args) as client:
+        command = client.connect(args.id).commands.get(args.command_id)
+        if args.follow:
+            for text in command.iter_logs():
+                sys.stdout.write(text)
+                sys.stdout.flush()
+        else:
+            text, _ = command.logs()
+            sys.stdout.write(text)
+    return 0
+
+
+# -- copying files --------------------------------------------------------------------------
+
+
+def _split_remote(spec: str) -> tuple[str, str] | None:
+    """``SANDBOX:PATH`` as (id, path), or None for a local path (or ``-``)."""
+    if spec == "-" or spec.startswith(("/", ".")):
+        return None
+    sandbox_id, sep, path = spec.partition(":")
+    if not sep or not sandbox_id or "/" in sandbox_id:
+        return None
+    return sandbox_id, path or "."
+
+
+def cmd_cp(args: argparse.Namespace) -> int:
+    """``osb-sync cp SRC DEST``: one side is ``SANDBOX:PATH``; ``-`` is a tar stream."""
+    src, dest = _split_remote(args.src), _split_remote(args.dest)
+    if (src is None) == (dest is None):
+        raise UsageError(
+            "cp copies between this machine and a sandbox: exactly one of SRC and DEST is "
+            f"SANDBOX:PATH (got {args.src!r} and {args.dest!r})"
+        )
+    with _remote_client(args) as client:
+        if src is not None:
+            sandbox = client.connect(src[0])
+            return _copy_out(sandbox, src[1], args.dest)
+        assert dest is not None
+        sandbox = client.connect(dest[0])
+        return _copy_in(sandbox, args.src, dest[1])
+
+
+def _remote_info(sandbox: Sandbox, path: str) -> FileInfo | None:
+    try:
+        return next(iter(sandbox.files.info(path).values()), None)
+    except NotFoundError:
+        return None
+
+
+def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
+    """A sandbox's file or directory to a local path, or as a tar archive to stdout."""
+    info = _remote_info(sandbox, path)
+    if info is None:
+        print(f"osb-sync: error: no such file in the sandbox: {path}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    is_dir = info.type.lower().startswith("dir")
+    files = sandbox.files.search(path) if is_dir else [info]
+    base = posixpath.dirname(path.rstrip("/")) if is_dir else posixpath.dirname(path)
+    if dest == "-":
+        with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as archive:
+            for item in files:
+                data = sandbox.files.read_bytes(item.path, max_bytes=1 << 40)
+                member = tarfile.TarInfo(posixpath.relpath(item.path, base or "/"))
+                member.size, member.mode = len(data), info.mode or 0o644
+                member.mode = item.mode or 0o644
+                archive.addfile(member, io.BytesIO(data))
+        return 0
+    target = Path(dest)
+    if not is_dir:
+        if target.is_dir():
+            target = target / posixpath.basename(path)
+        sandbox.files.download(path, target)
+        return 0
+    root = target / posixpath.basename(path.rstrip("/")) if target.is_dir() else target
+    root.mkdir(parents=True, exist_ok=True)
+    prefix = path.rstrip("/") + "/"
+    for item in files:
+        local = root / item.path[len(prefix) :] if item.path.startswith(prefix) else root
+        local.parent.mkdir(parents=True, exist_ok=True)
+        sandbox.files.download(item.path, local)
+    return 0
+
+
+def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
+    """A local file or directory (or a tar archive on stdin) into a sandbox."""
+    if src == "-":
+        entries: list[tuple[str, bytes, int]] = []
+        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|*") as archive:
+            for member in archive:
+                name = posixpath.normpath(member.name)
+                if member.isdir() or name.startswith("..") or posixpath.isabs(name):
+                    continue  # directories come with their files; nothing may climb out
+                if not member.isfile():
+                    continue
+                handle = archive.extractfile(member)
+                data = handle.read() if handle else b""
+                entries.append((posixpath.join(path, name), data, member.mode & 0o777))
+        sandbox.files.write_many(entries)
+        return 0
+    local = Path(src)
+    if not local.exists():
+        print(f"osb-sync: error: no such local file: {src}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    if local.is_file():
+        info = _remote_info(sandbox, path)
+        target = posixpath.join(path, local.name) if info and info.type.startswith("dir") else path
+        sandbox.files.upload(local, target, mode=local.stat().st_mode & 0o777)
+        return 0
+    info = _remote_info(sandbox, path)
+    root = posixpath.join(path, local.name) if info is not None else path
+    for file in sorted(p for p in local.rglob("*") if p.is_file()):
+        relative = file.relative_to(local).as_posix()
+        sandbox.files.upload(file, posixpath.join(root, relative), mode=file.stat().st_mode & 0o777)
+    return 0
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -283,28 +652,36 @@ def _remote_client(args: argparse.Namespace) -> Client:
 
 
 @contextlib.contextmanager
-def _client_or_local_server(args: argparse.Namespace) -> Iterator[Client]:
-    """A client of the configured server, or of an embedded local server started for the run."""
+def _client_or_local_server(args: argparse.Namespace) -> Iterator[tuple[Client, bool]]:
+    """A client of the configured server, or of an embedded local server started for the run,
+    and whether the CLI has already warned that its sandboxes are not isolated."""
     if _remote_configured(args):
         with Client(args.api_base, args.api_key) as client:
-            yield client
+            yield client, False
         return
     from .local import LocalServer
 
     # The line below says what the server's start-up warning would say, in the CLI's words.
     logging.getLogger("osb_sync.local").setLevel(logging.ERROR)
     # One sandbox per process: a spare would only be started to be killed at exit.
-    with LocalServer(unenforced_network_policy="accept", spare_containers=0) as server:
+    isolation = False if getattr(args, "no_isolation", False) else None
+    with LocalServer(
+        unenforced_network_policy="accept", spare_containers=0, isolation=isolation
+    ) as server:
+        if server.refusal:  # fails closed: no sandbox is made
+            raise UsageError(server.refusal)
         if not server.isolated:
             print(f"osb-sync: warning: {_isolation_line(server)}", file=sys.stderr)
         with Client(server.api_base, server.api_key) as client:
-            yield client
+            yield client, not server.isolated
 
 
 def _isolation_line(server: LocalServer) -> str:
     """What the local server's sandboxes are, and how to isolate them where they are not."""
     if server.isolated:
         return "sandboxes are bubblewrap containers with their own namespaces"
+    if server.refusal:
+        return f"sandboxes cannot be isolated ({server.isolation_problem}): none is created"
     from .local.host.bwrap import FIX
 
     return (
@@ -313,14 +690,13 @@ def _isolation_line(server: LocalServer) -> str:
     )
 
 
-def _show_status_message(client: Client, sandbox_id: str) -> None:
-    """The server's status message, once, when it says more than the routine."""
-    _print_status_message(client.get_sandbox(sandbox_id).message)
-
-
-def _print_status_message(message: str | None) -> None:
-    if message and message.strip() not in ROUTINE_MESSAGES:
-        print(f"osb-sync: server: {message.strip()}", file=sys.stderr)
+def _print_status(
+    message: str | None, args: argparse.Namespace, said_unisolated: bool = False
+) -> None:
+    """The server's status message: whole with -v, else one line of what is NOT enforced."""
+    line = status_summary(message, args.verbose, said_unisolated)
+    if line:
+        print(f"osb-sync: server: {line}", file=sys.stderr)
 
 
 def _writer(stream: TextIO) -> Callable[[str], None]:
@@ -345,11 +721,27 @@ def _print_result(result: ExecutionResult, as_json: bool) -> int:
         for item in result.results:
             if "text" in item:
                 print(item["text"])
-        if result.error is not None:
+        if result.error is not None and result.error.name != "SystemExit":
             error = result.error
             lines = error.traceback or [f"{error.name}: {error.value}"]
             print("\n".join(lines), file=sys.stderr)
-    return EXIT_RAISED if result.error is not None else 0
+    return _code_status(result)
+
+
+def _code_status(result: ExecutionResult) -> int:
+    """0, 1 when the code raised, or n for ``sys.exit(n)`` (as ``python -c`` exits)."""
+    error = result.error
+    if error is None:
+        return 0
+    if error.name != "SystemExit":
+        return EXIT_RAISED
+    value = error.value.strip()
+    if value in ("", "None"):
+        return 0
+    if value.lstrip("-").isdigit():
+        return int(value) & 0xFF
+    print(value, file=sys.stderr)  # sys.exit("message"): Python prints it and exits 1
+    return EXIT_RAISED
 
 
 def _pairs(items: list[str], option: str) -> dict[str, str] | None:

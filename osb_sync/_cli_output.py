@@ -18,15 +18,45 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ._constants import CREATE_ID_KEY
-from ._models import CommandResult, ExecutionError, SandboxInfo
 
-EXIT_RAISED = 1  # the code raised; a sandbox to delete was not found
+if TYPE_CHECKING:  # not at import: `osb-sync --version` must not load requests
+    from ._models import CommandResult, ExecutionError, SandboxInfo
+
+EXIT_RAISED = 1  # the code raised
+EXIT_NOT_FOUND = 1  # a sandbox (file, command) was not found, as `docker inspect`
 EXIT_TIMED_OUT = 124  # as timeout(1)
 EXIT_OWN_ERROR = 125  # osb-sync itself failed, as docker run
 EXIT_SIGNAL_BASE = 128
+EXIT_BROKEN_PIPE = EXIT_SIGNAL_BASE + 13  # 141 (SIGPIPE is 13): the reader left (`| head`)
+# The one table of exit statuses, the same for every verb (`osb-sync help exit-codes`).
+EXIT_STATUSES = """\
+osb-sync exit statuses (the same for every command):
+
+  0      success
+  1      run: the Python code raised (sys.exit(n) in the code exits n);
+         get, inspect, delete, pause, resume, renew, stats, logs, cp: a sandbox (or a file,
+         a command) was not found
+  N      exec, run --language bash: the remote command's own status, passed through
+         (126 not executable, 127 not found, 128+n killed by signal n, as the shell says)
+  124    run or exec passed --timeout (as timeout(1))
+  125    osb-sync itself failed, as docker run: bad usage, the server unreachable or
+         refusing, the sandbox of exec not found, or the output passed --max-output
+  128+n  osb-sync stopped by signal n: 130 for Ctrl-C, 143 for SIGTERM
+  141    standard output was closed early (| head): quiet, as a shell tool
+
+exec and run keep 125 for their own failures (as docker exec and docker run do), so a
+remote status is never mistaken for one of osb-sync's.
+"""
+# Python keywords (the client's own messages) and what a command-line user types instead.
+_CLI_TERMS = (
+    ("unenforced_network_policy='accept'", "osb-sync serve --allow-unenforced-network-policy"),
+    ("allow_internet_access=True", "--allow-internet"),
+    ("raise max_output_bytes", "raise --max-output"),
+    ("pass api_key=", "pass --api-key"),
+)
 # Go's names for signals, as execd reports a command killed by one ("signal: killed"), with
 # Linux's numbers: the command ran in a Linux sandbox, whatever the client runs on (Windows
 # has no SIGHUP, SIGQUIT, SIGKILL or SIGPIPE to look up).
@@ -82,9 +112,57 @@ def _error_json(error: ExecutionError | None) -> dict[str, Any] | None:
     return {"name": error.name, "value": error.value, "traceback": list(error.traceback)}
 
 
-def error_json(exc: BaseException, exit_code: int) -> dict[str, Any]:
-    """The JSON shape of a failure of osb-sync itself."""
-    return {"error": {"type": type(exc).__name__, "message": str(exc), "exit_code": exit_code}}
+def error_json(exc: BaseException, exit_code: int, message: str | None = None) -> dict[str, Any]:
+    """The JSON shape of a failure of osb-sync itself (``message``: the line printed)."""
+    text = str(exc) if message is None else message
+    return {"error": {"type": type(exc).__name__, "message": text, "exit_code": exit_code}}
+
+
+def names_missing_thing(exc: BaseException) -> bool:
+    """True for a 404 that says a sandbox (file, command, context) does not exist; False for
+    one about the route itself (a wrong API base: osb-sync's own failure, 125)."""
+    code = str(getattr(exc, "code", None) or "")
+    return any(thing in code for thing in ("SANDBOX", "FILE", "COMMAND", "CONTEXT"))
+
+
+def cli_terms(text: str, command: str = "") -> str:
+    """A message of the client or the server, in the command line's terms (flags, not keywords).
+
+    ``command`` (the verb) adds what a field of the request body is called on its command line.
+    """
+    for keyword, flag in _CLI_TERMS:
+        text = text.replace(keyword, flag)
+    if command == "create" and "body.timeout" in text:
+        text += " (body.timeout is --lifetime: the server sets its range)"
+    return text
+
+
+def status_summary(message: str | None, verbose: bool, said_unisolated: bool = False) -> str | None:
+    """What ``run``/``create`` print of a server's status message, or None for nothing.
+
+    With ``verbose`` the whole message; else nothing when everything asked for is enforced,
+    and one short line naming what is not (the local server marks it ``NOT`` or ``not
+    enforced: ...``); ``said_unisolated``: the CLI has already warned that sandboxes are not
+    isolated.
+    """
+    text = (message or "").strip()
+    if verbose:
+        return text if text not in ROUTINE_MESSAGES else None
+    if text in ROUTINE_MESSAGES:
+        return None
+    if text.startswith("Sandbox container started successfully.") or "Isolation:" in text:
+        gaps = []
+        if "NOT isolated" in text and not said_unisolated:
+            gaps.append("this sandbox is NOT isolated (code runs as the server's user)")
+        if "networkPolicy is NOT enforced" in text:
+            gaps.append("its network policy is NOT enforced")
+        unenforced = re.search(r"not enforced: ([^.;]+)", text)
+        if unenforced and unenforced.group(1).strip() != "none":
+            gaps.append(f"limits NOT enforced: {unenforced.group(1).strip()}")
+        if not gaps:
+            return None
+        return "; ".join(gaps) + " (-v: the server's whole status message)"
+    return text  # another server's message: it is not routine, so it is shown
 
 
 def command_status(result: CommandResult) -> int:

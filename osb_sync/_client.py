@@ -70,7 +70,8 @@ HANDLES_KEPT = 64
 class Client:
     """A blocking, thread-safe OpenSandbox client.
 
-    One client may be shared by any number of threads (rules: ``osb_sync/_transport.py``).
+    One client may be shared by any number of threads (rules: the production guide, "Threads
+    and processes").
 
     Args:
         api_base: lifecycle base URL including ``/v1``; else ``OPEN_SANDBOX_API_BASE``, else

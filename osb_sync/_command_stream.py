@@ -116,12 +116,28 @@ def client_deadline(timeout: float | None) -> float | None:
 
 
 def command_body(
-    command: str, cwd: str | None, env: dict[str, str] | None, timeout: float | None
+    command: str,
+    cwd: str | None,
+    env: dict[str, str] | None,
+    timeout: float | None,
+    uid: int | None = None,
+    gid: int | None = None,
 ) -> dict[str, Any]:
-    """The ``POST /command`` body."""
+    """The ``POST /command`` body.
+
+    Raises:
+        ConfigurationError: an empty command, a bad timeout, or a ``gid`` without ``uid``.
+    """
     if not isinstance(command, str) or not command.strip():
         raise ConfigurationError("command must be a non-empty str")
     body: dict[str, Any] = {"command": command}
+    for name, number in (("uid", uid), ("gid", gid)):
+        if number is not None:
+            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+                raise ConfigurationError(f"{name} must be an int of 0 or more")
+            body[name] = number
+    if gid is not None and uid is None:
+        raise ConfigurationError("gid needs uid (execd sets the group only with the user)")
     if cwd is not None:
         body["cwd"] = cwd
     if env:

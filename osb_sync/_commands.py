@@ -39,12 +39,15 @@ class Commands:
         on_stdout: Callable[[str], object] | None = None,
         on_stderr: Callable[[str], object] | None = None,
         max_output_bytes: int = MAX_OUTPUT_BYTES,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> CommandResult:
         """Run a shell command (``bash -c``) and wait for it.
 
         A non-zero exit is data (``exit_code``); ``result.check()`` raises for it. ``timeout``
         (seconds) is enforced by execd and bounds the client's wait; expiry gives
         ``timed_out=True``. ``on_stdout``/``on_stderr`` receive each line as it arrives.
+        ``uid``/``gid`` run it as that numeric user and group (``gid`` needs ``uid``).
 
         Raises:
             OutputLimitExceeded: the output passed ``max_output_bytes``.
@@ -58,6 +61,8 @@ class Commands:
             timeout=timeout,
             on_event=line_callbacks(on_stdout, on_stderr),
             max_output_bytes=max_output_bytes,
+            uid=uid,
+            gid=gid,
         )
         return collect(stream, timeout)
 
@@ -70,6 +75,8 @@ class Commands:
         timeout: float | None = None,
         on_event: Callable[[Event], object] | None = None,
         max_output_bytes: int = MAX_OUTPUT_BYTES,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> ExecutionStream[CommandResult]:
         """Start a command and return its live events; ``stream.result()`` is a CommandResult.
 
@@ -80,7 +87,7 @@ class Commands:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        body = command_body(command, cwd, dict(env) if env else None, timeout)
+        body = command_body(command, cwd, dict(env) if env else None, timeout, uid, gid)
         return self._execd.stream(
             "/command",
             body,
@@ -93,14 +100,21 @@ class Commands:
         )
 
     def start(
-        self, command: str, *, cwd: str | None = None, env: Mapping[str, str] | None = None
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> BackgroundCommand:
-        """Start a command in the background and return at once.
+        """Start a command in the background and return at once (``uid``/``gid`` as in run).
 
         Raises:
             ApiError: execd refused the command, or gave it no id.
         """
-        body = {**command_body(command, cwd, dict(env) if env else None, None), "background": True}
+        options = command_body(command, cwd, dict(env) if env else None, None, uid, gid)
+        body = {**options, "background": True}
         stream = self._execd.stream(
             "/command",
             body,

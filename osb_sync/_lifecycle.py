@@ -18,7 +18,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import requests
 
 from ._config import execd_url
-from ._constants import API_KEY_HEADER, CREATE_ID_KEY
+from ._constants import API_KEY_ENV, API_KEY_HEADER, CREATE_ID_KEY
 from ._errors import (
     ApiError,
     ConfigurationError,
@@ -45,6 +45,22 @@ EGRESS_HINT = (
     "allow_internet_access=True or configure egress on the server."
 )
 MAX_PAGE_SIZE = 200
+KEY_HINT = f"set {API_KEY_ENV} or pass api_key= with the server's key"
+
+
+def _names_network_policy(exc: ApiError) -> bool:
+    """The server's 400 is about the network policy (not merely a create that had one)."""
+    text = (exc.message or "").lower()
+    return "networkpolicy" in text or "egress" in text
+
+
+def _v1_base(api_base: str) -> str:
+    """The API base with its version segment (``/v2``, none) replaced by ``/v1``."""
+    head, _, last = api_base.rstrip("/").rpartition("/")
+    if head and len(last) > 1 and last[0] == "v" and last[1:].isdigit():
+        return f"{head}/v1"
+    return f"{api_base.rstrip('/')}/v1"
+
 
 # feature -> what would serve it (the end of a NotSupportedError's message)
 FEATURES = {
@@ -185,12 +201,11 @@ class Lifecycle:
         if feature is not None and route_unknown(exc):
             version = None if feature == "server version" else self.known_server_version()
             return not_supported(exc, feature, FEATURES[feature], version)
-        if (
-            exc.status_code == 404
-            and "SANDBOX" not in (exc.code or "")
-            and not self.api_base.endswith("/v1")
-        ):
-            return with_suffix(exc, f"({V1_HINT}: {self.api_base}/v1?)")
+        if exc.status_code == 404 and "SANDBOX" not in (exc.code or ""):
+            if not self.api_base.endswith("/v1"):
+                return with_suffix(exc, f"({V1_HINT}: {_v1_base(self.api_base)}?)")
+        if exc.status_code == 401:
+            return with_suffix(exc, f"({KEY_HINT})")
         return exc
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -212,7 +227,7 @@ class Lifecycle:
         except ApiError as exc:
             if exc.status_code >= 500:
                 self._search_after_failed_create(body, answered=exc.status_code != 504)
-            if exc.code == "SANDBOX::INVALID_PARAMETER" and "networkPolicy" in body:
+            if exc.code == "SANDBOX::INVALID_PARAMETER" and _names_network_policy(exc):
                 raise with_suffix(exc, EGRESS_HINT) from None
             raise
         except TransportError as exc:

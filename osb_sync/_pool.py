@@ -1,7 +1,12 @@
 """SandboxPool: a thread-safe pool of warm sandboxes for request handlers and workers.
 
-Its bookkeeping (the idle queue, the lent set, the size) and what it does besides: creates in
-threads of their own, health checks, resets between borrowers, and the fork and exit hooks.
+``SandboxPool`` is a facade over a store (composition): a :class:`PoolStore` is told the pool's
+:class:`PoolSpec` once and answers with a :class:`Lender`, which lends and takes back. Two
+stores implement the protocol: :class:`InProcessStore` (here: the idle queue, the lent set and
+the size in this process's memory, creates in threads of their own, the refill thread) and
+``RedisStore`` (``_pool_redis``: shared by every process using the pool's name). What both
+use lives here too: the argument checks, health checks, resets between borrowers, the
+timeout error, and the fork and exit hooks.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 import weakref
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Protocol
 
 from ._errors import ApiError, ConfigurationError, OpenSandboxError, SandboxTimeoutError
@@ -82,7 +88,7 @@ def hopeless(error: BaseException) -> bool:
 
 
 def timeout_error(
-    pool: SandboxPool,
+    spec: PoolSpec,
     timeout: float | None,
     *,
     running: bool,
@@ -98,10 +104,10 @@ def timeout_error(
         reasons.append(f"a create failed: {last_error}")
         advice.append(f"check that the server at {api_base} is reachable")
     if not reasons:
-        reasons.append(f"all {pool.max_size} sandboxes (max_size) are in use")
+        reasons.append(f"all {spec.max_size} sandboxes (max_size) are in use")
         advice.append("raise max_size or pass a longer timeout")
     return SandboxTimeoutError(
-        f"no sandbox of {pool!r} was free within {timeout} seconds: "
+        f"no sandbox of {spec!r} was free within {timeout} seconds: "
         f"{'; '.join(reasons)}. To fix: {', or '.join(advice)}"
     )
 
@@ -172,6 +178,74 @@ def after_fork_in_child(pool: _Closable) -> None:
     in_forked_child(forget)
 
 
+@dataclass(frozen=True, eq=False, repr=False)
+class PoolSpec:
+    """What every store is told about the pool it serves, checked once by SandboxPool.
+
+    Attributes:
+        client: creates, reaches and deletes the sandboxes.
+        name: the pool's tag value (label-safe).
+        size, max_size, reuse: as for SandboxPool.
+        create_kwargs: ``create_sandbox`` keywords, the pool's tag included in ``metadata``.
+        lifetime: seconds each sandbox lives (None: no expiry).
+    """
+
+    client: Client
+    name: str
+    size: int
+    max_size: int
+    reuse: str
+    create_kwargs: CreateOptions
+    lifetime: float | None
+
+    def __repr__(self) -> str:
+        return f"SandboxPool(name={self.name!r}, size={self.size}, max_size={self.max_size})"
+
+
+class Lender(Protocol):
+    """The running half of a store: lends the pool's sandboxes and takes them back."""
+
+    def acquire(self, timeout: float | None) -> Sandbox:
+        """A ready sandbox (see :meth:`SandboxPool.acquire`)."""
+
+    def release(self, sandbox: Sandbox) -> None:
+        """Take a lent sandbox back (see :meth:`SandboxPool.release`)."""
+
+    def close(self) -> None:
+        """This process stops using the pool; what it created and holds is deleted."""
+
+    def destroy(self) -> None:
+        """The pool ends everywhere: idle sandboxes deleted, replenishing stopped."""
+
+    def after_fork(self) -> None:
+        """In a forked child: forget the parent's sandboxes and threads."""
+
+
+class PoolStore(Protocol):
+    """Where a pool keeps its idle and lent sandboxes: :class:`InProcessStore` (this
+    process only, the default) or :class:`~osb_sync.RedisStore` (every process and host
+    that uses the same pool name)."""
+
+    def open(self, spec: PoolSpec) -> Lender:
+        """Start serving the pool ``spec`` describes.
+
+        Raises:
+            ConfigurationError: the store refuses the pool (e.g. its name is taken by a pool
+                with other options).
+        """
+
+
+class InProcessStore:
+    """The pool's bookkeeping in this process's memory (the default store)."""
+
+    def __repr__(self) -> str:
+        return "InProcessStore()"
+
+    def open(self, spec: PoolSpec) -> Lender:
+        """Start an in-process lender for ``spec``."""
+        return InProcessLender(spec)
+
+
 class SandboxPool:
     """Lends ready sandboxes to threads and takes them back.
 
@@ -186,13 +260,22 @@ class SandboxPool:
     cleans up after a crash. ``close()`` (also run at exit, in the creating process only)
     deletes everything the pool created. A forked child starts with an empty pool of its own.
 
+    The bookkeeping is the ``store``'s: this process's memory by default, or a
+    :class:`~osb_sync.RedisStore`, which every process and host using the same ``name``
+    shares (one warm pool for all the workers of a deployment).
+
     Args:
         client: the client that creates the sandboxes.
         size: sandboxes kept ready.
         max_size: most sandboxes alive at once, lent ones included (default ``size``, at least 1).
         reuse: ``"never"`` or ``"reset"``.
-        name: the pool's tag value (label-safe); random by default.
+        name: the pool's tag value (label-safe); random by default (give one with a shared
+            store: it is what the processes share).
+        store: where the bookkeeping lives (default :class:`InProcessStore`).
         **create_kwargs: passed to ``client.create_sandbox``.
+
+    Raises:
+        ConfigurationError: a bad argument, or the store refuses the pool.
     """
 
     def __init__(
@@ -203,36 +286,26 @@ class SandboxPool:
         max_size: int | None = None,
         reuse: str = "never",
         name: str | None = None,
+        store: PoolStore | None = None,
         **create_kwargs: Unpack[CreateOptions],
     ):
         max_size, self.name = checked_pool_arguments(size, max_size, reuse, name)
         check_options(create_kwargs, "SandboxPool")
         self.size, self.max_size, self.reuse = size, max_size, reuse
-        self._client = client
         metadata = {**(create_kwargs.get("metadata") or {}), POOL_KEY: self.name}
-        self._create_kwargs: CreateOptions = {**create_kwargs, "metadata": metadata}
-        self._lifetime = lifetime_seconds(create_kwargs)
-        self._reset_state()
-        self._start_worker()
+        spec = PoolSpec(
+            client,
+            self.name,
+            size,
+            max_size,
+            reuse,
+            {**create_kwargs, "metadata": metadata},
+            lifetime_seconds(create_kwargs),
+        )
+        self.store: PoolStore = InProcessStore() if store is None else store
+        self._lender = self.store.open(spec)
         close_at_exit_of_this_process(self)
         after_fork_in_child(self)
-
-    def _reset_state(self) -> None:
-        self._cond = threading.Condition()
-        self._idle: deque[Sandbox] = deque()
-        self._lent: dict[str, Sandbox] = {}
-        self._doomed: list[Sandbox] = []
-        self._to_reset: list[Sandbox] = []
-        self._expires: dict[str, float] = {}
-        self._commands_stopped: dict[str, int] = {}  # by sandbox: background commands reset
-        self._creating = 0
-        self._in_flight = 0  # being checked before lending, reset, or deleted
-        self._failures = 0
-        self._retry_at = 0.0  # no create starts before, after a failure (the caller's first may)
-        self._refill: Order | None = None
-        self._closed = False
-        self._worker: threading.Thread | None = None
-        self._creators: set[threading.Thread] = set()
 
     def __repr__(self) -> str:
         return f"SandboxPool(name={self.name!r}, size={self.size}, max_size={self.max_size})"
@@ -274,8 +347,82 @@ class SandboxPool:
             SandboxTimeoutError: none ready within ``timeout`` seconds (chained from the last
                 failed create, if any).
             ApiError: a create was refused with a 4xx status (waiting would not help).
+            ConfigurationError: the store refused the pool (see :class:`~osb_sync.RedisStore`).
+            TransportError: the store cannot be reached and is configured to raise then.
             OpenSandboxError: the pool is closed, or (without ``timeout``) a create failed.
         """
+        return self._lender.acquire(timeout)
+
+    def release(self, sandbox: Sandbox) -> None:
+        """Give a lent sandbox back: deleted and replaced, or reset and kept, in the background.
+
+        Raises:
+            ConfigurationError: the sandbox was not lent by this pool.
+        """
+        self._lender.release(sandbox)
+
+    def close(self) -> None:
+        """This process is done with the pool: delete what it created and holds, stop its
+        threads. With a shared store the idle sandboxes stay for the other processes (the last
+        process to close deletes them); :meth:`destroy` ends the pool everywhere."""
+        self._lender.close()
+
+    def destroy(self) -> None:
+        """End the pool for every process that shares it: delete its idle sandboxes, stop
+        replenishing everywhere (their ``acquire`` raises), then :meth:`close`. The same as
+        ``close()`` with the in-process store."""
+        self._lender.destroy()
+        self._lender.close()
+
+    def _reset_state(self) -> None:
+        """After fork, in the child: the lender forgets the parent's sandboxes."""
+        self._lender.after_fork()
+
+
+class InProcessLender:
+    """The in-process store's lender: idle queue, lent set, creates in threads, refill thread."""
+
+    def __init__(self, spec: PoolSpec):
+        self.spec = spec
+        self.name, self.size, self.max_size, self.reuse = (
+            spec.name, spec.size, spec.max_size, spec.reuse
+        )  # fmt: skip
+        self._client = spec.client
+        self._create_kwargs = spec.create_kwargs
+        self._lifetime = spec.lifetime
+        self._reset_state()
+        self._start_worker()
+
+    def __repr__(self) -> str:
+        return repr(self.spec)
+
+    def after_fork(self) -> None:
+        """In a forked child: an empty pool, its worker started on first use."""
+        self._reset_state()
+
+    def destroy(self) -> None:
+        """One process holds the whole pool: close() is all there is to do."""
+        self.close()
+
+    def _reset_state(self) -> None:
+        self._cond = threading.Condition()
+        self._idle: deque[Sandbox] = deque()
+        self._lent: dict[str, Sandbox] = {}
+        self._doomed: list[Sandbox] = []
+        self._to_reset: list[Sandbox] = []
+        self._expires: dict[str, float] = {}
+        self._commands_stopped: dict[str, int] = {}  # by sandbox: background commands reset
+        self._creating = 0
+        self._in_flight = 0  # being checked before lending, reset, or deleted
+        self._failures = 0
+        self._retry_at = 0.0  # no create starts before, after a failure (the caller's first may)
+        self._refill: Order | None = None
+        self._closed = False
+        self._worker: threading.Thread | None = None
+        self._creators: set[threading.Thread] = set()
+
+    def acquire(self, timeout: float | None = None) -> Sandbox:
+        """See SandboxPool.acquire."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             sandbox = self._take_or_create(deadline, timeout)
@@ -291,11 +438,7 @@ class SandboxPool:
             return sandbox
 
     def release(self, sandbox: Sandbox) -> None:
-        """Give a lent sandbox back: deleted and replaced, or reset and kept, in the background.
-
-        Raises:
-            ConfigurationError: the sandbox was not lent by this pool.
-        """
+        """See SandboxPool.release."""
         with self._cond:
             if self._closed:
                 return  # close() deleted it
@@ -365,7 +508,7 @@ class SandboxPool:
                         continue
                     if deadline is not None and now >= deadline:
                         raise timeout_error(
-                            self,
+                            self.spec,
                             timeout,
                             running=self._creating > 0,
                             last_error=last_error,
@@ -517,7 +660,7 @@ class SandboxPool:
         return True
 
 
-def _maintain(pool_ref: weakref.ref[SandboxPool]) -> None:
+def _maintain(pool_ref: weakref.ref[InProcessLender]) -> None:
     """The worker thread: holds the pool only weakly, so an abandoned pool can be collected."""
     while True:
         pool = pool_ref()

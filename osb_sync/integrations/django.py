@@ -25,7 +25,10 @@ use the :func:`sandbox` context manager.
 ``OPENSANDBOX`` keys (all optional): ``API_BASE`` and ``API_KEY`` (default: the
 ``OPEN_SANDBOX_*`` environment variables), ``CLIENT`` (other ``Client`` keywords),
 ``POOL_SIZE`` (2), ``POOL_MAX_SIZE``, ``REUSE`` (``"never"`` or ``"reset"``), ``POOL_NAME``,
-``CREATE`` (``create_sandbox`` keywords), ``ACQUIRE_TIMEOUT`` (30 s).
+``CREATE`` (``create_sandbox`` keywords), ``ACQUIRE_TIMEOUT`` (30 s), ``POOL_REDIS_URL`` (share
+one pool between every worker process and host through Redis, :class:`~osb_sync.RedisStore`;
+give ``POOL_NAME`` too, the same everywhere). ``settings.OPEN_SANDBOX`` is accepted for
+``settings.OPENSANDBOX``, like the client's ``OPEN_SANDBOX_*`` environment variables.
 
 The client and the pool are made on first use in each process; a process forked after that
 (gunicorn ``--preload``, multiprocessing) makes its own instead of sharing its parent's. The
@@ -46,6 +49,7 @@ from django.core.signals import request_finished, setting_changed
 from .._client import Client
 from .._errors import ConfigurationError, OpenSandboxError
 from .._pool import SandboxPool
+from .settings import pool_store, read
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -64,8 +68,10 @@ DEFAULTS: dict[str, Any] = {
     "POOL_NAME": None,
     "CREATE": {},
     "ACQUIRE_TIMEOUT": 30.0,
+    "POOL_REDIS_URL": None,
 }
 _REQUEST_ATTRIBUTE = "_opensandbox_sandbox"
+_SPELLINGS = ("OPENSANDBOX", "OPEN_SANDBOX")
 
 
 class _Process:
@@ -92,6 +98,9 @@ class _Process:
                     max_size=self.options["POOL_MAX_SIZE"],
                     reuse=self.options["REUSE"],
                     name=self.options["POOL_NAME"],
+                    store=pool_store(
+                        self.options["POOL_REDIS_URL"], "OPENSANDBOX['POOL_REDIS_URL']"
+                    ),
                     **self.options["CREATE"],
                 )
                 self.pid = os.getpid()
@@ -112,7 +121,8 @@ _lent = threading.local()
 
 
 def _options() -> dict[str, Any]:
-    configured = getattr(settings, "OPENSANDBOX", None) or {}
+    configured = read({n: getattr(settings, n) for n in _SPELLINGS if hasattr(settings, n)},
+                      "OPENSANDBOX", None) or {}  # fmt: skip
     if not isinstance(configured, dict):
         raise ConfigurationError("settings.OPENSANDBOX must be a dict")
     unknown = set(configured) - set(DEFAULTS)
@@ -195,7 +205,7 @@ def _give_back(**kwargs: Any) -> None:
 
 def _settings_changed(setting: str, **kwargs: Any) -> None:
     """``override_settings(OPENSANDBOX=...)`` in tests: start again with the new settings."""
-    if setting == "OPENSANDBOX":
+    if setting in _SPELLINGS:
         close()
 
 

@@ -23,8 +23,14 @@ Configuration (``app.config``):
 - ``OPENSANDBOX_POOL_SIZE`` (2), ``OPENSANDBOX_POOL_MAX_SIZE`` (None: the size),
   ``OPENSANDBOX_REUSE`` (``"never"`` or ``"reset"``), ``OPENSANDBOX_POOL_NAME``.
 - ``OPENSANDBOX_CREATE``: ``create_sandbox`` keywords for the pooled sandboxes.
+- ``OPENSANDBOX_POOL_REDIS_URL`` (None): share one pool between every worker process and host
+  through Redis (:class:`~osb_sync.RedisStore`; give ``OPENSANDBOX_POOL_NAME`` too, the same
+  in every process); None keeps a pool per process.
 - ``OPENSANDBOX_ACQUIRE_TIMEOUT`` (30): seconds a request waits for a free sandbox before
   ``SandboxTimeoutError``.
+
+Every setting may also be spelled ``OPEN_SANDBOX_*``, like the client's environment
+variables.
 
 The pool is made on first use in each process (call :meth:`OpenSandbox.get_pool` at start-up
 to have it warm before the first request); it is closed at interpreter exit or by
@@ -42,6 +48,7 @@ from .._client import Client
 from .._errors import ConfigurationError
 from .._pool import SandboxPool
 from .._sandbox import Sandbox
+from .settings import pool_store, read
 
 EXTENSION_KEY = "opensandbox"
 DEFAULTS: dict[str, Any] = {
@@ -54,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "OPENSANDBOX_POOL_NAME": None,
     "OPENSANDBOX_CREATE": {},
     "OPENSANDBOX_ACQUIRE_TIMEOUT": 30.0,
+    "OPENSANDBOX_POOL_REDIS_URL": None,
 }
 _LENT = "_opensandbox_lent"
 
@@ -63,6 +71,7 @@ class _AppState:
 
     def __init__(self, config: dict[str, Any]):
         self.config = config
+        self.store = pool_store(config["OPENSANDBOX_POOL_REDIS_URL"], "OPENSANDBOX_POOL_REDIS_URL")
         self.lock = threading.Lock()
         self.client: Client | None = None
         self.pool: SandboxPool | None = None
@@ -81,6 +90,7 @@ class _AppState:
                     max_size=self.config["OPENSANDBOX_POOL_MAX_SIZE"],
                     reuse=self.config["OPENSANDBOX_REUSE"],
                     name=self.config["OPENSANDBOX_POOL_NAME"],
+                    store=self.store,
                     **self.config["OPENSANDBOX_CREATE"],
                 )
             return self.pool
@@ -106,14 +116,15 @@ class OpenSandbox:
             self.init_app(app)
 
     def init_app(self, app: Flask) -> None:
-        """Read the ``OPENSANDBOX_*`` settings and return lent sandboxes at teardown.
+        """Read the ``OPENSANDBOX_*`` (or ``OPEN_SANDBOX_*``) settings and return lent
+        sandboxes at teardown.
 
         Nothing is created here: the pool is made when first needed.
 
         Raises:
-            ConfigurationError: a setting has the wrong type.
+            ConfigurationError: a setting has the wrong type, or is set in both spellings.
         """
-        config = {name: app.config.get(name, default) for name, default in DEFAULTS.items()}
+        config = {name: read(app.config, name, default) for name, default in DEFAULTS.items()}
         for name in ("OPENSANDBOX_CLIENT", "OPENSANDBOX_CREATE"):
             if not isinstance(config[name], dict):
                 raise ConfigurationError(f"{name} must be a dict of keyword arguments")

@@ -30,9 +30,12 @@ from django.test import Client as DjangoClient  # noqa: E402
 from django.test import override_settings  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from osb_sync import Client, ConfigurationError  # noqa: E402
+from osb_sync import Client, ConfigurationError, RedisStore  # noqa: E402
 from osb_sync.integrations import django as osb_django  # noqa: E402
 from osb_sync.local import LocalServer  # noqa: E402
+from tests.redisserver import RedisServer, redis_server  # noqa: E402
+
+__all__ = ["redis_server"]  # the fixture, imported for pytest
 
 
 def run(request: HttpRequest) -> HttpResponse:
@@ -149,3 +152,17 @@ def test_bad_settings_are_reported() -> None:
     for bad in ({"POOL_SZE": 2}, {"CREATE": ["x"]}, ["not", "a", "dict"]):
         with override_settings(OPENSANDBOX=bad), pytest.raises(ConfigurationError):
             osb_django.get_pool()
+
+
+def test_open_sandbox_spelling_and_a_pool_shared_through_redis(
+    local: LocalServer, redis_server: RedisServer
+) -> None:
+    options = {"API_BASE": local.api_base, "POOL_SIZE": 1, "POOL_NAME": "django-shared",
+               "POOL_REDIS_URL": redis_server.url}  # fmt: skip
+    with override_settings(OPEN_SANDBOX=options):
+        pool = osb_django.get_pool()
+        assert isinstance(pool.store, RedisStore) and pool.name == "django-shared"
+        response = DjangoClient().post("/run", "print(3)", content_type="text/plain")
+        assert response.json()["stdout"] == "3\n"
+    with Client(local.api_base) as client:  # closed: the last one out deleted the warm one
+        assert list(client.list_sandboxes()) == []

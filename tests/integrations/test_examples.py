@@ -93,3 +93,18 @@ def test_example_cleans_up_on_sigterm(script: str, framework: str, tmp_path: Pat
             process.kill()
     assert wait_until(lambda: not processes_under(tmp_path), timeout=10)
     assert local_dirs(tmp_path) == []
+
+
+def test_flask_create_app_fails_at_start_up_without_a_server_and_answers_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("flask")
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.delenv("OPEN_SANDBOX_API_BASE", raising=False)
+    import flask_app
+
+    with pytest.raises(RuntimeError, match="OPEN_SANDBOX_API_BASE"):
+        flask_app.create_app()
+    app = flask_app.create_app("http://127.0.0.1:9/v1")  # never reached: the body is refused
+    too_big = app.test_client().post("/run", data=b"x" * (flask_app.MAX_CODE_BYTES + 1))
+    assert too_big.status_code == 413 and "error" in too_big.get_json()

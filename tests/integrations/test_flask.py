@@ -11,9 +11,12 @@ import pytest
 
 flask = pytest.importorskip("flask")
 
-from osb_sync import Client, ConfigurationError, SandboxTimeoutError  # noqa: E402
+from osb_sync import Client, ConfigurationError, RedisStore, SandboxTimeoutError  # noqa: E402
 from osb_sync.integrations.flask import OpenSandbox, get_sandbox  # noqa: E402
 from osb_sync.local import LocalServer  # noqa: E402
+from tests.redisserver import RedisServer, redis_server  # noqa: E402
+
+__all__ = ["redis_server"]  # the fixture, imported for pytest
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +153,29 @@ def test_settings_are_checked_and_the_extension_is_required(local: LocalServer) 
     with flask.Flask(__name__).app_context():
         with pytest.raises(RuntimeError, match="OpenSandbox is not set up"):
             get_sandbox()
+
+
+def test_open_sandbox_spellings_and_a_pool_shared_through_redis(
+    local: LocalServer, apps: list[tuple[Any, OpenSandbox]], redis_server: RedisServer
+) -> None:
+    name = "flask-shared"
+    shared = {"OPEN_SANDBOX_POOL_REDIS_URL": redis_server.url, "OPEN_SANDBOX_POOL_NAME": name}
+    workers = [make_app(local, OPENSANDBOX_POOL_MAX_SIZE=2, **shared) for _ in range(2)]
+    apps.extend(workers)  # two apps: two worker processes' pools, one pool in Redis
+    pools = [ext.get_pool(app) for app, ext in workers]
+    assert all(isinstance(pool.store, RedisStore) for pool in pools)
+    with Client(local.api_base) as client:
+        tagged = lambda: list(client.list_sandboxes(metadata={"osb_sync.pool": name}))  # noqa: E731
+        deadline = time.monotonic() + 15
+        while len(tagged()) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert len(tagged()) == 1  # one warm sandbox for both, not one each
+        ids = [app.test_client().post("/run", data="print(1)").get_json()["id"]
+               for app, _ in workers]  # fmt: skip
+        assert len(set(ids)) == 2
+
+
+def test_both_spellings_of_one_setting_must_agree(local: LocalServer) -> None:
+    with pytest.raises(ConfigurationError, match="both set"):
+        make_app(local, OPEN_SANDBOX_POOL_SIZE=3)  # make_app sets OPENSANDBOX_POOL_SIZE=1

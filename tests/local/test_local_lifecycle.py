@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import requests
 from conftest import CREATE_BODY, Box, alive, wait_for
+from isolation_probes import host_pids_with
 
 from osb_sync.local import LocalServer
 
@@ -258,10 +259,15 @@ def test_patch_metadata(local: LocalServer, http: requests.Session) -> None:
 
 def test_ttl_expiry_reaps_sandbox(local: LocalServer, http: requests.Session) -> None:
     box = Box(local, http, {**CREATE_BODY, "timeout": 1})
-    pid = int(box.command("sleep 30 >/dev/null 2>&1 & echo $!")[2]["text"])
+    # found by a unique argument: a pid read inside the sandbox's PID namespace names another
+    # process (or none) on the host
+    seconds = f"30.{uuid.uuid4().int % 10**9}"
+    box.command(f"sleep {seconds} >/dev/null 2>&1 &")
+    assert wait_for(lambda: host_pids_with(f"sleep\0{seconds}"))
+    pids = host_pids_with(f"sleep\0{seconds}")
     url = f"{local.api_base}/sandboxes/{box.id}"
     assert wait_for(lambda: http.get(url).status_code == 404, timeout=5)
-    assert wait_for(lambda: not alive(pid))
+    assert wait_for(lambda: not [pid for pid in pids if alive(pid)])
     assert not os.path.exists(box.dir)
 
 

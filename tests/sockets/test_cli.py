@@ -125,8 +125,12 @@ def test_run_reads_stdin_and_files(tmp_path: Path) -> None:
     assert osb("run", "-f", str(script), "--language", "bash").stdout == "from file\n"
 
 
-def test_run_shows_the_servers_status_message_once(server: LocalServer) -> None:
-    proc = osb("run", "print(1)", "--api-base", server.api_base)
+def test_run_is_quiet_on_success_and_shows_the_status_message_with_v(server: LocalServer) -> None:
+    quiet = osb("run", "print(1)", "--api-base", server.api_base)
+    assert (quiet.returncode, quiet.stdout) == (0, "1\n")
+    if server.isolated:
+        assert quiet.stderr == "", quiet.stderr  # everything asked for is enforced
+    proc = osb("run", "-v", "print(1)", "--api-base", server.api_base)
     shown = [line for line in proc.stderr.splitlines() if line.startswith("osb-sync: server: ")]
     assert len(shown) == 1 and "enforced" in shown[0], proc.stderr
     assert shown[0].count("Limits enforced: ") == 1 and "; not enforced: " in shown[0]
@@ -250,11 +254,11 @@ def test_a_wrong_key_is_one_line() -> None:
 
 
 def test_runtime_error_is_one_line_with_request_id(server: LocalServer) -> None:
-    proc = osb("get", "no-such-sandbox", "--api-base", server.api_base)
-    assert proc.returncode == OWN_ERROR
+    proc = osb("exec", "--api-base", server.api_base, "no-such-sandbox", "true")
+    assert proc.returncode == OWN_ERROR  # exec keeps 125 for its own failures
     line = one_line(proc)
     assert "404" in line and "request id" in line
-    debug = osb("get", "no-such-sandbox", "--api-base", server.api_base, "--debug")
+    debug = osb("exec", "--api-base", server.api_base, "--debug", "no-such-sandbox", "true")
     assert "Traceback" in debug.stderr
 
 
@@ -325,9 +329,12 @@ def test_every_subcommand_and_option_has_help() -> None:
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     summaries = {choice.dest: choice.help for choice in sub._choices_actions}
-    assert set(summaries) == {"run", "serve", "create", "list", "get", "delete", "exec"}
+    assert set(summaries) == {
+        *("run", "serve", "create", "list", "get", "inspect", "delete", "exec", "cp"),
+        *("logs", "pause", "resume", "renew", "stats", "help", "completion"),
+    }
     for name, child in sub.choices.items():
-        assert summaries[name], name
+        assert summaries[{"ls": "list", "rm": "delete"}.get(name, name)], name
         for action in child._actions:
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"
 
@@ -336,7 +343,7 @@ def test_every_subcommand_and_option_has_help() -> None:
     ("command", "shown"),
     [
         ("run", ["{python,bash,", "(default: python)", "SECONDS"]),
-        ("list", ["{Pending,Running,Paused,"]),
+        ("list", ["Pending, Running, Paused,", "any case"]),
         ("create", ["--lifetime SECONDS", "(default: 300)"]),
         ("serve", ["(default: 8080)", "(default: 127.0.0.1)"]),
         ("exec", ["exit with its status", "--timeout SECONDS"]),
@@ -414,7 +421,7 @@ def test_serve_volume_options_reach_the_server(tmp_path: Path) -> None:
             with pytest.raises(ApiError, match="HOST_PATH_NOT_ALLOWED"):
                 client.create_sandbox(volumes=[outside])
         assert (tmp_path / "v" / "keep" / "out.txt").read_text() == "made\n"
-        created = osb("create", *api)
+        created = osb("create", "-v", *api)
         shown = [line for line in created.stderr.splitlines() if "Limits enforced: " in line]
         assert len(shown) == 1, created.stderr
         osb("delete", created.stdout.strip(), *api)

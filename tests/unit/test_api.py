@@ -200,7 +200,7 @@ def test_the_unrelated_sseclient_package_is_detected(tmp_path: Path) -> None:
         )
     )
     proc = subprocess.run(
-        [sys.executable, "-c", "import osb_sync"],
+        [sys.executable, "-c", "from osb_sync import Client"],  # names load on first use
         env={"PYTHONPATH": str(tmp_path), "PATH": ""},
         capture_output=True,
         text=True,

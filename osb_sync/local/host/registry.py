@@ -78,6 +78,7 @@ class Config:
     volume_places: tuple[tuple[Path, ...], Path] = ((), Path())  # host trees allowed, pvc root
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours
     spare_containers: int = 0
+    refusal: str = ""  # non-empty: every create answers 503 with it (fail closed)
 
 
 @dataclass
@@ -199,8 +200,12 @@ class Registry:
 
         A `snapshotId` is restored (its copy fills the new sandbox's directories before the
         answer); an `extensions.poolRef` takes the pool's template and one of its spares.
+        Fails closed: where sandboxes cannot be isolated and the server was not told to run
+        them unisolated, 503 with what to install or allow.
         """
         body = read_json(ex)
+        if self.config.refusal:
+            raise error(503, "SANDBOX::ISOLATION_UNAVAILABLE", self.config.refusal)
         pool = None
         if isinstance(body, dict):
             check_local_fields(body)

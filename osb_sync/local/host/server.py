@@ -25,7 +25,7 @@ from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
 from . import limits as resource_limits
 from . import options, proxy
-from .bwrap import FIX, Support, compile_package, probe
+from .bwrap import FIX, Support, compile_package, probe, refusal
 from .execd_binary import ExecdBinary
 from .network import EGRESS_HEADER, EGRESS_PORT
 from .registry import EXECD_PORT, Config, Registry, not_found, templates_not_supported
@@ -35,6 +35,9 @@ logger = logging.getLogger("osb_sync.local")
 # Every method the HTTP layer accepts; the released server's spec lists the first five.
 PROXY_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 REAP_INTERVAL = 0.2
+# /metrics/events takes no key (SDK telemetry, dropped): its body is small and capped, so a
+# client without the key cannot hold the server reading a large one.
+METRICS_BODY_LIMIT = 16 * 1024
 MISSING_KEY = (
     "Authentication credentials are missing. Provide API key via OPEN-SANDBOX-API-KEY header."
 )
@@ -104,6 +107,7 @@ class LocalServer:
         self.network_policy_enforced = False
         self.isolated = False
         self.isolation_problem = ""
+        self.refusal = ""  # why every create answers 503 (isolation impossible, not turned off)
         self._isolation = isolation
         self._root_dir = Path(root_dir) if root_dir is not None else None
         self.root_dir: Path | None = None
@@ -149,6 +153,8 @@ class LocalServer:
         Raises:
             OSError: the address cannot be bound (nothing is left behind).
             RuntimeError: `isolation=True`, or `execd`, where sandboxes cannot be isolated.
+            (With the default `isolation=None` it starts, and `refusal` says why every create
+            answers 503.)
         """
         with self._state_lock:
             if self._started:
@@ -158,6 +164,8 @@ class LocalServer:
                 compile_package()
             self.isolated = self.network_policy_enforced = support.bwrap is not None
             self.isolation_problem = support.problem
+            if not self.isolated and self._isolation is None:
+                self.refusal = refusal(support.problem)
             hosts = host_names(self.host, self.allowed_hosts)
             self._httpd = HTTPServer((self.host, self.port), self.route, self.limits, hosts)
             self.port = self._httpd.server_address[1]
@@ -182,6 +190,7 @@ class LocalServer:
                     ),
                     binary=self.execd_binary,
                     spare_containers=self.spare_containers,
+                    refusal=self.refusal,
                 )
             )
             self._router = Router()
@@ -210,6 +219,12 @@ class LocalServer:
             self._catches_sigterm = _catch_sigterm()
         if self.isolated:
             logger.info("local OpenSandbox server on %s (sandboxes isolated)", self.api_base)
+        elif self.refusal:
+            logger.error(
+                "local OpenSandbox server on %s refuses to create sandboxes (503): %s",
+                self.api_base,
+                self.refusal,
+            )
         else:
             logger.warning(
                 "local OpenSandbox server on %s: sandboxes are NOT isolated (%s); to fix it, %s",
@@ -407,7 +422,7 @@ def version(ex: Exchange) -> None:
 
 def report_metrics_event(ex: Exchange) -> None:
     """POST /metrics/events: the SDK's telemetry, accepted and dropped."""
-    ex.read_body()
+    ex.read_body(METRICS_BODY_LIMIT)
     ex.send_json(200, {})
 
 

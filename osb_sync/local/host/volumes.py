@@ -26,6 +26,8 @@ from . import bwrap
 from .validation import issue, unprocessable
 
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+NAME_MAX = 255
+PATH_MAX = 4096
 # No volume at or under these (the container's system and our own directories) ...
 PROTECTED = (
     "/usr",
@@ -85,6 +87,13 @@ def _check_shape(index: int, volume: Any) -> None:
 
 def _mount_path(volume: dict[str, Any], protected: tuple[str, ...]) -> str:
     raw = volume["mountPath"]
+    # What the kernel takes (NAME_MAX, PATH_MAX), checked before bwrap fails on it.
+    if len(raw.encode()) >= PATH_MAX or any(len(p.encode()) > NAME_MAX for p in raw.split("/")):
+        raise _bad(
+            "INVALID_MOUNT_PATH",
+            f"mountPath {raw[:100]!r}... is too long: at most {NAME_MAX} bytes a component "
+            f"and {PATH_MAX - 1} in all",
+        )
     path = posixpath.normpath(raw) if raw.startswith("/") else ""
     if not path or ".." in raw.split("/") or "\0" in raw:
         raise _bad(

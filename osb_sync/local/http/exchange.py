@@ -13,10 +13,13 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from email.message import Message
 from http.server import BaseHTTPRequestHandler
 from io import BufferedIOBase
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from .head import FIELD_LINE
 
 JSON_BODY_LIMIT = 1024 * 1024
 BODY_PIECE = 1 << 16
@@ -25,7 +28,8 @@ BODY_PIECE = 1 << 16
 MAX_JSON_VALUES = 20_000
 SMALL_JSON = 64 * 1024  # below this, values are not counted: the worst case is small anyway
 MAX_LENGTH_DIGITS = 18
-CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 JSON_TYPE = re.compile(r"application/(?:[\w.+-]+\+)?json", re.IGNORECASE)
 
 
@@ -70,9 +74,41 @@ def parse_json(data: bytes) -> Any:
         message = f"JSON body with more than {MAX_JSON_VALUES} values"
         raise error(413, "INVALID_REQUEST_BODY", message)
     try:
-        return _loads(data)
+        value = _loads(data)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+    if SURROGATE_ESCAPE.search(data):
+        where = _lone_surrogate(value, "")
+        if where is not None:
+            raise ValueError(
+                f"{where or 'the body'}: a lone surrogate (\\ud800-\\udfff) is not text; "
+                "send valid Unicode"
+            )
+    return value
+
+
+def _lone_surrogate(value: Any, where: str) -> str | None:
+    """Where (`envs.A`, `paths[2]`) in parsed JSON a string holds a lone surrogate, if anywhere.
+
+    Such a string cannot be encoded (for a path, a variable, a command line), so it is
+    refused here with its field's name instead of failing later.
+    """
+    if isinstance(value, str):
+        return where if LONE_SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if LONE_SURROGATE.search(key):
+                return f"a key of {where or 'the body'}"
+            inner = f"{where}.{key}" if where else str(key)
+            found = _lone_surrogate(item, inner)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _lone_surrogate(item, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 def _json_values(data: bytes) -> int:
@@ -108,14 +144,72 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class BodyReader:
-    """A file-like reader over a request body sent with Content-Length or chunked encoding."""
+class BodyMeter:
+    """How fast a request body arrives: bytes read and the seconds spent waiting for them.
 
-    def __init__(self, rfile: BufferedIOBase, length: int | None, chunked: bool) -> None:
+    Only time spent inside reads counts, so a route that consumes slowly (a proxy whose
+    upstream reads slowly, a full disk) is not taken for a slow client. Thread-safe: the
+    connection's thread reads, the server's watcher judges and may `cut` the body.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._received = 0
+        self._waited = 0.0
+        self._since: float | None = None
+        self.cut_reason: str | None = None
+
+    def reading(self) -> None:
+        """A read of the body starts (and may block)."""
+        with self._lock:
+            self._since = time.monotonic()
+
+    def read(self, count: int) -> None:
+        """The read that `reading` announced returned `count` bytes."""
+        with self._lock:
+            if self._since is not None:
+                self._waited += time.monotonic() - self._since
+            self._since = None
+            self._received += count
+
+    def progress(self, now: float) -> tuple[int, float]:
+        """Bytes received so far and the seconds waited for them, as of `now`."""
+        with self._lock:
+            waiting = now - self._since if self._since is not None else 0.0
+            return self._received, self._waited + waiting
+
+    def cut(self, reason: str) -> None:
+        """Mark the body as cut off (the watcher then stops the connection's reads)."""
+        self.cut_reason = reason
+
+
+CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})(?:;[^\r\n]*)?[ \t]*\r\n")
+MAX_TRAILERS = 100
+
+
+class BodyReader:
+    """A file-like reader over a request body sent with Content-Length or chunked encoding.
+
+    Chunked framing is RFC 9112 7.1 with CRLF line ends (a bare LF in it is a 400); trailer
+    lines must be header lines and are dropped. Reads return what has arrived (`read1`), so
+    `meter` sees progress as it comes; a body the meter cut off is a 408.
+    """
+
+    def __init__(
+        self,
+        rfile: BufferedIOBase,
+        length: int | None,
+        chunked: bool,
+        meter: BodyMeter | None = None,
+        on_first_read: Callable[[], None] | None = None,
+    ) -> None:
         self._rfile = rfile
         self._chunked = chunked
         self._left = 0 if chunked else (length or 0)
+        self._meter = meter
+        self._on_first_read = on_first_read
         self.finished = not chunked and self._left == 0
+        self.started = False
 
     def read(self, size: int = -1) -> bytes:
         """Read `size` bytes, fewer only at the end (all when negative); b"" once at the end."""
@@ -125,33 +219,73 @@ class BodyReader:
             if self._left == 0 and self._chunked:
                 self._next_chunk()
                 continue
-            data = self._rfile.read(min(want, self._left, BODY_PIECE))
+            data = self._io(self._rfile.read1, min(want, self._left, BODY_PIECE))
             if not data:
-                raise bad_body("truncated body")
+                raise self._cut_short("truncated body")
             parts.append(data)
             want -= len(data)
             self._left -= len(data)
             if self._left == 0:
                 if self._chunked:
-                    if self._rfile.readline(3) not in (b"\r\n", b"\n"):
-                        raise bad_body("malformed chunk")
+                    if self._io(self._rfile.read, 2) != b"\r\n":
+                        raise self._cut_short("malformed chunk: its data must end with CRLF")
                 else:
                     self.finished = True
         return b"".join(parts)
 
+    def _io(self, action: Callable[[int], bytes], size: int) -> bytes:
+        if not self.started:
+            self.started = True
+            if self._on_first_read is not None:
+                self._on_first_read()
+        if self._meter is None:
+            return action(size)
+        self._meter.reading()
+        data = b""
+        try:
+            data = action(size)
+        finally:
+            self._meter.read(len(data))
+        return data
+
+    def _cut_short(self, message: str) -> HttpError:
+        if self._meter is not None and self._meter.cut_reason is not None:
+            return error(408, "REQUEST_TIMEOUT", self._meter.cut_reason)
+        return bad_body(message)
+
     def _next_chunk(self) -> None:
-        line = self._rfile.readline(1024)
-        size = line.split(b";", 1)[0].strip()
-        if not line.endswith(b"\n") or not CHUNK_SIZE.fullmatch(size):
-            raise bad_body("malformed chunk size")
-        self._left = int(size, 16)
+        line = self._io(self._rfile.readline, 1024)
+        found = CHUNK_LINE.fullmatch(line)
+        if found is None:
+            raise self._cut_short("malformed chunk size line: HEX [;extension] CRLF")
+        self._left = int(found[1], 16)
         if self._left == 0:
-            for _ in range(100):
-                if self._rfile.readline(8192) in (b"\r\n", b"\n", b""):
-                    break  # trailers are ignored
+            for _ in range(MAX_TRAILERS):
+                trailer = self._io(self._rfile.readline, 8192)
+                if trailer in (b"\r\n", b"\n"):
+                    break  # trailers are dropped
+                if not FIELD_LINE.fullmatch(trailer.rstrip(b"\n").removesuffix(b"\r")):
+                    raise self._cut_short("malformed trailer line")
             else:
                 raise bad_body("too many trailers")
             self.finished = True
+
+
+def body_framing(headers: Message) -> tuple[int | None, bool]:
+    """The body framing of a request: its Content-Length (None without) and whether chunked.
+
+    Raises:
+        HttpError: 400 for an unsupported or ambiguous framing (the end of the request is
+            unknown, so the connection closes after the answer).
+    """
+    encodings = headers.get_all("Transfer-Encoding")
+    lengths = headers.get_all("Content-Length") or []
+    coding = None if encodings is None else ",".join(encodings).strip().lower()
+    if coding is not None and coding != "chunked":
+        raise bad_body(f"unsupported Transfer-Encoding {coding[:40]!r}")
+    if (coding is not None and lengths) or len(set(lengths)) > 1:
+        raise bad_body("conflicting Content-Length and Transfer-Encoding headers")
+    return (content_length(lengths[0]) if lengths else None), coding is not None
 
 
 class ChunkedWriter:
@@ -202,18 +336,28 @@ class Exchange:
         self.responded = False
         self.body = BodyReader(handler.rfile, 0, False)
         self.declared_length: int | None = None
+        self.expects_continue = False
 
-    def check_framing(self) -> None:
-        """Set up the body reader; 400 (connection closed) when the framing is invalid."""
-        encodings = self.headers.get_all("Transfer-Encoding") or []
-        lengths = self.headers.get_all("Content-Length") or []
-        coding = ",".join(encodings).strip().lower()
-        if coding and coding != "chunked":
-            raise bad_body(f"unsupported Transfer-Encoding {coding[:40]!r}")
-        if (coding and lengths) or len(set(lengths)) > 1:
-            raise bad_body("conflicting Content-Length and Transfer-Encoding headers")
-        self.declared_length = content_length(lengths[0]) if lengths else None
-        self.body = BodyReader(self.handler.rfile, self.declared_length, bool(coding))
+    def check_framing(self, meter: BodyMeter | None = None) -> None:
+        """Set up the body reader (timed by `meter`); 400 when the framing is invalid.
+
+        With `Expect: 100-continue`, the interim 100 goes out when a route first reads the
+        body, so an answer that needs no body (a 401) comes before the client sends it.
+        """
+        self.declared_length, chunked = body_framing(self.headers)
+        expects = (self.headers.get("Expect") or "").strip().lower() == "100-continue"
+        self.expects_continue = expects and self.handler.request_version == "HTTP/1.1"
+        self.body = BodyReader(
+            self.handler.rfile,
+            self.declared_length,
+            chunked,
+            meter,
+            self._send_continue if self.expects_continue else None,
+        )
+
+    def _send_continue(self) -> None:
+        self.handler.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.handler.wfile.flush()
 
     def arg(self, name: str, default: str | None = None) -> str | None:
         """The first value of query parameter `name`."""

@@ -1,0 +1,370 @@
+"""The osb-sync verbs of issue 28 (exec -i/-e/-w/-u/-t/-d, cp, logs, pause, resume, renew,
+inspect, ls, rm, stats, help, completion) and one test per message of its items 4-6."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from osb_sync import ApiError, Client
+from osb_sync._cli_output import EXIT_STATUSES, cli_terms, status_summary
+from osb_sync.local import LocalServer
+from tests.fakeserver import FakeServer
+from tests.sockets.test_cli import OWN_ERROR, one_line, osb, osb_process
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    with LocalServer(unenforced_network_policy="accept", command_grace=0) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def sid(server: LocalServer) -> Iterator[str]:
+    with Client(server.api_base) as client, client.create_sandbox() as sandbox:
+        yield sandbox.id
+
+
+def api(server: LocalServer) -> tuple[str, str]:
+    return ("--api-base", server.api_base)
+
+
+# -- exec -----------------------------------------------------------------------------------
+
+
+def test_exec_i_gives_the_command_standard_input(server: LocalServer, sid: str) -> None:
+    proc = osb(
+        "exec", *api(server), "-i", sid, "cat; echo; ls /tmp | grep -c osb-stdin; true", stdin="hi"
+    )
+    assert (proc.returncode, proc.stdout) == (0, "hi\n0\n"), proc.stderr  # nothing left behind
+    assert osb("exec", *api(server), sid, "cat", stdin="dropped").stdout == ""  # no -i: none
+
+
+def test_exec_e_w_and_u(server: LocalServer, sid: str) -> None:
+    proc = osb(
+        "exec", *api(server), "-e", "A=1", "-e", "B=two", "-w", "/tmp", sid, "echo $A$B; pwd"
+    )
+    assert (proc.returncode, proc.stdout) == (0, "1two\n/tmp\n"), proc.stderr
+    me = osb("exec", *api(server), "-u", str(os.getuid()), sid, "id -u")
+    assert me.returncode == 0 and me.stdout.strip().isdigit(), me.stderr
+    bad = osb("exec", *api(server), "-u", "root", sid, "true")
+    assert bad.returncode == OWN_ERROR and "numeric UID" in one_line(bad)
+
+
+def test_exec_t_is_refused_with_why(server: LocalServer, sid: str) -> None:
+    proc = osb("exec", *api(server), "-t", sid, "true")
+    assert proc.returncode == OWN_ERROR
+    assert "pseudo-terminal" in one_line(proc) and "WebSocket" in proc.stderr
+
+
+def test_exec_d_prints_an_id_and_logs_follow_it(server: LocalServer, sid: str) -> None:
+    started = osb("exec", *api(server), "-d", sid, "echo one; sleep 0.3; echo two")
+    assert started.returncode == 0, started.stderr
+    command_id = started.stdout.strip()
+    followed = osb("logs", *api(server), "-f", sid, command_id)
+    assert (followed.returncode, followed.stdout) == (0, "one\ntwo\n"), followed.stderr
+    assert osb("logs", *api(server), sid, command_id).stdout == "one\ntwo\n"
+    no_id = osb("logs", *api(server), sid)
+    assert no_id.returncode == OWN_ERROR and "COMMAND_ID" in one_line(no_id)
+
+
+def test_max_output_takes_units_and_stops_with_125(server: LocalServer, sid: str) -> None:
+    proc = osb(
+        "exec", *api(server), "--max-output", "1KiB", sid, "head -c 100000 /dev/zero | tr '\\0' y"
+    )
+    assert proc.returncode == OWN_ERROR
+    assert "--max-output" in proc.stderr.splitlines()[-1], proc.stderr
+    bad = osb("exec", *api(server), "--max-output", "lots", sid, "true")
+    assert bad.returncode == OWN_ERROR and "a size such as 20MB" in bad.stderr
+
+
+# -- cp -------------------------------------------------------------------------------------
+
+
+def test_cp_a_file_both_ways(server: LocalServer, sid: str, tmp_path: Path) -> None:
+    (tmp_path / "in.bin").write_bytes(b"\x00\x01binary")
+    assert osb("cp", *api(server), str(tmp_path / "in.bin"), f"{sid}:/tmp/in.bin").returncode == 0
+    out = tmp_path / "out.bin"
+    assert osb("cp", *api(server), f"{sid}:/tmp/in.bin", str(out)).returncode == 0
+    assert out.read_bytes() == b"\x00\x01binary"
+    missing = osb("cp", *api(server), f"{sid}:/tmp/no-such", str(out))
+    assert missing.returncode == 1 and "no such file" in one_line(missing)
+    both = osb("cp", *api(server), str(out), str(out))
+    assert both.returncode == OWN_ERROR and "SANDBOX:PATH" in one_line(both)
+
+
+def test_cp_a_directory_both_ways(server: LocalServer, sid: str, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.txt").write_text("a")
+    (tree / "sub" / "b.txt").write_text("b")
+    assert osb("cp", *api(server), str(tree), f"{sid}:/tmp/tree").returncode == 0
+    back = tmp_path / "back"
+    assert osb("cp", *api(server), f"{sid}:/tmp/tree", str(back)).returncode == 0
+    assert (back / "a.txt").read_text() == "a" and (back / "sub" / "b.txt").read_text() == "b"
+
+
+def test_cp_dash_is_a_tar_stream_both_ways(server: LocalServer, sid: str) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        member = tarfile.TarInfo("d/x.txt")
+        member.size = 3
+        archive.addfile(member, io.BytesIO(b"xyz"))
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    base = [sys.executable, "-m", "osb_sync", "cp"]
+    up = subprocess.run(
+        [*base, "-", f"{sid}:/tmp/t"],
+        input=buffer.getvalue(),
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert up.returncode == 0, up.stderr
+    down = subprocess.run(
+        [*base, f"{sid}:/tmp/t/d", "-"], env=env, capture_output=True, check=False
+    )
+    assert down.returncode == 0, down.stderr
+    with tarfile.open(fileobj=io.BytesIO(down.stdout)) as archive:
+        handle = archive.extractfile("d/x.txt")
+        assert handle is not None and handle.read() == b"xyz"
+
+
+# -- managing sandboxes ---------------------------------------------------------------------
+
+
+def test_pause_resume_renew_inspect_stats(server: LocalServer) -> None:
+    created = osb("create", *api(server), "--metadata", "t=verbs")
+    sandbox_id = created.stdout.strip()
+    try:
+        assert osb("pause", *api(server), sandbox_id).stdout == f"paused {sandbox_id}\n"
+        assert sandbox_id in osb("list", *api(server), "--state", "paused", "-q").stdout
+        assert osb("resume", *api(server), sandbox_id).returncode == 0
+        renewed = osb("renew", *api(server), "--lifetime", "600", sandbox_id, "--json")
+        assert json.loads(renewed.stdout)[0]["expires_at"], renewed.stderr
+        inspected = osb("inspect", *api(server), sandbox_id, "no-such")
+        assert inspected.returncode == 1 and json.loads(inspected.stdout)[0]["id"] == sandbox_id
+        stats = osb("stats", *api(server), sandbox_id, "--json")
+        assert stats.returncode == 0 and json.loads(stats.stdout)[0]["mem_total_mib"] >= 0
+        assert osb("pause", *api(server), "no-such").returncode == 1
+    finally:
+        osb("rm", *api(server), sandbox_id)
+
+
+def test_ls_q_states_in_any_case_and_rm_by_label(server: LocalServer) -> None:
+    ids = [osb("create", *api(server), "--metadata", "batch=rm").stdout.strip() for _ in range(2)]
+    listed = osb("ls", *api(server), "-q", "--state", "running", "--metadata", "batch=rm")
+    assert sorted(listed.stdout.split()) == sorted(ids), listed.stderr
+    typo = osb("ls", *api(server), "--state", "runing")
+    assert typo.returncode == OWN_ERROR and "did you mean 'Running'?" in typo.stderr
+    removed = osb("rm", *api(server), "--metadata", "batch=rm", "--json")
+    assert sorted(o["id"] for o in json.loads(removed.stdout)) == sorted(ids)
+    assert osb("ls", *api(server), "-q", "--metadata", "batch=rm").stdout == ""
+    neither = osb("rm", *api(server))
+    assert neither.returncode == OWN_ERROR and "--all" in one_line(neither)
+
+
+def test_rm_all_deletes_every_sandbox() -> None:
+    with LocalServer(unenforced_network_policy="accept") as own:
+        for _ in range(2):
+            osb("create", "--api-base", own.api_base)
+        assert osb("rm", "--all", "--api-base", own.api_base).returncode == 0
+        assert osb("ls", "-q", "--api-base", own.api_base).stdout == ""
+
+
+def test_several_ids_and_not_found_exits_1(server: LocalServer, sid: str) -> None:
+    got = osb("get", *api(server), sid, "no-such", "--json")
+    assert got.returncode == 1 and [s["id"] for s in json.loads(got.stdout)] == [sid]
+    assert one_line(got) == "osb-sync: error: no sandbox no-such"
+    assert osb("delete", *api(server), "no-such").returncode == 1
+
+
+# -- help, completion, did you mean --------------------------------------------------------
+
+
+def test_help_exit_codes_prints_the_table() -> None:
+    proc = osb("help", "exit-codes")
+    assert proc.returncode == 0 and proc.stdout.strip() == EXIT_STATUSES.strip()
+    for status in ("124", "125", "128+n", "141"):
+        assert status in proc.stdout
+    assert "osb-sync help exit-codes" in osb("--help").stdout
+    assert "README" not in osb("--help").stdout
+
+
+def test_help_of_a_command_and_of_nothing_known() -> None:
+    assert "SANDBOX:PATH" in osb("help", "cp").stdout
+    unknown = osb("help", "exti-codes")
+    assert unknown.returncode == OWN_ERROR and "did you mean 'exit-codes'?" in unknown.stderr
+
+
+def test_an_unknown_command_says_did_you_mean() -> None:
+    proc = osb("lsit")
+    assert proc.returncode == OWN_ERROR and "(did you mean 'list'?)" in proc.stderr
+
+
+def test_help_never_says_default_none() -> None:
+    for command in ("run", "exec", "create", "list", "delete", "cp", "serve", "renew"):
+        text = osb(command, "--help").stdout
+        assert "(default: None)" not in text and "(default: False)" not in text, command
+        assert "default: 300) (default" not in text
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_scripts(shell: str) -> None:
+    pytest.importorskip("shtab")
+    proc = osb("completion", shell)
+    assert proc.returncode == 0 and "osb-sync" in proc.stdout and "inspect" in proc.stdout
+
+
+# -- messages (items 4-6) -------------------------------------------------------------------
+
+
+def test_status_summary_is_silent_when_all_is_enforced_and_one_line_when_not() -> None:
+    full = (
+        "Sandbox container started successfully. Isolation: bubblewrap container with ... "
+        "Limits enforced: memory=2Gi (cgroup); not enforced: none."
+    )
+    assert status_summary(full, verbose=False) is None
+    assert status_summary(full, verbose=True) == full
+    gap = full.replace("not enforced: none", "not enforced: cpu=1, pids=512")
+    assert status_summary(gap, verbose=False) == (
+        "limits NOT enforced: cpu=1, pids=512 (-v: the server's whole status message)"
+    )
+    bare = "Sandbox container started successfully. WARNING: this sandbox is NOT isolated (x)."
+    assert "NOT isolated" in (status_summary(bare, verbose=False) or "")
+    assert status_summary(bare, verbose=False, said_unisolated=True) is None
+    assert status_summary("Sandbox container started successfully.", verbose=True) is None
+
+
+def test_log_lines_carry_the_program_name_and_a_moot_busy_line_is_dropped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from osb_sync import _cli_commands
+    from osb_sync._cli import build_parser
+
+    args = build_parser().parse_args(["run", "print(1)"])
+    _cli_commands.configure_logging(args)
+    logging.getLogger("osb_sync.x").warning("could not delete sandbox %s", "s1")
+    logging.getLogger("osb_sync.x").warning("interrupting it failed: its context may still be busy")
+    assert capsys.readouterr().err == "osb-sync: warning: could not delete sandbox s1\n"
+
+
+def test_cli_messages_name_flags_not_keywords() -> None:
+    egress = "Hint: pass allow_internet_access=True or configure egress on the server."
+    assert "--allow-internet" in cli_terms(egress) and "allow_internet_access" not in cli_terms(
+        egress
+    )
+    serve = "start the local server with unenforced_network_policy='accept' to run without it."
+    assert "osb-sync serve --allow-unenforced-network-policy" in cli_terms(serve)
+    assert "raise --max-output" in cli_terms("(raise max_output_bytes to allow more)")
+
+
+def test_an_invalid_parameter_gets_the_egress_hint_only_for_the_network_policy(
+    server: LocalServer,
+) -> None:
+    with Client(server.api_base) as client, pytest.raises(ApiError) as caught:
+        client.create_sandbox(resource_limits={"memory": "lots"})
+    assert "egress" not in str(caught.value) and "allow_internet_access" not in str(caught.value)
+
+
+def test_lifetime_below_the_servers_minimum_names_the_flag(server: LocalServer) -> None:
+    proc = osb("create", *api(server), "--lifetime", "10")
+    assert proc.returncode == OWN_ERROR and "--lifetime" in one_line(proc)
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (
+            ("run", "--timeout", "-1", "print(1)"),
+            "--timeout: a positive number of seconds, got '-1'",
+        ),
+        (("create", "--lifetime", "0"), "--lifetime: a positive number of seconds, got '0'"),
+        (("serve", "--api-key", "k"), "serve takes no --api-key: a command line shows in `ps`"),
+    ],
+)
+def test_bad_values_are_refused_in_the_flags_terms(args: tuple[str, ...], text: str) -> None:
+    proc = osb(*args)
+    assert proc.returncode == OWN_ERROR and text in proc.stderr, proc.stderr
+
+
+def test_an_api_base_ending_in_v2_suggests_v1() -> None:
+    with FakeServer() as fake:
+        proc = osb("list", "--api-base", fake.url + "/v2")
+    assert one_line(proc).endswith(f"(the API base usually ends in /v1: {fake.url}/v1?)")
+
+
+def test_a_missing_key_names_the_variable_and_the_flag() -> None:
+    with LocalServer(api_key="the-right-key", unenforced_network_policy="accept") as keyed:
+        proc = osb("list", "--api-base", keyed.api_base)
+    line = one_line(proc)
+    assert "401" in line and "set OPEN_SANDBOX_API_KEY or pass --api-key" in line, line
+
+
+def test_a_busy_port_names_it_and_the_fix() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = osb_process("serve", "--port", str(port))
+    assert proc.returncode == OWN_ERROR
+    assert f"cannot listen on 127.0.0.1:{port}: the port is in use" in proc.stderr
+    assert "--port 0" in proc.stderr and "Errno" not in proc.stderr
+
+
+def test_sys_exit_in_run_exits_with_its_status() -> None:
+    assert osb("run", "import sys; sys.exit(3)").returncode == 3
+    quiet = osb("run", "import sys; sys.exit(0)")
+    assert (quiet.returncode, quiet.stderr) == (0, "")
+
+
+def test_a_closed_pipe_is_quiet(server: LocalServer, sid: str) -> None:
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    script = f"{sys.executable} -m osb_sync exec {sid} 'seq 1 200000' | head -n 1"
+    script += "; echo ${PIPESTATUS[0]}"
+    proc = subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert proc.stdout.split() == ["1", "141"] and proc.stderr == "", proc.stderr
+
+
+def test_version_loads_neither_requests_nor_the_client() -> None:
+    code = (
+        "import sys, runpy\nsys.argv = ['osb-sync', '--version']\n"
+        "try:\n    runpy.run_module('osb_sync', run_name='__main__')\nexcept SystemExit:\n"
+        "    print(sorted(m for m in sys.modules if m in ('requests', 'osb_sync._client')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.stdout.strip().endswith("[]"), proc.stdout + proc.stderr
+
+
+# -- languages (item 7) ---------------------------------------------------------------------
+
+
+def test_a_language_the_local_server_cannot_run_is_a_400_listing_what_it_can(
+    server: LocalServer, sid: str
+) -> None:
+    with Client(server.api_base) as client:
+        sandbox = client.connect(sid)
+        with pytest.raises(ApiError) as ran:
+            sandbox.run_code("1", language="java")
+        with pytest.raises(ApiError) as made:
+            sandbox.contexts.create("go")
+    for caught in (ran, made):
+        assert caught.value.status_code == 400, caught.value
+        assert "the local server runs python, bash" in str(caught.value)
+
+
+def test_run_on_the_embedded_server_refuses_a_language_before_creating() -> None:
+    proc = osb("run", "--language", "java", "class A {}")
+    assert proc.returncode == OWN_ERROR
+    assert "runs python, bash, not java" in one_line(proc) and "--api-base" in proc.stderr

@@ -1,0 +1,375 @@
+"""SandboxPool over a real Redis (RedisStore) and the local server: one pool, many processes.
+
+Two SandboxPool objects with the same name and store in one process are two members of the
+pool (each its own owner), which is how most of these tests share it; the crash tests use
+subprocesses (``redis_pool_worker.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from osb_sync import (
+    Client,
+    ConfigurationError,
+    OpenSandboxError,
+    RedisStore,
+    SandboxPool,
+    TransportError,
+)
+from osb_sync.local import LocalServer
+from tests.redisserver import RedisServer, own_redis, redis_server
+
+__all__ = ["redis_server"]  # the fixture, imported for pytest
+
+POOL_KEY = "osb_sync.pool"
+OWNER_KEY = "osb_sync.pool-owner"
+WORKER = Path(__file__).with_name("redis_pool_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+LEASES = {"leader_lease": 1.5, "borrow_lease": 3.0}  # short, so that takeovers are quick
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[LocalServer]:
+    with LocalServer(ping_interval=0.5, command_grace=0, unenforced_network_policy="accept") as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(local: LocalServer) -> Iterator[Client]:
+    with Client(local.api_base) as c:
+        yield c
+
+
+@pytest.fixture
+def name() -> str:
+    return f"t-{secrets.token_hex(4)}"
+
+
+def store(server: RedisServer, **kwargs: Any) -> RedisStore:
+    return RedisStore(server.url, **{**LEASES, **kwargs})
+
+
+def tagged(client: Client, name: str) -> set[str]:
+    return {info.id for info in client.list_sandboxes(metadata={POOL_KEY: name})}
+
+
+def key(name: str, part: str) -> str:
+    return f"osb_sync:pool:{{{name}}}:{part}"
+
+
+def wait_for(predicate: Any, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_bad_store_arguments() -> None:
+    for kwargs in (
+        {},
+        {"url": "http://x"},
+        {"url": "redis://x", "leader_lease": 0},
+        {"url": "redis://x", "on_redis_down": "hang"},
+    ):
+        with pytest.raises(ConfigurationError):
+            RedisStore(**kwargs)
+
+
+def test_repr_and_redis_hold_no_secret(
+    client: Client, redis_server: RedisServer, name: str
+) -> None:
+    assert "hunter2" not in repr(RedisStore("redis://:hunter2@127.0.0.1:1/0"))
+    env = {"TOKEN": "s3cret-value"}
+    with SandboxPool(client, size=1, name=name, store=store(redis_server), env_vars=env) as pool:
+        with pool.sandbox(timeout=30):
+            r = redis_server.client()
+            dump = " ".join(f"{k} {r.dump(k)!r}" for k in r.scan_iter(match=f"*{name}*"))
+            assert "s3cret" not in dump and "127.0.0.1" not in dump
+            assert "idle" in dump or "lent" in dump
+
+
+def test_two_processes_share_one_warm_pool(
+    client: Client, redis_server: RedisServer, name: str
+) -> None:
+    shared = store(redis_server)
+    with SandboxPool(client, size=2, max_size=3, name=name, store=shared) as one:
+        two = SandboxPool(client, size=2, max_size=3, name=name, store=shared)
+        r = redis_server.client()
+        assert wait_for(lambda: r.zcard(key(name, "idle")) == 2)
+        time.sleep(1.0)  # two members, one leader: still two warm, not four
+        assert len(tagged(client, name)) == 2
+        started = time.monotonic()
+        a, b = one.acquire(timeout=30), two.acquire(timeout=30)
+        assert time.monotonic() - started < 2.0  # warm ones
+        assert a.id != b.id
+        assert a.run_code("print(1)").stdout == "1\n"
+        infos = {i.id: i for i in client.list_sandboxes(metadata={POOL_KEY: name})}
+        assert infos[a.id].metadata[OWNER_KEY]  # the creator, for a reconcile
+        with pytest.raises(ConfigurationError, match="not lent"):
+            one.release(b)  # each process gives back its own
+        one.release(a)
+        two.release(b)
+        assert wait_for(lambda: len(tagged(client, name) - {a.id, b.id}) == 2)
+        assert wait_for(lambda: not {a.id, b.id} & tagged(client, name))
+        two.close()
+        assert len(tagged(client, name)) == 2  # the idle ones stay for the other process
+    assert wait_for(lambda: tagged(client, name) == set())  # the last one out deleted them
+
+
+def test_other_options_under_the_same_name_are_refused(
+    client: Client, redis_server: RedisServer, name: str
+) -> None:
+    with SandboxPool(client, size=0, name=name, store=store(redis_server)):
+        with pytest.raises(ConfigurationError, match="other options"):
+            SandboxPool(client, size=0, name=name, store=store(redis_server), env_vars={"A": "1"})
+        with pytest.raises(ConfigurationError, match="other options"):
+            SandboxPool(client, size=1, name=name, store=store(redis_server))
+
+
+def test_reset_reuse_lends_the_same_sandbox_cleaned(
+    client: Client, redis_server: RedisServer, name: str
+) -> None:
+    shared = store(redis_server)
+    with SandboxPool(client, size=1, max_size=1, reuse="reset", name=name, store=shared) as one:
+        two = SandboxPool(client, size=1, max_size=1, reuse="reset", name=name, store=shared)
+        with one.sandbox(timeout=30) as first:
+            first.files.write("left.txt", "x")
+        with two.sandbox(timeout=30) as second:  # another process gets it, cleaned
+            assert second.id == first.id
+            assert not second.files.exists("left.txt")
+        two.close()
+
+
+def test_destroy_ends_the_pool_everywhere(
+    client: Client, redis_server: RedisServer, name: str
+) -> None:
+    shared = store(redis_server)
+    one = SandboxPool(client, size=2, name=name, store=shared)
+    two = SandboxPool(client, size=2, name=name, store=shared)
+    assert wait_for(lambda: len(tagged(client, name)) == 2)
+    one.destroy()
+    assert tagged(client, name) == set()
+    time.sleep(1.0)
+    assert tagged(client, name) == set()  # nobody refilled
+    with pytest.raises(OpenSandboxError, match="destroyed"):
+        two.acquire(timeout=5)
+    two.close()
+
+
+def test_redis_down_acquire_creates_outside_the_pool_once_logged(
+    client: Client, tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with own_redis(tmp_path) as server:
+        with SandboxPool(client, size=0, max_size=1, name=name, store=store(server)) as pool:
+            server.stop()
+            caplog.set_level(logging.WARNING, "osb_sync")
+            started = time.monotonic()
+            a, b = pool.acquire(timeout=10), pool.acquire(timeout=10)  # past max_size: outside
+            assert time.monotonic() - started < 10
+            assert sum("does not answer" in r.getMessage() for r in caplog.records) == 1
+            assert {a.id, b.id} <= tagged(client, name)
+            pool.release(a)
+            assert wait_for(lambda: a.id not in tagged(client, name))
+        assert b.id not in tagged(client, name)  # close() deleted what it held
+
+
+def test_redis_down_acquire_raises_if_so_configured(
+    client: Client, tmp_path: Path, name: str
+) -> None:
+    with own_redis(tmp_path) as server:
+        shared = store(server, on_redis_down="raise")
+        with SandboxPool(client, size=0, name=name, store=shared) as pool:
+            server.stop()
+            started = time.monotonic()
+            with pytest.raises(TransportError, match="on_redis_down='create'"):
+                pool.acquire(timeout=5)
+            assert time.monotonic() - started < 5
+
+
+def test_auth(client: Client, tmp_path: Path, name: str) -> None:
+    with own_redis(tmp_path, password="pw-" + secrets.token_hex(4)) as server:
+        with SandboxPool(client, size=0, name=name, store=store(server)) as pool:
+            with pool.sandbox(timeout=30) as sb:
+                assert sb.id in tagged(client, name)
+        wrong = RedisStore(server.url.replace(server.password or "", "wrong"), **LEASES)
+        with SandboxPool(client, size=0, name=name, store=wrong) as pool:  # AUTH refused
+            pool.acquire(timeout=10)  # falls back to a plain create
+
+
+def test_a_fenced_old_leader_cannot_pool_its_create(
+    client: Client, redis_server: RedisServer, name: str
+) -> None:
+    shared = store(redis_server)
+    r = redis_server.client()
+    with SandboxPool(client, size=0, name=name, store=shared) as one:
+        old = one._lender
+        assert wait_for(lambda: r.get(key(name, "leader")) == old._owner)
+        epoch = old._epoch
+        assert epoch
+        r.delete(key(name, "leader"))  # as if its lease ran out while it was paused
+        with SandboxPool(client, size=0, name=name, store=shared) as two:
+            assert wait_for(lambda: r.get(key(name, "leader")) == two._lender._owner)
+            args = ("tok", "stale-id", "idle", old._owner, "", "", epoch)
+            assert old._run("commit", *args) == "fenced"
+            assert old._run("reserve", old._owner, epoch, 1, 1, "tok", 5, 0) == 0
+            assert r.zcard(key(name, "idle")) == 0
+
+
+def spawn(local: LocalServer, server: RedisServer, name: str, mode: str, **options: Any) -> Any:
+    options.setdefault("store", LEASES)
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), local.api_base, server.url, name, mode, json.dumps(options)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def first_line(proc: Any) -> dict[str, Any]:
+    line = proc.stdout.readline()
+    assert line, "the worker died before answering"
+    answer: dict[str, Any] = json.loads(line)
+    return answer
+
+
+def test_kill_9_of_the_leader_another_takes_over_within_its_lease(
+    local: LocalServer, client: Client, redis_server: RedisServer, name: str
+) -> None:
+    r = redis_server.client()
+    procs = [spawn(local, redis_server, name, "idle", pool={"size": 1}) for _ in range(2)]
+    try:
+        owners = {first_line(p)["owner"]: p for p in procs}
+        assert wait_for(lambda: r.get(key(name, "leader")) in owners)
+        leader = r.get(key(name, "leader"))
+        owners[leader].send_signal(signal.SIGKILL)
+        owners[leader].wait(10)
+        killed = time.monotonic()
+        (survivor,) = set(owners) - {leader}
+        assert wait_for(lambda: r.get(key(name, "leader")) == survivor, timeout=10)
+        took = time.monotonic() - killed
+        assert took < LEASES["leader_lease"] + 1.5, took  # its lease plus a tick, with slack
+        assert wait_for(lambda: r.zcard(key(name, "idle")) == 1)  # it keeps the pool warm
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+    time.sleep(LEASES["borrow_lease"])  # the killed processes' heartbeats run out, so ...
+    with SandboxPool(client, size=1, name=name, store=store(redis_server)):
+        pass  # ... this one is the last one out: it deletes what they left (committed or not)
+    assert wait_for(lambda: tagged(client, name) == set(), timeout=LEASES["borrow_lease"] + 10)
+
+
+def test_kill_9_of_a_borrower_its_sandbox_is_deleted_after_the_lease(
+    local: LocalServer, client: Client, redis_server: RedisServer, name: str
+) -> None:
+    with SandboxPool(client, size=0, name=name, store=store(redis_server)):
+        proc = spawn(local, redis_server, name, "hold", pool={"size": 0})
+        try:
+            held = first_line(proc)["id"]
+            assert held in tagged(client, name)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            killed = time.monotonic()
+            bound = LEASES["borrow_lease"] + LEASES["leader_lease"] + 5
+            assert wait_for(lambda: held not in tagged(client, name), timeout=bound)
+            assert time.monotonic() - killed > LEASES["borrow_lease"] / 3  # not at once
+        finally:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_restart_of_redis_leaks_nothing_and_the_pool_recovers(
+    client: Client, tmp_path: Path, name: str
+) -> None:
+    with own_redis(tmp_path) as server:
+        with SandboxPool(client, size=2, max_size=3, name=name, store=store(server)) as pool:
+            r = server.client()
+            held = pool.acquire(timeout=30)
+            assert wait_for(lambda: r.zcard(key(name, "idle")) == 2)
+            server.restart()  # empty: Redis lost every key
+            r = server.client()
+
+            def consistent() -> bool:
+                known = set(r.zrange(key(name, "idle"), 0, -1))
+                lent = set(r.zrange(key(name, "lent"), 0, -1))
+                return held.id in lent and tagged(client, name) == known | lent
+
+            assert wait_for(consistent, timeout=LEASES["borrow_lease"] * 2 + 15)
+            assert len(tagged(client, name)) <= 3
+            with pool.sandbox(timeout=30) as sb:
+                assert sb.run_code("print(2)").stdout == "2\n"
+            pool.release(held)
+        assert wait_for(lambda: tagged(client, name) == set())
+
+
+def overlaps(borrows: list[dict[str, Any]]) -> list[str]:
+    """Sandboxes lent to two borrowers at once."""
+    by_id: dict[str, list[tuple[float, float]]] = {}
+    for b in borrows:
+        by_id.setdefault(b["id"], []).append((b["start"], b["end"]))
+    bad = []
+    for sandbox_id, spans in by_id.items():
+        spans.sort()
+        if any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)):
+            bad.append(sandbox_id)
+    return bad
+
+
+SOAK_SECONDS = float(os.environ.get("OSB_POOL_SOAK_SECONDS", "20"))  # the issue's 60: benchmark
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reuse", ["never", "reset"])
+def test_four_processes_of_eight_threads_share_one_pool(
+    local: LocalServer, client: Client, redis_server: RedisServer, name: str, reuse: str
+) -> None:
+    size, max_size = 4, 8
+    r = redis_server.client()
+    options = {"pool": {"size": size, "max_size": max_size, "reuse": reuse},
+               "seconds": SOAK_SECONDS, "threads": 8}  # fmt: skip
+    samples: list[tuple[int, int]] = []
+    procs = [spawn(local, redis_server, name, "borrow", **options) for _ in range(4)]
+    try:
+        while any(p.poll() is None for p in procs):
+            snapshot = r.pipeline(transaction=True)  # MULTI: one consistent look
+            for part in ("idle", "lent", "creating"):
+                snapshot.zcard(key(name, part))
+            idle, lent, creating = snapshot.execute()
+            samples.append((idle, idle + lent + creating))
+            time.sleep(0.1)
+        outputs = [p.communicate(timeout=60)[0].splitlines() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+    borrows = [json.loads(line) for out in outputs for line in out[:-1]]
+    totals = [json.loads(out[-1]) for out in outputs]
+    assert [t["errors"] for t in totals] == [[]] * 4
+    assert len(borrows) >= 8  # it did lend
+    assert overlaps(borrows) == []
+    assert max(idle for idle, _ in samples) <= max_size
+    assert max(counted for _, counted in samples) <= max_size
+    creates = sum(t["creates"] for t in totals)
+    if reuse == "never":
+        assert len({b["id"] for b in borrows}) == len(borrows)  # each lent once
+        assert creates <= len(borrows) + size + 4
+    else:
+        replaced = sum(t["deletes"] for t in totals)
+        assert creates <= max_size + replaced, (creates, replaced)
+    assert wait_for(lambda: tagged(client, name) == set())  # the last one out deleted the rest
