@@ -12,6 +12,7 @@ import requests
 from conftest import CREATE_BODY, Box, parse_events
 
 from osb_sync.local import LocalServer
+from osb_sync.local.host.recovery import LOCK_NAME
 from osb_sync.local.host.spares import SPARES_DIR
 from tests.leftovers import processes_under
 
@@ -28,7 +29,7 @@ def refused(answer: requests.Response, *statuses: int) -> None:
 
 def entries(local: LocalServer) -> list[str]:
     assert local.root_dir is not None
-    return sorted(e for e in os.listdir(local.root_dir) if e != SPARES_DIR)
+    return sorted(e for e in os.listdir(local.root_dir) if e not in (SPARES_DIR, LOCK_NAME))
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from conftest import CREATE_BODY, Box, alive, require_isolation, wait_for
 from osb_sync._cli import main as cli_main
 from osb_sync.local import LocalServer
 from osb_sync.local.host.execd_binary import ExecdBinary
+from osb_sync.local.host.recovery import LOCK_NAME
 from osb_sync.local.host.spares import SPARES_DIR
 
 # Answers every GET with what it was started with; /ping needs EXECD_ACCESS_TOKEN's token.
@@ -161,7 +162,9 @@ def test_a_binary_that_fails_is_a_500_with_its_log_and_leaves_nothing(
         assert "execd exited with status 3" in message
         assert "execd stand-in fails on purpose, token ***" in message  # no token shown
         assert server.root_dir is not None
-        assert [p.name for p in server.root_dir.iterdir() if p.name != SPARES_DIR] == []
+        assert [
+            p.name for p in server.root_dir.iterdir() if p.name not in (SPARES_DIR, LOCK_NAME)
+        ] == []
         listed = http.get(f"{server.api_base}/sandboxes").json()
         assert listed["items"] == []
 

@@ -17,13 +17,20 @@ from conftest import CREATE_BODY, Box, wait_for
 from rawhttp import exchange, read_answer, request
 
 from osb_sync.local import LocalServer
+from osb_sync.local.host.recovery import LOCK_NAME
 
 JSON = {"Content-Type": "application/json"}
 
 
 def sandbox_count(server: LocalServer) -> int:
     assert server.root_dir is not None
-    return len([p for p in server.root_dir.iterdir() if p.suffix != ".run" and p.name != ".spares"])
+    return len(
+        [
+            p
+            for p in server.root_dir.iterdir()
+            if p.suffix != ".run" and p.name not in (".spares", LOCK_NAME)
+        ]
+    )
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from rawhttp import exchange, read_answer, request
 from osb_sync.local import LocalServer
 from osb_sync.local.host import bwrap, cgroup
 from osb_sync.local.host.container import MAIN_SCRIPT
+from osb_sync.local.host.recovery import LOCK_NAME
 
 DENY_ALL = {"defaultAction": "deny", "egress": []}
 INTERFACES = "python -c 'import socket; print(*sorted(n for _, n in socket.if_nameindex()))'"
@@ -206,7 +207,8 @@ def test_a_container_that_does_not_start_leaves_nothing(
         assert "did not start" in failed.json()["message"]
         assert "main.py" in failed.json()["message"]  # the reason, from the container's log
         assert srv.root_dir is not None
-        assert [p.name for p in srv.root_dir.iterdir() if p.name != ".spares"] == []
+        left = [p.name for p in srv.root_dir.iterdir()]
+        assert [name for name in left if name not in (".spares", LOCK_NAME)] == []
 
 
 def test_execd_inside_imports_no_requests() -> None:

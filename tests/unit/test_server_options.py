@@ -69,6 +69,7 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "min_timeout": 60,
         "pending_seconds": 0.0,
         "unenforced_network_policy": "refuse",
+        "root_dir": None,
         "allowed_hosts": [],
         "allowed_host_paths": [],
         "volume_root": None,
@@ -85,6 +86,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     argv += ["--allowed-host", "a", "--allowed-host", "b", "--allow-host-path", str(tmp_path)]
     argv += ["--volume-root", "v", "--execd", "e", "--jupyter", "j", "--spare-containers", "0"]
     argv += ["--no-isolation"]
+    argv += ["--state-dir", "s"]
     found = options.keywords(build_parser().parse_args(argv), api_key=None)
     assert found == {
         "host": "::1",
@@ -93,6 +95,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "min_timeout": 5,
         "pending_seconds": 0.5,
         "unenforced_network_policy": "accept",
+        "root_dir": "s",
         "allowed_hosts": ["a", "b"],
         "allowed_host_paths": [str(tmp_path)],
         "volume_root": "v",

@@ -20,9 +20,9 @@ from pathlib import Path
 from ..http.bodies import bad_request, read_object
 from ..http.exchange import Exchange, error
 from .command import Commands, CommandSpec, run_shell
-from .pyworker import PythonWorker
+from .pyworker import DEAD_WORKER, PythonWorker
 from .runner import SandboxRuntime, kill_group, resolve_cwd
-from .workers import Emit, complete, exit_error, failure
+from .workers import Emit, complete, failure, run_error
 
 LANGUAGES = ("python", "bash")
 
@@ -198,13 +198,29 @@ class CodeInterpreter:
             stream.close()
 
     def _run_python(self, context: Context, code: str, emit: Emit) -> None:
+        started = time.monotonic()
+        lost = ""
         try:
             if context.worker is None or not context.worker.alive:
                 if context.worker is not None:
-                    context.worker.kill()  # died earlier: start afresh, like a kernel restart
+                    # Died between runs: start afresh, like a kernel restart, and tell this
+                    # run rather than let the code meet a NameError for what was lost.
+                    if not context.worker.death_reported:
+                        lost = context.worker.ending()
+                    context.worker.kill()
                 context.worker = PythonWorker(self.runtime, context.cwd)
         except OSError as exc:
             emit({"type": "error", "error": {"ename": "OSError", "evalue": str(exc)}})
+            return
+        if lost:
+            evalue = (
+                f"the Python worker of this context {lost} after its last run and was"
+                " restarted: its variables and imports are gone, and this code was not run."
+                " Run it again to run it in the fresh worker"
+            )
+            emit({"type": "status", "text": "error"})
+            emit({"type": "error", "error": {**DEAD_WORKER, "evalue": evalue}})
+            emit(complete(started))
             return
         context.worker.run(code, emit)
 
@@ -223,12 +239,13 @@ class CodeInterpreter:
         def started_process(proc: subprocess.Popen[bytes]) -> None:
             context.running = proc
 
+        oom_before = self.runtime.oom_kills()
         outcome = run_shell(self.runtime, CommandSpec(code, context.cwd, {}), sink, started_process)
         context.running = None
         if outcome != 0:
             emit({"type": "status", "text": "error"})
             emit(
-                failure(*exit_error(outcome))
+                failure(*run_error(self.runtime, outcome, oom_before))
                 if isinstance(outcome, int)
                 else failure(outcome, outcome)
             )

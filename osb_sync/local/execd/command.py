@@ -1,8 +1,10 @@
 """execd command routes: `/command` (foreground and background), its status, logs and
 interrupt, and persistent bash sessions (`/session`), plus helpers shared by the execd routes.
 
-A foreground command writes to files that are tailed, like execd does, and is reported one
-line per event; its stream stays open `command_grace` seconds after the terminal event.
+A foreground command writes to pipes (real execd tails files; pipes need no free disk, so a
+full disk does not silence it) and is reported one line per event; its stream stays open
+`command_grace` seconds after the terminal event. A background command's output goes to its
+log file, which the logs route reads by offset.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from .workers import (
     complete,
     exit_error,
     failure,
-    follow,
+    follow_pipes,
+    run_error,
 )
 
 SHELL = shutil.which("bash") or "/bin/sh"
@@ -57,9 +60,12 @@ class CommandSpec:
 
 
 def spawn_shell(
-    runtime: SandboxRuntime, spec: CommandSpec, stdout: IO[bytes], stderr: IO[bytes]
+    runtime: SandboxRuntime,
+    spec: CommandSpec,
+    stdout: int | IO[bytes],
+    stderr: int | IO[bytes],
 ) -> subprocess.Popen[bytes]:
-    """Start `spec` with the shell, in the sandbox, writing to the given files."""
+    """Start `spec` with the shell, in the sandbox, writing to the given files or pipes."""
     return runtime.spawn(
         [SHELL, "-c", spec.command],
         cwd=spec.cwd,
@@ -73,34 +79,25 @@ def spawn_shell(
 
 def start_shell(
     runtime: SandboxRuntime, spec: CommandSpec
-) -> tuple[subprocess.Popen[bytes], dict[str, Path]]:
-    """Start `spec` writing to fresh output files; the process and the files. OSError if not."""
-    run_id = secrets.token_hex(8)
-    paths = {name: runtime.run_dir / f"{run_id}.{name}" for name in ("stdout", "stderr")}
-    try:
-        with open(paths["stdout"], "wb") as out, open(paths["stderr"], "wb") as err:
-            return spawn_shell(runtime, spec, out, err), paths
-    except BaseException:
-        for path in paths.values():
-            path.unlink(missing_ok=True)
-        raise
+) -> tuple[subprocess.Popen[bytes], dict[str, IO[bytes]]]:
+    """Start `spec` writing to pipes (no disk needed); the process and its pipes. OSError if not."""
+    proc = spawn_shell(runtime, spec, subprocess.PIPE, subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    return proc, {"stdout": proc.stdout, "stderr": proc.stderr}
 
 
 def follow_shell(
     proc: subprocess.Popen[bytes],
-    paths: dict[str, Path],
+    pipes: dict[str, IO[bytes]],
     sink: Callable[[str, bytes], None],
     deadline: float | None,
 ) -> int | str:
-    """Tail a process started by `start_shell` into `sink`; its exit code, or the error."""
+    """Read a process started by `start_shell` into `sink`; its exit code, or the error."""
     try:
-        follow(proc, paths, sink, deadline)
+        follow_pipes(proc, pipes, sink, deadline)
         return proc.wait()
     except OSError as exc:
         return str(exc)
-    finally:
-        for path in paths.values():
-            path.unlink(missing_ok=True)
 
 
 def run_shell(
@@ -190,6 +187,7 @@ class Commands:
 
     def _foreground(self, ex: Exchange, command_id: str, spec: CommandSpec) -> None:
         started = time.monotonic()
+        oom_before = self.runtime.oom_kills()
         try:
             proc, paths = start_shell(self.runtime, spec)
         except OSError as exc:
@@ -215,7 +213,11 @@ class Commands:
                 stream.event(failure(outcome, outcome))
             else:
                 record.finish()
-                stream.event(complete(started) if outcome == 0 else failure(*exit_error(outcome)))
+                stream.event(
+                    complete(started)
+                    if outcome == 0
+                    else failure(*run_error(self.runtime, outcome, oom_before))
+                )
         finally:
             self._end(stream)
 

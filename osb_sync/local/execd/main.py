@@ -141,7 +141,11 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
         return  # a spare the server never claimed
     env = {**claim["env"], "JUPYTER_PORT": str(jupyter.getsockname()[1])}
     runtime = runner.SandboxRuntime(
-        Path(config["home"]), Path(config["run_dir"]), env, claim.get("address_space_limit")
+        Path(config["home"]),
+        Path(config["run_dir"]),
+        env,
+        claim.get("address_space_limit"),
+        Path(config["oom_control"]) if config.get("oom_control") else None,
     )
     app = router.ExecdApp(runtime, config["ping_interval"], config["command_grace"])
     token = str(claim["token"]).encode()

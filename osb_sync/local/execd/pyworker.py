@@ -82,11 +82,21 @@ class PythonWorker:
         self._requests = os.fdopen(requests_w, "wb", buffering=0)
         self._replies = os.fdopen(replies_r, "rb", buffering=0)
         self._pipes = Pipes(self._requests, self._replies, self._proc.stdout, self._proc.stderr)
+        self.death_reported = False  # a run was told that the worker died (DeadKernelError)
 
     @property
     def alive(self) -> bool:
         """False once the worker process has exited."""
         return self._proc.poll() is None
+
+    def ending(self) -> str:
+        """How the ended worker process ended ("was killed by SIGKILL", "exited with code 1")."""
+        code = self._proc.poll()
+        if code is None:
+            return "is running"
+        if code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
 
     def run(self, code: str, emit: Emit) -> None:
         """Run `code`, emitting output live and then result/error and execution_complete."""
@@ -119,9 +129,11 @@ class PythonWorker:
         if reply is None:
             self._proc.wait()
             reply = {"error": DEAD_WORKER}
+            self.death_reported = True
         elif reply is BROKEN:
             self.kill()
             reply = {"error": BROKEN_WORKER}
+            self.death_reported = True
         self._report(reply, emit, started)
 
     def _pump(

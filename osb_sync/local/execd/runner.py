@@ -54,14 +54,28 @@ class SandboxRuntime:
         run_dir: Path,
         env: dict[str, str],
         address_space_limit: int | None = None,
+        oom_control: Path | None = None,
     ) -> None:
         self.dir = home
+        self.oom_control = oom_control  # the sandbox's memory.oom_control, bound in read-only
         self.address_space_limit = address_space_limit
         self.run_dir = run_dir
         self.env = env
         self._lock = threading.Lock()
         self._procs: dict[int, subprocess.Popen[Any]] = {}
         self._closed = False
+
+    def oom_kills(self) -> int:
+        """How many processes of the sandbox the OOM killer ended so far (0 if unknown)."""
+        if self.oom_control is None:
+            return 0
+        try:
+            for line in self.oom_control.read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+        return 0
 
     def resolve(self, path: str) -> Path:
         """A sandbox path: relative paths are inside the working directory."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import email.parser
+import errno
 import os
 import re
 import secrets
@@ -24,6 +25,9 @@ from .runner import SandboxRuntime
 PIECE = 1 << 16
 METADATA_LIMIT = 1 << 20
 PART_HEADER_LIMIT = 16 * 1024
+STAGING_PREFIX = ".osb-upload-"
+# A write that fails for want of room: said as such, not as a bare OSError.
+NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 class MultipartReader:
@@ -40,7 +44,7 @@ class MultipartReader:
             raise error(400, "INVALID_FILE", "truncated multipart body")
         self._buffer += data
 
-    def _until(self, marker: bytes, sink: Callable[[bytes], None]) -> None:
+    def _until(self, marker: bytes, sink: Callable[[bytes], object]) -> None:
         while (index := self._buffer.find(marker)) < 0:
             keep = len(marker) - 1
             if len(self._buffer) > keep:
@@ -61,8 +65,14 @@ class MultipartReader:
         self._until(b"\r\n\r\n", keep)
         return bytes(block)
 
-    def parts(self, staging: Path) -> Iterator[tuple[str, str | None, Path]]:
-        """Yield (field name, filename, file holding the content) for every part."""
+    def parts(
+        self, place: Callable[[str, str | None], Path]
+    ) -> Iterator[tuple[str, str | None, Path]]:
+        """Yield (field name, filename, file holding the content) for every part.
+
+        Each part is written in the directory `place(name, filename)` names; a part cut short
+        (a broken body, a full disk) is removed before the error goes up.
+        """
         self._until(self._delimiter, lambda _: None)
         while True:
             while len(self._buffer) < 2:
@@ -70,15 +80,16 @@ class MultipartReader:
             if self._buffer.startswith(b"--"):
                 return
             headers = email.parser.BytesHeaderParser().parsebytes(self._part_header().lstrip())
-            name = headers.get_param("name", header="content-disposition")
-            target = staging / f"upload-{secrets.token_hex(8)}"
-            with open(target, "wb") as out:
-
-                def write(data: bytes) -> None:
-                    out.write(data)
-
-                self._until(self._delimiter, write)
-            yield str(name or ""), headers.get_filename(), target
+            name = str(headers.get_param("name", header="content-disposition") or "")
+            filename = headers.get_filename()
+            target = place(name, filename) / f"{STAGING_PREFIX}{secrets.token_hex(8)}"
+            try:
+                with open(target, "wb") as out:
+                    self._until(self._delimiter, out.write)
+            except BaseException:
+                target.unlink(missing_ok=True)
+                raise
+            yield name, filename, target
 
 
 @dataclass(frozen=True)
@@ -152,34 +163,58 @@ def upload(runtime: SandboxRuntime, ex: Exchange) -> None:
     """POST /files/upload: pairs of `metadata` and `file` parts (the i-th with the i-th).
 
     All files are written or none: every entry is checked and staged next to its target
-    before the first one is renamed into place.
+    before the first one is renamed into place. A file part whose metadata came first (as
+    the SDKs send them) is written straight into its target's directory, so it is renamed,
+    not copied (no second copy's room needed); otherwise it waits in execd's state
+    directory. Every staged file is removed on every failure path.
     """
     content_type = ex.headers.get("Content-Type") or ""
     found = re.search(r'boundary="?([^";]+)"?', content_type)
     if not content_type.startswith("multipart/form-data") or not found:
         raise error(400, "INVALID_FILE", "expected a multipart/form-data body")
     staged: list[Path] = []
+    targets: list[tuple[Path, Permissions]] = []
+    contents: list[Path] = []
+    made: list[Path] = []
+
+    def place(name: str, filename: str | None) -> Path:
+        if name == "file" and filename is not None and len(contents) < len(targets):
+            parent = targets[len(contents)][0].parent
+            made.extend(_make_parents(parent))
+            return parent
+        return runtime.run_dir
+
+    done = False
     try:
-        metas: list[Path] = []
-        contents: list[Path] = []
-        for name, filename, path in MultipartReader(ex.body, found.group(1)).parts(runtime.run_dir):
+        for name, filename, path in MultipartReader(ex.body, found.group(1)).parts(place):
             staged.append(path)
             if name == "metadata" and filename is not None:
-                metas.append(path)
+                targets.append(_upload_target(runtime, path))
             elif name == "file" and filename is not None:
                 contents.append(path)
-        if not metas:
+        if not targets:
             raise error(400, "INVALID_FILE_METADATA", "metadata file is missing")
-        if len(metas) != len(contents):
+        if len(targets) != len(contents):
             raise error(400, "INVALID_FILE", "metadata and file parts do not pair up")
-        plan = [
-            (*_upload_target(runtime, meta), content)
-            for meta, content in zip(metas, contents, strict=True)
-        ]
+        plan = [(*target, content) for target, content in zip(targets, contents, strict=True)]
         _install(plan)
+        done = True
+    except OSError as exc:
+        if exc.errno in NO_ROOM:
+            raise error(
+                500,
+                "RUNTIME_ERROR",
+                f"upload failed, nothing was written: {os.strerror(exc.errno or 0)}"
+                " (the sandbox's disk is full: free room, or upload less)",
+            ) from None
+        raise
     finally:
         for path in staged:
             path.unlink(missing_ok=True)
+        if not done:
+            for directory in reversed(made):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
     ex.send(200)
 
 
@@ -205,8 +240,15 @@ def _install(plan: list[tuple[Path, Permissions, Path]]) -> None:
     try:
         for target, spec, content in plan:
             made += _make_parents(target.parent)
-            temp = target.parent / f".osb-upload-{secrets.token_hex(8)}"
-            shutil.move(str(content), str(temp))
+            if content.parent == target.parent:
+                temp = content  # staged in place: renamed below, never copied
+            else:
+                temp = target.parent / f"{STAGING_PREFIX}{secrets.token_hex(8)}"
+                try:
+                    shutil.move(str(content), str(temp))
+                except BaseException:
+                    temp.unlink(missing_ok=True)  # a copy cut short (a full disk)
+                    raise
             ready.append((temp, target))
             apply_permissions(temp, spec)
     except BaseException:

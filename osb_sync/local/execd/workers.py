@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import IO, Any
 
 from ..http.bodies import rfc3339
 from .runner import SandboxRuntime, kill_group
@@ -40,6 +40,14 @@ def exit_error(returncode: int) -> tuple[str, str]:
         sig = signal.Signals(-returncode)
         return "-1", f"signal: {SIGNAL_WORDS.get(sig, sig.name.lower())}"
     return str(returncode), f"exit status {returncode}"
+
+
+def run_error(runtime: SandboxRuntime, returncode: int, oom_before: int) -> tuple[str, str]:
+    """`exit_error`, saying so when the OOM killer ended the process (its count went up)."""
+    evalue, text = exit_error(returncode)
+    if returncode == -signal.SIGKILL and runtime.oom_kills() > oom_before:
+        text += " (out of memory: the OOM killer ended it at the sandbox's memory limit)"
+    return evalue, text
 
 
 def failure(evalue: str, text: str) -> dict[str, Any]:
@@ -125,37 +133,66 @@ class LineSplitter:
         return line.removesuffix(b"\r").decode("utf-8", "replace") or "\n"
 
 
-def follow(
+def follow_pipes(
     proc: subprocess.Popen[bytes],
-    files: dict[str, Path],
+    pipes: dict[str, IO[bytes]],
     sink: Callable[[str, bytes], None],
     deadline: float | None = None,
 ) -> bool:
-    """Feed what `proc` writes to `files` into `sink` until it exits; True if it timed out.
+    """Feed what `proc` writes to its `pipes` into `sink` until it exits; True if it timed out.
 
-    Output goes to files rather than pipes, like execd: a background child that keeps a pipe
-    open would otherwise keep the stream open forever.
+    Pipes, not files: output needs no free disk, so a sandbox whose disk is full (or a shared
+    disk another sandbox filled) still sees every line. Once `proc` has exited, what is in the
+    pipes is read and the run ends without waiting for EOF: a background child that inherited
+    a pipe (`sleep 60 &`) does not hold the stream open; what it writes later is read and
+    dropped by a thread of its own until EOF (closed, the pipe would kill it with SIGPIPE).
     """
-    handles: dict[str, BinaryIO] = {name: open(path, "rb") for name, path in files.items()}
     timed_out = False
+    open_pipes = dict(pipes)
     try:
-        while True:
-            exited = proc.poll() is not None
-            got = False
-            for name, handle in handles.items():
-                while data := handle.read(READ_SIZE):
-                    sink(name, data)
-                    got = True
-            if exited:
-                return timed_out
-            if deadline is not None and not timed_out and time.monotonic() > deadline:
-                kill_group(proc.pid, signal.SIGKILL)
-                timed_out = True
-            if not got:
-                time.sleep(POLL_INTERVAL)
+        with selectors.DefaultSelector() as waiter:
+            for name, pipe in pipes.items():
+                os.set_blocking(pipe.fileno(), False)
+                waiter.register(pipe.fileno(), selectors.EVENT_READ, name)
+            while waiter.get_map():
+                exited = proc.poll() is not None
+                wait = 0 if exited else POLL_INTERVAL
+                if deadline is not None and not timed_out:
+                    wait = min(wait, max(0.0, deadline - time.monotonic()))
+                ready = waiter.select(wait)
+                for key, _ in ready:
+                    try:
+                        data = os.read(int(key.fd), READ_SIZE)
+                    except BlockingIOError:
+                        continue
+                    if data:
+                        sink(key.data, data)
+                    else:
+                        waiter.unregister(key.fd)
+                        open_pipes.pop(key.data).close()
+                if exited and not ready:
+                    return timed_out
+                if deadline is not None and not timed_out and time.monotonic() > deadline:
+                    kill_group(proc.pid, signal.SIGKILL)
+                    timed_out = True
+            proc.wait()
+            return timed_out
     finally:
-        for handle in handles.values():
-            handle.close()
+        if open_pipes:
+            threading.Thread(target=_drop, args=(list(open_pipes.values()),), daemon=True).start()
+
+
+def _drop(pipes: list[IO[bytes]]) -> None:
+    """Read and drop what `pipes` still get until EOF, then close them."""
+    for pipe in pipes:
+        try:
+            os.set_blocking(pipe.fileno(), True)
+            while pipe.read(READ_SIZE):
+                pass
+        except (OSError, ValueError):
+            pass
+        finally:
+            pipe.close()
 
 
 @dataclass

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT = "osb-sync"
 FREEZE_TIMEOUT = 5.0
 STALE_AFTER = 60.0
+KILL_TIMEOUT = 10.0
+# Every controller a sandbox may have a group of (the freezer, and the limits' controllers).
+CONTROLLERS = ("freezer", "memory", "cpu", "pids")
 # sh: put ourselves into each group named before `--`, then exec the rest (the container).
 # The shell exports PWD (a host path) to what it runs: bwrap, whose environment the sandbox reads.
 JOIN_SCRIPT = (
@@ -118,30 +123,79 @@ class Cgroup:
                 raise OSError(f"the freezer did not reach {wanted}")
             time.sleep(0.01)
 
-    def oom_kills(self) -> int:
-        """How many processes the memory group's limit has killed (0 without that group)."""
-        path = self.dirs.get("memory")
-        try:
-            text = (path / "memory.oom_control").read_text() if path is not None else ""
-        except OSError:
-            return 0
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name == "oom_kill" and value.strip().isdigit():
-                return int(value)
-        return 0
+    def kill(self) -> int:
+        """SIGKILL every process in the groups, whatever state it is in; how many were killed."""
+        return kill_members(self.dirs.values())
 
     def remove(self) -> None:
         """Remove the groups once their processes are gone (waits a little for them)."""
-        deadline = time.monotonic() + FREEZE_TIMEOUT
-        for path in self.dirs.values():
-            while True:
-                try:
-                    path.rmdir()
+        remove_groups(self.dirs.values())
+
+
+def remove_groups(paths: Iterable[Path]) -> None:
+    """Remove the groups `paths` once their processes are gone (waits a little for them)."""
+    deadline = time.monotonic() + FREEZE_TIMEOUT
+    for path in paths:
+        while True:
+            try:
+                path.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
                     break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.01)
+                time.sleep(0.01)
+
+
+def members(path: Path) -> list[int]:
+    """The pids in the group `path` (none once it is gone)."""
+    try:
+        return [int(pid) for pid in (path / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def kill_members(dirs: Iterable[Path], timeout: float = KILL_TIMEOUT) -> int:
+    """SIGKILL every process in the groups `dirs` until they are empty; how many were killed.
+
+    A freezer group among them is frozen first, so nothing forks while the others are being
+    killed, then thawed (a frozen process cannot die). Whatever bwrap is doing (still setting
+    up the namespaces, or waiting for a parent that died), its processes are in the groups:
+    the launcher joined them before it started bwrap.
+    """
+    groups = [path for path in dirs if path.is_dir()]
+    freezers = [path for path in groups if (path / "freezer.state").is_file()]
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        for path in freezers:
+            _write_quietly(path / "freezer.state", "FROZEN")
+        pids = {pid for path in groups for pid in members(path)}
+        for pid in pids - killed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for path in freezers:
+            _write_quietly(path / "freezer.state", "THAWED")
+        if not pids or time.monotonic() > deadline:
+            return len(killed)
+        time.sleep(0.01)
+
+
+def _write_quietly(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except OSError:
+        pass
+
+
+def leftover_groups(name: str) -> list[Path]:
+    """The groups of the sandbox `name` that exist, in every controller (any age)."""
+    return [
+        parent_dir(controller) / name
+        for controller in CONTROLLERS
+        if (parent_dir(controller) / name).is_dir()
+    ]

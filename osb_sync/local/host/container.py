@@ -31,6 +31,7 @@ from typing import Any
 
 from . import bwrap, spawn
 from .cgroup import Cgroup
+from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
 from .limits import Plan
 from .slirp import start_slirp
@@ -44,6 +45,7 @@ START_TIMEOUT = 30.0
 START_ATTEMPTS = 3
 BINARY_START_TIMEOUT = 60.0  # a Jupyter server takes seconds to start, more on a busy machine
 STOP_TIMEOUT = 5.0
+OOM_CONTROL = "/run/osb-oom-control"  # the sandbox's memory.oom_control, as execd sees it
 
 
 @dataclass(frozen=True)
@@ -240,10 +242,6 @@ class SandboxContainer:
                 self.network = "none"
             return self._slirp is not None
 
-    def oom_kills(self) -> int:
-        """How many of its processes its memory limit killed (0 without a memory group)."""
-        return self._cgroup.oom_kills() if self._cgroup is not None else 0
-
     def apply_limits(self, plan: Plan) -> None:
         """Write `plan`'s cgroup limits into a launched spare's (unconfigured) groups.
 
@@ -279,6 +277,14 @@ class SandboxContainer:
         """True while the container's main process runs."""
         return self._proc is not None and self._proc.poll() is None
 
+    def exit_code(self) -> int | None:
+        """The main process's exit code once it ended (bwrap: 128+N for signal N), else None."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def group(self, controller: str) -> Path | None:
+        """The sandbox's group of `controller`, if it has one."""
+        return self._cgroup.dirs.get(controller) if self._cgroup is not None else None
+
     def _send(self, line: dict[str, Any]) -> None:
         assert self._proc is not None and self._proc.stdin is not None
         self._proc.stdin.write(json.dumps(line).encode() + b"\n")
@@ -289,12 +295,21 @@ class SandboxContainer:
         tmp, state = self.run_dir / "tmp", self.run_dir / "execd"
         binary, mounts = self._settings.binary, self._settings.mounts
         extra = binary.bwrap_args() if binary else []
+        extra = [*extra, *self._oom_bind()]
         filtered = self.support.seccomp is not None
         if filtered:
             self._seccomp_fd = _memfd("seccomp", self.support.seccomp or b"")
             extra = ["--seccomp", str(self._seccomp_fd), *extra]
         options = bwrap.container_options(self.home, tmp, state, info_fd, mounts, extra)
         return _memfd("bwrap-options", b"".join(os.fsencode(a) + b"\0" for a in options))
+
+    def _oom_bind(self) -> list[str]:
+        """bwrap arguments that show execd its memory group's OOM counter (read-only)."""
+        wanted = {*self._limits.cgroup, *self._settings.controllers}
+        if "memory" not in wanted:
+            return []
+        counter = cgroup_parent_dir("memory") / self.home.name / "memory.oom_control"
+        return ["--ro-bind-try", str(counter), OOM_CONTROL]
 
     def _join_cgroups(self, argv: list[str]) -> list[str]:
         """Make the sandbox's groups, write its limits, and prefix `argv` with joining them."""
@@ -338,6 +353,7 @@ class SandboxContainer:
             "ping_interval": ping,
             "command_grace": grace,
             "file_size_limit": bwrap.FILE_SIZE_LIMIT if self.isolated else 0,
+            "oom_control": OOM_CONTROL if self._oom_bind() else None,
         }
 
     def _log_tail(self) -> str:
@@ -389,8 +405,19 @@ class SandboxContainer:
                 sock.connect(self._relay_path)
             sock.sendall(b"%d\n" % port)
             answer = b""
+            # The server holds the listening socket: a dead container's backlog accepts, and
+            # nobody answers. Look at its main process while waiting, not only at the end.
+            waited_until = time.monotonic() + timeout
+            sock.settimeout(min(timeout, 0.25))
             while not answer.endswith(b"\n"):
-                byte = sock.recv(1)
+                try:
+                    byte = sock.recv(1)
+                except TimeoutError:
+                    if not self.alive():
+                        raise ConnectionRefusedError("the sandbox's container exited") from None
+                    if time.monotonic() >= waited_until:
+                        raise
+                    continue
                 if not byte:
                     break
                 answer += byte
@@ -444,6 +471,9 @@ class SandboxContainer:
             self._slirp.kill()
             self._slirp.wait()
         if self._cgroup is not None:
+            # What the namespace's init did not take with it: an inner bwrap still setting up
+            # (it has no init yet), or a container whose main process was never told its init.
+            self._cgroup.kill()
             self._cgroup.remove()
         self._relay.close()
         if self._ready_r >= 0:
@@ -461,6 +491,8 @@ class SandboxContainer:
             # the PID namespace ends with its init (whose pid is its while bwrap waits for it)
             spawn.kill_init(self._init_fd, self.init_pid, proc.poll() is None)
             self._init_fd = -1
+        elif self.isolated and self._cgroup is not None:
+            self._cgroup.kill()  # no init known yet: bwrap is still setting up
         elif proc.stdin is not None:
             proc.stdin.close()  # the plain main kills what it started, then exits
         try:

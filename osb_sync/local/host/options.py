@@ -154,8 +154,14 @@ UNENFORCED_NETWORK_POLICY = Option(
 ROOT_DIR: Option[str | Path | None] = Option(
     "root_dir",
     None,
-    "where sandbox directories go; default a fresh temporary directory, removed on stop.",
-    python_only="serve keeps its state in a temporary directory it removes when it stops",
+    "the state directory, where sandbox directories go (default a fresh temporary"
+    " directory, removed on stop); a start reaps what a killed server left in it, and its"
+    " sandboxes are not carried over (their ids answer 404).",
+    flag="--state-dir",
+    help="state directory of the sandboxes (default: a fresh temporary directory, removed"
+    " when the server stops); a start removes what a killed server left there, and that"
+    " server's sandbox ids answer 404",
+    metavar="DIR",
 )
 COMMAND_GRACE = Option(
     "command_grace",

@@ -1,7 +1,9 @@
 """Lifecycle API of the local server: the sandbox registry, its route handlers and states.
 
 States follow the Docker runtime of the real server: `Pending` (only with `pending_seconds`),
-`Running`, `Paused`; a deleted or expired sandbox is gone (404), never `Terminated`.
+`Running`, `Paused`, and `Failed` (`CONTAINER_EXITED_ERROR`, with what ended it: an exit code,
+a signal, the OOM killer) once its container's main process (our execd) is seen dead; a deleted
+or expired sandbox is gone (404), never `Terminated`.
 
 Besides sandboxes, the handlers of the released server's other routes: snapshots
 (`snapshots.py`), diagnostics (`diagnostics.py`, whose journal every transition writes to),
@@ -24,8 +26,9 @@ from urllib.parse import parse_qsl, unquote
 
 from ..http.bodies import rfc3339
 from ..http.exchange import Exchange, HttpError, error
-from . import diagnostics, limits, network, volumes
+from . import diagnostics, limits, liveness, network, volumes
 from .bwrap import Support, network_plan
+from .capacity import Capacity
 from .container import Launch, SandboxContainer
 from .execd_binary import ExecdBinary
 from .pools import (
@@ -58,6 +61,7 @@ REASONS = {
     "Pending": ("CONTAINER_STARTING", "Sandbox container is starting."),
     "Running": ("CONTAINER_RUNNING", "Sandbox container started successfully."),
     "Paused": ("CONTAINER_PAUSED", "Sandbox container is paused."),
+    "Failed": (liveness.REASON, "Sandbox container exited."),
 }
 
 
@@ -93,18 +97,26 @@ class LocalSandbox:
     expires_at: datetime | None
     ready_at: datetime
     note: str = ""
+    failure: str = ""  # why the container ended (state Failed)
     removing: bool = False
     state: str = "Pending"
     transition_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     egress_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     policy: dict[str, Any] = field(default_factory=dict)  # the network policy it runs under
 
-    def refresh(self, now: datetime) -> bool:
-        """Move Pending to Running once the pending time is over; True if it moved now."""
+    def refresh(self, now: datetime) -> str | None:
+        """Move Pending to Running once the pending time is over, and to Failed once dead;
+        the event of the move (for the journal), or None."""
+        event = None
         if self.state == "Pending" and now >= self.ready_at:
             self.state, self.transition_at = "Running", self.ready_at
-            return True
-        return False
+            event = "started: Running"
+        if self.state != "Failed" and not self.removing:
+            why = liveness.death(self.container)
+            if why is not None:
+                self.state, self.failure, self.transition_at = "Failed", why, now
+                event = f"failed: {why}"
+        return event
 
     def view(self, created: bool = False) -> dict[str, Any]:
         """The Sandbox (or, with `created`, CreateSandboxResponse) object; nulls omitted."""
@@ -112,7 +124,7 @@ class LocalSandbox:
         status = {
             "state": self.state,
             "reason": reason,
-            "message": message + self.note,
+            "message": (self.failure or message) + self.note,
             "lastTransitionAt": rfc3339(self.transition_at),
         }
         data: dict[str, Any] = {
@@ -172,6 +184,7 @@ class Registry:
             config.root, config.support, timing, config.spare_containers, spare_settings
         )
         self.spares = self.containers.pool
+        self.capacity = Capacity(lambda: len(self._sandboxes) + self.spares.count)
         self.journal = diagnostics.Journal()
         self._policy_lock = threading.Lock()  # network policy changes, one at a time
         self.snapshots = SnapshotStore(config.root)
@@ -186,8 +199,9 @@ class Registry:
             return sandbox
 
     def _refresh(self, sandbox: LocalSandbox, now: datetime) -> None:
-        if sandbox.refresh(now):
-            self.journal.record(sandbox.id, "started: Running")
+        event = sandbox.refresh(now)
+        if event is not None:
+            self.journal.record(sandbox.id, event)
 
     def _get(self, ex: Exchange) -> LocalSandbox:
         sandbox = self.find(ex.params["id"])
@@ -238,7 +252,8 @@ class Registry:
         config = {"env": env, "token": token, "limits": plan}
         try:
             spares = pool.spares if pool is not None else None
-            container = self.containers.claimed(body, config, internet, mounts, spares)
+            with self.capacity.admit():
+                container = self.containers.claimed(body, config, internet, mounts, spares)
             if snapshot is not None:
                 try:
                     self.snapshots.restore(snapshot, self._writable(container))
@@ -473,14 +488,17 @@ class Registry:
         )
 
     def reap_expired(self) -> None:
-        """Remove every sandbox whose expiry has passed; journal OOM kills; replace the
-        pools' dead spares."""
+        """Remove every sandbox whose expiry has passed (and mark the dead ones Failed);
+        journal OOM kills; replace the pools' dead spares."""
         now = datetime.now(timezone.utc)
         with self._lock:
+            for sandbox in self._sandboxes.values():
+                self._refresh(sandbox, now)
             live = [s for s in self._sandboxes.values() if not s.removing]
             doomed = [s.id for s in live if s.expires_at is not None and s.expires_at <= now]
         for sandbox in live:
-            self.journal.note_oom_kills(sandbox.id, sandbox.container.oom_kills())
+            kills = liveness.oom_kills(sandbox.container.group("memory"))
+            self.journal.note_oom_kills(sandbox.id, kills)
         for sandbox_id in doomed:
             self.remove(sandbox_id, "expired: its timeout passed")
         self.pools.replace_dead()
@@ -555,7 +573,8 @@ class Registry:
     def _events_of(self, sandbox_id: str) -> builtins.list[str]:
         sandbox = self.find(sandbox_id)  # brings a Pending sandbox's start into the journal
         if sandbox is not None:
-            self.journal.note_oom_kills(sandbox_id, sandbox.container.oom_kills())
+            kills = liveness.oom_kills(sandbox.container.group("memory"))
+            self.journal.note_oom_kills(sandbox_id, kills)
         events = self.journal.events(sandbox_id)
         if events is None:
             raise not_found(sandbox_id)
@@ -625,7 +644,7 @@ class Registry:
             f"Network: {container.network} (policy {policy['mode']})",
             f"Main process alive: {'yes' if container.alive() else 'no'}",
             f"Processes: {len(container.members())}",
-            f"OOM kills: {container.oom_kills()}",
+            f"OOM kills: {liveness.oom_kills(container.group('memory'))}",
             f"Status: {sandbox.note.strip()}",
         ]
         return "".join(line + "\n" for line in lines)

@@ -23,8 +23,8 @@ from types import FrameType, TracebackType
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
+from . import capacity, options, proxy, recovery
 from . import limits as resource_limits
-from . import options, proxy
 from .bwrap import FIX, Support, compile_package, probe, refusal
 from .execd_binary import ExecdBinary
 from .network import EGRESS_HEADER, EGRESS_PORT
@@ -119,6 +119,7 @@ class LocalServer:
         self._router: Router | None = None
         self._threads: list[threading.Thread] = []
         self._catches_sigterm = False
+        self._lock_fd = -1  # held for the server's life: the state directory is its (recovery.py)
 
     @property
     def base_url(self) -> str:
@@ -160,6 +161,7 @@ class LocalServer:
             if self._started:
                 return self
             support = self._support()
+            capacity.raise_descriptor_limit()
             if support.bwrap is not None:
                 compile_package()
             self.isolated = self.network_policy_enforced = support.bwrap is not None
@@ -170,6 +172,9 @@ class LocalServer:
             self._httpd = HTTPServer((self.host, self.port), self.route, self.limits, hosts)
             self.port = self._httpd.server_address[1]
             self.root_dir = self._make_root()
+            self._lock_fd = recovery.claim(self.root_dir)
+            recovery.reap(self.root_dir)
+            recovery.sweep_strays()
             self._registry = Registry(
                 Config(
                     root=self.root_dir,
@@ -236,7 +241,7 @@ class LocalServer:
 
     def _make_root(self) -> Path:
         if self._root_dir is None:
-            return Path(tempfile.mkdtemp(prefix="osb-local-"))
+            return Path(tempfile.mkdtemp(prefix=recovery.STRAY_PREFIX))
         self._root_dir.mkdir(parents=True, exist_ok=True)
         return self._root_dir
 
@@ -268,6 +273,9 @@ class LocalServer:
         self._httpd.close_connections()
         if self._root_dir is None and self.root_dir is not None:
             shutil.rmtree(self.root_dir, ignore_errors=True)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def serve_forever(self) -> None:
         """Serve in the foreground until Ctrl-C, SIGTERM or `stop()`, then shut down cleanly."""
@@ -392,7 +400,10 @@ class LocalServer:
             raise HttpError(401, BAD_TOKEN)
         if sandbox.state != "Running":
             # What the real proxy answers while the container is starting or frozen.
-            raise proxy.unreachable(sandbox_id, f"sandbox is {sandbox.state}")
+            detail = f"sandbox is {sandbox.state}"
+            raise proxy.unreachable(
+                sandbox_id, f"{detail}: {sandbox.failure}" if sandbox.failure else detail
+            )
         # execd checks the token too: the proxy passes it on to execd's port, and only there.
         extra = {"X-EXECD-ACCESS-TOKEN": sandbox.token} if port == EXECD_PORT else {}
         proxy.forward(ex, sandbox.container, sandbox_id, port, rest, extra)

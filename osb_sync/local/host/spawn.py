@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import queue
-import select
+import selectors
 import signal
 import threading
 import time
@@ -54,16 +54,22 @@ SPAWNER = _Spawner()
 
 
 def read_until(fd: int, end: bytes, deadline: float) -> bytes:
-    """Read `fd` until `end` is seen, EOF, or the deadline; what was read."""
+    """Read `fd` until `end` is seen, EOF, or the deadline; what was read.
+
+    Waits with a selector (epoll or poll), never `select()`: a server holding a few hundred
+    sandboxes has descriptors above FD_SETSIZE (1024), which `select()` cannot watch.
+    """
     data = b""
-    while end not in data:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            break
-        piece = os.read(fd, 4096)
-        if not piece:
-            break
-        data += piece
+    with selectors.DefaultSelector() as waiter:
+        waiter.register(fd, selectors.EVENT_READ)
+        while end not in data:
+            left = deadline - time.monotonic()
+            if left <= 0 or not waiter.select(left):
+                break
+            piece = os.read(fd, 4096)
+            if not piece:
+                break
+            data += piece
     return data
 
 

@@ -1,0 +1,48 @@
+"""Why a sandbox's container ended: its main process's exit, and its memory group's OOM count.
+
+The registry asks on every look-up of a sandbox and from the server's reaper (a child's exit is
+seen with `waitpid`, without blocking), so a sandbox whose container or execd died reads
+`Failed`, with the reason, at once, and calls to it fail with that reason instead of waiting
+for a relay that nobody serves.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from .container import SandboxContainer
+
+REASON = "CONTAINER_EXITED_ERROR"  # the Docker runtime's reason for a container that exited
+
+
+def oom_kills(group: Path | None) -> int:
+    """How many processes the OOM killer ended in the memory group `group` (0 if unknown)."""
+    if group is None:
+        return 0
+    try:
+        for line in (group / "memory.oom_control").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def death(container: SandboxContainer) -> str | None:
+    """What ended the container, as a sentence ("...exited with code 3."), or None if it runs."""
+    code = container.exit_code()
+    if code is None:
+        return None
+    if code > 128 and code - 128 in signal.valid_signals():
+        name = signal.Signals(code - 128).name
+        if code - 128 == signal.SIGKILL and oom_kills(container.group("memory")):
+            return (
+                "Sandbox container was killed by the out-of-memory killer (SIGKILL): it reached"
+                " its memory limit."
+            )
+        return f"Sandbox container was killed by {name} (exit code {code})."
+    if code < 0:
+        return f"Sandbox container was killed by {signal.Signals(-code).name}."
+    return f"Sandbox container exited with code {code}."
