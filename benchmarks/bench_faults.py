@@ -12,23 +12,35 @@ Against a local server in its own process, ``--reps`` times each:
 
     python benchmarks/bench_faults.py
     python benchmarks/bench_faults.py --reps 3 --acquire-timeout 3 --create-timeout 3
+
+``--waits`` times instead the client's own waits (issue 24) against a loopback fake whose
+routes accept a request and never answer, with the client's default ``read_timeout`` (60 s):
+
+- ``connect_paused``: ``connect(id, ready_timeout=5)`` on a paused sandbox whose ``/ping``
+  the server's proxy holds unanswered (what a paused Docker sandbox does);
+- ``run_code_stalled``: ``run_code(timeout=2)`` on an execd that never answers ``/code``.
+
+    python benchmarks/bench_faults.py --waits --reps 3
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import ServerProcess, local_server, median, report
-from osb_sync import Client, SandboxPool, SandboxTimeoutError, TransportError
+from osb_sync import Client, OpenSandboxError, SandboxPool, SandboxTimeoutError, TransportError
 from osb_sync import _orphans as orphans  # no public way to wait for the background lookups
 
 
@@ -106,6 +118,68 @@ def wait_for_searches(limit: float = 120.0) -> None:
         time.sleep(0.005)
 
 
+def stalled_fake() -> Any:
+    """A fake OpenSandbox on loopback: sandbox ``sbx-1`` is Paused, and ``/ping`` and
+    ``/code`` accept the request and never answer (until the returned event is set)."""
+    from tests.fakeserver import FakeServer
+
+    server = FakeServer()
+    release = threading.Event()
+    port = server.server_address[1]
+
+    def stall(req: Any) -> None:
+        release.wait(120)
+        req.fin()
+
+    server.routes.update(
+        {
+            ("GET", "/v1/sandboxes/sbx-1"): lambda req: req.send_json(
+                200, {"id": "sbx-1", "status": {"state": "Paused", "reason": "Paused"}}
+            ),
+            ("GET", "/v1/sandboxes/sbx-1/endpoints/44772"): lambda req: req.send_json(
+                200, {"endpoint": f"127.0.0.1:{port}/execd"}
+            ),
+            ("GET", "/execd/ping"): stall,
+            ("POST", "/execd/code"): stall,
+        }
+    )
+    return server, release
+
+
+def timed_failure(call: Any) -> tuple[float, str]:
+    started = time.monotonic()
+    try:
+        call()
+    except OpenSandboxError as exc:
+        return time.monotonic() - started, f"{type(exc).__name__}: {str(exc)[:100]}"
+    raise RuntimeError("the call succeeded against a stalled server")
+
+
+def waits(reps: int) -> dict[str, object]:
+    server, release = stalled_fake()
+    results: dict[str, list[float]] = {"connect_paused": [], "run_code_stalled": []}
+    errors: dict[str, str] = {}
+    with server:
+        try:
+            for _ in range(reps):
+                with Client(server.api_base) as client:
+                    took, errors["connect_paused"] = timed_failure(
+                        functools.partial(client.connect, "sbx-1", ready_timeout=5)
+                    )
+                    results["connect_paused"].append(took)
+                    sandbox = client.connect("sbx-1", health_check=False)
+                    took, errors["run_code_stalled"] = timed_failure(
+                        functools.partial(sandbox.run_code, "print(1)", timeout=2)
+                    )
+                    results["run_code_stalled"].append(took)
+        finally:
+            release.set()
+    return {
+        "read_timeout_s": 60.0,
+        **{name: {**summary(values), "error": errors[name]} for name, values in results.items()},
+    }
+
+
 def summary(values: list[float]) -> dict[str, object]:
     return {"each": [round(v, 2) for v in values], "median": round(median(values), 2)}
 
@@ -116,7 +190,11 @@ def main() -> None:
     parser.add_argument("--acquire-timeout", type=float, default=3.0)
     parser.add_argument("--create-timeout", type=float, default=3.0)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--waits", action="store_true", help="time the client's waits instead")
     args = parser.parse_args()
+    if args.waits:
+        report("faults: client waits", waits(args.reps), args.json)
+        return
     deletions = DeletionLog()
     logging.getLogger("osb_sync").addHandler(deletions)
     results: dict[str, list[float]] = {

@@ -30,10 +30,17 @@ from ._constants import (
     API_KEY_ENV,
     CREATE_ID_KEY,
     DEFAULT_LANGUAGE,
+    DEFAULT_READY_TIMEOUT,
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
 )
-from ._errors import ApiError, ConfigurationError, NotSupportedError, TransportError
+from ._errors import (
+    ApiError,
+    ConfigurationError,
+    NotSupportedError,
+    SandboxTimeoutError,
+    TransportError,
+)
 from ._execd import Execd
 from ._execution import ExecutionStream
 from ._lifecycle import MAX_PAGE_SIZE, Lifecycle
@@ -52,8 +59,9 @@ from ._options import (
     with_keywords,
 )
 from ._resources import Pools, Snapshots, Templates
-from ._sandbox import Sandbox
+from ._sandbox import Sandbox, start_code
 from ._transport import Transport
+from ._wait import Wait
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -170,7 +178,14 @@ class Client:
         self._transport.reload_environment()
 
     def close(self) -> None:
-        """Close the client's own connections (a caller's session is left open)."""
+        """Stop the client's background work and close its own connections.
+
+        The background searches for sandboxes of failed creates get a last chance first (at
+        most 3 s in all, as at interpreter exit; an undecided one is logged with the tag to
+        look for), then stop. Every connection of the client's own session is closed; a
+        caller's session is left open.
+        """
+        self._lifecycle.close()
         self._transport.close()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -280,6 +295,8 @@ class Client:
 
         Raises:
             ApiError: the server refused the request.
+            SandboxStateError: the sandbox is paused (resume it first), or Failed, Stopping or
+                Terminated: execd cannot answer ``/ping``.
             SandboxTimeoutError: no endpoint (404s are retried) or no ``/ping`` answer within
                 ``ready_timeout``.
             TransportError: the server could not be reached.
@@ -402,7 +419,8 @@ class Client:
 
         Raises:
             ApiError: e.g. 409 when it is not paused.
-            SandboxTimeoutError: not Running within ``ready_timeout``.
+            SandboxTimeoutError: not Running within ``ready_timeout`` (the resume request
+                included).
         """
         sandbox_id = check_id(sandbox_id)
         reach = Reach.of({"ready_timeout": ready_timeout, "poll_interval": poll_interval})
@@ -455,19 +473,21 @@ class Client:
             code: the code to run.
             language: the kernel (``python``, ``bash``, ...).
             max_output_bytes: hard cap on the bytes of the event stream.
-            timeout: overall deadline in seconds; on expiry the run is interrupted.
+            timeout: overall deadline in seconds, from the call on (reaching a sandbox given
+                by id included); on expiry the run is interrupted.
             on_event: called with each Event as it arrives, on the calling thread.
 
         Raises:
             OutputLimitExceeded: the stream passed ``max_output_bytes`` (the run is interrupted).
-            SandboxTimeoutError: ``timeout`` expired (the run is interrupted).
+            SandboxTimeoutError: ``timeout`` expired (the run is interrupted if it had started).
             StreamError: the stream broke, stalled past ``read_timeout`` or ended truncated.
             ApiError: execd refused the request.
             TransportError: execd could not be reached.
         """
         check_options(options, "run_code", RUN_DEFAULTS)
-        with self._handle(sandbox) as handle:
-            return handle.run_code(code, **options)
+        with self._handle(sandbox, options.get("timeout")) as (handle, deadline):
+            with start_code(handle, code, options, deadline) as stream:
+                return stream.result()
 
     @with_keywords(RunOptions, RUN_DEFAULTS)
     def stream_code(
@@ -483,8 +503,8 @@ class Client:
             TransportError: execd could not be reached.
         """
         check_options(options, "stream_code", RUN_DEFAULTS)
-        with self._handle(sandbox) as handle:
-            return handle.stream_code(code, **options)
+        with self._handle(sandbox, options.get("timeout")) as (handle, deadline):
+            return start_code(handle, code, options, deadline)
 
     def code_interpreter_tool(
         self,
@@ -538,22 +558,44 @@ class Client:
         return sandbox
 
     @contextmanager
-    def _handle(self, sandbox: Sandbox | str) -> Iterator[Sandbox]:
-        """The sandbox, or a handle on it kept for the next call by id (forgotten on error).
+    def _handle(
+        self, sandbox: Sandbox | str, timeout: float | None = None
+    ) -> Iterator[tuple[Sandbox, float | None]]:
+        """The sandbox, or a handle on it kept for the next call by id (forgotten on error),
+        and the deadline of a run of ``timeout`` seconds, which starts now.
 
-        A handle is reached (endpoint and ``/ping``) once, not on every call by id.
+        A handle is reached (endpoint and ``/ping``) once, not on every call by id; reaching
+        it takes from the run's time.
+
+        Raises:
+            SandboxTimeoutError: the run's time ran out while the handle was being reached.
         """
+        wait = None
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+            wait = Wait("the run did not finish", timeout)  # a bad timeout: the run refuses it
+        deadline = None if wait is None else wait.deadline
         if isinstance(sandbox, Sandbox):
-            yield sandbox
+            yield sandbox, deadline
             return
         sandbox_id = check_id(sandbox)
         handle = self._handles.get(sandbox_id)
         if handle is None:
-            handle = self._handles.keep(self.connect(sandbox_id))
+            handle = self._handles.keep(self._connect_for_run(sandbox_id, wait))
         try:
-            yield handle
+            yield handle, deadline
         except (ApiError, TransportError):
             self._handles.forget(sandbox_id)  # gone, moved or paused: reach it afresh next time
+            raise
+
+    def _connect_for_run(self, sandbox_id: str, wait: Wait | None) -> Sandbox:
+        """``connect(sandbox_id)``, within the time left of the run's ``wait``."""
+        if wait is None:
+            return self.connect(sandbox_id)
+        try:
+            return self.connect(sandbox_id, ready_timeout=min(DEFAULT_READY_TIMEOUT, wait.left()))
+        except (SandboxTimeoutError, TransportError) as exc:
+            if wait.expired():
+                raise wait.error(f": sandbox {sandbox_id} was not reached in time ({exc})") from exc
             raise
 
 

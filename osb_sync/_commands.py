@@ -51,6 +51,8 @@ class Commands:
 
         Raises:
             OutputLimitExceeded: the output passed ``max_output_bytes``.
+            SandboxTimeoutError: execd did not answer within ``timeout`` plus 2 s (its
+                ``DEADLINE_SLACK``); the command may have started.
             ApiError: execd refused the command.
             StreamError: the stream broke or stalled.
         """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
@@ -15,9 +16,10 @@ from ._errors import (
     error_from_response,
     invalid_response,
 )
-from ._execution import ExecutionStream, Folder, R
+from ._execution import NOT_STARTED, ExecutionStream, Folder, R
 from ._models import Event
 from ._transport import Transport, response_json
+from ._wait import Wait
 
 logger = logging.getLogger("osb_sync")
 
@@ -66,10 +68,13 @@ class Execd:
         read_timeout: float | None = None,
         stream: bool = False,
         retry: bool | None = None,
+        deadline: float | None = None,
     ) -> requests.Response:
         """Send one call; an error status raises (and closes the response).
 
-        GETs are retried on transient failures unless ``retry`` is False.
+        GETs are retried on transient failures unless ``retry`` is False. ``deadline`` (a
+        ``time.monotonic()`` instant) bounds the call's connect and read timeouts by the time
+        left, and its retries.
 
         Raises:
             NotFoundError: 404 (a missing file, context or command).
@@ -89,6 +94,7 @@ class Execd:
             stream=stream,
             idempotent=method == "GET" if retry is None else retry,
             secrets=self._secrets,
+            deadline=deadline,
         )
         if response.status_code >= 300:
             try:
@@ -115,14 +121,26 @@ class Execd:
         on_event: Callable[[Event], object] | None = None,
         interrupt_path: str | None = None,
         stop_at_terminal: bool = False,
+        deadline: float | None = None,
     ) -> ExecutionStream[R]:
         """POST a run and return its live event stream.
 
+        ``timeout`` (seconds) runs from now, or up to ``deadline`` (a ``time.monotonic()``
+        instant) when the caller started it earlier: the request waits for execd's answer at
+        most the time left, and the stream's deadline is the same instant.
+
         Raises:
+            SandboxTimeoutError: execd did not answer within ``timeout``: the run may have
+                started, but execd had not named it, so no interrupt could be sent.
             ApiError: execd refused the run.
             TransportError: execd could not be reached.
         """
-        response = self.request("POST", path, json=body, headers=STREAM_HEADERS, stream=True)
+        wait = None if timeout is None else Wait("the run did not finish", timeout, deadline)
+        deadline = None if wait is None else wait.deadline
+        with wait.bounding(f"; {NOT_STARTED}") if wait is not None else nullcontext():
+            response = self.request(
+                "POST", path, json=body, headers=STREAM_HEADERS, stream=True, deadline=deadline
+            )
         content_type = response.headers.get("Content-Type", "")
         if "html" in content_type.lower():
             response.close()
@@ -143,6 +161,7 @@ class Execd:
             interrupt=interrupt,
             folder=folder,
             stop_at_terminal=stop_at_terminal,
+            deadline=deadline,
         )
 
     def interrupt(self, path: str, run_id: str, read_timeout: float | None = None) -> None:

@@ -221,7 +221,9 @@ class ExecutionStream(Generic[R]):
     which happened. A stream that stalled past the read timeout is not waited for again: its
     interrupt goes in the background.
 
-    ``timeout`` is an overall deadline, checked on every chunk (execd pings every 3 s). Where
+    ``timeout`` is an overall deadline, checked on every chunk (execd pings every 3 s); it
+    runs from ``deadline`` minus ``timeout`` (the instant the run's request was sent, given by
+    the caller), else from the stream's construction. Where
     urllib3 offers ``HTTPResponse.shutdown()`` (2.3+), a watchdog interrupts the run at the
     deadline and cuts a blocked read if the run has not ended ``INTERRUPT_WAIT`` seconds later,
     and :meth:`close` from another thread wakes a blocked reader at once; with older urllib3
@@ -238,13 +240,18 @@ class ExecutionStream(Generic[R]):
         interrupt: Callable[[str], bool] | None = None,
         folder: Folder[R] | None = None,
         stop_at_terminal: bool = False,
+        deadline: float | None = None,
     ):
         self._response = response
         self._stop_at_terminal = stop_at_terminal
         self._on_event = on_event
         self._interrupt = interrupt
         self._timeout = timeout
-        self._deadline = None if timeout is None else time.monotonic() + timeout
+        # The run's deadline starts when its call starts (``deadline``, a monotonic instant,
+        # set before the request was sent), not when the answer's headers arrive.
+        if deadline is None and timeout is not None:
+            deadline = time.monotonic() + timeout
+        self._deadline = deadline
         self._folder: Folder[R] = folder if folder is not None else ExecutionFolder()  # type: ignore[assignment]
         self._state = State.OPEN
         self._changed = threading.Condition(threading.Lock())  # guards and announces _state
@@ -258,8 +265,8 @@ class ExecutionStream(Generic[R]):
         chunks = capped(chunks, max_output_bytes)
         self._events = iter_events(chunks)
         self._watchdog: Scheduled | None = None
-        if timeout is not None and hasattr(response.raw, "shutdown"):
-            self._watchdog = WATCHDOG.schedule(timeout, self._expire)
+        if deadline is not None and hasattr(response.raw, "shutdown"):
+            self._watchdog = WATCHDOG.schedule(max(0.0, deadline - time.monotonic()), self._expire)
 
     def __iter__(self) -> ExecutionStream[R]:
         return self

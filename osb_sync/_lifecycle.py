@@ -10,7 +10,6 @@ funnel from a response to an exception.
 from __future__ import annotations
 
 import logging
-import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Mapping, Sequence
 from urllib.parse import quote, urlencode, urlsplit
@@ -25,7 +24,6 @@ from ._errors import (
     NotFoundError,
     OpenSandboxError,
     SandboxStateError,
-    SandboxTimeoutError,
     TransportError,
     error_from_response,
     invalid_response,
@@ -36,10 +34,13 @@ from ._errors import (
 from ._failures import V1_HINT
 from ._models import Endpoint, SandboxInfo, parse_time
 from ._transport import Transport, never_sent, response_json
+from ._wait import Wait
 
 logger = logging.getLogger("osb_sync")
 
 FATAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
+PAUSED_STATES = frozenset({"Paused", "Pausing"})
+RESUME_HINT = "resume it first (sandbox.resume(), or client.resume(sandbox_id))"
 EGRESS_HINT = (
     "Hint: this server has no egress support for networkPolicy; pass "
     "allow_internet_access=True or configure egress on the server."
@@ -104,7 +105,7 @@ def epoch(when: datetime | int | None) -> int | None:
         seconds = when
     else:
         raise ConfigurationError(f"expires must be a datetime or Unix epoch seconds, got {when!r}")
-    if seconds <= time.time():
+    if seconds <= datetime.now(timezone.utc).timestamp():
         raise ConfigurationError(f"expires must be in the future, got epoch second {seconds}")
     return seconds
 
@@ -142,6 +143,7 @@ class Lifecycle:
         self._server_version: Any = _UNASKED
         # /version is served at the server's root, beside /v1
         self.server_root = api_base[: -len("/v1")] if api_base.endswith("/v1") else api_base
+        self._searched = False  # a failed create started a background search (see close)
 
     def request(
         self,
@@ -155,10 +157,12 @@ class Lifecycle:
         secrets: tuple[str, ...] = (),
         feature: str | None = None,
         root: bool = False,
+        deadline: float | None = None,
     ) -> requests.Response:
         """Send a lifecycle call with the API key; raise ApiError for an error status if asked.
 
-        ``secrets`` (besides the API key) are redacted from any error message. ``feature``
+        ``secrets`` (besides the API key) are redacted from any error message; ``deadline``
+        (a ``time.monotonic()`` instant) bounds the call's waits by the time left. ``feature``
         (a key of ``FEATURES``) turns an answer saying the server does not serve the route
         into a NotSupportedError. ``root``: ``path`` is under the server's root, not ``/v1``.
 
@@ -179,6 +183,7 @@ class Lifecycle:
             read_timeout=read_timeout,
             idempotent=method in ("GET", "DELETE"),
             secrets=(self._api_key, *secrets),
+            deadline=deadline,
         )
         if check and response.status_code >= 300:
             raise self.error(response, secrets, feature)
@@ -248,41 +253,77 @@ class Lifecycle:
             lifetime = None if lifetime is None else float(lifetime)
             from . import _orphans as orphans  # only after a lost answer: not at import
 
+            self._searched = True
             orphans.search(self, create_id, answered=answered, lifetime=lifetime)
 
-    def get(self, sandbox_id: str) -> Any:
+    def close(self) -> None:
+        """End the background searches of this API's failed creates, after their last
+        chance (at most ``_orphans.EXIT_WAIT`` seconds in all, as at interpreter exit)."""
+        if self._searched:
+            from . import _orphans as orphans
+
+            orphans.finish(self)
+
+    def get(self, sandbox_id: str, deadline: float | None = None) -> Any:
         """``GET /sandboxes/{id}``: the decoded body (None if it is not JSON).
 
         Raises:
             NotFoundError: no such sandbox.
             ApiError: another error status.
-            TransportError: no usable response.
+            TransportError: no usable response (by ``deadline``, when given).
         """
-        return response_json(self.request("GET", sandbox_path(sandbox_id)))
+        return response_json(self.request("GET", sandbox_path(sandbox_id), deadline=deadline))
 
-    def info(self, sandbox_id: str) -> SandboxInfo:
+    def info(self, sandbox_id: str, deadline: float | None = None) -> SandboxInfo:
         """The sandbox's current description.
 
         Raises:
             NotFoundError: no such sandbox.
             ApiError: another error status, or an answer that is not a JSON object.
-            TransportError: no usable response.
+            TransportError: no usable response (by ``deadline``, when given).
         """
-        response = self.request("GET", sandbox_path(sandbox_id))
+        response = self.request("GET", sandbox_path(sandbox_id), deadline=deadline)
         data = response_json(response)
         if not isinstance(data, dict):
             raise invalid_response(response, "the answer is not a JSON object")
         return SandboxInfo.from_dict(data)
 
+    def check_state(self, sandbox_id: str, deadline: float | None = None) -> str | None:
+        """Read the sandbox's state and raise if execd cannot answer in it; returns the state.
+
+        What a wait on execd asks after a ping that failed or went unanswered: a paused or
+        ended sandbox would never answer, so the wait ends at once with the reason.
+
+        Raises:
+            SandboxStateError: Paused or Pausing (with the hint to resume), or Failed, Stopping
+                or Terminated (with the server's reason and message).
+            NotFoundError: the sandbox is gone.
+            ApiError: another error status.
+            TransportError: no usable response (by ``deadline``, when given).
+        """
+        data = self.get(sandbox_id, deadline)
+        state = _state_of(data)
+        if state in PAUSED_STATES:
+            raise SandboxStateError(
+                f"sandbox {sandbox_id} is {state}{_describe_state(data)}: {RESUME_HINT}"
+            )
+        if state in FATAL_STATES:
+            raise SandboxStateError(f"sandbox {sandbox_id} entered {state}{_describe_state(data)}")
+        return state
+
     def resume(self, sandbox_id: str, ready_timeout: float, poll_interval: float) -> None:
-        """Resume a paused sandbox and wait until it is Running.
+        """Resume a paused sandbox and wait until it is Running, all within ``ready_timeout``.
 
         Raises:
             ApiError: e.g. 409 when it is not paused.
+            SandboxStateError: it entered Failed, Stopping or Terminated.
             SandboxTimeoutError: not Running within ``ready_timeout``.
         """
-        self.action(sandbox_id, "resume")
-        self.wait_until_running(sandbox_id, self.get(sandbox_id), ready_timeout, poll_interval)
+        wait = Wait(f"sandbox {sandbox_id} was not Running", ready_timeout)
+        with wait.bounding():
+            self.action(sandbox_id, "resume", wait.deadline)
+            data = self.get(sandbox_id, wait.deadline)
+        self.wait_until_running(sandbox_id, data, wait.left(), poll_interval)
 
     def endpoint(
         self,
@@ -310,9 +351,9 @@ class Lifecycle:
         )
         return Endpoint(url=execd_url(endpoint, self.execd_scheme), headers=headers)
 
-    def action(self, sandbox_id: str, verb: str) -> None:
+    def action(self, sandbox_id: str, verb: str, deadline: float | None = None) -> None:
         """``POST /sandboxes/{id}/{verb}`` with no body (``pause``, ``resume``)."""
-        self.request("POST", f"{sandbox_path(sandbox_id)}/{verb}").close()
+        self.request("POST", f"{sandbox_path(sandbox_id)}/{verb}", deadline=deadline).close()
 
     def renew(
         self, sandbox_id: str, seconds: float, read_timeout: float | None = None
@@ -338,27 +379,33 @@ class Lifecycle:
         return SandboxInfo.from_dict(data if isinstance(data, dict) else {"id": sandbox_id})
 
     def iter_sandboxes(
-        self, states: Sequence[str] | None, metadata: Mapping[str, str] | None, page_size: int
+        self,
+        states: Sequence[str] | None,
+        metadata: Mapping[str, str] | None,
+        page_size: int,
+        deadline: float | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Every sandbox matching the filters, page by page, fetched lazily."""
+        """Every sandbox matching the filters, page by page, fetched lazily (each page by
+        ``deadline``, a ``time.monotonic()`` instant, when given)."""
         params: dict[str, Any] = {}
         if states:
             params["state"] = list(states)
         if metadata:
             params["metadata"] = urlencode(dict(metadata))
-        return self.iter_pages("/sandboxes", params, page_size)
+        return self.iter_pages("/sandboxes", params, page_size, deadline=deadline)
 
     def wait_until_running(
         self, sandbox_id: str, data: Any, ready_timeout: float, poll_interval: float
     ) -> None:
-        """Poll while the sandbox is not Running: one ``time.sleep`` between two polls.
+        """Poll while the sandbox is not Running: one sleep between two polls, and each poll
+        waits at most the time left of ``ready_timeout``.
 
         Raises:
             SandboxStateError: Failed, Stopping or Terminated.
             SandboxTimeoutError: not Running within ``ready_timeout``.
             NotFoundError: the sandbox disappeared.
         """
-        deadline = time.monotonic() + ready_timeout
+        wait = Wait(f"sandbox {sandbox_id} was not Running", ready_timeout)
         while True:
             state = _state_of(data)
             if state == "Running":
@@ -367,13 +414,13 @@ class Lifecycle:
                 raise SandboxStateError(
                     f"sandbox {sandbox_id} entered {state}{_describe_state(data)}"
                 )
-            if time.monotonic() >= deadline:
-                raise SandboxTimeoutError(
-                    f"sandbox {sandbox_id} was not Running within {ready_timeout} seconds "
-                    f"(last state: {state or 'unknown'})"
-                )
-            time.sleep(poll_interval)
-            data = self.get(sandbox_id)
+            last = f" (last state: {state or 'unknown'})"
+            if not wait.expired():
+                wait.sleep(poll_interval)
+            if wait.expired():
+                raise wait.error(last)
+            with wait.bounding(last):
+                data = self.get(sandbox_id, wait.deadline)
 
     def resolve_endpoint(
         self,
@@ -399,11 +446,16 @@ class Lifecycle:
         params = {"use_server_proxy": "true" if use_server_proxy else "false"}
         if expires is not None:
             params["expires"] = str(expires)
-        deadline = time.monotonic() + ready_timeout
         feature = "signed endpoints" if expires is not None else None
+        wait = Wait(f"execd endpoint for {sandbox_id} was not ready", ready_timeout)
+        detail = f" (use_server_proxy={use_server_proxy})"
         while True:
             try:
-                data = response_json(self.request("GET", path, params=params, feature=feature))
+                with wait.bounding(detail):
+                    response = self.request(
+                        "GET", path, params=params, deadline=wait.deadline, feature=feature
+                    )
+                data = response_json(response)
             except NotFoundError as exc:
                 if (exc.code or "").endswith("SANDBOX_NOT_FOUND"):
                     raise  # the sandbox is gone; only an endpoint not ready yet is retried
@@ -415,12 +467,10 @@ class Lifecycle:
                     headers = headers if isinstance(headers, dict) else {}
                     return endpoint, {str(k): str(v) for k, v in headers.items()}
                 last_error = ValueError("the endpoint response has no usable 'endpoint'")
-            if time.monotonic() >= deadline:
-                raise SandboxTimeoutError(
-                    f"execd endpoint for {sandbox_id} was not ready within {ready_timeout} "
-                    f"seconds (use_server_proxy={use_server_proxy})"
-                ) from last_error
-            time.sleep(poll_interval)
+            if not wait.expired():
+                wait.sleep(poll_interval)
+            if wait.expired():
+                raise wait.error(detail) from last_error
 
     def delete(self, sandbox_id: str) -> bool:
         """``DELETE /sandboxes/{id}``: True if deleted, False on 404.
@@ -445,14 +495,14 @@ class Lifecycle:
             logger.warning("could not delete sandbox %s: %s", sandbox_id, exc)
             return False
 
-    def find_by_create_id(self, create_id: str) -> list[str]:
+    def find_by_create_id(self, create_id: str, deadline: float | None = None) -> list[str]:
         """Ids of the sandboxes tagged with this ``osb-sync/create-id``.
 
         Raises:
             ApiError: an error status.
-            TransportError: no usable response.
+            TransportError: no usable response (by ``deadline``, when given).
         """
-        found = self.iter_sandboxes(None, {CREATE_ID_KEY: create_id}, MAX_PAGE_SIZE)
+        found = self.iter_sandboxes(None, {CREATE_ID_KEY: create_id}, MAX_PAGE_SIZE, deadline)
         return [
             str(item.get("id"))
             for item in found
@@ -508,14 +558,23 @@ class Lifecycle:
         return response_json(self.request(method, path, json=json, params=params, feature=feature))
 
     def call_object(
-        self, method: str, path: str, feature: str, *, json: Any = None, params: Any = None
+        self,
+        method: str,
+        path: str,
+        feature: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+        deadline: float | None = None,
     ) -> dict[str, Any]:
-        """:meth:`call` whose answer must be a JSON object.
+        """:meth:`call` whose answer must be a JSON object (by ``deadline``, when given).
 
         Raises:
             ApiError: the answer is not a JSON object; and the errors of :meth:`call`.
         """
-        response = self.request(method, path, json=json, params=params, feature=feature)
+        response = self.request(
+            method, path, json=json, params=params, feature=feature, deadline=deadline
+        )
         data = response_json(response)
         if not isinstance(data, dict):
             raise invalid_response(response, "the answer is not a JSON object")
@@ -544,9 +603,15 @@ class Lifecycle:
         return True
 
     def iter_pages(
-        self, path: str, params: Mapping[str, Any], page_size: int, feature: str | None = None
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        page_size: int,
+        feature: str | None = None,
+        deadline: float | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Every item of a paginated list (``{items, pagination}``), page by page, lazily.
+        """Every item of a paginated list (``{items, pagination}``), page by page, lazily
+        (each page by ``deadline``, a ``time.monotonic()`` instant, when given).
 
         Raises:
             ConfigurationError: ``page_size`` is not an int from 1 to 200.
@@ -558,8 +623,9 @@ class Lifecycle:
             raise ConfigurationError(f"page_size must be an int from 1 to {MAX_PAGE_SIZE}")
         page = 1
         while True:
-            query = {**params, "pageSize": page_size, "page": page}
-            data = response_json(self.request("GET", path, params=query, feature=feature))
+            query = {"pageSize": page_size, **params, "page": page}
+            response = self.request("GET", path, params=query, feature=feature, deadline=deadline)
+            data = response_json(response)
             items = data.get("items") if isinstance(data, dict) else None
             if not isinstance(items, list) or not items:
                 return

@@ -13,7 +13,9 @@ in a background thread and retries failed lookups with the transport's backoff:
 
 The failed call waits for the first lookup, at most ``CALLER_WAIT`` seconds. At interpreter exit
 every unfinished search gets a last chance, all of them together for at most ``EXIT_WAIT``
-seconds, in which one answered lookup decides. A create whose connection was never opened
+seconds, in which one answered lookup decides; ``Client.close()`` gives its own searches the
+same last chance (:func:`finish`), then stops them, so none outlives its client. The lookups
+of a last chance wait at most its time left. A create whose connection was never opened
 reached no server: it starts no search and logs nothing.
 """
 
@@ -40,8 +42,9 @@ SEARCH_CAP = 3600.0
 class Lifecycle(Protocol):
     """What a search needs of the lifecycle API (``_lifecycle.Lifecycle`` is one)."""
 
-    def find_by_create_id(self, create_id: str) -> list[str]:
-        """The ids of the sandboxes whose create carried ``create_id``."""
+    def find_by_create_id(self, create_id: str, deadline: float | None = None) -> list[str]:
+        """The ids of the sandboxes whose create carried ``create_id`` (each request answered
+        by ``deadline``, a ``time.monotonic()`` instant, when given)."""
 
     def delete(self, sandbox_id: str) -> bool:
         """Delete the sandbox ``sandbox_id``: True if deleted, False if it was not found."""
@@ -49,7 +52,6 @@ class Lifecycle(Protocol):
 
 _lock = threading.Lock()
 _searches: set[_Search] = set()
-_exiting = threading.Event()
 
 
 class _Search:
@@ -60,21 +62,25 @@ class _Search:
         self.attempts = 0
         self.looked = threading.Event()  # the first lookup is over, whatever it found
         self.done = threading.Event()
+        self.decided = False  # a lookup found the sandbox, or answered when an answer decides
         self._lifecycle = lifecycle
         self._answered = answered
         self._deadline = time.monotonic() + lifetime
         self._reached = False  # some lookup got an answer
         self._wake = threading.Event()  # set at exit, or to cancel
         self._cancelled = False
+        self._last_chance: float | None = None  # its deadline, once given one (close, exit)
 
     def run(self) -> None:
         try:
-            while not self._cancelled and not self._attempt():
+            while not self._cancelled and not self._decide():
                 self.looked.set()
                 if time.monotonic() >= self._deadline:
                     self._give_up()
                     return
-                if _exiting.is_set():
+                if self._last_chance is not None and time.monotonic() >= self._last_chance:
+                    return  # the caller of the last chance logs what is left undecided
+                if self._last_chance is not None:
                     time.sleep(EXIT_RETRY_INTERVAL)
                 else:
                     self._wake.wait(backoff_seconds(self.attempts - 1))
@@ -84,11 +90,15 @@ class _Search:
             self.looked.set()
             self.done.set()
 
+    def _decide(self) -> bool:
+        self.decided = self._attempt()
+        return self.decided
+
     def _attempt(self) -> bool:
         """One lookup (and delete); True when the search is decided."""
         self.attempts += 1
         try:
-            found = self._lifecycle.find_by_create_id(self.create_id)
+            found = self._lifecycle.find_by_create_id(self.create_id, self._last_chance)
             for sandbox_id in found:
                 logger.warning("deleting sandbox %s left by a failed create", sandbox_id)
                 self._lifecycle.delete(sandbox_id)
@@ -96,7 +106,7 @@ class _Search:
             logger.debug("lookup %d for tag %s failed: %s", self.attempts, self.tag, exc)
             return False
         self._reached = True
-        return bool(found) or self._answered or _exiting.is_set()
+        return bool(found) or self._answered or self._last_chance is not None
 
     def _give_up(self) -> None:
         if not self._reached:
@@ -111,6 +121,16 @@ class _Search:
         """End the backoff wait now; with ``cancel``, look no more."""
         self._cancelled = self._cancelled or cancel
         self._wake.set()
+
+    def last_chance(self, deadline: float) -> None:
+        """Look now, and again every EXIT_RETRY_INTERVAL until a lookup gets an answer, which
+        decides; each lookup answered by ``deadline`` (the caller stops the search then)."""
+        self._last_chance = deadline
+        self.wake()
+
+    def serves(self, lifecycle: Lifecycle) -> bool:
+        """Whether this search looks through ``lifecycle``."""
+        return self._lifecycle is lifecycle
 
     @property
     def tag(self) -> str:
@@ -141,17 +161,39 @@ def searches_pending() -> int:
         return len(_searches)
 
 
-def _last_chance_at_exit() -> None:
-    """Let the unfinished searches look once more, for EXIT_WAIT seconds in all."""
-    _exiting.set()
+def finish(lifecycle: Lifecycle, wait: float = EXIT_WAIT) -> None:
+    """``Client.close()``: the last chance for the searches through ``lifecycle``, for ``wait``
+    seconds in all; then they stop, decided or not (an undecided one is logged)."""
     with _lock:
-        pending = list(_searches)
+        pending = [job for job in _searches if job.serves(lifecycle)]
+    unfinished = _last_chance(pending, wait)
     for job in pending:
-        job.wake()
-    deadline = time.monotonic() + EXIT_WAIT
+        job.wake(cancel=True)
+    if unfinished:
+        logger.warning(
+            "at close, the lookup for sandboxes left by failed creates did not finish within "
+            "%s s; look for them by metadata: %s",
+            wait,
+            ", ".join(unfinished),
+        )
+
+
+def _last_chance(pending: list[_Search], wait: float) -> list[str]:
+    """Give ``pending`` their last chance together, for ``wait`` seconds; the tags of those
+    still undecided then."""
+    deadline = time.monotonic() + wait
+    for job in pending:
+        job.last_chance(deadline)
     for job in pending:
         job.done.wait(max(0.0, deadline - time.monotonic()))
-    unfinished = [job.tag for job in pending if not job.done.is_set()]
+    return [job.tag for job in pending if not job.decided]
+
+
+def _last_chance_at_exit() -> None:
+    """Let the unfinished searches look once more, for EXIT_WAIT seconds in all."""
+    with _lock:
+        pending = list(_searches)
+    unfinished = _last_chance(pending, EXIT_WAIT)
     if unfinished:
         logger.warning(
             "at exit, the lookup for sandboxes left by failed creates did not finish within "

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import builtins
 import re
-import time
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 from urllib.parse import quote, urlencode
 
 from ._config import check_id
-from ._errors import ConfigurationError, SandboxStateError, SandboxTimeoutError
+from ._errors import ConfigurationError, SandboxStateError
 from ._lifecycle import sandbox_path
 from ._models import (
     DiagnosticContent,
@@ -26,6 +25,7 @@ from ._models import (
     Snapshot,
     Template,
 )
+from ._wait import Wait
 
 if TYPE_CHECKING:
     from ._lifecycle import Lifecycle
@@ -158,9 +158,12 @@ class Snapshots:
             NotFoundError: no such snapshot.
             NotSupportedError: the server makes no snapshots.
         """
-        deadline = time.monotonic() + timeout
+        wait = Wait(f"snapshot {snapshot_id} was not Ready", timeout)
+        path = f"/snapshots/{_escaped(snapshot_id, 'a snapshot id')}"
         while True:
-            snapshot = self.get(snapshot_id)
+            with wait.bounding():
+                data = self._lifecycle.call_object("GET", path, "snapshots", deadline=wait.deadline)
+            snapshot = Snapshot.from_dict(data)
             if snapshot.ready:
                 return snapshot
             if snapshot.state in SNAPSHOT_FAILED_STATES:
@@ -169,12 +172,9 @@ class Snapshots:
                     f"snapshot {snapshot_id} entered {snapshot.state}"
                     + (f" ({detail})" if detail else "")
                 )
-            if time.monotonic() >= deadline:
-                raise SandboxTimeoutError(
-                    f"snapshot {snapshot_id} was not Ready within {timeout} seconds "
-                    f"(last state: {snapshot.state or 'unknown'})"
-                )
-            time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
+            if wait.expired():
+                raise wait.error(f" (last state: {snapshot.state or 'unknown'})")
+            wait.sleep(poll_interval)
 
 
 class Pools:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlsplit
@@ -17,7 +18,7 @@ from ._errors import (
     NotFoundError,
     OpenSandboxError,
     SandboxStateError,
-    SandboxTimeoutError,
+    TransportError,
 )
 from ._execd import Execd
 from ._models import CodeContext, Endpoint, ExecutionResult, Metrics, SandboxInfo, Snapshot
@@ -32,6 +33,7 @@ from ._options import (
 from ._resources import Diagnostics, Network, Snapshots
 from ._stream import ExecutionFolder
 from ._transport import Transport
+from ._wait import Wait
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
     from ._execution import ExecutionStream
     from ._files import Files
     from ._lifecycle import Lifecycle
+
+logger = logging.getLogger("osb_sync")
 
 
 class Sandbox:
@@ -237,25 +241,7 @@ class Sandbox:
             TransportError: execd could not be reached.
         """
         check_options(options, "stream_code", CODE_RUN_DEFAULTS)
-        run: dict[str, Any] = {**CODE_RUN_DEFAULTS, **options}
-        context, language = run["context"], run["language"]
-        if isinstance(context, CodeContext):
-            language = context.language
-        max_output_bytes, timeout = run["max_output_bytes"], run["timeout"]
-        check_run_arguments(code, language, max_output_bytes, timeout)
-        target: dict[str, str] = {"language": language}
-        if context is not None:
-            # Both, always: without a language real execd runs the code as a shell command.
-            target["id"] = context.id if isinstance(context, CodeContext) else context
-        return self._execd.stream(
-            "/code",
-            {"code": code, "context": target},
-            folder=ExecutionFolder(),
-            max_output_bytes=max_output_bytes,
-            timeout=timeout,
-            on_event=run["on_event"],
-            interrupt_path="/code",
-        )
+        return start_code(self, code, options)
 
     # -- the sandbox itself ---------------------------------------------------------------------
 
@@ -318,40 +304,55 @@ class Sandbox:
         return True
 
     def wait_until_healthy(self, ready_timeout: float, poll_interval: float) -> None:
-        """Poll ``/ping`` until execd answers: one sleep between two pings.
+        """Poll ``/ping`` until execd answers, all within ``ready_timeout`` seconds.
+
+        Each ping waits at most half the time left, so that when it fails or goes unanswered
+        there is time to ask the lifecycle API for the sandbox's state: a sandbox that is
+        paused, failed or gone ends the wait at once, with the server's reason. (A handle made
+        by ``from_execd`` has no lifecycle API: it only pings.)
 
         Raises:
-            SandboxStateError: the sandbox is paused.
+            SandboxStateError: the sandbox is paused (resume it first), or Failed, Stopping or
+                Terminated (with the server's reason and message).
             NotFoundError: the sandbox is gone (deleted while it started).
             SandboxTimeoutError: no answer within ``ready_timeout`` seconds.
         """
-        deadline = time.monotonic() + ready_timeout
-        while not self._answers_ping():
-            if time.monotonic() >= deadline:
-                raise SandboxTimeoutError(
-                    f"execd of sandbox {self.id} did not answer /ping within {ready_timeout} "
-                    f"seconds ({self.execd_url})"
-                )
-            time.sleep(poll_interval)
+        wait = Wait(f"execd of sandbox {self.id} did not answer /ping", ready_timeout)
+        detail = f" ({self.execd_url})"
+        while not self._answers_ping(time.monotonic() + wait.left() / 2):
+            with wait.bounding(detail):
+                self._check_state(wait.deadline)
+            if not wait.expired():
+                wait.sleep(poll_interval)
+            if wait.expired():
+                raise wait.error(detail)
 
-    def _answers_ping(self) -> bool:
-        """One ping of the wait; NotFoundError once the lifecycle API says the sandbox is gone.
-
-        A 404 from the endpoint alone proves nothing (a gateway may not route a new sandbox
-        yet), so the lifecycle API is asked; a sandbox deleted while it started fails the
-        wait at once instead of at its deadline.
-        """
+    def _answers_ping(self, deadline: float) -> bool:
+        """One ping of the wait, answered by ``deadline`` (a ``time.monotonic()`` instant)."""
         try:
-            self._execd.request("GET", "/ping", retry=False).close()
+            self._execd.request("GET", "/ping", retry=False, deadline=deadline).close()
         except SandboxStateError:
             raise
-        except NotFoundError:
-            if self._lifecycle_api is not None:
-                self._lifecycle_api.info(self.id)
-            return False
         except OpenSandboxError:
             return False
         return True
+
+    def _check_state(self, deadline: float) -> None:
+        """After a failed ping: raise if the lifecycle API says execd cannot answer.
+
+        A 404 from the endpoint alone proves nothing (a gateway may not route a new sandbox
+        yet), and neither does a lifecycle API that cannot be asked: the wait goes on.
+        """
+        if self._lifecycle_api is None:
+            return
+        try:
+            self._lifecycle_api.check_state(self.id, deadline)
+        except (SandboxStateError, NotFoundError):
+            raise
+        except OpenSandboxError as exc:
+            if isinstance(exc, TransportError) and time.monotonic() >= deadline:
+                raise
+            logger.debug("reading the state of sandbox %s failed: %s", self.id, exc)
 
     def info(self) -> SandboxInfo:
         """A fresh description from the lifecycle API.
@@ -379,6 +380,7 @@ class Sandbox:
 
         Raises:
             ApiError: e.g. 409 when it is not paused.
+            SandboxStateError: it entered Failed, Stopping or Terminated.
             SandboxTimeoutError: not Running, or execd not answering, within ``ready_timeout``.
             TransportError: the server could not be reached.
         """
@@ -421,3 +423,35 @@ class Sandbox:
             TransportError: the server could not be reached.
         """
         return self._lifecycle.delete(self.id)
+
+
+def start_code(
+    sandbox: Sandbox, code: str, options: Mapping[str, Any], deadline: float | None = None
+) -> ExecutionStream[ExecutionResult]:
+    """:meth:`Sandbox.stream_code` with checked ``options``, and the run's ``deadline`` (a
+    ``time.monotonic()`` instant) when the caller started it earlier: a run by sandbox id
+    starts its deadline before the handle is reached.
+
+    Raises:
+        The errors of :meth:`Sandbox.stream_code`.
+    """
+    run: dict[str, Any] = {**CODE_RUN_DEFAULTS, **options}
+    context, language = run["context"], run["language"]
+    if isinstance(context, CodeContext):
+        language = context.language
+    max_output_bytes, timeout = run["max_output_bytes"], run["timeout"]
+    check_run_arguments(code, language, max_output_bytes, timeout)
+    target: dict[str, str] = {"language": language}
+    if context is not None:
+        # Both, always: without a language real execd runs the code as a shell command.
+        target["id"] = context.id if isinstance(context, CodeContext) else context
+    return sandbox._execd.stream(
+        "/code",
+        {"code": code, "context": target},
+        folder=ExecutionFolder(),
+        max_output_bytes=max_output_bytes,
+        timeout=timeout,
+        on_event=run["on_event"],
+        interrupt_path="/code",
+        deadline=deadline,
+    )

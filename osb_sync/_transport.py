@@ -25,6 +25,14 @@ Rules that every request follows, whatever session it goes through:
   are permanent) and on 429/502/503/504, with capped exponential backoff that honours a
   capped ``Retry-After``. Other calls are retried only when the connection could not be
   opened (nothing was sent). The loop is ours, not urllib3's, so it works with any session.
+- **Deadlines.** A call made inside a wait (``ready_timeout``, a run's ``timeout``) passes
+  that wait's ``deadline``: its connect and read timeouts are at most the time left, and no
+  retry is made whose backoff would pass it. The connect and read timeouts stay what they
+  are for every other call.
+- **Close.** ``close()`` closes the client's own session and every connection it opened:
+  urllib3 2.x drops its pools on ``PoolManager.clear()`` without closing them (their sockets
+  would wait for garbage collection), so the transport remembers each connection a response
+  came on (``HTTPResponse.connection``, weakly) and closes the ones still alive.
 """
 
 from __future__ import annotations
@@ -34,7 +42,9 @@ import io
 import logging
 import math
 import os
+import threading
 import time
+import weakref
 from typing import Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urljoin, urlsplit
 
@@ -45,6 +55,7 @@ from . import _failures as failures
 from ._constants import CHUNK_SIZE
 from ._errors import TransportError, redact
 from ._own_session import Environment, new_session, origin, send_prepared
+from ._wait import time_left
 
 logger = logging.getLogger("osb_sync")
 
@@ -109,6 +120,9 @@ class Transport:
         self._session = session if session is not None else self._new_session()
         self._environment = Environment(self._session)
         self._pid = os.getpid()
+        # Every connection a response of the own session came on, while it lives (see close).
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._connections_lock = threading.Lock()
 
     def reload_environment(self) -> None:
         """Read proxy, CA bundle and netrc settings again before the next request."""
@@ -131,9 +145,22 @@ class Transport:
         return self._session
 
     def close(self) -> None:
-        """Close the session if this transport created it (a caller's session is theirs)."""
-        if self._owns_session:
-            self._session.close()
+        """Close the session if this transport created it, and every socket it opened.
+
+        A caller's session is theirs: it is left as it is. A request after ``close()`` opens
+        new connections.
+        """
+        if not self._owns_session:
+            return
+        self._session.close()
+        with self._connections_lock:
+            connections = list(self._connections)
+            self._connections.clear()
+        for connection in connections:
+            try:
+                connection.close()
+            except OSError:
+                logger.debug("closing a pooled connection failed", exc_info=True)
 
     def request(
         self,
@@ -148,14 +175,17 @@ class Transport:
         stream: bool = False,
         idempotent: bool = False,
         secrets: Iterable[str] = (),
+        deadline: float | None = None,
     ) -> requests.Response:
         """Send one request and return the response, whatever its status.
 
         ``read_timeout`` overrides the transport's for this call (bounding silence, not the
-        whole response).
+        whole response). ``deadline`` (a ``time.monotonic()`` instant) bounds the connect and
+        read timeouts by the time left, and the retries: none is made past it.
 
         Raises:
-            TransportError: no usable response (after the retries this call allows).
+            TransportError: no usable response (after the retries this call allows), or the
+                deadline had passed before the request could be sent.
         """
         call = _Call(
             method=method,
@@ -171,21 +201,24 @@ class Transport:
         attempt = 0
         while True:
             try:
-                response = self._send(call)
+                response = self._send(_within(call, deadline))
             except _ConnectFailed as exc:
+                delay = backoff_seconds(attempt)
                 if (
                     attempt >= self._max_retries
                     or exc.permanent
                     or not (idempotent or exc.nothing_sent)
+                    or _passes(deadline, delay)
                 ):
                     raise exc.error from exc.__cause__
-                delay = backoff_seconds(attempt)
             else:
+                if deadline is not None and stream:
+                    _allow_silence(response, call.timeout[1])
                 if not idempotent or response.status_code not in RETRY_STATUSES:
                     return response
-                if attempt >= self._max_retries:
-                    return response
                 delay = retry_after_seconds(response) or backoff_seconds(attempt)
+                if attempt >= self._max_retries or _passes(deadline, delay):
+                    return response
                 response.close()
             logger.debug("%s %s: retrying in %.2f s", method, call.path, delay)
             time.sleep(delay)
@@ -210,7 +243,11 @@ class Transport:
     def _send_once(self, call: _Call) -> requests.Response:
         started = time.monotonic()
         try:
-            response = self._send_own(call) if self._owns_session else self._send_theirs(call)
+            if self._owns_session:
+                response = self._send_own(call)
+                self._remember(response)
+            else:
+                response = self._send_theirs(call)
             if not call.stream:
                 _read_capped_body(response)
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
@@ -230,6 +267,13 @@ class Transport:
             "%s %s -> %d in %.1f ms", call.method, call.path, response.status_code, elapsed
         )
         return response
+
+    def _remember(self, response: requests.Response) -> None:
+        """Note the connection ``response`` came on, for :meth:`close`."""
+        connection = getattr(response.raw, "connection", None)  # urllib3's public property
+        if connection is not None:
+            with self._connections_lock:
+                self._connections.add(connection)
 
     def _send_theirs(self, call: _Call) -> requests.Response:
         """Through a caller's session: ``Session.request``, with whatever it configured."""
@@ -292,6 +336,44 @@ class _Call(NamedTuple):
             "data": self.data,
             "timeout": self.timeout,
         }
+
+
+def _within(call: _Call, deadline: float | None) -> _Call:
+    """``call`` with its connect and read timeouts at most the time left before ``deadline``.
+
+    Raises:
+        TransportError: the deadline has passed: nothing is sent.
+    """
+    left = time_left(deadline)
+    if left is None:
+        return call
+    if left <= 0:
+        raise TransportError(f"{call.method} {call.path}: not sent, its deadline had passed")
+    connect, read = call.timeout
+    return call._replace(timeout=(min(connect, left), min(read, left)))
+
+
+def _allow_silence(response: requests.Response, read_timeout: float) -> None:
+    """Once a streamed answer's headers came within the deadline, allow its body the read
+    timeout again: the deadline bounded the wait for the headers, the silence of a stream is
+    the read timeout's (a run's watchdog bounds the whole).
+
+    Through the connection's socket (``HTTPResponse.connection.sock``, public attributes of
+    urllib3 and http.client); urllib3 sets a reused connection's timeout again on each
+    request. Without them (another adapter) the bounded timeout stays.
+    """
+    connection = getattr(response.raw, "connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        try:
+            sock.settimeout(read_timeout)
+        except OSError:
+            pass  # closed meanwhile: the read will say so
+
+
+def _passes(deadline: float | None, delay: float) -> bool:
+    """Whether sleeping ``delay`` seconds would reach ``deadline``."""
+    return deadline is not None and time.monotonic() + delay >= deadline
 
 
 class _BodyTooLarge(Exception):

@@ -390,10 +390,44 @@ def test_health_check_polls_ping_until_ready(
 ) -> None:
     add_endpoint(ordered)
     add_ping(ordered, status=502)
+    ordered.get(f"{API}/sandboxes/{SID}", json=sandbox_body("Running"))  # after a failed ping
     add_ping(ordered, body=requests.ConnectionError("refused"))
+    ordered.get(f"{API}/sandboxes/{SID}", json=sandbox_body("Running"))
     add_ping(ordered)
     client.connect(SID, poll_interval=0.3, ready_timeout=5)
     assert clock.sleeps == [0.3, 0.3]
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        ("Paused", rf"sandbox {SID} is Paused .*: resume it first"),
+        ("Failed", rf"sandbox {SID} entered Failed \(ExitedNonZero: exited with code 7\)"),
+        ("Terminated", rf"sandbox {SID} entered Terminated"),
+    ],
+)
+def test_health_check_ends_at_once_in_a_state_execd_cannot_answer_in(
+    client: Client, ordered: responses.RequestsMock, clock: Clock, state: str, expected: str
+) -> None:
+    add_endpoint(ordered)
+    add_ping(ordered, status=502)
+    body = sandbox_body(state)
+    body["status"].update(reason="ExitedNonZero", message="exited with code 7")
+    ordered.get(f"{API}/sandboxes/{SID}", json=body)
+    with pytest.raises(SandboxStateError, match=expected):
+        client.connect(SID, poll_interval=0.3, ready_timeout=30)
+    assert clock.sleeps == []
+
+
+def test_health_check_goes_on_when_the_state_cannot_be_read(
+    client: Client, ordered: responses.RequestsMock, clock: Clock
+) -> None:
+    add_endpoint(ordered)
+    add_ping(ordered, status=502)
+    ordered.get(f"{API}/sandboxes/{SID}", status=403, json={"code": "NO", "message": "no"})
+    add_ping(ordered)
+    client.connect(SID, poll_interval=0.3, ready_timeout=5)
+    assert clock.sleeps == [0.3]
 
 
 def test_health_check_times_out_and_create_deletes(
