@@ -34,7 +34,13 @@ from ._constants import (
     EXECD_PORT,
     MAX_OUTPUT_BYTES,
 )
-from ._errors import ApiError, ConfigurationError, SandboxTimeoutError, TransportError
+from ._errors import (
+    ApiError,
+    ConfigurationError,
+    NotSupportedError,
+    SandboxTimeoutError,
+    TransportError,
+)
 from ._execd import Execd
 from ._execution import ExecutionStream
 from ._lifecycle import MAX_PAGE_SIZE, Lifecycle
@@ -52,6 +58,7 @@ from ._options import (
     split_create_options,
     with_keywords,
 )
+from ._resources import Pools, Snapshots, Templates
 from ._sandbox import Sandbox, start_code
 from ._transport import Transport
 from ._wait import Wait
@@ -87,6 +94,11 @@ class Client:
         pool_maxsize: connections kept per host: size it for the number of threads.
         max_retries: retries of idempotent lifecycle calls.
         execd_scheme: scheme for scheme-less execd endpoints; default: that of ``api_base``.
+
+    Attributes:
+        snapshots: the server's snapshots (:class:`Snapshots`).
+        pools: the server's pools of pre-warmed sandboxes (:class:`Pools`).
+        templates: the server's sandbox templates (:class:`Templates`).
 
     Raises:
         ConfigurationError: no api_base, or a bad argument.
@@ -131,6 +143,9 @@ class Client:
             self.execd_scheme,
         )
         self._handles = Handles()
+        self.snapshots = Snapshots(self._lifecycle)
+        self.pools = Pools(self._lifecycle)
+        self.templates = Templates(self._lifecycle)
 
     @property
     def read_timeout(self) -> float:
@@ -195,11 +210,18 @@ class Client:
             entrypoint: the main process (default ``DEFAULT_ENTRYPOINT``).
             network_policy: sent as is; wins over ``allow_internet_access`` (even ``{}``).
             secure_access: ask for ``secureAccess``.
-            snapshot_id: restore from a snapshot instead of an image.
+            snapshot_id: restore from a snapshot instead of an image; one still being made
+                is waited for (within ``ready_timeout``) before the create.
             image_auth: registry credentials ``{"username", "password"}`` (never logged).
             platform: ``{"os": ..., "arch": ...}``.
             volumes: volume definitions, sent as they are.
             extensions: server-specific string options.
+            lifecycle: execd's hooks, ``{"preStart": {"command": [...]}, "periodic": [...]}``.
+            credential_proxy: ask for ``credentialProxy`` (Credential Vault injection).
+            pool: take a sandbox from this server-side pool (``extensions.poolRef``); the
+                pool's sandboxes exist already, so no network policy is sent.
+            template_id: create from this template (it fixes the workload: no entrypoint,
+                env, resources, volumes, platform, hooks or secure access beside it).
             use_server_proxy: route execd calls through the server's proxy.
             ready_timeout: seconds for each wait (Running, endpoint, ping); default 30.
             poll_interval: seconds between polls; default 0.2.
@@ -222,6 +244,8 @@ class Client:
         check_options(options)
         body_options, reach = split_create_options(options)
         body = build_create_body(body_options, {CREATE_ID_KEY: os.urandom(8).hex()})
+        if "snapshotId" in body:
+            self._wait_for_snapshot(body["snapshotId"], reach)
         data = self._lifecycle.create(body)
         sandbox_id = str(data["id"])
         try:
@@ -235,6 +259,26 @@ class Client:
         logger.debug("sandbox %s is running", sandbox_id)
         sandbox.delete_on_exit = True
         return sandbox
+
+    def _wait_for_snapshot(self, snapshot_id: str, reach: Reach) -> None:
+        """Wait until a snapshot can be restored; a server without the snapshot API decides
+        at the create itself."""
+        try:
+            self.snapshots.wait_until_ready(
+                snapshot_id, timeout=reach.ready_timeout, poll_interval=reach.poll_interval
+            )
+        except NotSupportedError:
+            logger.debug("no snapshot API: creating from snapshot %s unchecked", snapshot_id)
+
+    def server_version(self) -> str:
+        """The server's version (``GET /version``, beside ``/v1``).
+
+        Raises:
+            NotSupportedError: the server does not tell it (before 1.1).
+            ApiError: another error status.
+            TransportError: the server could not be reached.
+        """
+        return self._lifecycle.server_version()
 
     @with_keywords(ReachOptions, REACH_DEFAULTS)
     def connect(self, sandbox_id: str, **options: Unpack[ReachOptions]) -> Sandbox:
@@ -327,17 +371,31 @@ class Client:
         *,
         use_server_proxy: bool = False,
         ready_timeout: float | None = None,
+        expires: datetime | int | None = None,
     ) -> Endpoint:
         """How to reach ``port`` of a sandbox: a URL with scheme, and the headers to send.
 
+        Args:
+            sandbox_id: the sandbox.
+            port: the port it serves.
+            use_server_proxy: through the server's proxy.
+            ready_timeout: seconds to wait for the endpoint.
+            expires: ask for a signed route token valid until then (a time, or Unix epoch
+                seconds; the server needs an ingress gateway with secure access).
+
         Raises:
-            ConfigurationError: a port outside 1..65535.
+            ConfigurationError: a port outside 1..65535, or an ``expires`` in the past.
             SandboxTimeoutError: no endpoint within ``ready_timeout``.
             ApiError: the server refused.
         """
         reach = Reach.of({"ready_timeout": ready_timeout})
         return self._lifecycle.endpoint(
-            check_id(sandbox_id), port, use_server_proxy, reach.ready_timeout, reach.poll_interval
+            check_id(sandbox_id),
+            port,
+            use_server_proxy,
+            reach.ready_timeout,
+            reach.poll_interval,
+            expires,
         )
 
     def pause(self, sandbox_id: str) -> None:

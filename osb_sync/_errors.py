@@ -4,12 +4,15 @@ The tree::
 
     OpenSandboxError
     ├── ConfigurationError      (also ValueError)     bad arguments or environment
-    ├── SandboxStateError       (also ValueError)     sandbox entered Failed/Stopping/Terminated
+    ├── SandboxStateError       (also ValueError)     a sandbox (or snapshot) entered a state it
+    │                                                  cannot be used from (Failed, Terminated...)
     ├── SandboxTimeoutError     (also TimeoutError)   not ready in time, or a run past its deadline
     ├── OutputLimitExceeded     (also ValueError)     a stream passed max_output_bytes
     ├── CommandFailed                                  CommandResult.check() on a failed command
     ├── ApiError                (also requests.HTTPError)  the server answered with an error status
-    │   └── NotFoundError                              404
+    │   ├── NotFoundError                              404
+    │   └── NotSupportedError                          the server does not serve the feature
+    │                                                  (404 for the route itself, 405, 501)
     └── TransportError          (also requests.ConnectionError)  no usable response
         └── StreamError                                a stream broke, stalled or ended truncated
 
@@ -96,6 +99,42 @@ class NotFoundError(ApiError):
     """The server answered 404: the sandbox (or the thing asked for) does not exist."""
 
 
+class NotSupportedError(ApiError):
+    """The server does not serve a feature: the route is unknown to it (404), the method is
+    not allowed (405), or its runtime does not implement it (501).
+
+    The message names the feature, the server's version when it told it, and what would serve
+    it (e.g. "pools need OpenSandbox's Kubernetes runtime").
+
+    Attributes:
+        feature: the feature asked for, e.g. ``"pools"``.
+        server_version: the server's ``/version``, or None when it did not say.
+    """
+
+    def __init__(
+        self,
+        text: str,
+        *,
+        feature: str = "",
+        server_version: str | None = None,
+        status_code: int,
+        code: str | None = None,
+        message: str = "",
+        request_id: str | None = None,
+        response: requests.Response | None = None,
+    ):
+        super().__init__(
+            text,
+            status_code=status_code,
+            code=code,
+            message=message,
+            request_id=request_id,
+            response=response,
+        )
+        self.feature = feature
+        self.server_version = server_version
+
+
 class TransportError(OpenSandboxError, requests.ConnectionError):
     """A request got no usable response: refused, DNS, TLS, timeout, or a refused redirect."""
 
@@ -117,6 +156,17 @@ class StreamError(TransportError):
 
 def with_suffix(exc: ApiError, suffix: str) -> ApiError:
     """The same ApiError (same class and fields) with ``suffix`` added to its message."""
+    if isinstance(exc, NotSupportedError):
+        return NotSupportedError(
+            f"{exc} {suffix}",
+            feature=exc.feature,
+            server_version=exc.server_version,
+            status_code=exc.status_code,
+            code=exc.code,
+            message=exc.message,
+            request_id=exc.request_id,
+            response=exc.response,
+        )
     return type(exc)(
         f"{exc} {suffix}",
         status_code=exc.status_code,
@@ -156,6 +206,47 @@ def error_from_response(
         message=redact(message, secrets),
         request_id=request_id,
         response=response,
+    )
+
+
+def route_unknown(exc: ApiError) -> bool:
+    """Whether an error says the server does not serve the route (not that a thing is absent).
+
+    405 and 501 always do, and so does a 400 coded ``*::API_NOT_SUPPORTED`` (a runtime that
+    refuses the feature). A 404 does when its body carries no error ``code``: a FastAPI
+    server answers an unknown route ``{"detail": "Not Found"}``, while a missing sandbox,
+    snapshot or pool comes with a code such as ``SANDBOX::NOT_FOUND``.
+    """
+    if exc.status_code in (405, 501):
+        return True
+    if exc.status_code == 400 and (exc.code or "").endswith("::API_NOT_SUPPORTED"):
+        return True
+    if exc.status_code != 404:
+        return False
+    return exc.code is None or (exc.code == "VALIDATION_ERROR" and exc.message == "Not Found")
+
+
+def not_supported(
+    exc: ApiError, feature: str, served_by: str, server_version: str | None
+) -> NotSupportedError:
+    """The NotSupportedError for ``exc``: it names the feature, the server's version and what
+    would serve it."""
+    version = f"server version {server_version}" if server_version else "server version unknown"
+    reason = {
+        400: "its runtime refuses it",
+        404: "does not know this route",
+        405: "does not allow this method",
+    }.get(exc.status_code, "does not implement it")
+    text = f"this server does not serve {feature} ({version}: it {reason}; {exc})"
+    return NotSupportedError(
+        f"{text}. {served_by}",
+        feature=feature,
+        server_version=server_version,
+        status_code=exc.status_code,
+        code=exc.code,
+        message=exc.message,
+        request_id=exc.request_id,
+        response=exc.response,
     )
 
 

@@ -1,4 +1,11 @@
-"""Lifecycle REST calls: create, wait until Running, resolve endpoints, get, list, delete."""
+"""Lifecycle REST calls: create, wait until Running, resolve endpoints, get, list, delete.
+
+Also the released server's other routes (snapshots, diagnostics, network policy, pools,
+templates, ``/version``), each called as a *feature*: a server that does not serve one (404
+for the route itself, 405, 501) raises :class:`NotSupportedError`, whose message says what
+would serve it (``FEATURES``). Every call goes through :meth:`Lifecycle.request`, the one
+funnel from a response to an exception.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +27,8 @@ from ._errors import (
     TransportError,
     error_from_response,
     invalid_response,
+    not_supported,
+    route_unknown,
     with_suffix,
 )
 from ._failures import V1_HINT
@@ -54,9 +63,51 @@ def _v1_base(api_base: str) -> str:
     return f"{api_base.rstrip('/')}/v1"
 
 
+# feature -> what would serve it (the end of a NotSupportedError's message)
+FEATURES = {
+    "snapshots": "Snapshots need OpenSandbox server 1.1 or later (Docker or Kubernetes "
+    "runtime), or osb-sync serve.",
+    "diagnostics": "Diagnostics need OpenSandbox server 1.1 or later, or osb-sync serve.",
+    "scoped diagnostics": "The stable Diagnostics API (diagnostic-api.yml) is served by "
+    "osb-sync serve; the released Docker runtime answers 501 to a scope: pass scope=None "
+    "for its plain-text logs and events.",
+    "network policy changes": "Changing a running sandbox's network policy needs OpenSandbox "
+    "server 1.1 or later with egress configured (egress.image), or osb-sync serve.",
+    "pools": "Pools need OpenSandbox's Kubernetes runtime (osb-sync serve keeps them as warm "
+    "spares).",
+    "templates": "Templates need OpenSandbox's Kubernetes runtime with fsb templates "
+    "(SandboxTemplate CRDs).",
+    "server version": "GET /version needs OpenSandbox server 1.1 or later.",
+    "signed endpoints": "A signed endpoint (expires) needs OpenSandbox's ingress gateway with "
+    "secure access configured (Kubernetes); without expires, the endpoint's headers "
+    "authorize the call.",
+}
+_UNASKED = object()  # the server's version before anyone asked
+
+
 def sandbox_path(sandbox_id: str) -> str:
     """``/sandboxes/{id}`` with the id escaped, so no id can reach another route."""
     return f"/sandboxes/{quote(sandbox_id, safe='')}"
+
+
+def epoch(when: datetime | int | None) -> int | None:
+    """Unix epoch seconds of a time (a naive time is UTC), or the int given; None stays None.
+
+    Raises:
+        ConfigurationError: not a datetime or an int, or a time already past.
+    """
+    if when is None:
+        return None
+    if isinstance(when, datetime):
+        aware = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+        seconds = int(aware.timestamp())
+    elif type(when) is int:
+        seconds = when
+    else:
+        raise ConfigurationError(f"expires must be a datetime or Unix epoch seconds, got {when!r}")
+    if seconds <= datetime.now(timezone.utc).timestamp():
+        raise ConfigurationError(f"expires must be in the future, got epoch second {seconds}")
+    return seconds
 
 
 def _state_of(data: Any) -> str | None:
@@ -89,6 +140,9 @@ class Lifecycle:
         self._transport = transport
         self._api_key = api_key
         self._create_timeout = create_timeout
+        self._server_version: Any = _UNASKED
+        # /version is served at the server's root, beside /v1
+        self.server_root = api_base[: -len("/v1")] if api_base.endswith("/v1") else api_base
         self._searched = False  # a failed create started a background search (see close)
 
     def request(
@@ -101,14 +155,19 @@ class Lifecycle:
         read_timeout: float | None = None,
         check: bool = True,
         secrets: tuple[str, ...] = (),
+        feature: str | None = None,
+        root: bool = False,
         deadline: float | None = None,
     ) -> requests.Response:
         """Send a lifecycle call with the API key; raise ApiError for an error status if asked.
 
         ``secrets`` (besides the API key) are redacted from any error message; ``deadline``
-        (a ``time.monotonic()`` instant) bounds the call's waits by the time left.
+        (a ``time.monotonic()`` instant) bounds the call's waits by the time left. ``feature``
+        (a key of ``FEATURES``) turns an answer saying the server does not serve the route
+        into a NotSupportedError. ``root``: ``path`` is under the server's root, not ``/v1``.
 
         Raises:
+            NotSupportedError: the server does not serve ``feature``.
             ApiError: an error status (when ``check``).
             TransportError: no usable response.
         """
@@ -117,7 +176,7 @@ class Lifecycle:
             headers[API_KEY_HEADER] = self._api_key
         response = self._transport.request(
             method,
-            self.api_base + path,
+            (self.server_root if root else self.api_base) + path,
             json=json,
             params=params,
             headers=headers,
@@ -127,14 +186,26 @@ class Lifecycle:
             deadline=deadline,
         )
         if check and response.status_code >= 300:
-            raise self.error(response, secrets)
+            raise self.error(response, secrets, feature)
         return response
 
-    def error(self, response: requests.Response, secrets: tuple[str, ...] = ()) -> ApiError:
-        """The ApiError describing an error response (secrets redacted)."""
+    def error(
+        self,
+        response: requests.Response,
+        secrets: tuple[str, ...] = (),
+        feature: str | None = None,
+    ) -> ApiError:
+        """The ApiError describing an error response (secrets redacted).
+
+        For a ``feature`` call, an answer saying the route is not served is a
+        NotSupportedError naming the feature and the server's version.
+        """
         path = urlsplit(response.url).path if response.url else ""
         method = (response.request.method or "") if response.request is not None else ""
         exc = error_from_response(response, method, path, (self._api_key, *secrets))
+        if feature is not None and route_unknown(exc):
+            version = None if feature == "server version" else self.known_server_version()
+            return not_supported(exc, feature, FEATURES[feature], version)
         if exc.status_code == 404 and "SANDBOX" not in (exc.code or ""):
             if not self.api_base.endswith("/v1"):
                 return with_suffix(exc, f"({V1_HINT}: {_v1_base(self.api_base)}?)")
@@ -261,17 +332,22 @@ class Lifecycle:
         use_server_proxy: bool,
         ready_timeout: float,
         poll_interval: float,
+        expires: datetime | int | None = None,
     ) -> Endpoint:
         """How to reach ``port`` of a sandbox: a URL with scheme, and the headers to send.
 
+        ``expires`` (a time, or Unix epoch seconds) asks for a signed route token valid
+        until then (the released server's ``expires``; it needs an ingress gateway with
+        secure access).
+
         Raises:
-            ConfigurationError: a port outside 1..65535.
+            ConfigurationError: a port outside 1..65535, or an ``expires`` in the past.
             The errors of :meth:`resolve_endpoint`.
         """
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise ConfigurationError("port must be an int from 1 to 65535")
         endpoint, headers = self.resolve_endpoint(
-            sandbox_id, port, use_server_proxy, ready_timeout, poll_interval
+            sandbox_id, port, use_server_proxy, ready_timeout, poll_interval, epoch(expires)
         )
         return Endpoint(url=execd_url(endpoint, self.execd_scheme), headers=headers)
 
@@ -311,23 +387,12 @@ class Lifecycle:
     ) -> Iterator[dict[str, Any]]:
         """Every sandbox matching the filters, page by page, fetched lazily (each page by
         ``deadline``, a ``time.monotonic()`` instant, when given)."""
-        params: dict[str, Any] = {"pageSize": page_size}
+        params: dict[str, Any] = {}
         if states:
             params["state"] = list(states)
         if metadata:
             params["metadata"] = urlencode(dict(metadata))
-        page = 1
-        while True:
-            query = {**params, "page": page}
-            data = response_json(self.request("GET", "/sandboxes", params=query, deadline=deadline))
-            items = data.get("items") if isinstance(data, dict) else None
-            if not isinstance(items, list) or not items:
-                return
-            yield from (item for item in items if isinstance(item, dict))
-            pagination = data.get("pagination")
-            if not (isinstance(pagination, dict) and pagination.get("hasNextPage")):
-                return
-            page += 1
+        return self.iter_pages("/sandboxes", params, page_size, deadline=deadline)
 
     def wait_until_running(
         self, sandbox_id: str, data: Any, ready_timeout: float, poll_interval: float
@@ -364,6 +429,7 @@ class Lifecycle:
         use_server_proxy: bool,
         ready_timeout: float,
         poll_interval: float,
+        expires: int | None = None,
     ) -> tuple[str, dict[str, str]]:
         """The endpoint and headers of a port; 404s and unusable bodies are retried.
 
@@ -378,12 +444,17 @@ class Lifecycle:
         """
         path = f"{sandbox_path(sandbox_id)}/endpoints/{port}"
         params = {"use_server_proxy": "true" if use_server_proxy else "false"}
+        if expires is not None:
+            params["expires"] = str(expires)
+        feature = "signed endpoints" if expires is not None else None
         wait = Wait(f"execd endpoint for {sandbox_id} was not ready", ready_timeout)
         detail = f" (use_server_proxy={use_server_proxy})"
         while True:
             try:
                 with wait.bounding(detail):
-                    response = self.request("GET", path, params=params, deadline=wait.deadline)
+                    response = self.request(
+                        "GET", path, params=params, deadline=wait.deadline, feature=feature
+                    )
                 data = response_json(response)
             except NotFoundError as exc:
                 if (exc.code or "").endswith("SANDBOX_NOT_FOUND"):
@@ -438,3 +509,128 @@ class Lifecycle:
             if isinstance(item.get("metadata"), dict)
             and item["metadata"].get(CREATE_ID_KEY) == create_id
         ]
+
+    # -- the released server's other routes ------------------------------------------------
+
+    def server_version(self) -> str:
+        """``GET /version`` (at the server's root): the server's version.
+
+        Raises:
+            NotSupportedError: the server has no ``/version`` (before 1.1).
+            ApiError: another error status, or an answer without a version.
+            TransportError: no usable response.
+        """
+        response = self.request("GET", "/version", feature="server version", root=True)
+        data = response_json(response)
+        version = data.get("version") if isinstance(data, dict) else data
+        if not isinstance(version, str) or not version.strip():
+            raise invalid_response(response, "the /version answer has no 'version' string")
+        self._server_version = version
+        return version
+
+    def known_server_version(self) -> str | None:
+        """The server's version for an error message: asked once, None if it does not say."""
+        if self._server_version is _UNASKED:
+            self._server_version = None  # asked once, even when it fails
+            try:
+                self.server_version()
+            except OpenSandboxError as exc:
+                logger.debug("the server did not tell its version: %s", exc)
+        return self._server_version if isinstance(self._server_version, str) else None
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        feature: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+    ) -> Any:
+        """One call of a feature: its decoded JSON answer (None when empty).
+
+        Raises:
+            NotSupportedError: the server does not serve ``feature``.
+            NotFoundError: the thing named does not exist.
+            ApiError: another error status.
+            TransportError: no usable response.
+        """
+        return response_json(self.request(method, path, json=json, params=params, feature=feature))
+
+    def call_object(
+        self,
+        method: str,
+        path: str,
+        feature: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+        deadline: float | None = None,
+    ) -> dict[str, Any]:
+        """:meth:`call` whose answer must be a JSON object (by ``deadline``, when given).
+
+        Raises:
+            ApiError: the answer is not a JSON object; and the errors of :meth:`call`.
+        """
+        response = self.request(
+            method, path, json=json, params=params, feature=feature, deadline=deadline
+        )
+        data = response_json(response)
+        if not isinstance(data, dict):
+            raise invalid_response(response, "the answer is not a JSON object")
+        return data
+
+    def text(self, path: str, feature: str, params: Any = None) -> str:
+        """``GET`` a plain-text answer of a feature (diagnostics).
+
+        Raises:
+            The errors of :meth:`call`.
+        """
+        return self.request("GET", path, params=params, feature=feature).text
+
+    def remove(self, path: str, feature: str) -> bool:
+        """``DELETE`` a thing of a feature: True if deleted, False if it did not exist.
+
+        Raises:
+            NotSupportedError: the server does not serve ``feature``.
+            ApiError: another error status.
+            TransportError: no usable response.
+        """
+        try:
+            self.request("DELETE", path, feature=feature).close()
+        except NotFoundError:
+            return False
+        return True
+
+    def iter_pages(
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        page_size: int,
+        feature: str | None = None,
+        deadline: float | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Every item of a paginated list (``{items, pagination}``), page by page, lazily
+        (each page by ``deadline``, a ``time.monotonic()`` instant, when given).
+
+        Raises:
+            ConfigurationError: ``page_size`` is not an int from 1 to 200.
+            NotSupportedError: the server does not serve ``feature``.
+            ApiError: an error status.
+            TransportError: no usable response.
+        """
+        if type(page_size) is not int or not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ConfigurationError(f"page_size must be an int from 1 to {MAX_PAGE_SIZE}")
+        page = 1
+        while True:
+            query = {"pageSize": page_size, **params, "page": page}
+            response = self.request("GET", path, params=query, feature=feature, deadline=deadline)
+            data = response_json(response)
+            items = data.get("items") if isinstance(data, dict) else None
+            if not isinstance(items, list) or not items:
+                return
+            yield from (item for item in items if isinstance(item, dict))
+            pagination = data.get("pagination")
+            if not (isinstance(pagination, dict) and pagination.get("hasNextPage")):
+                return
+            page += 1

@@ -328,3 +328,363 @@ def mode_from_wire(value: Any) -> int:
         return int(str(int(value)), 8)
     except (TypeError, ValueError):
         return 0
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A point-in-time snapshot of a sandbox, as ``/snapshots`` describes it.
+
+    Attributes:
+        id: the snapshot id (pass it as ``create_sandbox(snapshot_id=...)``).
+        sandbox_id: the sandbox it was taken from.
+        name: its name, or None.
+        state: ``Creating``, ``Ready``, ``Failed``, ``Deleting`` (kept as sent).
+        reason: machine-readable reason of the state, or None.
+        message: human-readable detail of the state, or None.
+        created_at: creation time, or None.
+        last_transition_at: time of the last state change, or None.
+    """
+
+    id: str
+    sandbox_id: str = ""
+    name: str | None = None
+    state: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    created_at: datetime | None = None
+    last_transition_at: datetime | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether a sandbox can be created from it now."""
+        return self.state == "Ready"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Snapshot:
+        """Build from a lifecycle ``Snapshot`` object, tolerating missing or odd fields."""
+        status = _object(data.get("status"))
+        return cls(
+            id=str(data.get("id", "")),
+            sandbox_id=str(data.get("sandboxId", "")),
+            name=_str_or_none(data.get("name")),
+            state=_str_or_none(status.get("state")),
+            reason=_str_or_none(status.get("reason")),
+            message=_str_or_none(status.get("message")),
+            created_at=parse_time(data.get("createdAt")),
+            last_transition_at=parse_time(status.get("lastTransitionAt")),
+        )
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    """How many warm sandboxes a server-side pool keeps (the ``capacitySpec``), checked once.
+
+    Attributes:
+        pool_min: sandboxes the pool holds at least, allocated or not.
+        pool_max: sandboxes the pool holds at most.
+        buffer_min: idle (unallocated) sandboxes kept at least.
+        buffer_max: idle sandboxes kept at most.
+
+    Raises:
+        ConfigurationError: a count that is not an int >= 0, or a minimum above its maximum.
+    """
+
+    pool_min: int = 0
+    pool_max: int = 1
+    buffer_min: int = 0
+    buffer_max: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("pool_min", "pool_max", "buffer_min", "buffer_max"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ConfigurationError(f"{name} must be an int >= 0, got {value!r}")
+        for low, high in (("pool_min", "pool_max"), ("buffer_min", "buffer_max")):
+            if getattr(self, low) > getattr(self, high):
+                raise ConfigurationError(f"{low} must not exceed {high}")
+
+    def to_dict(self) -> dict[str, int]:
+        """The wire form (``bufferMax``, ``bufferMin``, ``poolMax``, ``poolMin``)."""
+        return {
+            "bufferMax": self.buffer_max,
+            "bufferMin": self.buffer_min,
+            "poolMax": self.pool_max,
+            "poolMin": self.pool_min,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PoolCapacity:
+        """Build from the wire form; a missing count is 0.
+
+        Raises:
+            ConfigurationError: a count that is not an int >= 0.
+        """
+        data = data if isinstance(data, dict) else {}
+        return cls(
+            pool_min=data.get("poolMin", 0),
+            pool_max=data.get("poolMax", 0),
+            buffer_min=data.get("bufferMin", 0),
+            buffer_max=data.get("bufferMax", 0),
+        )
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A server-side pool of pre-warmed sandboxes (``/pools``).
+
+    Attributes:
+        name: the pool's name (pass it as ``create_sandbox(pool=...)``).
+        capacity: its capacity spec.
+        total: sandboxes it holds, or None when the server did not report a status.
+        allocated: sandboxes handed out, or None.
+        available: idle sandboxes ready to hand out, or None.
+        revision: the server's revision of the pool, or None.
+        created_at: creation time, or None.
+    """
+
+    name: str
+    capacity: PoolCapacity
+    total: int | None = None
+    allocated: int | None = None
+    available: int | None = None
+    revision: str | None = None
+    created_at: datetime | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Pool:
+        """Build from a lifecycle ``PoolResponse`` object.
+
+        A capacity the server describes oddly (negative, min above max) is kept as zeros
+        rather than refused: it is the server's data, not the caller's argument.
+        """
+        status = _object(data.get("status"))
+        try:
+            capacity = PoolCapacity.from_dict(data.get("capacitySpec"))
+        except ConfigurationError:
+            capacity = PoolCapacity(0, 0, 0, 0)
+        return cls(
+            name=str(data.get("name", "")),
+            capacity=capacity,
+            total=_int_or_none(status.get("total")),
+            allocated=_int_or_none(status.get("allocated")),
+            available=_int_or_none(status.get("available")),
+            revision=_str_or_none(status.get("revision")),
+            created_at=parse_time(data.get("createdAt")),
+        )
+
+
+@dataclass(frozen=True)
+class Template:
+    """A sandbox template (an fsb golden image built by the server's Kubernetes runtime).
+
+    Attributes:
+        id: the template id (pass it as ``create_sandbox(template_id=...)``).
+        image: the image it was built from.
+        publish: where the artifacts are published.
+        format: ``native`` or ``overlaybd``.
+        phase: ``Pending``, ``Building``, ``Succeeded`` or ``Failed`` (kept as sent).
+        message: why it failed, or None.
+        manifest_ref: the published manifest, once ``Succeeded``; else None.
+        entrypoint: its entrypoint, if it has one.
+        env: its environment.
+        metadata: its labels.
+        resource_limits: its resource limits.
+        created_at: creation time, or None.
+        updated_at: time of the last update, or None.
+    """
+
+    id: str
+    image: str = ""
+    publish: str = ""
+    format: str = ""
+    phase: str | None = None
+    message: str | None = None
+    manifest_ref: str | None = None
+    entrypoint: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    resource_limits: dict[str, str] = field(default_factory=dict)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Template:
+        """Build from a lifecycle ``FsbTemplate`` object."""
+        status = _object(data.get("status"))
+        entrypoint = data.get("entrypoint")
+        return cls(
+            id=str(data.get("templateId", "")),
+            image=str(data.get("image") or ""),
+            publish=str(data.get("publish") or ""),
+            format=str(data.get("format") or ""),
+            phase=_str_or_none(status.get("phase")),
+            message=_str_or_none(status.get("message")),
+            manifest_ref=_str_or_none(status.get("manifestRef")),
+            entrypoint=[str(e) for e in entrypoint] if isinstance(entrypoint, list) else [],
+            env=_str_map(data.get("env")),
+            metadata=_str_map(data.get("metadata")),
+            resource_limits=_str_map(data.get("resourceLimits")),
+            created_at=parse_time(data.get("createdAt")),
+            updated_at=parse_time(data.get("updatedAt")),
+        )
+
+
+@dataclass(frozen=True)
+class DiagnosticContent:
+    """Diagnostic text of a sandbox (its logs or its events).
+
+    With a ``scope``, the server's stable Diagnostics descriptor (``diagnostic-api.yml``):
+    the text inline (``content``) or at ``content_url``. Without one, the released server's
+    plain text, kept whole in ``content`` (``scope`` None, ``delivery`` ``inline``).
+
+    Attributes:
+        sandbox_id: the sandbox.
+        kind: ``logs`` or ``events``.
+        scope: the scope answered (``container``, ``lifecycle``, ``all``...), or None.
+        delivery: ``inline`` or ``url``.
+        content_type: the media type of the text.
+        content: the text, when inline; else None.
+        content_url: where to download the text, when ``delivery`` is ``url``; else None.
+        content_length: bytes of the text, when known.
+        expires_at: when ``content_url`` stops working, or None.
+        truncated: whether the server cut the text.
+        warnings: the server's remarks on the text's completeness.
+    """
+
+    sandbox_id: str
+    kind: str
+    scope: str | None = None
+    delivery: str = "inline"
+    content_type: str = "text/plain; charset=utf-8"
+    content: str | None = None
+    content_url: str | None = None
+    content_length: int | None = None
+    expires_at: datetime | None = None
+    truncated: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DiagnosticContent:
+        """Build from a ``DiagnosticContentResponse`` object."""
+        warnings = data.get("warnings")
+        return cls(
+            sandbox_id=str(data.get("sandboxId", "")),
+            kind=str(data.get("kind", "")),
+            scope=_str_or_none(data.get("scope")),
+            delivery=str(data.get("delivery") or "inline"),
+            content_type=str(data.get("contentType") or ""),
+            content=_str_or_none(data.get("content")),
+            content_url=_str_or_none(data.get("contentUrl")),
+            content_length=_int_or_none(data.get("contentLength")),
+            expires_at=parse_time(data.get("expiresAt")),
+            truncated=data.get("truncated") is True,
+            warnings=[str(w) for w in warnings] if isinstance(warnings, list) else [],
+        )
+
+
+NETWORK_ACTIONS = ("allow", "deny")
+
+
+@dataclass(frozen=True)
+class NetworkRule:
+    """One egress rule: ``allow`` or ``deny`` a host (an FQDN or ``*.`` wildcard).
+
+    Raises:
+        ConfigurationError: an action other than ``allow``/``deny``, or an empty target.
+    """
+
+    action: str
+    target: str
+
+    def __post_init__(self) -> None:
+        if self.action not in NETWORK_ACTIONS:
+            raise ConfigurationError(
+                f"a network rule's action must be 'allow' or 'deny', got {self.action!r}"
+            )
+        if not isinstance(self.target, str) or not self.target.strip():
+            raise ConfigurationError("a network rule's target must be a non-empty host name")
+
+    def to_dict(self) -> dict[str, str]:
+        """The wire form ``{"action", "target"}``."""
+        return {"action": self.action, "target": self.target}
+
+    @classmethod
+    def of(cls, rule: NetworkRule | Any) -> NetworkRule:
+        """A rule, or one built from a ``{"action", "target"}`` mapping.
+
+        Raises:
+            ConfigurationError: anything else, or a bad action or target.
+        """
+        if isinstance(rule, NetworkRule):
+            return rule
+        if not isinstance(rule, dict) or set(rule) != {"action", "target"}:
+            raise ConfigurationError(
+                f"a network rule is a NetworkRule or {{'action': ..., 'target': ...}}, got {rule!r}"
+            )
+        return cls(action=rule["action"], target=rule["target"])
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """A sandbox's egress policy: a default action and per-host rules.
+
+    Attributes:
+        default_action: ``allow`` or ``deny`` (what a host no rule names gets); None when the
+            server left it out (the egress sidecar then denies).
+        egress: the rules, first match wins.
+        mode: the server's summary of the policy (e.g. ``deny_all``), or None.
+
+    Raises:
+        ConfigurationError: a default action other than ``allow``/``deny``/None.
+    """
+
+    default_action: str | None = "deny"
+    egress: tuple[NetworkRule, ...] = ()
+    mode: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.default_action not in (*NETWORK_ACTIONS, None):
+            raise ConfigurationError(
+                f"default_action must be 'allow', 'deny' or None, got {self.default_action!r}"
+            )
+        object.__setattr__(self, "egress", tuple(NetworkRule.of(r) for r in self.egress))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form ``{"defaultAction", "egress"}`` (the create body's and ``/policy``'s)."""
+        body: dict[str, Any] = {"egress": [rule.to_dict() for rule in self.egress]}
+        if self.default_action is not None:
+            body["defaultAction"] = self.default_action
+        return body
+
+    @classmethod
+    def from_dict(cls, data: Any) -> NetworkPolicy:
+        """Build from a policy status (``{"mode", "policy": {...}}``) or a bare policy.
+
+        Rules the server describes oddly are left out rather than refused.
+        """
+        data = data if isinstance(data, dict) else {}
+        policy = data.get("policy") if isinstance(data.get("policy"), dict) else data
+        rules = []
+        for item in policy.get("egress") or ():
+            try:
+                rules.append(NetworkRule.of(item))
+            except ConfigurationError:
+                continue
+        action = policy.get("defaultAction")
+        return cls(
+            default_action=action if action in NETWORK_ACTIONS else None,
+            egress=tuple(rules),
+            mode=_str_or_none(data.get("mode")),
+        )

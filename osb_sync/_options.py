@@ -59,6 +59,10 @@ class BodyOptions(TypedDict, total=False):
     platform: Mapping[str, str] | None
     volumes: Sequence[Mapping[str, Any]] | None
     extensions: Mapping[str, str] | None
+    lifecycle: Mapping[str, Any] | None
+    credential_proxy: bool
+    pool: str | None
+    template_id: str | None
 
 
 class ReachOptions(TypedDict, total=False):
@@ -136,7 +140,12 @@ DEFAULT_REACH = Reach()
 
 # A keyword not given has this value (None: the server's or the client's default applies).
 BODY_DEFAULTS: dict[str, Any] = {name: None for name in BodyOptions.__annotations__}
-BODY_DEFAULTS.update(secure_access=False)
+BODY_DEFAULTS.update(secure_access=False, credential_proxy=False)
+# What the released server rejects beside a templateId: the template fixes the workload.
+TEMPLATE_FIXED = (
+    "template", "image_auth", "snapshot_id", "pool", "entrypoint", "env_vars",
+    "resource_limits", "resource_requests", "volumes", "platform", "lifecycle",
+)  # fmt: skip
 REACH_DEFAULTS: dict[str, Any] = {
     "use_server_proxy": DEFAULT_REACH.use_server_proxy,
     "ready_timeout": None,
@@ -204,11 +213,15 @@ def with_keywords(options: type, defaults: Mapping[str, Any]) -> Callable[[F], F
 def build_create_body(options: Mapping[str, Any], metadata: Mapping[str, str]) -> dict[str, Any]:
     """The ``POST /sandboxes`` body; deny-all network unless internet access is asked for.
 
-    ``metadata`` is added to the option's own labels (the create-id tag).
+    ``metadata`` is added to the option's own labels (the create-id tag). A sandbox comes
+    from one source: an image (``template``), a ``snapshot_id``, a ``template_id`` (whose
+    template fixes the workload: no entrypoint, env, resources, volumes, platform, hooks or
+    secure access beside it) or a ``pool`` (``extensions.poolRef``; the pool's sandboxes are
+    made in advance, so no network policy is sent, not even the default deny-all).
 
     Raises:
-        ConfigurationError: both ``template`` and ``snapshot_id``; a ``timeout`` that is not
-            a positive int, None or NO_TIMEOUT.
+        ConfigurationError: two sources; a field the source does not take; a ``timeout``
+            that is not a positive int, None or NO_TIMEOUT (a template needs one).
     """
     unknown = set(options) - set(BODY_DEFAULTS)
     if unknown:  # the client's own settings (a Reach) never go into the body
@@ -216,12 +229,25 @@ def build_create_body(options: Mapping[str, Any], metadata: Mapping[str, str]) -
     get = {**BODY_DEFAULTS, **options}.__getitem__
     timeout = get("timeout")
     _check_lifetime(timeout)
+    sources = [n for n in ("snapshot_id", "template_id", "pool") if get(n) is not None]
+    if len(sources) > 1:
+        raise ConfigurationError(f"pass one of snapshot_id, template_id and pool, not {sources}")
     body: dict[str, Any] = {}
     entrypoint = get("entrypoint")
-    if get("snapshot_id") is not None:
+    if get("template_id") is not None:
+        given = [n for n in TEMPLATE_FIXED if get(n)]
+        given += [n for n in ("secure_access", "credential_proxy") if get(n)]
+        if given:
+            raise ConfigurationError(
+                f"a sandbox from template_id takes its workload from the template: drop {given}"
+            )
+        if timeout is NO_TIMEOUT:
+            raise ConfigurationError("a sandbox from template_id needs a timeout (its lifetime)")
+        body["templateId"] = _non_empty(get("template_id"), "template_id")
+    elif get("snapshot_id") is not None:
         if get("template") is not None or get("image_auth") is not None:
             raise ConfigurationError("pass either template (with image_auth) or snapshot_id")
-        body["snapshotId"] = get("snapshot_id")
+        body["snapshotId"] = _non_empty(get("snapshot_id"), "snapshot_id")
         if entrypoint:
             body["entrypoint"] = list(entrypoint)
     else:
@@ -230,26 +256,50 @@ def build_create_body(options: Mapping[str, Any], metadata: Mapping[str, str]) -
             body["image"]["auth"] = dict(get("image_auth"))
         body["entrypoint"] = list(entrypoint or DEFAULT_ENTRYPOINT)
     body["timeout"] = None if timeout is NO_TIMEOUT else (timeout or DEFAULT_TIMEOUT)
-    body["resourceLimits"] = dict(get("resource_limits") or DEFAULT_RESOURCE_LIMITS)
+    # a pool's or a template's sandboxes have their resources already
+    if get("resource_limits") or sources in ([], ["snapshot_id"]):
+        body["resourceLimits"] = dict(get("resource_limits") or DEFAULT_RESOURCE_LIMITS)
     labels = {**(get("metadata") or {}), **metadata}
     if labels:
         body["metadata"] = labels
     for name, key in (("env_vars", "env"), ("resource_requests", "resourceRequests")):
         if get(name):
             body[key] = dict(get(name))
-    if get("network_policy") is not None:
+    if get("pool") is not None:
+        if get("network_policy") is not None:
+            raise ConfigurationError(
+                "a sandbox from a pool has the pool's network (its sandboxes exist already): "
+                "drop network_policy, or change it later with sandbox.network_policy"
+            )
+    elif get("network_policy") is not None:
         body["networkPolicy"] = dict(get("network_policy"))
     elif get("allow_internet_access") is not True:
         body["networkPolicy"] = {"defaultAction": "deny", "egress": []}
     if get("secure_access"):
         body["secureAccess"] = True
+    if get("credential_proxy"):
+        body["credentialProxy"] = {"enabled": True}
+    if get("lifecycle"):
+        body["lifecycle"] = dict(get("lifecycle"))
     if get("platform"):
         body["platform"] = dict(get("platform"))
     if get("volumes"):
         body["volumes"] = [dict(volume) for volume in get("volumes")]
-    if get("extensions"):
-        body["extensions"] = dict(get("extensions"))
+    extensions = dict(get("extensions") or {})
+    if get("pool") is not None:
+        pool = _non_empty(get("pool"), "pool")
+        if extensions.get("poolRef", pool) != pool:
+            raise ConfigurationError("pool and extensions['poolRef'] name different pools")
+        extensions["poolRef"] = pool
+    if extensions:
+        body["extensions"] = extensions
     return body
+
+
+def _non_empty(value: object, name: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(f"{name} must be a non-empty str")
+    return value
 
 
 def lifetime_seconds(options: Mapping[str, Any]) -> float | None:

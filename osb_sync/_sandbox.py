@@ -21,7 +21,7 @@ from ._errors import (
     TransportError,
 )
 from ._execd import Execd
-from ._models import CodeContext, Endpoint, ExecutionResult, Metrics, SandboxInfo
+from ._models import CodeContext, Endpoint, ExecutionResult, Metrics, SandboxInfo, Snapshot
 from ._options import (
     CODE_RUN_DEFAULTS,
     DEFAULT_REACH,
@@ -30,6 +30,7 @@ from ._options import (
     check_options,
     with_keywords,
 )
+from ._resources import Diagnostics, Network, Snapshots
 from ._stream import ExecutionFolder
 from ._transport import Transport
 from ._wait import Wait
@@ -61,6 +62,8 @@ class Sandbox:
         id: the sandbox id.
         commands: shell commands (:class:`Commands`).
         contexts: code contexts (:class:`Contexts`).
+        diagnostics: the server's logs, events and inspection of it (:class:`Diagnostics`).
+        network_policy: its egress policy, changed while it runs (:class:`Network`).
         use_server_proxy: whether execd is reached through the server's proxy.
         delete_on_exit: whether leaving a ``with`` block deletes the sandbox.
     """
@@ -175,6 +178,24 @@ class Sandbox:
         return self._lifecycle_api
 
     @property
+    def diagnostics(self) -> Diagnostics:
+        """The server's logs, events, inspection and summary of this sandbox.
+
+        Raises:
+            ConfigurationError: a handle from ``Sandbox.from_execd`` (no lifecycle API).
+        """
+        return Diagnostics(self._lifecycle, self.id)
+
+    @property
+    def network_policy(self) -> Network:
+        """This sandbox's egress policy: get, replace, patch rules, delete rules.
+
+        Raises:
+            ConfigurationError: a handle from ``Sandbox.from_execd`` (no lifecycle API).
+        """
+        return Network(self._lifecycle, self.id)
+
+    @property
     def files(self) -> Files:
         """The file system (:class:`Files`), made on first use: a script that only runs code
         never imports it."""
@@ -224,18 +245,40 @@ class Sandbox:
 
     # -- the sandbox itself ---------------------------------------------------------------------
 
-    def get_endpoint(self, port: int) -> Endpoint:
+    def get_endpoint(self, port: int, *, expires: datetime | int | None = None) -> Endpoint:
         """How to reach a port the sandbox serves (a web app started inside it).
 
+        Args:
+            port: the port.
+            expires: ask for a signed route token valid until then (a time, or Unix epoch
+                seconds; the server needs an ingress gateway with secure access).
+
         Raises:
-            ConfigurationError: a port outside 1..65535.
+            ConfigurationError: a port outside 1..65535, or an ``expires`` in the past.
             SandboxTimeoutError: no endpoint within the default ready timeout.
             ApiError: the server refused.
         """
         wait = DEFAULT_REACH
         return self._lifecycle.endpoint(
-            self.id, port, self.use_server_proxy, wait.ready_timeout, wait.poll_interval
+            self.id, port, self.use_server_proxy, wait.ready_timeout, wait.poll_interval, expires
         )
+
+    def snapshot(self, name: str | None = None, *, wait: bool = False) -> Snapshot:
+        """Take a snapshot of this sandbox (``create_sandbox(snapshot_id=...)`` restores it).
+
+        Args:
+            name: a name for it.
+            wait: return only once it is Ready (else it may still be ``Creating``).
+
+        Raises:
+            NotSupportedError: the server makes no snapshots.
+            SandboxStateError: with ``wait``, the snapshot failed.
+            SandboxTimeoutError: with ``wait``, not Ready in time.
+            ApiError: e.g. 409 when the sandbox is not running.
+        """
+        snapshots = Snapshots(self._lifecycle)
+        made = snapshots.create(self.id, name)
+        return snapshots.wait_until_ready(made.id) if wait and not made.ready else made
 
     def metrics(self) -> Metrics:
         """One resource sample (CPU and memory).

@@ -66,9 +66,17 @@ def created_body(**options: Any) -> dict[str, Any]:
         add_create(rsps)
         add_endpoint(rsps)
         add_ping(rsps)
+        if options.get("snapshot_id"):  # a create from a snapshot waits until it is Ready
+            rsps.get(
+                f"{API}/snapshots/{options['snapshot_id']}",
+                json={"id": options["snapshot_id"], "sandboxId": SID,
+                      "status": {"state": "Ready"}, "createdAt": "2026-01-01T00:00:00Z"},
+            )  # fmt: skip
         with osb_sync.Client(API) as client:
             client.create_sandbox(**options)
-        body: dict[str, Any] = body_of(rsps.calls[0])
+        body: dict[str, Any] = body_of(
+            next(call for call in rsps.calls if call.request.method == "POST")
+        )
     labels = body["metadata"]
     del labels["osb-sync/create-id"]
     if not labels:

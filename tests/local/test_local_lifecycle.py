@@ -54,12 +54,18 @@ def test_create_get_list_delete(local: LocalServer, http: requests.Session) -> N
 def test_no_timeout_means_no_expiry_and_snapshot_create(
     local: LocalServer, http: requests.Session
 ) -> None:
-    body = {"snapshotId": "snap-1", "resourceLimits": {}}
+    source = create(local, http).json()["id"]
+    made = http.post(f"{local.api_base}/sandboxes/{source}/snapshots", json={})
+    assert made.status_code == 202 and made.headers["Location"].startswith("/v1/snapshots/")
+    snapshot = made.json()["id"]
+    ready = lambda: http.get(f"{local.api_base}/snapshots/{snapshot}").json()["status"]["state"]  # noqa: E731
+    assert wait_for(lambda: ready() == "Ready", 30)
+    body = {"snapshotId": snapshot, "resourceLimits": {}}
     created = http.post(f"{local.api_base}/sandboxes", json=body)
     assert created.status_code == 202
     assert "expiresAt" not in created.json()
     got = http.get(f"{local.api_base}/sandboxes/{created.json()['id']}").json()
-    assert got["snapshotId"] == "snap-1" and "image" not in got
+    assert got["snapshotId"] == snapshot and "image" not in got
 
 
 @pytest.mark.parametrize(

@@ -85,6 +85,7 @@ def test_constants() -> None:
         (osb_sync.OutputLimitExceeded, (ValueError,)),
         (osb_sync.ApiError, (requests.HTTPError,)),
         (osb_sync.NotFoundError, (osb_sync.ApiError, requests.HTTPError)),
+        (osb_sync.NotSupportedError, (osb_sync.ApiError, requests.HTTPError)),
         (osb_sync.TransportError, (requests.ConnectionError,)),
         (osb_sync.StreamError, (osb_sync.TransportError, requests.ConnectionError)),
     ],

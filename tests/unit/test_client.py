@@ -184,7 +184,7 @@ def test_the_default_resource_limits_are_read_only() -> None:
 def test_create_options_are_one_signature() -> None:
     signature = inspect.signature(Client.create_sandbox)
     keywords = [p for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY]
-    assert len(keywords) == 19 and signature.parameters["health_check"].default is True
+    assert len(keywords) == 23 and signature.parameters["health_check"].default is True
     assert signature.parameters["template"].default is None
     with pytest.raises(TypeError, match="unexpected keyword argument 'tempalte'"):
         Client(API).create_sandbox(tempalte="x")  # type: ignore[call-arg]

@@ -6,7 +6,8 @@ The layers, top to bottom::
                 _cli*, testing, integrations.*      (they hold or build a Client)
     Client      _client                              (Client and the handles it keeps)
     Sandbox     _sandbox, _commands, _contexts, _files
-    handles     _lifecycle, _execd, _orphans, _execution, _stream, _command_stream, _options
+    handles     _lifecycle, _resources, _execd, _orphans, _execution, _stream, _command_stream,
+                _options
     transport   _transport, _failures, _errors, _models, _config, _constants
 
 Rules:

@@ -48,35 +48,8 @@ EXECD_NOT_SERVED: set[Route] = {
 }
 EXECD_OURS_ONLY: dict[Route, str] = {}
 
-LIFECYCLE_NOT_SERVED: set[Route] = {
-    # snapshots
-    ("POST", "/sandboxes/{}/snapshots"),
-    ("GET", "/snapshots"),
-    ("GET", "/snapshots/{}"),
-    ("DELETE", "/snapshots/{}"),
-    # diagnostics
-    ("GET", "/sandboxes/{}/diagnostics/logs"),
-    ("GET", "/sandboxes/{}/diagnostics/inspect"),
-    ("GET", "/sandboxes/{}/diagnostics/events"),
-    ("GET", "/sandboxes/{}/diagnostics/summary"),
-    # server-side pools (the client's own pool is osb_sync.Pool)
-    ("POST", "/pools"),
-    ("GET", "/pools"),
-    ("GET", "/pools/{}"),
-    ("PUT", "/pools/{}"),
-    ("DELETE", "/pools/{}"),
-    # templates
-    ("POST", "/templates"),
-    ("GET", "/templates"),
-    ("GET", "/templates/{}"),
-    ("DELETE", "/templates/{}"),
-    # the per-sandbox network policy
-    ("GET", "/sandboxes/{}/networkpolicy"),
-    ("PUT", "/sandboxes/{}/networkpolicy"),
-    ("PATCH", "/sandboxes/{}/networkpolicy"),
-    ("DELETE", "/sandboxes/{}/networkpolicy"),
-    ("GET", "/version"),
-}
+# none: templates answer as a server without their runtime does (501), as the spec allows
+LIFECYCLE_NOT_SERVED: set[Route] = set()
 _PROXY_TOO = "the proxy relays every method our HTTP layer accepts; the released spec lists five"
 LIFECYCLE_OURS_ONLY: dict[Route, str] = {
     ("HEAD", "/sandboxes/{}/proxy/{}"): _PROXY_TOO,

@@ -215,6 +215,33 @@ class SandboxContainer:
             os.close(self._ready_r)
             self._ready_r = -1
 
+    def set_internet(self, internet: bool) -> bool:
+        """Give the running container outbound access (slirp4netns) or take it away.
+
+        Taking it away stops slirp4netns: its tap device, the namespace's only way out, goes
+        with it, and the sandbox keeps loopback only. Returns whether it has outbound access
+        now (False where slirp4netns is missing or the container is not isolated).
+
+        Raises:
+            RuntimeError, OSError: slirp4netns did not start.
+        """
+        with self._lock:
+            if self._closed or self.init_pid is None:
+                return False
+            if internet and self._slirp is None and self.support.slirp:
+                deadline = time.monotonic() + START_TIMEOUT
+                self._slirp, self._slirp_exit = start_slirp(
+                    self.support.slirp, self.init_pid, deadline
+                )
+                self.network = "slirp4netns"
+            elif not internet and self._slirp is not None:
+                os.close(self._slirp_exit)
+                self._slirp.kill()
+                self._slirp.wait()
+                self._slirp, self._slirp_exit = None, -1
+                self.network = "none"
+            return self._slirp is not None
+
     def apply_limits(self, plan: Plan) -> None:
         """Write `plan`'s cgroup limits into a launched spare's (unconfigured) groups.
 

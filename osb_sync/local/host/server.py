@@ -27,7 +27,8 @@ from . import capacity, options, proxy, recovery
 from . import limits as resource_limits
 from .bwrap import FIX, Support, compile_package, probe, refusal
 from .execd_binary import ExecdBinary
-from .registry import EXECD_PORT, Config, Registry, not_found
+from .network import EGRESS_HEADER, EGRESS_PORT
+from .registry import EXECD_PORT, Config, Registry, not_found, templates_not_supported
 
 logger = logging.getLogger("osb_sync.local")
 
@@ -42,6 +43,11 @@ MISSING_KEY = (
 )
 INVALID_KEY = "Authentication credentials are invalid. Check your API key and try again."
 BAD_TOKEN = {"error": "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"}
+BAD_EGRESS_TOKEN = {
+    "code": "UNAUTHORIZED",
+    "message": "invalid or missing header OPENSANDBOX-EGRESS-AUTH (the endpoint of port 18080 "
+    "gives it)",
+}
 
 
 class LocalServer:
@@ -301,6 +307,9 @@ class LocalServer:
         """
         keyed = self._keyed
         proxy_root = "/sandboxes/{id}/proxy/{port}"
+        diagnostics = "/sandboxes/{id}/diagnostics"
+        policy = "/sandboxes/{id}/networkpolicy"
+        no_templates = keyed(templates_not_supported)
         return [
             ("POST", "/sandboxes", keyed(registry.create)),
             ("GET", "/sandboxes", keyed(registry.list)),
@@ -310,11 +319,33 @@ class LocalServer:
             ("POST", "/sandboxes/{id}/pause", keyed(registry.pause)),
             ("POST", "/sandboxes/{id}/resume", keyed(registry.resume)),
             ("POST", "/sandboxes/{id}/renew-expiration", keyed(registry.renew)),
+            ("POST", "/sandboxes/{id}/snapshots", keyed(registry.create_snapshot)),
+            ("GET", "/snapshots", keyed(registry.list_snapshots)),
+            ("GET", "/snapshots/{id}", keyed(registry.get_snapshot)),
+            ("DELETE", "/snapshots/{id}", keyed(registry.delete_snapshot)),
             ("GET", "/sandboxes/{id}/endpoints/{port}", keyed(registry.endpoint)),
+            ("GET", diagnostics + "/logs", keyed(registry.diagnostics_logs)),
+            ("GET", diagnostics + "/inspect", keyed(registry.diagnostics_inspect)),
+            ("GET", diagnostics + "/events", keyed(registry.diagnostics_events)),
+            ("GET", diagnostics + "/summary", keyed(registry.diagnostics_summary)),
+            ("POST", "/pools", keyed(registry.create_pool)),
+            ("GET", "/pools", keyed(registry.list_pools)),
+            ("GET", "/pools/{name}", keyed(registry.get_pool)),
+            ("PUT", "/pools/{name}", keyed(registry.update_pool)),
+            ("DELETE", "/pools/{name}", keyed(registry.delete_pool)),
+            ("POST", "/templates", no_templates),
+            ("GET", "/templates", no_templates),
+            ("GET", "/templates/{id}", no_templates),
+            ("DELETE", "/templates/{id}", no_templates),
             *[(method, proxy_root, self._proxy) for method in PROXY_METHODS],
             *[(method, proxy_root + "/{rest:path}", self._proxy) for method in PROXY_METHODS],
+            ("GET", policy, keyed(registry.network_policy_get)),
+            ("PUT", policy, keyed(registry.network_policy_put)),
+            ("PATCH", policy, keyed(registry.network_policy_patch)),
+            ("DELETE", policy, keyed(registry.network_policy_delete)),
             ("POST", "/metrics/events", report_metrics_event),
             ("GET", "/health", health),
+            ("GET", "/version", version),
         ]
 
     def route(self, ex: Exchange) -> None:
@@ -356,6 +387,14 @@ class LocalServer:
         sandbox = self._registry.find(sandbox_id)
         if sandbox is None:
             raise not_found(sandbox_id)
+        if port == EGRESS_PORT:
+            # the egress sidecar's API, answered here on the host: nothing in the sandbox
+            # listens on this port, and its token never enters the sandbox
+            token = ex.headers.get(EGRESS_HEADER) or ""
+            if not hmac.compare_digest(token.encode(), sandbox.egress_token.encode()):
+                raise HttpError(401, BAD_EGRESS_TOKEN)
+            self._registry.egress_policy(ex, sandbox, rest)
+            return
         token = ex.headers.get("X-EXECD-ACCESS-TOKEN") or ""
         if not hmac.compare_digest(token.encode(), sandbox.token.encode()):
             raise HttpError(401, BAD_TOKEN)
@@ -378,6 +417,18 @@ LocalServer.__doc__ = (LocalServer.__doc__ or "").replace(
 def health(ex: Exchange) -> None:
     """GET /health."""
     ex.send_json(200, {"status": "healthy"})
+
+
+def version(ex: Exchange) -> None:
+    """GET /version: this server's package version (the released server's answer)."""
+    try:
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as package_version
+
+        found = package_version("osb-sync")
+    except PackageNotFoundError:
+        found = "unknown"
+    ex.send_json(200, {"version": found, "server": "osb-sync local server"})
 
 
 def report_metrics_event(ex: Exchange) -> None:

@@ -192,12 +192,22 @@ class ContainerSource:
         self.spare_settings = spare_settings or Launch()
         self.pool = SparePool(spares if support.bwrap is not None else 0, self._launch_spare)
 
+    def new_pool(self, count: int) -> SparePool:
+        """Another SparePool of this source's spares (a named pool's), `count` kept; none
+        where containers are not isolated."""
+        return SparePool(count if self.support.bwrap is not None else 0, self._launch_spare)
+
     def _launch_spare(self, sandbox_id: str) -> SandboxContainer:
         root = self.root / SPARES_DIR
         return launch_container(sandbox_id, root, self.support, self.timing, self.spare_settings)
 
     def claimed(
-        self, body: dict[str, Any], config: dict[str, Any], internet: bool, mounts: list[str]
+        self,
+        body: dict[str, Any],
+        config: dict[str, Any],
+        internet: bool,
+        mounts: list[str],
+        spares: SparePool | None = None,
     ) -> SandboxContainer:
         """A container serving the sandbox `body` asks for; nothing is left on failure.
 
@@ -207,11 +217,12 @@ class ContainerSource:
                 `limits` (a `limits.Plan`).
             internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
             mounts: bwrap arguments of its volumes (given only with `volumes`: a cold start).
+            spares: the SparePool to claim from (a named pool's); default the server's.
 
         Raises:
             RuntimeError, OSError: no container could be started.
         """
-        spare = None if mounts else self.pool.claim(body)
+        spare = None if mounts else (spares or self.pool).claim(body)
         if spare is not None:
             try:
                 spare.move_to(self.root)

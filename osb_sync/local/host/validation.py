@@ -8,6 +8,7 @@ wording); rule errors the server checks itself (metadata labels, network policy)
 from __future__ import annotations
 
 import json
+import platform as host_platform
 import re
 from datetime import datetime, timezone
 from typing import Any
@@ -250,6 +251,76 @@ def check_create(body: Any, min_timeout: int, max_timeout: int) -> None:
     for key, value in (body.get("env") or {}).items():
         if not key or "=" in key or "\0" in key or "\0" in (value or ""):
             raise bad_parameter(f"env name {key[:100]!r} or its value is not a valid variable")
+
+
+# Machine names of `platform.machine()` by the released server's `arch` values.
+ARCHES = {"amd64": ("x86_64", "amd64"), "arm64": ("aarch64", "arm64")}
+
+
+def check_local_fields(body: dict[str, Any]) -> None:
+    """400 naming each create field the local server cannot honour, never a silent accept.
+
+    `secureAccess`, `credentialProxy` and `lifecycle` hooks need parts of the real server it
+    does not have; `templateId` needs its Kubernetes runtime; a `platform` must be this host's.
+    """
+    refused = {
+        "secureAccess": "secured endpoint access needs an ingress gateway (Kubernetes)",
+        "credentialProxy": "the Credential Vault proxy needs the egress sidecar",
+        "lifecycle": "lifecycle hooks are run by the real execd, not the local server's",
+        "templateId": "templates need OpenSandbox's Kubernetes runtime (fsb templates)",
+    }
+    for field, why in refused.items():
+        value = body.get(field)
+        if field == "credentialProxy" and isinstance(value, dict):
+            value = value.get("enabled")
+        if value:
+            raise bad_parameter(f"{field} is not supported by the local server: {why}")
+    wanted = body.get("platform")
+    if wanted is None:
+        return
+    machine = host_platform.machine().lower()
+    if (
+        not isinstance(wanted, dict)
+        or wanted.get("os") != "linux"
+        or machine not in ARCHES.get(str(wanted.get("arch")), ())
+    ):
+        raise bad_parameter(
+            f"platform {wanted!r} cannot be satisfied here: the local server runs linux on "
+            f"{machine} (pass platform={{'os': 'linux', 'arch': ...}} of this host, or none)"
+        )
+
+
+def check_network_policy(value: Any) -> dict[str, Any]:
+    """A NetworkPolicy body (PUT /networkpolicy); FastAPI's 422 when malformed."""
+    found = _network_policy(value)
+    if found:
+        raise unprocessable(found)
+    return dict(value)
+
+
+def check_rules(rules: Any) -> list[dict[str, str]]:
+    """A non-empty list of NetworkRule (PATCH /networkpolicy, PATCH /policy); 422 otherwise."""
+    if not isinstance(rules, list) or not rules:
+        raise unprocessable(
+            [issue("list_type", ["body"], "Input should be a non-empty list of rules", rules)]
+        )
+    found = _network_policy({"egress": rules})
+    if found:
+        raise unprocessable([{**d, "loc": ["body", *d["loc"][3:]]} for d in found])
+    return [{"action": r["action"], "target": r["target"]} for r in rules]
+
+
+def check_targets(targets: Any) -> list[str]:
+    """A non-empty list of host names (DELETE /networkpolicy, DELETE /policy); 422 otherwise."""
+    if (
+        not isinstance(targets, list)
+        or not targets
+        or not all(isinstance(t, str) and t for t in targets)
+    ):
+        raise unprocessable(
+            [issue("list_type", ["body"], "Input should be a non-empty list of strings", targets)]
+        )
+    return list(targets)
 
 
 def check_labels(metadata: dict[str, Any]) -> None:

@@ -1,0 +1,265 @@
+"""Named pools of the local server: warm spares (`spares.py`) kept for a template.
+
+The released server's pools are Kubernetes pre-warmed pods; here a pool is a `SparePool`
+of containers launched ahead, and the create body (`template`) its sandboxes are made from.
+A create with `extensions.poolRef` takes its workload from the pool's template (the request's
+`metadata`, `env`, `timeout` and `resourceLimits` join it; a `networkPolicy` cannot, as on
+the released server, since the pods exist already) and claims one of its spares.
+
+The `capacitySpec` counts: the pool keeps `bufferMin` idle spares, raised to reach `poolMin`
+sandboxes in all, and never more than `bufferMax` idle nor `poolMax` in all; a create past
+`poolMax` allocated sandboxes gets 409. Spares need isolation (bubblewrap): without it a
+pool's creates are cold starts, and its status says so. `status.revision` counts the pool's
+capacity changes.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from ..http.bodies import rfc3339
+from ..http.exchange import HttpError, error
+from .spares import SparePool
+from .validation import issue, unprocessable
+
+POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+CAPACITY_FIELDS = ("bufferMax", "bufferMin", "poolMax", "poolMin")
+# Fields of a create request that join a pool's template (the rest is the template's).
+REQUEST_FIELDS = ("metadata", "env", "timeout", "resourceLimits")
+# Fields a template may hold: a create body's, less what a started spare cannot take.
+TEMPLATE_FIELDS = ("image", "entrypoint", "env", "resourceLimits", "metadata", "networkPolicy")
+
+
+def pool_not_found(name: str) -> HttpError:
+    """The released server's 404 for an unknown pool."""
+    return error(404, "POOL::NOT_FOUND", f"Pool {name} not found.")
+
+
+def check_name(name: Any) -> str:
+    """A pool name (DNS-1123 label, at most 253 characters); FastAPI's 422 otherwise."""
+    if not isinstance(name, str) or len(name) > 253 or not POOL_NAME.fullmatch(name):
+        raise unprocessable(
+            [
+                issue(
+                    "string_pattern_mismatch",
+                    ["body", "name"],
+                    "String should match pattern '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'",
+                    name,
+                )
+            ]
+        )
+    return name
+
+
+def check_capacity(spec: Any) -> dict[str, int]:
+    """A `PoolCapacitySpec`; FastAPI's 422 naming the field when malformed, 400 when a
+    minimum exceeds its maximum."""
+    if not isinstance(spec, dict):
+        raise unprocessable(
+            [issue("dict_type", ["body", "capacitySpec"], "Input should be a dictionary", spec)]
+        )
+    found = [
+        issue("missing", ["body", "capacitySpec", name], "Field required", spec)
+        for name in CAPACITY_FIELDS
+        if name not in spec
+    ]
+    found += [
+        issue(
+            "greater_than_equal",
+            ["body", "capacitySpec", name],
+            "Input should be an integer greater than or equal to 0",
+            spec[name],
+        )
+        for name in CAPACITY_FIELDS
+        if name in spec and (type(spec[name]) is not int or spec[name] < 0)
+    ]
+    if found:
+        raise unprocessable(found)
+    for low, high in (("bufferMin", "bufferMax"), ("poolMin", "poolMax")):
+        if spec[low] > spec[high]:
+            raise error(
+                400,
+                "POOL::INVALID_CAPACITY",
+                f"capacitySpec.{low} ({spec[low]}) exceeds capacitySpec.{high} ({spec[high]}).",
+            )
+    return {name: spec[name] for name in CAPACITY_FIELDS}
+
+
+def check_template(template: Any) -> dict[str, Any]:
+    """A pool's template: create-body fields a spare can take; 400 naming any other field."""
+    if not isinstance(template, dict):
+        raise unprocessable(
+            [issue("dict_type", ["body", "template"], "Input should be a dictionary", template)]
+        )
+    unknown = sorted(set(template) - set(TEMPLATE_FIELDS))
+    if unknown:
+        raise error(
+            400,
+            "POOL::INVALID_TEMPLATE",
+            f"template.{unknown[0]} is not supported: the local server's pool template is a "
+            f"create body of {', '.join(TEMPLATE_FIELDS)} (its sandboxes start before their "
+            "create, so nothing fixed at start, such as volumes).",
+        )
+    return dict(template)
+
+
+@dataclass
+class LocalPool:
+    """One pool: its template, capacity, spares and the sandboxes it gave out."""
+
+    name: str
+    template: dict[str, Any]
+    capacity: dict[str, int]
+    spares: SparePool
+    allocated: set[str] = field(default_factory=set)
+    revision: int = 1
+    created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+
+    def resize(self) -> None:
+        """Set how many idle spares to keep from the capacity and the sandboxes given out."""
+        cap, used = self.capacity, len(self.allocated)
+        idle = max(cap["bufferMin"], cap["poolMin"] - used)
+        self.spares.count = max(0, min(idle, cap["bufferMax"], cap["poolMax"] - used))
+        self.spares.fill()
+
+    def view(self) -> dict[str, Any]:
+        """The released server's `PoolResponse`."""
+        available = len(self.spares.ready())
+        return {
+            "name": self.name,
+            "capacitySpec": dict(self.capacity),
+            "status": {
+                "total": len(self.allocated) + available,
+                "allocated": len(self.allocated),
+                "available": available,
+                "revision": str(self.revision),
+            },
+            "createdAt": rfc3339(self.created_at),
+        }
+
+
+class PoolStore:
+    """Every pool of one server (one lock).
+
+    Args:
+        new_spares: makes the SparePool of a new pool, given its idle count.
+    """
+
+    def __init__(self, new_spares: Callable[[int], SparePool]) -> None:
+        self._new_spares = new_spares
+        self._lock = threading.Lock()
+        self._pools: dict[str, LocalPool] = {}
+
+    def create(self, name: str, template: dict[str, Any], capacity: dict[str, int]) -> LocalPool:
+        """Add a pool and start its spares; 409 when the name is taken."""
+        with self._lock:
+            if name in self._pools:
+                raise error(409, "POOL::ALREADY_EXISTS", f"Pool {name} already exists.")
+            pool = LocalPool(name, template, capacity, self._new_spares(0))
+            self._pools[name] = pool
+        pool.resize()
+        return pool
+
+    def get(self, name: str) -> LocalPool:
+        """The pool `name`; 404 when there is none."""
+        with self._lock:
+            pool = self._pools.get(name)
+        if pool is None:
+            raise pool_not_found(name)
+        return pool
+
+    def all(self) -> list[LocalPool]:
+        """Every pool, oldest first."""
+        with self._lock:
+            return sorted(self._pools.values(), key=lambda p: p.created_at)
+
+    def update(self, name: str, capacity: dict[str, int]) -> LocalPool:
+        """Change a pool's capacity (its spares follow)."""
+        pool = self.get(name)
+        with self._lock:
+            pool.capacity = capacity
+            pool.revision += 1
+        pool.resize()
+        return pool
+
+    def delete(self, name: str) -> None:
+        """Remove a pool and kill its idle spares (its sandboxes keep running); 404 if unknown."""
+        with self._lock:
+            pool = self._pools.pop(name, None)
+        if pool is None:
+            raise pool_not_found(name)
+        pool.spares.close()
+
+    def reserve(self, name: str) -> LocalPool:
+        """The pool a create takes a sandbox from; 409 when `poolMax` are given out already."""
+        pool = self.get(name)
+        with self._lock:
+            if len(pool.allocated) >= pool.capacity["poolMax"]:
+                raise error(
+                    409,
+                    "POOL::EXHAUSTED",
+                    f"Pool {name} has given out its poolMax of {pool.capacity['poolMax']} "
+                    "sandboxes; delete one or raise capacitySpec.poolMax.",
+                )
+        return pool
+
+    def allocate(self, pool: LocalPool, sandbox_id: str) -> None:
+        """Count a sandbox made from the pool."""
+        with self._lock:
+            pool.allocated.add(sandbox_id)
+        pool.resize()
+
+    def release(self, sandbox_id: str) -> None:
+        """A sandbox is gone: the pool it came from (if any) counts it no more."""
+        with self._lock:
+            pools = [p for p in self._pools.values() if sandbox_id in p.allocated]
+            for pool in pools:
+                pool.allocated.discard(sandbox_id)
+        for pool in pools:
+            pool.resize()
+
+    def replace_dead(self) -> None:
+        """Replace every pool's dead spares (from the server's reaper)."""
+        for pool in self.all():
+            pool.spares.replace_dead()
+
+    def close(self) -> None:
+        """Kill every pool's spares (server stop)."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.spares.close()
+
+
+def pooled_body(pool: LocalPool, request: dict[str, Any]) -> dict[str, Any]:
+    """The create body of a sandbox from `pool`: its template, and the request's own fields.
+
+    Raises:
+        HttpError: 400 for a `networkPolicy` in the request, as on the released server.
+    """
+    if request.get("networkPolicy") is not None:
+        raise error(
+            400,
+            "SANDBOX::INVALID_PARAMETER",
+            "networkPolicy is not supported together with extensions.poolRef: the pool's "
+            "sandboxes exist already (change it after the create with /networkpolicy).",
+        )
+    body = template_body(pool.template)
+    for name in REQUEST_FIELDS:
+        if request.get(name) is not None:
+            body[name] = request[name]
+    body["extensions"] = dict(request.get("extensions") or {})
+    return body
+
+
+def template_body(template: dict[str, Any]) -> dict[str, Any]:
+    """The create body a pool's template makes: the template, with defaults for what a
+    create needs and it may leave out (no limits, a placeholder image, an idle entrypoint)."""
+    body = {"resourceLimits": {}, "image": {"uri": "osb-sync/pool"}, **template}
+    body.setdefault("entrypoint", ["tail", "-f", "/dev/null"])
+    return body
