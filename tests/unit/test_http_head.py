@@ -64,3 +64,31 @@ def test_read_head_stops_at_the_cap() -> None:
     with pytest.raises(HeadError) as caught:
         read_head(io.BytesIO(raw), 100)
     assert caught.value.status == 431
+
+
+class OneByteAtATime(io.BytesIO):
+    """A reader whose every readline returns at most one byte, as a trickling client's would."""
+
+    def readline(self, size: int | None = -1, /) -> bytes:
+        return super().readline(1)
+
+
+def test_read_head_refuses_at_once_what_cannot_start_a_request_line() -> None:
+    tls_hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"  # no newline follows
+    with pytest.raises(HeadError) as caught:
+        read_head(OneByteAtATime(tls_hello), 65536)  # one byte read: refused before more
+    assert caught.value.status == 400
+    assert read_head(io.BytesIO(b""), 100) == b""
+    assert read_head(io.BytesIO(b"\r\nGET"), 100) == b"\r\n"
+    assert read_head(io.BytesIO(b"\nGET"), 100) == b"\n"
+
+
+@pytest.mark.parametrize("cap", [1, 15, 16, 17, 18, 19])
+def test_read_head_cap_is_exact_around_the_first_line(cap: int) -> None:
+    raw = b"GET / HTTP/1.1\r\n\r\n"  # 18 bytes
+    if cap >= len(raw):
+        assert read_head(io.BytesIO(raw), cap) == raw
+        return
+    with pytest.raises(HeadError) as caught:
+        read_head(io.BytesIO(raw), cap)
+    assert caught.value.status == 431

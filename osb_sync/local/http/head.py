@@ -32,6 +32,7 @@ FIELD_LINE = re.compile(
     rb"(?P<value>(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?)[ \t]*"
 )
 VERSIONS = ("1.0", "1.1")
+FIRST_BYTE = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]")  # a method starts with a token byte
 
 
 class HeadError(Exception):
@@ -87,12 +88,23 @@ def read_head(reader: LineReader, max_bytes: int) -> bytes:
     head means the peer stopped sending (end of file, or its deadline cut it short).
 
     Raises:
-        HeadError: 431 when the head is longer than `max_bytes`.
+        HeadError: 431 when the head is longer than `max_bytes`; 400 at once when its first
+            byte cannot start a request line (a TLS handshake sent to this plain-HTTP server
+            has no newline: waiting for one would hold it until the head deadline).
     """
+    pending = reader.readline(1)  # the first line's first byte
+    if not pending:
+        return b""
+    if pending not in (b"\r", b"\n") and not FIRST_BYTE.fullmatch(pending):
+        raise HeadError(400, "the request does not start with an HTTP method")
     lines: list[bytes] = []
     total = 0
     while True:
-        line = reader.readline(max_bytes - total + 1)
+        if pending == b"\n":
+            line = pending
+        else:
+            line = pending + reader.readline(max_bytes - total + 1 - len(pending))
+        pending = b""
         lines.append(line)
         total += len(line)
         if total > max_bytes:
