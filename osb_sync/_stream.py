@@ -69,44 +69,40 @@ def guard_lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes]:
 
     A line is counted without its newline, across chunks. Every whole line before the one that
     passed is yielded first, so that the events they complete (``init`` above all, which names
-    the run to interrupt) are not lost. One ``rfind`` per chunk: only a line that crosses a
-    chunk's edge can be longer than the chunk, so only those are measured (every line is, in a
-    chunk longer than ``limit``).
+    the run to interrupt) are not lost. execd's usual chunk (whole lines, shorter than the
+    limit) costs three checks: only a line that crosses a chunk's edge can be longer than its
+    chunk, so only such chunks (and any chunk longer than ``limit``) are measured.
 
     Raises:
         OutputLimitExceeded: a line passed ``limit`` (``exc.limit`` is ``limit``).
     """
     open_line = 0  # bytes of the line the last chunk left unfinished
     for chunk in chunks:
-        last = chunk.rfind(b"\n")
-        if last < 0:
-            open_line += len(chunk)
-            if open_line > limit:
-                raise _line_too_long(limit)
-        else:
-            if open_line or len(chunk) > limit:
-                start = _long_line_start(chunk[:last], open_line, limit)
-                if start >= 0:
-                    if start:
-                        yield chunk[:start]
-                    raise _line_too_long(limit)
-            open_line = len(chunk) - last - 1
-            if open_line > limit:
-                yield chunk[: last + 1]
+        if open_line or chunk[-1:] != b"\n" or len(chunk) > limit:
+            open_line, whole = _measure(chunk, open_line, limit)
+            if whole is not None:
+                if whole:
+                    yield whole
                 raise _line_too_long(limit)
         yield chunk
 
 
-def _long_line_start(lines: bytes, open_line: int, limit: int) -> int:
-    """Where the first line of ``lines`` longer than ``limit`` starts (-1 for none); the first
-    line continues one of ``open_line`` bytes."""
-    start = 0
-    for line in lines.split(b"\n"):
-        if open_line + len(line) > limit:
-            return start
-        start += len(line) + 1
-        open_line = 0
-    return -1
+def _measure(chunk: bytes, open_line: int, limit: int) -> tuple[int, bytes | None]:
+    """The line left open after ``chunk`` (which continues one of ``open_line`` bytes), and,
+    if a line passed ``limit``, the whole lines of ``chunk`` before it (else None)."""
+    last = chunk.rfind(b"\n")
+    if last < 0:
+        open_line += len(chunk)
+        return open_line, b"" if open_line > limit else None
+    if open_line or len(chunk) > limit:
+        start = 0
+        for line in chunk[:last].split(b"\n"):
+            if open_line + len(line) > limit:
+                return 0, chunk[:start]
+            start += len(line) + 1
+            open_line = 0
+    open_line = len(chunk) - last - 1
+    return open_line, chunk[: last + 1] if open_line > limit else None
 
 
 def _line_too_long(limit: int) -> OutputLimitExceeded:
