@@ -10,8 +10,9 @@ go to Django's command line instead of ``runserver`` (``python examples/django_a
 
 ``POST /run`` takes the code as the request body and answers
 ``{"stdout", "stderr", "results", "error", "execution_count"}``; a run past ``RUN_TIMEOUT`` or
-``MAX_OUTPUT_BYTES`` gets an ``error``, an empty body 400, and 503 means every sandbox stayed
-busy.
+``MAX_OUTPUT_BYTES`` gets an ``error``, an empty body 400, a body over ``MAX_CODE_BYTES`` 413,
+and 503 means every sandbox stayed busy. Every error answer is JSON ``{"error": ...}``, as the
+API's own (Django's default 400, 404 and 500 pages are HTML: this URLconf replaces them).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import Any
 
 import django
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
-from django.views.decorators.http import require_POST
 
 from osb_sync import OutputLimitExceeded, SandboxTimeoutError
 from osb_sync.integrations.django import get_pool, request_sandbox
@@ -58,10 +59,17 @@ def configure(api_base: str | None = None, api_key: str | None = None) -> None:
     django.setup()
 
 
-@require_POST
 def run(request: HttpRequest) -> HttpResponse:
     """Run the body as Python in the request's pooled sandbox."""
-    code = request.body.decode("utf-8", "replace")
+    if request.method != "POST":
+        refused = JsonResponse({"error": "POST the code to run"}, status=405)
+        refused["Allow"] = "POST"
+        return refused
+    try:
+        body = request.body
+    except RequestDataTooBig:  # past DATA_UPLOAD_MAX_MEMORY_SIZE; Django would answer 400
+        return JsonResponse({"error": f"the code is over {MAX_CODE_BYTES} bytes"}, status=413)
+    code = body.decode("utf-8", "replace")
     if not code.strip():
         return JsonResponse({"error": EMPTY_BODY}, status=400)
     try:
@@ -85,7 +93,25 @@ def _stopped(name: str, why: str) -> dict[str, Any]:
     return {"stdout": "", "stderr": "", "results": [], "error": error, "execution_count": None}
 
 
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's 400 (a bad Host header, a malformed request), as JSON."""
+    return JsonResponse({"error": "bad request"}, status=400)
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's 404, as JSON."""
+    return JsonResponse({"error": "not found: the one route is POST /run"}, status=404)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """Django's 500, as JSON (the traceback goes to the log, never to the client)."""
+    return JsonResponse({"error": "internal error"}, status=500)
+
+
 urlpatterns = [path("run", run)]
+handler400 = bad_request
+handler404 = not_found
+handler500 = server_error
 
 
 def main(argv: list[str]) -> None:

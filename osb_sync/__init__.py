@@ -1,7 +1,7 @@
 """osb_sync: a blocking, thread-safe Python client for OpenSandbox.
 
 It creates sandboxes through the OpenSandbox lifecycle API, waits until they run, runs code and
-commands in them over a capped event stream, manages their files and code contexts, and deletes
+commands in them with capped output, manages their files and code contexts, and deletes
 them. No event loop needed: for scripts, Django and Flask handlers, workers and notebooks.
 
 Five names to start with:

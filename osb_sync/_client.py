@@ -472,13 +472,15 @@ class Client:
             sandbox: a Sandbox, or a sandbox id (its endpoint is resolved first).
             code: the code to run.
             language: the kernel (``python``, ``bash``, ...).
-            max_output_bytes: hard cap on the bytes of the event stream.
+            max_output_bytes: cap on the output as read (UTF-8 bytes of stdout, stderr and
+                result payloads; the stream's framing is not counted).
             timeout: overall deadline in seconds, from the call on (reaching a sandbox given
                 by id included); on expiry the run is interrupted.
             on_event: called with each Event as it arrives, on the calling thread.
 
         Raises:
-            OutputLimitExceeded: the stream passed ``max_output_bytes`` (the run is interrupted).
+            OutputLimitExceeded: the output passed ``max_output_bytes``, or one line of the
+                stream its guard, 4 x the cap + 1 MiB (the run is interrupted).
             SandboxTimeoutError: ``timeout`` expired (the run is interrupted if it had started).
             StreamError: the stream broke, stalled past ``read_timeout`` or ended truncated.
             ApiError: execd refused the request.

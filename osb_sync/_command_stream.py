@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ._errors import ConfigurationError, SandboxTimeoutError
 from ._execution import ExecutionStream
 from ._models import CommandResult, Event, ExecutionError
-from ._stream import error_of
+from ._stream import cut_output, error_of, utf8_len
 
 if TYPE_CHECKING:
     pass
@@ -21,7 +21,8 @@ DEADLINE_SLACK = 2.0
 class CommandFolder:
     """Folds ``/command`` events into a CommandResult.
 
-    execd sends one event per line without its terminator, and an empty line as ``"\\n"``.
+    execd sends one event per line without its terminator, and an empty line as ``"\\n"``;
+    the output counted (``output_bytes``) is the text kept, each line with its newline.
     """
 
     def __init__(self) -> None:
@@ -33,6 +34,7 @@ class CommandFolder:
         self.execution_id: str | None = None
         self.completed = False
         self.timed_out = False
+        self.output_bytes = 0  # UTF-8 bytes of the stdout and stderr kept so far
 
     def add(self, event: Event) -> None:
         """Take one event into account."""
@@ -40,6 +42,7 @@ class CommandFolder:
         if kind in ("stdout", "stderr") and event.text:
             line = event.text if event.text == "\n" else event.text + "\n"
             (self._stdout if kind == "stdout" else self._stderr).append(line)
+            self.output_bytes += len(line) if line.isascii() else utf8_len(line)
         elif kind == "init" and self.execution_id is None and event.text:
             self.execution_id = event.text
         elif kind == "execution_complete" and self._error is None:
@@ -49,6 +52,11 @@ class CommandFolder:
             self._error = error_of(event.data)
             self._exit_code = _exit_code(self._error)
             self.completed = True
+
+    def cut(self, last: Event, limit: int) -> None:
+        """Keep ``limit`` bytes of output: the line of ``last`` (added last) is shortened."""
+        pieces = self._stderr if last.type == "stderr" else self._stdout
+        self.output_bytes = cut_output(pieces, self.output_bytes, limit)
 
     def result(self) -> CommandResult:
         """The result of everything added so far."""

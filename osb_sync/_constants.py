@@ -7,6 +7,8 @@ from typing import Mapping
 
 VERSION = "0.2.0"
 
+#: The default ``max_output_bytes``: a run's output as read (UTF-8 bytes of stdout, stderr and
+#: result payloads; not the event stream's framing).
 MAX_OUTPUT_BYTES = 10 * 1024 * 1024
 # Bytes read from (or, for uploads, sent to) a socket at a time.
 CHUNK_SIZE = 64 * 1024

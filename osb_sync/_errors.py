@@ -7,7 +7,8 @@ The tree::
     ├── SandboxStateError       (also ValueError)     a sandbox (or snapshot) entered a state it
     │                                                  cannot be used from (Failed, Terminated...)
     ├── SandboxTimeoutError     (also TimeoutError)   not ready in time, or a run past its deadline
-    ├── OutputLimitExceeded     (also ValueError)     a stream passed max_output_bytes
+    ├── OutputLimitExceeded     (also ValueError)     a run's output passed max_output_bytes
+    │                                                 (or a file read its max_bytes)
     ├── CommandFailed                                  CommandResult.check() on a failed command
     ├── ApiError                (also requests.HTTPError)  the server answered with an error status
     │   ├── NotFoundError                              404
@@ -50,7 +51,10 @@ class SandboxTimeoutError(OpenSandboxError, TimeoutError):
 
 
 class OutputLimitExceeded(OpenSandboxError, ValueError):
-    """A stream delivered more bytes than allowed; the stream was closed and the run interrupted."""
+    """A run's output passed ``max_output_bytes`` (or one line of its stream the wire guard,
+    4 x the cap + 1 MiB), or a file read its ``max_bytes``: the stream was closed and the run
+    interrupted. ``limit`` is the limit that was passed (the cap, the guard or ``max_bytes``);
+    ``partial`` the result so far (at most the cap's worth of output)."""
 
     def __init__(self, message: str, *, limit: int, partial: Any = None):
         super().__init__(message)

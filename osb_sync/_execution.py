@@ -39,7 +39,7 @@ import urllib3
 from ._constants import CHUNK_SIZE, INTERRUPT_WAIT
 from ._errors import OpenSandboxError, OutputLimitExceeded, SandboxTimeoutError, StreamError
 from ._models import Event
-from ._stream import ExecutionFolder, capped, iter_events
+from ._stream import ExecutionFolder, guard_lines, iter_events, output_exceeded, wire_guard
 from ._watchdog import WATCHDOG, Scheduled
 
 if TYPE_CHECKING:
@@ -55,8 +55,11 @@ class Folder(Protocol[R]):
 
     execution_id: str | None
     completed: bool  # a terminal event ended the run (commands); /code runs end at EOF only
+    output_bytes: int  # the output kept so far, as a user reads it (UTF-8 bytes)
 
     def add(self, event: Event) -> None: ...
+
+    def cut(self, last: Event, limit: int) -> None: ...  # keep ``limit`` bytes of output
 
     def result(self) -> R: ...
 
@@ -221,6 +224,12 @@ class ExecutionStream(Generic[R]):
     which happened. A stream that stalled past the read timeout is not waited for again: its
     interrupt goes in the background.
 
+    ``max_output_bytes`` caps the output as a user reads it (the folder's ``output_bytes``:
+    stdout and stderr text, result payloads); past it the output is cut to exactly the cap
+    (``partial``) and the run stopped as above. Framing is not counted; one line of the stream
+    may be at most ``wire_guard(max_output_bytes)`` bytes (4 x the cap + 1 MiB), which keeps
+    the memory of a line that never ends bounded.
+
     ``timeout`` is an overall deadline, checked on every chunk (execd pings every 3 s); it
     runs from ``deadline`` minus ``timeout`` (the instant the run's request was sent, given by
     the caller), else from the stream's construction. Where
@@ -253,6 +262,7 @@ class ExecutionStream(Generic[R]):
             deadline = time.monotonic() + timeout
         self._deadline = deadline
         self._folder: Folder[R] = folder if folder is not None else ExecutionFolder()  # type: ignore[assignment]
+        self._max_output = max_output_bytes
         self._state = State.OPEN
         self._changed = threading.Condition(threading.Lock())  # guards and announces _state
         self._reader: int | None = None  # the thread blocked in __next__, if any
@@ -262,7 +272,7 @@ class ExecutionStream(Generic[R]):
         chunks: Iterable[bytes] = self._body.chunks
         if self._deadline is not None:
             chunks = self._within_deadline(chunks)
-        chunks = capped(chunks, max_output_bytes)
+        chunks = guard_lines(chunks, wire_guard(max_output_bytes))
         self._events = iter_events(chunks)
         self._watchdog: Scheduled | None = None
         if deadline is not None and hasattr(response.raw, "shutdown"):
@@ -282,7 +292,6 @@ class ExecutionStream(Generic[R]):
             event = self._next_event()
         finally:
             self._reader = None
-        self._folder.add(event)
         if self._stop_at_terminal and self._folder.completed:
             self._end_of_stream()
         if self._on_event is not None:
@@ -294,8 +303,14 @@ class ExecutionStream(Generic[R]):
         return event
 
     def _next_event(self) -> Event:
+        """The next event, added to the folder; the output cap is checked here."""
         try:
-            return next(self._events)
+            event = next(self._events)
+            self._folder.add(event)
+            if self._folder.output_bytes > self._max_output:
+                self._folder.cut(event, self._max_output)
+                raise output_exceeded(self._max_output)
+            return event
         except StopIteration:
             if self._state in PAST_DEADLINE:  # the run ended because the watchdog interrupted it
                 self._stop(readable=True)

@@ -1,8 +1,19 @@
-"""Stream framing, capping and event folding for execd's event streams (pure, no I/O).
+"""Stream framing, guarding and event folding for execd's event streams (pure, no I/O).
 
 Pipeline, one stage per function::
 
-    raw chunks -> capped() -> iter_events() -> decode_event() -> ExecutionFolder
+    raw chunks -> guard_lines() -> iter_events() -> decode_event() -> ExecutionFolder
+
+Two limits, kept apart. ``max_output_bytes`` counts the output as a user reads it: the UTF-8
+bytes of the stdout and stderr text a folder keeps (a command's lines with their newlines) and
+of each result's payload; the folder counts (``output_bytes``), the stream compares. Framing is
+not output: execd sends each line of a command as one event of about 55 bytes, so ``"y\n"``
+costs 28 times its size on the wire. The wire has a guard of its own, on one line as read
+(``wire_guard``: 4 x ``max_output_bytes`` + 1 MiB, room for JSON escaping and framing): a
+line without its newline can never grow the parser's buffer past it. What the client holds of
+one run is therefore bounded by the cap (what the folder keeps) plus one line; a stream of
+events that carry no output (pings, empty text) costs time, not memory, and its bound is the
+run's ``timeout``.
 
 Like the official SDKs, every line is one event. ``iter_events`` picks the parser per stream
 from its first non-blank byte: real execd's bare ``{...}`` lines are decoded directly (one
@@ -43,25 +54,103 @@ def _require_sseclient_py() -> None:
 _require_sseclient_py()
 
 
-def capped(chunks: Iterable[bytes], limit: int) -> Iterator[bytes]:
-    """Yield chunks up to exactly ``limit`` bytes; raise OutputLimitExceeded past it.
+# The guard on one line of the event stream: a multiple of the output cap, plus a floor.
+WIRE_GUARD_FACTOR = 4
+WIRE_GUARD_FLOOR = 1 << 20
 
-    The part of the last chunk that still fits is yielded first, so that the events it
-    completes (``init`` above all, which names the run to interrupt) are not lost.
+
+def wire_guard(max_output_bytes: int) -> int:
+    """The longest line of the event stream a run capped at ``max_output_bytes`` may send."""
+    return WIRE_GUARD_FACTOR * max_output_bytes + WIRE_GUARD_FLOOR
+
+
+def guard_lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes]:
+    """Yield the chunks; raise OutputLimitExceeded once one line passes ``limit`` bytes.
+
+    A line is counted without its newline, across chunks. Every whole line before the one that
+    passed is yielded first, so that the events they complete (``init`` above all, which names
+    the run to interrupt) are not lost. execd's usual chunk (whole lines, shorter than the
+    limit) costs three checks: only a line that crosses a chunk's edge can be longer than its
+    chunk, so only such chunks (and any chunk longer than ``limit``) are measured.
+
+    Raises:
+        OutputLimitExceeded: a line passed ``limit`` (``exc.limit`` is ``limit``).
     """
-    total = 0
+    open_line = 0  # bytes of the line the last chunk left unfinished
     for chunk in chunks:
-        total += len(chunk)
-        if total > limit:
-            fits = len(chunk) - (total - limit)
-            if fits > 0:
-                yield chunk[:fits]
-            raise OutputLimitExceeded(
-                f"sandbox output exceeded {limit} bytes; the stream was closed "
-                "(raise max_output_bytes to allow more)",
-                limit=limit,
-            )
+        if open_line or chunk[-1:] != b"\n" or len(chunk) > limit:
+            open_line, whole = _measure(chunk, open_line, limit)
+            if whole is not None:
+                if whole:
+                    yield whole
+                raise _line_too_long(limit)
         yield chunk
+
+
+def _measure(chunk: bytes, open_line: int, limit: int) -> tuple[int, bytes | None]:
+    """The line left open after ``chunk`` (which continues one of ``open_line`` bytes), and,
+    if a line passed ``limit``, the whole lines of ``chunk`` before it (else None)."""
+    last = chunk.rfind(b"\n")
+    if last < 0:
+        open_line += len(chunk)
+        return open_line, b"" if open_line > limit else None
+    if open_line or len(chunk) > limit:
+        start = 0
+        for line in chunk[:last].split(b"\n"):
+            if open_line + len(line) > limit:
+                return 0, chunk[:start]
+            start += len(line) + 1
+            open_line = 0
+    open_line = len(chunk) - last - 1
+    return open_line, chunk[: last + 1] if open_line > limit else None
+
+
+def _line_too_long(limit: int) -> OutputLimitExceeded:
+    return OutputLimitExceeded(
+        f"a line of the event stream exceeded {limit} bytes (the guard on one line as read "
+        f"from the wire: {WIRE_GUARD_FACTOR} x the output cap + 1 MiB); the stream was closed "
+        "(raise max_output_bytes to allow more)",
+        limit=limit,
+    )
+
+
+def output_exceeded(limit: int) -> OutputLimitExceeded:
+    """The error for a run whose output (as a user reads it) passed ``limit`` bytes."""
+    return OutputLimitExceeded(
+        f"the run's output exceeded {limit} bytes (stdout, stderr and results as read); the "
+        "stream was closed (raise max_output_bytes to allow more)",
+        limit=limit,
+    )
+
+
+def utf8_len(text: str) -> int:
+    """The bytes of ``text`` in UTF-8 (O(1) for ASCII text, the usual case)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def utf8_prefix(text: str, size: int) -> str:
+    """The longest start of ``text`` that is at most ``size`` bytes in UTF-8."""
+    if text.isascii():
+        return text[: max(size, 0)]
+    return text.encode("utf-8", "surrogatepass")[: max(size, 0)].decode("utf-8", "ignore")
+
+
+def payload_bytes(result: dict[str, Any]) -> int:
+    """What a result's payload counts: its string values in UTF-8, other values as JSON."""
+    return sum(
+        utf8_len(value if isinstance(value, str) else json.dumps(value, default=str))
+        for value in result.values()
+    )
+
+
+def cut_output(pieces: list[str], output_bytes: int, limit: int) -> int:
+    """Shorten the last of ``pieces`` so that the output is ``limit`` bytes; the new count."""
+    if pieces and output_bytes > limit:
+        last = pieces[-1]
+        kept = utf8_prefix(last, utf8_len(last) - (output_bytes - limit))
+        output_bytes -= utf8_len(last) - utf8_len(kept)
+        pieces[-1] = kept
+    return output_bytes
 
 
 def _payload(line: bytes) -> bytes | None:
@@ -298,7 +387,7 @@ def _result_of(data: dict[str, Any]) -> dict[str, Any]:
 
 
 class ExecutionFolder:
-    """Folds events, in order, into an ExecutionResult."""
+    """Folds events, in order, into an ExecutionResult; counts the output it keeps."""
 
     def __init__(self) -> None:
         self._stdout: list[str] = []
@@ -310,22 +399,37 @@ class ExecutionFolder:
         # Never set: on /code, execution_complete may come first, while the code still runs;
         # only the end of the stream ends the run.
         self.completed = False
+        # UTF-8 bytes of the stdout and stderr text and the result payloads kept so far.
+        self.output_bytes = 0
 
     def add(self, event: Event) -> None:
         """Take one event into account."""
         kind = event.type
-        if kind == "stdout" and event.text:
-            self._stdout.append(event.text)
-        elif kind == "stderr" and event.text:
-            self._stderr.append(event.text)
+        text = event.text
+        if kind == "stdout" and text:
+            self._stdout.append(text)
+            self.output_bytes += len(text) if text.isascii() else utf8_len(text)
+        elif kind == "stderr" and text:
+            self._stderr.append(text)
+            self.output_bytes += len(text) if text.isascii() else utf8_len(text)
         elif kind == "result":
-            self._results.append(_result_of(event.data))
+            result = _result_of(event.data)
+            self._results.append(result)
+            self.output_bytes += payload_bytes(result)
         elif kind == "execution_count" and self._count is None:
             self._count = _as_int(event.data.get("execution_count"))
         elif kind == "error" and self._error is None:
             self._error = error_of(event.data)
-        elif kind == "init" and self.execution_id is None and event.text:
-            self.execution_id = event.text
+        elif kind == "init" and self.execution_id is None and text:
+            self.execution_id = text
+
+    def cut(self, last: Event, limit: int) -> None:
+        """Keep ``limit`` bytes of output: ``last`` (the event added last) is shortened or,
+        for a result, dropped."""
+        if last.type == "result" and self._results and self.output_bytes > limit:
+            self.output_bytes -= payload_bytes(self._results.pop())
+        pieces = self._stderr if last.type == "stderr" else self._stdout
+        self.output_bytes = cut_output(pieces, self.output_bytes, limit)
 
     def result(self) -> ExecutionResult:
         """The result of everything added so far."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -108,3 +109,49 @@ def test_flask_create_app_fails_at_start_up_without_a_server_and_answers_json(
     app = flask_app.create_app("http://127.0.0.1:9/v1")  # never reached: the body is refused
     too_big = app.test_client().post("/run", data=b"x" * (flask_app.MAX_CODE_BYTES + 1))
     assert too_big.status_code == 413 and "error" in too_big.get_json()
+
+
+DJANGO_ERRORS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import django_app
+django_app.configure("http://127.0.0.1:9/v1")  # never reached: every request here is refused
+from django.test import Client
+client = Client(raise_request_exception=False)
+too_big = client.post("/run", b"x" * (django_app.MAX_CODE_BYTES + 1), content_type="text/plain")
+answers = {
+    "too_big": too_big,
+    "empty": client.post("/run", b"", content_type="text/plain"),
+    "get": client.get("/run"),
+    "missing": client.get("/nowhere"),
+}
+from django.test import RequestFactory
+from django.urls import get_resolver
+request = RequestFactory().get("/run")
+answers["400"] = get_resolver().resolve_error_handler(400)(request, ValueError("x"))
+answers["500"] = get_resolver().resolve_error_handler(500)(request)
+shown = {k: [r.status_code, r["Content-Type"], r.content.decode()] for k, r in answers.items()}
+print(json.dumps(shown))
+"""
+
+
+def test_django_example_answers_every_error_with_json() -> None:
+    """413 for a body too big (Django's own answer is a 400 page), 400, 405, 404, and Django's
+    400 and 500 handlers: all JSON."""
+    pytest.importorskip("django")
+    env = {k: v for k, v in os.environ.items() if k != "OPEN_SANDBOX_API_BASE"}
+    done = subprocess.run(
+        [sys.executable, "-c", DJANGO_ERRORS, str(EXAMPLES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout.splitlines()[-1])
+    statuses = {name: status for name, (status, _, _) in answers.items()}
+    expected = {"too_big": 413, "empty": 400, "get": 405, "missing": 404, "400": 400, "500": 500}
+    assert statuses == expected
+    for name, (_, content_type, body) in answers.items():
+        assert content_type == "application/json" and "error" in json.loads(body), name
+    assert str(64 * 1024) in json.loads(answers["too_big"][2])["error"]

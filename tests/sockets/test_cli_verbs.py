@@ -83,9 +83,19 @@ def test_max_output_takes_units_and_stops_with_125(server: LocalServer, sid: str
         "exec", *api(server), "--max-output", "1KiB", sid, "head -c 100000 /dev/zero | tr '\\0' y"
     )
     assert proc.returncode == OWN_ERROR
-    assert "--max-output" in proc.stderr.splitlines()[-1], proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert "the run's output exceeded 1024 bytes" in last and "raise --max-output" in last, last
+    assert len(proc.stdout) <= 1024  # live echo: the lines that fit (here none: one long line)
     bad = osb("exec", *api(server), "--max-output", "lots", sid, "true")
     assert bad.returncode == OWN_ERROR and "a size such as 20MB" in bad.stderr
+
+
+def test_max_output_counts_the_output_not_its_events(server: LocalServer, sid: str) -> None:
+    """Issue 28's case: 300 000 lines of "y" (600 kB of output, about 16 MB of events) pass
+    whole under a 1 MB cap, and the remote status with them."""
+    proc = osb("exec", *api(server), "--max-output", "1MB", sid, "yes | head -n 300000; exit 3")
+    assert proc.returncode == 3, proc.stderr[-500:]
+    assert proc.stdout == "y\n" * 300_000
 
 
 # -- cp -------------------------------------------------------------------------------------

@@ -333,10 +333,72 @@ def test_output_flood_is_capped_interrupted_and_not_reused(
     serve_run(server, flood)
     with pytest.raises(OutputLimitExceeded, match="exceeded 100000 bytes") as info:
         client.run_code(SID, "1", max_output_bytes=100_000)
-    assert info.value.partial is not None and 90_000 < len(info.value.partial.stdout) <= 100_000
+    assert info.value.partial is not None and len(info.value.partial.stdout) == 100_000  # exact
     assert interrupts(server) == [["ctx-5"]]
     serve_run(server, ok_run)
     assert client.run_code(SID, "1").stdout == "42\n"
+
+
+def test_the_cap_counts_output_not_framing(server: FakeServer, client: Client) -> None:
+    """60 000 one-byte events: 60 kB of output, over 2.5 MB on the wire (past the 4 x cap + 1 MiB
+    a total of the wire would allow), pass whole under a 100 kB cap."""
+    lines = [json.dumps({"type": "stdout", "text": "y", "timestamp": 1}).encode()] * 60_000
+    burst = b"\n\n".join(lines) + b"\n\n"
+    assert len(burst) > 4 * 100_000 + (1 << 20)
+
+    def many_small(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-s")
+        for start in range(0, len(burst), 65536):
+            req.chunk(burst[start : start + 65536])
+        req.event(type="execution_complete")
+        req.end_stream()
+
+    serve_run(server, many_small)
+    assert client.run_code(SID, "1", max_output_bytes=100_000).stdout == "y" * 60_000
+    assert interrupts(server) == []
+
+
+def test_result_payloads_count_against_the_cap(server: FakeServer, client: Client) -> None:
+    def big_result(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-r")
+        req.event(type="stdout", text="before\n")
+        req.event(type="result", results={"text/plain": "x" * 5000})
+        server.interrupted.wait(5)
+        req.end_stream()
+
+    serve_run(server, big_result)
+    with pytest.raises(OutputLimitExceeded, match="the run's output exceeded 1000 bytes") as info:
+        client.run_code(SID, "1", max_output_bytes=1000)
+    assert info.value.partial.stdout == "before\n" and info.value.partial.results == []
+    assert interrupts(server) == [["ctx-r"]]
+
+
+def test_a_line_past_the_wire_guard_fails_without_its_newline(
+    server: FakeServer, client: Client
+) -> None:
+    """One line that never ends: the guard (4 x the cap + 1 MiB) stops it, the run interrupted."""
+    guard = 4 * 1000 + (1 << 20)
+
+    def endless_line(req: Request) -> None:
+        req.start_stream()
+        req.event(type="init", text="ctx-l")
+        req.chunk(b'{"type":"stdout","text":"')
+        try:
+            for _ in range(40):  # 2.6 MB, no newline
+                if server.interrupted.is_set():
+                    break
+                req.chunk(b"x" * 65536)
+            server.interrupted.wait(5)
+            req.end_stream()
+        except OSError:
+            pass
+
+    serve_run(server, endless_line)
+    with pytest.raises(OutputLimitExceeded, match=f"a line of the event stream exceeded {guard}"):
+        client.run_code(SID, "1", max_output_bytes=1000)
+    assert interrupts(server) == [["ctx-l"]]
 
 
 def test_leaving_a_stream_early_closes_and_interrupts(server: FakeServer, client: Client) -> None:

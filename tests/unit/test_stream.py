@@ -1,4 +1,4 @@
-"""Stream framing, capping and folding, tested on byte strings."""
+"""Stream framing, the line guard, output counting and folding, tested on byte strings."""
 
 from __future__ import annotations
 
@@ -7,7 +7,16 @@ import json
 import pytest
 
 from osb_sync import Event, ExecutionError, OutputLimitExceeded, StreamError, parse_execution
-from osb_sync._stream import ExecutionFolder, capped, frame_lines, iter_events
+from osb_sync._command_stream import CommandFolder
+from osb_sync._stream import (
+    ExecutionFolder,
+    frame_lines,
+    guard_lines,
+    iter_events,
+    payload_bytes,
+    utf8_prefix,
+    wire_guard,
+)
 
 
 def ev(**fields: object) -> bytes:
@@ -123,18 +132,85 @@ def test_large_event_arriving_in_small_chunks_parses_whole() -> None:
 
 
 @pytest.mark.parametrize("size", [0, 1, 99, 100])
-def test_cap_passes_a_stream_of_at_most_the_cap(size: int) -> None:
-    data = b"a" * size
-    assert b"".join(capped([data[:50], data[50:]], 100)) == data
+def test_line_guard_passes_a_line_of_at_most_the_limit(size: int) -> None:
+    data = b"a" * size + b"\n" + b"b" * size
+    assert b"".join(guard_lines([data[:50], data[50:]], 100)) == data
 
 
-def test_cap_raises_the_moment_the_total_passes_it() -> None:
+def test_line_guard_passes_any_total_of_short_lines() -> None:
+    """The guard is on one line, not the total: framing is never counted against the cap."""
+    lines = [b'{"type":"stdout","text":"y"}\n\n'] * 10_000
+    assert b"".join(guard_lines(lines, 100)) == b"".join(lines)
+
+
+def test_line_guard_fails_one_line_without_a_newline() -> None:
     seen: list[bytes] = []
-    with pytest.raises(OutputLimitExceeded, match="exceeded 100 bytes") as info:
-        for chunk in capped([b"a" * 60, b"b" * 41, b"c"], 100):
+    with pytest.raises(OutputLimitExceeded, match="line of the event stream exceeded 100") as info:
+        for chunk in guard_lines([b"ok\n" + b"a" * 57, b"b" * 41, b"c" * 3], 100):
             seen.append(chunk)
-    assert seen == [b"a" * 60, b"b" * 40]
+    assert seen == [b"ok\n" + b"a" * 57, b"b" * 41]  # 98 bytes of the line; the next: 101
     assert info.value.limit == 100
+    assert "raise max_output_bytes" in str(info.value)
+
+
+def test_line_guard_delivers_the_whole_lines_before_the_long_one() -> None:
+    chunk = b'{"type":"init","text":"r"}\n\n' + b"x" * 200 + b"\nrest\n"
+    with pytest.raises(OutputLimitExceeded):
+        seen = []
+        for part in guard_lines([chunk], 100):
+            seen.append(part)
+    assert seen == [b'{"type":"init","text":"r"}\n\n']
+
+
+def test_wire_guard_is_four_times_the_cap_plus_a_mebibyte() -> None:
+    assert wire_guard(1) == 4 + (1 << 20)
+    assert wire_guard(10 << 20) == (41 << 20)
+
+
+def test_folders_count_the_output_as_read_not_the_framing() -> None:
+    code = ExecutionFolder()
+    for event in iter_events([EXECD_RUN]):
+        code.add(event)
+    result = code.result()
+    as_read = (result.stdout + result.stderr).encode() + b"4"
+    assert code.output_bytes == len(as_read)  # UTF-8 bytes: "caf\u00e9 \u2603" counts 9
+    command = CommandFolder()
+    for line in ["y", "\n", "\u00e9"]:
+        command.add(Event("stdout", line, None, {}))
+    assert command.result().stdout == "y\n\n\u00e9\n"
+    assert command.output_bytes == len("y\n\n\u00e9\n".encode())
+
+
+def test_result_payloads_count_their_values() -> None:
+    assert payload_bytes({"text/plain": "42", "image/png": "QUJD"}) == 6
+    assert payload_bytes({"data": [1, 2]}) == len("[1, 2]")
+    folder = ExecutionFolder()
+    folder.add(Event("result", None, None, {"type": "result", "results": {"text/plain": "x" * 9}}))
+    assert folder.output_bytes == 9
+
+
+def test_cut_keeps_exactly_the_cap_of_output() -> None:
+    folder = ExecutionFolder()
+    for text in ["abc", "\u00e9\u00e9\u00e9"]:  # 3 + 6 bytes
+        event = Event("stdout", text, None, {})
+        folder.add(event)
+    folder.cut(event, 6)  # 3 bytes of "\u00e9\u00e9\u00e9" fit: one whole character
+    assert (folder.result().stdout, folder.output_bytes) == ("abc\u00e9", 5)
+    result = Event("result", None, None, {"results": {"text/plain": "zz"}})
+    folder.add(result)
+    folder.cut(result, 6)  # a result does not fit in part: it is dropped
+    assert (folder.result().results, folder.output_bytes) == ([], 5)
+    command = CommandFolder()
+    line = Event("stderr", "abcdef", None, {})
+    command.add(line)
+    command.cut(line, 4)
+    assert (command.result().stderr, command.output_bytes) == ("abcd", 4)
+
+
+def test_utf8_prefix_never_splits_a_character() -> None:
+    assert utf8_prefix("a\u2603b", 3) == "a"
+    assert utf8_prefix("a\u2603b", 4) == "a\u2603"
+    assert utf8_prefix("abc", -1) == ""
 
 
 # -- parse_execution: the reference provider's parsing rules --------------------------------

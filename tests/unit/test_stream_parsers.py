@@ -18,7 +18,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from osb_sync import OpenSandboxError, StreamError
-from osb_sync._stream import capped, decode_event, frame_lines, iter_events
+from osb_sync._stream import decode_event, frame_lines, guard_lines, iter_events
 from tests import properties
 from tests.conformance.execds import real_execd_dir
 from tests.properties import bounded, decoded, split
@@ -51,9 +51,9 @@ def via_sseclient(chunks: Any) -> Any:
 
 
 def assert_same(chunks: list[bytes], cap: int | None = None) -> Outcome:
-    """Both parsers on ``chunks`` (capped at ``cap``): equal outcomes; returns the fast one's."""
-    fast = outcome(iter_events(chunks if cap is None else capped(chunks, cap)))
-    reference = outcome(via_sseclient(chunks if cap is None else capped(chunks, cap)))
+    """Both parsers on ``chunks`` (lines guarded at ``cap``): equal outcomes; the fast one's."""
+    fast = outcome(iter_events(chunks if cap is None else guard_lines(chunks, cap)))
+    reference = outcome(via_sseclient(chunks if cap is None else guard_lines(chunks, cap)))
     assert fast == reference
     return fast
 
