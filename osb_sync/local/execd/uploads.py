@@ -174,7 +174,7 @@ def upload(runtime: SandboxRuntime, ex: Exchange) -> None:
             raise error(400, "INVALID_FILE", "metadata and file parts do not pair up")
         plan = [
             (*_upload_target(runtime, meta), content)
-            for meta, content in zip(metas, contents, strict=True)
+            for meta, content in zip(metas, contents)  # noqa: B905 (paired above; 3.9 has no strict=)
         ]
         _install(plan)
     finally:

@@ -21,6 +21,7 @@ from . import limits, volumes
 from .bwrap import Support, network_plan
 from .container import Launch, SandboxContainer
 from .execd_binary import ExecdBinary
+from .images.service import ImageService
 from .proxy import endpoint_port
 from .spares import ContainerSource
 from .validation import (
@@ -59,6 +60,7 @@ class Config:
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours
     spare_containers: int = 0
     refusal: str = ""  # non-empty: every create answers 503 with it (fail closed)
+    images: ImageService | None = None  # what a create's image becomes (None: the host's view)
 
 
 @dataclass
@@ -73,6 +75,7 @@ class LocalSandbox:
     expires_at: datetime | None
     ready_at: datetime
     note: str = ""
+    image_uri: str = ""  # the image really run, with its digest ("": the uri asked for)
     removing: bool = False
     state: str = "Pending"
     transition_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
@@ -104,7 +107,7 @@ class LocalSandbox:
             data["platform"] = self.body["platform"]
         if not created:
             if self.body.get("image"):
-                data["image"] = {"uri": self.body["image"]["uri"]}
+                data["image"] = {"uri": self.image_uri or self.body["image"]["uri"]}
             else:
                 data["snapshotId"] = self.body["snapshotId"]
         return data
@@ -168,8 +171,9 @@ class Registry:
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
         config = {"env": env, "token": token, "limits": plan}
+        image = self.config.images.launch(body) if self.config.images is not None else None
         try:
-            container = self.containers.claimed(body, config, internet, mounts)
+            container = self.containers.claimed(body, config, internet, mounts, image)
         except (OSError, RuntimeError) as exc:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
@@ -180,6 +184,8 @@ class Registry:
             execd_note = binary.status_note() if binary else ""
             note = container.status_note(internet) + network_note + plan.message() + execd_note
             sandbox = self._register(sandbox_id, body, token, container, note)
+            if image is not None and image.image is not None:
+                sandbox.image_uri = image.image.pinned
         except BaseException:
             container.close()  # a refused create leaves no folder and no process
             raise

@@ -197,7 +197,12 @@ class ContainerSource:
         return launch_container(sandbox_id, root, self.support, self.timing, self.spare_settings)
 
     def claimed(
-        self, body: dict[str, Any], config: dict[str, Any], internet: bool, mounts: list[str]
+        self,
+        body: dict[str, Any],
+        config: dict[str, Any],
+        internet: bool,
+        mounts: list[str],
+        image: Launch | None = None,
     ) -> SandboxContainer:
         """A container serving the sandbox `body` asks for; nothing is left on failure.
 
@@ -207,11 +212,12 @@ class ContainerSource:
                 `limits` (a `limits.Plan`).
             internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
             mounts: bwrap arguments of its volumes (given only with `volumes`: a cold start).
+            image: the `image` and `image_ids` of a sandbox that runs an image (a cold start).
 
         Raises:
             RuntimeError, OSError: no container could be started.
         """
-        spare = None if mounts else self.pool.claim(body)
+        spare = None if mounts or image else self.pool.claim(body)
         if spare is not None:
             try:
                 spare.move_to(self.root)
@@ -219,6 +225,8 @@ class ContainerSource:
             except (OSError, RuntimeError) as exc:  # a cold start, as without spares
                 logger.info("local server: a claimed spare failed (%s): cold start", exc)
         settings = replace(self.spare_settings, mounts=tuple(mounts), plan=config["limits"])
+        if image is not None:
+            settings = replace(settings, image=image.image, image_ids=image.image_ids)
         cold = launch_container(str(uuid.uuid4()), self.root, self.support, self.timing, settings)
         return self._claim(cold, config, internet)
 
