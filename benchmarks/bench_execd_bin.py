@@ -30,7 +30,11 @@ from _common import median, report
 
 from osb_sync.local import LocalServer
 
-CREATE = {"image": {"uri": "python:3.11"}, "entrypoint": ["/bin/sh"], "resourceLimits": {}}
+CREATE = {
+    "image": {"uri": "opensandbox/code-interpreter:v1.1.0"},
+    "entrypoint": ["/bin/sh"],
+    "resourceLimits": {},
+}
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

@@ -29,7 +29,7 @@ from _common import local_server, median, percentile, proc_stats, report, verdic
 
 GOAL_MB = 64
 CREATE = {
-    "image": {"uri": "python:3.11"},
+    "image": {"uri": "opensandbox/code-interpreter:v1.1.0"},
     "entrypoint": ["/bin/sh"],
     "resourceLimits": {"cpu": "1", "memory": "1Gi"},
 }

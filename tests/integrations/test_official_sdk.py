@@ -20,11 +20,12 @@ from opensandbox.config.connection_sync import ConnectionConfigSync  # noqa: E40
 from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule, SnapshotFilter  # noqa: E402
 from opensandbox.sync import SandboxManagerSync, SandboxSync  # noqa: E402
 
-from osb_sync import Client, PoolCapacity  # noqa: E402
+from osb_sync import DEFAULT_TEMPLATE, Client, PoolCapacity  # noqa: E402
 from osb_sync.local import LocalServer  # noqa: E402
 from osb_sync.local.host.bwrap import probe  # noqa: E402
 
-IMAGE = "python:3.12"  # the local server pulls no image: any name will do
+# the client's default template: the local server runs its host view for it, pulling nothing
+IMAGE = DEFAULT_TEMPLATE
 SHAPE: dict[str, Any] = {"entrypoint": ["/bin/sh"], "resource": {"cpu": "1"}}
 
 
@@ -87,7 +88,7 @@ def test_snapshot_calls(sandbox: Any, manager: Any, config: ConnectionConfigSync
 def test_diagnostics_calls(sandbox: Any, manager: Any) -> None:
     events = sandbox.get_diagnostic_events("lifecycle")
     assert events.kind == "events" and events.scope == "lifecycle"
-    assert "created from image python:3.12" in events.content
+    assert f"created from image {IMAGE}" in events.content
     logs = manager.get_diagnostic_logs(sandbox.id, "all")
     assert logs.kind == "logs" and logs.delivery == "inline" and "started" in logs.content
 

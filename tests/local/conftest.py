@@ -21,7 +21,7 @@ from osb_sync.local.host.bwrap import SANDBOX_HOME, probe
 REQUIRE_ISOLATION = os.environ.get("OSB_REQUIRE_ISOLATION") == "1"
 
 CREATE_BODY: dict[str, Any] = {
-    "image": {"uri": "python:3.11"},
+    "image": {"uri": "opensandbox/code-interpreter:v1.1.0"},
     "entrypoint": ["/bin/sh"],
     "resourceLimits": {"cpu": "500m", "memory": "512Mi"},
 }

@@ -36,7 +36,7 @@ def test_create_get_list_delete(local: LocalServer, http: requests.Session) -> N
     assert body["metadata"] == {"team": "ml"}
     assert "image" not in body and "expiresAt" in body
     got = http.get(f"{local.api_base}/sandboxes/{body['id']}").json()
-    assert got["image"] == {"uri": "python:3.11"}
+    assert got["image"] == {"uri": "opensandbox/code-interpreter:v1.1.0"}
     assert got["entrypoint"] == ["/bin/sh"]
     assert set(got["status"]) == {"state", "reason", "message", "lastTransitionAt"}
     assert http.get(f"{local.base_url}/sandboxes/{body['id']}").status_code == 200  # no /v1

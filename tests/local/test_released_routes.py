@@ -12,11 +12,18 @@ import requests
 from conftest import require_isolation, wait_for
 
 import osb_sync
-from osb_sync import Client, NetworkPolicy, NetworkRule, NotSupportedError, PoolCapacity
+from osb_sync import (
+    DEFAULT_TEMPLATE,
+    Client,
+    NetworkPolicy,
+    NetworkRule,
+    NotSupportedError,
+    PoolCapacity,
+)
 from osb_sync.local import LocalServer
 
 # A short sandbox body for the client: the local server needs no real image.
-FAST = {"template": "python:3.12", "entrypoint": ["/bin/sh"], "resource_limits": {"cpu": "1"}}
+FAST = {"template": DEFAULT_TEMPLATE, "entrypoint": ["/bin/sh"], "resource_limits": {"cpu": "1"}}
 
 
 @pytest.fixture
@@ -125,7 +132,7 @@ def test_create_fields_it_cannot_honour_are_a_400_naming_them(
 
 
 def test_pools_are_named_warm_spares(client: Client) -> None:
-    template = {"image": {"uri": "python:3.12"}, "entrypoint": ["/bin/sh"]}
+    template = {"image": {"uri": DEFAULT_TEMPLATE}, "entrypoint": ["/bin/sh"]}
     capacity = PoolCapacity(pool_min=0, pool_max=2, buffer_min=1, buffer_max=1)
     made = client.pools.create("warm", template, capacity)
     assert made.name == "warm" and made.capacity == capacity and made.allocated == 0

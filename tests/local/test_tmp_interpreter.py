@@ -27,7 +27,11 @@ with LocalServer(isolation=True) as server:
         request.add_header("Content-Type", "application/json")
         with urllib.request.urlopen(request, timeout=120) as answer:
             return answer.read()
-    body = {"image": {"uri": "python:3.11"}, "entrypoint": ["/bin/sh"], "resourceLimits": {}}
+    body = {
+        "image": {"uri": "opensandbox/code-interpreter:v1.1.0"},
+        "entrypoint": ["/bin/sh"],
+        "resourceLimits": {},
+    }
     box = json.loads(call("POST", server.api_base + "/sandboxes", body))
     endpoint = json.loads(call("GET", f"{server.api_base}/sandboxes/{box['id']}/endpoints/44772"))
     code = {"code": "import sys; print(sys.prefix)", "context": {"language": "python"}}

@@ -77,6 +77,12 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "jupyter": None,
         "spare_containers": 1,
         "isolation": None,
+        "image_store": None,
+        "image_store_size": 10 << 30,
+        "insecure_registries": [],
+        "registry_auth_file": None,
+        "local_image_paths": [],
+        "host_images": ("opensandbox/code-interpreter:v1.1.0",),
     }
 
 
@@ -85,8 +91,10 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     argv += ["--pending-seconds", "0.5", "--allow-unenforced-network-policy"]
     argv += ["--allowed-host", "a", "--allowed-host", "b", "--allow-host-path", str(tmp_path)]
     argv += ["--volume-root", "v", "--execd", "e", "--jupyter", "j", "--spare-containers", "0"]
-    argv += ["--no-isolation"]
     argv += ["--state-dir", "s"]
+    argv += ["--no-isolation", "--image-store", "s", "--image-store-size", "7"]
+    argv += ["--insecure-registry", "r:5000", "--registry-auth-file", "a.json"]
+    argv += ["--allow-image-path", "/i", "--host-image", "h:1"]
     found = options.keywords(build_parser().parse_args(argv), api_key=None)
     assert found == {
         "host": "::1",
@@ -103,6 +111,12 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "jupyter": "j",
         "spare_containers": 0,
         "isolation": False,
+        "image_store": "s",
+        "image_store_size": 7,
+        "insecure_registries": ["r:5000"],
+        "registry_auth_file": "a.json",
+        "local_image_paths": ["/i"],
+        "host_images": ("h:1",),
     }
     with pytest.raises(KeyError):
         options.keywords(build_parser().parse_args(["serve"]))  # the command reads the key

@@ -196,7 +196,10 @@ def upload(runtime: SandboxRuntime, ex: Exchange) -> None:
             raise error(400, "INVALID_FILE_METADATA", "metadata file is missing")
         if len(targets) != len(contents):
             raise error(400, "INVALID_FILE", "metadata and file parts do not pair up")
-        plan = [(*target, content) for target, content in zip(targets, contents, strict=True)]
+        plan = [
+            (*target, content)
+            for target, content in zip(targets, contents)  # noqa: B905 (paired above; 3.9 has no strict=)
+        ]
         _install(plan)
         done = True
     except OSError as exc:

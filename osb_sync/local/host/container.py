@@ -33,6 +33,8 @@ from . import bwrap, spawn
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
+from .images import rootfs
+from .images.store import StoredImage, hold
 from .limits import Plan
 from .slirp import start_slirp
 from .spawn import SPAWNER, pidfd, read_until, signal_pids
@@ -60,6 +62,8 @@ class Launch:
     mounts: tuple[str, ...] = ()  # bwrap arguments of its volumes (see `volumes.py`)
     plan: Plan | None = None
     controllers: frozenset[str] = frozenset()
+    image: StoredImage | None = None  # its root instead of the host's view (`images/`)
+    image_ids: tuple[int, int] = (0, 0)  # the image's User, as (uid, gid)
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -113,6 +117,8 @@ class SandboxContainer:
         self._ready_r = -1
         self._log_fd = -1  # the container's standard error (see `_open_log`)
         self._seccomp_fd = -1  # the filter bwrap reads while it starts
+        self._layer: rootfs.Layer | None = None  # the writable root over an image
+        self._image_fd = -1  # holds the image against the store's eviction
         self.launched_at = 0.0  # time.monotonic() when its main process started
         self._lock = threading.Lock()
         self._dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
@@ -145,6 +151,8 @@ class SandboxContainer:
             if self.isolated:
                 options = self._options(info_w)
                 main = bwrap.main_command(MAIN_SCRIPT)
+                if settings.image is not None:
+                    main[0] = settings.image.python or "python3"
                 argv = self._join_cgroups(
                     [self.support.bwrap or "bwrap", "--args", str(options), *main, *command]
                 )
@@ -300,7 +308,14 @@ class SandboxContainer:
         if filtered:
             self._seccomp_fd = _memfd("seccomp", self.support.seccomp or b"")
             extra = ["--seccomp", str(self._seccomp_fd), *extra]
-        options = bwrap.container_options(self.home, tmp, state, info_fd, mounts, extra)
+        image = self._settings.image
+        if image is not None:
+            self._image_fd = hold(image)
+            self._layer = rootfs.Layer(image, self.run_dir)
+            ids = self._settings.image_ids
+            options = rootfs.image_options(self._layer, image, state, info_fd, ids, mounts, extra)
+        else:
+            options = bwrap.container_options(self.home, tmp, state, info_fd, mounts, extra)
         return _memfd("bwrap-options", b"".join(os.fsencode(a) + b"\0" for a in options))
 
     def _oom_bind(self) -> list[str]:
@@ -329,6 +344,12 @@ class SandboxContainer:
         return {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
 
     def _env(self, sandbox_env: dict[str, str]) -> dict[str, str]:
+        image = self._settings.image
+        if image is not None:
+            # the image's Env, as Docker gives it (HOME: root's, unless the image sets it)
+            home = "/root" if self._settings.image_ids[0] == 0 else "/"
+            workdir = image.config.working_dir or "/"
+            return {"HOME": home, **image.config.environment, "PWD": workdir, **sandbox_env}
         home = bwrap.SANDBOX_HOME if self.isolated else str(self.home)
         return {
             "PATH": bwrap.SANDBOX_PATH
@@ -346,7 +367,7 @@ class SandboxContainer:
         return {
             "execd_binary": binary.execd if binary else None,
             "jupyter": binary.jupyter if binary else None,
-            "home": bwrap.SANDBOX_HOME if self.isolated else str(self.home),
+            "home": self._home_inside(),
             "run_dir": bwrap.EXECD_STATE_DIR if self.isolated else str(self.run_dir / "execd"),
             "execd_port": IN_CONTAINER_EXECD_PORT if self.isolated else 0,
             "jupyter_port": IN_CONTAINER_JUPYTER_PORT if self.isolated else 0,
@@ -355,6 +376,12 @@ class SandboxContainer:
             "file_size_limit": bwrap.FILE_SIZE_LIMIT if self.isolated else 0,
             "oom_control": OOM_CONTROL if self._oom_bind() else None,
         }
+
+    def _home_inside(self) -> str:
+        """Where execd runs commands by default: the image's WorkingDir, else the home."""
+        if self._settings.image is not None:
+            return self._settings.image.config.working_dir or "/"
+        return bwrap.SANDBOX_HOME if self.isolated else str(self.home)
 
     def _log_tail(self) -> str:
         try:
@@ -380,11 +407,18 @@ class SandboxContainer:
             )
         else:
             seccomp_note = f"NO seccomp filter ({platform.machine()} has no table)"
+        system = "a writable image root" if self._settings.image else "read-only system directories"
         note = (
             " Isolation: bubblewrap container with private user, PID, mount, network, IPC and"
-            " UTS namespaces, no capabilities, read-only system directories, /proc masked,"
+            f" UTS namespaces, no capabilities, {system}, /proc masked,"
             f" {seccomp_note}; pause by {pause}."
         )
+        image = self._settings.image
+        if image is not None and self._layer is not None:
+            note += (
+                f" Image: {image.pinned} ({image.python or 'no python3'}), writable layer:"
+                f" {self._layer.kind}."
+            )
         if internet and self.network == "slirp4netns":
             note += " Network: outbound through slirp4netns; host loopback is not reachable."
         elif internet:
@@ -483,6 +517,11 @@ class SandboxContainer:
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1
+        if self._layer is not None:
+            self._layer.remove()
+        if self._image_fd >= 0:
+            os.close(self._image_fd)
+            self._image_fd = -1
         shutil.rmtree(self.home, ignore_errors=True)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 

@@ -251,6 +251,71 @@ SPARE_CONTAINERS = Option(
     metavar="N",
 )
 
+IMAGE_STORE: Option[str | Path | None] = Option(
+    "image_store",
+    None,
+    "where pulled images are unpacked, shared by servers (default"
+    " `$XDG_CACHE_HOME/osb-sync/images`).",
+    flag="--image-store",
+    help="directory of the image store (default: $XDG_CACHE_HOME/osb-sync/images)",
+    metavar="DIR",
+)
+IMAGE_STORE_SIZE = Option(
+    "image_store_size",
+    10 << 30,
+    "bytes of unpacked images the store keeps before it evicts the least recently used.",
+    flag="--image-store-size",
+    help="bytes of images kept before the least recently used go (default 10 GiB)",
+    check=_at_least_zero,
+    parse=int,
+    metavar="BYTES",
+)
+INSECURE_REGISTRIES: Option[Iterable[str]] = Option(
+    "insecure_registries",
+    (),
+    "registries (host[:port]) pulled from without TLS verification, plain HTTP allowed, as"
+    " Docker's `insecure-registries` (loopback registries always are).",
+    flag="--insecure-registry",
+    help="pull from HOST[:PORT] without TLS verification (repeatable; loopback always is)",
+    action="append",
+    metavar="HOST",
+    flag_default=[],
+)
+REGISTRY_AUTH_FILE: Option[str | Path | None] = Option(
+    "registry_auth_file",
+    None,
+    "the server's own registry credentials (an `auth.json` as skopeo and podman write it), used"
+    " when a create gives no `image.auth`; never `~/.docker/config.json` unless named here.",
+    flag="--registry-auth-file",
+    help="registry credentials of the server (containers auth.json; default: none)",
+    metavar="PATH",
+)
+LOCAL_IMAGE_PATHS: Option[Iterable[str | Path]] = Option(
+    "local_image_paths",
+    (),
+    "directories under which `oci:DIR:TAG` and `docker-archive:FILE` images may be read (none"
+    " by default).",
+    flag="--allow-image-path",
+    help="let oci: and docker-archive: images be read under DIR (repeatable; default: none)",
+    action="append",
+    metavar="DIR",
+    flag_default=[],
+)
+DEFAULT_HOST_IMAGES = ("opensandbox/code-interpreter:v1.1.0",)  # the client's DEFAULT_TEMPLATE
+HOST_IMAGES: Option[Iterable[str]] = Option(
+    "host_images",
+    DEFAULT_HOST_IMAGES,
+    "image URIs that get the host's view (its /usr and the server's Python, no download);"
+    " by default the client's default template.",
+    flag="--host-image",
+    help="give creates of this image URI the host's view, no download (repeatable; default: "
+    "the client's default template)",
+    action="append",
+    metavar="URI",
+    flag_default=[],
+    from_flag=lambda given: tuple(given) or DEFAULT_HOST_IMAGES,
+)
+
 OPTIONS: tuple[Option[Any], ...] = (
     HOST,
     PORT,
@@ -270,6 +335,12 @@ OPTIONS: tuple[Option[Any], ...] = (
     EXECD,
     JUPYTER,
     SPARE_CONTAINERS,
+    IMAGE_STORE,
+    IMAGE_STORE_SIZE,
+    INSECURE_REGISTRIES,
+    REGISTRY_AUTH_FILE,
+    LOCAL_IMAGE_PATHS,
+    HOST_IMAGES,
 )
 
 

@@ -31,6 +31,7 @@ from .bwrap import Support, network_plan
 from .capacity import Capacity
 from .container import Launch, SandboxContainer
 from .execd_binary import ExecdBinary
+from .images.service import ImageService
 from .pools import (
     PoolStore,
     check_capacity,
@@ -83,6 +84,7 @@ class Config:
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours
     spare_containers: int = 0
     refusal: str = ""  # non-empty: every create answers 503 with it (fail closed)
+    images: ImageService | None = None  # what a create's image becomes (None: the host's view)
 
 
 @dataclass
@@ -98,6 +100,7 @@ class LocalSandbox:
     ready_at: datetime
     note: str = ""
     failure: str = ""  # why the container ended (state Failed)
+    image_uri: str = ""  # the image really run, with its digest ("": the uri asked for)
     removing: bool = False
     state: str = "Pending"
     transition_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
@@ -140,7 +143,7 @@ class LocalSandbox:
             data["platform"] = self.body["platform"]
         if not created:
             if self.body.get("image"):
-                data["image"] = {"uri": self.body["image"]["uri"]}
+                data["image"] = {"uri": self.image_uri or self.body["image"]["uri"]}
             else:
                 data["snapshotId"] = self.body["snapshotId"]
         return data
@@ -250,10 +253,11 @@ class Registry:
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
         config = {"env": env, "token": token, "limits": plan}
+        image = self.config.images.launch(body) if self.config.images is not None else None
         try:
             spares = pool.spares if pool is not None else None
             with self.capacity.admit():
-                container = self.containers.claimed(body, config, internet, mounts, spares)
+                container = self.containers.claimed(body, config, internet, mounts, spares, image)
             if snapshot is not None:
                 try:
                     self.snapshots.restore(snapshot, self._writable(container))
@@ -270,6 +274,8 @@ class Registry:
             execd_note = binary.status_note() if binary else ""
             note = container.status_note(internet) + network_note + plan.message() + execd_note
             sandbox = self._register(sandbox_id, body, token, container, note)
+            if image is not None and image.image is not None:
+                sandbox.image_uri = image.image.pinned
         except BaseException:
             container.close()  # a refused create leaves no folder and no process
             raise

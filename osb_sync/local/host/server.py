@@ -27,6 +27,7 @@ from . import capacity, options, proxy, recovery
 from . import limits as resource_limits
 from .bwrap import FIX, Support, compile_package, probe, refusal
 from .execd_binary import ExecdBinary
+from .images.service import ImageService, ImageSettings
 from .network import EGRESS_HEADER, EGRESS_PORT
 from .registry import EXECD_PORT, Config, Registry, not_found, templates_not_supported
 
@@ -85,6 +86,12 @@ class LocalServer:
         execd: str | os.PathLike[str] | None = options.EXECD.default,
         jupyter: str | os.PathLike[str] | None = options.JUPYTER.default,
         spare_containers: int = options.SPARE_CONTAINERS.default,
+        image_store: str | Path | None = options.IMAGE_STORE.default,
+        image_store_size: int = options.IMAGE_STORE_SIZE.default,
+        insecure_registries: Iterable[str] = options.INSECURE_REGISTRIES.default,
+        registry_auth_file: str | Path | None = options.REGISTRY_AUTH_FILE.default,
+        local_image_paths: Iterable[str | Path] = options.LOCAL_IMAGE_PATHS.default,
+        host_images: Iterable[str] = options.HOST_IMAGES.default,
     ) -> None:
         # First, while the locals are exactly the keywords (the test of options.py holds
         # this signature and `options.OPTIONS` to each other).
@@ -104,6 +111,14 @@ class LocalServer:
         self.allowed_host_paths = tuple(Path(p).resolve() for p in allowed_host_paths)
         self.volume_root = Path(volume_root) if volume_root is not None else None
         self.spare_containers = spare_containers
+        self.image_settings = ImageSettings(
+            store=Path(image_store) if image_store is not None else None,
+            cap=image_store_size,
+            insecure_registries=tuple(insecure_registries),
+            auth_file=Path(registry_auth_file) if registry_auth_file is not None else None,
+            local_paths=tuple(Path(p).resolve() for p in local_image_paths),
+            host_images=tuple(host_images),
+        )
         self.network_policy_enforced = False
         self.isolated = False
         self.isolation_problem = ""
@@ -196,6 +211,7 @@ class LocalServer:
                     binary=self.execd_binary,
                     spare_containers=self.spare_containers,
                     refusal=self.refusal,
+                    images=ImageService(self.image_settings, self.isolated, self.execd_binary),
                 )
             )
             self._router = Router()

@@ -208,6 +208,7 @@ class ContainerSource:
         internet: bool,
         mounts: list[str],
         spares: SparePool | None = None,
+        image: Launch | None = None,
     ) -> SandboxContainer:
         """A container serving the sandbox `body` asks for; nothing is left on failure.
 
@@ -218,11 +219,12 @@ class ContainerSource:
             internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
             mounts: bwrap arguments of its volumes (given only with `volumes`: a cold start).
             spares: the SparePool to claim from (a named pool's); default the server's.
+            image: the `image` and `image_ids` of a sandbox that runs an image (a cold start).
 
         Raises:
             RuntimeError, OSError: no container could be started.
         """
-        spare = None if mounts else (spares or self.pool).claim(body)
+        spare = None if mounts or image else (spares or self.pool).claim(body)
         if spare is not None:
             try:
                 spare.move_to(self.root)
@@ -230,6 +232,8 @@ class ContainerSource:
             except (OSError, RuntimeError) as exc:  # a cold start, as without spares
                 logger.info("local server: a claimed spare failed (%s): cold start", exc)
         settings = replace(self.spare_settings, mounts=tuple(mounts), plan=config["limits"])
+        if image is not None:
+            settings = replace(settings, image=image.image, image_ids=image.image_ids)
         cold = launch_container(str(uuid.uuid4()), self.root, self.support, self.timing, settings)
         return self._claim(cold, config, internet)
 

@@ -1,0 +1,130 @@
+"""A sandbox's root over an image: a writable layer on the shared image, and its bwrap view.
+
+The layer (`Layer`): an overlay (the store's rootfs below, the sandbox's own upper and work
+directories in its run directory) where the server may mount one (it has CAP_SYS_ADMIN: root,
+as in CI), else a copy of the image (`cp -a --reflink=auto`: instant on btrfs and xfs, a real
+copy elsewhere). bwrap 0.8 has no `--overlay`, and mounting one inside the sandbox's own user
+namespace needs a step between its namespaces and its exec that bwrap does not offer: that
+mount waits for the user namespace the sandbox id range brings. Overlay mounts are nosuid and
+nodev; a server that dies leaves its mounts to the crash recovery of the next start.
+
+The view (`image_options`) is the image's root as the container's `/`, writable, with
+`/proc` (masked as Docker's), `/dev`, execd's state directory, our package read-only at
+`bwrap.PACKAGE_VIEW`, the host's `resolv.conf` and `hosts` (as Docker gives them), the
+sandbox's volume binds, the image's User and WorkingDir.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from .. import bwrap
+from .store import StoredImage
+
+MS_NOSUID = 2
+MS_NODEV = 4
+MNT_DETACH = 2
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+class Layer:
+    """The writable root of one sandbox over `image`, made under `run_dir`.
+
+    Raises (at construction):
+        OSError: neither an overlay nor a copy could be made.
+    """
+
+    def __init__(self, image: StoredImage, run_dir: Path) -> None:
+        self.root = run_dir / "root"
+        self.kind = "copy"
+        self._mounted = False
+        lower = str(image.rootfs)
+        upper, work = run_dir / "upper", run_dir / "work"
+        if os.geteuid() == 0 and not any(c in lower + str(run_dir) for c in ",:\\"):
+            for folder in (self.root, upper, work):
+                folder.mkdir(mode=0o755)
+            data = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
+            if (
+                _libc.mount(b"overlay", bytes(self.root), b"overlay", MS_NOSUID | MS_NODEV, data)
+                == 0
+            ):
+                self.kind, self._mounted = "overlay", True
+                return
+            self.root.rmdir()
+        done = subprocess.run(
+            ["cp", "-a", "--reflink=auto", lower, str(self.root)], capture_output=True
+        )
+        if done.returncode != 0:
+            raise OSError(f"the image could not be copied: {done.stderr.decode(errors='replace')}")
+
+    def close(self) -> None:
+        """Unmount the overlay (if any); the run directory's removal takes the rest."""
+        if self._mounted:
+            if _libc.umount2(bytes(self.root), MNT_DETACH) != 0:
+                errno = ctypes.get_errno()
+                raise OSError(errno, f"umount {self.root}: {os.strerror(errno)}")
+            self._mounted = False
+
+    def remove(self) -> None:
+        """Unmount and delete the layer (its files may be read-only)."""
+        self.close()
+        for name in ("root", "upper", "work"):
+            path = self.root.parent / name
+            if path.exists():
+                subprocess.run(["chmod", "-R", "u+rwX", str(path)], capture_output=True)
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def image_options(
+    layer: Layer,
+    image: StoredImage,
+    state: Path,
+    info_fd: int,
+    ids: tuple[int, int],
+    mounts: Sequence[str] = (),
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The bwrap options of a sandbox running `image` in `layer` (see the module docstring)."""
+    root = layer.root
+    options = [
+        *bwrap.NAMESPACES,
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "sandbox",
+        "--info-fd",
+        str(info_fd),
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        image.config.environment.get("PATH", ""),
+        "--bind",
+        str(root),
+        "/",
+        "--proc",
+        "/proc",
+        *bwrap.proc_view(),
+        "--dev",
+        "/dev",
+    ]
+    for name in ("resolv.conf", "hosts"):
+        inside = root / "etc" / name
+        if (root / "etc").is_dir() and not os.path.islink(root / "etc") and not inside.is_symlink():
+            options += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    options += ["--bind", str(state), bwrap.EXECD_STATE_DIR]
+    options += ["--ro-bind", bwrap.package_dir(), bwrap.PACKAGE_VIEW]
+    options += [*mounts, *extra]
+    # the image's ids, root included: bwrap's default is the server's own uid
+    options += ["--uid", str(ids[0]), "--gid", str(ids[1])]
+    workdir = image.config.working_dir or "/"
+    if workdir != "/":
+        options += ["--dir", workdir]  # Docker makes a missing WorkingDir too
+    return [*options, "--chdir", workdir]

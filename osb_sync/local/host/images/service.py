@@ -1,0 +1,118 @@
+"""What a create's `image` becomes: the host's view, or a stored image and how to run it.
+
+The host's view (today's root: the host's `/usr`, the server's interpreter) stays what a
+create without an image, or with one of `host_images` (by default the client's default
+template), gets: no download. Any other image is pulled into the store (`store.py`) and run
+with its own root; an image create answers as the real server's Docker runtime does when the
+image cannot be had: `DOCKER::SANDBOX_IMAGE_PULL_FAILED` with the reason first in its message
+(`pull.PullError`), nothing left behind.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...http.exchange import HttpError, error
+from ..container import Launch
+from ..execd_binary import ExecdBinary
+from ..options import DEFAULT_HOST_IMAGES
+from .config import ConfigError
+from .pull import Puller, PullError, host_platform
+from .store import DEFAULT_CAP, ImageStore, default_root
+from .unpack import OwnerMap, server_owned
+
+PULL_FAILED = "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
+NO_EXECD = (
+    "the image {uri} has no python3 on its PATH, and this server has no execd binary; a"
+    " sandbox needs one of them to run execd: use an image with python3 (3.9 or later), or"
+    " start the server with an execd binary for images without Python (osb-sync serve --execd"
+    " PATH; not available yet for images)"
+)
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """The server's image settings (LocalServer options)."""
+
+    store: Path | None = None  # default `store.default_root()`
+    cap: int = DEFAULT_CAP
+    insecure_registries: tuple[str, ...] = ()
+    auth_file: Path | None = None
+    local_paths: tuple[Path, ...] = ()
+    host_images: tuple[str, ...] = DEFAULT_HOST_IMAGES
+
+
+class ImageService:
+    """Turns a create's image into a `Launch` (or None: the host's view)."""
+
+    def __init__(
+        self,
+        settings: ImageSettings,
+        isolated: bool,
+        binary: ExecdBinary | None,
+        owner: OwnerMap = server_owned,
+    ) -> None:
+        self.settings = settings
+        self.isolated = isolated
+        self.binary = binary
+        self.owner = owner
+        self._store: ImageStore | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> ImageStore:
+        """The store, made at first use (a server that runs no image makes no directory)."""
+        with self._lock:
+            if self._store is None:
+                root = self.settings.store or default_root()
+                puller = Puller(
+                    root / "scratch",
+                    self.settings.insecure_registries,
+                    self.settings.auth_file,
+                    self.settings.local_paths,
+                )
+                self._store = ImageStore(root, puller, self.settings.cap, self.owner)
+            return self._store
+
+    def host_view(self, body: dict[str, Any]) -> bool:
+        """True when the create gets the host's view (no image, or one of `host_images`)."""
+        image = body.get("image") or {}
+        return not image.get("uri") or image["uri"] in self.settings.host_images
+
+    def launch(self, body: dict[str, Any]) -> Launch | None:
+        """The image part of a create's `Launch`, pulling it first if needed.
+
+        Raises:
+            HttpError: 500 `DOCKER::SANDBOX_IMAGE_PULL_FAILED` (the reason first in the
+                message) when it cannot be had or run; 503 where sandboxes are not isolated.
+        """
+        if self.host_view(body):
+            return None
+        uri = str(body["image"]["uri"])
+        if not self.isolated:
+            raise error(
+                503,
+                "SANDBOX::ISOLATION_UNAVAILABLE",
+                f"the image {uri} needs isolated sandboxes (its root is mounted in a"
+                " container); this server runs them unisolated",
+            )
+        platform = body.get("platform") or host_platform()
+        try:
+            image, _ = self.store.get(uri, platform, body["image"].get("auth"))
+            ids = image.config.ids(image.rootfs)
+        except PullError as exc:
+            raise _failed(uri, exc.reason, exc.message) from None
+        except ConfigError as exc:
+            raise _failed(uri, "IMAGE_CONFIG_INVALID", str(exc)) from None
+        except OSError as exc:
+            raise _failed(uri, "IMAGE_PULL_FAILED", f"the store said: {exc}") from None
+        if image.python is None:
+            raise _failed(uri, "IMAGE_NO_EXECD", NO_EXECD.format(uri=uri))
+        return Launch(image=image, image_ids=ids)
+
+
+def _failed(uri: str, reason: str, message: str) -> HttpError:
+    return error(500, PULL_FAILED, f"{reason}: Failed to pull image {uri}: {message}")

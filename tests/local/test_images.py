@@ -1,0 +1,173 @@
+"""Sandboxes that run the image asked for, pulled from loopback registries built without Docker.
+
+Needs skopeo, docker-registry and mmdebstrap (skipped without them, unless OSB_REQUIRE_IMAGES=1,
+as CI sets). The Debian bullseye image's Python is 3.9, which no test interpreter is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import osb_sync
+from osb_sync.local import LocalServer
+from tests import imagekit
+from tests.imagekit import Entry, Image, LoopbackRegistry, layer_bytes, write_layout
+
+MISSING = imagekit.missing_tools() + (["mmdebstrap"] if not shutil.which("mmdebstrap") else [])
+if MISSING and not imagekit.REQUIRE_IMAGES:
+    pytest.skip(
+        f"the image tests need {', '.join(MISSING)} (apt-get install skopeo docker-registry"
+        " mmdebstrap); OSB_REQUIRE_IMAGES=1 makes this a failure",
+        allow_module_level=True,
+    )
+PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PULL_FAILED = "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
+
+
+@pytest.fixture(scope="module")
+def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """An anonymous and a basic-auth registry with the test images pushed."""
+    work = tmp_path_factory.mktemp("registries")
+    anonymous = LoopbackRegistry(work / "anon").start()
+    private = LoopbackRegistry(work / "auth", basic_auth=True).start()
+    try:
+        bullseye = Image(
+            [imagekit.rootfs_layer(imagekit.bullseye_tar())],
+            env=[PATH, "GREETING=from-the-image"],
+            working_dir="/srv/app",
+        )
+        write_layout(work / "bullseye", "v1", [bullseye])
+        deleted = Image(
+            [
+                *bullseye.layers,
+                layer_bytes([Entry("etc/.wh.debian_version"), Entry("srv/app/added", data=b"1")]),
+            ],
+            env=bullseye.env,
+        )
+        write_layout(work / "whiteout", "v1", [deleted])
+        write_layout(
+            work / "armonly", "v1", [Image(bullseye.layers[:0], architecture="s390x")], True
+        )
+        evil = Image(
+            [layer_bytes([Entry("evil", "symlink", target="/"), Entry("evil/x", data=b"")])]
+        )
+        write_layout(work / "evil", "v1", [evil])
+        nopython = Image([layer_bytes([Entry("bin/sh", data=b"", mode=0o755)])])
+        write_layout(work / "nopython", "v1", [nopython])
+        yield {
+            "bullseye": anonymous.push(work / "bullseye", "v1", "bullseye"),
+            "private": private.push(work / "bullseye", "v1", "bullseye"),
+            "whiteout": anonymous.push(work / "whiteout", "v1", "whiteout"),
+            "armonly": anonymous.push(work / "armonly", "v1", "armonly", multi=True),
+            "evil": anonymous.push(work / "evil", "v1", "evil"),
+            "nopython": anonymous.push(work / "nopython", "v1", "nopython"),
+            "anonymous": anonymous,
+        }
+    finally:
+        anonymous.stop()
+        private.stop()
+
+
+@pytest.fixture(scope="module")
+def image_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    store = tmp_path_factory.mktemp("store")
+    with LocalServer(image_store=store, spare_containers=0, ping_interval=0.5) as server:
+        yield server
+
+
+def _client(server: LocalServer) -> osb_sync.Client:
+    return osb_sync.Client(api_base=server.api_base, api_key="local", create_timeout=600)
+
+
+def _leftovers(server: LocalServer) -> tuple[list[str], list[str]]:
+    """(sandboxes the server lists, what the store's tmp/ holds)."""
+    store = Path(str(server.image_settings.store))
+    listed = [s.id for s in _client(server).list_sandboxes()]
+    return listed, os.listdir(store / "tmp") if (store / "tmp").exists() else []
+
+
+def test_the_sandbox_runs_the_images_python_and_packages(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    client = _client(image_server)
+    with client.create_sandbox(template=registries["bullseye"]) as sandbox:
+        code = sandbox.run_code("import sys, six; print(sys.version_info[:2], six.__file__)")
+        assert code.stdout.startswith("(3, 9) /usr/lib/python3/dist-packages/six.py"), code
+        ran = sandbox.commands.run("pwd; echo $GREETING; cat /etc/debian_version")
+        assert ran.stdout.splitlines()[:2] == ["/srv/app", "from-the-image"]
+        assert ran.stdout.splitlines()[2].startswith("11.")
+        sandbox.commands.run("echo written > /srv/app/out.txt && mkdir -p /usr/local/x")
+        assert sandbox.files.read_text("/srv/app/out.txt") == "written\n"
+        info = client.get_sandbox(sandbox.id)
+        assert info.image.startswith(registries["bullseye"] + "@sha256:")
+        assert "writable layer" in info.message
+
+
+def test_a_second_sandbox_starts_without_pulling(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    client = _client(image_server)
+    with client.create_sandbox(template=registries["bullseye"]):
+        pass
+    store = image_server._registry.config.images.store  # type: ignore[union-attr]
+    pulls = store.pulls
+    with client.create_sandbox(template=registries["bullseye"]) as sandbox:
+        assert sandbox.commands.run("ls /srv/app").stdout == ""  # not the first one's layer
+    assert store.pulls == pulls
+
+
+def test_whiteouts_hide_a_deleted_file(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    with _client(image_server).create_sandbox(template=registries["whiteout"]) as sandbox:
+        ran = sandbox.commands.run("ls /etc/debian_version; cat /srv/app/added")
+        assert "No such file" in ran.stderr and ran.stdout.strip() == "1"
+
+
+def test_basic_auth_comes_from_the_create(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    client = _client(image_server)
+    auth = {"username": imagekit.USER, "password": imagekit.PASSWORD}
+    with client.create_sandbox(template=registries["private"], image_auth=auth) as sandbox:
+        assert sandbox.commands.run("cat /etc/debian_version").stdout.startswith("11.")
+
+
+@pytest.mark.parametrize(
+    ("image", "auth", "reason"),
+    [
+        ("private", {"username": imagekit.USER, "password": "wrong"}, "IMAGE_UNAUTHORIZED"),
+        ("private", None, "IMAGE_UNAUTHORIZED"),
+        ("unknown-tag", None, "IMAGE_NOT_FOUND"),
+        ("armonly", None, "IMAGE_PLATFORM_UNAVAILABLE"),
+        ("evil", None, "IMAGE_REFUSED"),
+        ("nopython", None, "IMAGE_NO_EXECD"),
+    ],
+)
+def test_an_image_that_cannot_be_had_fails_the_create_and_leaves_nothing(
+    image_server: LocalServer,
+    registries: dict[str, Any],
+    image: str,
+    auth: dict[str, str] | None,
+    reason: str,
+) -> None:
+    uri = registries.get(image) or registries["bullseye"].replace(":v1", ":nope")
+    client = _client(image_server)
+    before = _leftovers(image_server)
+    with pytest.raises(osb_sync.ApiError) as failed:
+        client.create_sandbox(template=uri, image_auth=auth)
+    assert failed.value.code == PULL_FAILED
+    assert str(failed.value).count(reason) >= 1, failed.value
+    assert "wrong" not in str(failed.value)
+    assert _leftovers(image_server) == (before[0], [])
+
+
+def test_the_default_image_is_still_the_host_view(image_server: LocalServer) -> None:
+    with _client(image_server).create_sandbox() as sandbox:
+        assert sandbox.commands.run("echo $PATH").stdout.startswith("/opt/osb-sync/bin")

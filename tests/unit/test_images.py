@@ -1,0 +1,257 @@
+"""The image machinery without its tools: references, skopeo's command line, unpack, store."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from osb_sync._constants import DEFAULT_TEMPLATE
+from osb_sync.local.host import options
+from osb_sync.local.host.images import pull
+from osb_sync.local.host.images.config import ImageConfig, find_python
+from osb_sync.local.host.images.pull import Puller, PullError, Source, parse
+from osb_sync.local.host.images.store import ImageStore
+from osb_sync.local.host.images.unpack import UnpackError, unpack
+from tests.imagekit import Entry, Image, layer_bytes, write_dir_layout
+
+
+@pytest.mark.parametrize(
+    ("uri", "canonical"),
+    [
+        ("python:3.9", "docker.io/library/python:3.9"),
+        ("python", "docker.io/library/python:latest"),
+        ("library/python:3", "docker.io/library/python:3"),
+        ("docker://user/app:v1", "docker.io/user/app:v1"),
+        ("127.0.0.1:5000/a/b:t", "127.0.0.1:5000/a/b:t"),
+        ("localhost/x", "localhost/x:latest"),
+        ("ghcr.io/o/x@sha256:" + "a" * 64, "ghcr.io/o/x@sha256:" + "a" * 64),
+        ("oci:/srv/layout:v2", "oci:/srv/layout:v2"),
+        ("docker-archive:/srv/app.tar", "docker-archive:/srv/app.tar"),
+    ],
+)
+def test_references_resolve_as_docker_reads_them(uri: str, canonical: str) -> None:
+    assert parse(uri).canonical == canonical
+
+
+@pytest.mark.parametrize("uri", ["Python:3", "a b", "oci:relative:t", "x:tag with space", ""])
+def test_bad_references_say_what_a_reference_is(uri: str) -> None:
+    with pytest.raises(ValueError, match=r"reference|absolute path|tag"):
+        parse(uri)
+
+
+def test_loopback_hosts() -> None:
+    assert pull.is_loopback("127.0.0.1:5000") and pull.is_loopback("localhost:1")
+    assert pull.is_loopback("[::1]:5000")
+    assert not pull.is_loopback("registry.example:5000") and not pull.is_loopback("10.0.0.1")
+
+
+@pytest.mark.parametrize(
+    ("stderr", "reason"),
+    [
+        ("reading manifest v2 in r/x: manifest unknown: manifest unknown", pull.NOT_FOUND),
+        ("reading manifest v1 in r/x: unauthorized: authentication required", pull.UNAUTHORIZED),
+        ('no image found in image index for architecture amd64, variant "", OS linux',
+         pull.NO_PLATFORM),
+        ("pinging container registry r: dial tcp: connect: connection refused", pull.NETWORK),
+        ("something else", pull.PULL_FAILED),
+    ],
+)  # fmt: skip
+def test_skopeo_failures_are_classified(stderr: str, reason: str) -> None:
+    assert pull.classify(stderr) == reason
+
+
+def test_skopeo_gets_no_credentials_on_its_command_line_nor_the_operators(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pull.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", "/root/.config/containers/auth.json")
+    monkeypatch.setenv("DOCKER_CONFIG", "/root/.docker")
+    puller = Puller(tmp_path, insecure_registries=("reg.example:5000",))
+    auth_file = puller._auth(
+        parse("reg.example:5000/x"), {"username": "u", "password": "pw"}, tmp_path
+    )
+    assert stat.S_IMODE(auth_file.stat().st_mode) == 0o600
+    assert json.loads(auth_file.read_text())["auths"]["reg.example:5000"]["auth"] == "dTpwdw=="
+    command = puller.command(
+        parse("reg.example:5000/x"), tmp_path / "t", {"arch": "arm64"}, auth_file
+    )
+    assert "pw" not in " ".join(command) and "--src-creds" not in command
+    assert command[command.index("--authfile") + 1] == str(auth_file)
+    assert "--src-tls-verify=false" in command  # listed insecure
+    assert command[command.index("--override-arch") + 1] == "arm64"
+    secure = puller.command(parse("ghcr.io/o/x"), tmp_path / "t", {}, auth_file)
+    assert "--src-tls-verify=true" in secure
+    env = puller.environment()
+    assert "REGISTRY_AUTH_FILE" not in env and env["DOCKER_CONFIG"].startswith(str(tmp_path))
+    assert env["HOME"].startswith(str(tmp_path))
+    empty = puller._auth(
+        parse("ghcr.io/o/x"), None, tmp_path / "e" if (tmp_path / "e").mkdir() is None else tmp_path
+    )
+    assert json.loads(empty.read_text()) == {"auths": {}}
+
+
+def test_local_sources_only_under_the_allowed_paths(tmp_path: Path) -> None:
+    puller = Puller(tmp_path, local_paths=(tmp_path / "ok",))
+    puller.check_source(parse(f"oci:{tmp_path}/ok/layout:v1"))
+    with pytest.raises(PullError, match="--allow-image-path") as refused:
+        puller.check_source(parse("docker-archive:/etc/shadow"))
+    assert refused.value.reason == pull.REFUSED
+
+
+def test_no_skopeo_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pull.shutil, "which", lambda name: None)
+    with pytest.raises(PullError, match="apt-get install skopeo") as missing:
+        Puller(tmp_path).command(parse("x"), tmp_path, {}, tmp_path / "a")
+    assert missing.value.reason == pull.TOOL_MISSING
+
+
+def test_the_host_view_default_is_the_clients_default_template() -> None:
+    assert options.DEFAULT_HOST_IMAGES == (DEFAULT_TEMPLATE,)
+
+
+def _unpacked(tmp_path: Path, *layers: list[Entry], **config: Any) -> Path:
+    write_dir_layout(tmp_path / "layout", Image([layer_bytes(e) for e in layers], **config))
+    unpack(tmp_path / "layout", tmp_path / "rootfs")
+    return tmp_path / "rootfs"
+
+
+def test_layers_apply_in_order_with_whiteouts_and_opaque_dirs(tmp_path: Path) -> None:
+    lower = [
+        Entry("etc", "dir", mode=0o755),
+        Entry("etc/keep", data=b"k"),
+        Entry("etc/gone", data=b"g"),
+        Entry("opt/a", data=b"a"),
+        Entry("opt/sub/b", data=b"b"),
+        Entry("bin/tool", data=b"#!", mode=0o4755),
+        Entry("lib", "symlink", target="/usr/lib"),
+        Entry("etc/hard", "link", target="etc/keep"),
+    ]
+    upper = [
+        Entry("etc/.wh.gone"),
+        Entry("opt/new", data=b"n"),  # before the marker: the same layer's entries stay
+        Entry("opt/.wh..wh..opq"),
+        Entry("etc/keep", data=b"changed"),
+    ]
+    root = _unpacked(tmp_path, lower, upper)
+    assert (root / "etc/keep").read_bytes() == b"changed"
+    assert not (root / "etc/gone").exists()
+    assert sorted(os.listdir(root / "opt")) == ["new"]
+    assert os.readlink(root / "lib") == "/usr/lib"  # kept as is, never followed here
+    assert stat.S_IMODE((root / "bin/tool").stat().st_mode) == 0o755  # setuid dropped
+    assert (root / "etc/hard").read_bytes() == b"k"
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ([Entry("../escape", data=b"x")], "'..' component"),
+        ([Entry("/etc/passwd", data=b"x")], "absolute path"),
+        ([Entry("dev/sda", "chardev")], "device node"),
+        ([Entry("evil", "symlink", target="/etc"), Entry("evil/passwd", data=b"x")], "through the link"),  # noqa: E501
+        ([Entry("up", "symlink", target="../../.."), Entry("up/x", data=b"x")], "through the link"),
+        ([Entry("h", "link", target="/etc/passwd")], "absolute"),
+        ([Entry("h", "link", target="../outside")], "'..' component"),
+    ],
+)  # fmt: skip
+def test_malicious_layers_are_refused(tmp_path: Path, entries: list[Entry], message: str) -> None:
+    with pytest.raises(UnpackError, match=message):
+        _unpacked(tmp_path, entries)
+    assert not (tmp_path.parent / "escape").exists()
+
+
+def test_a_layer_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
+    write_dir_layout(tmp_path / "layout", Image([layer_bytes([Entry("a", data=b"1")])]))
+    manifest = json.loads((tmp_path / "layout" / "manifest.json").read_text())
+    blob = tmp_path / "layout" / manifest["layers"][0]["digest"].split(":")[1]
+    data = bytearray(blob.read_bytes())
+    data[20] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    with pytest.raises(UnpackError):
+        unpack(tmp_path / "layout", tmp_path / "rootfs")
+
+
+def test_the_config_is_honoured(tmp_path: Path) -> None:
+    passwd = b"root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n"
+    entries = [
+        Entry("etc/passwd", data=passwd),
+        Entry("etc/group", data=b"root:x:0:\nstaff:x:50:\n"),
+        Entry("usr/bin/python3.9", data=b"", mode=0o755),
+        Entry("usr/bin/python3", "symlink", target="python3.9"),
+    ]
+    root = _unpacked(tmp_path, entries)
+    blob = {"config": {"Env": ["PATH=/usr/bin", "A=1=2"], "User": "app", "WorkingDir": "/w",
+                       "Entrypoint": ["/e"], "Cmd": ["c"]}}  # fmt: skip
+    config = ImageConfig.from_blob(blob)
+    assert config.environment == {"PATH": "/usr/bin", "A": "1=2"}
+    assert config.ids(root) == (1000, 1001)
+    assert ImageConfig(user="app:staff").ids(root) == (1000, 50)
+    assert ImageConfig(user="7").ids(root) == (7, 7)
+    assert config.effective_entrypoint(None) == ["/e", "c"]
+    assert config.effective_entrypoint(["/bin/sh"]) == ["/bin/sh"]
+    assert find_python(root, config) == "/usr/bin/python3"
+    assert find_python(root, ImageConfig(env=(("PATH", "/bin"),))) is None
+    with pytest.raises(ValueError, match="not in its /etc/passwd"):
+        ImageConfig(user="nobody").ids(root)
+
+
+class FakePuller(Puller):
+    """Copies a prepared `dir:` layout instead of running skopeo; counts its pulls."""
+
+    def __init__(self, scratch: Path, image: Image) -> None:
+        super().__init__(scratch)
+        object.__setattr__(self, "image", image)
+        object.__setattr__(self, "copies", [])
+
+    def copy(self, source: Source, target: Path, platform: dict[str, str], auth: Any = None) -> str:
+        self.copies.append(source.canonical)  # type: ignore[attr-defined]
+        return write_dir_layout(target, self.image)  # type: ignore[attr-defined]
+
+
+def test_the_store_pulls_once_then_serves_from_itself(tmp_path: Path) -> None:
+    image = Image([layer_bytes([Entry("usr/bin/python3", data=b"", mode=0o755)])])
+    puller = FakePuller(tmp_path / "scratch", image)
+    store = ImageStore(tmp_path / "store", puller)
+    first, pulled = store.get("reg.example/x:1", {"arch": "amd64"})
+    again, pulled_again = store.get("reg.example/x:1", {"arch": "amd64"})
+    assert pulled and not pulled_again and first == again
+    assert puller.copies == ["reg.example/x:1"]  # type: ignore[attr-defined]
+    assert first.python == "/usr/bin/python3" and first.pinned.startswith("reg.example/x:1@sha256:")
+    assert os.listdir(tmp_path / "store" / "tmp") == []
+    assert [i["digest"] for i in store.images()] == [first.digest]
+
+
+def test_a_pull_killed_half_way_leaves_nothing(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "s", Image([])))
+    (tmp_path / "store" / "tmp" / "1-dead").mkdir()
+    (tmp_path / "store" / "tmp" / "1-dead.lock").touch()  # its lock is free: its pull died
+    store.clean_tmp()
+    assert os.listdir(tmp_path / "store" / "tmp") == []
+
+
+def test_a_refused_image_leaves_nothing(tmp_path: Path) -> None:
+    bad = Image([layer_bytes([Entry("../x", data=b"")])])
+    store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "s", bad))
+    with pytest.raises(PullError, match=r"'\.\.' component") as refused:
+        store.get("reg.example/bad", {})
+    assert refused.value.reason == "IMAGE_REFUSED"
+    assert os.listdir(tmp_path / "store" / "tmp") == [] and store.images() == []
+
+
+def test_eviction_and_prune_spare_held_images(tmp_path: Path) -> None:
+    from osb_sync.local.host.images.store import hold
+
+    big = Image([layer_bytes([Entry("f", data=b"x" * 1000)])])
+    store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "s", big), cap=1500)
+    first, _ = store.get("r.example/a", {})
+    fd = hold(first)
+    store.puller.image = Image([layer_bytes([Entry("g", data=b"y" * 1000)])])  # type: ignore[attr-defined]
+    second, _ = store.get("r.example/b", {})
+    assert {i["digest"] for i in store.images()} == {first.digest, second.digest}  # held
+    assert store.prune() == [second.digest]
+    os.close(fd)
+    assert store.prune() == [first.digest] and store.images() == []
