@@ -27,7 +27,7 @@ from osb_sync.local import LocalServer
 from osb_sync.local.host import capacity
 
 BODY: dict[str, Any] = {
-    "image": {"uri": "python:3.11"},
+    "image": {"uri": "opensandbox/code-interpreter:v1.1.0"},  # the host view: no pull
     "entrypoint": ["/bin/sh"],
     "resourceLimits": {},
     "networkPolicy": {"defaultAction": "deny"},
