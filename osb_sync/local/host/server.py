@@ -23,8 +23,8 @@ from types import FrameType, TracebackType
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
+from . import identity, options, proxy, staging
 from . import limits as resource_limits
-from . import options, proxy
 from .bwrap import FIX, Support, compile_package, probe, refusal
 from .execd_binary import ExecdBinary
 from .registry import EXECD_PORT, Config, Registry, not_found
@@ -164,6 +164,9 @@ class LocalServer:
             self._httpd = HTTPServer((self.host, self.port), self.route, self.limits, hosts)
             self.port = self._httpd.server_address[1]
             self.root_dir = self._make_root()
+            if support.ids is not None and self.isolated:
+                identity.admit(self.root_dir, support.ids)  # bwrap runs as the range's root
+                staging.sweep()  # what a killed server left
             self._registry = Registry(
                 Config(
                     root=self.root_dir,
