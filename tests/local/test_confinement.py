@@ -210,3 +210,90 @@ def test_row6_no_nested_user_namespace(sandbox: Sandbox) -> None:
     started = outcomes.pop("a thread still starts")
     assert started["ok"], started
     assert_all_failed(outcomes)
+
+
+# -- items 1-2 (rows 2, 3 and 5): root inside is an unprivileged host range -----------------------
+
+# Docker's default capability set (its 14) as a CapEff mask: CHOWN DAC_OVERRIDE FOWNER FSETID
+# KILL SETGID SETUID SETPCAP NET_BIND_SERVICE NET_RAW SYS_CHROOT MKNOD AUDIT_WRITE SETFCAP.
+DOCKER_CAPS = 0xA80425FB
+
+
+def host_range() -> tuple[int, int]:
+    """(first uid, first gid) of the host ids this machine's sandboxes map to."""
+    ids = bwrap.probe().ids
+    assert ids is not None
+    return ids.uid, ids.gid
+
+
+def test_sandbox_ids_map_to_an_unprivileged_range_never_root_nor_the_server(
+    sandbox: Sandbox,
+) -> None:
+    uid, gid = host_range()
+    outcomes = probe(
+        sandbox,
+        'attempt("uid_map", read, "/proc/self/uid_map")\n'
+        'attempt("gid_map", read, "/proc/self/gid_map")\n'
+        'attempt("ids", lambda: [os.getuid(), os.getgid(), os.geteuid()])\n'
+        'attempt("caps", lambda: [l for l in read("/proc/self/status").splitlines() '
+        'if l.startswith("CapEff")][0].split()[1])\n'
+        'attempt("passwd", lambda: [l.split(":")[0] for l in read("/etc/passwd").splitlines()])\n'
+        'attempt("group", lambda: [l.split(":")[0] for l in read("/etc/group").splitlines()])',
+    )
+    assert outcomes["ids"]["value"] == [0, 0, 0]
+    assert outcomes["uid_map"]["value"].split() == ["0", str(uid), "65536"]
+    assert outcomes["gid_map"]["value"].split() == ["0", str(gid), "65536"]
+    assert uid > 0 and gid > 0 and not uid <= os.geteuid() < uid + 65536
+    assert int(outcomes["caps"]["value"], 16) == DOCKER_CAPS, outcomes["caps"]
+    assert outcomes["passwd"]["value"] == ["root", "nobody"]
+    assert outcomes["group"]["value"] == ["root", "nogroup"]
+
+
+def test_row2_host_sysctls_and_mounts_stay_out_of_reach_of_sandbox_root(sandbox: Sandbox) -> None:
+    outcomes = probe(
+        sandbox,
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def remount_proc_sys():\n"  # MS_REMOUNT|MS_BIND: needs CAP_SYS_ADMIN, not in the set
+        '    if libc.mount(None, b"/proc/sys", None, 32 | 4096, None) != 0:\n'
+        '        raise OSError(ctypes.get_errno(), "mount")\n'
+        '    return "remounted"\n'
+        'attempt("remount /proc/sys", remount_proc_sys)\n'
+        'attempt("sethostname", lambda: __import__("socket").sethostname("x") or "set")\n'
+        'attempt("write a host-root file", write, "/usr/osb-sandbox-was-here")',
+    )
+    assert_all_failed(outcomes)
+
+
+def test_row5_a_setuid_file_planted_in_a_host_volume_is_not_host_roots(tmp_path: Any) -> None:
+    uid, gid = host_range()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, uid, gid)  # what an operator does to let sandboxes write it (the guide)
+    tmp_path.chmod(0o755)
+    srv = isolating_server(allowed_host_paths=[str(tmp_path)])
+    try:
+        with (
+            Client(api_base=srv.api_base) as cli,
+            cli.create_sandbox(
+                volumes=[
+                    {"name": "shared", "host": {"path": str(shared)}, "mountPath": "/mnt/shared"}
+                ]
+            ) as box,
+        ):
+            outcomes = probe(
+                box,
+                "import shutil\n"
+                'shutil.copy("/bin/true", "/mnt/shared/planted")\n'
+                'os.chmod("/mnt/shared/planted", 0o4755)\n'
+                'attempt("nosuid", lambda: bool(os.statvfs("/mnt/shared").f_flag & os.ST_NOSUID))\n'
+                'attempt("nodev", lambda: bool(os.statvfs("/mnt/shared").f_flag & os.ST_NODEV))\n'
+                'attempt("mknod", os.mknod, "/mnt/shared/null", 0o20666, os.makedev(1, 3))',
+            )
+    finally:
+        srv.stop()
+    planted = os.stat(shared / "planted")
+    assert (planted.st_uid, planted.st_gid) == (uid, gid)  # nobody of consequence on the host
+    assert planted.st_mode & 0o4000  # setuid to the range's root only
+    assert outcomes["nosuid"] == {"ok": True, "value": True}
+    assert outcomes["nodev"] == {"ok": True, "value": True}

@@ -389,7 +389,8 @@ def test_root_view_links_a_merged_usr_and_binds_separate_directories(tmp_path: P
     assert ["--ro-bind", str(tmp_path / "lib"), "/lib"] == args[6:9]
     assert "/sbin" not in args and "/lib64" not in args
     etc = [args[i + 2] for i, arg in enumerate(args) if arg == "--ro-bind-try"]
-    assert "/etc/passwd" in etc and "/etc/ssl/certs" in etc
+    assert "/etc/nsswitch.conf" in etc and "/etc/ssl/certs" in etc
+    assert "/etc/passwd" not in etc  # the sandbox's own (root, nobody), not the host's
     assert not [path for path in etc if "shadow" in path or "ssh" in path or "private" in path]
 
 

@@ -16,6 +16,7 @@ from conftest import Box, texts, wait_for
 from rawhttp import read_answer
 
 from osb_sync.local import LocalServer
+from osb_sync.local.host import bwrap
 
 MB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -56,6 +57,9 @@ def fill(path: str, size: int, line: bytes = b"old text here\n") -> None:
 def test_replace_in_a_large_file_is_streamed(box: Box) -> None:
     path = os.path.join(box.dir, "big.txt")
     fill(path, 96 * MB)
+    ids = bwrap.probe().ids
+    if ids is not None:  # written by the host: give it to the sandbox's root
+        os.chown(path, ids.uid, ids.gid)
     with peak_growth() as growth:
         answer = box.call(
             "POST",

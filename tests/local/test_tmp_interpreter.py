@@ -44,6 +44,7 @@ with LocalServer(isolation=True) as server:
 def test_a_server_run_by_a_venv_under_tmp_starts_sandboxes() -> None:
     require_isolation()
     venv = Path(tempfile.mkdtemp(prefix="osb-venv-"))  # under /tmp, like a tox env there
+    venv.chmod(0o755)  # as a venv made by `python -m venv` is: sandboxes' root reads it
     try:
         subprocess.run(
             [BASE_PYTHON, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],

@@ -16,6 +16,7 @@ import requests
 from conftest import CREATE_BODY, Box, require_isolation, texts
 
 from osb_sync.local import LocalServer
+from osb_sync.local.host import bwrap
 
 
 @pytest.fixture
@@ -25,6 +26,9 @@ def tree(tmp_path: Path) -> Path:
     (tmp_path / "allowed" / "data" / "hello.txt").write_text("hello from the host\n")
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "secret.txt").write_text("secret\n")
+    ids = bwrap.probe().ids
+    if ids is not None:  # what an operator does to let sandboxes write a host directory
+        os.chown(tmp_path / "allowed" / "data", ids.uid, ids.gid)
     return tmp_path
 
 

@@ -16,7 +16,7 @@ from osb_sync.local.host.images import pull
 from osb_sync.local.host.images.config import ImageConfig, find_python
 from osb_sync.local.host.images.pull import Puller, PullError, Source, parse
 from osb_sync.local.host.images.store import ImageStore
-from osb_sync.local.host.images.unpack import UnpackError, unpack
+from osb_sync.local.host.images.unpack import UnpackError, in_range, unpack
 from tests.imagekit import Entry, Image, layer_bytes, write_dir_layout
 
 
@@ -118,6 +118,18 @@ def _unpacked(tmp_path: Path, *layers: list[Entry], **config: Any) -> Path:
     write_dir_layout(tmp_path / "layout", Image([layer_bytes(e) for e in layers], **config))
     unpack(tmp_path / "layout", tmp_path / "rootfs")
     return tmp_path / "rootfs"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to an id range needs root")
+def test_an_id_range_owns_every_file_and_directory_the_image_has(tmp_path: Path) -> None:
+    entries = [Entry("etc", "dir", mode=0o755), Entry("etc/conf"), Entry("opt/deep/file")]
+    write_dir_layout(tmp_path / "layout", Image([layer_bytes(entries)]))
+    unpack(tmp_path / "layout", tmp_path / "rootfs", in_range(100000, 200000, 65536))
+    root = tmp_path / "rootfs"
+    for path in (root, root / "etc", root / "etc/conf", root / "opt", root / "opt/deep"):
+        found = path.lstat()
+        assert (found.st_uid, found.st_gid) == (100000, 200000), path  # the image's root: 0
+    assert in_range(100000, 200000, 65536)(70000, 0) is None  # past the range: the server's
 
 
 def test_layers_apply_in_order_with_whiteouts_and_opaque_dirs(tmp_path: Path) -> None:

@@ -108,7 +108,7 @@ def accept_forever(server: socket.socket, ports: dict[int, int] | None) -> None:
 
 
 def hide_memory() -> None:
-    """Keep sandbox code (same uid, no capabilities) out of this process's /proc memory."""
+    """Keep sandbox code (same uid, no CAP_SYS_PTRACE) out of this process's /proc memory."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     except (OSError, AttributeError):

@@ -4,8 +4,9 @@
 declared once; `osb-sync serve` builds its flags from them), `registry` (sandboxes, the
 lifecycle routes' handlers), `validation` (422/400 rules), `proxy` (port proxy), `spares` (warm
 containers), `container` (start, reach, pause, delete a container), `bwrap` (what the host
-allows, the container's command line), `cgroup`, `limits` (resource limits), `volumes`, `slirp`
-(outbound network), `spawn` (the spawner thread, host process helpers), `execd_binary` (bring
-your own execd). It never imports `execd/`: it starts `execd/main.py` as a program inside the
-container.
+allows, the container's command line), `identity` (the sandboxes' host id range), `staging`
+(host binds of what bwrap cannot reach by name), `seccomp`, `cgroup`, `limits` (resource
+limits), `volumes`, `slirp` (outbound network), `spawn` (the spawner thread, host process
+helpers), `execd_binary` (bring your own execd). It never imports `execd/`: it starts
+`execd/main.py` as a program inside the container.
 """

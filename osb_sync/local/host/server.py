@@ -23,11 +23,12 @@ from types import FrameType, TracebackType
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
-from . import capacity, options, proxy, recovery
+from . import capacity, identity, options, proxy, recovery, staging
 from . import limits as resource_limits
 from .bwrap import FIX, Support, compile_package, probe, refusal
 from .execd_binary import ExecdBinary
 from .images.service import ImageService, ImageSettings
+from .images.unpack import in_range, server_owned
 from .network import EGRESS_HEADER, EGRESS_PORT
 from .registry import EXECD_PORT, Config, Registry, not_found, templates_not_supported
 
@@ -190,6 +191,9 @@ class LocalServer:
             self._lock_fd = recovery.claim(self.root_dir)
             recovery.reap(self.root_dir)
             recovery.sweep_strays()
+            if support.ids is not None and self.isolated:
+                identity.admit(self.root_dir, support.ids)  # bwrap runs as the range's root
+                staging.sweep()  # what a killed server left
             self._registry = Registry(
                 Config(
                     root=self.root_dir,
@@ -211,7 +215,14 @@ class LocalServer:
                     binary=self.execd_binary,
                     spare_containers=self.spare_containers,
                     refusal=self.refusal,
-                    images=ImageService(self.image_settings, self.isolated, self.execd_binary),
+                    images=ImageService(
+                        self.image_settings,
+                        self.isolated,
+                        self.execd_binary,
+                        owner=in_range(support.ids.uid, support.ids.gid, support.ids.count)
+                        if support.ids is not None and self.isolated
+                        else server_owned,
+                    ),
                 )
             )
             self._router = Router()

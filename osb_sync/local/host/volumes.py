@@ -114,6 +114,23 @@ def _mount_path(volume: dict[str, Any], protected: tuple[str, ...]) -> str:
     return path
 
 
+def _make_dirs(path: str) -> None:
+    """`os.makedirs`, each directory made given to the sandboxes' root (a root server's).
+
+    Sandbox root is the range's first host id (`identity.py`): it writes a pvc as its owner.
+    """
+    missing = []
+    head = path.rstrip("/")
+    while head and not os.path.isdir(head):
+        missing.append(head)
+        head = os.path.dirname(head)
+    os.makedirs(path, exist_ok=True)
+    ids = bwrap.probe().ids
+    if ids is not None and os.geteuid() == 0:
+        for made in missing:
+            os.chown(made, ids.uid, ids.gid, follow_symlinks=False)
+
+
 def _sub_path(volume: dict[str, Any], base: str, create: bool) -> str:
     """`base` joined with `subPath`, resolved, and still inside `base` (made when `create`)."""
     sub = volume.get("subPath")
@@ -124,7 +141,7 @@ def _sub_path(volume: dict[str, Any], base: str, create: bool) -> str:
     joined = os.path.join(base, sub)
     if create and _within(os.path.realpath(os.path.dirname(joined.rstrip("/"))), base):
         try:
-            os.makedirs(joined, exist_ok=True)
+            _make_dirs(joined)
         except OSError:
             pass  # e.g. a dangling symlink: refused below
     resolved = os.path.realpath(joined)
@@ -183,7 +200,8 @@ def _pvc_source(volume: dict[str, Any], volume_root: Path) -> str:
                 f"volume {claim!r} does not exist and createIfNotExists is false",
             )
         try:
-            os.makedirs(directory, exist_ok=True)
+            os.makedirs(root, exist_ok=True)  # the server's: only claims are the range's
+            _make_dirs(directory)
         except OSError as exc:
             raise error(
                 500, "VOLUME::CREATE_FAILED", f"volume {claim!r} could not be made: {exc}"

@@ -50,6 +50,20 @@ def server_owned(uid: int, gid: int) -> tuple[int, int] | None:
     return None
 
 
+def in_range(uid: int, gid: int, count: int) -> OwnerMap:
+    """Owners in the sandboxes' id range: the image's id N is the range's N (`identity`).
+
+    An id past the range is left to the server (the sandbox sees it as nobody).
+    """
+
+    def owner(image_uid: int, image_gid: int) -> tuple[int, int] | None:
+        if 0 <= image_uid < count and 0 <= image_gid < count:
+            return uid + image_uid, gid + image_gid
+        return None
+
+    return owner
+
+
 @dataclass(frozen=True)
 class Unpacked:
     """What an unpack gives: the image's config (the whole blob) and the bytes written."""
@@ -165,7 +179,7 @@ class _Writer:
         self.root = root
         self.owner = owner
         self.size = 0
-        self._dirs: dict[str, tuple[int, float]] = {}  # mode and mtime, set once all is in
+        self._dirs: dict[str, tuple[int, float, int, int]] = {}  # mode, mtime, uid, gid: set last
         self._real_dirs: set[str] = {""}
         self._this_layer: set[str] = set()
 
@@ -175,7 +189,7 @@ class _Writer:
             parts = _parts(member.name)
             if not parts:
                 if member.isdir():
-                    self._dirs[""] = (member.mode, member.mtime)
+                    self._dirs[""] = (member.mode, member.mtime, member.uid, member.gid)
                 continue
             self._parents(parts[:-1], member.name)
             base = parts[-1]
@@ -198,7 +212,7 @@ class _Writer:
                 self._remove(rel)
                 path.mkdir(mode=0o700)
             self._real_dirs.add(rel)
-            self._dirs[rel] = (member.mode, member.mtime)
+            self._dirs[rel] = (member.mode, member.mtime, member.uid, member.gid)
         else:
             self._remove(rel)
             if member.issym():
@@ -258,6 +272,7 @@ class _Writer:
             except FileNotFoundError:
                 path.mkdir(mode=0o755)
                 self._real_dirs.add(rel)
+                self._dirs.setdefault(rel, (0o755, 0.0, 0, 0))  # root's, as Docker makes it
                 continue
             if stat.S_ISLNK(mode):
                 raise UnpackError(f"layer member {name!r} would be written through the link {rel}")
@@ -287,12 +302,19 @@ class _Writer:
         self._real_dirs.add("")
 
     def finish(self) -> None:
-        """Set the directories' modes and times (deepest first), now that all is in them."""
-        for rel, (mode, mtime) in sorted(self._dirs.items(), key=lambda kv: -kv[0].count("/")):
+        """Set the directories' owners, modes and times (deepest first), now all is in them."""
+        self._dirs.setdefault("", (0o755, 0.0, 0, 0))  # the root is the image's root's
+        for rel, (mode, mtime, uid, gid) in sorted(
+            self._dirs.items(), key=lambda kv: -kv[0].count("/")
+        ):
             path = self.root / rel if rel else self.root
             if _is_dir(path):
+                mapped = self.owner(uid, gid)
+                if mapped is not None:
+                    os.chown(path, *mapped, follow_symlinks=False)
                 os.chmod(path, mode & 0o1777)
-                os.utime(path, (mtime, mtime), follow_symlinks=False)
+                if mtime:
+                    os.utime(path, (mtime, mtime), follow_symlinks=False)
 
 
 def _parts(name: str) -> list[str]:

@@ -1,0 +1,238 @@
+"""Who a sandbox's root is on the host: one unprivileged id range shared by every sandbox.
+
+Each sandbox's user namespace maps its ids 0-65535 to `COUNT` host ids starting at a range's
+first id, never the server's own uid and never host root (Docker's `userns-remap` does the
+same: one range for all containers; PID, mount and network namespaces keep them apart). So
+root in a sandbox is an unprivileged host user: a file it writes in a host volume belongs to
+uid `start` on the host, a setuid file it plants there is setuid to nobody of consequence.
+
+Where the range comes from:
+- a server running as root: the range `/etc/subuid` and `/etc/subgid` reserve for the system
+  user `USER` (`osb-sync`), made on first use with `useradd --system --add-subids-for-system`
+  (shadow's own locking and choice of a free range). The server writes the child's `uid_map`
+  and `gid_map` itself and starts bwrap as the range's first id: bwrap 0.8, started as uid 0,
+  refuses a map whose outside ids are not its own ("Value too large").
+- any other server: its own subordinate ids (`/etc/subuid` lines of its name or uid), written
+  by the setuid `newuidmap` and `newgidmap` (Debian's `uidmap` package).
+
+In both cases bwrap waits on `--userns-block-fd` until the map is written. Without a range of
+`COUNT` ids (or the helpers), sandboxes cannot be isolated: the server answers 503 (`bwrap.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pwd
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+USER = "osb-sync"
+COUNT = 65536
+SUBUID = Path("/etc/subuid")
+SUBGID = Path("/etc/subgid")
+HELPER_TIMEOUT = 20.0
+
+
+@dataclass(frozen=True)
+class IdRange:
+    """The host ids a sandbox's 0-65535 map to, and how the map is written.
+
+    `helpers` is None for a root server (it writes the maps itself), else the paths of
+    `newuidmap` and `newgidmap`.
+    """
+
+    uid: int
+    gid: int
+    count: int = COUNT
+    helpers: tuple[str, str] | None = None
+
+    @property
+    def uid_map(self) -> str:
+        """The `uid_map` line: inside 0, outside `uid`, `count` ids."""
+        return f"0 {self.uid} {self.count}\n"
+
+    @property
+    def gid_map(self) -> str:
+        """The `gid_map` line: inside 0, outside `gid`, `count` ids."""
+        return f"0 {self.gid} {self.count}\n"
+
+    def owns(self, host_id: int) -> bool:
+        """True when `host_id` is a uid of the range."""
+        return self.uid <= host_id < self.uid + self.count
+
+
+def ranges(text: str, names: tuple[str, ...]) -> list[tuple[int, int]]:
+    """The (start, count) ranges of a subuid/subgid file's `text` that `names` own, in order.
+
+    Malformed lines are skipped (the helpers skip them too).
+    """
+    found = []
+    for line in text.splitlines():
+        parts = line.strip().split(":")
+        if len(parts) != 3 or parts[0] not in names:
+            continue
+        try:
+            start, count = int(parts[1]), int(parts[2])
+        except ValueError:
+            continue
+        if start > 0 and count > 0:
+            found.append((start, count))
+    return found
+
+
+def pick(text: str, names: tuple[str, ...], avoid: int) -> int | None:
+    """The start of the first range of `names` in `text` with `COUNT` ids, none of them `avoid`."""
+    for start, count in ranges(text, names):
+        if count >= COUNT and not start <= avoid < start + COUNT:
+            return start
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _reserve() -> str:
+    """Make the system user `USER` with its own subordinate ids; "" or what went wrong."""
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    try:
+        done = subprocess.run(
+            [
+                useradd,
+                "--system",
+                "--add-subids-for-system",
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--comment",
+                "osb-sync sandboxes' root",
+                USER,
+            ],
+            capture_output=True,
+            timeout=HELPER_TIMEOUT,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"useradd could not run: {exc}"
+    if done.returncode != 0:
+        return done.stderr.decode(errors="replace").strip() or f"useradd exit {done.returncode}"
+    return ""
+
+
+def _root_range() -> IdRange | str:
+    names = (USER,)
+    uid, gid = pick(_read(SUBUID), names, 0), pick(_read(SUBGID), names, 0)
+    if uid is None or gid is None:
+        try:
+            pwd.getpwnam(USER)
+            known = True
+        except KeyError:
+            known = False
+        why = "" if known else _reserve()
+        uid, gid = pick(_read(SUBUID), names, 0), pick(_read(SUBGID), names, 0)
+        if uid is None or gid is None:
+            return (
+                f"no range of {COUNT} subordinate ids for the user {USER!r} in {SUBUID} and "
+                f"{SUBGID}{f' ({why})' if why else ''}; reserve one: usermod --add-subuids "
+                f"S-E --add-subgids S-E {USER} (E = S + {COUNT - 1}, a range no other user has)"
+            )
+    return IdRange(uid, gid)
+
+
+def _own_range(uid: int) -> IdRange | str:
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        names: tuple[str, ...] = (name, str(uid))
+    except KeyError:
+        name, names = str(uid), (str(uid),)
+    helpers = shutil.which("newuidmap"), shutil.which("newgidmap")
+    if helpers[0] is None or helpers[1] is None:
+        return (
+            "newuidmap and newgidmap are not installed (apt-get install uidmap): a server that "
+            "is not root maps sandboxes to its subordinate ids with them"
+        )
+    start_uid, start_gid = pick(_read(SUBUID), names, uid), pick(_read(SUBGID), names, uid)
+    if start_uid is None or start_gid is None:
+        return (
+            f"the user {name!r} has no range of {COUNT} subordinate ids in {SUBUID} and "
+            f"{SUBGID}: as root, usermod --add-subuids S-E --add-subgids S-E {name} "
+            f"(E = S + {COUNT - 1}), or start the server as root"
+        )
+    return IdRange(start_uid, start_gid, helpers=(helpers[0], helpers[1]))
+
+
+@functools.cache
+def host_range() -> IdRange | str:
+    """This server's id range (see the module docstring), or why there is none; once a process."""
+    uid = os.geteuid()
+    return _root_range() if uid == 0 else _own_range(uid)
+
+
+def admit(path: Path, ids: IdRange) -> None:
+    """Let the range's ids traverse the server's directory `path` (a root server only).
+
+    bwrap runs as the range's first id and binds the sandbox's directories from below `path`:
+    its group becomes the range's root group, with search permission (nothing else changes).
+    """
+    if ids.helpers is not None:
+        return
+    info = path.stat()
+    if info.st_gid != ids.gid:
+        os.chown(path, -1, ids.gid)
+    if not info.st_mode & 0o010:
+        path.chmod((info.st_mode & 0o7777) | 0o010)
+
+
+def give(path: Path, ids: IdRange) -> None:
+    """Make the server's new directory `path` the sandboxes' root's (a root server only)."""
+    if ids.helpers is None:
+        os.chown(path, ids.uid, ids.gid)
+
+
+def write_maps(pid: int, ids: IdRange) -> None:
+    """Map process `pid`'s (new) user namespace onto `ids`.
+
+    Raises:
+        OSError: the kernel or a helper refused the map.
+    """
+    if ids.helpers is None:
+        with open(f"/proc/{pid}/uid_map", "w") as out:
+            out.write(ids.uid_map)
+        with open(f"/proc/{pid}/gid_map", "w") as out:
+            out.write(ids.gid_map)
+        return
+    for helper, line in zip(ids.helpers, (ids.uid_map, ids.gid_map), strict=True):
+        try:
+            done = subprocess.run(
+                [helper, str(pid), *line.split()],
+                capture_output=True,
+                timeout=HELPER_TIMEOUT,
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise OSError(f"{helper} could not run: {exc}") from None
+        if done.returncode != 0:
+            why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+            raise OSError(f"{os.path.basename(helper)} refused the map: {why}")
+
+
+def passwd_file(home: str) -> bytes:
+    """The sandbox's `/etc/passwd`: root (whose home is `home`), and nobody (65534) as Debian's."""
+    return (
+        f"root:x:0:0:root:{home}:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    ).encode()
+
+
+def group_file() -> bytes:
+    """The sandbox's `/etc/group`: root, and nogroup (65534) as in Debian."""
+    return b"root:x:0:\nnogroup:x:65534:\n"

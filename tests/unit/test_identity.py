@@ -1,0 +1,91 @@
+"""The sandboxes' id range (issue 22, item 1): /etc/subuid parsing, the maps, staged binds."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from osb_sync.local.host import bwrap, identity
+
+SUBUID = """\
+alice:100000:65536
+osb-sync:165536:65536
+bob:231072:1000
+broken line
+osb-sync:x:65536
+1000:300000:65536
+"""
+
+
+def test_ranges_of_a_user_in_file_order_skipping_malformed_lines() -> None:
+    assert identity.ranges(SUBUID, ("osb-sync",)) == [(165536, 65536)]
+    assert identity.ranges(SUBUID, ("carol", "1000")) == [(300000, 65536)]
+
+
+def test_pick_needs_65536_ids_and_never_the_servers_own_uid() -> None:
+    assert identity.pick(SUBUID, ("osb-sync",), 0) == 165536
+    assert identity.pick(SUBUID, ("bob",), 0) is None  # 1000 ids: too few
+    assert identity.pick(SUBUID, ("alice",), 100005) is None  # would map the server's uid
+    assert identity.pick("root:0:65536\n", ("root",), 1000) is None  # never host root
+
+
+def test_maps_are_one_line_from_inside_zero() -> None:
+    ids = identity.IdRange(165536, 170000)
+    assert (ids.uid_map, ids.gid_map) == ("0 165536 65536\n", "0 170000 65536\n")
+    assert ids.owns(165536) and ids.owns(231071) and not ids.owns(231072)
+
+
+def test_passwd_and_group_hold_root_nobody_and_nogroup() -> None:
+    users = [line.split(":")[:4] for line in identity.passwd_file("/home/x").decode().split()]
+    assert users == [["root", "x", "0", "0"], ["nobody", "x", "65534", "65534"]]
+    assert identity.group_file() == b"root:x:0:\nnogroup:x:65534:\n"
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A directory every user may reach (pytest's own tmp_path is below a mode-700 one)."""
+    path = Path(tempfile.mkdtemp(prefix="osb-identity-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_staged_replaces_only_sources_the_range_cannot_reach(open_tmp: Path) -> None:
+    tmp_path = open_tmp
+    hidden = tmp_path / "hidden"
+    (hidden / "tree").mkdir(parents=True)
+    hidden.chmod(0o700)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    staged: list[tuple[str, bool]] = []
+
+    def stage(source: str, read_only: bool) -> str:
+        staged.append((source, read_only))
+        return "/staged"
+
+    options = [
+        "--ro-bind", str(hidden / "tree"), "/a",
+        "--bind", str(open_dir), "/b",
+        "--ro-bind-try", str(hidden / "missing"), "/c",
+        "--tmpfs", "/d",
+    ]  # fmt: skip
+    assert not bwrap.reachable(str(hidden / "tree")) and bwrap.reachable(str(open_dir))
+    assert bwrap.staged(options, stage) == [
+        "--ro-bind", "/staged", "/a",
+        "--bind", str(open_dir), "/b",
+        "--ro-bind-try", str(hidden / "missing"), "/c",
+        "--tmpfs", "/d",
+    ]  # fmt: skip
+    assert staged == [(str(hidden / "tree"), True)]
+
+
+def test_identity_options_block_until_mapped_and_add_dockers_capabilities() -> None:
+    args = bwrap.identity_options(7, 8, 9)
+    assert args[:6] == ["--userns-block-fd", "7", "--uid", "0", "--gid", "0"]
+    added = [args[i + 1] for i, a in enumerate(args) if a == "--cap-add"]
+    assert len(added) == 14 and "CAP_SYS_ADMIN" not in added and "CAP_NET_RAW" in added
+    assert args[args.index("--cap-drop") + 1] == "ALL"
