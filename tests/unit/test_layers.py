@@ -43,7 +43,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "osb_sync"
 MAX_LINES = 800
 # module -> why it is one idea although longer than MAX_LINES
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "_pool": "SandboxPool and the lenders that live in this process (its own idle queue, a "
+    "server's pool) share its checks and errors; a server-pool lender apart would import the "
+    "facade that constructs it (a cycle). The Redis store, which needs none of that, is apart.",
+}
 CLIENT_MODULES = {"_client"}
 CONSUMERS = {
     "__init__", "__main__", "_functions", "_provider", "_pool",

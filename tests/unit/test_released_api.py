@@ -534,3 +534,17 @@ def test_a_runtime_that_refuses_signed_endpoints(
     with pytest.raises(ApiError) as plain:  # another 400 stays an ApiError
         client.get_endpoint(SID, 8080, expires=int(time.time()) + 60)
     assert not isinstance(plain.value, NotSupportedError)
+
+
+def test_a_server_pool_on_a_server_without_pools_names_the_fix(
+    client: Client, rsps: responses.RequestsMock
+) -> None:
+    rsps.get(
+        f"{API}/pools/warm",
+        status=501,
+        json={"code": "SANDBOX::API_NOT_SUPPORTED", "message": "Pool management is not supported"},
+    )
+    rsps.get(f"{ROOT}/version", json={"version": "1.1.1"})
+    with pytest.raises(ConfigurationError, match=r"keeps no pools.*drop server_pool") as info:
+        osb_sync.SandboxPool(client, server_pool="warm")
+    assert isinstance(info.value.__cause__, NotSupportedError)
