@@ -73,7 +73,7 @@ def test_diagnostics_tell_what_happened(client: Client) -> None:
     sandbox.resume()
     events = sandbox.diagnostics.events().content or ""
     assert [line.split(" ", 1)[1].split(":")[0] for line in events.splitlines()][:4] == [
-        "created from image python", "started", "paused", "resumed",
+        "created from image opensandbox/code-interpreter", "started", "paused", "resumed",
     ]  # fmt: skip
     scoped = sandbox.diagnostics.events("lifecycle")
     assert scoped.scope == "lifecycle" and "paused" in (scoped.content or "")
@@ -92,8 +92,8 @@ def test_expiry_is_in_the_events(client: Client, local: LocalServer) -> None:
     with requests.Session() as http:
         created = http.post(
             f"{local.api_base}/sandboxes",
-            json={"image": {"uri": "x"}, "entrypoint": ["/bin/sh"], "resourceLimits": {},
-                  "timeout": 1},
+            json={"image": {"uri": DEFAULT_TEMPLATE}, "entrypoint": ["/bin/sh"],
+                  "resourceLimits": {}, "timeout": 1},
         )  # fmt: skip
     sandbox_id = created.json()["id"]
     sandbox = client.connect(sandbox_id, health_check=False)
