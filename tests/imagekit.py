@@ -8,6 +8,7 @@ htpasswd basic auth. Built images are cached under `$XDG_CACHE_HOME/osb-sync-tes
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import hashlib
 import io
@@ -182,7 +183,16 @@ def bullseye_tar() -> Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial.tar")
+    # tox's parallel envs may all get here at once: one builds, the others wait for it
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            _build_bullseye(target)
+    return target
+
+
+def _build_bullseye(target: Path) -> None:
+    partial = target.with_suffix(f".partial-{os.getpid()}.tar")
     subprocess.run(
         [
             "mmdebstrap",
@@ -199,7 +209,6 @@ def bullseye_tar() -> Path:
         timeout=300,
     )
     partial.rename(target)
-    return target
 
 
 def free_port() -> int:
