@@ -45,6 +45,10 @@ class Outcome:
         return f"round {self.round} copy {self.copy}: {status}, {counts} in {took}"
 
 
+def copies_of(n: int) -> str:
+    return f"{n} cop{'y' if n == 1 else 'ies'}"
+
+
 def failed_tests(junit: Path) -> tuple[str, ...]:
     """The ids of the tests that failed or errored in a junit file."""
     names = []
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["git", "clone", "--quiet", str(run.ROOT), str(clone)], check=True)
         (clone / "tmp").mkdir(exist_ok=True)
         copies.append(clone)
-    run.say(f"building {args.env} in {len(copies)} clones of {run.ROOT} (not timed)")
+    run.say(f"building {args.env} in {copies_of(len(copies))} of {run.ROOT} (not timed)")
     for clone in copies:
         built = subprocess.run(
             [*tox, "run", "-e", args.env, "--notest"],
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     for round_number in range(1, args.rounds + 1):
         logs = work / f"round-{round_number}"
         logs.mkdir(exist_ok=True)
-        run.say(f"round {round_number}: {len(copies)} copies of {args.env} at once")
+        run.say(f"round {round_number}: {args.env} in {copies_of(len(copies))} at once")
         started, running = time.monotonic(), []
         for number, clone in enumerate(copies, 1):
             shutil.rmtree(clone / "tmp", ignore_errors=True)
@@ -136,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                     finished(round_number, number, clone, proc.returncode, started, logs, args.env)
                 )
                 print(outcomes[-1].line(), flush=True)
-    print(f"\nFlake hunt: {args.env}, {args.copies} copies at once, {args.rounds} rounds")
+    rounds = f"{args.rounds} round" + ("s" if args.rounds != 1 else "")
+    print(f"\nFlake hunt: {args.env} in {copies_of(args.copies)} at once, {rounds} in a row")
     for outcome in sorted(outcomes, key=lambda o: (o.round, o.copy)):
         print(outcome.line())
         for name in outcome.failures:

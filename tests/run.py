@@ -244,7 +244,7 @@ def summary(
 
 
 def say(message: str) -> None:
-    print(f"tests/run.py: {message}", flush=True)
+    print(f"{Path(sys.argv[0]).name}: {message}", flush=True)
 
 
 def truthy(value: str | None) -> bool:
@@ -424,7 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     command = [*tox, "run-parallel", "--parallel-no-spinner", "--result-json", str(RESULTS)]
     command += ["--skip-missing-interpreters", "false" if ci else "true", "-e", ",".join(order)]
     say("tox " + " ".join(command[len(tox) :]))
-    code = subprocess.run(command, env=env, cwd=ROOT, check=False).returncode
+    # unbuffered: a log (CI's) gets each env's line when it ends, not in blocks
+    code = subprocess.run(
+        command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=ROOT, check=False
+    ).returncode
     if not RESULTS.is_file():
         say(f"tox wrote no results (exit status {code})")
         return code or 1
