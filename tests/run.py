@@ -31,6 +31,7 @@ did not fully run. Under ``CI=true`` any other skip fails the command.
 from __future__ import annotations
 
 import argparse
+import ast
 import configparser
 import importlib.util
 import json
@@ -90,7 +91,7 @@ BY_DESIGN = (
         re.compile(r"^could not import '(?P<module>flask|django|deepagents_code)'"),
     ),
     ByDesign("tests of our own execd's behaviour", re.compile(r"^our execd only: ")),
-    ByDesign("TOML blocks on Python 3.10 (no tomllib)", re.compile(r"needs Python 3\.11$")),
+    ByDesign("TOML checks on Python 3.10, which lacks tomllib", re.compile(r"needs Python 3\.11$")),
 )
 
 
@@ -132,10 +133,23 @@ def read_junit(path: Path) -> tuple[int, int, list[str]]:
         if "failure" in kinds or "error" in kinds:
             failed += 1
         elif "skipped" in kinds:
-            skips.append(kinds["skipped"].get("message", "").strip() or "(no reason given)")
+            skips.append(skip_reason(kinds["skipped"]))
         else:
             passed += 1
     return passed, failed, skips
+
+
+def skip_reason(skipped: ET.Element) -> str:
+    """The reason of a junit ``<skipped>``; a module skipped at collection (``importorskip``)
+    has it in its text, as ``('path', line, 'Skipped: reason')``."""
+    message = (skipped.get("message") or "").strip()
+    if message == "collection skipped":
+        try:
+            _, _, text = ast.literal_eval((skipped.text or "").strip())
+            return str(text).removeprefix("Skipped: ").strip()
+        except (ValueError, SyntaxError, TypeError):
+            return (skipped.text or message).strip()
+    return message or "(no reason given)"
 
 
 def env_reports(order: list[str], results: dict[str, Any], work_dir: Path) -> list[EnvReport]:
@@ -205,17 +219,17 @@ def summary(
 ) -> list[str]:
     """The closing lines: one per env, one per suite that did not fully run, the total."""
     rows = [env_line(r, descriptions or {}) for r in reports]
-    widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
+    widths = [max((len(row[i]) for row in rows), default=0) for i in range(4)]
     lines = ["", "Summary (one line per tox env):"]
     for name, status, what, took in rows:
-        columns = [name.ljust(widths[0]), status.ljust(widths[1]), what.ljust(widths[2]), took]
+        columns = [name.ljust(widths[0]), status.ljust(widths[1]), took.rjust(widths[3]), what]
         lines.append("  ".join(columns).rstrip())
     designed: Counter[str] = Counter()
     for report in reports:
         designed.update(report.by_design())
     if designed:
         lines.append(
-            "Skipped by design: " + ", ".join(f"{n} {label}" for label, n in designed.items())
+            "Skipped by design: " + ", ".join(f"{label} ({n})" for label, n in designed.items())
         )
     not_run = [line for r in reports if (line := not_run_line(r))]
     if not_run:

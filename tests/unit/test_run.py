@@ -43,7 +43,9 @@ def test_error(broken):
 @pytest.fixture
 def junit(pytester: pytest.Pytester) -> Path:
     """A junit file that pytest itself wrote for SUITE."""
-    pytester.makepyfile(test_suite=SUITE)
+    pytester.makepyfile(
+        test_suite=SUITE, test_missing="import pytest\npytest.importorskip('osb_no_such')\n"
+    )
     path = pytester.path / "junit.xml"
     pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={path}")
     return path
@@ -53,6 +55,7 @@ def test_counts_and_skip_reasons_come_from_pytests_junit_file(junit: Path) -> No
     passed, failed, skips = run.read_junit(junit)
     assert (passed, failed) == (1, 2)  # a failure and an error in setup
     assert sorted(skips) == [
+        "could not import 'osb_no_such': No module named 'osb_no_such'",  # a whole module
         "our execd only: a behaviour of ours",
         "run-execd not found beside the repository (set OSB_REAL_EXECD_DIR)",
         "sandboxes cannot be isolated here: bubblewrap is not installed",
@@ -82,7 +85,7 @@ def test_env_reports_read_each_envs_junit_file_and_toxs_results(
     realexecd = reports[0]
     assert (realexecd.passed, realexecd.failed, realexecd.seconds) == (1, 2, 75.2)
     assert realexecd.by_design() == {"tests of our own execd's behaviour": 1}
-    assert sum(realexecd.not_run().values()) == 3
+    assert sum(realexecd.not_run().values()) == 4
 
 
 @pytest.mark.parametrize(
@@ -106,7 +109,11 @@ def test_env_reports_read_each_envs_junit_file_and_toxs_results(
         ),
         ("flask", "could not import 'flask': No module named 'flask'", None),  # its own env
         ("deepagents", "could not import 'deepagents_code': No module named 'x'", None),
-        ("py310", "parsing TOML needs Python 3.11", "TOML blocks on Python 3.10 (no tomllib)"),
+        (
+            "py310",
+            "parsing TOML needs Python 3.11",
+            "TOML checks on Python 3.10, which lacks tomllib",
+        ),
         ("py311", "sandboxes cannot be isolated here: bwrap cannot create namespaces", None),
         ("py311", "slirp4netns is not installed (apt-get install slirp4netns)", None),
     ],
@@ -133,13 +140,13 @@ def test_the_summary_names_each_suite_that_did_not_fully_run_and_ends_with_the_t
     ]
     lines = run.summary(reports, ["bubblewrap"], ci=False, descriptions={"type": "mypy"})
     assert lines[2:6] == [
-        "py311        OK    900 passed, 0 failed, 3 skipped (2 by design)  3 min 21 s",
-        "type         OK    mypy                                           3 min 21 s",
-        "conformance  OK    0 passed, 0 failed, 25 skipped                 3 min 21 s",
-        "py313        SKIP  not run: no python3.13 interpreter found",
+        "py311        OK    3 min 21 s  900 passed, 0 failed, 3 skipped (2 by design)",
+        "type         OK    3 min 21 s  mypy",
+        "conformance  OK    3 min 21 s  0 passed, 0 failed, 25 skipped",
+        "py313        SKIP              not run: no python3.13 interpreter found",
     ]
     assert lines[6:] == [
-        "Skipped by design: 2 fault-matrix cells that do not apply",
+        "Skipped by design: fault-matrix cells that do not apply (2)",
         "Did not fully run:",
         "  py311: 1 skipped: no cgroup",
         "  conformance: 25 skipped: run-execd not found (set X)",
