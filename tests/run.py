@@ -64,6 +64,7 @@ DEBIAN_PACKAGES = {"bwrap": "bubblewrap", "slirp4netns": "slirp4netns", "curl": 
 EXECD_DIR_ENV = "OSB_REAL_EXECD_DIR"
 JUPYTER_VENV_ENV = "OSB_EXECD_JUPYTER_VENV"
 REASONS_SHOWN = 4  # per suite; the rest are counted, and listed in its junit file
+REASON_CHARS = 160
 # The envs whose own purpose is a module that other envs lack.
 OWN_ENV = {"flask": "flask", "django": "django", "deepagents_code": "deepagents"}
 
@@ -204,11 +205,17 @@ def not_run_line(report: EnvReport) -> str | None:
     missing = report.not_run()
     if not missing:
         return None
-    groups = [f"{n} skipped: {reason}" for reason, n in missing.most_common(REASONS_SHOWN)]
+    groups = [f"{n} skipped: {cut(why)}" for why, n in missing.most_common(REASONS_SHOWN)]
     rest = sum(missing.values()) - sum(n for _, n in missing.most_common(REASONS_SHOWN))
     if rest:
         groups.append(f"{rest} more skipped ({TOX_WORK_DIR.name}/{report.name}/{JUNIT})")
-    return f"{report.name}: " + "; ".join(groups)
+    return f"{report.name}: " + " | ".join(groups)
+
+
+def cut(reason: str) -> str:
+    """A skip reason on one line, at most REASON_CHARS long."""
+    reason = " ".join(reason.split())
+    return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 3] + "..."
 
 
 def summary(

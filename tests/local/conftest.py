@@ -132,6 +132,14 @@ def local() -> Iterator[LocalServer]:
         yield srv
 
 
+@pytest.fixture
+def client_server() -> Iterator[LocalServer]:
+    """A server for `osb_sync.Client` sandboxes: it accepts their default deny-all policy also
+    where it cannot enforce it (without bubblewrap), as the client suites' servers do."""
+    with LocalServer(command_grace=0, unenforced_network_policy="accept") as srv:
+        yield srv
+
+
 def require_isolation() -> None:
     """Skip the test where sandboxes cannot be isolated (fail under OSB_REQUIRE_ISOLATION=1)."""
     problem = probe().problem

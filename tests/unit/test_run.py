@@ -170,9 +170,16 @@ def test_many_skip_reasons_are_cut_to_the_commonest() -> None:
     skips = [f"reason {n}" for n in range(6) for _ in range(n + 1)]
     line = run.not_run_line(report("py310", has_tests=True, skips=skips))
     assert line == (
-        "py310: 6 skipped: reason 5; 5 skipped: reason 4; 4 skipped: reason 3; "
-        "3 skipped: reason 2; 3 more skipped (.tox/py310/tmp/junit.xml)"
+        "py310: 6 skipped: reason 5 | 5 skipped: reason 4 | 4 skipped: reason 3 | "
+        "3 skipped: reason 2 | 3 more skipped (.tox/py310/tmp/junit.xml)"
     )
+
+
+def test_a_long_reason_is_cut_to_one_short_line() -> None:
+    line = run.not_run_line(report("py311", has_tests=True, skips=["why\n" + "x" * 300]))
+    assert line is not None and "\n" not in line
+    assert line.startswith("py311: 1 skipped: why xxx") and line.endswith("x...")
+    assert len(line) == len("py311: 1 skipped: ") + run.REASON_CHARS
 
 
 def test_pyenv_versions_prefer_cis_and_else_the_newest_patch(
