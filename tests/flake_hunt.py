@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     run.say(f"work folder: {work}")
     env = dict(os.environ)
-    if "PYENV_VERSION" not in env and (versions := run.pyenv_version()):
+    if versions := run.pyenv_version(env.get("PYENV_VERSION")):
         env["PYENV_VERSION"] = versions
     if (folder := run.real_execd_dir()) is not None:
         env.setdefault(run.EXECD_DIR_ENV, str(folder.resolve()))  # the clones have no ../shared

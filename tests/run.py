@@ -7,8 +7,8 @@ Standard library only, so it runs before anything is installed. In order, it:
 - installs tox into this interpreter when it lacks it (into a venv under
   ``$XDG_CACHE_HOME/osb-sync/tox`` where the interpreter refuses packages); tox installs the
   package and its test extras into each env;
-- sets ``PYENV_VERSION`` to the Python 3.11, 3.10, 3.12 and 3.13 that pyenv has (CI's:
-  ``3.11.7:3.10.13:3.12.1:3.13.0``) when pyenv is on ``PATH`` and the variable is not set;
+- where pyenv is on ``PATH``, adds to ``PYENV_VERSION`` the Python 3.11, 3.10, 3.12 and 3.13
+  it has and the variable lacks (CI's: ``3.11.7:3.10.13:3.12.1:3.13.0``);
 - under ``CI=true``: installs the Debian packages the isolation and real-execd suites need
   (``DEBIAN_PACKAGES``) with apt-get, sets ``OSB_REQUIRE_ISOLATION=1`` and
   ``OSB_REQUIRE_REAL_EXECD=1`` (a suite that cannot run fails instead of skipping), and a
@@ -293,22 +293,30 @@ def ensure_tox() -> list[str]:
     return [str(python), "-m", "tox"]
 
 
-def pyenv_version() -> str | None:
-    """The PYENV_VERSION that puts each wanted minor version on PATH, or None without pyenv."""
+def pyenv_version(current: str | None) -> str | None:
+    """A PYENV_VERSION that puts each wanted minor version on PATH, or None when `current`
+    (the variable as it is) does already, or there is no pyenv.
+
+    `current`'s versions stay first: pyenv's shim sets the variable to the one version it ran
+    (``3.11.7``) even where nobody set it, so it cannot tell that nobody did.
+    """
     if shutil.which("pyenv") is None:
         return None
     listed = subprocess.run(
         ["pyenv", "versions", "--bare"], capture_output=True, text=True, check=False
     ).stdout.split()
-    chosen = []
+    kept = [v for v in (current or "").split(":") if v]
+    added = []
     for wanted in PYENV_WANTED:
         minor = wanted.rsplit(".", 1)[0]
+        if any(re.fullmatch(rf"{re.escape(minor)}(\.\d+)?", v) for v in kept):
+            continue
         same = [v for v in listed if re.fullmatch(rf"{re.escape(minor)}\.\d+", v)]
         if wanted in same:
-            chosen.append(wanted)
+            added.append(wanted)
         elif same:
-            chosen.append(max(same, key=lambda v: int(v.rsplit(".", 1)[1])))
-    return ":".join(chosen) or None
+            added.append(max(same, key=lambda v: int(v.rsplit(".", 1)[1])))
+    return ":".join(kept + added) if added else None
 
 
 def missing_debian_packages() -> list[str]:
@@ -416,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     ci = truthy(os.environ.get("CI"))
     env = dict(os.environ)
-    if "PYENV_VERSION" not in env and (versions := pyenv_version()):
+    if versions := pyenv_version(env.get("PYENV_VERSION")):
         env["PYENV_VERSION"] = versions
         say(f"PYENV_VERSION={versions}")
     tox = ensure_tox()

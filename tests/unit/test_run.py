@@ -190,4 +190,13 @@ def test_pyenv_versions_prefer_cis_and_else_the_newest_patch(
     monkeypatch.setattr(
         run.subprocess, "run", lambda *a, **k: run.subprocess.CompletedProcess(a, 0, listed)
     )
-    assert run.pyenv_version() == "3.11.7:3.10.13:3.12.10"  # no 3.13: tox reports it missing
+    assert run.pyenv_version(None) == "3.11.7:3.10.13:3.12.10"  # no 3.13: tox says it is missing
+    # what pyenv's shim sets when nobody set the variable: the others are added after it
+    assert run.pyenv_version("3.11.7") == "3.11.7:3.10.13:3.12.10"
+    assert run.pyenv_version("3.12.0:3.11.7") == "3.12.0:3.11.7:3.10.13"
+    assert run.pyenv_version("3.11.7:3.10.2:3.12.0") is None  # nothing to add
+
+
+def test_pyenv_is_left_alone_where_there_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run.shutil, "which", lambda name: None)
+    assert run.pyenv_version(None) is None
