@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from osb_sync.local.bwrap import probe
 
 import osb_sync
 from osb_sync.local import LocalServer
@@ -292,6 +293,23 @@ def check_toml(block: Block) -> None:
 
 
 BLOCKS = all_blocks()
+# A block that starts a LocalServer() of its own creates sandboxes with the client's default,
+# deny-all, policy, which that server refuses where it cannot isolate them.
+OWN_SERVER = re.compile(r"\bLocalServer\(\)")
+
+
+def require_isolation() -> None:
+    """Skip where sandboxes cannot be isolated (fail under OSB_REQUIRE_ISOLATION=1)."""
+    problem = probe().problem
+    if not problem:
+        return
+    reason = (
+        f"sandboxes cannot be isolated here: {problem} (a block with a LocalServer() of its "
+        "own, whose deny-all sandboxes it then refuses)"
+    )
+    if os.environ.get("OSB_REQUIRE_ISOLATION") == "1":
+        pytest.fail(f"OSB_REQUIRE_ISOLATION=1 but {reason}")
+    pytest.skip(reason)
 
 
 # slow: plain pytest leaves these out (about 11 s); the tox interpreter envs, and so CI, run them
@@ -301,6 +319,8 @@ def test_block(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> 
     if block.skip is not None:
         pytest.skip(f"{block.name} marked: {block.skip}")
     kind = kind_of(block)
+    if kind == "python" and OWN_SERVER.search(block.code):
+        require_isolation()
     if kind == "toml":
         check_toml(block)
         return

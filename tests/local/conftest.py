@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +40,30 @@ def alive(pid: int) -> bool:
             return stat.read().rpartition(")")[2].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def host_pids_with(marker: str) -> list[int]:
+    """The host pids whose command line holds `marker`, read from the host's /proc.
+
+    How a test finds a sandbox's processes: a pid printed inside a sandbox numbers its own PID
+    namespace, and the same number on the host is any process (a kernel thread, say).
+    """
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    if marker.encode() in cmdline.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def sleep_marker(seconds: int) -> str:
+    """A `sleep` argument of about `seconds` that no other process has (`602.0417395`): the
+    test suite may run in several copies at once on one host."""
+    return f"{seconds}.{secrets.randbelow(10**7):07d}"
 
 
 def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
@@ -107,6 +132,14 @@ def local() -> Iterator[LocalServer]:
         yield srv
 
 
+@pytest.fixture
+def client_server() -> Iterator[LocalServer]:
+    """A server for `osb_sync.Client` sandboxes: it accepts their default deny-all policy also
+    where it cannot enforce it (without bubblewrap), as the client suites' servers do."""
+    with LocalServer(command_grace=0, unenforced_network_policy="accept") as srv:
+        yield srv
+
+
 def require_isolation() -> None:
     """Skip the test where sandboxes cannot be isolated (fail under OSB_REQUIRE_ISOLATION=1)."""
     problem = probe().problem
@@ -114,6 +147,16 @@ def require_isolation() -> None:
         if REQUIRE_ISOLATION:
             pytest.fail(f"OSB_REQUIRE_ISOLATION=1 but sandboxes cannot be isolated: {problem}")
         pytest.skip(f"sandboxes cannot be isolated here: {problem}")
+
+
+def require_slirp() -> None:
+    """Skip the test where sandboxes get no network through slirp4netns (fail under
+    OSB_REQUIRE_ISOLATION=1)."""
+    if probe().slirp is None:
+        reason = "slirp4netns is not installed (apt-get install slirp4netns)"
+        if REQUIRE_ISOLATION:
+            pytest.fail(f"OSB_REQUIRE_ISOLATION=1 but {reason}")
+        pytest.skip(reason)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import host_pids_with
 
 from osb_sync import OpenSandboxError, Sandbox
 from osb_sync.local import LocalServer
@@ -238,20 +239,6 @@ def host_process(marker: str) -> Iterator[subprocess.Popen[bytes]]:
     finally:
         proc.kill()
         proc.wait()
-
-
-def host_pids_with(marker: str) -> list[int]:
-    """Host pids whose command line contains `marker`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    if marker.encode() in cmdline.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def kill_host_processes_with(marker: str) -> None:

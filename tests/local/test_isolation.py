@@ -21,14 +21,13 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import wait_for
+from conftest import host_pids_with, wait_for
 from isolation_probes import (
     ESCAPES,
     LISTENER,
     assert_all_failed,
     canary_file,
     host_listener,
-    host_pids_with,
     host_process,
     host_text,
     isolating_server,

@@ -303,7 +303,7 @@ def test_unknown_execd_route(box: Box) -> None:
 
 
 def test_a_session_is_free_as_soon_as_its_run_reported_its_end(
-    local: LocalServer, monkeypatch: pytest.MonkeyPatch
+    client_server: LocalServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The client sends the next run the moment it reads the terminal event: a server thread
     # that lingers after writing that event must not hold the session any more.
@@ -315,7 +315,7 @@ def test_a_session_is_free_as_soon_as_its_run_reported_its_end(
             time.sleep(0.5)
 
     monkeypatch.setattr(EventStream, "event", linger_after_the_end)
-    with Client(local.api_base) as client, client.create_sandbox() as sandbox:
+    with Client(client_server.api_base) as client, client.create_sandbox() as sandbox:
         with sandbox.commands.session() as session:
             results = [session.run("echo x") for _ in range(3)]
     assert [(r.exit_code, r.error) for r in results] == [(0, None)] * 3
@@ -332,8 +332,10 @@ class R:
 """
 
 
-def test_results_carry_rich_forms_and_input_is_refused_as_by_a_kernel(local: LocalServer) -> None:
-    with Client(local.api_base) as client, client.create_sandbox() as sandbox:
+def test_results_carry_rich_forms_and_input_is_refused_as_by_a_kernel(
+    client_server: LocalServer,
+) -> None:
+    with Client(client_server.api_base) as client, client.create_sandbox() as sandbox:
         rich = sandbox.run_code(RICH + "R()")
         a_class = sandbox.run_code("R")
         asked = sandbox.run_code("input()")

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, alive, wait_for
-from isolation_probes import host_pids_with
+from conftest import CREATE_BODY, Box, host_pids_with, sleep_marker, wait_for
 
 from osb_sync.local import LocalServer
 
@@ -258,16 +257,15 @@ def test_patch_metadata(local: LocalServer, http: requests.Session) -> None:
 
 
 def test_ttl_expiry_reaps_sandbox(local: LocalServer, http: requests.Session) -> None:
-    box = Box(local, http, {**CREATE_BODY, "timeout": 1})
-    # found by a unique argument: a pid read inside the sandbox's PID namespace names another
-    # process (or none) on the host
-    seconds = f"30.{uuid.uuid4().int % 10**9}"
-    box.command(f"sleep {seconds} >/dev/null 2>&1 &")
-    assert wait_for(lambda: host_pids_with(f"sleep\0{seconds}"))
-    pids = host_pids_with(f"sleep\0{seconds}")
+    box = Box(local, http, {**CREATE_BODY, "timeout": 3})  # 3 s: time to see the sleeper
+    # Found from the host by its command line: `echo $!` would print its pid in the sandbox's
+    # PID namespace, which on the host numbers some other process.
+    marker = sleep_marker(30)
+    box.command(f"sleep {marker} >/dev/null 2>&1 &")
+    assert wait_for(lambda: host_pids_with(marker))
     url = f"{local.api_base}/sandboxes/{box.id}"
-    assert wait_for(lambda: http.get(url).status_code == 404, timeout=5)
-    assert wait_for(lambda: not [pid for pid in pids if alive(pid)])
+    assert wait_for(lambda: http.get(url).status_code == 404, timeout=10)
+    assert wait_for(lambda: not host_pids_with(marker))
     assert not os.path.exists(box.dir)
 
 

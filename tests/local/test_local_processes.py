@@ -15,7 +15,17 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, require_isolation, texts, wait_for
+from conftest import (
+    CREATE_BODY,
+    Box,
+    host_pids_with,
+    require_isolation,
+    require_slirp,
+    sleep_marker,
+    texts,
+    wait_for,
+)
+from isolation_probes import unique
 from rawhttp import exchange, read_answer, request
 
 from osb_sync.local import LocalServer
@@ -34,27 +44,14 @@ def free_port() -> int:
     return port
 
 
-def marked(marker: str) -> list[int]:
-    """The host pids whose command line holds `marker`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                if entry.isdigit() and marker.encode() in cmdline.read():
-                    found.append(int(entry))
-        except OSError:
-            pass
-    return found
-
-
 def running(marker: str) -> bool:
     """True while a host process has `marker` in its command line (seen from the host)."""
-    return bool(marked(marker))
+    return bool(host_pids_with(marker))
 
 
-def start_sleepers(box: Box, tag: int) -> list[str]:
+def start_sleepers(box: Box) -> list[str]:
     """Start sleepers that escape their process group in every usual way; their markers."""
-    markers = [f"60{tag}.{n}" for n in range(5)]
+    markers = [sleep_marker(600) for _ in range(5)]
     escapes = [
         f"sleep {markers[0]} &",
         f"setsid sleep {markers[1]} &",
@@ -69,7 +66,7 @@ def start_sleepers(box: Box, tag: int) -> list[str]:
 
 
 def test_delete_kills_every_process(box: Box, http: requests.Session) -> None:
-    markers = start_sleepers(box, 1)
+    markers = start_sleepers(box)
     bg = box.command(f"sleep {markers[0]}1", background=True)[0]["text"]
     assert box.call("GET", f"/command/status/{bg}").json()["running"]
     assert http.delete(f"{box.server.api_base}/sandboxes/{box.id}").status_code == 204
@@ -77,7 +74,7 @@ def test_delete_kills_every_process(box: Box, http: requests.Session) -> None:
         assert wait_for(lambda: not any(running(m) for m in markers))
     else:  # without a PID namespace only the sandbox's own process groups die
         assert wait_for(lambda: not running(markers[0]))
-        for pid in [pid for marker in markers for pid in marked(marker)]:
+        for pid in [pid for marker in markers for pid in host_pids_with(marker)]:
             os.kill(pid, signal.SIGKILL)  # the escaped ones, which we started
     assert not os.path.exists(box.dir)
 
@@ -85,12 +82,13 @@ def test_delete_kills_every_process(box: Box, http: requests.Session) -> None:
 def test_stop_kills_everything_and_is_idempotent(make_box: Any) -> None:
     server = LocalServer(ping_interval=0.2, command_grace=0).start()
     box = make_box(server)
-    box.command("sleep 602.5 &", background=False)
-    assert wait_for(lambda: running("602.5"))
+    marker = sleep_marker(602)
+    box.command(f"sleep {marker} &", background=False)
+    assert wait_for(lambda: running(marker))
     root = server.root_dir
     server.stop()
     server.stop()
-    assert wait_for(lambda: not running("602.5"))
+    assert wait_for(lambda: not running(marker))
     assert root is not None and not root.exists()
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{server.base_url}/health", timeout=2)
@@ -244,7 +242,7 @@ def test_sandbox_outlives_the_thread_that_created_it(isolated_server: LocalServe
 def test_delete_ends_the_pid_namespace(isolated_server: LocalServer, make_box: Any) -> None:
     box = make_box(isolated_server)
     assert texts(box.command("echo $$")) != ["1"]
-    markers = start_sleepers(box, 3)
+    markers = start_sleepers(box)
     assert isolated_server._registry is not None
     sandbox = isolated_server._registry.find(box.id)
     assert sandbox is not None
@@ -257,7 +255,11 @@ def test_delete_ends_the_pid_namespace(isolated_server: LocalServer, make_box: A
 
 def test_pause_freezes_a_busy_loop(isolated_server: LocalServer, make_box: Any) -> None:
     box = make_box(isolated_server)
-    loop = "n = 0\nwhile True:\n n += 1\n if n % 100000 == 0: open('count', 'w').write(str(n))"
+    marker = unique("osb-busy-loop")  # in its command line, seen from the host
+    loop = (
+        f"n = 0  # {marker}\nwhile True:\n n += 1\n"
+        " if n % 100000 == 0: open('count', 'w').write(str(n))"
+    )
     box.command(f'python -c "{loop}"', background=True)
     count = Path(box.dir, "count")
 
@@ -274,7 +276,7 @@ def test_pause_freezes_a_busy_loop(isolated_server: LocalServer, make_box: Any) 
     assert grows()
     assert box.http.post(f"{api}/sandboxes/{box.id}/pause").status_code == 202
     assert box.http.delete(f"{api}/sandboxes/{box.id}").status_code == 204  # thawed, killed
-    assert wait_for(lambda: not running("n % 100000"), timeout=30)
+    assert wait_for(lambda: not running(marker), timeout=30)
 
 
 def test_deny_all_has_loopback_only(isolated_server: LocalServer, make_box: Any) -> None:
@@ -298,9 +300,7 @@ def test_deny_all_has_loopback_only(isolated_server: LocalServer, make_box: Any)
 def test_internet_sandbox_has_tap0_but_not_host_loopback(
     isolated_server: LocalServer, make_box: Any
 ) -> None:
-    if bwrap.probe().slirp is None:
-        require_isolation()
-        pytest.skip("slirp4netns is not installed")
+    require_slirp()
     box = make_box(isolated_server)
     assert "slirp4netns" in box.created["status"]["message"]
     assert texts(box.command(INTERFACES)) == ["lo tap0"]
