@@ -100,12 +100,12 @@ def test_env_reports_read_each_envs_junit_file_and_toxs_results(
         (
             "py310",
             "could not import 'flask': No module named 'flask'",
-            "suites of the flask, django and deepagents envs",
+            "suites of the flask, django, deepagents and sdk envs",
         ),
         (
             "django",
             "could not import 'flask': No module named 'flask'",
-            "suites of the flask, django and deepagents envs",
+            "suites of the flask, django, deepagents and sdk envs",
         ),
         ("flask", "could not import 'flask': No module named 'flask'", None),  # its own env
         ("deepagents", "could not import 'deepagents_code': No module named 'x'", None),
