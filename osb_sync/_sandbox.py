@@ -62,8 +62,6 @@ class Sandbox:
         id: the sandbox id.
         commands: shell commands (:class:`Commands`).
         contexts: code contexts (:class:`Contexts`).
-        diagnostics: the server's logs, events and inspection of it (:class:`Diagnostics`).
-        network_policy: its egress policy, changed while it runs (:class:`Network`).
         use_server_proxy: whether execd is reached through the server's proxy.
         delete_on_exit: whether leaving a ``with`` block deletes the sandbox.
     """
@@ -188,7 +186,7 @@ class Sandbox:
 
     @property
     def network_policy(self) -> Network:
-        """This sandbox's egress policy: get, replace, patch rules, delete rules.
+        """The sandbox's egress policy, changed while it runs (get, replace, patch, delete rules).
 
         Raises:
             ConfigurationError: a handle from ``Sandbox.from_execd`` (no lifecycle API).

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from osb_sync.local.bwrap import probe
 
 import osb_sync
 from osb_sync.local import LocalServer
+from osb_sync.local.host.bwrap import probe
 
 pytest_plugins = ["pytester"]
 

@@ -167,11 +167,12 @@ class LocalServer:
     def start(self) -> LocalServer:
         """Bind and serve in background threads; returns self. Idempotent.
 
+        With the default `isolation=None` it starts where sandboxes cannot be isolated, and
+        `refusal` says why every create answers 503.
+
         Raises:
             OSError: the address cannot be bound (nothing is left behind).
             RuntimeError: `isolation=True`, or `execd`, where sandboxes cannot be isolated.
-            (With the default `isolation=None` it starts, and `refusal` says why every create
-            answers 503.)
         """
         with self._state_lock:
             if self._started:
