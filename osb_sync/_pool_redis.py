@@ -545,7 +545,10 @@ class RedisLender:
                 self._redis_lost(exc)
                 answer = "unreachable"
             with self._cond:
-                self._lent.pop(sandbox.id, None)
+                # Once idle in Redis, another thread of this process may already have taken it
+                # again (a new handle under the same id): only this borrow's entry goes.
+                if self._lent.get(sandbox.id) is sandbox:
+                    del self._lent[sandbox.id]
                 self._returning.discard(sandbox.id)
                 self._outside.discard(sandbox.id)
                 self._cond.notify_all()

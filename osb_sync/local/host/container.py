@@ -580,8 +580,18 @@ class SandboxContainer:
             # the PID namespace ends with its init (whose pid is its while bwrap waits for it)
             spawn.kill_init(self._init_fd, self.init_pid, proc.poll() is None)
             self._init_fd = -1
-        elif self.isolated and self._cgroup is not None:
-            self._cgroup.kill()  # no init known yet: bwrap is still setting up
+        elif self.isolated:
+            # No init known yet: bwrap is still setting up, and its child may not have joined
+            # the sandbox's groups (it joins while it waits for its id maps). Both are still in
+            # bwrap's process group (the child's own session comes later): one kill takes both
+            # at once, where killing bwrap first would leave a child just made to the host.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            signal_pids(spawn.descendants(proc.pid), signal.SIGKILL)
+            if self._cgroup is not None:
+                self._cgroup.kill()
         elif proc.stdin is not None:
             proc.stdin.close()  # the plain main kills what it started, then exits
         try:
