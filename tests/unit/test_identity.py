@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,3 +91,33 @@ def test_identity_options_block_until_mapped_and_add_dockers_capabilities() -> N
     added = [args[i + 1] for i, a in enumerate(args) if a == "--cap-add"]
     assert len(added) == 14 and "CAP_SYS_ADMIN" not in added and "CAP_NET_RAW" in added
     assert args[args.index("--cap-drop") + 1] == "ALL"
+
+
+def test_servers_starting_together_make_the_user_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[int] = []
+    users: set[str] = set()
+
+    def slow_useradd() -> str:
+        time.sleep(0.2)  # long enough for the other server to be waiting
+        made.append(1)
+        users.add(identity.USER)
+        return ""
+
+    def getpwnam(name: str) -> object:
+        if name not in users:
+            raise KeyError(name)
+        return object()
+
+    monkeypatch.setattr(identity, "RESERVE_LOCK", str(tmp_path / "lock"))
+    monkeypatch.setattr(identity, "_reserve", slow_useradd)
+    monkeypatch.setattr(identity.pwd, "getpwnam", getpwnam)
+    answers: list[str] = []
+    threads = [threading.Thread(target=lambda: answers.append(identity._reserve_once()))]
+    threads.append(threading.Thread(target=lambda: answers.append(identity._reserve_once())))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert made == [1] and answers == ["", ""]

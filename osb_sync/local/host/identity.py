@@ -21,6 +21,7 @@ In both cases bwrap waits on `--userns-block-fd` until the map is written. Witho
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import pwd
@@ -34,6 +35,7 @@ COUNT = 65536
 SUBUID = Path("/etc/subuid")
 SUBGID = Path("/etc/subgid")
 HELPER_TIMEOUT = 20.0
+RESERVE_LOCK = "/run/lock/osb-sync-useradd.lock"  # root's; where /run/lock is missing, no lock
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,25 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _reserve_once() -> str:
+    """`_reserve`, one server at a time: servers starting together (tox's parallel envs on a
+    fresh machine) would each run useradd, and the losers would read /etc/subuid before the
+    winner had written it."""
+    try:
+        lock = os.open(RESERVE_LOCK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return _reserve()
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            pwd.getpwnam(USER)
+            return ""  # made by the server that held the lock before us
+        except KeyError:
+            return _reserve()
+    finally:
+        os.close(lock)
+
+
 def _reserve() -> str:
     """Make the system user `USER` with its own subordinate ids; "" or what went wrong."""
     useradd = shutil.which("useradd") or "/usr/sbin/useradd"
@@ -137,7 +158,7 @@ def _root_range() -> IdRange | str:
             known = True
         except KeyError:
             known = False
-        why = "" if known else _reserve()
+        why = "" if known else _reserve_once()
         uid, gid = pick(_read(SUBUID), names, 0), pick(_read(SUBGID), names, 0)
         if uid is None or gid is None:
             return (
