@@ -365,7 +365,7 @@ def test_no_progress_escapes_in_a_stderr_file_when_stdout_is_a_terminal(tmp_path
     finally:
         os.close(terminal)
         os.close(controller)
-    assert proc.returncode == 0
+    assert proc.returncode == 0, (tmp_path / "err").read_text()
     written = (tmp_path / "err").read_bytes()
     assert b"\r" not in written and b"\x1b[" not in written, written
 
