@@ -181,4 +181,9 @@ class Execd:
         except OpenSandboxError as exc:
             logger.warning("interrupting run %s (DELETE %s) failed: %s", run_id, path, exc)
             return False
+        except AttributeError:
+            # Client.close() on another thread closed the pooled connection this request had
+            # (urllib3 then finds its socket gone): the client is going away, and so is the run.
+            logger.info("interrupting run %s: the client was closed meanwhile", run_id)
+            return False
         return True

@@ -437,9 +437,17 @@ class LocalServer:
         proxy.forward(ex, sandbox.container, sandbox_id, port, rest, extra)
 
 
-LocalServer.__doc__ = (LocalServer.__doc__ or "").replace(
-    options.ARGS_PLACEHOLDER, options.args_section()
-)
+def _with_args(doc: str) -> str:
+    """`doc` with its Args placeholder written out, at the placeholder's own indentation
+    (Python 3.13 strips a docstring's common indentation when it compiles it; 3.12 keeps it)."""
+    for line in doc.splitlines():
+        if options.ARGS_PLACEHOLDER in line:
+            indent = line[: len(line) - len(line.lstrip())]
+            return doc.replace(options.ARGS_PLACEHOLDER, options.args_section(indent))
+    return doc
+
+
+LocalServer.__doc__ = _with_args(LocalServer.__doc__ or "")
 
 
 def health(ex: Exchange) -> None:
