@@ -37,13 +37,16 @@ def start(argv: list[str], tmp: Path, **env: str) -> subprocess.Popen[str]:
     )
 
 
-def wait_for_line(stream: IO[str] | None, pattern: str) -> re.Match[str]:
+def wait_for_line(
+    stream: IO[str] | None, pattern: str, errors: IO[str] | None = None
+) -> re.Match[str]:
     assert stream is not None
     for line in stream:
         found = re.search(pattern, line)
         if found:
             return found
-    raise AssertionError(f"the process ended before printing {pattern!r}")
+    said = errors.read()[-2000:] if errors is not None else ""
+    raise AssertionError(f"the process ended before printing {pattern!r}: {said}")
 
 
 def stop_and_check(proc: subprocess.Popen[str], sig: int, tmp: Path) -> None:
@@ -73,7 +76,7 @@ def tmp() -> Iterator[Path]:
 def test_run_cleans_up_on_a_signal(tmp: Path, sig: int) -> None:
     code = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(1)"
     proc = start([sys.executable, "-m", "osb_sync", "run", code], tmp)
-    wait_for_line(proc.stdout, "ready")
+    wait_for_line(proc.stdout, "ready", proc.stderr)
     stop_and_check(proc, sig, tmp)
     assert proc.returncode == 128 + sig
 
@@ -161,7 +164,7 @@ while True:
 def test_a_program_embedding_the_server_cleans_up(tmp: Path, sig: int) -> None:
     proc = start([sys.executable, "-c", EMBEDDING_SCRIPT], tmp)
     try:
-        wait_for_line(proc.stdout, "ready")
+        wait_for_line(proc.stdout, "ready", proc.stderr)
     except AssertionError:
         raise AssertionError(proc.stderr.read()) from None
     stop_and_check(proc, sig, tmp)
@@ -187,7 +190,7 @@ def test_the_pytest_plugin_cleans_up(tmp: Path, sig: int) -> None:
     argv = [sys.executable, "-m", "pytest", "-s", "-q", *plugin]
     argv += ["-p", "no:cacheprovider", str(tmp / "suite")]
     proc = start(argv, tmp)
-    wait_for_line(proc.stdout, "ready")
+    wait_for_line(proc.stdout, "ready", proc.stderr)
     stop_and_check(proc, sig, tmp)
     assert proc.returncode != 0  # interrupted, not passed
 
