@@ -240,7 +240,7 @@ class RedisLender:
         self._cond = threading.Condition()
         self._registry = threading.Lock()  # a renewal's snapshot vs. a give-back
         self._lent: dict[str, Sandbox] = {}
-        self._returning: set[str] = set()
+        self._returning: dict[str, Sandbox] = {}  # the handle whose give-back runs, by id
         self._outside: set[str] = set()  # created while Redis was down
         self._pending: set[str] = set()  # created for a caller, its commit to come
         self._tokens: set[str] = set()  # the reservations of this process's running creates
@@ -521,9 +521,13 @@ class RedisLender:
         with self._cond:
             if self._closed:
                 return  # close() deleted it
-            if sandbox.id not in self._lent or sandbox.id in self._returning:
+            # By handle, not id: once a give-back has put the sandbox in Redis's idle set,
+            # another thread of this process may take it again (a new handle under the same
+            # id) and return it before that give-back has ended.
+            lent = self._lent.get(sandbox.id)
+            if lent is not sandbox or self._returning.get(sandbox.id) is sandbox:
                 raise ConfigurationError(f"sandbox {sandbox.id} was not lent by {self!r}")
-            self._returning.add(sandbox.id)
+            self._returning[sandbox.id] = sandbox
         self._spawn(self._give_back, sandbox)
 
     def _give_back(self, sandbox: Sandbox) -> None:
@@ -549,7 +553,8 @@ class RedisLender:
                 # again (a new handle under the same id): only this borrow's entry goes.
                 if self._lent.get(sandbox.id) is sandbox:
                     del self._lent[sandbox.id]
-                self._returning.discard(sandbox.id)
+                if self._returning.get(sandbox.id) is sandbox:
+                    del self._returning[sandbox.id]
                 self._outside.discard(sandbox.id)
                 self._cond.notify_all()
         if keep and answer != "idle":
@@ -645,7 +650,8 @@ class RedisLender:
             if now >= self._next_renew:
                 with self._registry:
                     with self._cond:
-                        lent = [i for i in self._lent if i not in self._returning | self._pending]
+                        busy = self._returning.keys() | self._pending
+                        lent = [i for i in self._lent if i not in busy]
                         tokens = list(self._tokens)
                     lease = self.store.borrow_lease
                     self._run("renew", self._owner, lease, len(lent), *lent, *tokens)

@@ -373,3 +373,38 @@ def test_four_processes_of_eight_threads_share_one_pool(
         replaced = sum(t["deletes"] for t in totals)
         assert creates <= max_size + replaced, (creates, replaced)
     assert wait_for(lambda: tagged(client, name) == set())  # the last one out deleted the rest
+
+
+def test_a_sandbox_taken_again_mid_give_back_can_be_released(
+    client: Client, redis_server: RedisServer, name: str
+) -> None:
+    # The race the 4x8 soak met: a give-back has put the sandbox back in Redis's idle set
+    # and not yet ended when another thread of this process takes it and returns it again.
+    pool = SandboxPool(client, size=0, max_size=1, reuse="reset", name=name,
+                       store=store(redis_server))  # fmt: skip
+    lender: Any = pool._lender
+    real_run, seen = lender._run, []
+
+    def run(script: str, *args: object) -> Any:
+        answer = real_run(script, *args)
+        if script == "give_back" and not seen:
+            again = pool.acquire(timeout=30)  # what another thread does in that window
+            try:
+                pool.release(again)
+                seen.append(None)
+            except Exception as exc:
+                seen.append(exc)
+        return answer
+
+    lender._run = run
+    try:
+        first = pool.acquire(timeout=30)
+        pool.release(first)
+        assert wait_for(lambda: seen, timeout=60)
+        assert seen == [None]
+        assert wait_for(lambda: not lender._lent and not lender._returning, timeout=30)
+        with pool.sandbox(timeout=30) as third:
+            assert third.id == first.id
+    finally:
+        pool.close()
+    assert wait_for(lambda: not tagged(client, name))

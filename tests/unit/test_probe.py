@@ -1,4 +1,4 @@
-"""The isolation probe: a mount that another server removes meanwhile is not the host's answer."""
+"""The isolation probe binds only the container's root view: nothing another server mounts."""
 
 from __future__ import annotations
 
@@ -20,11 +20,13 @@ def fresh_probe() -> Iterator[None]:
 
 
 def fake_bwrap(tmp_path: Path, failures: int, message: str) -> str:
-    """A `bwrap` that fails `failures` times with `message`, then succeeds."""
+    """A `bwrap` that records its arguments, fails `failures` times with `message`, then
+    succeeds."""
     script = tmp_path / "bwrap"
     count = tmp_path / "count"
     script.write_text(
         "#!/bin/sh\n"
+        f'printf "%s\\n" "$@" > "{tmp_path / "argv"}"\n'
         f'n=$(cat "{count}" 2>/dev/null || echo 0); echo $((n + 1)) > "{count}"\n'
         f'if [ "$n" -lt {failures} ]; then echo "{message}" >&2; exit 1; fi\n'
         "exit 0\n"
@@ -34,16 +36,18 @@ def fake_bwrap(tmp_path: Path, failures: int, message: str) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the probe is Linux's")
-def test_a_mount_that_vanished_mid_probe_is_probed_again(
+def test_the_probe_binds_no_tree_where_other_servers_mount(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    vanished = (
-        'bwrap: Can\'t bind mount /oldroot/ on /newroot/: remount "/x": No such file or directory'
-    )
-    monkeypatch.setattr(bwrap, "find_bwrap", lambda: fake_bwrap(tmp_path, 2, vanished))
+    # Binding all of / (as the probe once did) also bound other servers' staged binds under
+    # /run, and one unmounted mid-bind made the probe, and so every create, fail.
+    monkeypatch.setattr(bwrap, "find_bwrap", lambda: fake_bwrap(tmp_path, 0, ""))
     support = bwrap.probe()
     assert "cannot create namespaces" not in support.problem
-    assert (tmp_path / "count").read_text().strip() == "3"
+    argv = (tmp_path / "argv").read_text().splitlines()
+    sources = [argv[i + 1] for i, arg in enumerate(argv) if arg.endswith("bind")]
+    assert sources and "/usr" in sources
+    assert not {"/", "/run", "/tmp"} & set(sources), sources
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the probe is Linux's")

@@ -24,7 +24,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,6 @@ PROC_MASKED_FILES = ("kcore", "keys", "latency_stats", "sched_debug", "timer_lis
 PROC_MASKED_DIRS = ("acpi", "asound", "scsi")
 SANDBOX_PATH = f"{PYTHON_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FILE_SIZE_LIMIT = 8 << 30
-PROBE_ATTEMPTS = 5
 PROBE_TIMEOUT = 20.0
 # A container's usual writable directories, private to each sandbox (parents before children:
 # the home is bound inside /home, execd's state is the only writable part of /run).
@@ -159,21 +157,17 @@ def probe() -> Support:
     bwrap = find_bwrap()
     if bwrap is None:
         return Support(None, "bubblewrap (bwrap) is not installed", None, False)
-    for attempt in range(PROBE_ATTEMPTS):
-        try:
-            done = subprocess.run(
-                [bwrap, *NAMESPACES, "--ro-bind", "/", "/", "--", "true"],
-                capture_output=True,
-                timeout=PROBE_TIMEOUT,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            return Support(None, f"bwrap could not run: {exc}", None, False)
-        # Binding all of / also binds what another server on this host mounts and unmounts
-        # meanwhile (its sandboxes' staged binds under /run): such a failure is not this
-        # host's answer, so the probe runs again.
-        if done.returncode == 0 or b"No such file or directory" not in done.stderr:
-            break
-        time.sleep(0.05 * (attempt + 1))
+    # The probe binds the container's own root view, not all of `/`: binding `/` also binds
+    # what other servers on this host mount and unmount meanwhile (their sandboxes' staged
+    # binds under /run), and one that vanished mid-bind failed the probe.
+    try:
+        done = subprocess.run(
+            [bwrap, *NAMESPACES, *root_view(), "--", "true"],
+            capture_output=True,
+            timeout=PROBE_TIMEOUT,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Support(None, f"bwrap could not run: {exc}", None, False)
     if done.returncode != 0:
         why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
         return Support(None, f"bwrap cannot create namespaces here ({why})", None, False)
