@@ -1,9 +1,10 @@
 """The Flask app that ``bench_gunicorn_pool.py`` serves with gunicorn (one pool per mode).
 
-Read from the environment: ``B_API_BASE``, ``B_POOL_NAME``, ``B_POOL_SIZE``, ``B_REDIS_URL``
-(empty: a pool per worker process, in its memory; a URL: one pool shared through Redis) and
-``B_COUNTS`` (a directory: every ``create_sandbox`` of a worker appends one line to its file
-there, so the benchmark counts the creates exactly, whichever process made them).
+Read from the environment: ``B_API_BASE``, ``B_POOL_NAME``, ``B_POOL_SIZE``,
+``B_POOL_MAX_SIZE`` (empty: the default, the size), ``B_REDIS_URL`` (empty: a pool per worker
+process, in its memory; a URL: one pool shared through Redis) and ``B_COUNTS`` (a directory:
+every ``create_sandbox`` of a worker appends one line to its file there, so the benchmark
+counts the creates exactly, whichever process made them).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ app.config.update(
     OPENSANDBOX_POOL_REDIS_URL=os.environ["B_REDIS_URL"] or None,
     OPENSANDBOX_POOL_NAME=os.environ["B_POOL_NAME"],
     OPENSANDBOX_POOL_SIZE=int(os.environ["B_POOL_SIZE"]),
+    OPENSANDBOX_POOL_MAX_SIZE=int(os.environ["B_POOL_MAX_SIZE"] or 0) or None,
     OPENSANDBOX_ACQUIRE_TIMEOUT=60,
 )
 sandboxes = OpenSandbox(app)

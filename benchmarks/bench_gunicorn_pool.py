@@ -4,11 +4,14 @@
 
 Starts the local server (its own process, ``osb-sync serve --port 0``) and a redis-server
 (loopback port from ``bind(0)``, nothing saved; ``tests/redisserver.py``), then, every round,
-for each mode (the order alternates every round): gunicorn serving ``_gunicorn_app.py`` with
+for each mode (the order rotates every round): gunicorn serving ``_gunicorn_app.py`` with
 ``--workers`` sync workers, each with ``OPENSANDBOX_POOL_SIZE=--size``
 
-- ``per-process``: the default in-memory store, one pool per worker;
-- ``shared``: ``OPENSANDBOX_POOL_REDIS_URL``, one pool for every worker.
+- ``per-process``: the default in-memory store, one pool per worker (``max_size``: the size);
+- ``shared``: ``OPENSANDBOX_POOL_REDIS_URL``, one pool for every worker (``max_size``: the
+  size, so the sandboxes lent count against the 4);
+- ``shared, max_size=size+workers``: the same with room for one lent sandbox per worker on
+  top of the idle ones.
 
 A round: wait for ``/up``, one untimed burst of ``--concurrency`` requests (every worker makes
 its pool), wait until the server's count of the pool's sandboxes is steady, then
@@ -18,7 +21,7 @@ queue included), warm idle sandboxes kept afterwards (the pool's sandboxes on th
 ``list_sandboxes``, once steady with no request in flight), peak alive during the load
 (sampled every 0.1 s), creates (each worker counts its ``create_sandbox`` calls in a file).
 After SIGTERM to gunicorn no sandbox may remain on the server: the script exits 1 if one does.
-Prints min/median/max over the rounds per mode, and the ratios shared / per-process.
+Prints min/median/max over the rounds per mode, and each mode's medians over per-process's.
 """
 
 from __future__ import annotations
@@ -42,12 +45,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import local_server, median, percentile, report  # noqa: E402
+from benchmarks._common import local_server, median, percentile, report, rotated  # noqa: E402
 from osb_sync import Client  # noqa: E402
 from tests.redisserver import free_port, own_redis  # noqa: E402
 
 POOL_KEY = "osb_sync.pool"  # the documented tag of every pooled sandbox
-MODES = ("per-process", "shared")
+WIDE = "shared, max_size=size+workers"
+MODES = ("per-process", "shared", WIDE)
 
 
 class Leak(RuntimeError):
@@ -110,7 +114,7 @@ def load(url: str, concurrency: int, seconds: float) -> tuple[list[float], list[
 
 def round_of(mode: str, api_base: str, redis_url: str, args: argparse.Namespace) -> dict[str, Any]:
     """One mode, one round: gunicorn up, warm-up, load, idle count, SIGTERM, leak check."""
-    name = f"bench-{mode}-{secrets.token_hex(3)}"
+    name = f"bench-{MODES.index(mode)}-{secrets.token_hex(3)}"
     work = Path(tempfile.mkdtemp(prefix="bench-gunicorn-"))
     counts = work / "creates"
     counts.mkdir()
@@ -119,9 +123,10 @@ def round_of(mode: str, api_base: str, redis_url: str, args: argparse.Namespace)
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
         "B_API_BASE": api_base,
-        "B_REDIS_URL": redis_url if mode == "shared" else "",
+        "B_REDIS_URL": "" if mode == "per-process" else redis_url,
         "B_POOL_NAME": name,
         "B_POOL_SIZE": str(args.size),
+        "B_POOL_MAX_SIZE": str(args.size + args.workers) if mode == WIDE else "",
         "B_COUNTS": str(counts),
     }
     command = [sys.executable, "-m", "gunicorn", "-w", str(args.workers),
@@ -213,7 +218,7 @@ def main() -> None:
     try:
         with local_server() as local, own_redis(Path(tempfile.mkdtemp())) as redis:
             for n in range(args.rounds):
-                for mode in MODES if n % 2 == 0 else MODES[::-1]:
+                for mode in rotated(list(MODES), n):
                     figures = round_of(mode, local.api_base, redis.url, args)
                     results[mode].append(figures)
                     print(f"round {n + 1} {mode}: {figures}", file=sys.stderr, flush=True)
@@ -222,9 +227,12 @@ def main() -> None:
     keys = list(results[MODES[0]][0])
     summary = {mode: {key: spread(rounds, key) for key in keys} for mode, rounds in results.items()}
     ratios = {
-        key: round(summary["shared"][key][1] / summary["per-process"][key][1], 2)
-        for key in keys
-        if summary["per-process"][key][1]
+        mode: {
+            key: round(summary[mode][key][1] / summary["per-process"][key][1], 2)
+            for key in keys
+            if summary["per-process"][key][1]
+        }
+        for mode in MODES[1:]
     }
     report(
         "gunicorn: per-process pools vs one shared pool",
@@ -233,7 +241,7 @@ def main() -> None:
             "load_average_start": load_start,
             "load_average_end": os.getloadavg(),
             "min_median_max": summary,
-            "shared_over_per_process_medians": ratios,
+            "over_per_process_medians": ratios,
             "rounds": results,
         },
         args.json,
