@@ -222,3 +222,17 @@ def progress(what: str) -> Iterator[None]:
         thread.join()
         sys.stderr.write("\r\033[K")
         sys.stderr.flush()
+
+
+def new_lines(before: list[str], now: list[str]) -> list[str]:
+    """The lines of a log window ``now`` that follow the previous window ``before``.
+
+    Both are the last lines of one growing log: the longest end of ``before`` that starts
+    ``now`` is what was already printed. A window that slid by exactly a repeat of its own
+    lines (full, and the new lines equal the dropped ones) looks unchanged: that is the limit
+    of following a log by polling.
+    """
+    for overlap in range(min(len(before), len(now)), 0, -1):
+        if before[-overlap:] == now[:overlap]:
+            return now[overlap:]
+    return now
