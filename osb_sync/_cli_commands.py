@@ -12,8 +12,10 @@ import os
 import posixpath
 import secrets
 import shlex
+import shutil
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -469,9 +471,15 @@ def _with_stdin(sandbox: Sandbox, command: str) -> str:
     already been written.
     """
     path = posixpath.join(STDIN_DIR, f"osb-stdin-{secrets.token_hex(8)}")
-    source = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else None
-    data = source if source is not None else io.BytesIO(sys.stdin.read().encode("utf-8"))
-    sandbox.files.write(path, data, mode=0o600)
+    # A pipe cannot be measured for Content-Length: spooled (in memory up to 8 MiB, then a
+    # temporary file), read to its end.
+    with tempfile.SpooledTemporaryFile(max_size=8 << 20) as data:
+        if hasattr(sys.stdin, "buffer"):
+            shutil.copyfileobj(sys.stdin.buffer, data)
+        else:  # a text stream in place of stdin (an embedding program's, a test's)
+            data.write(sys.stdin.read().encode("utf-8"))
+        data.seek(0)
+        sandbox.files.write(path, data, mode=0o600)
     quoted = shlex.quote(path)
     return f"exec 0<{quoted} && rm -f {quoted} || exit 125\n{command}"
 

@@ -51,6 +51,10 @@ def test_exec_i_gives_the_command_standard_input(server: LocalServer, sid: str) 
     )
     assert (proc.returncode, proc.stdout) == (0, "hi\n0\n"), proc.stderr  # nothing left behind
     assert osb("exec", *api(server), sid, "cat", stdin="dropped").stdout == ""  # no -i: none
+    piped = osb_process(
+        "exec", *api(server), "-i", sid, "cat", input="from a pipe\n", capture_output=True
+    )
+    assert (piped.returncode, piped.stdout) == (0, "from a pipe\n"), piped.stderr
 
 
 def test_exec_e_w_and_u(server: LocalServer, sid: str) -> None:
