@@ -529,9 +529,8 @@ def _sandbox_log(client: Client, args: argparse.Namespace) -> int:
     diagnostics = client.diagnostics(args.id)
 
     def window() -> list[str]:
-        # The route's most lines each time, so each window starts where the last one did, or
-        # later: what is new follows their overlap. Following, a line still being written
-        # waits for its end.
+        # The route's most lines each time, so each window starts where the last one did or
+        # later (what is new follows their overlap); following, a partial line waits.
         lines = (diagnostics.logs(tail=LOG_WINDOW).content or "").splitlines(True)
         return [line for line in lines if line.endswith("\n")] if args.follow else lines
 
