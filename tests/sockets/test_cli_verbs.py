@@ -343,6 +343,22 @@ def test_cli_messages_name_flags_not_keywords() -> None:
     assert "raise --max-output" in cli_terms("(raise max_output_bytes to allow more)")
 
 
+def test_serve_no_isolation_warns_in_cli_terms_without_a_fix_to_install() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "osb_sync", "serve", "--port", "0", "--no-isolation"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        warning = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    assert "NOT isolated (turned off by --no-isolation)" in warning, warning
+    assert "isolation=False" not in warning and "install bubblewrap" not in warning, warning
+
+
 def test_an_invalid_parameter_gets_the_egress_hint_only_for_the_network_policy(
     server: LocalServer,
 ) -> None:
