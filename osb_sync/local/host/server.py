@@ -258,7 +258,7 @@ class LocalServer:
                 self.api_base,
                 self.refusal,
             )
-        else:  # turned off on purpose, there is nothing to install
+        else:  # no fix to offer for isolation turned off on purpose
             fix = "" if self._isolation is False else f"; to fix it, {FIX}"
             logger.warning(
                 "local OpenSandbox server on %s: sandboxes are NOT isolated (%s)%s",
