@@ -239,6 +239,13 @@ def _whole_seconds(text: str) -> int:
     return value
 
 
+def _log_lines(text: str) -> int:
+    value = int(text) if text.isdigit() else 0
+    if not 1 <= value <= 10000:
+        raise argparse.ArgumentTypeError(f"a number of lines from 1 to 10000, got {text!r}")
+    return value
+
+
 def _state(text: str) -> str:
     """A sandbox state in any case (``running`` is ``Running``)."""
     import difflib
@@ -547,13 +554,28 @@ def _add_files_and_logs(command: Any) -> None:
 
     logs = command(
         "logs",
-        "the output of a background command (exec -d)",
-        "Print the output (stdout and stderr together) of a command started with exec -d. "
-        "A sandbox's own log needs the server's diagnostics route, not there yet.",
+        "a sandbox's log, or the output of a background command (exec -d)",
+        "Without COMMAND_ID, print the sandbox's own log (its container's output; the "
+        "server's diagnostics route, OpenSandbox server 1.1 or later, or osb-sync serve, "
+        "which keeps it after the sandbox is deleted). With COMMAND_ID, the output (stdout "
+        "and stderr together) of a command started with exec -d.",
     )
     logs.add_argument("id", help="the sandbox id")
     logs.add_argument("command_id", nargs="?", metavar="COMMAND_ID", help="from exec -d")
-    logs.add_argument("-f", "--follow", action="store_true", help="until the command ends")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="a command's: until it ends; a sandbox's: polled every second (the route does "
+        "not stream) until the sandbox is gone, or Ctrl-C",
+    )
+    logs.add_argument(
+        "--tail",
+        type=_log_lines,
+        metavar="N",
+        help="a sandbox's log: its last N lines (1 to 10000; default: all the server "
+        "returns, at most 10000)",
+    )
     logs.set_defaults(handler="cmd_logs")
 
 

@@ -12,8 +12,10 @@ import os
 import posixpath
 import secrets
 import shlex
+import shutil
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,7 @@ from ._cli_output import (
     command_json,
     command_status,
     names_missing_thing,
+    new_lines,
     print_table,
     progress,
     sandbox_json,
@@ -37,7 +40,7 @@ from ._cli_output import (
 from ._client import Client
 from ._config import check_run_arguments
 from ._constants import API_BASE_ENV, API_KEY_ENV, DOMAIN_ENV
-from ._errors import NotFoundError, SandboxTimeoutError
+from ._errors import NotFoundError, NotSupportedError, SandboxTimeoutError
 from ._models import Event, ExecutionResult, FileInfo, SandboxInfo
 from ._sandbox import Sandbox
 
@@ -59,6 +62,8 @@ NO_TTY = (
 )
 # What the local server's execd runs (osb_sync/local/execd/code_interpreting.py says so too).
 LOCAL_LANGUAGES = ("python", "bash")
+LOG_WINDOW = 10000  # lines: the most a diagnostics logs call returns (its tail's maximum)
+FOLLOW_INTERVAL = 1.0  # seconds between the polls of logs -f of a sandbox's own log
 # Where `exec -i` puts standard input in the sandbox before the command opens it.
 STDIN_DIR = "/tmp"  # noqa: S108 - the sandbox's /tmp; the name is random, the mode 0600
 
@@ -466,9 +471,15 @@ def _with_stdin(sandbox: Sandbox, command: str) -> str:
     already been written.
     """
     path = posixpath.join(STDIN_DIR, f"osb-stdin-{secrets.token_hex(8)}")
-    source = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else None
-    data = source if source is not None else io.BytesIO(sys.stdin.read().encode("utf-8"))
-    sandbox.files.write(path, data, mode=0o600)
+    # A pipe cannot be measured for Content-Length: spooled (in memory up to 8 MiB, then a
+    # temporary file), read to its end.
+    with tempfile.SpooledTemporaryFile(max_size=8 << 20) as data:
+        if hasattr(sys.stdin, "buffer"):
+            shutil.copyfileobj(sys.stdin.buffer, data)
+        else:  # a text stream in place of stdin (an embedding program's, a test's)
+            data.write(sys.stdin.read().encode("utf-8"))
+        data.seek(0)
+        sandbox.files.write(path, data, mode=0o600)
     quoted = shlex.quote(path)
     return f"exec 0<{quoted} && rm -f {quoted} || exit 125\n{command}"
 
@@ -494,15 +505,13 @@ def _run_command(sandbox: Sandbox, command: str, args: argparse.Namespace) -> in
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    """``osb-sync logs ID COMMAND_ID [-f]``: a background command's output."""
-    if args.command_id is None:
-        # NOTE: a sandbox's own log comes with the server's diagnostics route (being added to
-        # the client as a sub-object); until then only a background command's output is here.
-        raise UsageError(
-            "logs needs the COMMAND_ID that exec -d printed: a sandbox's own log needs the "
-            "server's diagnostics route, which this version does not read yet"
-        )
+    """``osb-sync logs ID [COMMAND_ID] [-f] [--tail N]``: a background command's output, or
+    without COMMAND_ID the sandbox's own log (the server's diagnostics route)."""
     with _remote_client(args) as client:
+        if args.command_id is None:
+            return _sandbox_log(client, args)
+        if args.tail is not None:
+            raise UsageError("--tail is for a sandbox's own log (logs ID, without COMMAND_ID)")
         command = client.connect(args.id).commands.get(args.command_id)
         if args.follow:
             for text in command.iter_logs():
@@ -511,6 +520,43 @@ def cmd_logs(args: argparse.Namespace) -> int:
         else:
             text, _ = command.logs()
             sys.stdout.write(text)
+    return 0
+
+
+def _sandbox_log(client: Client, args: argparse.Namespace) -> int:
+    """The sandbox's log (its container's output), ``--tail`` lines; with ``-f`` polled every
+    ``FOLLOW_INTERVAL`` seconds (the route does not stream) until the sandbox is gone."""
+    diagnostics = client.diagnostics(args.id)
+
+    def window() -> list[str]:
+        # The route's most lines each time, so each window starts where the last one did or
+        # later (what is new follows their overlap); following, a partial line waits.
+        lines = (diagnostics.logs(tail=LOG_WINDOW).content or "").splitlines(True)
+        return [line for line in lines if line.endswith("\n")] if args.follow else lines
+
+    try:
+        shown = window()
+        sys.stdout.writelines(shown[-args.tail :] if args.tail else shown)
+        while args.follow:
+            sys.stdout.flush()
+            time.sleep(FOLLOW_INTERVAL)
+            try:
+                now = window()
+                sys.stdout.writelines(new_lines(shown, now))
+                shown = now
+                client.get_sandbox(args.id)
+            except NotFoundError as exc:
+                if names_missing_thing(exc):
+                    return 0  # the sandbox is gone: its log ended, as docker logs -f ends
+                raise
+    except NotSupportedError as exc:
+        raise UsageError(
+            "logs ID without COMMAND_ID reads the server's diagnostics route "
+            "(GET /v1/sandboxes/ID/diagnostics/logs), which this server does not serve "
+            f"(HTTP {exc.status_code}): it needs OpenSandbox server 1.1 or later, or "
+            "osb-sync serve; a background command's output needs no such route: "
+            "osb-sync logs ID COMMAND_ID"
+        ) from None
     return 0
 
 

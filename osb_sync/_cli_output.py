@@ -56,6 +56,7 @@ _CLI_TERMS = (
     ("allow_internet_access=True", "--allow-internet"),
     ("raise max_output_bytes", "raise --max-output"),
     ("pass api_key=", "pass --api-key"),
+    ("by isolation=False", "by --no-isolation"),
 )
 # Go's names for signals, as execd reports a command killed by one ("signal: killed"), with
 # Linux's numbers: the command ran in a Linux sandbox, whatever the client runs on (Windows
@@ -222,3 +223,17 @@ def progress(what: str) -> Iterator[None]:
         thread.join()
         sys.stderr.write("\r\033[K")
         sys.stderr.flush()
+
+
+def new_lines(before: list[str], now: list[str]) -> list[str]:
+    """The lines of a log window ``now`` that follow the previous window ``before``.
+
+    Both are the last lines of one growing log: the longest end of ``before`` that starts
+    ``now`` is what was already printed. A window that slid by exactly a repeat of its own
+    lines (full, and the new lines equal the dropped ones) looks unchanged: that is the limit
+    of following a log by polling.
+    """
+    for overlap in range(min(len(before), len(now)), 0, -1):
+        if before[-overlap:] == now[:overlap]:
+            return now[overlap:]
+    return now

@@ -58,7 +58,7 @@ from ._options import (
     split_create_options,
     with_keywords,
 )
-from ._resources import Pools, Snapshots, Templates
+from ._resources import Diagnostics, Pools, Snapshots, Templates
 from ._sandbox import Sandbox, start_code
 from ._transport import Transport
 from ._wait import Wait
@@ -435,6 +435,15 @@ class Client:
             ApiError: e.g. a sandbox without expiry.
         """
         return self._lifecycle.renew(check_id(sandbox_id), seconds)
+
+    def diagnostics(self, sandbox_id: str) -> Diagnostics:
+        """The server's logs and events of a sandbox, reached without its execd endpoint (so
+        also while it is paused, and on ``osb-sync serve`` after it is gone).
+
+        Raises:
+            ConfigurationError: a malformed id.
+        """
+        return Diagnostics(self._lifecycle, check_id(sandbox_id))
 
     def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> SandboxInfo:
         """Merge-patch a sandbox's labels: a value adds or replaces, ``None`` deletes.

@@ -11,13 +11,16 @@ import socket
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from osb_sync import ApiError, Client
-from osb_sync._cli_output import EXIT_STATUSES, cli_terms, status_summary
+from osb_sync import ApiError, Client, Sandbox
+from osb_sync._cli_output import EXIT_STATUSES, cli_terms, new_lines, status_summary
 from osb_sync.local import LocalServer
 from tests.fakeserver import FakeServer
 from tests.sockets.test_cli import OWN_ERROR, one_line, osb, osb_process
@@ -48,6 +51,10 @@ def test_exec_i_gives_the_command_standard_input(server: LocalServer, sid: str) 
     )
     assert (proc.returncode, proc.stdout) == (0, "hi\n0\n"), proc.stderr  # nothing left behind
     assert osb("exec", *api(server), sid, "cat", stdin="dropped").stdout == ""  # no -i: none
+    piped = osb_process(
+        "exec", *api(server), "-i", sid, "cat", input="from a pipe\n", capture_output=True
+    )
+    assert (piped.returncode, piped.stdout) == (0, "from a pipe\n"), piped.stderr
 
 
 def test_exec_e_w_and_u(server: LocalServer, sid: str) -> None:
@@ -74,8 +81,66 @@ def test_exec_d_prints_an_id_and_logs_follow_it(server: LocalServer, sid: str) -
     followed = osb("logs", *api(server), "-f", sid, command_id)
     assert (followed.returncode, followed.stdout) == (0, "one\ntwo\n"), followed.stderr
     assert osb("logs", *api(server), sid, command_id).stdout == "one\ntwo\n"
-    no_id = osb("logs", *api(server), sid)
-    assert no_id.returncode == OWN_ERROR and "COMMAND_ID" in one_line(no_id)
+    tail = osb("logs", *api(server), "--tail", "1", sid, command_id)
+    assert tail.returncode == OWN_ERROR and "without COMMAND_ID" in one_line(tail)
+
+
+def to_the_sandbox_log(sandbox: Sandbox, *lines: str) -> None:
+    """Append lines to the container's standard error (its init's), as docker logs shows."""
+    text = "".join(f"{line}\n" for line in lines)
+    assert sandbox.commands.run(f"printf '{text}' >> /proc/1/fd/2").exit_code == 0
+
+
+def test_logs_without_a_command_id_shows_the_sandbox_log(server: LocalServer) -> None:
+    if not server.isolated:
+        pytest.skip("needs isolation: outside a sandbox, /proc/1 is the host's init")
+    with Client(server.api_base) as client, client.create_sandbox() as sandbox:
+        to_the_sandbox_log(sandbox, "line1", "line2", "line3")
+        whole = osb("logs", *api(server), sandbox.id)
+        assert (whole.returncode, whole.stdout) == (0, "line1\nline2\nline3\n"), whole.stderr
+        tail = osb("logs", *api(server), "--tail", "2", sandbox.id)
+        assert (tail.returncode, tail.stdout) == (0, "line2\nline3\n"), tail.stderr
+    gone = osb("logs", *api(server), sandbox.id)  # the local server keeps a deleted one's
+    assert (gone.returncode, gone.stdout) == (0, "line1\nline2\nline3\n"), gone.stderr
+    bad = osb("logs", *api(server), "--tail", "0", sandbox.id)
+    assert bad.returncode == OWN_ERROR and "from 1 to 10000" in bad.stderr
+    missing = osb("logs", *api(server), "no-such-sandbox")
+    assert missing.returncode == 1, missing.stderr
+
+
+def test_logs_f_of_a_sandbox_polls_until_it_is_deleted(server: LocalServer) -> None:
+    if not server.isolated:
+        pytest.skip("needs isolation: outside a sandbox, /proc/1 is the host's init")
+    with Client(server.api_base) as client:
+        sandbox = client.create_sandbox()
+        try:
+            to_the_sandbox_log(sandbox, "before", "same")
+            out: list[subprocess.CompletedProcess[str]] = []
+            follower = threading.Thread(
+                target=lambda: out.append(osb_process("logs", *api(server), "-f", sandbox.id))
+            )
+            follower.start()
+            time.sleep(3)  # at least one poll after the first window
+            to_the_sandbox_log(sandbox, "same", "after")
+            time.sleep(3)
+        finally:
+            client.delete_sandbox(sandbox)
+        follower.join(60)
+    assert not follower.is_alive() and out, "logs -f did not end with its sandbox"
+    assert (out[0].returncode, out[0].stdout) == (0, "before\nsame\nsame\nafter\n"), out[0]
+
+
+def test_logs_of_a_server_without_diagnostics_says_so_in_cli_terms() -> None:
+    with FakeServer() as fake:
+
+        @fake.route("GET", "/v1/sandboxes/sb1/diagnostics/logs")
+        def _(req: Any) -> None:
+            req.send_json(501, {"code": "NOT_IMPLEMENTED", "message": "not on this runtime"})
+
+        proc = osb("logs", "--api-base", fake.api_base, "sb1")
+    line = one_line(proc)
+    assert proc.returncode == OWN_ERROR, proc.stderr
+    assert "does not serve (HTTP 501)" in line and "osb-sync logs ID COMMAND_ID" in line, line
 
 
 def test_max_output_takes_units_and_stops_with_125(server: LocalServer, sid: str) -> None:
@@ -278,6 +343,22 @@ def test_cli_messages_name_flags_not_keywords() -> None:
     assert "raise --max-output" in cli_terms("(raise max_output_bytes to allow more)")
 
 
+def test_serve_no_isolation_warns_in_cli_terms_without_a_fix_to_install() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "osb_sync", "serve", "--port", "0", "--no-isolation"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        warning = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    assert "NOT isolated (turned off by --no-isolation)" in warning, warning
+    assert "isolation=False" not in warning and "install bubblewrap" not in warning, warning
+
+
 def test_an_invalid_parameter_gets_the_egress_hint_only_for_the_network_policy(
     server: LocalServer,
 ) -> None:
@@ -378,3 +459,10 @@ def test_run_on_the_embedded_server_refuses_a_language_before_creating() -> None
     proc = osb("run", "--language", "java", "class A {}")
     assert proc.returncode == OWN_ERROR
     assert "runs python, bash, not java" in one_line(proc) and "--api-base" in proc.stderr
+
+
+def test_new_lines_follow_the_overlap_of_two_windows() -> None:
+    assert new_lines(["a\n", "b\n"], ["a\n", "b\n", "b\n", "c\n"]) == ["b\n", "c\n"]
+    assert new_lines(["a\n", "b\n", "c\n"], ["b\n", "c\n", "d\n"]) == ["d\n"]  # slid by one
+    assert new_lines(["a\n"], ["a\n"]) == []
+    assert new_lines([], ["x\n"]) == ["x\n"]

@@ -429,12 +429,22 @@ class SandboxContainer:
         return bwrap.SANDBOX_HOME if self.isolated else str(self.home)
 
     def _log_tail(self) -> str:
-        try:
-            size = os.fstat(self._log_fd).st_size
-            raw = os.pread(self._log_fd, 2000, max(0, size - 2000))
-        except OSError:
-            raw = b""
-        return raw.decode(errors="replace").strip()[-500:] or "no output"
+        return self.log_tail(2000).strip()[-500:] or "no output"
+
+    def log_tail(self, limit: int) -> str:
+        """The container's standard error from the first whole line of its last `limit` bytes
+        ("" once it is closed)."""
+        with self._lock:  # close() marks it closed under the lock before the descriptor goes
+            if self._closed or self._log_fd < 0:
+                return ""
+            try:
+                start = max(0, os.fstat(self._log_fd).st_size - limit)
+                raw = os.pread(self._log_fd, limit, start)
+            except OSError:
+                start, raw = 0, b""
+        if start and b"\n" in raw:
+            raw = raw[raw.index(b"\n") + 1 :]
+        return raw.decode(errors="replace")
 
     def status_note(self, internet: bool) -> str:
         """What this sandbox's isolation and network are, for its status message."""

@@ -16,7 +16,6 @@ import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from ..http.bodies import rfc3339
@@ -68,9 +67,8 @@ class Journal:
         for _ in range(max(0, new)):
             self.record(sandbox_id, "OOM-killed: a process went over the memory limit")
 
-    def close(self, sandbox_id: str, log_file: Path) -> None:
-        """Keep a removed sandbox's journal and the tail of its container log."""
-        tail = read_tail(log_file)
+    def close(self, sandbox_id: str, tail: str) -> None:
+        """Keep a removed sandbox's journal and `tail`, the end of its container log."""
         with self._lock:
             record = self._live.pop(sandbox_id, None) or Record()
             record.log_tail = tail
@@ -89,17 +87,6 @@ class Journal:
         with self._lock:
             record = self._gone.get(sandbox_id)
             return record.log_tail if record is not None else None
-
-
-def read_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
-    """The last `limit` bytes of a text file ("" when it is missing)."""
-    try:
-        with path.open("rb") as file:
-            size = file.seek(0, 2)
-            file.seek(max(0, size - limit))
-            return file.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def last_lines(text: str, count: int | None) -> str:

@@ -385,7 +385,7 @@ class Registry:
                 return False
             sandbox.removing = True
         self.journal.record(sandbox_id, why)
-        self.journal.close(sandbox_id, sandbox.container.run_dir / "container.log")
+        self.journal.close(sandbox_id, sandbox.container.log_tail(diagnostics.LOG_TAIL_BYTES))
         self.pools.release(sandbox_id)
         sandbox.container.close()
         with self._lock:
@@ -589,7 +589,7 @@ class Registry:
     def _log_of(self, sandbox_id: str) -> str:
         sandbox = self.find(sandbox_id)
         if sandbox is not None:
-            return diagnostics.read_tail(sandbox.container.run_dir / "container.log")
+            return sandbox.container.log_tail(diagnostics.LOG_TAIL_BYTES)
         kept = self.journal.log_of_gone(sandbox_id)
         if kept is None:
             raise not_found(sandbox_id)

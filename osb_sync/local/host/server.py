@@ -258,12 +258,13 @@ class LocalServer:
                 self.api_base,
                 self.refusal,
             )
-        else:
+        else:  # no fix to offer for isolation turned off on purpose
+            fix = "" if self._isolation is False else f"; to fix it, {FIX}"
             logger.warning(
-                "local OpenSandbox server on %s: sandboxes are NOT isolated (%s); to fix it, %s",
+                "local OpenSandbox server on %s: sandboxes are NOT isolated (%s)%s",
                 self.api_base,
                 self.isolation_problem,
-                FIX,
+                fix,
             )
         return self
 
