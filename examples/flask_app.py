@@ -65,6 +65,8 @@ def create_app(api_base: str | None = None, api_key: str | None = None, **config
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Any:
         """Every error answer is JSON, as the API's own (a 413 body too large, a 400)."""
+        if exc.code == 413:  # Flask's own text names no limit
+            return jsonify(error=f"the code is over the {MAX_CODE_BYTES}-byte limit"), 413
         return jsonify(error=exc.description), exc.code or 500
 
     @app.post("/run")

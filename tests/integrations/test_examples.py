@@ -108,7 +108,8 @@ def test_flask_create_app_fails_at_start_up_without_a_server_and_answers_json(
         flask_app.create_app()
     app = flask_app.create_app("http://127.0.0.1:9/v1")  # never reached: the body is refused
     too_big = app.test_client().post("/run", data=b"x" * (flask_app.MAX_CODE_BYTES + 1))
-    assert too_big.status_code == 413 and "error" in too_big.get_json()
+    assert too_big.status_code == 413
+    assert f"{flask_app.MAX_CODE_BYTES}-byte limit" in too_big.get_json()["error"]
 
 
 DJANGO_ERRORS = """
