@@ -71,7 +71,8 @@ def key(name: str, part: str) -> str:
     return f"osb_sync:pool:{{{name}}}:{part}"
 
 
-def wait_for(predicate: Any, timeout: float = 15.0) -> bool:
+def wait_for(predicate: Any, timeout: float = 60.0) -> bool:
+    # Generous: under four copies of the suite on 2 cores, two creates once took over 15 s.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
