@@ -178,7 +178,7 @@ def test_unisolated_sandboxes_say_so(make_box: Any, caplog: Any) -> None:
         assert srv.isolated is False and srv.isolation_problem
         started = [r.getMessage() for r in caplog.records if r.name == "osb_sync.local"]
         assert len(started) == 1 and "sandboxes are NOT isolated" in started[0]
-        assert "install bubblewrap" in started[0]
+        assert "install bubblewrap" not in started[0]  # turned off on purpose: nothing to fix
         box = make_box(srv)
         message = box.created["status"]["message"]
         assert "NOT isolated" in message and "install bubblewrap" in message
