@@ -220,9 +220,10 @@ def test_a_fenced_old_leader_cannot_pool_its_create(
     r = redis_server.client()
     with SandboxPool(client, size=0, name=name, store=shared) as one:
         old = one._lender
-        assert wait_for(lambda: r.get(key(name, "leader")) == old._owner)
+        # Redis names the leader inside the script; the epoch reaches the
+        # attribute a moment later, so wait for both.
+        assert wait_for(lambda: r.get(key(name, "leader")) == old._owner and old._epoch)
         epoch = old._epoch
-        assert epoch
         r.delete(key(name, "leader"))  # as if its lease ran out while it was paused
         with SandboxPool(client, size=0, name=name, store=shared) as two:
             assert wait_for(lambda: r.get(key(name, "leader")) == two._lender._owner)
