@@ -17,6 +17,7 @@ import pytest
 import requests
 from conftest import Box, require_isolation, texts, wait_for
 
+from osb_sync import Client
 from osb_sync.local import LocalServer
 
 SIZE = 8 << 20
@@ -77,6 +78,20 @@ def test_commands_still_report_their_output_on_a_full_disk(
     (error,) = [e for e in events + failing if e["type"] == "error"]
     assert "No space left on device" in "".join(texts(failing, "stderr"))
     assert error["error"]["evalue"] == "1"
+
+
+def test_background_commands_keep_their_output_on_a_full_disk(small_disk: LocalServer) -> None:
+    with Client(api_base=small_disk.api_base) as client, client.create_sandbox() as sandbox:
+        filled = sandbox.commands.run("head -c 20M /dev/zero > fill")
+        assert filled.exit_code != 0, filled  # the disk is full now
+        assert free(small_disk) < 64 << 10
+        command = sandbox.commands.start("echo hello; echo oops >&2; seq 1 3000")
+        status = command.wait(timeout=30, poll_interval=0.05)
+        text, cursor = command.logs()
+        expected = "hello\noops\n" + "".join(f"{n}\n" for n in range(1, 3001))
+        assert (status.exit_code, text) == (0, expected)
+        assert cursor == len(expected)
+        assert command.logs(cursor) == ("", cursor)
 
 
 def test_an_upload_that_does_not_fit_fails_clearly_and_leaves_no_staging_file(
