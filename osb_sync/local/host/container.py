@@ -397,7 +397,7 @@ class SandboxContainer:
             self._image_fd = hold(image)
             self._layer = rootfs.Layer(image, self._data)
             ids = self._settings.image_ids
-            state = self.run_dir / "execd"
+            state = self._writable(bwrap.EXECD_STATE_DIR)
             options = rootfs.image_options(
                 self._layer, image, state, info_fd, ids, mounts, [*ident, *extra]
             )
