@@ -166,10 +166,15 @@ def test_commands_still_report_their_output_on_a_full_disk(
 
 
 def test_background_commands_keep_their_output_on_a_full_disk(small_disk: LocalServer) -> None:
-    with Client(api_base=small_disk.api_base) as client, client.create_sandbox() as sandbox:
+    with (
+        Client(api_base=small_disk.api_base) as client,
+        client.create_sandbox(resource_limits=SMALL) as sandbox,
+    ):
         filled = sandbox.commands.run("head -c 20M /dev/zero > fill")
         assert filled.exit_code != 0, filled  # the disk is full now
-        assert free(small_disk) < 64 << 10
+        assert small_disk.root_dir is not None
+        stat = os.statvfs(small_disk.root_dir / sandbox.id)
+        assert stat.f_bavail * stat.f_frsize < 64 << 10
         command = sandbox.commands.start("echo hello; echo oops >&2; seq 1 3000")
         status = command.wait(timeout=30, poll_interval=0.05)
         text, cursor = command.logs()
