@@ -43,6 +43,7 @@ from .images.store import StoredImage, hold
 from .limits import Plan
 from .slirp import start_slirp
 from .spawn import SPAWNER, pidfd, read_until, signal_pids
+from .volumes import Bind
 
 # Run by path, never imported here: execd/ is the sandbox side of the security line.
 MAIN_SCRIPT = str(Path(__file__).parents[1] / "execd" / "main.py")
@@ -65,7 +66,7 @@ class Launch:
     """
 
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours
-    mounts: tuple[str, ...] = ()  # bwrap arguments of its volumes (see `volumes.py`)
+    mounts: tuple[Bind, ...] = ()  # its volumes, opened (see `volumes.py`)
     plan: Plan | None = None
     controllers: frozenset[str] = frozenset()
     image: StoredImage | None = None  # its root instead of the host's view (`images/`)
@@ -201,6 +202,8 @@ class SandboxContainer:
             else:
                 argv = [sys.executable, "-I", "-S", MAIN_SCRIPT, *command]
             extra_fds = [fd for fd in (options, self._seccomp_fd, passwd, group) if fd >= 0]
+            if self.isolated and not staging.available():
+                extra_fds += [bind.fd for bind in settings.mounts]  # bwrap's --bind-fd
             kept = (self._relay.fileno(), ready_w, info_w, block_r, *extra_fds)
             self._proc = SPAWNER.run(
                 lambda: subprocess.Popen(
@@ -385,7 +388,7 @@ class SandboxContainer:
         else:
             size = self._disk_size[0] if self._disk == "per-directory" else None
             writable = bwrap.writable_tmpfs(bwrap.WRITABLE, size)
-        binary, mounts = self._settings.binary, self._settings.mounts
+        binary, mounts = self._settings.binary, self._volume_binds()
         extra = binary.bwrap_args() if binary else []
         extra = [*extra, *self._oom_bind()]
         filtered = self.support.seccomp is not None
@@ -406,6 +409,23 @@ class SandboxContainer:
         if staging.available():
             options = bwrap.staged(options, self._staging.add, self.ids)
         return _memfd("bwrap-options", b"".join(os.fsencode(a) + b"\0" for a in options))
+
+    def _volume_binds(self) -> list[str]:
+        """bwrap arguments that mount the sandbox's volumes from their descriptors.
+
+        A root server binds each descriptor onto its staging directory (`staging.py`: the
+        kernel mounts the very directory the descriptor holds) and bwrap binds that, a path no
+        sandbox can write; any other server cannot mount on the host and hands bwrap the
+        descriptor (`--bind-fd`, which refuses a directory other than the descriptor's).
+        """
+        args: list[str] = []
+        for bind in self._settings.mounts:
+            if staging.available():
+                source = self._staging.add_fd(bind.fd, True, bind.read_only, volume=True)
+                args += ["--ro-bind" if bind.read_only else "--bind", source, bind.target]
+            else:
+                args += bind.bwrap_args()
+        return args
 
     def _oom_bind(self) -> list[str]:
         """bwrap arguments that show execd its memory group's OOM counter (read-only)."""

@@ -202,13 +202,11 @@ class Registry:
             return sandbox
 
     def _refresh(self, sandbox: LocalSandbox, now: datetime) -> None:
-        event = sandbox.refresh(now)
-        if event is not None:
+        if (event := sandbox.refresh(now)) is not None:
             self.journal.record(sandbox.id, event)
 
     def _get(self, ex: Exchange) -> LocalSandbox:
-        sandbox = self.find(ex.params["id"])
-        if sandbox is None:
+        if (sandbox := self.find(ex.params["id"])) is None:
             raise not_found(ex.params["id"])
         return sandbox
 
@@ -253,10 +251,11 @@ class Registry:
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
         config: dict[str, Any] = {"env": env, "token": token}
-        image = self.config.images.launch(body) if self.config.images is not None else None
-        disk_mode = disk.mode(self.config.support, image is not None and image.image is not None)
-        config["limits"] = plan = limits.plan(requested, self.config.limit_controllers, disk_mode)
-        try:
+        try:  # the volumes' descriptors are closed below, however the create ends
+            image = self.config.images.launch(body) if self.config.images is not None else None
+            disk_mode = disk.mode(self.config.support, bool(image and image.image))
+            plan = limits.plan(requested, self.config.limit_controllers, disk_mode)
+            config["limits"] = plan
             spares = pool.spares if pool is not None else None
             with self.capacity.admit():
                 container = self.containers.claimed(body, config, internet, mounts, spares, image)
@@ -270,6 +269,8 @@ class Registry:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
+        finally:
+            volumes.close(mounts)
         sandbox_id = container.home.name
         try:
             binary = self.config.binary
