@@ -46,7 +46,8 @@ while True:  # AT_FDCWD = -100, RENAME_EXCHANGE = 2
         raise OSError(ctypes.get_errno(), "renameat2")
 EOF"""
 B_TRIES = 200  # creates of B, unless B_SECONDS run out first (a create starts a container)
-B_SECONDS = 40.0
+B_MADE = 10  # ... and go on past B_TRIES (within B_SECONDS) until this many were made
+B_SECONDS = 90.0
 OPEN_TRIES = 3000  # the server's check and bind alone, without a container: fast
 
 
@@ -107,7 +108,9 @@ def test_row4_a_swapped_sub_path_never_mounts_the_host_directory_into_b(
     swapping(server, http, tree)
     made = refused = 0
     deadline = time.monotonic() + B_SECONDS
-    while made + refused < B_TRIES and time.monotonic() < deadline:
+    # Most creates are refused (the swap seen): count the made ones too, so that a loaded
+    # machine's few creates still prove something.
+    while (made + refused < B_TRIES or made < B_MADE) and time.monotonic() < deadline:
         body = {**CREATE_BODY, "volumes": [pvc("race", subPath="sub")]}
         answer = http.post(f"{server.api_base}/sandboxes", json=body)
         if answer.status_code == 400:  # the swap seen: refused, as it should be
