@@ -1,7 +1,8 @@
 """Images for the image tests, built without Docker, and loopback registries to push them to.
 
 An image here is an OCI layout directory written by `write_layout` (layers are tar.gz blobs
-made with `tarfile`; a rootfs from `mmdebstrap` becomes one layer), pushed with `skopeo copy`
+made with `tarfile`; a rootfs from `mmdebstrap` becomes one layer: Debian bullseye with
+python3, or bookworm with Jupyter for `interpreter_image`), pushed with `skopeo copy`
 to a `docker-registry` (the distribution registry) on 127.0.0.1, one anonymous and one with
 htpasswd basic auth, and one with bearer tokens (`auth: token`) issued by `TokenService`, a
 small token server of the tests' own (stdlib http.server; tokens are JWTs signed RS256 with
@@ -46,15 +47,17 @@ BULLSEYE_PACKAGES = "python3,python3-six"
 # What a code-interpreter image brings: a `jupyter` and notebook server, and ipykernel.
 INTERPRETER_PACKAGES = "python3,python3-ipykernel,python3-notebook,jupyter-notebook,jupyter-core"
 # Its build, in well under the 300 s bound: no Recommends; no byte-compiling of its 240
-# packages while they are configured (their postinst skip it without py3compile: Python
-# compiles what a sandbox imports); no MathJax (the notebook UI's, 45 MB) and no gdb (only
-# debugpy's attach wants it).
+# packages while they are configured (their postinst skip it without py3compile), only of
+# what Jupyter and the kernel import (one import at the end: each sandbox would compile it
+# again in its own layer, a Jupyter start past 60 s on a busy machine); no MathJax (the
+# notebook UI's, 45 MB) and no gdb (only debugpy's attach wants it).
 INTERPRETER_OPTIONS = (
     '--aptopt=APT::Install-Recommends "false"',
     "--dpkgopt=path-exclude=/usr/bin/py3compile",
     "--dpkgopt=path-exclude=/usr/share/javascript/mathjax/*",
     "--dpkgopt=path-exclude=/usr/share/fonts/*",
     "--dpkgopt=path-exclude=/usr/bin/gdb*",
+    '--customize-hook=chroot "$1" python3 -c "import notebook.notebookapp, ipykernel.kernelapp"',
 )
 # The basic-auth registry's one user; the hash is bcrypt's (cost 4) of PASSWORD, made once
 # (no bcrypt module is needed to run the tests).
@@ -210,7 +213,7 @@ def interpreter_tar() -> Path:
     Its kernelspec named `python` (the real execd's) comes from `interpreter_image`'s layer.
     """
     return _rootfs_tar(
-        "bookworm-jupyter-v1.tar", "bookworm", INTERPRETER_PACKAGES, *INTERPRETER_OPTIONS
+        "bookworm-jupyter-v2.tar", "bookworm", INTERPRETER_PACKAGES, *INTERPRETER_OPTIONS
     )
 
 

@@ -117,6 +117,10 @@ BY_DESIGN = (
         re.compile(r"^OSB_REAL_SERVER is not set"),
     ),
     ByDesign("tests of our own execd's behaviour", re.compile(r"^our execd only: ")),
+    ByDesign(
+        "the real execd in images, run by tox -e realexecd only",
+        re.compile(r"^runs in tox -e realexecd: "),
+    ),
     ByDesign("TOML checks on Python 3.10, which lacks tomllib", re.compile(r"needs Python 3\.11$")),
 )
 
