@@ -48,16 +48,18 @@ BULLSEYE_PACKAGES = "python3,python3-six"
 INTERPRETER_PACKAGES = "python3,python3-ipykernel,python3-notebook,jupyter-notebook,jupyter-core"
 # Its build, in well under the 300 s bound: no Recommends; no byte-compiling of its 240
 # packages while they are configured (their postinst skip it without py3compile), only of
-# what Jupyter and the kernel import (one import at the end: each sandbox would compile it
-# again in its own layer, a Jupyter start past 60 s on a busy machine); no MathJax (the
-# notebook UI's, 45 MB) and no gdb (only debugpy's attach wants it).
+# what Jupyter and the kernel import (one import at the end, bytecode written whatever the
+# caller's PYTHONDONTWRITEBYTECODE: else each sandbox compiles it again in its own layer, a
+# Jupyter start past 60 s on a busy machine); no MathJax (the notebook UI's, 45 MB) and no
+# gdb (only debugpy's attach wants it).
 INTERPRETER_OPTIONS = (
     '--aptopt=APT::Install-Recommends "false"',
     "--dpkgopt=path-exclude=/usr/bin/py3compile",
     "--dpkgopt=path-exclude=/usr/share/javascript/mathjax/*",
     "--dpkgopt=path-exclude=/usr/share/fonts/*",
     "--dpkgopt=path-exclude=/usr/bin/gdb*",
-    '--customize-hook=chroot "$1" python3 -c "import notebook.notebookapp, ipykernel.kernelapp"',
+    '--customize-hook=chroot "$1" env -u PYTHONDONTWRITEBYTECODE python3'
+    ' -c "import notebook.notebookapp, ipykernel.kernelapp"',
 )
 # The basic-auth registry's one user; the hash is bcrypt's (cost 4) of PASSWORD, made once
 # (no bcrypt module is needed to run the tests).
@@ -213,7 +215,7 @@ def interpreter_tar() -> Path:
     Its kernelspec named `python` (the real execd's) comes from `interpreter_image`'s layer.
     """
     return _rootfs_tar(
-        "bookworm-jupyter-v2.tar", "bookworm", INTERPRETER_PACKAGES, *INTERPRETER_OPTIONS
+        "bookworm-jupyter-v3.tar", "bookworm", INTERPRETER_PACKAGES, *INTERPRETER_OPTIONS
     )
 
 
