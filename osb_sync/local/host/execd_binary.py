@@ -73,11 +73,12 @@ class ExecdBinary:
     def status_note(self) -> str:
         """What a create's status message says about the sandbox's execd."""
         origin = f" from {self.source}" if self.source else ""
-        if self.jupyter:
-            jupyter = f", the image's Jupyter {self.jupyter}" if self.in_image else ""
-            jupyter = jupyter or f", Jupyter {self.jupyter}"
-        else:
+        if not self.jupyter:
             jupyter = ", no Jupyter (run_code answers execd's error)"
+        elif self.in_image:
+            jupyter = f", the image's Jupyter {self.jupyter}"
+        else:
+            jupyter = f", Jupyter {self.jupyter}"
         return f" execd: {self.command}{origin}{jupyter}."
 
     def bwrap_args(self) -> list[str]:
