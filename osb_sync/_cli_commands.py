@@ -146,7 +146,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         server = LocalServer(**server_options.keywords(args, api_key=_server_key(args)))
         server.start()
-    except (ValueError, RuntimeError) as exc:  # a bad --execd/--jupyter, or no isolation
+    except (ValueError, RuntimeError) as exc:  # bad --execd/--jupyter/--execd-image, no isolation
         raise UsageError(str(exc)) from None
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:

@@ -1,24 +1,34 @@
 """Images for the image tests, built without Docker, and loopback registries to push them to.
 
 An image here is an OCI layout directory written by `write_layout` (layers are tar.gz blobs
-made with `tarfile`; a rootfs from `mmdebstrap` becomes one layer), pushed with `skopeo copy`
+made with `tarfile`; a rootfs from `mmdebstrap` becomes one layer: Debian bullseye with
+python3, or bookworm with Jupyter for `interpreter_image`), pushed with `skopeo copy`
 to a `docker-registry` (the distribution registry) on 127.0.0.1, one anonymous and one with
-htpasswd basic auth. Built images are cached under `$XDG_CACHE_HOME/osb-sync-test-images`.
+htpasswd basic auth, and one with bearer tokens (`auth: token`) issued by `TokenService`, a
+small token server of the tests' own (stdlib http.server; tokens are JWTs signed RS256 with
+the `openssl` CLI by a self-signed certificate it makes, which the registry trusts through
+`rootcertbundle`). Built images are cached under `$XDG_CACHE_HOME/osb-sync-test-images`.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import fcntl
 import gzip
 import hashlib
+import http.server
 import io
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import tarfile
+import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +39,28 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 HOST_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
-TOOLS = ("skopeo", "docker-registry")
+TOOLS = ("skopeo", "docker-registry", "openssl")
 # OSB_REQUIRE_IMAGES=1 (CI): the image tests fail instead of skipping without their tools.
 REQUIRE_IMAGES = os.environ.get("OSB_REQUIRE_IMAGES") == "1"
 # The mmdebstrap suite whose python3 (3.9) differs from every test interpreter.
 BULLSEYE_PACKAGES = "python3,python3-six"
+# What a code-interpreter image brings: a `jupyter` and notebook server, and ipykernel.
+INTERPRETER_PACKAGES = "python3,python3-ipykernel,python3-notebook,jupyter-notebook,jupyter-core"
+# Its build, in well under the 300 s bound: no Recommends; no byte-compiling of its 240
+# packages while they are configured (their postinst skip it without py3compile), only of
+# what Jupyter and the kernel import (one import at the end, bytecode written whatever the
+# caller's PYTHONDONTWRITEBYTECODE: else each sandbox compiles it again in its own layer, a
+# Jupyter start past 60 s on a busy machine); no MathJax (the notebook UI's, 45 MB) and no
+# gdb (only debugpy's attach wants it).
+INTERPRETER_OPTIONS = (
+    '--aptopt=APT::Install-Recommends "false"',
+    "--dpkgopt=path-exclude=/usr/bin/py3compile",
+    "--dpkgopt=path-exclude=/usr/share/javascript/mathjax/*",
+    "--dpkgopt=path-exclude=/usr/share/fonts/*",
+    "--dpkgopt=path-exclude=/usr/bin/gdb*",
+    '--customize-hook=chroot "$1" env -u PYTHONDONTWRITEBYTECODE python3'
+    ' -c "import notebook.notebookapp, ipykernel.kernelapp"',
+)
 # The basic-auth registry's one user; the hash is bcrypt's (cost 4) of PASSWORD, made once
 # (no bcrypt module is needed to run the tests).
 USER, PASSWORD = "tester", "s3cret-pass"
@@ -179,7 +206,21 @@ def rootfs_layer(tar_path: Path) -> bytes:
 
 def bullseye_tar() -> Path:
     """A Debian bullseye minbase rootfs with python3 (3.9), built once with mmdebstrap."""
-    target = cache_dir() / "bullseye-python3.tar"
+    return _rootfs_tar("bullseye-python3.tar", "bullseye", BULLSEYE_PACKAGES)
+
+
+def interpreter_tar() -> Path:
+    """A code-interpreter-shaped rootfs: Debian bookworm, python3, ipykernel and notebook.
+
+    Its kernelspec named `python` (the real execd's) comes from `interpreter_image`'s layer.
+    """
+    return _rootfs_tar(
+        "bookworm-jupyter-v3.tar", "bookworm", INTERPRETER_PACKAGES, *INTERPRETER_OPTIONS
+    )
+
+
+def _rootfs_tar(name: str, suite: str, packages: str, *options: str) -> Path:
+    target = cache_dir() / name
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -187,22 +228,23 @@ def bullseye_tar() -> Path:
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not target.exists():
-            _build_bullseye(target)
+            _mmdebstrap(target, suite, packages, options)
     return target
 
 
-def _build_bullseye(target: Path) -> None:
+def _mmdebstrap(target: Path, suite: str, packages: str, options: Sequence[str]) -> None:
     partial = target.with_suffix(f".partial-{os.getpid()}.tar")
     subprocess.run(
         [
             "mmdebstrap",
             "--quiet",
             "--variant=minbase",
-            f"--include={BULLSEYE_PACKAGES}",
+            f"--include={packages}",
             "--dpkgopt=path-exclude=/usr/share/doc/*",
             "--dpkgopt=path-exclude=/usr/share/man/*",
             "--dpkgopt=path-exclude=/usr/share/locale/*",
-            "bullseye",
+            *options,
+            suite,
             str(partial),
         ],
         check=True,
@@ -218,17 +260,138 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+OPENSSL_CERT = ("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2")
+OPENSSL_CERT += ("-subj", "/CN=osb-test-token")
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class TokenService:
+    """A registry token server on 127.0.0.1 (a port from bind(0)) for `USER` / `PASSWORD`.
+
+    `GET /token?service=...&scope=repository:NAME:ACTIONS` with those credentials (basic auth)
+    answers a JWT granting the actions asked; wrong credentials answer 401; none, a token
+    granting nothing (anonymous). `issued` and `refused` count the answers.
+    """
+
+    SERVICE = "osb-test-registry"
+    ISSUER = "osb-test-token-issuer"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.key = workdir / "token-key.pem"
+        self.cert = workdir / "token-cert.pem"
+        self.issued = 0
+        self.refused = 0
+        self._server: http.server.ThreadingHTTPServer | None = None
+
+    @property
+    def realm(self) -> str:
+        """The URL the registry sends clients to."""
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}/token"
+
+    def start(self) -> TokenService:
+        """Make the key and certificate, then serve in a thread."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [*OPENSSL_CERT, "-keyout", str(self.key), "-out", str(self.cert)],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        service = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, body = service.answer(self.path, self.headers.get("Authorization", ""))
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def answer(self, path: str, authorization: str) -> tuple[int, dict[str, Any]]:
+        """(status, JSON body) of a token request."""
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+        subject = ""
+        if authorization:
+            scheme, _, encoded = authorization.partition(" ")
+            try:
+                user, _, password = base64.b64decode(encoded).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                user = password = ""
+            if scheme.lower() != "basic" or (user, password) != (USER, PASSWORD):
+                self.refused += 1
+                return 401, {"errors": [{"code": "UNAUTHORIZED", "message": "bad credentials"}]}
+            subject = user
+        access = []
+        for scope in query.get("scope", []) if subject else []:
+            kind_name, _, actions = scope.rpartition(":")
+            kind, _, name = kind_name.partition(":")
+            access.append({"type": kind, "name": name, "actions": actions.split(",")})
+        token = self.sign(subject, access)
+        self.issued += 1
+        return 200, {"token": token, "access_token": token, "expires_in": 300}
+
+    def sign(self, subject: str, access: list[dict[str, Any]]) -> str:
+        """A JWT for `subject` granting `access`, signed RS256 with `openssl dgst`."""
+        pem = self.cert.read_text().split("-----")[2]
+        header = {"typ": "JWT", "alg": "RS256", "x5c": ["".join(pem.split())]}
+        now = int(time.time())
+        claims = {
+            "iss": self.ISSUER,
+            "sub": subject,
+            "aud": self.SERVICE,
+            "exp": now + 300,
+            "nbf": now - 30,
+            "iat": now,
+            "jti": secrets.token_hex(8),
+            "access": access,
+        }
+        signing = ".".join(_b64url(json.dumps(part).encode()) for part in (header, claims))
+        signature = subprocess.run(
+            ["openssl", "dgst", "-sha256", "-sign", str(self.key)],
+            input=signing.encode(),
+            capture_output=True,
+            check=True,
+            timeout=30,
+        ).stdout
+        return f"{signing}.{_b64url(signature)}"
+
+    def stop(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
 class LoopbackRegistry:
     """A `docker-registry` on 127.0.0.1 (a port from bind(0)), optionally with basic auth.
 
     Args:
         workdir: where its storage and config go.
         basic_auth: require htpasswd basic auth for `USER` / `PASSWORD`.
+        token: require bearer tokens of this (started) token service instead.
     """
 
-    def __init__(self, workdir: Path, basic_auth: bool = False) -> None:
+    def __init__(
+        self, workdir: Path, basic_auth: bool = False, token: TokenService | None = None
+    ) -> None:
         self.workdir = workdir
-        self.users = {USER: PASSWORD} if basic_auth else None
+        self.users = {USER: PASSWORD} if basic_auth or token else None
+        self.token = token
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -237,7 +400,13 @@ class LoopbackRegistry:
         """Start it and wait until `/v2/` answers."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         auth = ""
-        if self.users is not None:
+        if self.token is not None:
+            auth = (
+                f"auth:\n  token:\n    realm: {self.token.realm}\n"
+                f"    service: {self.token.SERVICE}\n    issuer: {self.token.ISSUER}\n"
+                f"    rootcertbundle: {self.token.cert}\n"
+            )
+        elif self.users is not None:
             (self.workdir / "htpasswd").write_text(f"{USER}:{PASSWORD_BCRYPT}\n")
             auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {self.workdir / 'htpasswd'}\n"
         (self.workdir / "config.yml").write_text(
@@ -301,3 +470,19 @@ def write_dir_layout(target: Path, image: Image) -> str:
     (target / "version").write_text("Directory Transport Version: 1.1\n")
     shutil.rmtree(oci)
     return str(descriptor["digest"])
+
+
+# The kernelspec the real execd asks Jupyter for ("python"; Debian's ipykernel installs only
+# "python3"), as the official code-interpreter image has it.
+PYTHON_KERNELSPEC = {
+    "argv": ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+    "display_name": "Python",
+    "language": "python",
+}
+
+
+def interpreter_image(env: list[str]) -> Image:
+    """A code-interpreter-shaped image: `interpreter_tar` and a kernelspec named `python`."""
+    spec = json.dumps(PYTHON_KERNELSPEC).encode()
+    kernel = layer_bytes([Entry("usr/share/jupyter/kernels/python/kernel.json", data=spec)])
+    return Image([rootfs_layer(interpreter_tar()), kernel], env=env)

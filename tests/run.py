@@ -62,7 +62,8 @@ PYENV_WANTED = ("3.11.7", "3.10.13", "3.12.1", "3.13.0")
 # command -> the Debian package that brings it: bwrap isolates local sandboxes, slirp4netns
 # gives them a network, run-execd waits for the real execd with curl, the shared-pool tests
 # start redis-server, the image tests run loopback registries (docker-registry), push with
-# skopeo (which the local server pulls with) and build a bullseye image with mmdebstrap
+# skopeo (which the local server pulls with), build bullseye and bookworm (Jupyter) images
+# with mmdebstrap and sign their token registry's tokens with openssl
 DEBIAN_PACKAGES = {
     "bwrap": "bubblewrap",
     "slirp4netns": "slirp4netns",
@@ -71,6 +72,7 @@ DEBIAN_PACKAGES = {
     "skopeo": "skopeo",
     "docker-registry": "docker-registry",
     "mmdebstrap": "mmdebstrap",
+    "openssl": "openssl",
 }
 EXECD_DIR_ENV = "OSB_REAL_EXECD_DIR"
 JUPYTER_VENV_ENV = "OSB_EXECD_JUPYTER_VENV"
@@ -115,6 +117,10 @@ BY_DESIGN = (
         re.compile(r"^OSB_REAL_SERVER is not set"),
     ),
     ByDesign("tests of our own execd's behaviour", re.compile(r"^our execd only: ")),
+    ByDesign(
+        "the real execd in images, run by tox -e realexecd only",
+        re.compile(r"^runs in tox -e realexecd: "),
+    ),
     ByDesign("TOML checks on Python 3.10, which lacks tomllib", re.compile(r"needs Python 3\.11$")),
 )
 

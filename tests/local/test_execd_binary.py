@@ -109,7 +109,7 @@ def test_paths_are_checked_and_the_venvs_interpreter_is_bound(tmp_path: Path, ex
     binary = ExecdBinary.checked(execd, fake_venv(tmp_path / "venv"))
     home_prefix = str(Path(sys.executable).parent.resolve().parent)
     assert binary.read_only_paths() == [execd, str(tmp_path / "venv"), home_prefix]
-    with pytest.raises(ValueError, match="pass execd too"):
+    with pytest.raises(ValueError, match=r"pass execd \(or execd_image\) too"):
         LocalServer(jupyter=binary.jupyter)
 
 

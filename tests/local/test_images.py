@@ -33,10 +33,12 @@ PULL_FAILED = "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
 
 @pytest.fixture(scope="module")
 def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """An anonymous and a basic-auth registry with the test images pushed."""
+    """An anonymous, a basic-auth and a bearer-token registry with the test images pushed."""
     work = tmp_path_factory.mktemp("registries")
     anonymous = LoopbackRegistry(work / "anon").start()
     private = LoopbackRegistry(work / "auth", basic_auth=True).start()
+    tokens = imagekit.TokenService(work / "tokens").start()
+    bearer = LoopbackRegistry(work / "bearer", token=tokens).start()
     try:
         bullseye = Image(
             [imagekit.rootfs_layer(imagekit.bullseye_tar())],
@@ -64,6 +66,8 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         yield {
             "bullseye": anonymous.push(work / "bullseye", "v1", "bullseye"),
             "private": private.push(work / "bullseye", "v1", "bullseye"),
+            "bearer": bearer.push(work / "bullseye", "v1", "bullseye"),
+            "tokens": tokens,
             "whiteout": anonymous.push(work / "whiteout", "v1", "whiteout"),
             "armonly": anonymous.push(work / "armonly", "v1", "armonly", multi=True),
             "evil": anonymous.push(work / "evil", "v1", "evil"),
@@ -73,6 +77,8 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     finally:
         anonymous.stop()
         private.stop()
+        bearer.stop()
+        tokens.stop()
 
 
 @pytest.fixture(scope="module")
@@ -140,10 +146,26 @@ def test_basic_auth_comes_from_the_create(
         assert sandbox.commands.run("cat /etc/debian_version").stdout.startswith("11.")
 
 
+def test_bearer_tokens_come_from_the_registrys_token_service(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    tokens = registries["tokens"]
+    issued = tokens.issued
+    auth = {"username": imagekit.USER, "password": imagekit.PASSWORD}
+    client = _client(image_server)
+    with client.create_sandbox(template=registries["bearer"], image_auth=auth) as sandbox:
+        assert sandbox.commands.run("cat /etc/debian_version").stdout.startswith("11.")
+        # (the store keeps one reference per digest: an earlier test's may be the one shown)
+        assert "@sha256:" in client.get_sandbox(sandbox.id).image
+    assert tokens.issued > issued  # the pull asked the token service, with the create's auth
+
+
 @pytest.mark.parametrize(
     ("image", "auth", "reason"),
     [
         ("private", {"username": imagekit.USER, "password": "wrong"}, "IMAGE_UNAUTHORIZED"),
+        ("bearer", {"username": imagekit.USER, "password": "wrong"}, "IMAGE_UNAUTHORIZED"),
+        ("bearer", None, "IMAGE_UNAUTHORIZED"),
         ("private", None, "IMAGE_UNAUTHORIZED"),
         ("unknown-tag", None, "IMAGE_NOT_FOUND"),
         ("armonly", None, "IMAGE_PLATFORM_UNAVAILABLE"),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import stat
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ import pytest
 from osb_sync._constants import DEFAULT_TEMPLATE
 from osb_sync.local.host import options
 from osb_sync.local.host.images import pull
-from osb_sync.local.host.images.config import ImageConfig, find_python
+from osb_sync.local.host.images.config import ImageConfig, find_jupyter, find_python
+from osb_sync.local.host.images.execd_image import MACHINES, ExecdImageError, execd_from_image
 from osb_sync.local.host.images.pull import Puller, PullError, Source, parse
 from osb_sync.local.host.images.store import ImageStore
 from osb_sync.local.host.images.unpack import UnpackError, in_range, unpack
@@ -267,3 +270,70 @@ def test_eviction_and_prune_spare_held_images(tmp_path: Path) -> None:
     assert store.prune() == [second.digest]
     os.close(fd)
     assert store.prune() == [first.digest] and store.images() == []
+
+
+def _elf(machine: int = MACHINES.get(platform.machine(), 62), kind: int = 2) -> bytes:
+    """An ELF header (64-bit, little-endian) of `kind` for `machine`, and a little body."""
+    return b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HH", kind, machine) + bytes(44)
+
+
+def test_jupyter_counts_with_a_kernelspec_named_python(tmp_path: Path) -> None:
+    spec = Entry("usr/share/jupyter/kernels/python/kernel.json", data=b"{}")
+    config = ImageConfig(env=(("PATH", "/opt/venv/bin:/usr/bin"),))
+    jupyter = Entry("usr/bin/jupyter", data=b"", mode=0o755)
+    assert find_jupyter(_unpacked(tmp_path / "a", [jupyter, spec]), config) == "/usr/bin/jupyter"
+    python3_only = Entry("usr/share/jupyter/kernels/python3/kernel.json", data=b"{}")
+    assert find_jupyter(_unpacked(tmp_path / "b", [jupyter, python3_only]), config) is None
+    assert find_jupyter(_unpacked(tmp_path / "c", [spec]), config) is None
+    venv = [
+        Entry("opt/venv/bin/jupyter", data=b"", mode=0o755),
+        Entry("opt/venv/share/jupyter/kernels/python/kernel.json", data=b"{}"),
+    ]
+    assert find_jupyter(_unpacked(tmp_path / "d", venv), config) == "/opt/venv/bin/jupyter"
+
+
+@pytest.mark.parametrize(
+    ("entries", "entrypoint", "found"),
+    [
+        ([Entry("execd", data=_elf(), mode=0o755)], None, "/execd"),
+        ([Entry("usr/local/bin/execd", data=_elf(), mode=0o755)], ["/bin/x"], "/usr/local/bin/"),
+        ([Entry("usr/bin/run-execd", data=_elf(), mode=0o755)], ["run-execd"], "Entrypoint"),
+    ],
+)
+def test_execd_image_finds_the_binary_by_its_rules(
+    tmp_path: Path, entries: list[Entry], entrypoint: list[str] | None, found: str
+) -> None:
+    image = Image([layer_bytes(entries)], entrypoint=entrypoint)
+    puller = FakePuller(tmp_path / "scratch", image)
+    store = ImageStore(tmp_path / "store", puller)
+    binary = execd_from_image(store, "reg.example/execd:1")
+    assert found in binary.found_at and binary.path.read_bytes() == _elf()
+    assert binary.path.parent.name.startswith("sha256-")
+    assert stat.S_IMODE(binary.path.stat().st_mode) == 0o555
+    assert execd_from_image(store, "reg.example/execd:1") == binary  # cached: no new pull
+    assert len(puller.copies) == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"#!/bin/sh\n", "not an ELF executable"),
+        (_elf(kind=1), "not an executable"),
+        (_elf(machine=999), "built for ELF machine 999"),
+    ],
+)
+def test_execd_image_refuses_what_is_no_executable_for_this_machine(
+    tmp_path: Path, data: bytes, message: str
+) -> None:
+    image = Image([layer_bytes([Entry("execd", data=data, mode=0o755)])])
+    store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "scratch", image))
+    with pytest.raises(ExecdImageError, match=message):
+        execd_from_image(store, "reg.example/execd:1")
+    assert not list((tmp_path / "store").glob("execd/*/execd"))
+
+
+def test_an_execd_image_without_a_binary_names_the_rules(tmp_path: Path) -> None:
+    image = Image([layer_bytes([Entry("bin/sh", data=b"", mode=0o755)])])
+    store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "scratch", image))
+    with pytest.raises(ExecdImageError, match="none of /execd, /usr/local/bin/execd"):
+        execd_from_image(store, "reg.example/execd:1")

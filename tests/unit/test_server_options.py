@@ -75,6 +75,7 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "volume_root": None,
         "execd": None,
         "jupyter": None,
+        "execd_image": None,
         "spare_containers": 1,
         "isolation": None,
         "image_store": None,
@@ -91,7 +92,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     argv += ["--pending-seconds", "0.5", "--allow-unenforced-network-policy"]
     argv += ["--allowed-host", "a", "--allowed-host", "b", "--allow-host-path", str(tmp_path)]
     argv += ["--volume-root", "v", "--execd", "e", "--jupyter", "j", "--spare-containers", "0"]
-    argv += ["--state-dir", "s"]
+    argv += ["--state-dir", "s", "--execd-image", "x:1"]
     argv += ["--no-isolation", "--image-store", "s", "--image-store-size", "7"]
     argv += ["--insecure-registry", "r:5000", "--registry-auth-file", "a.json"]
     argv += ["--allow-image-path", "/i", "--host-image", "h:1"]
@@ -109,6 +110,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "volume_root": "v",
         "execd": "e",
         "jupyter": "j",
+        "execd_image": "x:1",
         "spare_containers": 0,
         "isolation": False,
         "image_store": "s",
@@ -127,7 +129,11 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     [
         ({"spare_containers": -1}, "spare_containers must be 0 or more"),
         ({"unenforced_network_policy": "maybe"}, "unenforced_network_policy must be one of"),
-        ({"jupyter": "/usr/bin/true"}, "jupyter is for an execd binary: pass execd too"),
+        ({"execd": "/bin/sh", "execd_image": "x:1"}, "execd and execd_image both name"),
+        (
+            {"jupyter": "/usr/bin/true"},
+            r"jupyter is for an execd binary: pass execd \(or execd_image\) too",
+        ),
     ],
 )
 def test_local_server_checks_its_keywords(given: dict[str, object], message: str) -> None:

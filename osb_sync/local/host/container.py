@@ -472,7 +472,7 @@ class SandboxContainer:
     def _start_line(self, ping: float, grace: float) -> dict[str, Any]:
         binary = self._settings.binary
         return {
-            "execd_binary": binary.execd if binary else None,
+            "execd_binary": binary.command if binary else None,
             "jupyter": binary.jupyter if binary else None,
             "home": self._home_inside(),
             "run_dir": bwrap.EXECD_STATE_DIR if self.isolated else str(self.run_dir / "execd"),

@@ -239,6 +239,17 @@ JUPYTER: Option[str | os.PathLike[str] | None] = Option(
     "'python') whose Jupyter server runs each sandbox's code",
     metavar="PATH",
 )
+EXECD_IMAGE: Option[str | None] = Option(
+    "execd_image",
+    None,
+    "an image reference whose execd binary (OpenSandbox's: `/execd`, `/usr/local/bin/execd` or"
+    " its Entrypoint) every sandbox runs, pulled at start like any image, as the real server's"
+    " `execd_image` setting (see `images/execd_image.py`); instead of `execd`.",
+    flag="--execd-image",
+    help="take the execd binary every sandbox runs from this image, pulled at start (as the "
+    "real server's execd_image); instead of --execd",
+    metavar="REF",
+)
 SPARE_CONTAINERS = Option(
     "spare_containers",
     1,
@@ -334,6 +345,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     VOLUME_ROOT,
     EXECD,
     JUPYTER,
+    EXECD_IMAGE,
     SPARE_CONTAINERS,
     IMAGE_STORE,
     IMAGE_STORE_SIZE,
@@ -348,14 +360,17 @@ def check(given: dict[str, Any]) -> None:
     """Check LocalServer's keywords `given` (every option by name).
 
     Raises:
-        ValueError: a value's problem, naming its keyword; or `jupyter` without `execd`.
+        ValueError: a value's problem, naming its keyword; `jupyter` without `execd` or
+            `execd_image`; both of those.
     """
     for option in OPTIONS:
         problem = option.problem(given[option.name])
         if problem is not None:
             raise ValueError(f"{option.name} {problem}")
-    if given["jupyter"] is not None and given["execd"] is None:
-        raise ValueError("jupyter is for an execd binary: pass execd too")
+    if given["execd"] is not None and given["execd_image"] is not None:
+        raise ValueError("execd and execd_image both name an execd binary: pass one of them")
+    if given["jupyter"] is not None and given["execd"] is None and not given["execd_image"]:
+        raise ValueError("jupyter is for an execd binary: pass execd (or execd_image) too")
 
 
 def args_section(indent: str = "        ") -> str:

@@ -273,7 +273,7 @@ class Registry:
             volumes.close(mounts)
         sandbox_id = container.home.name
         try:
-            binary = self.config.binary
+            binary = image.binary if image is not None else self.config.binary
             execd_note = binary.status_note() if binary else ""
             note = container.status_note(internet) + network_note + plan.message() + execd_note
             sandbox = self._register(sandbox_id, body, token, container, note)

@@ -26,7 +26,7 @@ from ..http.httpd import HTTPServer, Limits, host_names
 from . import capacity, identity, options, proxy, recovery, staging
 from . import limits as resource_limits
 from .bwrap import FIX, Support, compile_package, probe, refusal
-from .execd_binary import ExecdBinary
+from .execd_binary import ExecdBinary, checked_jupyter
 from .images.service import ImageService, ImageSettings
 from .images.unpack import in_range, server_owned
 from .network import EGRESS_HEADER, EGRESS_PORT
@@ -86,6 +86,7 @@ class LocalServer:
         volume_root: str | Path | None = options.VOLUME_ROOT.default,
         execd: str | os.PathLike[str] | None = options.EXECD.default,
         jupyter: str | os.PathLike[str] | None = options.JUPYTER.default,
+        execd_image: str | None = options.EXECD_IMAGE.default,
         spare_containers: int = options.SPARE_CONTAINERS.default,
         image_store: str | Path | None = options.IMAGE_STORE.default,
         image_store_size: int = options.IMAGE_STORE_SIZE.default,
@@ -98,6 +99,9 @@ class LocalServer:
         # this signature and `options.OPTIONS` to each other).
         options.check({name: value for name, value in locals().items() if name != "self"})
         self.execd_binary = ExecdBinary.checked(execd, jupyter) if execd is not None else None
+        self.execd_image = execd_image
+        # with execd_image, the binary comes at start: the jupyter venv is checked now
+        self._jupyter = checked_jupyter(jupyter) if jupyter is not None else None
         self.host = host
         self.port = port
         self.api_key = api_key
@@ -152,7 +156,7 @@ class LocalServer:
             support = Support(None, "turned off by isolation=False", None, False)
         else:
             support = probe()
-        if self.execd_binary is not None and support.bwrap is None:
+        if (self.execd_binary is not None or self.execd_image) and support.bwrap is None:
             raise RuntimeError(
                 "an execd binary needs isolated sandboxes (it listens on every interface of"
                 f" its fixed port) but they cannot be isolated here ({support.problem}); to"
@@ -173,6 +177,7 @@ class LocalServer:
         Raises:
             OSError: the address cannot be bound (nothing is left behind).
             RuntimeError: `isolation=True`, or `execd`, where sandboxes cannot be isolated.
+            ExecdImageError: `execd_image` cannot be pulled or holds no execd binary.
         """
         with self._state_lock:
             if self._started:
@@ -195,6 +200,21 @@ class LocalServer:
             if support.ids is not None and self.isolated:
                 identity.admit(self.root_dir, support.ids)  # bwrap runs as the range's root
                 staging.sweep()  # what a killed server left
+            images = ImageService(
+                self.image_settings,
+                self.isolated,
+                self.execd_binary,
+                owner=in_range(support.ids.uid, support.ids.gid, support.ids.count)
+                if support.ids is not None and self.isolated
+                else server_owned,
+            )
+            if self.execd_image:
+                try:
+                    self._binary_from_image(images)
+                except BaseException:
+                    self._httpd.server_close()
+                    self._release_root()
+                    raise
             self._registry = Registry(
                 Config(
                     root=self.root_dir,
@@ -216,14 +236,7 @@ class LocalServer:
                     binary=self.execd_binary,
                     spare_containers=self.spare_containers,
                     refusal=self.refusal,
-                    images=ImageService(
-                        self.image_settings,
-                        self.isolated,
-                        self.execd_binary,
-                        owner=in_range(support.ids.uid, support.ids.gid, support.ids.count)
-                        if support.ids is not None and self.isolated
-                        else server_owned,
-                    ),
+                    images=images,
                 )
             )
             self._router = Router()
@@ -273,6 +286,22 @@ class LocalServer:
             return Path(tempfile.mkdtemp(prefix=recovery.STRAY_PREFIX))
         self._root_dir.mkdir(parents=True, exist_ok=True)
         return self._root_dir
+
+    def _binary_from_image(self, images: ImageService) -> None:
+        """Take `execd_image`'s binary (pulled now) into the state directory, for every sandbox."""
+        assert self.execd_image and self.root_dir is not None
+        path, source = images.execd_binary(self.execd_image, self.root_dir / "execd")
+        self.execd_binary = ExecdBinary(str(path), self._jupyter, source=f"image {source}")
+        images.binary = self.execd_binary
+        logger.info("local server: execd binary of %s", source)
+
+    def _release_root(self) -> None:
+        """Undo `start`'s claim of the state directory (a start that failed after it)."""
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+        if self._root_dir is None and self.root_dir is not None:
+            shutil.rmtree(self.root_dir, ignore_errors=True)
 
     def _reap(self) -> None:
         while not self._stopped.wait(REAP_INTERVAL):

@@ -221,7 +221,8 @@ class ContainerSource:
             mounts: its volumes, opened (given only with `volumes`: a cold start); the
                 caller closes them once this returns.
             spares: the SparePool to claim from (a named pool's); default the server's.
-            image: the `image` and `image_ids` of a sandbox that runs an image (a cold start).
+            image: the `image`, `image_ids` and `binary` of a sandbox that runs an image (a cold
+                start).
 
         Raises:
             RuntimeError, OSError: no container could be started.
@@ -235,7 +236,9 @@ class ContainerSource:
                 logger.info("local server: a claimed spare failed (%s): cold start", exc)
         settings = replace(self.spare_settings, mounts=tuple(mounts), plan=config["limits"])
         if image is not None:
-            settings = replace(settings, image=image.image, image_ids=image.image_ids)
+            settings = replace(
+                settings, binary=image.binary, image=image.image, image_ids=image.image_ids
+            )
         cold = launch_container(str(uuid.uuid4()), self.root, self.support, self.timing, settings)
         return self._claim(cold, config, internet)
 

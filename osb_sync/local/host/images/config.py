@@ -7,7 +7,11 @@ The sandbox's command is OpenSandbox's rule: the create's `entrypoint` replaces 
 Entrypoint and Cmd; without one, Entrypoint + Cmd (`effective_entrypoint`).
 
 `python3` is looked up on the image's PATH inside its root, links resolved inside the root,
-never on the host: execd runs with it.
+never on the host: execd runs with it. So is `jupyter` (`find_jupyter`), which counts only
+with a kernelspec named `python` (the one the real execd asks its Jupyter for, as the
+official code-interpreter image installs it) in a place Jupyter looks: `$JUPYTER_PATH` of the
+image's Env, the prefix of its `jupyter` (a venv or conda), `/root/.local`, `/usr/local` and
+`/usr` (each `share/jupyter/kernels/python/kernel.json`).
 """
 
 from __future__ import annotations
@@ -139,13 +143,40 @@ def resolve_in_root(rootfs: Path, path: str) -> PurePosixPath | None:
 
 def find_python(rootfs: Path, config: ImageConfig) -> str | None:
     """The container path of the image's `python3` (on its PATH), or None."""
+    return find_executable(rootfs, config, "python3")
+
+
+def find_executable(rootfs: Path, config: ImageConfig, name: str) -> str | None:
+    """The container path of the executable `name` on the image's PATH, or None."""
     for folder in config.environment.get("PATH", DOCKER_PATH).split(":"):
-        if not folder.startswith("/"):
-            continue
-        found = resolve_in_root(rootfs, f"{folder}/python3")
-        if found is None:
-            continue
-        mode = os.lstat(rootfs.joinpath(*found.parts[1:])).st_mode
-        if stat.S_ISREG(mode) and mode & 0o111:
-            return f"{folder}/python3"
+        if folder.startswith("/") and is_executable(rootfs, f"{folder}/{name}"):
+            return f"{folder}/{name}"
+    return None
+
+
+def is_executable(rootfs: Path, path: str) -> bool:
+    """True when the container path `path` names an executable regular file of `rootfs`."""
+    found = resolve_in_root(rootfs, path)
+    if found is None:
+        return False
+    mode = os.lstat(rootfs.joinpath(*found.parts[1:])).st_mode
+    return stat.S_ISREG(mode) and bool(mode & 0o111)
+
+
+def find_jupyter(rootfs: Path, config: ImageConfig) -> str | None:
+    """The container path of the image's `jupyter`, when it has a kernelspec `python`, or None."""
+    jupyter = find_executable(rootfs, config, "jupyter")
+    if jupyter is None:
+        return None
+    found = resolve_in_root(rootfs, jupyter)
+    prefixes = [str(PurePosixPath(jupyter).parent.parent)]
+    if found is not None:
+        prefixes.append(str(found.parent.parent))
+    data = [p for p in config.environment.get("JUPYTER_PATH", "").split(":") if p]
+    data += [f"{prefix}/share/jupyter" for prefix in (*prefixes, "/root/.local", "/usr/local")]
+    data.append("/usr/share/jupyter")
+    for folder in data:
+        spec = resolve_in_root(rootfs, f"{folder}/kernels/python/kernel.json")
+        if spec is not None and os.path.isfile(rootfs.joinpath(*spec.parts[1:])):
+            return jupyter
     return None

@@ -6,10 +6,20 @@ template), gets: no download. Any other image is pulled into the store (`store.p
 with its own root; an image create answers as the real server's Docker runtime does when the
 image cannot be had: `DOCKER::SANDBOX_IMAGE_PULL_FAILED` with the reason first in its message
 (`pull.PullError`), nothing left behind.
+
+Which execd a sandbox of an image runs, as OpenSandbox's Docker runtime injects it: the
+server's execd binary when it has one (`execd`, or `execd_image`'s, see `execd_image.py`),
+with the image's own Jupyter where the image has one (`config.find_jupyter`: the official
+code-interpreter images), else without (commands and files work, a run_code answers execd's
+own error); without a binary, our execd with the image's python3. The container's main
+process is Python (ours, on the image's python3), so an image without python3 fails the
+create (`IMAGE_NO_EXECD`, naming both ways out) even with a binary.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,17 +29,21 @@ from ...http.exchange import HttpError, error
 from ..container import Launch
 from ..execd_binary import ExecdBinary
 from ..options import DEFAULT_HOST_IMAGES
-from .config import ConfigError
+from .config import ConfigError, find_jupyter
+from .execd_image import execd_from_image
 from .pull import Puller, PullError, host_platform
 from .store import DEFAULT_CAP, ImageStore, default_root
 from .unpack import OwnerMap, server_owned
 
 PULL_FAILED = "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
 NO_EXECD = (
-    "the image {uri} has no python3 on its PATH, and this server has no execd binary; a"
-    " sandbox needs one of them to run execd: use an image with python3 (3.9 or later), or"
-    " start the server with an execd binary for images without Python (osb-sync serve --execd"
-    " PATH; not available yet for images)"
+    "the image {uri} has no python3 on its PATH, which this server needs to start a"
+    " sandbox's execd: use an image with python3 (3.9 or later){binary}"
+)
+NO_BINARY = (
+    "; for the real execd in images, start the server with OpenSandbox's execd binary"
+    " (osb-sync serve --execd PATH, or --execd-image REF to take it from an image), which"
+    " still needs python3 in the image for now"
 )
 
 
@@ -110,8 +124,30 @@ class ImageService:
         except OSError as exc:
             raise _failed(uri, "IMAGE_PULL_FAILED", f"the store said: {exc}") from None
         if image.python is None:
-            raise _failed(uri, "IMAGE_NO_EXECD", NO_EXECD.format(uri=uri))
-        return Launch(image=image, image_ids=ids)
+            way = " (with this server's execd binary too)" if self.binary else NO_BINARY
+            raise _failed(uri, "IMAGE_NO_EXECD", NO_EXECD.format(uri=uri, binary=way))
+        if self.binary is None:
+            return Launch(image=image, image_ids=ids)
+        binary = self.binary.for_image(find_jupyter(image.rootfs, image.config))
+        return Launch(binary=binary, image=image, image_ids=ids)
+
+    def execd_binary(self, reference: str, target: Path) -> tuple[Path, str]:
+        """The execd binary of the image `reference` (`execd_image.py`), linked at `target`
+        (a path the sandboxes' root can reach, e.g. in the server's state directory).
+
+        Returns:
+            (`target`, where it came from: `REF@sha256:... (/execd)`).
+
+        Raises:
+            ExecdImageError: the image cannot be had or holds no execd binary.
+        """
+        found = execd_from_image(self.store, reference)
+        target.unlink(missing_ok=True)
+        try:
+            os.link(found.path, target)
+        except OSError:  # another file system
+            shutil.copy2(found.path, target)
+        return target, f"{found.pinned} ({found.found_at})"
 
 
 def _failed(uri: str, reason: str, message: str) -> HttpError:
