@@ -228,7 +228,8 @@ class SandboxContainer:
         """Make a launched container the sandbox's: network, env and token; then it serves.
 
         Args:
-            config: `env` (the sandbox's variables) and `token` (execd's access token).
+            config: `env` (the sandbox's variables), `token` (execd's access token) and
+                `entrypoint` (an argv execd starts after itself, or None: `entrypoint.py`).
             internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
 
         Raises:
@@ -243,6 +244,7 @@ class SandboxContainer:
                 )
                 self.network = "slirp4netns"
             line = {"token": config["token"], "env": self._env(config["env"])}
+            line["entrypoint"] = config.get("entrypoint")  # started once execd serves
             self._send({**line, "address_space_limit": self._limits.address_space})
             if read_until(self._ready_r, b"\n", deadline) != b"serving\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
