@@ -7,11 +7,13 @@ entrypoint (`execd/main.py`, told on the claim line: a warm spare starts it at i
 spares and pools serve every entrypoint), and a one-string entrypoint with spaces is split as
 a shell would (`shlex`). The sandbox's container ends with it (`liveness.py`).
 
-The host's view (no image, or one of `host_images`) stands for the code-interpreter image, whose
-own entrypoint our execd replaces: the client's default (`/opt/code-interpreter/
-code-interpreter.sh`, and its older path) and the idle `tail -f /dev/null` (the server's default)
-start no process there; they would only wait, and the host has no such script. Any other
-entrypoint runs, an image's always.
+Two entrypoints start no process, in any sandbox: the code-interpreter image's script (the
+client's default, `/opt/code-interpreter/code-interpreter.sh`, and its older path), which
+starts execd and Jupyter, the job our execd already does here; and the idle `tail -f /dev/null`
+(the server's default), which only waits, as execd does. So the default create costs nothing
+extra, and an image without that script still runs with the client's default (on the real
+server it would fail: it needs the script in the image; and an image without `tail` would fail
+there too). Any other entrypoint runs.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from typing import Any
 from .container import Launch
 
 IDLE = ("tail", "-f", "/dev/null")
-# The host view's stand-ins: what our execd already does in their place.
-HOST_VIEW_BUILT_IN = (
+# What our execd already does in their place (see the module docstring).
+BUILT_IN = (
     IDLE,
     ("/opt/code-interpreter/code-interpreter.sh",),
     ("/opt/opensandbox/code-interpreter.sh",),
@@ -41,6 +43,6 @@ def command(body: dict[str, Any], image: Launch | None) -> list[str] | None:
     given = [str(a) for a in body.get("entrypoint") or ()]
     if len(given) == 1 and " " in given[0]:
         given = shlex.split(given[0])
-    if image is None or image.image is None:
-        return None if not given or tuple(given) in HOST_VIEW_BUILT_IN else given
-    return image.image.config.effective_entrypoint(given) or None
+    if image is not None and image.image is not None:
+        given = image.image.config.effective_entrypoint(given)
+    return None if not given or tuple(given) in BUILT_IN else given
