@@ -272,19 +272,36 @@ class Puller:
         return [*command, source.skopeo_ref(), *rest]
 
     def _total(self, source: Source, platform: dict[str, str], auth_file: Path) -> int | None:
-        """The bytes of the image's layers (`skopeo inspect`), or None when it cannot say."""
+        """The bytes of the image's layers (its manifest's, by `skopeo inspect --raw`; from a
+        manifest list, the platform's), or None when it cannot say."""
+        ref = source.skopeo_ref()
         try:
-            done = subprocess.run(
-                self._skopeo(source, platform, auth_file, "inspect"),
-                env=self.environment(),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=60,
-            )
-            layers = json.loads(done.stdout).get("LayersData") or []
-            return sum(int(layer.get("Size") or 0) for layer in layers) or None
-        except (OSError, ValueError, AttributeError, subprocess.TimeoutExpired, PullError):
-            return None
+            for _ in range(2):  # a manifest list, then the platform's manifest
+                done = subprocess.run(
+                    [*self._skopeo(source, platform, auth_file, "inspect")[:-1], "--raw", ref],
+                    env=self.environment(),
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=60,
+                )
+                manifest = json.loads(done.stdout)
+                if "layers" in manifest:
+                    return sum(int(layer.get("size") or 0) for layer in manifest["layers"]) or None
+                wanted = (platform.get("os", "linux"), platform.get("arch", ""))
+                chosen = [
+                    m["digest"]
+                    for m in manifest.get("manifests") or []
+                    if (m.get("platform", {}).get("os"), m.get("platform", {}).get("architecture"))
+                    == wanted
+                ]
+                if not chosen or source.transport != "docker":
+                    return None
+                ref = f"docker://{source.name}@{chosen[0]}"
+        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+            return None  # no usable manifest: the bar shows bytes only
+        except (subprocess.TimeoutExpired, PullError):
+            return None  # the copy that follows says what is wrong
+        return None
 
     def _auth(self, source: Source, auth: dict[str, Any] | None, folder: Path) -> Path:
         """The `--authfile` of this pull: the create's credentials, the operator's, or none."""
