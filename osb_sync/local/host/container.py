@@ -1,7 +1,8 @@
 """A sandbox's container on the host side: start, reach, pause, resume and delete it.
 
-The container's main process is `execd/main.py` (our execd, JUPYTER_PORT and a relay),
-started under bubblewrap (`bwrap.py`), or as a plain subprocess where isolation is impossible.
+The container's main process is `execd/main.py` (our execd, JUPYTER_PORT and a relay, then
+the sandbox's entrypoint, whose end ends it: `entrypoint.py`), started under bubblewrap
+(`bwrap.py`), or as a plain subprocess where isolation is impossible.
 The server reaches the container only through a listening Unix socket it makes in a host
 directory the sandbox cannot see and hands to the main process as an inherited descriptor.
 
