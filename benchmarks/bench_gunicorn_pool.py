@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import local_server, median, percentile, report, rotated  # noqa: E402
 from osb_sync import Client  # noqa: E402
-from tests.redisserver import free_port, own_redis  # noqa: E402
+from tests.redisserver import free_port, own_redis, wait_until_up  # noqa: E402
 
 POOL_KEY = "osb_sync.pool"  # the documented tag of every pooled sandbox
 WIDE = "shared, max_size=size+workers"
@@ -144,16 +144,7 @@ def round_of(mode: str, api_base: str, redis_url: str, args: argparse.Namespace)
                 peak[0] = max(peak[0], pooled(client, name))
 
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if requests.get(f"{base}/up", timeout=5).ok:
-                        break
-                except (requests.ConnectionError, requests.Timeout):
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError(f"gunicorn did not start:\n{log_path.read_text()}")
-                time.sleep(0.1)
+            wait_until_up(f"{base}/up", 60, server, log_path)
             with ThreadPoolExecutor(args.concurrency) as executor, requests.Session() as http:
                 list(executor.map(lambda _: post(http, f"{base}/run"), range(args.concurrency)))
             before = steady(client, name, args.size)

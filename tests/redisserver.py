@@ -38,6 +38,23 @@ def free_port() -> int:
         return port
 
 
+def wait_until_up(url: str, timeout: float, process: subprocess.Popen[bytes], log: Path) -> None:
+    """Poll ``GET url`` until it answers 2xx; raise (with the service's log) if the process
+    exits first or ``timeout`` seconds pass. For the loopback services the tests start."""
+    import requests  # here: redis-py users of this module need no requests at import
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if requests.get(url, timeout=5).ok:
+                return
+        except (requests.ConnectionError, requests.Timeout):
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError(f"{url} did not come up (exit {process.poll()}):\n{log.read_text()}")
+        time.sleep(0.1)
+
+
 class RedisServer:
     """One redis-server process; ``restart()`` brings it back empty on the same port."""
 

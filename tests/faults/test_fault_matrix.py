@@ -590,8 +590,9 @@ def test_the_local_server_does_not_hold_streams_back_for_delayed_acks() -> None:
     The local server sends the status line, the headers and each event in separate small
     writes without TCP_NODELAY, so every streamed answer waits about 40 ms (Linux's minimum
     delayed ACK) before its second segment leaves. Go's execd sets TCP_NODELAY; a healthy
-    ``run_code("pass")`` on loopback takes about 10 ms, under the 35 ms asserted here (Nagle
-    costs 40 ms or more).
+    ``run_code("pass")`` on loopback takes about 10 ms. Nagle's wait is a floor under every
+    run, so the fastest of 30 is asserted under 35 ms: a loaded machine slows the median (the
+    flake hunt saw 114 ms under four copies of the suite), not every run.
     """
     from osb_sync.local import LocalServer
 
@@ -603,9 +604,8 @@ def test_the_local_server_does_not_hold_streams_back_for_delayed_acks() -> None:
         for _ in range(3):
             sandbox.run_code("pass")
         times = []
-        for _ in range(15):
+        for _ in range(30):
             started = time.perf_counter()
             sandbox.run_code("pass")
             times.append(time.perf_counter() - started)
-    median = sorted(times)[len(times) // 2]
-    assert median < 0.035, f"run_code('pass') took {median * 1e3:.0f} ms (median of 15)"
+    assert min(times) < 0.035, f"run_code('pass') took at least {min(times) * 1e3:.0f} ms (of 30)"

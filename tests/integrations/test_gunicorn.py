@@ -26,7 +26,7 @@ pytest.importorskip("gunicorn")
 
 from osb_sync import Client
 from osb_sync.local import LocalServer
-from tests.redisserver import RedisServer, free_port, redis_server
+from tests.redisserver import RedisServer, free_port, redis_server, wait_until_up
 
 __all__ = ["redis_server"]  # the fixture, imported for pytest
 
@@ -99,15 +99,7 @@ def test_four_workers_share_one_pool_of_four(
 
         sampler = threading.Thread(target=count, daemon=True)
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if requests.get(f"{base}/up", timeout=2).ok:
-                        break
-                except requests.ConnectionError:
-                    pass
-                assert time.monotonic() < deadline, (tmp_path / "gunicorn.log").read_text()
-                time.sleep(0.1)
+            wait_until_up(f"{base}/up", 60, server, tmp_path / "gunicorn.log")
             sampler.start()
             with ThreadPoolExecutor(REQUESTS) as executor:
                 answers = list(executor.map(

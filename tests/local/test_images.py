@@ -17,6 +17,7 @@ import pytest
 
 import osb_sync
 from osb_sync.local import LocalServer
+from osb_sync.local.host import recovery
 from tests import imagekit
 from tests.imagekit import Entry, Image, LoopbackRegistry, layer_bytes, write_layout
 
@@ -182,6 +183,22 @@ def test_an_image_that_cannot_be_had_fails_the_create_and_leaves_nothing(
 def test_the_default_image_is_still_the_host_view(image_server: LocalServer) -> None:
     with _client(image_server).create_sandbox() as sandbox:
         assert sandbox.commands.run("echo $PATH").stdout.startswith("/opt/osb-sync/bin")
+
+
+def test_an_images_writable_layer_is_on_the_sandboxs_limited_disk(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    limits = {"cpu": "1", "memory": "512Mi", "ephemeral-storage": "16Mi"}
+    client = _client(image_server)
+    with client.create_sandbox(template=registries["bullseye"], resource_limits=limits) as box:
+        assert "ephemeral-storage=16Mi (tmpfs" in client.get_sandbox(box.id).message
+        # the overlay's upper directory takes the copy-up and new files: 16 MiB in all
+        full = box.commands.run("head -c 20M /dev/zero > /srv/app/big; echo exit=$?")
+        assert "No space left on device" in full.stderr and "exit=1" in full.stdout, full
+        assert box.commands.run("rm /srv/app/big && echo ok > /etc/x && cat /etc/x").stdout == (
+            "ok\n"
+        )
+    assert [p for p in recovery.mount_points() if box.id in p] == []
 
 
 def _until_state(client: osb_sync.Client, sandbox_id: str, states: set[str]) -> Any:

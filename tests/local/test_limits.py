@@ -94,6 +94,13 @@ def test_quantities_parse_like_kubernetes(text: str, value: Decimal) -> None:
         ({"pids": "2.5"}, "whole number"),
         ({"pids": "4"}, "from 16"),
         ({"pids": "1G"}, "from 16"),
+        ({"ephemeral-storage": "lots"}, "not a quantity"),
+        ({"ephemeral-storage": "1Mi"}, "at least 4Mi"),
+        ({"ephemeral-storage": "16.5"}, "whole number of bytes"),
+        ({"ephemeral-storage": "16Ei"}, "below 8Ei"),
+        ({"inodes": "10"}, "from 512"),
+        ({"inodes": "700.5"}, "from 512"),
+        ({"inodes": "8Gi"}, "from 512"),
     ],
 )
 def test_bad_limits_answer_400_naming_the_value(
@@ -113,13 +120,24 @@ def test_plan_never_claims_a_limit_without_its_controller() -> None:
     assert message == (
         " Limits enforced: memory=128Mi (RLIMIT_AS, per process);"
         " not enforced: cpu=500m (no writable cpu cgroup), pids=512 (no writable pids cgroup;"
-        " RLIMIT_NPROC counts a whole user's processes, not a sandbox's), gpu=1 (not supported"
-        " locally)."
+        " RLIMIT_NPROC counts a whole user's processes, not a sandbox's), ephemeral-storage=1Gi,"
+        " inodes=100000 (no per-sandbox filesystem here), gpu=1 (not supported locally)."
     )
-    full = limits.plan(requested, frozenset(limits.CONTROLLERS))
+    full = limits.plan(requested, frozenset(limits.CONTROLLERS), "tmpfs")
     assert full.message().startswith(
-        " Limits enforced: memory=128Mi (cgroup), cpu=500m (cgroup), pids=512 (cgroup);"
+        " Limits enforced: memory=128Mi (cgroup), cpu=500m (cgroup), pids=512 (cgroup),"
+        " ephemeral-storage=1Gi (tmpfs for all it writes, in memory: charged to the writer's"
+        " memory cgroup), inodes=100000 (tmpfs); not enforced: gpu=1"
     )
+    assert full.disk == (1 << 30, 100_000)
+    small = limits.parse({"ephemeral-storage": "64Mi"})
+    unprivileged = limits.plan(small, frozenset(), "per-directory")
+    assert unprivileged.disk == (64 << 20, 100_000)
+    assert (
+        "ephemeral-storage=64Mi (bwrap tmpfs, per writable directory, in memory)"
+        in (unprivileged.message().split("; not enforced")[0])
+    )
+    assert "inodes=100000 (a server not running as root" in unprivileged.message()
     assert full.cgroup["cpu"]["cpu.cfs_quota_us"] == "50000"
 
 
@@ -128,8 +146,9 @@ def test_status_message_says_which_limits_are_enforced(
 ) -> None:
     box = limited_box(limited_server, http)
     assert box.created["status"]["message"].endswith(
-        " Limits enforced: memory=128Mi (cgroup), cpu=0.5 (cgroup), pids=64 (cgroup);"
-        " not enforced: none."
+        " Limits enforced: memory=128Mi (cgroup), cpu=0.5 (cgroup), pids=64 (cgroup),"
+        " ephemeral-storage=1Gi (tmpfs for all it writes, in memory: charged to the writer's"
+        " memory cgroup), inodes=100000 (tmpfs); not enforced: none."
     )
     got = http.get(f"{limited_server.api_base}/sandboxes/{box.id}").json()
     assert got["status"]["message"] == box.created["status"]["message"]
@@ -197,7 +216,9 @@ def test_without_controllers_memory_falls_back_to_rlimit_as_and_says_so(
     with LocalServer(ping_interval=0.2, command_grace=0, min_timeout=1, isolation=True) as srv:
         box = limited_box(srv, http)
         message = box.created["status"]["message"]
-        assert "Limits enforced: memory=128Mi (RLIMIT_AS, per process); not enforced:" in message
+        assert "Limits enforced: memory=128Mi (RLIMIT_AS, per process), ephemeral-storage=1Gi" in (
+            message
+        )
         assert "cpu=0.5 (no writable cpu cgroup)" in message
         assert "pids=64 (no writable pids cgroup" in message
         assert "(cgroup)" not in message

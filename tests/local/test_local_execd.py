@@ -253,6 +253,25 @@ def test_background_command_status_and_logs(box: Box) -> None:
     assert (missing.status_code, missing.json()["code"]) == (404, "INVALID_REQUEST_BODY")
 
 
+def test_a_background_command_ends_though_a_child_holds_its_output(box: Box) -> None:
+    command = "echo first; (sleep 3; echo later) & echo last"
+    command_id = box.command(command, background=True)[0]["text"]
+    url, logs = f"/command/status/{command_id}", f"/command/{command_id}/logs"
+    started = time.monotonic()
+    assert wait_for(lambda: not box.call("GET", url).json()["running"])
+    assert time.monotonic() - started < 2.5  # the exit, not the child's end, ends the command
+    assert box.call("GET", logs).text == "first\nlast\n"  # all of it once done
+    assert wait_for(lambda: box.call("GET", logs).text == "first\nlast\nlater\n", timeout=15)
+
+
+def test_a_background_command_is_killed_at_its_timeout(box: Box) -> None:
+    command_id = box.command("echo start; sleep 30", background=True, timeout=300)[0]["text"]
+    url = f"/command/status/{command_id}"
+    assert wait_for(lambda: not box.call("GET", url).json()["running"], timeout=10)
+    assert box.call("GET", url).json()["exit_code"] == -1
+    assert box.call("GET", f"/command/{command_id}/logs").text == "start\n"
+
+
 def test_interrupt_command(box: Box) -> None:
     command_id = box.command("sleep 30", background=True)[0]["text"]
     assert box.call("DELETE", "/command", params={"id": command_id}).status_code == 200

@@ -95,7 +95,7 @@ def test_a_start_on_a_state_directory_reaps_what_a_killed_server_left(tmp_path: 
         # What a kill mid-way leaves: a process stuck in a sandbox's group, a half-written
         # upload, a mount, and a create cut short (its directory and a group, no process).
         strays.append(stray_in_group(cgroup.parent_dir("pids") / ids[0]))
-        (state / f"{ids[1]}.run" / "execd" / "upload-0123456789abcdef").write_bytes(
+        (state / f"{ids[1]}.run" / "disk" / "execd" / "upload-0123456789abcdef").write_bytes(
             b"x" * (1 << 20)
         )
         (state / ids[1] / "mnt").mkdir()
@@ -109,6 +109,8 @@ def test_a_start_on_a_state_directory_reaps_what_a_killed_server_left(tmp_path: 
         strays.append(stray_in_group(cgroup.parent_dir("pids") / half))
         first.kill()
         assert alive(strays[0].pid) and alive(strays[1].pid)
+        left = set(recovery.sandbox_ids(state))  # its sandboxes' and spares' (their tmpfs too)
+        assert {*ids, half} <= left and mounts_below(state)
 
         second = ServerProcess(root_dir=str(state), log=log)
         try:
@@ -119,7 +121,7 @@ def test_a_start_on_a_state_directory_reaps_what_a_killed_server_left(tmp_path: 
             assert wait_for(lambda: not any(alive(p.pid) for p in strays), 10)
             for sandbox_id in (*ids, half):
                 assert cgroup.leftover_groups(sandbox_id) == []
-            assert mounts_below(state) == []
+            assert [p for p in mounts_below(state) if any(i in p for i in left)] == []
             assert sorted(os.listdir(state)) == sorted(
                 {recovery.LOCK_NAME, ".spares"} & set(os.listdir(state))
             )

@@ -41,7 +41,9 @@ def tagged(client: Client, pool: SandboxPool) -> set[str]:
     return {info.id for info in client.list_sandboxes(metadata={POOL_KEY: pool.name})}
 
 
-def wait_for(predicate: object, timeout: float = 10.0) -> bool:
+def wait_for(predicate: object, timeout: float = 60.0) -> bool:
+    # Generous, as in test_pool_redis: under four copies of the suite and other work on
+    # 2 cores, a refill of two sandboxes took over 10 s in the flake hunt.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():  # type: ignore[operator]

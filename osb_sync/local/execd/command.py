@@ -1,18 +1,18 @@
 """execd command routes: `/command` (foreground and background), its status, logs and
 interrupt, and persistent bash sessions (`/session`), plus helpers shared by the execd routes.
 
-A foreground command writes to pipes (real execd tails files; pipes need no free disk, so a
-full disk does not silence it) and is reported one line per event; its stream stays open
-`command_grace` seconds after the terminal event. A background command's output goes to its
-log file, which the logs route reads by offset.
+A command writes to pipes (real execd tails files; pipes need no free disk, so a full disk
+does not silence it). A foreground command is reported one line per event; its stream stays
+open `command_grace` seconds after the terminal event. A background command's stdout and
+stderr share one pipe, which a thread of its own reads into the command's bounded in-memory
+`OutputLog` (`output.py`: the newest 4 MiB per command, 32 MiB per sandbox); the logs route
+reads it by byte offset, and the status says done only once the pipe was read to the exit.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -31,11 +31,13 @@ from ..http.bodies import (
     timeout_ms,
 )
 from ..http.exchange import EventStream, Exchange, error
-from .runner import SandboxRuntime, kill_group, resolve_cwd
+from .output import LogBudget
+from .runner import SandboxRuntime, resolve_cwd
 from .workers import (
     CommandRecord,
     LineSplitter,
     ShellSession,
+    collect_output,
     complete,
     exit_error,
     failure,
@@ -44,7 +46,6 @@ from .workers import (
 )
 
 SHELL = shutil.which("bash") or "/bin/sh"
-LOG_PIECE = 1 << 16
 
 
 @dataclass
@@ -106,7 +107,7 @@ def run_shell(
     sink: Callable[[str, bytes], None],
     on_start: Callable[[subprocess.Popen[bytes]], None] = lambda proc: None,
 ) -> int | str:
-    """Run `spec` with output tailed from files into `sink`; the exit code, or the start error."""
+    """Run `spec` with its output read from pipes into `sink`; the exit code, or the start error."""
     try:
         proc, paths = start_shell(runtime, spec)
     except OSError as exc:
@@ -125,6 +126,7 @@ class Commands:
         self._lock = threading.Lock()
         self._commands: dict[str, CommandRecord] = {}
         self._sessions: dict[str, ShellSession] = {}
+        self._logs = LogBudget()
 
     def close(self) -> None:
         """Kill every session (commands die with the sandbox's process groups)."""
@@ -222,27 +224,27 @@ class Commands:
             self._end(stream)
 
     def _background(self, ex: Exchange, command_id: str, spec: CommandSpec) -> None:
-        log_path = self.runtime.run_dir / f"{command_id}.log"
         try:
-            with open(log_path, "ab") as log:
-                proc = spawn_shell(self.runtime, spec, log, log)
+            proc = spawn_shell(self.runtime, spec, subprocess.PIPE, subprocess.STDOUT)
         except OSError as exc:
             stream = self._started_stream(ex, command_id)
             stream.bare_error("RUNTIME_ERROR", f"error starting background command: {exc}")
             self._end(stream)
             return
-        record = CommandRecord(command_id, spec.command, proc, background=True, log_path=log_path)
+        assert proc.stdout is not None
+        output = self._logs.new_log()
+        record = CommandRecord(command_id, spec.command, proc, background=True, output=output)
         self._remember(record)
 
-        def wait() -> None:
-            left = None if spec.deadline is None else max(0.0, spec.deadline - time.monotonic())
+        def collect(pipe: IO[bytes]) -> None:
             try:
-                proc.wait(left)
-            except subprocess.TimeoutExpired:
-                kill_group(proc.pid, signal.SIGKILL)
-            record.finish()
+                collect_output(proc, pipe, output.write, spec.deadline, record.finish)
+            finally:
+                output.close()
 
-        threading.Thread(target=wait, name=f"osb-local-bg-{command_id[:8]}", daemon=True).start()
+        threading.Thread(
+            target=collect, args=(proc.stdout,), name=f"osb-local-bg-{command_id[:8]}", daemon=True
+        ).start()
         stream = self._started_stream(ex, command_id)
         stream.event({"type": "execution_complete"})
         self._end(stream)
@@ -259,28 +261,27 @@ class Commands:
         ex.send_json(200, record.status())
 
     def logs(self, ex: Exchange) -> None:
-        """GET /command/{id}/logs?cursor=N: background output from byte offset N."""
+        """GET /command/{id}/logs?cursor=N: background output from byte offset N.
+
+        A cursor into output dropped past the log's bounds gets `[N bytes dropped]` first and
+        resumes at the oldest byte kept (`output.py`).
+        """
         record = self._record(ex.params["id"])
-        if record is None or record.log_path is None:
+        if record is None or record.output is None:
             raise bad_request(f"command {ex.params['id']} not found or not a background command")
         raw = ex.arg("cursor") or "0"
         if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
             raise bad_request("cursor must be a byte offset")
-        with open(record.log_path, "rb") as log:
-            size = os.fstat(log.fileno()).st_size
-            cursor = min(int(raw), size)
-            headers = {
-                "Content-Type": "text/plain; charset=utf-8",
-                "Content-Length": str(size - cursor),
-                "EXECD-COMMANDS-TAIL-CURSOR": str(max(int(raw), size)),
-            }
-            ex.start(200, headers)
-            log.seek(cursor)
-            left = size - cursor
-            while left > 0 and (data := log.read(min(LOG_PIECE, left))):
-                ex.handler.wfile.write(data)
-                left -= len(data)
-            ex.handler.wfile.flush()
+        pieces, cursor = record.output.read(int(raw))
+        headers = {
+            "Content-Type": "text/plain; charset=utf-8",
+            "Content-Length": str(sum(len(piece) for piece in pieces)),
+            "EXECD-COMMANDS-TAIL-CURSOR": str(cursor),
+        }
+        ex.start(200, headers)
+        for piece in pieces:
+            ex.handler.wfile.write(piece)
+        ex.handler.wfile.flush()
 
     def interrupt(self, ex: Exchange) -> None:
         """DELETE /command?id=: SIGTERM the command's group, SIGKILL it 3 s later."""

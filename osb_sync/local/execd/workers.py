@@ -8,12 +8,14 @@ timestamp) and never touches HTTP, so the framing stays in the route modules.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import selectors
 import shlex
 import signal
 import subprocess
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,9 +25,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..http.bodies import rfc3339
+from .output import OutputLog
 from .runner import SandboxRuntime, kill_group
 
 POLL_INTERVAL = 0.02
+EXIT_POLL_INTERVAL = 0.1  # how often a background command's exit is polled without a pidfd
 READ_SIZE = 1 << 16
 LINE_LIMIT = 1 << 20  # a longer line without a newline is sent in pieces of this size
 TERM_GRACE = 3.0
@@ -195,6 +199,85 @@ def _drop(pipes: list[IO[bytes]]) -> None:
             pipe.close()
 
 
+def collect_output(
+    proc: subprocess.Popen[bytes],
+    pipe: IO[bytes],
+    write: Callable[[bytes], None],
+    deadline: float | None,
+    on_exit: Callable[[], None],
+) -> None:
+    """Read `pipe` into `write` until EOF, killing `proc`'s group at `deadline`.
+
+    `on_exit` is called once `proc` has exited and what it had written was read (so a
+    status that says done has all its output), and the pipe is read on after it while a
+    child that inherited it (`sleep 60 &`) holds it open. The exit is seen through a pidfd,
+    or polled every EXIT_POLL_INTERVAL where there is none. Closes `pipe`.
+    """
+    fd = pipe.fileno()
+    os.set_blocking(fd, False)
+    try:
+        exit_fd: int | None = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # before Linux 5.3 or Python 3.9
+        exit_fd = None
+    exited = False
+    try:
+        with selectors.DefaultSelector() as waiter:
+            waiter.register(fd, selectors.EVENT_READ, "output")
+            if exit_fd is not None:
+                waiter.register(exit_fd, selectors.EVENT_READ, "exit")
+            while waiter.get_map() or not exited:
+                wait = None if exit_fd is not None or exited else EXIT_POLL_INTERVAL
+                if deadline is not None and not exited:
+                    left = max(0.0, deadline - time.monotonic())
+                    wait = left if wait is None else min(wait, left)
+                for key, _ in waiter.select(wait):
+                    if key.data == "output" and not _read_into(fd, write, READ_SIZE):
+                        waiter.unregister(fd)
+                    elif key.data == "exit":
+                        waiter.unregister(key.fd)
+                        proc.wait()
+                if not exited and proc.poll() is not None:
+                    _drain(fd, write)
+                    exited = True
+                    on_exit()
+                elif deadline is not None and not exited and time.monotonic() >= deadline:
+                    kill_group(proc.pid, signal.SIGKILL)
+                    deadline = None
+    finally:
+        if exit_fd is not None:
+            os.close(exit_fd)
+        pipe.close()
+        if not exited:  # an error above: never leave the status running
+            proc.wait()
+            on_exit()
+
+
+def _read_into(fd: int, write: Callable[[bytes], None], size: int) -> bool:
+    """Read up to `size` bytes of `fd` into `write`; False at EOF."""
+    try:
+        data = os.read(fd, size)
+    except BlockingIOError:
+        return True
+    if data:
+        write(data)
+    return bool(data)
+
+
+def _drain(fd: int, write: Callable[[bytes], None]) -> None:
+    """Read what `fd` holds now (not what a writer adds meanwhile, which could be endless)."""
+    held = bytearray(4)
+    fcntl.ioctl(fd, termios.FIONREAD, held)
+    left = int.from_bytes(held, "little")
+    while left > 0:
+        data = b""
+        with contextlib.suppress(BlockingIOError):
+            data = os.read(fd, min(left, READ_SIZE))
+        if not data:
+            return
+        write(data)
+        left -= len(data)
+
+
 @dataclass
 class CommandRecord:
     """A /command run, foreground or background, for status, logs and interrupt."""
@@ -203,7 +286,7 @@ class CommandRecord:
     content: str
     proc: subprocess.Popen[bytes]
     background: bool
-    log_path: Path | None = None
+    output: OutputLog | None = None  # a background command's output
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     finished_at: datetime | None = None
     exit_code: int | None = None

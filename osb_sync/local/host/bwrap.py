@@ -9,8 +9,8 @@ server's interpreter (`sys.base_prefix`, `sys.prefix`) and the osb_sync package 
 read-only. `python` and `python3` on `PATH` are that interpreter. Writable and private: `/tmp`,
 the sandbox's home (the working directory) and execd's state directory, each a host directory
 of the sandbox bound in (so the server can remove them, and they behave like the disk of a
-real container, not like memory). The disk cap is RLIMIT_FSIZE: a file grows to at most
-`FILE_SIZE_LIMIT` bytes; the number of files, hence the total, is not capped.
+real container). A root server's sandbox has them all on one size- and inode-limited tmpfs
+of its own (`disk.py`); RLIMIT_FSIZE (`FILE_SIZE_LIMIT`) caps each file besides.
 
 `/proc` is masked as Docker's default does (`proc_view`); `/sys` is not mounted at all. bwrap
 starts from `BWRAP_ENV`, never the server's environment, and reads its options (host paths)
@@ -289,15 +289,17 @@ def writable_binds(dirs: Sequence[tuple[Path, str]]) -> list[str]:
     return args
 
 
-def writable_tmpfs(places: Sequence[str]) -> list[str]:
+def writable_tmpfs(places: Sequence[str], size: int | None = None) -> list[str]:
     """bwrap arguments that give a sandbox its writable directories as private tmpfs.
 
     For a server that cannot chown host directories to the sandboxes' range (not root):
-    made inside the sandbox's user namespace, they belong to its root. `/tmp` is 1777.
+    made inside the sandbox's user namespace, they belong to its root. `/tmp` is 1777. Each is
+    at most `size` bytes (`--size`: per directory, not in all; bwrap caps no inodes).
     """
     args: list[str] = []
     for place in places:
-        args += (["--perms", "1777"] if place == "/tmp" else []) + ["--tmpfs", place]  # noqa: S108
+        args += ["--perms", "1777"] if place == "/tmp" else []  # noqa: S108
+        args += (["--size", str(size)] if size is not None else []) + ["--tmpfs", place]
     return args
 
 

@@ -12,6 +12,11 @@ Deleting a container kills the init process of its PID namespace (every process 
 it, whatever it did to escape its group); pause freezes its freezer cgroup where one can be made,
 else stops every process of the namespace. A sandbox that may reach the internet gets
 `slirp4netns` (host loopback disabled); a deny-all one keeps loopback only.
+
+A root server's sandbox writes on one tmpfs of its own (`disk.py`), mounted at `disk/` of its
+run directory: its writable directories, its home (the `<id>` directory of the server's root is
+a relative link to `<id>.run/disk/home`, so the pair can move as a spare's do) and an image's
+writable layer. Deleting the sandbox detaches the tmpfs.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import bwrap, identity, spawn, staging
+from . import bwrap, disk, identity, spawn, staging
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
@@ -39,6 +44,7 @@ from .images.store import StoredImage, hold
 from .limits import Plan
 from .slirp import start_slirp
 from .spawn import SPAWNER, pidfd, read_until, signal_pids
+from .volumes import Bind
 
 # Run by path, never imported here: execd/ is the sandbox side of the security line.
 MAIN_SCRIPT = str(Path(__file__).parents[1] / "execd" / "main.py")
@@ -49,6 +55,7 @@ START_ATTEMPTS = 3
 BINARY_START_TIMEOUT = 60.0  # a Jupyter server takes seconds to start, more on a busy machine
 STOP_TIMEOUT = 5.0
 OOM_CONTROL = "/run/osb-oom-control"  # the sandbox's memory.oom_control, as execd sees it
+HOME_NAME = "home-sandbox"  # the home's directory on the sandbox's tmpfs (beside "home")
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ class Launch:
     """
 
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours
-    mounts: tuple[str, ...] = ()  # bwrap arguments of its volumes (see `volumes.py`)
+    mounts: tuple[Bind, ...] = ()  # its volumes, opened (see `volumes.py`)
     plan: Plan | None = None
     controllers: frozenset[str] = frozenset()
     image: StoredImage | None = None  # its root instead of the host's view (`images/`)
@@ -97,17 +104,31 @@ class SandboxContainer:
     def __init__(self, sandbox_id: str, root: Path, support: bwrap.Support) -> None:
         self.home = root / sandbox_id
         self.run_dir = root / f"{sandbox_id}.run"
-        self.home.mkdir(parents=True)
-        self.run_dir.mkdir(mode=0o700)
-        for place in bwrap.WRITABLE:  # the home is self.home
-            if place != bwrap.SANDBOX_HOME:
-                self._writable(place).mkdir()
-        self._writable("/tmp").chmod(0o1777)  # noqa: S108 (the container's own /tmp)
         self.support = support
         self.isolated = support.bwrap is not None
         self.ids = support.ids if self.isolated else None
         if self.isolated and self.ids is None:
             raise RuntimeError("an isolated sandbox needs an id range (bwrap.probe finds it)")
+        self._disk = disk.mode(support, False)
+        self._disk_size = (disk.DEFAULT_BYTES, disk.DEFAULT_INODES)  # what it has now
+        root.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(mode=0o700)
+        if self._disk == "tmpfs" and self.ids is not None:
+            self._data.mkdir()
+            try:
+                disk.mount(self._data, *self._disk_size, self.ids.gid)
+                self._writable(bwrap.SANDBOX_HOME).mkdir()
+                self.home.symlink_to(Path(self.run_dir.name, disk.MOUNT_DIR, HOME_NAME))
+            except OSError:
+                disk.unmount(self._data)
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+                raise
+        else:
+            self.home.mkdir()
+        for place in bwrap.WRITABLE:  # the home is made above
+            if place != bwrap.SANDBOX_HOME:
+                self._writable(place).mkdir()
+        self._writable("/tmp").chmod(0o1777)  # noqa: S108 (the container's own /tmp)
         if self.ids is not None:
             # bwrap runs as the range's root: it must reach and write these (a root server's)
             identity.admit(root, self.ids)
@@ -149,6 +170,10 @@ class SandboxContainer:
         """
         self._settings = settings
         self._limits = settings.plan or Plan()
+        if self._limits.disk is not None and self._limits.disk != self._disk_size:
+            if self._disk == "tmpfs":
+                disk.resize(self._data, *self._limits.disk)
+            self._disk_size = self._limits.disk
         self._relay.bind(self._relay_path)
         os.chmod(self._relay_path, 0o600)
         self._relay.listen(128)
@@ -178,6 +203,8 @@ class SandboxContainer:
             else:
                 argv = [sys.executable, "-I", "-S", MAIN_SCRIPT, *command]
             extra_fds = [fd for fd in (options, self._seccomp_fd, passwd, group) if fd >= 0]
+            if self.isolated and not staging.available():
+                extra_fds += [bind.fd for bind in settings.mounts]  # bwrap's --bind-fd
             kept = (self._relay.fileno(), ready_w, info_w, block_r, *extra_fds)
             self._proc = SPAWNER.run(
                 lambda: subprocess.Popen(
@@ -293,6 +320,14 @@ class SandboxContainer:
         """
         if self._settings.plan is not None:
             return  # a cold start: written before its processes joined
+        if plan.disk is not None and plan.disk != self._disk_size:
+            if self._disk != "tmpfs":
+                raise RuntimeError("the spare's disk size was fixed at its start (bwrap --size)")
+            try:
+                disk.resize(self._data, *plan.disk)
+            except OSError as exc:
+                raise RuntimeError(f"the spare's disk could not be resized: {exc}") from None
+            self._disk_size = plan.disk
         missing = set(plan.cgroup) - set(self._cgroup.dirs if self._cgroup else ())
         if missing:
             raise RuntimeError(f"the spare has no {', '.join(sorted(missing))} group")
@@ -332,21 +367,31 @@ class SandboxContainer:
         self._proc.stdin.write(json.dumps(line).encode() + b"\n")
         self._proc.stdin.flush()
 
+    @property
+    def _data(self) -> Path:
+        """Where the sandbox's writable directories are: its tmpfs, else its run directory."""
+        return self.run_dir / disk.MOUNT_DIR if self._disk == "tmpfs" else self.run_dir
+
     def _writable(self, place: str) -> Path:
         """The host directory of the sandbox's writable `place` (one of `bwrap.WRITABLE`)."""
         if place == bwrap.SANDBOX_HOME:
-            return self.home
+            return self._data / HOME_NAME if self._disk == "tmpfs" else self.home
         if place == bwrap.EXECD_STATE_DIR:
-            return self.run_dir / "execd"
-        return self.run_dir / place.strip("/")
+            return self._data / "execd"
+        return self._data / place.strip("/")
+
+    def snapshot_dirs(self) -> dict[str, Path]:
+        """The sandbox's writable host directories a snapshot copies: home and /tmp."""
+        return {"home": self._writable(bwrap.SANDBOX_HOME), "tmp": self._writable("/tmp")}  # noqa: S108
 
     def _options(self, info_fd: int, ident: list[str]) -> int:
         """A descriptor (for `--args`) holding bwrap's options, NUL-terminated, read from 0."""
         if self.ids is not None and self.ids.helpers is None:
             writable = bwrap.writable_binds([(self._writable(p), p) for p in bwrap.WRITABLE])
         else:
-            writable = bwrap.writable_tmpfs(bwrap.WRITABLE)
-        binary, mounts = self._settings.binary, self._settings.mounts
+            size = self._disk_size[0] if self._disk == "per-directory" else None
+            writable = bwrap.writable_tmpfs(bwrap.WRITABLE, size)
+        binary, mounts = self._settings.binary, self._volume_binds()
         extra = binary.bwrap_args() if binary else []
         extra = [*extra, *self._oom_bind()]
         filtered = self.support.seccomp is not None
@@ -356,9 +401,9 @@ class SandboxContainer:
         image = self._settings.image
         if image is not None:
             self._image_fd = hold(image)
-            self._layer = rootfs.Layer(image, self.run_dir)
+            self._layer = rootfs.Layer(image, self._data)
             ids = self._settings.image_ids
-            state = self.run_dir / "execd"
+            state = self._writable(bwrap.EXECD_STATE_DIR)
             options = rootfs.image_options(
                 self._layer, image, state, info_fd, ids, mounts, [*ident, *extra]
             )
@@ -367,6 +412,23 @@ class SandboxContainer:
         if staging.available():
             options = bwrap.staged(options, self._staging.add, self.ids)
         return _memfd("bwrap-options", b"".join(os.fsencode(a) + b"\0" for a in options))
+
+    def _volume_binds(self) -> list[str]:
+        """bwrap arguments that mount the sandbox's volumes from their descriptors.
+
+        A root server binds each descriptor onto its staging directory (`staging.py`: the
+        kernel mounts the very directory the descriptor holds) and bwrap binds that, a path no
+        sandbox can write; any other server cannot mount on the host and hands bwrap the
+        descriptor (`--bind-fd`, which refuses a directory other than the descriptor's).
+        """
+        args: list[str] = []
+        for bind in self._settings.mounts:
+            if staging.available():
+                source = self._staging.add_fd(bind.fd, True, bind.read_only, volume=True)
+                args += ["--ro-bind" if bind.read_only else "--bind", source, bind.target]
+            else:
+                args += bind.bwrap_args()
+        return args
 
     def _oom_bind(self) -> list[str]:
         """bwrap arguments that show execd its memory group's OOM counter (read-only)."""
@@ -580,11 +642,14 @@ class SandboxContainer:
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1
-        if self._layer is not None:
-            self._layer.remove()
+        if self._layer is not None:  # on a tmpfs, its unmount below takes the files
+            self._layer.close() if self._disk == "tmpfs" else self._layer.remove()
         if self._image_fd >= 0:
             os.close(self._image_fd)
             self._image_fd = -1
+        if self._disk == "tmpfs":
+            disk.unmount(self._data)  # its files go with it
+            self.home.unlink(missing_ok=True)
         shutil.rmtree(self.home, ignore_errors=True)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 

@@ -1,7 +1,9 @@
 """A sandbox's `resourceLimits`: parse them, decide how each is enforced, and say so honestly.
 
 `memory`, `cpu` and a pids cap (`pids`, default 512) are enforced by cgroup v1 controllers the
-server can write (nested under its own group, see `cgroup.py`). Where the memory controller is
+server can write (nested under its own group, see `cgroup.py`). The disk (`ephemeral-storage`,
+default 1Gi, and `inodes`, default 100000) is a size- and inode-limited tmpfs per sandbox
+(`disk.py`: where it cannot be, what is enforced instead is said). Where the memory controller is
 not writable, RLIMIT_AS caps the address space of each process execd starts instead (per
 process, not the sandbox's total; execd itself stays uncapped). RLIMIT_NPROC is never used:
 it counts every process of a user id (host root for a root server, else the server's own
@@ -15,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
-from . import cgroup
+from . import cgroup, disk
 from .validation import bad_parameter
 
 DEFAULT_PIDS = 512
@@ -26,7 +28,11 @@ CPU_PERIOD_US = 100_000
 MIN_CPU = Decimal("0.01")
 MAX_CPU = 1024
 MAX_PIDS = 4_194_304  # the kernel's PID_MAX_LIMIT
+MIN_DISK = 4 << 20  # execd's state directory lives there too
+MIN_INODES = 512
+MAX_INODES = 2**32 - 1
 CONTROLLERS = ("memory", "cpu", "pids")
+DISK_KEYS = ("ephemeral-storage", "inodes")
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([a-zA-Z]*)")
 _SUFFIXES: dict[str, int | Decimal] = {
     "": 1,
@@ -73,6 +79,7 @@ class Requested:
     pids: int
     texts: dict[str, str]  # as given, for the status message
     others: tuple[str, ...]  # keys the local server has no means to enforce
+    disk: tuple[int, int] = (disk.DEFAULT_BYTES, disk.DEFAULT_INODES)  # bytes, inodes
 
 
 def parse(limits: dict[str, str]) -> Requested:
@@ -109,8 +116,34 @@ def parse(limits: dict[str, str]) -> Requested:
             )
         pids = int(value)
     texts.setdefault("pids", str(pids))
-    others = tuple(k for k in texts if k not in CONTROLLERS)
-    return Requested(memory, cpu, pids, texts, others)
+    others = tuple(k for k in texts if k not in (*CONTROLLERS, *DISK_KEYS))
+    return Requested(memory, cpu, pids, texts, others, _disk(texts))
+
+
+def _disk(texts: dict[str, str]) -> tuple[int, int]:
+    """The disk's bytes and inodes of `texts` (the defaults where absent, written in `texts`)."""
+    size, inodes = disk.DEFAULT_BYTES, disk.DEFAULT_INODES
+    if "ephemeral-storage" in texts:
+        text = texts["ephemeral-storage"]
+        value = quantity("ephemeral-storage", text)
+        if not MIN_DISK <= value <= MAX_MEMORY or value != int(value):
+            raise bad_parameter(
+                f"resourceLimits.ephemeral-storage {text[:40]!r} must be a whole number of "
+                f"bytes of at least {MIN_DISK >> 20}Mi and below 8Ei, e.g. 1Gi"
+            )
+        size = int(value)
+    if "inodes" in texts:
+        value = quantity("inodes", texts["inodes"])
+        if value != int(value) or not MIN_INODES <= value <= MAX_INODES:
+            raise bad_parameter(
+                f"resourceLimits.inodes {texts['inodes'][:40]!r} must be a whole number from "
+                f"{MIN_INODES} to {MAX_INODES}"
+            )
+        inodes = int(value)
+    whole_gi = size % (1 << 30) == 0
+    texts.setdefault("ephemeral-storage", f"{size >> 30}Gi" if whole_gi else str(size))
+    texts.setdefault("inodes", str(inodes))
+    return size, inodes
 
 
 @dataclass
@@ -119,6 +152,7 @@ class Plan:
 
     cgroup: dict[str, dict[str, str]] = field(default_factory=dict)
     address_space: int | None = None  # bytes, for every process execd starts
+    disk: tuple[int, int] | None = None  # the tmpfs's (or each tmpfs's) bytes and inodes
     enforced: list[str] = field(default_factory=list)
     unenforced: list[str] = field(default_factory=list)
 
@@ -135,8 +169,9 @@ def writable_controllers() -> frozenset[str]:
     return frozenset(c for c in CONTROLLERS if cgroup.usable(c))
 
 
-def plan(requested: Requested, controllers: frozenset[str]) -> Plan:
-    """Decide how each requested limit is enforced with the `controllers` at hand."""
+def plan(requested: Requested, controllers: frozenset[str], disk_mode: str = "none") -> Plan:
+    """Decide how each requested limit is enforced with the `controllers` at hand and the
+    sandbox's `disk.mode`."""
     out = Plan()
     texts = requested.texts
     if requested.memory is not None:
@@ -164,5 +199,22 @@ def plan(requested: Requested, controllers: frozenset[str]) -> Plan:
             f"pids={texts['pids']} (no writable pids cgroup; RLIMIT_NPROC counts a whole"
             " user's processes, not a sandbox's)"
         )
+    _plan_disk(out, requested, disk_mode)
     out.unenforced += [f"{k}={texts[k]} (not supported locally)" for k in requested.others]
     return out
+
+
+def _plan_disk(out: Plan, requested: Requested, disk_mode: str) -> None:
+    size, inodes = (f"{k}={requested.texts[k]}" for k in DISK_KEYS)
+    if disk_mode == "tmpfs":
+        out.disk = requested.disk
+        out.enforced += [
+            f"{size} (tmpfs for all it writes, in memory: charged to the writer's memory cgroup)",
+            f"{inodes} (tmpfs)",
+        ]
+    elif disk_mode == "per-directory":
+        out.disk = requested.disk
+        out.enforced.append(f"{size} (bwrap tmpfs, per writable directory, in memory)")
+        out.unenforced.append(f"{inodes} (a server not running as root mounts no tmpfs)")
+    else:
+        out.unenforced.append(f"{size}, {inodes} (no per-sandbox filesystem here)")

@@ -13,7 +13,8 @@ directory or of its `.spares/`), with one log line each:
   them forever), and, without cgroups, every process whose working directory is inside it;
 - its cgroups, of any age, in every controller (only groups named by an id of this state
   directory: other servers' groups share the parent);
-- mounts below its directories (lazily detached);
+- mounts below its directories (lazily detached): its disk's tmpfs (`disk.py`), an image's
+  overlay, staged binds;
 - its directories, with the staging files of uploads cut short.
 
 `sweep_strays` does the same for `osb-local-*` temporary directories whose server is gone.
@@ -125,6 +126,8 @@ def reap(root: Path) -> int:
         cgroup.remove_groups(groups)
         unmounted = _unmount_below(dirs)
         for path in dirs:
+            if path.is_symlink():  # a home on the sandbox's tmpfs (`disk.py`)
+                path.unlink()
             shutil.rmtree(path, ignore_errors=True)
         logger.info(
             "local server: reaped sandbox %s of a previous server (%d processes killed, %d"

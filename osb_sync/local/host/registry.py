@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, unquote
 
 from ..http.bodies import rfc3339
 from ..http.exchange import Exchange, HttpError, error
-from . import diagnostics, limits, liveness, network, volumes
+from . import diagnostics, disk, limits, liveness, network, volumes
 from .bwrap import Support, network_plan
 from .capacity import Capacity
 from .container import Launch, SandboxContainer
@@ -205,13 +205,11 @@ class Registry:
             return sandbox
 
     def _refresh(self, sandbox: LocalSandbox, now: datetime) -> None:
-        event = sandbox.refresh(now)
-        if event is not None:
+        if (event := sandbox.refresh(now)) is not None:
             self.journal.record(sandbox.id, event)
 
     def _get(self, ex: Exchange) -> LocalSandbox:
-        sandbox = self.find(ex.params["id"])
-        if sandbox is None:
+        if (sandbox := self.find(ex.params["id"])) is None:
             raise not_found(ex.params["id"])
         return sandbox
 
@@ -250,20 +248,23 @@ class Registry:
             self.config.support,
             self.config.unenforced_network_policy == "accept",
         )
-        plan = limits.plan(limits.parse(body["resourceLimits"]), self.config.limit_controllers)
+        requested = limits.parse(body["resourceLimits"])
         isolated = self.config.support.bwrap is not None
         mounts = volumes.mounts(body.get("volumes"), *self.config.volume_places, isolated)
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
-        config = {"env": env, "token": token, "limits": plan}
-        image = self.config.images.launch(body) if self.config.images is not None else None
-        try:
+        config: dict[str, Any] = {"env": env, "token": token}
+        try:  # the volumes' descriptors are closed below, however the create ends
+            image = self.config.images.launch(body) if self.config.images is not None else None
+            disk_mode = disk.mode(self.config.support, bool(image and image.image))
+            plan = limits.plan(requested, self.config.limit_controllers, disk_mode)
+            config["limits"] = plan
             spares = pool.spares if pool is not None else None
             with self.capacity.admit():
                 container = self.containers.claimed(body, config, internet, mounts, spares, image)
             if snapshot is not None:
                 try:
-                    self.snapshots.restore(snapshot, self._writable(container))
+                    self.snapshots.restore(snapshot, container.snapshot_dirs())
                 except BaseException:
                     container.close()
                     raise
@@ -271,6 +272,8 @@ class Registry:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
             ) from None
+        finally:
+            volumes.close(mounts)
         sandbox_id = container.home.name
         try:
             binary = self.config.binary
@@ -297,11 +300,6 @@ class Registry:
         if sandbox.state == "Running":
             self.journal.record(sandbox_id, "started: Running")
         ex.send_json(202, sandbox.view(created=True))
-
-    @staticmethod
-    def _writable(container: SandboxContainer) -> dict[str, Path]:
-        """The sandbox's writable host directories a snapshot copies: home and /tmp."""
-        return {"home": container.home, "tmp": container.run_dir / "tmp"}
 
     def _register(
         self,
@@ -555,7 +553,7 @@ class Registry:
                         sandbox.container.resume()
 
         snapshot = self.snapshots.take(
-            sandbox.id, name, sandbox.body, self._writable(sandbox.container), frozen
+            sandbox.id, name, sandbox.body, sandbox.container.snapshot_dirs(), frozen
         )
         self.journal.record(sandbox.id, f"snapshot {snapshot.id} started")
         ex.send_json(202, snapshot.view(), {"Location": f"/v1/snapshots/{snapshot.id}"})

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
@@ -32,6 +32,7 @@ from typing import Any
 from . import entrypoint
 from .bwrap import Support
 from .container import START_ATTEMPTS, Launch, SandboxContainer
+from .volumes import Bind
 
 logger = logging.getLogger("osb_sync.local")
 
@@ -209,7 +210,7 @@ class ContainerSource:
         body: dict[str, Any],
         config: dict[str, Any],
         internet: bool,
-        mounts: list[str],
+        mounts: Sequence[Bind],
         spares: SparePool | None = None,
         image: Launch | None = None,
     ) -> SandboxContainer:
@@ -220,7 +221,8 @@ class ContainerSource:
             config: `env` (the sandbox's variables), `token` (execd's access token) and
                 `limits` (a `limits.Plan`).
             internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
-            mounts: bwrap arguments of its volumes (given only with `volumes`: a cold start).
+            mounts: its volumes, opened (given only with `volumes`: a cold start); the
+                caller closes them once this returns.
             spares: the SparePool to claim from (a named pool's); default the server's.
             image: the `image` and `image_ids` of a sandbox that runs an image (a cold start).
 

@@ -12,8 +12,14 @@ path. Once bwrap has made its mount namespace (its copy of these mounts),
 `release` detaches them from the host's. Each bind is private (no propagation either way),
 and read-only or `nosuid,nodev` as asked.
 
-Only a server running as root can mount: elsewhere `available()` is False and sources are
-bound by name.
+Why `mount(2)` of `/proc/self/fd/N` and not `open_tree`/`move_mount`: both mount the very
+directory the descriptor holds (the kernel follows the proc link to it, no name is looked up),
+but the new mount API needs Linux 5.2 and raw syscall numbers per architecture through ctypes
+(glibc wraps it only from 2.36), and its detached mount would still have to reach bwrap by a
+path: bwrap takes no mount descriptor, and may not attach one from another user namespace.
+
+Only a server running as root can mount: elsewhere `available()` is False, sources are bound
+by name, and volumes (which a sandbox may swap) by bwrap's `--bind-fd` (`volumes.py`).
 """
 
 from __future__ import annotations

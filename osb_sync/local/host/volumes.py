@@ -1,23 +1,46 @@
-"""A sandbox's `volumes`, as OpenSandbox's Docker runtime mounts them: checked, then bwrap binds.
+"""A sandbox's `volumes`, as OpenSandbox's Docker runtime mounts them: checked, opened, bound.
 
 - `host` `{path}`: that host directory, only under a directory the server allows
   (`allowed_host_paths`, none by default);
 - `pvc` `{claimName, createIfNotExists}`: the directory `<volume root>/<claimName>`, made on
   first use unless `createIfNotExists` is false; it outlives the sandboxes that mount it.
 
-`subPath` (relative, no `..`) selects a directory inside either; every source is resolved
-(symlinks included) and must stay inside the directory it belongs to. `readOnly` binds it
-read-only: writes fail with EROFS. Other backends (`ossfs`) answer 400. A sandbox's own code
-may swap a directory of a pvc it mounts for a symlink between this check and the mount; the
-sources are therefore passed to bwrap already resolved.
+`subPath` (relative, no `..`) selects a directory inside either. `readOnly` binds it read-only:
+writes fail with EROFS. Other backends (`ossfs`) answer 400. Every volume is mounted
+`nosuid,nodev`.
+
+Bound by descriptor, never by name. A sandbox's own code may write a pvc (or a read-write host
+directory) that another sandbox is being created on, and swap a directory of it for a symlink
+to anywhere, in a loop (`renameat2(RENAME_EXCHANGE)`): a path checked here and bound later by
+name may by then name a directory outside. So each source is resolved once (symlinks that stay
+inside its volume are followed, as Kubernetes does for `subPath`), then opened from `/`
+component by component with `O_PATH | O_NOFOLLOW | O_DIRECTORY`, each component under the
+descriptor of its parent: a symlink met there (a swap since the check) refuses the create (400
+`VOLUME::INVALID_SUB_PATH`, try again) instead of being followed. The descriptor is checked
+itself (a directory, and the path the kernel names for it still inside its volume), and what is
+mounted is that descriptor (`Bind`): on a root server, `staging.Staging.add_fd` bind-mounts its
+`/proc/self/fd/N` (a kernel reference to that very directory, not a path looked up again) onto
+a directory of the server's own, and bwrap binds that; elsewhere bwrap gets `--bind-fd N`,
+which looks up the descriptor's path again but compares device and inode of what it mounted
+with the descriptor's and dies on a difference ("Race condition binding dirfd"): the create
+fails, nothing outside is mounted. Directories the server makes (a claim, a missing `subPath`)
+are made the same way, under their parent's descriptor, and given to the range through their
+own descriptor, so no swap redirects a `chown`.
+
+The descriptors live from the check until bwrap has mounted them: the caller closes them
+(`close`) once the create is done, whether it succeeded or not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
+import stat
 import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,45 +137,118 @@ def _mount_path(volume: dict[str, Any], protected: tuple[str, ...]) -> str:
     return path
 
 
-def _make_dirs(path: str) -> None:
-    """`os.makedirs`, each directory made given to the sandboxes' root (a root server's).
+@dataclass(frozen=True)
+class Bind:
+    """One volume, opened: the descriptor of its source directory, how and where to mount it."""
 
-    Sandbox root is the range's first host id (`identity.py`): it writes a pvc as its owner.
+    fd: int  # O_PATH, close-on-exec; closed by `close`
+    read_only: bool
+    target: str  # the mountPath inside the sandbox
+
+    def bwrap_args(self) -> list[str]:
+        """bwrap's `--bind-fd` arguments (the descriptor must be passed to bwrap)."""
+        return ["--ro-bind-fd" if self.read_only else "--bind-fd", str(self.fd), self.target]
+
+
+def close(binds: Iterable[Bind]) -> None:
+    """Close the descriptors of `binds` (each once; errors ignored)."""
+    for bind in binds:
+        with contextlib.suppress(OSError):
+            os.close(bind.fd)
+
+
+_DIR = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _changed(what: str) -> HttpError:
+    return _bad(
+        "INVALID_SUB_PATH",
+        f"{what} changed while it was checked (a symlink took a directory's place); "
+        "symlinks out of a volume are never followed: retry, or stop whatever swaps it",
+    )
+
+
+def _step(parent: int, name: str, create: bool, what: str) -> int:
+    """The descriptor of directory `name` under `parent`, never through a symlink.
+
+    Made (and given to the sandboxes' root on a root server) when missing and `create`.
+    Raises HttpError 400: missing, not a directory, or a symlink (a swap since the check).
     """
-    missing = []
-    head = path.rstrip("/")
-    while head and not os.path.isdir(head):
-        missing.append(head)
-        head = os.path.dirname(head)
-    os.makedirs(path, exist_ok=True)
-    ids = bwrap.probe().ids
-    if ids is not None and os.geteuid() == 0:
-        for made in missing:
-            os.chown(made, ids.uid, ids.gid, follow_symlinks=False)
+    missing = _bad("SUB_PATH_NOT_FOUND", f"{what} is not a directory of its volume")
+    try:
+        return os.open(name, _DIR, dir_fd=parent)
+    except FileNotFoundError:
+        if not create:
+            raise missing from None
+    except OSError:
+        try:  # a symlink now, or a directory again: either way it was swapped
+            mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+        except OSError:
+            mode = 0
+        raise (_changed(what) if stat.S_ISLNK(mode) or stat.S_ISDIR(mode) else missing) from None
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent)
+        made = True
+    except FileExistsError:
+        made = False
+    try:
+        new = os.open(name, _DIR & ~os.O_PATH, dir_fd=parent)
+    except OSError:
+        raise _changed(what) from None
+    try:
+        ids = bwrap.probe().ids
+        if made and ids is not None and os.geteuid() == 0:
+            # Sandbox root is the range's first host id (`identity.py`): it writes a pvc as its
+            # owner. Through the descriptor: a swapped name cannot redirect it.
+            os.fchown(new, ids.uid, ids.gid)
+        return os.open(".", _DIR, dir_fd=new)
+    finally:
+        os.close(new)
 
 
-def _sub_path(volume: dict[str, Any], base: str, create: bool) -> str:
-    """`base` joined with `subPath`, resolved, and still inside `base` (made when `create`)."""
+def _open(path: str, base: str, what: str, create_below: str | None = None) -> int:
+    """The descriptor of directory `path` (resolved, inside `base`), opened from `/` without
+    following a symlink, each directory missing below `create_below` made; checked through it.
+
+    Raises:
+        HttpError: 400 when it is missing, not a directory, or changed since the check.
+    """
+    fd = os.open("/", _DIR)
+    try:
+        made_from = len(create_below.rstrip("/").split("/")) if create_below else sys.maxsize
+        for depth, name in enumerate(path.split("/")[1:], start=1):
+            if not name:
+                continue
+            child = _step(fd, name, depth >= made_from, what)
+            os.close(fd)
+            fd = child
+        named = os.readlink(f"/proc/self/fd/{fd}")
+        if not stat.S_ISDIR(os.fstat(fd).st_mode) or not _within(named, base):
+            raise _changed(what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _sub_path(volume: dict[str, Any], base: str, create: bool) -> int:
+    """The descriptor of `base` joined with `subPath`, resolved, still inside `base` (made
+    where missing when `create`)."""
     sub = volume.get("subPath")
     if sub is None or sub == "":
-        return base
+        return _open(base, base, f"volume {volume['name']!r}")
     if not isinstance(sub, str) or sub.startswith("/") or ".." in sub.split("/") or "\0" in sub:
         raise _bad("INVALID_SUB_PATH", f"subPath {str(sub)[:200]!r} must be relative, without '..'")
-    joined = os.path.join(base, sub)
-    if create and _within(os.path.realpath(os.path.dirname(joined.rstrip("/"))), base):
-        try:
-            _make_dirs(joined)
-        except OSError:
-            pass  # e.g. a dangling symlink: refused below
-    resolved = os.path.realpath(joined)
+    try:
+        resolved = os.path.realpath(os.path.join(base, sub))
+    except OSError:  # a symlink became a directory while realpath read it (EINVAL)
+        raise _changed(f"subPath {sub[:200]!r}") from None
     if not _within(resolved, base):
         raise _bad("INVALID_SUB_PATH", f"subPath {sub[:200]!r} leads outside its volume")
-    if not os.path.isdir(resolved):
-        raise _bad("SUB_PATH_NOT_FOUND", f"subPath {sub[:200]!r} is not a directory of its volume")
-    return resolved
+    return _open(resolved, base, f"subPath {sub[:200]!r}", base if create else None)
 
 
-def _host_source(volume: dict[str, Any], allowed: tuple[Path, ...]) -> str:
+def _host_source(volume: dict[str, Any], allowed: tuple[Path, ...]) -> int:
     host = volume["host"]
     path = host.get("path") if isinstance(host, dict) else None
     if not isinstance(path, str) or not path.startswith("/"):
@@ -164,7 +260,10 @@ def _host_source(volume: dict[str, Any], allowed: tuple[Path, ...]) -> str:
             "Start it with --allow-host-path DIR (osb-sync serve) or "
             "LocalServer(allowed_host_paths=[DIR]) to allow paths under DIR.",
         )
-    resolved = os.path.realpath(path)
+    try:
+        resolved = os.path.realpath(path)
+    except OSError:  # as in `_sub_path`: a writable host tree swapped while realpath read it
+        raise _changed(f"host path {path[:200]!r}") from None
     roots = [os.path.realpath(root) for root in allowed]
     if not any(_within(resolved, root) for root in roots):
         raise _bad(
@@ -177,7 +276,7 @@ def _host_source(volume: dict[str, Any], allowed: tuple[Path, ...]) -> str:
     return _sub_path(volume, resolved, create=False)
 
 
-def _pvc_source(volume: dict[str, Any], volume_root: Path) -> str:
+def _pvc_source(volume: dict[str, Any], volume_root: Path) -> int:
     pvc = volume["pvc"]
     claim = pvc.get("claimName") if isinstance(pvc, dict) else None
     if not isinstance(claim, str) or not NAME.fullmatch(claim) or len(claim) > 253:
@@ -201,16 +300,18 @@ def _pvc_source(volume: dict[str, Any], volume_root: Path) -> str:
             )
         try:
             os.makedirs(root, exist_ok=True)  # the server's: only claims are the range's
-            _make_dirs(directory)
+            os.close(_open(directory, directory, f"volume {claim!r}", create_below=root))
         except OSError as exc:
             raise error(
                 500, "VOLUME::CREATE_FAILED", f"volume {claim!r} could not be made: {exc}"
             ) from None
-    return _sub_path(volume, os.path.realpath(directory), create=True)
+    return _sub_path(volume, directory, create=True)
 
 
-def mounts(volumes: Any, allowed: tuple[Path, ...], volume_root: Path, isolated: bool) -> list[str]:
-    """The bwrap arguments that mount a create's `volumes` (empty for none).
+def mounts(
+    volumes: Any, allowed: tuple[Path, ...], volume_root: Path, isolated: bool
+) -> list[Bind]:
+    """A create's `volumes`, checked and opened (empty for none); the caller `close`s them.
 
     Args:
         volumes: the request's `volumes` (None or a list).
@@ -219,7 +320,7 @@ def mounts(volumes: Any, allowed: tuple[Path, ...], volume_root: Path, isolated:
         isolated: whether sandboxes are containers (volumes need one).
 
     Raises:
-        HttpError: 422 for a malformed entry, 400 for a refused one.
+        HttpError: 422 for a malformed entry, 400 for a refused one (nothing is left open).
     """
     if volumes is None or volumes == []:
         return []
@@ -232,28 +333,35 @@ def mounts(volumes: Any, allowed: tuple[Path, ...], volume_root: Path, isolated:
             "UNSUPPORTED",
             f"volumes need isolated sandboxes, and these are not; to isolate them, {bwrap.FIX}",
         )
-    args: list[str] = []
+    binds: list[Bind] = []
     names: set[str] = set()
     paths: set[str] = set()
-    for index, volume in enumerate(volumes):
-        _check_shape(index, volume)
-        target = _mount_path(volume, (sys.base_prefix, sys.prefix, bwrap.package_dir()))
-        if volume["name"] in names or target in paths:
-            raise _bad(
-                "DUPLICATE", f"volume name {volume['name']!r} or mountPath {target!r} repeats"
-            )
-        names.add(volume["name"])
-        paths.add(target)
-        backends = [k for k in ("host", "pvc", "ossfs") if volume.get(k) is not None]
-        if len(backends) != 1:
-            raise _bad(
-                "INVALID_BACKEND", f"volume {volume['name']!r} needs exactly one of host or pvc"
-            )
-        if backends[0] == "host":
-            source = _host_source(volume, allowed)
-        elif backends[0] == "pvc":
-            source = _pvc_source(volume, volume_root)
-        else:
-            raise _bad("INVALID_BACKEND", "ossfs volumes (Alibaba OSS) are not supported locally")
-        args += ["--ro-bind" if volume.get("readOnly") else "--bind", source, target]
-    return args
+    try:
+        for index, volume in enumerate(volumes):
+            _check_shape(index, volume)
+            target = _mount_path(volume, (sys.base_prefix, sys.prefix, bwrap.package_dir()))
+            if volume["name"] in names or target in paths:
+                raise _bad(
+                    "DUPLICATE", f"volume name {volume['name']!r} or mountPath {target!r} repeats"
+                )
+            names.add(volume["name"])
+            paths.add(target)
+            backends = [k for k in ("host", "pvc", "ossfs") if volume.get(k) is not None]
+            if len(backends) != 1:
+                raise _bad(
+                    "INVALID_BACKEND",
+                    f"volume {volume['name']!r} needs exactly one of host or pvc",
+                )
+            if backends[0] == "host":
+                fd = _host_source(volume, allowed)
+            elif backends[0] == "pvc":
+                fd = _pvc_source(volume, volume_root)
+            else:
+                raise _bad(
+                    "INVALID_BACKEND", "ossfs volumes (Alibaba OSS) are not supported locally"
+                )
+            binds.append(Bind(fd, bool(volume.get("readOnly")), target))
+    except BaseException:
+        close(binds)
+        raise
+    return binds

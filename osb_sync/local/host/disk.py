@@ -1,0 +1,122 @@
+"""A sandbox's disk: one filesystem, size- and inode-limited, holding all it can write.
+
+A root server mounts one tmpfs per sandbox at `MOUNT_DIR` of its run directory
+(`size=`, `nr_inodes=`, `nosuid,nodev`, its root `0710` to the range's root group, private:
+no propagation) and makes there every directory the sandbox writes: `/tmp`, `/var`, `/srv`,
+`/mnt`, `/opt`, `/home`, its home, execd's state directory and, for an image, the overlay's
+upper and work directories (or the image's copy). A write past the limit gets ENOSPC inside the
+sandbox (an upload: execd's 500 naming "No space left on device"); the server's own disk, the
+other sandboxes' and the server itself are not touched. The sizes come from `resourceLimits`
+(`ephemeral-storage`, Kubernetes' key; `inodes`, ours, like `pids`), else `DEFAULT_BYTES` and
+`DEFAULT_INODES`. A spare gets the defaults at its start and its sandbox's sizes at claim (a
+remount: a tmpfs's limits can change while it is in use).
+
+Why a tmpfs and not a loop-mounted ext4: it needs no loop device (`/dev/loop-control` is
+missing in most containers, CI's included), no backing file, no `mkfs` per sandbox (tens of
+milliseconds and e2fsprogs), it takes both limits as mount options and changes them by a
+remount (ext4 needs `resize2fs`, and its inode count is fixed by `mkfs`), and it is gone with
+its last mount (nothing to reclaim after a crash but the mount). Its cost: it is memory, not
+disk. tmpfs pages are charged to the memory cgroup of the process that writes them: the
+sandbox's own files count in its `memory` limit (where the memory controller is writable; a
+sandbox may then fill its disk up to its memory limit less what its processes use, and past
+that the kernel's OOM killer, not ENOSPC, answers), and files the server writes for it (a
+snapshot's restore) count in the server's. Without swap, the host needs memory for every
+sandbox's disk at once: `ephemeral-storage` times the sandboxes running is the worst case.
+
+A server that is not root cannot mount a tmpfs on the host: bwrap makes each writable directory
+a tmpfs of its own inside the sandbox, `--size` bytes each (so up to eight times that in all)
+and no inode cap (bwrap has no option for it); a spare of such a server keeps the default size,
+so a create asking for another one starts cold. Unisolated sandboxes, and an image's copy on a
+non-root server, have no disk limit. `mode` names the case; `limits.plan` says it in the
+status message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import tempfile
+from pathlib import Path
+
+from .bwrap import Support
+
+DEFAULT_BYTES = 1 << 30
+DEFAULT_INODES = 100_000
+MOUNT_DIR = "disk"  # under the sandbox's run directory
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_REMOUNT = 32
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def mode(support: Support, image: bool) -> str:
+    """How a sandbox's disk is limited here: "tmpfs" (one for all it writes, a root server),
+    "per-directory" (bwrap's `--size`, a non-root server) or "none"."""
+    if support.bwrap is None or support.ids is None:
+        return "none"
+    if support.ids.helpers is None:
+        return "tmpfs" if usable() else "none"
+    return "none" if image else "per-directory"
+
+
+@functools.cache
+def usable() -> bool:
+    """True where this process may mount a tmpfs (root with CAP_SYS_ADMIN); tried once."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return False
+    probe = Path(tempfile.mkdtemp(prefix="osb-disk-probe-"))
+    try:
+        mount(probe, 1 << 20, 64, 0)
+    except OSError:
+        return False
+    else:
+        unmount(probe)
+        return True
+    finally:
+        probe.rmdir()
+
+
+def _call(source: bytes | None, target: Path, fstype: bytes | None, flags: int, data: str) -> None:
+    if _libc().mount(source, bytes(target), fstype, flags, data.encode() or None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs {target}: {os.strerror(err)}")
+
+
+def mount(target: Path, size: int, inodes: int, gid: int) -> None:
+    """Mount a sandbox's tmpfs on the empty directory `target`: `size` bytes, `inodes` inodes,
+    its root `0710` root:`gid` (the range's root group, which bwrap runs as), private.
+
+    Raises:
+        OSError: the kernel refused (the mount is undone).
+    """
+    data = f"size={size},nr_inodes={inodes},mode=0710,uid=0,gid={gid}"
+    _call(b"osb-sandbox-disk", target, b"tmpfs", MS_NOSUID | MS_NODEV, data)
+    try:
+        _call(None, target, None, MS_PRIVATE, "")
+    except OSError:
+        unmount(target)
+        raise
+
+
+def resize(target: Path, size: int, inodes: int) -> None:
+    """Give the tmpfs at `target` new limits (in use or not).
+
+    Raises:
+        OSError: the kernel refused (EINVAL: it already holds more than the new limits).
+    """
+    data = f"size={size},nr_inodes={inodes}"
+    _call(None, target, None, MS_REMOUNT | MS_NOSUID | MS_NODEV, data)
+
+
+def unmount(target: Path) -> None:
+    """Detach the tmpfs at `target` (lazily: its memory goes with its last user); errors
+    ignored (not mounted)."""
+    _libc().umount2(bytes(target), MNT_DETACH)
