@@ -32,6 +32,7 @@ from ._constants import API_BASE_ENV, API_KEY_ENV, LANGUAGES, MAX_OUTPUT_BYTES, 
 from .local.host import options as server_options
 
 PROG = "osb-sync"
+TEMPLATE_HELP = "image of the sandbox (default: the server's); --image is the same flag"
 STATES = ["Pending", "Running", "Paused", "Stopping", "Terminated", "Failed"]
 # Verbs that run something: their own failures take 125, as `docker run` (a missing sandbox
 # included); every other verb exits 1 for something not found.
@@ -106,8 +107,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     commands.configure_logging(args)
 
+    module: Any = commands
+    if getattr(args, "module", None):
+        import importlib
+
+        module = importlib.import_module(f".{args.module}", __package__)
     try:
-        return int(getattr(commands, args.handler)(args))
+        return int(getattr(module, args.handler)(args))
     except KeyboardInterrupt as exc:
         note = getattr(args, "interrupt_note", "")
         print(f"{PROG}: interrupted{note}", file=sys.stderr)
@@ -356,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_manage(command)
     _add_exec(command)
     _add_files_and_logs(command)
+    _add_images(command)
     _add_help(command)
     parser.verbs = dict(sub.choices)
     return parser
@@ -393,7 +400,7 @@ def _add_run(command: Any) -> None:
         metavar="SECONDS",
         help="deadline of the run (exit 124 past it; default: none)",
     )
-    run.add_argument("--template", help="image of the sandbox (default: the server's)")
+    run.add_argument("--template", "--image", metavar="IMAGE", help=TEMPLATE_HELP)
     run.add_argument("--allow-internet", action="store_true", help="no deny-all network policy")
     _max_output(run)
     run.add_argument(
@@ -420,7 +427,7 @@ def _add_serve(command: Any) -> None:
 
 def _add_manage(command: Any) -> None:
     create = command("create", "create a sandbox on a server and print its id (not deleted)")
-    create.add_argument("--template", help="image of the sandbox (default: the server's)")
+    create.add_argument("--template", "--image", metavar="IMAGE", help=TEMPLATE_HELP)
     create.add_argument(
         "--lifetime",
         type=_whole_seconds,
@@ -577,6 +584,47 @@ def _add_files_and_logs(command: Any) -> None:
         "returns, at most 10000)",
     )
     logs.set_defaults(handler="cmd_logs")
+
+
+def _add_images(command: Any) -> None:
+    store_flags = (server_options.IMAGE_STORE, server_options.IMAGE_STORE_SIZE)
+    images = command(
+        "images",
+        "list the local image store's images (reference, digest, size, last used)",
+        "List, or prune, the image store of local servers (--image-store; no server needed).",
+    )
+    server_options.add_flags(images, store_flags)
+    actions = images.add_subparsers(
+        dest="images_action", metavar="ACTION", help="prune: remove every image no sandbox runs"
+    )
+    prune = actions.add_parser(
+        "prune",
+        help="remove every image no sandbox runs",
+        description="Remove every image of the store that no sandbox runs now.",
+        formatter_class=_HelpFormatter,
+    )
+    _global_options(prune, suppress=True)
+    server_options.add_flags(prune, store_flags)
+    images.set_defaults(handler="cmd_images", module="_cli_images")
+    pull = command(
+        "pull",
+        "fetch an image into the local image store ahead of time",
+        "Pull IMAGE into the image store of local servers, asking its registry again (a"
+        " bar on a terminal, else plain lines on standard error); then print it with its"
+        " digest. Needs skopeo.",
+    )
+    pull.add_argument("image", metavar="IMAGE", help="reference (python:3.12, host/name:tag)")
+    pull.add_argument("--platform", metavar="OS/ARCH", help="default: this machine's")
+    server_options.add_flags(
+        pull,
+        (
+            *store_flags,
+            server_options.INSECURE_REGISTRIES,
+            server_options.REGISTRY_AUTH_FILE,
+            server_options.LOCAL_IMAGE_PATHS,
+        ),
+    )
+    pull.set_defaults(handler="cmd_pull", module="_cli_images")
 
 
 def _add_help(command: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,15 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         write_layout(work / "evil", "v1", [evil])
         nopython = Image([layer_bytes([Entry("bin/sh", data=b"", mode=0o755)])])
         write_layout(work / "nopython", "v1", [nopython])
+        # its own Entrypoint + Cmd would end the sandbox at once (exit 3)
+        ends = Image(
+            bullseye.layers,
+            env=bullseye.env,
+            working_dir="/srv/app",
+            entrypoint=["sh", "-c"],
+            cmd=["exit 3"],
+        )
+        write_layout(work / "entry", "v1", [ends])
         yield {
             "bullseye": anonymous.push(work / "bullseye", "v1", "bullseye"),
             "private": private.push(work / "bullseye", "v1", "bullseye"),
@@ -72,6 +82,7 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
             "armonly": anonymous.push(work / "armonly", "v1", "armonly", multi=True),
             "evil": anonymous.push(work / "evil", "v1", "evil"),
             "nopython": anonymous.push(work / "nopython", "v1", "nopython"),
+            "entry": anonymous.push(work / "entry", "v1", "entry"),
             "anonymous": anonymous,
         }
     finally:
@@ -210,3 +221,50 @@ def test_an_images_writable_layer_is_on_the_sandboxs_limited_disk(
             "ok\n"
         )
     assert [p for p in recovery.mount_points() if box.id in p] == []
+
+
+def _until_state(client: osb_sync.Client, sandbox_id: str, states: set[str]) -> Any:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        info = client.get_sandbox(sandbox_id)
+        if info.state in states:
+            return info
+        time.sleep(0.1)
+    raise AssertionError(f"sandbox {sandbox_id} never reached {states}: {info.state}")
+
+
+def test_the_creates_entrypoint_replaces_the_images_and_runs_as_the_image_says(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    """The image's Entrypoint + Cmd (exit 3) is not run; the create's runs after execd, in the
+    image's WorkingDir, with its Env."""
+    client = _client(image_server)
+    script = "echo $(pwd) $GREETING > /tmp/entry.txt; exec sleep 600"
+    with client.create_sandbox(
+        template=registries["entry"], entrypoint=["sh", "-c", script]
+    ) as sandbox:
+        deadline = time.monotonic() + 10
+        while not sandbox.files.exists("/tmp/entry.txt") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sandbox.files.read_text("/tmp/entry.txt") == "/srv/app from-the-image\n"
+        assert client.get_sandbox(sandbox.id).state == "Running"
+
+
+def test_an_image_sandbox_whose_entrypoint_exits_7_is_failed(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    """execd serves first, so the create may see it healthy before the entrypoint ends (as on
+    the real server, where Failed came 0.3 s after Running): Failed then, or at the create."""
+    client = _client(image_server)
+    try:
+        sandbox = client.create_sandbox(
+            template=registries["bullseye"], entrypoint=["sh", "-c", "sleep 0.2; exit 7"]
+        )
+    except osb_sync.SandboxStateError as exc:
+        message = str(exc)
+        assert _leftovers(image_server)[0] == []  # the client deleted it
+    else:
+        with sandbox:
+            info = _until_state(client, sandbox.id, {"Failed"})
+            message = info.message or ""
+    assert "exited with code 7" in message

@@ -331,7 +331,7 @@ def test_every_subcommand_and_option_has_help() -> None:
     summaries = {choice.dest: choice.help for choice in sub._choices_actions}
     assert set(summaries) == {
         *("run", "serve", "create", "list", "get", "inspect", "delete", "exec", "cp"),
-        *("logs", "pause", "resume", "renew", "stats", "help", "completion"),
+        *("logs", "pause", "resume", "renew", "stats", "help", "completion", "images", "pull"),
     }
     for name, child in sub.choices.items():
         assert summaries[{"ls": "list", "rm": "delete"}.get(name, name)], name

@@ -51,7 +51,7 @@ LONG_MODULES: dict[str, str] = {
 CLIENT_MODULES = {"_client"}
 CONSUMERS = {
     "__init__", "__main__", "_functions", "_provider", "_pool",
-    "_cli", "_cli_commands", "_cli_output", "testing",
+    "_cli", "_cli_commands", "_cli_images", "_cli_output", "testing",
 }  # fmt: skip
 
 # osb_sync.local's cases, left for the local-server work (it owns those modules), as

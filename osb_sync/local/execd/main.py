@@ -19,9 +19,15 @@ it takes the token in EXECD_ACCESS_TOKEN, as in OpenSandbox). Once claimed it
 - or, when the start line names an `execd_binary`, runs that binary on 44772 (and a
   Jupyter server on `jupyter_port` when it names `jupyter`) as children (`binary_child.py`),
   started once claimed, and relays to them instead;
+- once execd is up, starts the claim line's `entrypoint` (OpenSandbox's bootstrap order: execd
+  first, then the user's process), a child in its own process group with the sandbox's
+  environment, in its working directory, its standard input an open pipe, its output on this
+  process's standard error (the container log); none when the line has none;
 - writes `ready\\n` to READY_FD once started (a spare waits for its claim there), `serving\\n`
   once claimed, and exits once standard input reaches EOF (the server went away or deletes the
-  sandbox), killing what its execd started.
+  sandbox), killing what its execd started; or once the entrypoint exits, with its exit code
+  (128+N for signal N; 127 with a line on standard error when its program cannot be run), as
+  a Docker container ends with its main process.
 
 It loads `osb_sync.local` without running `osb_sync/__init__.py`, so it never imports the
 client (nor `requests`): standard library only.
@@ -34,7 +40,10 @@ import hmac
 import json
 import os
 import resource
+import selectors
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import types
@@ -122,12 +131,75 @@ def wait_for_claim(ready_fd: int) -> dict[str, Any] | None:
     return claim
 
 
-def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> None:
-    """Start up, report ready, wait for the claim line, then serve until stdin EOF."""
+class Entrypoint:
+    """The sandbox's main process, started after execd (see the module docstring)."""
+
+    def __init__(self, argv: list[str] | None) -> None:
+        self.argv = argv
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.failure = ""  # why it could not be started
+        self._stdin_w = -1  # held open: a shell as entrypoint waits on it, never sees EOF
+
+    def start(self, spawn: Any) -> None:
+        """Start it with `spawn(argv, stdin=...)` (a Popen); a failure is kept, not raised."""
+        if not self.argv:
+            return
+        stdin_r, self._stdin_w = os.pipe()
+        try:
+            self.proc = spawn(self.argv, stdin=stdin_r)
+        except OSError as exc:
+            self.failure = f"the entrypoint {self.argv[0]!r} could not be started: {exc.strerror}"
+        finally:
+            os.close(stdin_r)
+
+    def wait_or_eof(self) -> int | None:
+        """Block until standard input reaches EOF (None) or the entrypoint ends (its code)."""
+        if self.failure:
+            print(f"osb-sync: {self.failure}", file=sys.stderr, flush=True)
+            return 127
+        if self.proc is None:
+            sys.stdin.buffer.read()
+            return None
+        proc = self.proc
+        ended_r, ended_w = os.pipe()
+
+        def watch() -> None:
+            proc.wait()
+            os.close(ended_w)  # wakes the selector below
+
+        threading.Thread(target=watch, daemon=True).start()
+        # stdin is read here, not in a thread: a thread blocked on it aborts the exit
+        with selectors.DefaultSelector() as selector:
+            selector.register(sys.stdin.fileno(), selectors.EVENT_READ)
+            selector.register(ended_r, selectors.EVENT_READ)
+            while not any(key.fd == ended_r for key, _ in selector.select()):
+                if not os.read(sys.stdin.fileno(), 65536):
+                    break  # EOF: the server deletes the sandbox, or went away
+        os.close(ended_r)
+        code = proc.poll()
+        if code is None:
+            return None
+        return 128 - code if code < 0 else code
+
+    def stop(self) -> None:
+        """Kill its process group (whatever it started too)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+        if self._stdin_w >= 0:
+            os.close(self._stdin_w)
+            self._stdin_w = -1
+
+
+def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> int | None:
+    """Start up, report ready, wait for the claim line, then serve until stdin EOF (None) or
+    the entrypoint's end (its exit code)."""
     load_package()
     if config.get("execd_binary"):
-        serve_binary(config, relay_server, ready_fd)
-        return
+        return serve_binary(config, relay_server, ready_fd)
     from osb_sync.local.execd import router, runner
     from osb_sync.local.http import exchange, httpd
 
@@ -138,7 +210,7 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
     )
     claim = wait_for_claim(ready_fd)
     if claim is None:
-        return  # a spare the server never claimed
+        return None  # a spare the server never claimed
     env = {**claim["env"], "JUPYTER_PORT": str(jupyter.getsockname()[1])}
     runtime = runner.SandboxRuntime(
         Path(config["home"]),
@@ -166,21 +238,25 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
         (accept_forever, (relay_server, ports)),
     ):
         threading.Thread(target=target, args=args, daemon=True).start()
+    entrypoint = Entrypoint(claim.get("entrypoint"))
+    entrypoint.start(lambda argv, stdin: runtime.spawn(argv, stdin=stdin, stdout=2, stderr=2))
     os.write(ready_fd, b"serving\n")
     os.close(ready_fd)
-    sys.stdin.buffer.read()
+    code = entrypoint.wait_or_eof()
     stopped.set()
     app.close()
+    entrypoint.stop()
     runtime.close()
+    return code
 
 
-def serve_binary(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> None:
+def serve_binary(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> int | None:
     """Like `serve`, with an execd binary (and a Jupyter server) as children instead of ours."""
     from osb_sync.local.execd.binary_child import ExecdChildren, ExecdStartError
 
     claim = wait_for_claim(ready_fd)
     if claim is None:
-        return  # a spare the server never claimed
+        return None  # a spare the server never claimed
     jupyter = config.get("jupyter")
     children = ExecdChildren({**config, **claim}, config["jupyter_port"])
     if jupyter is None:  # nothing else listens on JUPYTER_PORT: the sink does
@@ -192,22 +268,37 @@ def serve_binary(config: dict[str, Any], relay_server: socket.socket, ready_fd: 
         print(f"the execd binary did not start: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
     threading.Thread(target=accept_forever, args=(relay_server, {}), daemon=True).start()
+    entrypoint = Entrypoint(claim.get("entrypoint"))
+    entrypoint.start(
+        lambda argv, stdin: subprocess.Popen(
+            argv,
+            cwd=config["home"],
+            env=claim["env"],
+            stdin=stdin,
+            stdout=2,
+            stderr=2,
+            start_new_session=True,
+        )
+    )
     os.write(ready_fd, b"serving\n")
     os.close(ready_fd)
-    sys.stdin.buffer.read()
+    code = entrypoint.wait_or_eof()
+    entrypoint.stop()
     children.stop()
+    return code
 
 
 def main(argv: list[str]) -> int:
-    """Read the start line from standard input, then serve (see `serve`) until it closes."""
+    """Read the start line from standard input, then serve (see `serve`) until it closes or
+    the entrypoint ends; the exit code is the entrypoint's, else 0."""
     hide_memory()
     relay_server = socket.socket(fileno=int(argv[1]))
     config = json.loads(sys.stdin.buffer.readline())
     if config.get("file_size_limit"):
         limit = int(config["file_size_limit"])
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    serve(config, relay_server, int(argv[2]))
-    return 0
+    code = serve(config, relay_server, int(argv[2]))
+    return code or 0
 
 
 if __name__ == "__main__":

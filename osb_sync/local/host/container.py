@@ -1,7 +1,8 @@
 """A sandbox's container on the host side: start, reach, pause, resume and delete it.
 
-The container's main process is `execd/main.py` (our execd, JUPYTER_PORT and a relay),
-started under bubblewrap (`bwrap.py`), or as a plain subprocess where isolation is impossible.
+The container's main process is `execd/main.py` (our execd, JUPYTER_PORT and a relay, then
+the sandbox's entrypoint, whose end ends it: `entrypoint.py`), started under bubblewrap
+(`bwrap.py`), or as a plain subprocess where isolation is impossible.
 The server reaches the container only through a listening Unix socket it makes in a host
 directory the sandbox cannot see and hands to the main process as an inherited descriptor.
 
@@ -255,7 +256,8 @@ class SandboxContainer:
         """Make a launched container the sandbox's: network, env and token; then it serves.
 
         Args:
-            config: `env` (the sandbox's variables) and `token` (execd's access token).
+            config: `env` (the sandbox's variables), `token` (execd's access token) and
+                `entrypoint` (an argv execd starts after itself, or None: `entrypoint.py`).
             internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
 
         Raises:
@@ -270,6 +272,7 @@ class SandboxContainer:
                 )
                 self.network = "slirp4netns"
             line = {"token": config["token"], "env": self._env(config["env"])}
+            line["entrypoint"] = config.get("entrypoint")  # started once execd serves
             self._send({**line, "address_space_limit": self._limits.address_space})
             if read_until(self._ready_r, b"\n", deadline) != b"serving\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")

@@ -4,6 +4,11 @@ The registry asks on every look-up of a sandbox and from the server's reaper (a 
 seen with `waitpid`, without blocking), so a sandbox whose container or execd died reads
 `Failed`, with the reason, at once, and calls to it fail with that reason instead of waiting
 for a relay that nobody serves.
+
+The main process is execd, or the entrypoint's end ends it (`execd/main.py` exits with the
+entrypoint's code): as the Docker runtime reports a container, one that exited 0 reads
+`Terminated`, any other end `Failed`. A program that could not be run (126, 127) is named with
+the reason execd logged (the last line of the container log, `osb-sync:` or the shell's).
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from pathlib import Path
 from .container import SandboxContainer
 
 REASON = "CONTAINER_EXITED_ERROR"  # the Docker runtime's reason for a container that exited
+EXITED = "CONTAINER_EXITED"  # ours for one that exited 0 (the state is the runtime's)
+ENDED = ("Failed", "Terminated")
+NOT_RUN = {126: "cannot be run", 127: "not found"}
 
 
 def oom_kills(group: Path | None) -> int:
@@ -45,4 +53,16 @@ def death(container: SandboxContainer) -> str | None:
         return f"Sandbox container was killed by {name} (exit code {code})."
     if code < 0:
         return f"Sandbox container was killed by {signal.Signals(-code).name}."
+    if code in NOT_RUN:
+        lines = container.log_tail(4096).strip().splitlines()
+        said = f" ({lines[-1].strip()[:300]})" if lines else ""
+        return (
+            f"Sandbox container exited with code {code}: its entrypoint's program"
+            f" {NOT_RUN[code]}{said}."
+        )
     return f"Sandbox container exited with code {code}."
+
+
+def ended_state(container: SandboxContainer) -> str:
+    """`Terminated` for a container that exited 0, else `Failed`."""
+    return "Terminated" if container.exit_code() == 0 else "Failed"

@@ -398,9 +398,10 @@ def _flag_type(option: Option[Any]) -> Callable[[str], Any]:
     return parsed
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """Add the `serve` flag of every option that has one to `parser`."""
-    for option in OPTIONS:
+def add_flags(parser: argparse.ArgumentParser, only: Iterable[Option[Any]] | None = None) -> None:
+    """Add the `serve` flag of every option that has one to `parser` (of `only`'s, if given:
+    the image commands take the store's)."""
+    for option in OPTIONS if only is None else only:
         if option.flag is None:
             continue
         settings: dict[str, Any] = {"action": option.action, "help": option.help}

@@ -2,8 +2,9 @@
 
 States follow the Docker runtime of the real server: `Pending` (only with `pending_seconds`),
 `Running`, `Paused`, and `Failed` (`CONTAINER_EXITED_ERROR`, with what ended it: an exit code,
-a signal, the OOM killer) once its container's main process (our execd) is seen dead; a deleted
-or expired sandbox is gone (404), never `Terminated`.
+a signal, the OOM killer) once its container's main process (execd, or the entrypoint it
+started) is seen dead, `Terminated` when that process exited 0; a deleted or expired sandbox is
+gone (404).
 
 Besides sandboxes, the handlers of the released server's other routes: snapshots
 (`snapshots.py`), diagnostics (`diagnostics.py`, whose journal every transition writes to),
@@ -55,6 +56,7 @@ from .validation import (
     policy_needs,
     query_int,
     read_json,
+    unprocessable_body,
 )
 
 EXECD_PORT = 44772
@@ -63,6 +65,7 @@ REASONS = {
     "Running": ("CONTAINER_RUNNING", "Sandbox container started successfully."),
     "Paused": ("CONTAINER_PAUSED", "Sandbox container is paused."),
     "Failed": (liveness.REASON, "Sandbox container exited."),
+    "Terminated": (liveness.EXITED, "Sandbox container exited."),
 }
 
 
@@ -99,7 +102,7 @@ class LocalSandbox:
     expires_at: datetime | None
     ready_at: datetime
     note: str = ""
-    failure: str = ""  # why the container ended (state Failed)
+    failure: str = ""  # why the container ended (state Failed or Terminated)
     image_uri: str = ""  # the image really run, with its digest ("": the uri asked for)
     removing: bool = False
     state: str = "Pending"
@@ -114,11 +117,11 @@ class LocalSandbox:
         if self.state == "Pending" and now >= self.ready_at:
             self.state, self.transition_at = "Running", self.ready_at
             event = "started: Running"
-        if self.state != "Failed" and not self.removing:
+        if self.state not in liveness.ENDED and not self.removing:
             why = liveness.death(self.container)
             if why is not None:
-                self.state, self.failure, self.transition_at = "Failed", why, now
-                event = f"failed: {why}"
+                self.state, self.failure = liveness.ended_state(self.container), why
+                self.transition_at, event = now, f"{self.state.lower()}: {why}"
         return event
 
     def view(self, created: bool = False) -> dict[str, Any]:
@@ -786,12 +789,3 @@ def paginated(items: list[dict[str, Any]], page: int, size: int) -> dict[str, An
             "hasNextPage": page < pages,
         },
     }
-
-
-def unprocessable_body(expected: str, value: Any) -> HttpError:
-    """FastAPI's 422 for a body that is not what a route takes."""
-    return HttpError(
-        422,
-        {"detail": [{"type": "value_error", "loc": ["body"], "msg": f"expected {expected}",
-                     "input": value if len(repr(value)) < 1024 else "<omitted>"}]},
-    )  # fmt: skip

@@ -6,8 +6,10 @@ in a directory of their own; a create whose needs a spare can take later (`fits`
 oldest one, waiting for it if it is still starting, and a replacement starts in the
 background. What is given at claim: the sandbox's id (the spare's; its directories move into
 the server's root), env, token and network (slirp4netns attaches to the running namespace);
-`ContainerSource.on_claim` runs then too (e.g. writing cgroup limit files). Anything fixed when
-bwrap starts (extra binds such as volumes) makes a cold start instead.
+`ContainerSource.on_claim` runs then too (e.g. writing cgroup limit files), and the
+create's entrypoint starts then (`entrypoint.py`): a spare is made before any entrypoint is
+known, so it starts the one its claim names, whatever it is. Anything fixed when bwrap starts
+(extra binds such as volumes, an image) makes a cold start instead.
 
 Spares are no sandboxes: the registry never lists them. A spare that died is dropped and
 replaced (`replace_dead`, from the server's reaper); `close` kills every spare, including the
@@ -27,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from . import entrypoint
 from .bwrap import Support
 from .container import START_ATTEMPTS, Launch, SandboxContainer
 from .volumes import Bind
@@ -227,6 +230,7 @@ class ContainerSource:
         Raises:
             RuntimeError, OSError: no container could be started.
         """
+        config = {**config, "entrypoint": entrypoint.command(body, image)}
         spare = None if mounts or image else (spares or self.pool).claim(body)
         if spare is not None:
             try:

@@ -53,6 +53,15 @@ def unprocessable(details: list[Detail]) -> HttpError:
     return HttpError(422, {"detail": details})
 
 
+def unprocessable_body(expected: str, value: Any) -> HttpError:
+    """FastAPI's 422 for a body that is not what a route takes."""
+    return HttpError(
+        422,
+        {"detail": [{"type": "value_error", "loc": ["body"], "msg": f"expected {expected}",
+                     "input": value if len(repr(value)) < 1024 else "<omitted>"}]},
+    )  # fmt: skip
+
+
 def invalid_json(message: str) -> HttpError:
     """FastAPI's 422 for a body that is not JSON."""
     return unprocessable(

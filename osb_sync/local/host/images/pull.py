@@ -33,6 +33,8 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,9 @@ NETWORK = "IMAGE_REGISTRY_UNREACHABLE"
 REFUSED = "IMAGE_REFUSED"
 TOOL_MISSING = "IMAGE_TOOL_MISSING"
 PULL_FAILED = "IMAGE_PULL_FAILED"
+# A pull's progress: (phase "download" or "unpack", bytes so far, total bytes or None).
+Progress = Callable[[str, int, "int | None"], None]
+PROGRESS_INTERVAL = 0.2  # seconds between two progress calls while skopeo downloads
 CLASSES = (
     (NO_PLATFORM, ("no image found in image index", "no image found in manifest list")),
     (UNAUTHORIZED, ("unauthorized", "authentication required", "denied", "401", "403")),
@@ -239,6 +244,12 @@ class Puller:
         self, source: Source, target: Path, platform: dict[str, str], auth_file: Path
     ) -> list[str]:
         """The `skopeo copy` command line (no secret on it)."""
+        return self._skopeo(source, platform, auth_file, "copy", f"dir:{target}")
+
+    def _skopeo(
+        self, source: Source, platform: dict[str, str], auth_file: Path, verb: str, *rest: str
+    ) -> list[str]:
+        """A `skopeo copy` or `inspect` command line for `source` (no secret on it)."""
         tool = shutil.which("skopeo")
         if tool is None:
             raise PullError(TOOL_MISSING, f"pulling images needs skopeo: {INSTALL_SKOPEO}")
@@ -252,11 +263,45 @@ class Puller:
             command += ["--override-variant", variant]
         if not Path("/etc/containers/policy.json").exists():
             command.append("--insecure-policy")  # no signature policy configured: none to apply
-        command += ["copy", "--quiet", "--retry-times", "1", "--authfile", str(auth_file)]
+        command += [verb, *(["--quiet"] if verb == "copy" else [])]
+        command += ["--retry-times", "1", "--authfile", str(auth_file)]
         if source.transport == "docker":
             insecure = is_loopback(source.host) or source.host in self.insecure_registries
-            command.append(f"--src-tls-verify={'false' if insecure else 'true'}")
-        return [*command, source.skopeo_ref(), f"dir:{target}"]
+            flag = "--src-tls-verify" if verb == "copy" else "--tls-verify"
+            command.append(f"{flag}={'false' if insecure else 'true'}")
+        return [*command, source.skopeo_ref(), *rest]
+
+    def _total(self, source: Source, platform: dict[str, str], auth_file: Path) -> int | None:
+        """The bytes of the image's layers (its manifest's, by `skopeo inspect --raw`; from a
+        manifest list, the platform's), or None when it cannot say."""
+        ref = source.skopeo_ref()
+        try:
+            for _ in range(2):  # a manifest list, then the platform's manifest
+                done = subprocess.run(
+                    [*self._skopeo(source, platform, auth_file, "inspect")[:-1], "--raw", ref],
+                    env=self.environment(),
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=60,
+                )
+                manifest = json.loads(done.stdout)
+                if "layers" in manifest:
+                    return sum(int(layer.get("size") or 0) for layer in manifest["layers"]) or None
+                wanted = (platform.get("os", "linux"), platform.get("arch", ""))
+                chosen = [
+                    m["digest"]
+                    for m in manifest.get("manifests") or []
+                    if (m.get("platform", {}).get("os"), m.get("platform", {}).get("architecture"))
+                    == wanted
+                ]
+                if not chosen or source.transport != "docker":
+                    return None
+                ref = f"docker://{source.name}@{chosen[0]}"
+        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+            return None  # no usable manifest: the bar shows bytes only
+        except (subprocess.TimeoutExpired, PullError):
+            return None  # the copy that follows says what is wrong
+        return None
 
     def _auth(self, source: Source, auth: dict[str, Any] | None, folder: Path) -> Path:
         """The `--authfile` of this pull: the create's credentials, the operator's, or none."""
@@ -283,6 +328,7 @@ class Puller:
         target: Path,
         platform: dict[str, str],
         auth: dict[str, Any] | None = None,
+        progress: Progress | None = None,
     ) -> str:
         """Copy the image into `target` (a `dir:` layout, made here); its manifest digest.
 
@@ -291,6 +337,8 @@ class Puller:
             target: a directory that does not exist yet.
             platform: `{"os", "arch"}` to choose from a manifest list.
             auth: the create's `image.auth` (`username`, `password`), or None.
+            progress: called with the bytes downloaded so far, every `PROGRESS_INTERVAL`
+                seconds (and the layers' total, from `skopeo inspect`, when it tells).
 
         Raises:
             PullError: the reason and skopeo's message (never the credentials).
@@ -300,21 +348,36 @@ class Puller:
         with tempfile.TemporaryDirectory(dir=self.scratch, prefix="auth-") as folder:
             auth_file = self._auth(source, auth, Path(folder))
             command = self.command(source, target, platform, auth_file)
-            try:
-                done = subprocess.run(
+            total = self._total(source, platform, auth_file) if progress is not None else None
+            with open(Path(folder) / "stderr", "w+b") as errors:
+                proc = subprocess.Popen(
                     command,
                     env=self.environment(),
                     stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    timeout=PULL_TIMEOUT,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errors,
                 )
-            except subprocess.TimeoutExpired:
-                raise PullError(
-                    NETWORK, f"{source.canonical} was not pulled within {PULL_TIMEOUT:.0f} s"
-                ) from None
-        if done.returncode != 0:
-            stderr = done.stderr.decode(errors="replace")
+                deadline = time.monotonic() + PULL_TIMEOUT
+                while proc.poll() is None:
+                    if time.monotonic() > deadline:
+                        proc.kill()
+                        proc.wait()
+                        raise PullError(
+                            NETWORK,
+                            f"{source.canonical} was not pulled within {PULL_TIMEOUT:.0f} s",
+                        )
+                    if progress is not None:
+                        progress("download", _tree_size(target), total)
+                    try:
+                        proc.wait(PROGRESS_INTERVAL)
+                    except subprocess.TimeoutExpired:
+                        pass
+                errors.seek(0)
+                stderr = errors.read().decode(errors="replace")
+        if proc.returncode != 0:
             raise PullError(classify(stderr), f"{source.canonical}: {_skopeo_message(stderr)}")
+        if progress is not None:
+            progress("download", _tree_size(target), total)
         try:
             manifest = (target / "manifest.json").read_bytes()
         except OSError as exc:
@@ -322,3 +385,15 @@ class Puller:
         # A digest in the reference is checked by skopeo against what it names (a manifest
         # list's, when it names one); this is the digest of the image chosen from it.
         return "sha256:" + hashlib.sha256(manifest).hexdigest()
+
+
+def _tree_size(path: Path) -> int:
+    """The bytes of the files under `path` (0 while it does not exist)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return total

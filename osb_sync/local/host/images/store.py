@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ImageConfig, find_python
-from .pull import Puller, PullError, Source, parse
+from .pull import Progress, Puller, PullError, Source, parse
 from .unpack import OwnerMap, UnpackError, server_owned, unpack
 
 DEFAULT_CAP = 10 << 30
@@ -163,8 +163,11 @@ class ImageStore:
         platform: dict[str, str],
         auth: dict[str, Any] | None = None,
         refresh: bool = False,
+        progress: Progress | None = None,
     ) -> tuple[StoredImage, bool]:
         """The image `uri` names for `platform`, pulled if the store lacks it; (it, pulled?).
+
+        `progress` hears how a pull goes (`pull.Progress`): its download, then its unpack.
 
         Raises:
             PullError: it cannot be had (the reason says why); nothing of it is left.
@@ -184,12 +187,17 @@ class ImageStore:
             if found is not None:
                 self.touch(found)
                 return found, False
-            image = self._pull(source, key, platform, auth)
+            image = self._pull(source, key, platform, auth, progress)
         self.evict(keep=image.digest)
         return image, True
 
     def _pull(
-        self, source: Source, key: str, platform: dict[str, str], auth: dict[str, Any] | None
+        self,
+        source: Source,
+        key: str,
+        platform: dict[str, str],
+        auth: dict[str, Any] | None,
+        progress: Progress | None = None,
     ) -> StoredImage:
         self.clean_tmp()
         name = f"{os.getpid()}-{uuid.uuid4().hex}"
@@ -198,7 +206,9 @@ class ImageStore:
             try:
                 work.mkdir(mode=0o700)
                 (work / "image").mkdir()
-                digest = self.puller.copy(source, work / "layout", platform, auth)
+                digest = self.puller.copy(source, work / "layout", platform, auth, progress)
+                if progress is not None:
+                    progress("unpack", 0, None)
                 try:
                     unpacked = unpack(work / "layout", work / "image" / "rootfs", self.owner)
                 except UnpackError as exc:

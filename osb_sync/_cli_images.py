@@ -1,0 +1,193 @@
+"""The local image store's commands: ``osb-sync images``, ``images prune`` and ``pull``.
+
+They act on the store directly, as a local server does (`local/host/images/store.py`, its
+directory `--image-store`, default `$XDG_CACHE_HOME/osb-sync/images`), under the store's own
+locks, so they run beside servers that use it: ``prune`` leaves the images a sandbox runs, and a
+``pull`` and a server's create of one image pull it once. No server is needed, nor any API key.
+
+``pull`` unpacks with the owners a server on this host would give (the sandboxes' id range,
+where sandboxes are isolated), so a server's sandboxes run what it pulled. Its progress is a
+bar on a terminal (standard error), else one plain line per phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from ._cli_commands import UsageError
+from ._cli_output import print_table
+
+BAR_WIDTH = 30
+LINE_EVERY = 5.0  # seconds between two plain progress lines
+
+
+class ImageCommandError(UsageError):
+    """An image command failed; the message says what to fix."""
+
+
+def _size_text(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _store(args: argparse.Namespace, for_pull: bool = False) -> Any:
+    """The image store the flags name (its directory made if missing)."""
+    from .local.host.images import pull, store, unpack
+
+    root = Path(args.image_store) if args.image_store else store.default_root()
+    owner: unpack.OwnerMap = unpack.server_owned
+    if for_pull:
+        from .local.host import bwrap
+
+        support = bwrap.probe()
+        ids = support.ids
+        if support.bwrap is not None and ids is not None:
+            owner = unpack.in_range(ids.uid, ids.gid, ids.count)
+    puller = pull.Puller(
+        root / "scratch",
+        tuple(getattr(args, "insecure_registry", None) or ()),
+        Path(args.registry_auth_file) if getattr(args, "registry_auth_file", None) else None,
+        tuple(Path(p).resolve() for p in getattr(args, "allow_image_path", None) or ()),
+    )
+    try:
+        return store.ImageStore(root, puller, args.image_store_size, owner)
+    except OSError as exc:
+        raise ImageCommandError(
+            f"cannot open the image store {root}: {exc.strerror or exc}; pass another"
+            " directory with --image-store DIR"
+        ) from None
+
+
+def cmd_images(args: argparse.Namespace) -> int:
+    """``osb-sync images``: the store's images (reference, digest, size, last used);
+    ``images prune``: remove those no sandbox runs."""
+    from .local.host.images.store import describe_age
+
+    image_store = _store(args)
+    if args.images_action == "prune":
+        gone = image_store.prune()
+        if args.json:
+            print(json.dumps({"removed": gone}))
+        else:
+            for digest in gone:
+                print(f"removed {digest}")
+            print(f"{len(gone)} image{'s' if len(gone) != 1 else ''} removed", file=sys.stderr)
+        return 0
+    images = image_store.images()
+    if args.json:
+        print(json.dumps(images))
+        return 0
+    rows = [
+        {
+            "reference": ", ".join(sorted({r.split("|", 1)[0] for r in i["references"]})) or "-",
+            "digest": i["digest"][:19],
+            "size": _size_text(i["size"]),
+            "last used": describe_age(i["last_used"]) + (" (in use)" if i["in_use"] else ""),
+        }
+        for i in sorted(images, key=lambda i: -i["last_used"])
+    ]
+    print_table(rows, ["reference", "digest", "size", "last used"])
+    return 0
+
+
+class PullProgress:
+    """Renders a pull's progress (`pull.Progress`): a bar on a terminal, else plain lines."""
+
+    def __init__(self, reference: str, stream: TextIO, terminal: bool) -> None:
+        self.reference = reference
+        self.stream = stream
+        self.terminal = terminal
+        self.phase = ""
+        self.last_line = 0.0
+        self.last: tuple[int, int | None] | None = None  # a download report not printed
+
+    def __call__(self, phase: str, done: int, total: int | None) -> None:
+        """One report: the phase ("download", "unpack"), bytes so far, total bytes or None."""
+        if total:
+            done = min(done, total)  # the layout's own files (manifest, config) are not counted
+        if self.terminal:
+            if phase == "download" and total:
+                filled = min(BAR_WIDTH, BAR_WIDTH * done // total)
+                bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+                text = f"[{bar}] {_size_text(done)} of {_size_text(total)}"
+            elif phase == "download":
+                text = f"{_size_text(done)} downloaded"
+            else:
+                text = "unpacking"
+            self.stream.write(f"\r\033[K{self.reference}: {text}")
+        else:
+            now = time.monotonic()
+            if phase == self.phase and now - self.last_line < LINE_EVERY:
+                self.last = (done, total)
+                return
+            if self.phase == "download" and phase != "download" and self.last is not None:
+                got, whole = self.last
+                of_whole = f" of {_size_text(whole)}" if whole else ""
+                self.stream.write(f"{self.reference}: downloaded {_size_text(got)}{of_whole}\n")
+            self.last_line, self.last = now, None
+            if phase == "download":
+                of = f" of {_size_text(total)}" if total else ""
+                self.stream.write(f"{self.reference}: downloading, {_size_text(done)}{of}\n")
+            else:
+                self.stream.write(f"{self.reference}: unpacking\n")
+        self.phase = phase
+        self.stream.flush()
+
+    def end(self) -> None:
+        """Clear a terminal's bar."""
+        if self.terminal and self.phase:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """``osb-sync pull IMAGE``: fetch it into the store now (asking its registry again)."""
+    from .local.host.images import pull
+
+    image_store = _store(args, for_pull=True)
+    platform = pull.host_platform()
+    if args.platform:
+        os_name, _, arch = args.platform.partition("/")
+        if not os_name or not arch:
+            raise UsageError(f"--platform takes OS/ARCH (linux/amd64), not {args.platform!r}")
+        platform = {"os": os_name, "arch": arch}
+    shown = PullProgress(args.image, sys.stderr, sys.stderr.isatty() and not args.json)
+    started = time.monotonic()
+    try:
+        image, _ = image_store.get(args.image, platform, None, refresh=True, progress=shown)
+    except pull.PullError as exc:
+        raise ImageCommandError(f"{exc.reason}: cannot pull {args.image}: {_fix(exc)}") from None
+    finally:
+        shown.end()
+    seconds = time.monotonic() - started
+    if args.json:
+        found = {"reference": image.reference, "digest": image.digest, "size": image.size}
+        print(json.dumps({**found, "python": image.python, "seconds": round(seconds, 3)}))
+    else:
+        note = "" if image.python else " (no python3: sandboxes need one to run execd)"
+        print(f"{image.pinned} {_size_text(image.size)} in {seconds:.1f}s{note}")
+    return 0
+
+
+def _fix(exc: Any) -> str:
+    """The pull error's message, with the flag that fixes it where one does."""
+    from .local.host.images import pull
+
+    message = str(exc.message)
+    hints = {
+        pull.UNAUTHORIZED: "give credentials with --registry-auth-file PATH (containers auth.json)",
+        pull.NETWORK: "check the name and the network; a registry without TLS needs"
+        " --insecure-registry HOST",
+        pull.NO_PLATFORM: "choose one the image has with --platform OS/ARCH",
+    }
+    hint = hints.get(exc.reason)
+    return f"{message}; {hint}" if hint and hint not in message else message

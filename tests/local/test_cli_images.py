@@ -1,0 +1,109 @@
+"""``osb-sync images``, ``images prune`` and ``pull`` on a store of their own, from a loopback
+registry (issue 25, items 2 and 6). Needs skopeo and docker-registry (skipped without them,
+unless OSB_REQUIRE_IMAGES=1)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterator
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from osb_sync._cli import main
+from osb_sync.local.host.images import pull, store
+from tests import imagekit
+from tests.imagekit import Entry, Image, LoopbackRegistry, layer_bytes, write_layout
+
+MISSING = imagekit.missing_tools()
+if MISSING and not imagekit.REQUIRE_IMAGES:
+    pytest.skip(
+        f"the image CLI tests need {', '.join(MISSING)} (apt-get install skopeo"
+        " docker-registry); OSB_REQUIRE_IMAGES=1 makes this a failure",
+        allow_module_level=True,
+    )
+OWN_ERROR = 125
+
+
+def osb(*args: str) -> tuple[int, str, str]:
+    """``osb-sync ARGS`` in this process: (status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            status = main(list(args))
+        except SystemExit as stop:
+            status = stop.code if isinstance(stop.code, int) else 1
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A small image (a few KiB, no python3) on a loopback registry."""
+    work = tmp_path_factory.mktemp("cli-registry")
+    registry = LoopbackRegistry(work / "registry").start()
+    try:
+        tiny = Image([layer_bytes([Entry("etc/hello", data=b"hi\n" * 2000)])])
+        write_layout(work / "tiny", "v1", [tiny])
+        yield registry.push(work / "tiny", "v1", "tiny")
+    finally:
+        registry.stop()
+
+
+def test_pull_then_images_then_prune(tmp_path: Path, reference: str) -> None:
+    where = str(tmp_path / "store")
+    status, out, err = osb("pull", reference, "--image-store", where)
+    assert status == 0, err
+    assert out.startswith(f"{reference}@sha256:") and "no python3" in out
+    assert f"{reference}: downloading" in err and f"{reference}: unpacking" in err  # plain
+    assert f"{reference}: downloaded " in err and " B of " in err  # the total: its manifest
+    assert "\r" not in err  # no bar off a terminal
+
+    status, out, err = osb("images", "--image-store", where)
+    assert status == 0, err
+    header, row = out.splitlines()
+    assert header.split() == ["REFERENCE", "DIGEST", "SIZE", "LAST", "USED"]
+    assert row.startswith(reference) and "sha256:" in row and "just now" in row
+    listed = json.loads(osb("images", "--image-store", where, "--json")[1])
+    (image,) = listed
+    assert image["size"] >= 6000 and not image["in_use"]
+
+    # an image a sandbox holds survives prune; once let go, it goes
+    opened = store.ImageStore(Path(where), pull.Puller(Path(where) / "scratch"))
+    held = store.hold(opened.get(reference, pull.host_platform())[0])  # cached: no pull
+    try:
+        status, out, err = osb("images", "prune", "--image-store", where)
+        assert (status, out) == (0, ""), err
+        assert "0 images removed" in err
+    finally:
+        os.close(held)
+    status, out, err = osb("images", "prune", "--image-store", where)
+    assert status == 0 and out == f"removed {image['digest']}\n", err
+    assert osb("images", "--image-store", where, "--json")[1] == "[]\n"
+
+
+def test_pull_of_a_missing_tag_says_so(tmp_path: Path, reference: str) -> None:
+    missing = reference.rsplit(":", 1)[0] + ":no-such-tag"
+    status, out, err = osb("pull", missing, "--image-store", str(tmp_path))
+    assert status == OWN_ERROR and out == ""
+    assert "IMAGE_NOT_FOUND: cannot pull" in err and missing in err
+
+
+def test_pull_without_skopeo_names_the_apt_get_line(
+    tmp_path: Path, reference: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing there
+    status, _, err = osb("pull", reference, "--image-store", str(tmp_path / "store"))
+    assert status == OWN_ERROR
+    assert "IMAGE_TOOL_MISSING" in err and "apt-get install skopeo" in err
+
+
+def test_pull_json(tmp_path: Path, reference: str) -> None:
+    status, out, err = osb("pull", reference, "--image-store", str(tmp_path), "--json")
+    assert status == 0, err
+    answer: dict[str, Any] = json.loads(out)
+    assert answer["reference"] == reference and answer["digest"].startswith("sha256:")
+    assert answer["python"] is None
