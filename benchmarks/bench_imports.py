@@ -2,9 +2,10 @@
 
 Each module is imported in a fresh interpreter (``python -c "import X"``), ``--reps`` times,
 interleaved with the others and with ``python -c pass`` (interpreter start-up); medians. The
-goal compares whole processes (what a user waits for): ``import osb_sync`` <= 1.3x ``import
-requests``. ``--baseline DIR`` also imports the osb_sync of another source tree (e.g. a
-worktree of main), first on ``PYTHONPATH``, in the same interleaved rounds. ``--peers`` adds
+goal compares whole processes (what a user waits for): ``import osb_sync`` <= 1.2x ``import
+requests`` (issue 29 goal 5; issue 16 had 1.3x). ``--baseline DIR`` also imports the osb_sync
+of another source tree (e.g. a worktree of main), first on ``PYTHONPATH``, in the same
+interleaved rounds. ``--peers`` adds
 opensandbox and litellm. Run it with the benchmark virtualenv's interpreter so that every
 module is importable. The script re-runs itself in a loopback-only network namespace (LiteLLM
 fetches price maps at import).
@@ -43,6 +44,10 @@ def once(statement: str, tree: Path = HERE) -> float:
     return time.perf_counter() - started
 
 
+def spread(values: list[float]) -> list[float]:
+    return [round(f(values), 3) for f in (min, median, max)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=15)
@@ -70,6 +75,12 @@ def main() -> None:
         baseline = {
             "baseline_tree": str(args.baseline),
             "wall_baseline_over_requests": round(wall["osb_sync_baseline"] / wall["requests"], 3),
+            "per_round_baseline_over_requests": spread(
+                [
+                    a / b
+                    for a, b in zip(samples["osb_sync_baseline"], samples["requests"], strict=True)
+                ]
+            ),
         }
     report(
         "imports",
@@ -77,6 +88,14 @@ def main() -> None:
             "reps": args.reps,
             "python": sys.version.split()[0],
             "wall_ms": {name: round(v * 1e3, 1) for name, v in wall.items()},
+            "wall_ms_min_med_max": {
+                name: [round(f(times) * 1e3, 1) for f in (min, median, max)]
+                for name, times in samples.items()
+            },
+            # per round (the same moment of load): osb_sync / requests, min / median / max
+            "per_round_osb_sync_over_requests": spread(
+                [a / b for a, b in zip(samples["osb_sync"], samples["requests"], strict=True)]
+            ),
             "import_ms_minus_startup": {name: round(v * 1e3, 1) for name, v in cost.items()},
             "load_average": os.getloadavg(),
             "import_osb_sync_over_requests_minus_startup": round(
@@ -85,7 +104,7 @@ def main() -> None:
             "wall_osb_sync_over_requests": round(ratio, 3),
             **baseline,
             "goals": {
-                "import osb_sync <= 1.3x import requests (whole processes)": verdict(ratio <= 1.3)
+                "import osb_sync <= 1.2x import requests (whole processes)": verdict(ratio <= 1.2)
             },
         },
         args.json,
