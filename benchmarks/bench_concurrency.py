@@ -123,7 +123,10 @@ def measure(args: argparse.Namespace, clients: dict[str, str]) -> dict[str, Any]
                     if args.share:
                         worker.ask("open")
                         answer = worker.ask(
-                            "shared_threads", n=args.threads, call=args.call, contexts=args.contexts
+                            "shared_threads",
+                            n=args.threads,
+                            call=args.call,
+                            n_contexts=args.contexts,
                         )
                     else:
                         answer = worker.ask("threads", contexts=contexts)

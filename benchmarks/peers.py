@@ -291,15 +291,15 @@ class Worker:
         work(n)
         return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
 
-    def shared_threads(self, n: int, call: str = "run", contexts: int = 0) -> dict[str, Any]:
+    def shared_threads(self, n: int, call: str = "run", n_contexts: int = 0) -> dict[str, Any]:
         """``n`` threads on the one sandbox of ``open``: ``call`` "get" (``get_sandbox``) or
-        "run" (``run_code`` in one of ``contexts`` code contexts made here, thread i in context
-        i % contexts; the threads of one context take turns, so execd never sees two runs in
+        "run" (``run_code`` in one of ``n_contexts`` code contexts made here, thread i in context
+        i % n_contexts; the threads of one context take turns, so execd never sees two runs in
         one context), then warm-up rounds until one opens no connection (at most 5)."""
         self.call = "get_once" if call == "get" else "run_once"
         ids = [""]
         if call == "run":
-            ids = [self.peer.sandbox.contexts.create().id for _ in range(contexts)]
+            ids = [self.peer.sandbox.contexts.create().id for _ in range(n_contexts)]
             self.context_locks = {i: threading.Lock() for i in ids}
         self.threads = [(self.peer, ids[i % len(ids)]) for i in range(n)]
         for _ in range(5):  # warm: until a round opens no connection (5 rounds at most)
