@@ -37,6 +37,7 @@ UPLOAD_PATH = "/tmp/osb-bench-upload.bin"
 UPLOAD = bytes(range(256)) * 4  # 1 KB
 SKIP_SDK_HEALTH = "OSB_BENCH_SDK_SKIP_HEALTH"
 POOL_BLOCK = "OSB_BENCH_POOL_BLOCK"
+LIFETIME = 3600  # seconds: the sandboxes of open() outlive every run of the scripts
 
 
 class Peer(Protocol):
@@ -63,7 +64,8 @@ class OsbSync:
         self.sandbox: Any = None
 
     def open(self) -> None:
-        self.sandbox = self.client.create_sandbox(allow_internet_access=True)
+        # a lifetime longer than any run of the scripts (the default, 300 s, is not)
+        self.sandbox = self.client.create_sandbox(allow_internet_access=True, timeout=LIFETIME)
 
     def run_once(self, context: str | None = None) -> None:
         result = self.sandbox.run_code(CODE, context=context or None)
@@ -123,7 +125,12 @@ class OpenSandboxSdk:
         from code_interpreter import CodeInterpreterSync
         from opensandbox import SandboxSync
 
-        sandbox = SandboxSync.create(IMAGE, entrypoint=ENTRYPOINT, connection_config=self.config)
+        sandbox = SandboxSync.create(
+            IMAGE,
+            entrypoint=ENTRYPOINT,
+            connection_config=self.config,
+            timeout=timedelta(seconds=LIFETIME),
+        )
         # Its health check probes Jupyter on the image's port (44771); run-execd's Jupyter
         # listens elsewhere, so against the real execd (SKIP_SDK_HEALTH set) it is skipped.
         skip = bool(os.environ.get(SKIP_SDK_HEALTH))
