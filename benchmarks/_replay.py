@@ -1,10 +1,13 @@
 """A replay execd for the streaming benchmark: every ``POST .../code`` gets the same corpus.
 
-Two corpora, each event its own HTTP chunk, as execd flushes per event:
+Three corpora, each event its own HTTP chunk, as execd flushes per event:
 
 - synthetic (``_replay.py MEGABYTES``): what a Jupyter-backed execd sends for chatty output,
   mostly small stdout events, some medium ones and a few large ones (proportions from
   ``shared/reference/dependencies.md`` section 6a);
+- one event (``_replay.py MEGABYTES one-event``): a single stdout event of MEGABYTES (here
+  MiB-sized: ``8.388608`` is 8 MiB) in one HTTP chunk, between ``init`` and
+  ``execution_complete``;
 - a capture of the real execd (``_replay.py MEGABYTES CAPTURE``): the HTTP chunks one real
   ``POST /code`` answered, exactly as sent (``capture`` records them), repeated whole until
   MEGABYTES of stdout (each repetition repeats its ``init``, pings and ``execution_complete``).
@@ -40,6 +43,16 @@ def corpus(total: int) -> tuple[bytes, int]:
         events.append(json.dumps({"type": "stdout", "text": text, "timestamp": 2}).encode())
     events.append(json.dumps({"type": "execution_complete", "timestamp": 3}).encode())
     return chunked([e + b"\n\n" for e in events]), stdout
+
+
+def one_event(total: int) -> tuple[bytes, int]:
+    """(chunked body, stdout bytes) of one stdout event of ``total`` characters."""
+    events = [
+        {"type": "init", "text": "replay", "timestamp": 1},
+        {"type": "stdout", "text": "x" * (total - 1) + "\n", "timestamp": 2},
+        {"type": "execution_complete", "timestamp": 3},
+    ]
+    return chunked([json.dumps(e).encode() + b"\n\n" for e in events]), total
 
 
 def chunked(chunks: Iterable[bytes]) -> bytes:
@@ -108,7 +121,9 @@ class ReplayServer(ThreadingHTTPServer):
 
 if __name__ == "__main__":
     wanted = int(float(sys.argv[1]) * 1_000_000)
-    if len(sys.argv) > 2:
+    if sys.argv[2:] == ["one-event"]:
+        body, stdout = one_event(wanted)
+    elif len(sys.argv) > 2:
         with open(sys.argv[2], "rb") as handle:
             body, stdout = replayed(handle.read(), wanted)
     else:

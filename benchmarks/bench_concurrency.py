@@ -12,9 +12,20 @@ rotates: throughput, client CPU per call, p50/p99 latency, and TCP connections o
 (``socket.connect`` of the worker) during set-up plus a warm-up round, per measured round, and
 per host over the whole run (the pool holds ``pool_maxsize`` per host: lifecycle and execd are
 two hosts here).
+``--share`` puts every thread of a client on the one sandbox it opened (local server):
+``--call get`` makes ``get_sandbox`` calls (the lifecycle server, cheap: the pool and the
+client's own cost show), ``--call run`` ``run_code`` in ``--contexts`` code contexts of that
+sandbox, thread i in context i % contexts, the threads of one context taking turns.
+``--threads`` may list counts (``1,8,64,256``), each measured on its own; ``--pool-maxsize``
+sets the osb_sync pool (default: the thread count), ``--pool-block`` makes it
+``Client(pool_block=True)`` (a tree without it fails: reported under ``errors``); ``--no-sdk``
+leaves the official SDK out.
+Each round also reports the worker's threads after it (Python's and the OS's: leaks show).
 The script re-runs itself in a loopback-only network namespace.
 
     /tmp/bench-venv/bin/python benchmarks/bench_concurrency.py --baseline ../osb-base
+    python benchmarks/bench_concurrency.py --target local --share --call get --threads 256 \
+        --pool-maxsize 32 --no-sdk --baseline ../osb-base
 """
 
 from __future__ import annotations
@@ -28,10 +39,11 @@ from typing import Any
 
 from _common import WorkerProcess, isolate_network, local_server, median, report, rotated, verdict
 from _real_execd import create_contexts, real_execd, stub_lifecycle
-from peers import SKIP_SDK_HEALTH
+from peers import POOL_BLOCK, SKIP_SDK_HEALTH
 
 HERE = str(Path(__file__).resolve().parents[1])
 KEYS = ("throughput", "cpu_ms_per_call", "p50_ms", "p99_ms", "sockets")
+SPREAD = ("throughput", "cpu_ms_per_call", "sockets", "threads_after", "os_threads_after")
 
 
 @contextlib.contextmanager
@@ -51,7 +63,9 @@ def target(name: str, threads: int) -> Iterator[tuple[str, list[str]]]:
 
 def summary(rounds: list[dict[str, Any]], setup: int) -> dict[str, Any]:
     out: dict[str, Any] = {key: round(median([r[key] for r in rounds]), 2) for key in KEYS}
-    out["all_throughput"] = [round(r["throughput"], 1) for r in rounds]
+    for key in SPREAD:  # min / median / max over the rounds
+        values = [r[key] for r in rounds]
+        out[f"{key}_min_med_max"] = [round(min(values), 2), round(median(values), 2), max(values)]
     out["failures"] = sum(r["failures"] for r in rounds)
     out["failure_example"] = next((r["failure_example"] for r in rounds if r["failures"]), [])
     out["connections_setup_and_warmup"] = setup
@@ -61,7 +75,13 @@ def summary(rounds: list[dict[str, Any]], setup: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=64)
+    parser.add_argument("--threads", default="64", help="a count, or a list: 1,8,64,256")
+    parser.add_argument("--share", action="store_true", help="every thread on one sandbox")
+    parser.add_argument("--call", default="run", choices=["run", "get"], help="with --share")
+    parser.add_argument("--contexts", type=int, default=16, help="--share --call run: contexts")
+    parser.add_argument("--pool-maxsize", type=int, help="osb_sync's pool (default: threads)")
+    parser.add_argument("--no-sdk", action="store_true", help="osb_sync trees only")
+    parser.add_argument("--pool-block", action="store_true", help="Client(pool_block=True)")
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--target", default="execd", choices=["execd", "local"])
@@ -69,8 +89,26 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     clients = {"osb_sync": HERE, "opensandbox": HERE}
+    if args.no_sdk:
+        del clients["opensandbox"]
     if args.baseline:
         clients["osb_sync_baseline"] = str(Path(args.baseline).resolve())
+    if args.pool_block:
+        os.environ[POOL_BLOCK] = "1"  # the workers' osb_sync: Client(pool_block=True)
+    counts = [int(n) for n in args.threads.split(",")]
+    runs = []
+    for threads in counts:
+        args.threads = threads
+        runs.append(measure(args, clients))
+    if len(runs) == 1:
+        report("concurrency", runs[0], args.json)
+    else:
+        report("concurrency", {"by_threads": runs}, args.json)
+
+
+def measure(args: argparse.Namespace, clients: dict[str, str]) -> dict[str, Any]:
+    """One thread count: set-up, warm-up and ``--reps`` rounds of every client, interleaved."""
+    pool = args.pool_maxsize or args.threads
     rounds: dict[str, list[dict[str, Any]]] = {}
     setup: dict[str, int] = {}
     errors: dict[str, str] = {}
@@ -80,9 +118,19 @@ def main() -> None:
         try:
             for label, tree in clients.items():
                 peer = "opensandbox" if label == "opensandbox" else "osb_sync"
-                worker = WorkerProcess(peer, api_base, tree, pool_maxsize=args.threads)
+                worker = WorkerProcess(peer, api_base, tree, pool_maxsize=pool)
                 try:
-                    setup[label] = worker.ask("threads", contexts=contexts)["connections_setup"]
+                    if args.share:
+                        worker.ask("open")
+                        answer = worker.ask(
+                            "shared_threads",
+                            n=args.threads,
+                            call=args.call,
+                            n_contexts=args.contexts,
+                        )
+                    else:
+                        answer = worker.ask("threads", contexts=contexts)
+                    setup[label] = answer["connections_setup"]
                 except RuntimeError as exc:
                     errors[label] = str(exc)
                     worker.stop()
@@ -103,10 +151,14 @@ def main() -> None:
         values["most_connections_to_one_host"] = max(per_host.get(label, {}).values(), default=0)
     mine, sdk = results.get("osb_sync"), results.get("opensandbox")
     goals = {}
-    if mine:
-        goals["connections per host <= pool size"] = verdict(
-            mine["most_connections_to_one_host"] <= args.threads
-        )
+    for label, values in results.items():
+        if label.startswith("osb_sync"):
+            key = f"{label}: connections per host <= pool_maxsize ({pool})"
+            goals[key] = verdict(values["most_connections_to_one_host"] <= pool)
+            key = f"{label}: no new connection in the measured rounds (pool warm)"
+            goals[key] = verdict(
+                values["connections_total"] == values["connections_setup_and_warmup"]
+            )
     if mine and sdk:
         goals["throughput at least the official SDK's"] = verdict(
             mine["throughput"] >= sdk["throughput"]
@@ -114,20 +166,20 @@ def main() -> None:
         for values in results.values():
             values["throughput_vs_sdk"] = round(values["throughput"] / sdk["throughput"], 3)
             values["cpu_vs_sdk"] = round(values["cpu_ms_per_call"] / sdk["cpu_ms_per_call"], 3)
-    report(
-        "concurrency",
-        {
-            "target": args.target,
-            "threads": args.threads,
-            "calls_per_thread": args.calls,
-            "reps": args.reps,
-            "load_average": os.getloadavg(),
-            "results": results,
-            "errors": errors,
-            "goals": goals,
-        },
-        args.json,
-    )
+    return {
+        "target": args.target,
+        "share": args.share,
+        "call": args.call if args.share else "run",
+        "pool_maxsize": pool,
+        "pool_block": args.pool_block,
+        "threads": args.threads,
+        "calls_per_thread": args.calls,
+        "reps": args.reps,
+        "load_average": os.getloadavg(),
+        "results": results,
+        "errors": errors,
+        "goals": goals,
+    }
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Streaming: osb_sync against a minimal consumer of the same execd stream, on four corpora.
+"""Streaming: osb_sync against a minimal consumer of the same execd stream, on five corpora.
 
 Goal 1 of issue 16: client CPU <= 1.2x and wall throughput >= 0.9x of a minimal consumer
-(requests ``iter_content(65536)``, split on ``\\n``, strip an optional ``data:``,
+(requests ``iter_content(65536)``, split on ``\\n`` (an unfinished line's pieces are joined
+once its end arrives, so one 8 MiB line costs linear time), strip an optional ``data:``,
 ``json.loads``), for
 
 - ``stream_code``: iterating the stream's events, against the minimal consumer summing the
@@ -17,7 +18,12 @@ Corpora (``--corpus``, default all), about ``--mb`` MB of stdout each:
 - ``execd-capture``: the same replay execd sends the HTTP chunks one ``POST /code`` of the
   real execd answered (4000 flushed prints, then 100 000 unflushed lines: small events, then
   Jupyter's coalesced ones), captured once (``--capture``, made with
-  ``shared/opensandbox-execd/run-execd`` when missing) and repeated to ``--mb``.
+  ``shared/opensandbox-execd/run-execd`` when missing) and repeated to ``--mb``;
+- ``event8m``: the replay execd sends one stdout event of 8 MiB (``--mb`` does not apply).
+
+``--mb`` may list sizes (``--mb 0.001,1,10,100``: how the cost grows, issue 29 goal 6): each
+size of each corpus is measured on its own, the trees interleaved. ``--variants`` picks a subset
+(``run_code,min_join``: the client against the minimal consumer that joins, issue 29 goal 3).
 
 Servers run in their own processes. The clients run in worker processes, one per source tree:
 this checkout and, with ``--baseline DIR``, another one (e.g. a worktree of ``main``), so
@@ -28,6 +34,8 @@ adds a cProfile of one ``run_code`` and one ``stream_code`` of this checkout per
 
     python benchmarks/bench_stream.py --baseline ../osb-base --reps 7
     python benchmarks/bench_stream.py --corpus small-events --profile
+    python benchmarks/bench_stream.py --corpus large --mb 0.001,1,10,100 \
+        --variants run_code,min_join
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 CHUNK = 65536
 PIECE = 64 * 1024  # the large corpus writes its output in pieces of this size
-CORPORA = ("large", "lines8k", "small-events", "execd-capture")
+CORPORA = ("large", "lines8k", "small-events", "execd-capture", "event8m")
 VARIANTS = ("run_code", "min_join", "stream_code", "min_sum")
 STREAM_HEADERS = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
 CAPTURE_CODE = (
@@ -107,11 +115,19 @@ def worker() -> None:
         return response
 
     def minimal(texts: Callable[[str], object]) -> None:
-        tail = b""
+        pending: list[bytes] = []  # the unfinished line's pieces (joined once: linear)
         with open_stream() as response:
             for chunk in response.iter_content(CHUNK):
-                lines = (tail + chunk).split(b"\n")
+                if b"\n" not in chunk:
+                    pending.append(chunk)
+                    continue
+                if pending:
+                    pending.append(chunk)
+                    chunk, pending = b"".join(pending), []
+                lines = chunk.split(b"\n")
                 tail = lines.pop()
+                if tail:
+                    pending.append(tail)
                 for line in lines:
                     if line.startswith(b"data:"):
                         line = line[5:]
@@ -254,11 +270,11 @@ def capture_real_execd(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def replay_server(mb: float, capture: Path | None = None) -> Iterator[tuple[str, int]]:
+def replay_server(mb: float, capture: Path | str | None = None) -> Iterator[tuple[str, int]]:
     """``_replay.py`` in its own process: (execd URL, stdout characters of one answer)."""
     command = [sys.executable, str(HERE / "_replay.py"), str(mb)]
     if capture is not None:
-        command.append(str(capture))
+        command.append(str(capture))  # a file, or "one-event"
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     _, url, stdout = proc.stdout.readline().split()
@@ -273,13 +289,16 @@ def replay_server(mb: float, capture: Path | None = None) -> Iterator[tuple[str,
 def source(corpus: str, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """What the workers stream from: execd URL and headers, the code, the stdout it yields."""
     total = int(args.mb * 1_000_000)
-    if corpus in ("small-events", "execd-capture"):
-        capture = None
+    if corpus in ("small-events", "execd-capture", "event8m"):
+        capture: Path | str | None = None
+        mb = args.mb
+        if corpus == "event8m":
+            capture, mb = "one-event", (8 << 20) / 1e6
         if corpus == "execd-capture":
             capture = Path(args.capture)
             if not capture.exists():
                 capture_real_execd(capture)
-        with replay_server(args.mb, capture) as (url, stdout):
+        with replay_server(mb, capture) as (url, stdout):
             yield {"url": url, "headers": {}, "code": "replayed", "total": stdout}
         return
     from _common import local_server
@@ -308,7 +327,7 @@ def measure(corpus: str, trees: dict[str, Path], args: argparse.Namespace) -> di
     with source(corpus, args) as setup:
         workers = {name: Worker(tree, setup) for name, tree in trees.items()}
         try:
-            pairs = [(name, variant) for name in workers for variant in VARIANTS]
+            pairs = [(name, variant) for name in workers for variant in args.variants]
             for name, variant in pairs:  # warm up: connections, caches, the kernel's state
                 workers[name].ask({"variant": variant})
             samples: dict[tuple[str, str], list[dict[str, float]]] = {p: [] for p in pairs}
@@ -324,7 +343,7 @@ def measure(corpus: str, trees: dict[str, Path], args: argparse.Namespace) -> di
         finally:
             for each in workers.values():
                 each.close()
-    return summarize(corpus, setup["total"], samples, profiles)
+    return summarize(corpus, setup["total"], samples, profiles, args.variants)
 
 
 def summarize(
@@ -332,19 +351,29 @@ def summarize(
     total: int,
     samples: dict[tuple[str, str], list[dict[str, float]]],
     profiles: dict[str, str],
+    variants: tuple[str, ...] = VARIANTS,
 ) -> dict[str, Any]:
     from _common import median, verdict
 
     out: dict[str, Any] = {"corpus": corpus, "stdout_bytes": total}
+    kinds = [k for k, m in (("run_code", "min_join"), ("stream_code", "min_sum")) if k in variants]
     for name in dict.fromkeys(tree for tree, _ in samples):
-        cpu = {v: median([s["cpu"] for s in samples[name, v]]) for v in VARIANTS}
-        wall = {v: median([s["wall"] for s in samples[name, v]]) for v in VARIANTS}
-        ratios = {
-            "run_code_cpu": cpu["run_code"] / cpu["min_join"],
-            "run_code_throughput": wall["min_join"] / wall["run_code"],
-            "stream_code_cpu": cpu["stream_code"] / cpu["min_sum"],
-            "stream_code_throughput": wall["min_sum"] / wall["stream_code"],
-        }
+        cpu = {v: median([s["cpu"] for s in samples[name, v]]) for v in variants}
+        wall = {v: median([s["wall"] for s in samples[name, v]]) for v in variants}
+        ratios = {}
+        for kind, minimal in (("run_code", "min_join"), ("stream_code", "min_sum")):
+            if kind in kinds:
+                ratios[f"{kind}_cpu"] = cpu[kind] / cpu[minimal]
+                ratios[f"{kind}_throughput"] = wall[minimal] / wall[kind]
+                # min / median / max over the rounds of the per-round ratios (same round)
+                per_round = [
+                    (a["cpu"] / b["cpu"], b["wall"] / a["wall"])
+                    for a, b in zip(samples[name, kind], samples[name, minimal], strict=True)
+                ]
+                out.setdefault("per_round", {})[f"{name}_{kind}"] = {
+                    "cpu_ratio_min_med_max": spread([c for c, _ in per_round]),
+                    "throughput_ratio_min_med_max": spread([w for _, w in per_round]),
+                }
         out[name] = {
             "cpu_s": {v: round(c, 3) for v, c in cpu.items()},
             "wall_s": {v: round(w, 3) for v, w in wall.items()},
@@ -354,13 +383,25 @@ def summarize(
                 f"{kind} CPU <= {CPU_GOAL}x, throughput >= {WALL_GOAL}x": verdict(
                     ratios[f"{kind}_cpu"] <= CPU_GOAL and ratios[f"{kind}_throughput"] >= WALL_GOAL
                 )
-                for kind in ("run_code", "stream_code")
+                for kind in kinds
             },
-            "all_cpu_s": {v: [round(s["cpu"], 3) for s in samples[name, v]] for v in VARIANTS},
+            "cpu_s_min_med_max": {
+                v: spread([s["cpu"] for s in samples[name, v]]) for v in variants
+            },
+            "wall_s_min_med_max": {
+                v: spread([s["wall"] for s in samples[name, v]]) for v in variants
+            },
         }
     if profiles:
         out["profile"] = profiles
     return out
+
+
+def spread(values: list[float]) -> list[float]:
+    """[min, median, max], rounded."""
+    from _common import median
+
+    return [round(min(values), 4), round(median(values), 4), round(max(values), 4)]
 
 
 def main() -> None:
@@ -368,8 +409,11 @@ def main() -> None:
         worker()
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", choices=[*CORPORA, "all"], default="all")
-    parser.add_argument("--mb", type=float, default=50.0, help="stdout per run, in MB (10^6)")
+    parser.add_argument("--corpus", default="all", help="all, or a list of " + ",".join(CORPORA))
+    parser.add_argument("--mb", default="50", help="stdout per run, in MB (10^6); or a list: 1,10")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="a subset of " + ",".join(VARIANTS)
+    )
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--baseline", help="another source tree to measure in the same run")
     parser.add_argument(
@@ -390,9 +434,16 @@ def main() -> None:
     trees = {"after": HERE.parent}
     if args.baseline:
         trees["before"] = Path(args.baseline)
-    corpora = CORPORA if args.corpus == "all" else (args.corpus,)
+    corpora = CORPORA if args.corpus == "all" else tuple(args.corpus.split(","))
+    args.variants = tuple(args.variants.split(","))
+    assert set(args.variants) <= set(VARIANTS), args.variants
+    sizes = [float(mb) for mb in args.mb.split(",")]
     load_before = os.getloadavg()
-    results = [measure(corpus, trees, args) for corpus in corpora]
+    results = []
+    for corpus in corpora:
+        for mb in sizes if corpus != "event8m" else sizes[:1]:
+            args.mb = mb
+            results.append(measure(corpus, trees, args))
     data = {
         "trees": {name: str(tree) for name, tree in trees.items()},
         "reps": args.reps,
@@ -404,9 +455,13 @@ def main() -> None:
     for result in results:
         for name in trees:
             r = result[name]["ratios"]
-            run = f"{r['run_code_cpu']:.2f}x / {r['run_code_throughput']:.2f}x"
-            stream = f"{r['stream_code_cpu']:.2f}x / {r['stream_code_throughput']:.2f}x"
-            print(f"{result['corpus']:14} {name:7} {run:>21} {stream:>24}")
+            run = stream = "-"
+            if "run_code_cpu" in r:
+                run = f"{r['run_code_cpu']:.2f}x / {r['run_code_throughput']:.2f}x"
+            if "stream_code_cpu" in r:
+                stream = f"{r['stream_code_cpu']:.2f}x / {r['stream_code_throughput']:.2f}x"
+            label = f"{result['corpus']}@{result['stdout_bytes'] / 1e6:g}MB"
+            print(f"{label:22} {name:7} {run:>21} {stream:>24}")
     for result in results:
         for variant, text in result.get("profile", {}).items():
             print(f"--- profile: {result['corpus']}, {variant}\n{text}")

@@ -1,44 +1,83 @@
-"""How long ``osb-sync --version`` takes, against a bare ``python -c pass`` (issue 28: < 0.15 s).
+"""How long ``osb-sync --version`` takes, against a bare ``python -c pass`` (goal: < 0.15 s).
 
-Run: ``python benchmarks/cli_startup.py [ROUNDS]``. Each command runs ROUNDS times in a fresh
-interpreter, interleaved so that the machine's load hits both alike; the medians and the
-difference (what osb-sync adds to Python's own start-up) are printed, with the modules
-``--version`` loaded (requests must not be among them).
+Run: ``python benchmarks/cli_startup.py [ROUNDS] [--baseline DIR]``. Each command runs ROUNDS
+times in a fresh interpreter, interleaved (the order rotating every round) so that the
+machine's load hits all alike. Printed: min / median / max of the wall time and of the
+process's CPU time (user + system, ``getrusage``: what load does not inflate much), what
+osb-sync adds to Python's own start-up, and the modules ``--version`` loaded (requests must
+not be among them). ``--baseline DIR`` also runs the ``osb_sync`` of another source tree
+(first on ``PYTHONPATH``) in the same rounds. Issue 28 set the goal; issue 29 (goal 5)
+measures it again.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
 
 
-def timed(argv: list[str]) -> float:
+CPU: dict[str, list[float]] = {}  # CPU seconds (user + system) of each run, per command
+
+
+def timed(argv: list[str], tree: Path, name: str = "") -> float:
+    """Wall seconds of one run; its CPU seconds go to ``CPU[name]``."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    subprocess.run(argv, check=True, capture_output=True)
-    return time.perf_counter() - started
+    subprocess.run(argv, check=True, capture_output=True, env=env, cwd=tree)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    CPU.setdefault(name, []).append(cpu)
+    return wall
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rounds", type=int, nargs="?", default=20)
+    parser.add_argument("--baseline", type=Path, help="another source tree's osb_sync")
+    args = parser.parse_args()
     version = [sys.executable, "-m", "osb_sync", "--version"]
-    bare = [sys.executable, "-c", "pass"]
-    ours, python = [], []
-    for _ in range(rounds):
-        ours.append(timed(version))
-        python.append(timed(bare))
+    runs = {
+        "osb-sync --version": (version, HERE),
+        "python -c pass": ([sys.executable, "-c", "pass"], HERE),
+    }
+    if args.baseline:
+        runs["baseline --version"] = (version, args.baseline.resolve())
+    for argv, tree in runs.values():  # compile the .pyc files once, outside the timing
+        timed(argv, tree)
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    order = list(runs)
+    for rep in range(args.rounds):
+        for name in order[rep % len(order) :] + order[: rep % len(order)]:
+            samples[name].append(timed(*runs[name], name))
     probe = (
         "import sys, runpy\nsys.argv = ['osb-sync', '--version']\n"
         "try:\n    runpy.run_module('osb_sync', run_name='__main__')\nexcept SystemExit:\n"
         "    print(sorted(m for m in sys.modules if m.startswith(('osb_sync', 'requests'))))"
     )
     loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=False
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=False, cwd=HERE
     ).stdout.strip()
-    print(f"osb-sync --version: median {statistics.median(ours):.3f} s, min {min(ours):.3f} s")
-    print(f"python -c pass:     median {statistics.median(python):.3f} s, min {min(python):.3f} s")
-    print(f"added by osb-sync:  median {statistics.median(ours) - statistics.median(python):.3f} s")
+    bare = statistics.median(samples["python -c pass"])
+    print(f"{args.rounds} rounds, load average {os.getloadavg()[0]:.1f}; min / median / max")
+    for name, times in samples.items():
+        low, mid, high = min(times), statistics.median(times), max(times)
+        print(f"{name:20} {low:.3f} / {mid:.3f} / {high:.3f} s  (+{mid - bare:.3f} s over python)")
+    print("CPU (user + system) of the process, min / median / max (steadier under load):")
+    for name in runs:
+        cpu = CPU[name]
+        print(f"{name:20} {min(cpu):.3f} / {statistics.median(cpu):.3f} / {max(cpu):.3f} s")
+    met = statistics.median(samples["osb-sync --version"]) < 0.15
+    print(f"goal osb-sync --version < 0.15 s (median): {'met' if met else 'NOT met'}")
     print(f"modules loaded: {loaded.splitlines()[-1] if loaded else '?'}")
 
 

@@ -7,7 +7,8 @@
   one event loop per client.
 
 Each client: ``open()`` a sandbox, ``run_many(n)`` calls of ``run_code("pass")`` in it,
-``command_many(n)`` calls of ``commands.run("true")``, ``cycle_many(n)`` create+run+delete
+``command_many(n)`` calls of ``commands.run("true")``, ``upload_many(n)`` 1 KB uploads,
+``get_many(n)`` lookups of the sandbox on the lifecycle server, ``cycle_many(n)`` create+run+delete
 cycles, ``close()``. Peers are imported lazily, so a missing one is reported (with its error
 text) instead of stopping the run.
 
@@ -32,7 +33,11 @@ IMAGE = "opensandbox/code-interpreter:v1.1.0"
 ENTRYPOINT = ["/opt/code-interpreter/code-interpreter.sh"]
 CODE = "pass"
 COMMAND = "true"
+UPLOAD_PATH = "/tmp/osb-bench-upload.bin"
+UPLOAD = bytes(range(256)) * 4  # 1 KB
 SKIP_SDK_HEALTH = "OSB_BENCH_SDK_SKIP_HEALTH"
+POOL_BLOCK = "OSB_BENCH_POOL_BLOCK"
+LIFETIME = 3600  # seconds: the sandboxes of open() outlive every run of the scripts
 
 
 class Peer(Protocol):
@@ -53,11 +58,14 @@ class OsbSync:
     def __init__(self, api_base: str, pool_maxsize: int = 32):
         from osb_sync import Client
 
-        self.client = Client(api_base, pool_maxsize=pool_maxsize)
+        # OSB_BENCH_POOL_BLOCK=1: Client(pool_block=True) (osb_sync after issue 29 only)
+        extra = {"pool_block": True} if os.environ.get(POOL_BLOCK) else {}
+        self.client = Client(api_base, pool_maxsize=pool_maxsize, **extra)
         self.sandbox: Any = None
 
     def open(self) -> None:
-        self.sandbox = self.client.create_sandbox(allow_internet_access=True)
+        # a lifetime longer than any run of the scripts (the default, 300 s, is not)
+        self.sandbox = self.client.create_sandbox(allow_internet_access=True, timeout=LIFETIME)
 
     def run_once(self, context: str | None = None) -> None:
         result = self.sandbox.run_code(CODE, context=context or None)
@@ -71,6 +79,17 @@ class OsbSync:
         for _ in range(n):
             result = self.sandbox.commands.run(COMMAND)
             assert result.exit_code == 0, result
+
+    def upload_many(self, n: int) -> None:
+        for _ in range(n):
+            self.sandbox.files.write(UPLOAD_PATH, UPLOAD)
+
+    def get_many(self, n: int) -> None:
+        for _ in range(n):
+            assert self.client.get_sandbox(self.sandbox.id).id == self.sandbox.id
+
+    def get_once(self, context: str | None = None) -> None:
+        assert self.client.get_sandbox(self.sandbox.id).id == self.sandbox.id
 
     def cycle_many(self, n: int) -> None:
         for _ in range(n):
@@ -106,7 +125,12 @@ class OpenSandboxSdk:
         from code_interpreter import CodeInterpreterSync
         from opensandbox import SandboxSync
 
-        sandbox = SandboxSync.create(IMAGE, entrypoint=ENTRYPOINT, connection_config=self.config)
+        sandbox = SandboxSync.create(
+            IMAGE,
+            entrypoint=ENTRYPOINT,
+            connection_config=self.config,
+            timeout=timedelta(seconds=LIFETIME),
+        )
         # Its health check probes Jupyter on the image's port (44771); run-execd's Jupyter
         # listens elsewhere, so against the real execd (SKIP_SDK_HEALTH set) it is skipped.
         skip = bool(os.environ.get(SKIP_SDK_HEALTH))
@@ -133,6 +157,17 @@ class OpenSandboxSdk:
         for _ in range(n):
             execution = self.sandbox.commands.run(COMMAND)
             assert execution.error is None, execution.error
+
+    def upload_many(self, n: int) -> None:
+        for _ in range(n):
+            self.sandbox.files.write_file(UPLOAD_PATH, UPLOAD)
+
+    def get_many(self, n: int) -> None:
+        for _ in range(n):
+            assert self.sandbox.get_info().id == self.sandbox.id
+
+    def get_once(self, context: str | None = None) -> None:
+        assert self.sandbox.get_info().id == self.sandbox.id
 
     def for_thread(self) -> OpenSandboxSdk:
         """Its own sandbox and interpreter objects for one thread (the SDK's pattern)."""
@@ -221,8 +256,12 @@ class Worker:
         self.peer: Any = FACTORIES[name](api_base, **options)
         self.counter = ConnectionCounter().__enter__()
         self.threads: list[tuple[Any, str | None]] = []
+        self.call = "run_once"
+        self.context_locks: dict[str, threading.Lock] = {}
 
-    def handle(self, op: str, n: int = 0, contexts: list[str] | None = None) -> dict[str, Any]:
+    def handle(
+        self, op: str, n: int = 0, contexts: list[str] | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
         if op == "open":
             self.peer.open()
             module = sys.modules.get("osb_sync")
@@ -240,6 +279,8 @@ class Worker:
             self.threads = list(zip(made, contexts or [], strict=True))
             self.round(2)
             return {"connections_setup": self.counter.sockets}
+        if op == "shared_threads":
+            return self.shared_threads(n, **kwargs)
         if op == "round":
             return self.round(n)
         if op == "connections":
@@ -247,10 +288,31 @@ class Worker:
         if op == "close":
             self.peer.close()
             return {}
-        work = {"runs": self.peer.run_many, "commands": self.peer.command_many}[op]
+        work = {
+            "runs": self.peer.run_many,
+            "commands": self.peer.command_many,
+            "uploads": self.peer.upload_many,
+            "gets": self.peer.get_many,
+        }[op]
         wall, cpu = time.perf_counter(), time.process_time()
         work(n)
         return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+
+    def shared_threads(self, n: int, call: str = "run", n_contexts: int = 0) -> dict[str, Any]:
+        """``n`` threads on the one sandbox of ``open``: ``call`` "get" (``get_sandbox``) or
+        "run" (``run_code`` in one of ``n_contexts`` code contexts made here, thread i in context
+        i % n_contexts; the threads of one context take turns, so execd never sees two runs in
+        one context), then warm-up rounds until one opens no connection (at most 5)."""
+        self.call = "get_once" if call == "get" else "run_once"
+        ids = [""]
+        if call == "run":
+            ids = [self.peer.sandbox.contexts.create().id for _ in range(n_contexts)]
+            self.context_locks = {i: threading.Lock() for i in ids}
+        self.threads = [(self.peer, ids[i % len(ids)]) for i in range(n)]
+        for _ in range(5):  # warm: until a round opens no connection (5 rounds at most)
+            if not self.round(2)["sockets"]:
+                break
+        return {"connections_setup": self.counter.sockets}
 
     def round(self, calls: int) -> dict[str, Any]:
         """Every thread makes ``calls`` runs in its own context, started at a barrier."""
@@ -259,11 +321,16 @@ class Worker:
         barrier = threading.Barrier(len(self.threads) + 1)
 
         def work(handle: Any, context: str) -> None:
+            call, lock = getattr(handle, self.call), self.context_locks.get(context)
             barrier.wait()
             for _ in range(calls):
                 started = time.perf_counter()
                 try:
-                    handle.run_once(context)
+                    if lock is None:
+                        call(context)
+                    else:
+                        with lock:
+                            call(context)
                 except Exception as exc:
                     failures.append(f"{type(exc).__name__}: {exc}")
                 latencies.append(time.perf_counter() - started)
@@ -277,6 +344,7 @@ class Worker:
         for thread in threads:
             thread.join()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        time.sleep(0.2)  # let the pool's and the streams' helper threads, if any, end
         latencies.sort()
         return {
             "throughput": len(latencies) / wall,
@@ -284,6 +352,8 @@ class Worker:
             "p50_ms": latencies[len(latencies) // 2] * 1e3,
             "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3,
             "sockets": self.counter.sockets - sockets,
+            "threads_after": threading.active_count(),  # this thread alone when none leaked
+            "os_threads_after": len(os.listdir("/proc/self/task")),
             "failures": len(failures),
             "failure_example": failures[:1],
         }

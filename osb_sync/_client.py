@@ -92,6 +92,10 @@ class Client:
         read_timeout: seconds of silence allowed on any response, streams included.
         create_timeout: seconds allowed for ``POST /sandboxes`` (servers pull images inside it).
         pool_maxsize: connections kept per host: size it for the number of threads.
+        pool_block: when all ``pool_maxsize`` connections to a host are in use, wait for
+            one to be free instead of opening one more (which is closed after its call): the
+            connections to a host never exceed ``pool_maxsize``. The wait counts as connecting:
+            past ``connect_timeout`` the call raises TransportError naming ``pool_maxsize``.
         max_retries: retries of idempotent lifecycle calls.
         execd_scheme: scheme for scheme-less execd endpoints; default: that of ``api_base``.
 
@@ -114,6 +118,7 @@ class Client:
         read_timeout: float = DEFAULT_SETTINGS.read_timeout,
         create_timeout: float = DEFAULT_SETTINGS.create_timeout,
         pool_maxsize: int = DEFAULT_SETTINGS.pool_maxsize,
+        pool_block: bool = DEFAULT_SETTINGS.pool_block,
         max_retries: int = DEFAULT_SETTINGS.max_retries,
         execd_scheme: str | None = DEFAULT_SETTINGS.execd_scheme,
     ):
@@ -124,6 +129,7 @@ class Client:
             read_timeout=read_timeout,
             create_timeout=create_timeout,
             pool_maxsize=pool_maxsize,
+            pool_block=pool_block,
             max_retries=max_retries,
             execd_scheme=execd_scheme,
         )
@@ -133,6 +139,7 @@ class Client:
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.read_timeout,
             pool_maxsize=settings.pool_maxsize,
+            pool_block=settings.pool_block,
             max_retries=settings.max_retries,
         )
         self._lifecycle = Lifecycle(

@@ -54,6 +54,8 @@ class ClientSettings:
         read_timeout: seconds of silence allowed on any response, streams included.
         create_timeout: seconds allowed for ``POST /sandboxes``.
         pool_maxsize: connections kept per host.
+        pool_block: when all ``pool_maxsize`` connections to a host are in use, wait for one
+            (at most ``connect_timeout``) instead of opening one more for the call.
         max_retries: retries of idempotent lifecycle calls.
         execd_scheme: scheme for scheme-less execd endpoints (None: that of ``api_base``).
 
@@ -65,6 +67,7 @@ class ClientSettings:
     read_timeout: float = 60.0
     create_timeout: float = 300.0
     pool_maxsize: int = 32
+    pool_block: bool = False
     max_retries: int = 2
     execd_scheme: str | None = None
 
@@ -79,6 +82,8 @@ class ClientSettings:
         size = self.pool_maxsize
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ConfigurationError("pool_maxsize must be a positive int")
+        if not isinstance(self.pool_block, bool):
+            raise ConfigurationError("pool_block must be True or False")
         retries = self.max_retries
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ConfigurationError("max_retries must be an int >= 0")

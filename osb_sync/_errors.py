@@ -24,7 +24,7 @@ or an execd token.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
 import requests
@@ -54,12 +54,32 @@ class OutputLimitExceeded(OpenSandboxError, ValueError):
     """A run's output passed ``max_output_bytes`` (or one line of its stream the wire guard,
     4 x the cap + 1 MiB), or a file read its ``max_bytes``: the stream was closed and the run
     interrupted. ``limit`` is the limit that was passed (the cap, the guard or ``max_bytes``);
-    ``partial`` the result so far (at most the cap's worth of output)."""
+    ``partial`` the result so far (at most the cap's worth of output).
+
+    A run's ``partial`` is built when first read, not when the run stops: joining the kept
+    output into one string costs as much memory again, so a caller that does not read it never
+    holds the cap's worth twice (issue 29)."""
 
     def __init__(self, message: str, *, limit: int, partial: Any = None):
         super().__init__(message)
         self.limit = limit
-        self.partial = partial
+        self._partial = partial
+        self._build_partial: Callable[[], Any] | None = None
+
+    @property
+    def partial(self) -> Any:
+        """The result so far (None when there is none); built on first access, then kept."""
+        if self._build_partial is not None:
+            self._partial, self._build_partial = self._build_partial(), None
+        return self._partial
+
+    @partial.setter
+    def partial(self, value: Any) -> None:
+        self._partial, self._build_partial = value, None
+
+    def partial_from(self, build: Callable[[], Any]) -> None:
+        """Let ``partial`` be ``build()``, called when ``partial`` is first read."""
+        self._partial, self._build_partial = None, build
 
 
 class CommandFailed(OpenSandboxError):

@@ -324,7 +324,10 @@ class ExecutionStream(Generic[R]):
             if self._stop(readable=True) in PAST_DEADLINE:
                 raise self._timeout_error() from exc
             exc.args = (self._with_outcome(str(exc)),)
-            exc.partial = self.partial()
+            if isinstance(exc, OutputLimitExceeded):
+                exc.partial_from(self._folder.result)  # joined only if read: no 2x peak
+            else:
+                exc.partial = self.partial()
             raise
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             stopped_from = self._stop(readable=False, stalled=_is_read_timeout(exc))

@@ -41,6 +41,11 @@ def _cause(exc: BaseException, url: str, timeout: tuple[float, float]) -> str:
     if any(isinstance(e, (socket.gaierror, urllib3.exceptions.NameResolutionError)) for e in chain):
         host = urlsplit(url).hostname
         return f"cannot resolve the host name {host!r} (DNS): check the host in the URL"
+    if any(isinstance(e, urllib3.exceptions.EmptyPoolError) for e in chain):
+        return (
+            f"every pooled connection to the host stayed in use for {connect:g} s "
+            "(pool_block=True): raise pool_maxsize to the number of threads, or connect_timeout"
+        )
     if isinstance(exc, requests.ConnectTimeout):
         return f"timed out connecting after {connect:g} s (is the host reachable, the port right?)"
     if isinstance(exc, requests.ReadTimeout) or any(

@@ -22,6 +22,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 from requests.utils import get_netrc_auth
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from ._constants import VERSION
 
@@ -40,10 +41,50 @@ def origin(url: str) -> tuple[str, str, int | None]:
     return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
 
 
-def new_session(pool_maxsize: int) -> requests.Session:
-    """A session with ``pool_maxsize`` connections per host, no retries and no cookies."""
+class _WaitingPool(HTTPConnectionPool):
+    """A blocking pool whose wait for a free connection is bounded by the call's connect
+    timeout (urllib3 waits forever: requests passes no ``pool_timeout``)."""
+
+    def urlopen(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("pool_timeout") is None:
+            timeout = kwargs.get("timeout")
+            wait = getattr(timeout, "connect_timeout", timeout)
+            if isinstance(wait, (int, float)):
+                kwargs["pool_timeout"] = wait
+        return super().urlopen(method, url, *args, **kwargs)
+
+
+class _WaitingHTTPSPool(_WaitingPool, HTTPSConnectionPool):
+    pass
+
+
+_WAITING = {"http": _WaitingPool, "https": _WaitingHTTPSPool}
+
+
+class _Adapter(HTTPAdapter):
+    """requests' adapter, whose proxy pools also wait within the connect timeout when
+    ``pool_block`` is set."""
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if self._pool_block:  # type: ignore[attr-defined]
+            manager.pool_classes_by_scheme = _WAITING
+        return manager
+
+
+def new_session(pool_maxsize: int, pool_block: bool = False) -> requests.Session:
+    """A session with ``pool_maxsize`` connections per host, no retries and no cookies; with
+    ``pool_block`` a call waits (within its connect timeout) for a free connection rather than
+    opening one more."""
     session = requests.Session()
-    adapter = HTTPAdapter(pool_connections=pool_maxsize, pool_maxsize=pool_maxsize, max_retries=0)
+    adapter = _Adapter(
+        pool_connections=pool_maxsize,
+        pool_maxsize=pool_maxsize,
+        max_retries=0,
+        pool_block=pool_block,
+    )
+    if pool_block:
+        adapter.poolmanager.pool_classes_by_scheme = _WAITING  # type: ignore[assignment]
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))

@@ -96,6 +96,7 @@ class Sandbox:
         connect_timeout: float = DEFAULT_SETTINGS.connect_timeout,
         read_timeout: float = DEFAULT_SETTINGS.read_timeout,
         pool_maxsize: int = DEFAULT_SETTINGS.pool_maxsize,
+        pool_block: bool = DEFAULT_SETTINGS.pool_block,
     ) -> Sandbox:
         """A handle on a bare execd, without a lifecycle server in front of it.
 
@@ -114,6 +115,8 @@ class Sandbox:
             connect_timeout: seconds to open a connection.
             read_timeout: seconds of silence allowed on any response, streams included.
             pool_maxsize: connections kept to execd: size it for the number of threads.
+            pool_block: wait for a free connection (at most ``connect_timeout``) when all are
+                in use, instead of opening one more (see :class:`Client`).
 
         Raises:
             ConfigurationError: ``url`` is not an http(s) URL, or a bad argument.
@@ -126,6 +129,7 @@ class Sandbox:
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             pool_maxsize=pool_maxsize,
+            pool_block=pool_block,
             max_retries=0,
         )
         transport = Transport(
@@ -133,6 +137,7 @@ class Sandbox:
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.read_timeout,
             pool_maxsize=settings.pool_maxsize,
+            pool_block=settings.pool_block,
             max_retries=settings.max_retries,
         )
         base_url = url.strip().rstrip("/")

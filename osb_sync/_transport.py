@@ -5,8 +5,9 @@ Rules that every request follows, whatever session it goes through:
 - **Threads.** One client may be shared by any number of threads. Its own session is fully
   configured at construction and never mutated afterwards; per-call headers are arguments.
   The pool keeps ``pool_maxsize`` connections per host, so as many threads can stream at once
-  without opening and discarding sockets. Cookies are refused (the API uses none), which
-  removes the only shared mutable state of a session.
+  without opening and discarding sockets; with ``pool_block`` a call past that waits for a free
+  connection (within the connect timeout) instead of opening one more. Cookies are refused (the
+  API uses none), which removes the only shared mutable state of a session.
 - **Fork.** A child process (gunicorn, Celery prefork) must not share its parent's sockets:
   the first call in a new process opens a fresh session (for a caller's session, it drops the
   inherited connection pools; its configuration is untouched).
@@ -111,10 +112,12 @@ class Transport:
         read_timeout: float,
         pool_maxsize: int,
         max_retries: int,
+        pool_block: bool = False,
     ):
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._pool_maxsize = pool_maxsize
+        self._pool_block = pool_block
         self._max_retries = max_retries
         self._owns_session = session is None
         self._session = session if session is not None else self._new_session()
@@ -129,7 +132,7 @@ class Transport:
         self._environment.forget()
 
     def _new_session(self) -> requests.Session:
-        return new_session(self._pool_maxsize)
+        return new_session(self._pool_maxsize, self._pool_block)
 
     @property
     def session(self) -> requests.Session:

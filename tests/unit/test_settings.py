@@ -63,6 +63,7 @@ def test_settings_are_frozen_and_normalised() -> None:
         ({"read_timeout": "60"}, "read_timeout"),
         ({"create_timeout": True}, "create_timeout"),
         ({"pool_maxsize": 1.5}, "pool_maxsize"),
+        ({"pool_block": 1}, "pool_block"),
         ({"max_retries": -1}, "max_retries"),
         ({"execd_scheme": "ftp"}, "execd_scheme"),
     ],

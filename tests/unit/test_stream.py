@@ -308,3 +308,44 @@ def test_to_dict_is_litellm_shape() -> None:
         "error": {"name": "ZeroDivisionError", "value": "division by zero", "traceback": ["tb"]},
         "execution_count": 3,
     }
+
+
+class _Chunks:
+    """A stand-in response: ``iter_content`` yields the given chunks (no socket, no watchdog)."""
+
+    raw = object()
+
+    def __init__(self, chunks: list[bytes]):
+        self.chunks = chunks
+
+    def iter_content(self, size: int) -> object:
+        return iter(self.chunks)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_capped_run_does_not_hold_its_output_twice_until_the_partial_is_read() -> None:
+    """Issue 29: the kept output is joined into ``partial`` when it is read, not at the raise,
+    so the run itself peaks near the cap (not twice it); reading ``partial`` gives it all."""
+    import tracemalloc
+
+    from osb_sync._execution import ExecutionStream
+
+    cap = 2 << 20
+    piece = "x" * 8191 + "\n"
+    chunks = [ev(type="init", text="run-1") + b"\n\n"]
+    chunks += [ev(type="stdout", text=piece) + b"\n\n"] * (cap // len(piece) + 10)
+    tracemalloc.start()
+    try:
+        with pytest.raises(OutputLimitExceeded) as info:
+            with ExecutionStream(_Chunks(chunks), max_output_bytes=cap) as stream:  # type: ignore[arg-type]
+                for _ in stream:
+                    pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * cap, f"peak {peak / cap:.2f}x the cap before partial was read"
+    partial = info.value.partial
+    assert partial.stdout == (piece * (cap // len(piece) + 1))[:cap]
+    assert info.value.partial is partial  # built once
