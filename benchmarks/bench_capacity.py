@@ -28,7 +28,7 @@ from osb_sync.local.host import capacity
 
 BODY: dict[str, Any] = {
     "image": {"uri": "opensandbox/code-interpreter:v1.1.0"},  # the host view: no pull
-    "entrypoint": ["/bin/sh"],
+    "entrypoint": ["tail", "-f", "/dev/null"],  # idle: execd alone, no entrypoint process
     "resourceLimits": {},
     "networkPolicy": {"defaultAction": "deny"},
 }
