@@ -73,6 +73,9 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
             cmd=["exit 3"],
         )
         write_layout(work / "entry", "v1", [ends])
+        write_layout(
+            work / "nobody", "v1", [Image(bullseye.layers, env=bullseye.env, user="nobody")]
+        )
         yield {
             "bullseye": anonymous.push(work / "bullseye", "v1", "bullseye"),
             "private": private.push(work / "bullseye", "v1", "bullseye"),
@@ -83,6 +86,7 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
             "evil": anonymous.push(work / "evil", "v1", "evil"),
             "nopython": anonymous.push(work / "nopython", "v1", "nopython"),
             "entry": anonymous.push(work / "entry", "v1", "entry"),
+            "nobody": anonymous.push(work / "nobody", "v1", "nobody"),
             "anonymous": anonymous,
         }
     finally:
@@ -268,3 +272,21 @@ def test_an_image_sandbox_whose_entrypoint_exits_7_is_failed(
             info = _until_state(client, sandbox.id, {"Failed"})
             message = info.message or ""
     assert "exited with code 7" in message
+
+
+def test_an_images_user_runs_its_commands_code_and_entrypoint(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    """`User: nobody` (65534 in the image's /etc/passwd): what runs in the sandbox is nobody."""
+    client = _client(image_server)
+    script = "id -u > /tmp/entry-uid; exec sleep 600"
+    with client.create_sandbox(
+        template=registries["nobody"], entrypoint=["sh", "-c", script]
+    ) as sandbox:
+        assert sandbox.commands.run("id -u; id -g").stdout == "65534\n65534\n"
+        ran = sandbox.run_code("import os; print(os.getuid(), os.getgid())")
+        assert ran.stdout == "65534 65534\n", ran
+        deadline = time.monotonic() + 10
+        while not sandbox.files.exists("/tmp/entry-uid") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sandbox.files.read_text("/tmp/entry-uid") == "65534\n"

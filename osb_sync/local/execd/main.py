@@ -218,6 +218,7 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
         env,
         claim.get("address_space_limit"),
         Path(config["oom_control"]) if config.get("oom_control") else None,
+        tuple(config["user"]) if config.get("user") else None,  # type: ignore[arg-type]
     )
     app = router.ExecdApp(runtime, config["ping_interval"], config["command_grace"])
     token = str(claim["token"]).encode()
@@ -269,6 +270,7 @@ def serve_binary(config: dict[str, Any], relay_server: socket.socket, ready_fd: 
         sys.exit(1)
     threading.Thread(target=accept_forever, args=(relay_server, {}), daemon=True).start()
     entrypoint = Entrypoint(claim.get("entrypoint"))
+    uid, gid = config.get("user") or (None, None)
     entrypoint.start(
         lambda argv, stdin: subprocess.Popen(
             argv,
@@ -278,6 +280,9 @@ def serve_binary(config: dict[str, Any], relay_server: socket.socket, ready_fd: 
             stdout=2,
             stderr=2,
             start_new_session=True,
+            user=uid,
+            group=gid,
+            extra_groups=None if uid is None else [],
         )
     )
     os.write(ready_fd, b"serving\n")

@@ -55,8 +55,12 @@ class SandboxRuntime:
         env: dict[str, str],
         address_space_limit: int | None = None,
         oom_control: Path | None = None,
+        user: tuple[int, int] | None = None,
     ) -> None:
         self.dir = home
+        # (uid, gid) of the image's User: what the sandbox's processes run as unless a
+        # request names its own (execd itself stays the namespace's root, for its state)
+        self.user = user
         self.oom_control = oom_control  # the sandbox's memory.oom_control, bound in read-only
         self.address_space_limit = address_space_limit
         self.run_dir = run_dir
@@ -94,7 +98,11 @@ class SandboxRuntime:
         user: int | None = None,
         group: int | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start `argv` in its own process group inside this sandbox; OSError if it cannot."""
+        """Start `argv` in its own process group inside this sandbox (as the image's User
+        unless `user`/`group` name others); OSError if it cannot."""
+        extra_groups: list[int] | None = None
+        if user is None and group is None and self.user is not None:
+            (user, group), extra_groups = self.user, []  # no supplementary group of root's
         with self._lock:
             if self._closed:
                 raise OSError("sandbox is being deleted")
@@ -113,6 +121,7 @@ class SandboxRuntime:
                 start_new_session=True,
                 user=user,
                 group=group,
+                extra_groups=extra_groups,
             )
             self._procs[proc.pid] = proc
         return proc

@@ -485,6 +485,10 @@ class SandboxContainer:
             "command_grace": grace,
             "file_size_limit": bwrap.FILE_SIZE_LIMIT if self.isolated else 0,
             "oom_control": OOM_CONTROL if self._oom_bind() else None,
+            # the image's User (none: root), for the processes execd starts
+            "user": list(self._settings.image_ids)
+            if self._settings.image is not None and any(self._settings.image_ids)
+            else None,
         }
 
     def _home_inside(self) -> str:

@@ -120,6 +120,9 @@ def image_options(
         if (root / "etc").is_dir() and not os.path.islink(root / "etc") and not inside.is_symlink():
             options += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     options += ["--bind", str(state), bwrap.EXECD_STATE_DIR]
+    # its parent searchable by all (bwrap would make it 0700): an image's User runs it too
+    parent = os.path.dirname(bwrap.PACKAGE_VIEW)
+    options += ["--perms", "0755", "--dir", parent]
     options += ["--ro-bind", bwrap.package_dir(), bwrap.PACKAGE_VIEW]
     options += [*mounts, *extra]
     # the image's ids, root included: bwrap's default is the server's own uid
