@@ -222,7 +222,14 @@ class FakePuller(Puller):
         object.__setattr__(self, "image", image)
         object.__setattr__(self, "copies", [])
 
-    def copy(self, source: Source, target: Path, platform: dict[str, str], auth: Any = None) -> str:
+    def copy(
+        self,
+        source: Source,
+        target: Path,
+        platform: dict[str, str],
+        auth: Any = None,
+        progress: Any = None,
+    ) -> str:
         self.copies.append(source.canonical)  # type: ignore[attr-defined]
         return write_dir_layout(target, self.image)  # type: ignore[attr-defined]
 
