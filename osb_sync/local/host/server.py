@@ -176,8 +176,9 @@ class LocalServer:
 
         Raises:
             OSError: the address cannot be bound (nothing is left behind).
-            RuntimeError: `isolation=True`, or `execd`, where sandboxes cannot be isolated.
-            ExecdImageError: `execd_image` cannot be pulled or holds no execd binary.
+            RuntimeError: `isolation=True`, or `execd`, where sandboxes cannot be isolated;
+                or (an ``ExecdImageError``) `execd_image` cannot be pulled or holds no execd
+                binary.
         """
         with self._state_lock:
             if self._started:
