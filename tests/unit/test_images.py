@@ -62,6 +62,11 @@ def test_loopback_hosts() -> None:
          pull.NO_PLATFORM),
         ("pinging container registry r: dial tcp: connect: connection refused", pull.NETWORK),
         ("something else", pull.PULL_FAILED),
+        # a port (bind(0) gave 55403 in a CI rehearsal) or a request id is no status code
+        ("reading manifest nope in 127.0.0.1:55403/x: manifest unknown (request id a403b)",
+         pull.NOT_FOUND),
+        ("pinging container registry r: received unexpected HTTP status: 403 Forbidden",
+         pull.UNAUTHORIZED),
     ],
 )  # fmt: skip
 def test_skopeo_failures_are_classified(stderr: str, reason: str) -> None:

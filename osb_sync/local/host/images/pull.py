@@ -178,8 +178,11 @@ def classify(stderr: str) -> str:
     """The reason a failed skopeo's message means (`PULL_FAILED` when none matches)."""
     text = stderr.lower()
     for reason, needles in CLASSES:
-        if any(needle in text for needle in needles):
-            return reason
+        for needle in needles:
+            # a status code only as a word of its own: a port or request id holds digits too
+            # (127.0.0.1:55403 is no 403)
+            if re.search(rf"\b{needle}\b", text) if needle.isdigit() else needle in text:
+                return reason
     return PULL_FAILED
 
 
