@@ -108,16 +108,20 @@ def parse(limits: dict[str, str]) -> Requested:
             )
     pids = DEFAULT_PIDS
     if "pids" in texts:
-        value = quantity("pids", texts["pids"])
-        if value != int(value) or not MIN_PIDS <= value <= MAX_PIDS:
-            raise bad_parameter(
-                f"resourceLimits.pids {texts['pids'][:40]!r} must be a whole number from "
-                f"{MIN_PIDS} to {MAX_PIDS}"
-            )
-        pids = int(value)
+        pids = _whole_number("pids", texts["pids"], MIN_PIDS, MAX_PIDS)
     texts.setdefault("pids", str(pids))
     others = tuple(k for k in texts if k not in (*CONTROLLERS, *DISK_KEYS))
     return Requested(memory, cpu, pids, texts, others, _disk(texts))
+
+
+def _whole_number(key: str, text: str, low: int, high: int) -> int:
+    """`resourceLimits[key]` (`text`) as a whole number from `low` to `high`, else a 400."""
+    value = quantity(key, text)
+    if value != int(value) or not low <= value <= high:
+        raise bad_parameter(
+            f"resourceLimits.{key} {text[:40]!r} must be a whole number from {low} to {high}"
+        )
+    return int(value)
 
 
 def _disk(texts: dict[str, str]) -> tuple[int, int]:
@@ -133,13 +137,7 @@ def _disk(texts: dict[str, str]) -> tuple[int, int]:
             )
         size = int(value)
     if "inodes" in texts:
-        value = quantity("inodes", texts["inodes"])
-        if value != int(value) or not MIN_INODES <= value <= MAX_INODES:
-            raise bad_parameter(
-                f"resourceLimits.inodes {texts['inodes'][:40]!r} must be a whole number from "
-                f"{MIN_INODES} to {MAX_INODES}"
-            )
-        inodes = int(value)
+        inodes = _whole_number("inodes", texts["inodes"], MIN_INODES, MAX_INODES)
     whole_gi = size % (1 << 30) == 0
     texts.setdefault("ephemeral-storage", f"{size >> 30}Gi" if whole_gi else str(size))
     texts.setdefault("inodes", str(inodes))
