@@ -35,6 +35,14 @@ def _state(server: LocalServer, http: requests.Session, sandbox_id: str) -> dict
     return status
 
 
+def _ended(
+    server: LocalServer, http: requests.Session, sandbox_id: str, state: str
+) -> dict[str, Any]:
+    """The sandbox's status once it reads `state` (within 5 s: its entrypoint has ended)."""
+    assert wait_for(lambda: _state(server, http, sandbox_id)["state"] == state, 5)
+    return _state(server, http, sandbox_id)
+
+
 def _create(server: LocalServer, http: requests.Session, entrypoint: list[str]) -> str:
     created = http.post(
         f"{server.api_base}/sandboxes", json={**CREATE_BODY, "entrypoint": entrypoint}
@@ -79,8 +87,7 @@ def test_an_entrypoint_that_exits_7_makes_the_sandbox_failed(
     server: LocalServer, http: requests.Session
 ) -> None:
     sandbox_id = _create(server, http, ["sh", "-c", "echo bye >&2; exit 7"])
-    assert wait_for(lambda: _state(server, http, sandbox_id)["state"] == "Failed", 5)
-    status = _state(server, http, sandbox_id)
+    status = _ended(server, http, sandbox_id, "Failed")
     assert status["reason"] == "CONTAINER_EXITED_ERROR"
     assert "exited with code 7" in status["message"]
     logs = http.get(f"{server.api_base}/sandboxes/{sandbox_id}/diagnostics/logs").text
@@ -92,8 +99,7 @@ def test_an_entrypoint_whose_program_is_missing_fails_with_the_reason(
     server: LocalServer, http: requests.Session
 ) -> None:
     sandbox_id = _create(server, http, ["/no/such/program", "--flag"])
-    assert wait_for(lambda: _state(server, http, sandbox_id)["state"] == "Failed", 5)
-    message = _state(server, http, sandbox_id)["message"]
+    message = _ended(server, http, sandbox_id, "Failed")["message"]
     assert "exited with code 127" in message and "not found" in message
     assert "/no/such/program" in message
     assert http.delete(f"{server.api_base}/sandboxes/{sandbox_id}").status_code == 204
@@ -104,8 +110,7 @@ def test_an_entrypoint_that_exits_0_makes_the_sandbox_terminated(
 ) -> None:
     """The Docker runtime maps a container that exited 0 to Terminated."""
     sandbox_id = _create(server, http, ["true"])
-    assert wait_for(lambda: _state(server, http, sandbox_id)["state"] == "Terminated", 5)
-    assert "exited with code 0" in _state(server, http, sandbox_id)["message"]
+    assert "exited with code 0" in _ended(server, http, sandbox_id, "Terminated")["message"]
     assert http.delete(f"{server.api_base}/sandboxes/{sandbox_id}").status_code == 204
 
 
@@ -113,8 +118,7 @@ def test_a_one_string_entrypoint_is_split_as_a_shell_would(
     server: LocalServer, http: requests.Session
 ) -> None:
     sandbox_id = _create(server, http, ["sh -c 'exit 9'"])
-    assert wait_for(lambda: _state(server, http, sandbox_id)["state"] == "Failed", 5)
-    assert "exited with code 9" in _state(server, http, sandbox_id)["message"]
+    assert "exited with code 9" in _ended(server, http, sandbox_id, "Failed")["message"]
 
 
 @pytest.mark.parametrize(
