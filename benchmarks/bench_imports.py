@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import isolate_network, median, report, verdict
+from _common import isolate_network, median, report, rotated, verdict
 
 HERE = Path(__file__).resolve().parents[1]
 MODULES = {
@@ -79,7 +79,7 @@ def main() -> None:
     samples: dict[str, list[float]] = {name: [] for name in runs}
     order = list(runs)
     for rep in range(args.reps):
-        for name in order[rep % len(order) :] + order[: rep % len(order)]:
+        for name in rotated(order, rep):
             samples[name].append(once(*runs[name]))
     wall = {name: median(times) for name, times in samples.items()}
     cpu = {

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import rotated
+
 HERE = Path(__file__).resolve().parents[1]
 
 
@@ -57,7 +59,7 @@ def main() -> None:
     samples: dict[str, list[float]] = {name: [] for name in runs}
     order = list(runs)
     for rep in range(args.rounds):
-        for name in order[rep % len(order) :] + order[: rep % len(order)]:
+        for name in rotated(order, rep):
             samples[name].append(timed(*runs[name], name))
     probe = (
         "import sys, runpy\nsys.argv = ['osb-sync', '--version']\n"
