@@ -10,6 +10,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -147,6 +148,20 @@ def require_isolation() -> None:
         if REQUIRE_ISOLATION:
             pytest.fail(f"OSB_REQUIRE_ISOLATION=1 but sandboxes cannot be isolated: {problem}")
         pytest.skip(f"sandboxes cannot be isolated here: {problem}")
+
+
+def volume_server(tree: Path) -> LocalServer:
+    """An isolated server for the volume tests (not started): host paths allowed under
+    `tree/allowed`, pvcs under `tree/volumes`."""
+    require_isolation()
+    return LocalServer(
+        ping_interval=0.2,
+        command_grace=0,
+        min_timeout=1,
+        isolation=True,
+        allowed_host_paths=[tree / "allowed"],
+        volume_root=tree / "volumes",
+    )
 
 
 def require_slirp() -> None:

@@ -24,7 +24,15 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, parse_events, require_isolation, texts, wait_for
+from conftest import (
+    CREATE_BODY,
+    Box,
+    parse_events,
+    require_isolation,
+    texts,
+    volume_server,
+    wait_for,
+)
 
 from osb_sync.local import LocalServer
 from osb_sync.local.host import bwrap, staging, volumes
@@ -67,15 +75,7 @@ def tree(tmp_path: Path) -> Path:
 @pytest.fixture
 def server(tree: Path) -> Iterator[LocalServer]:
     """An isolated server: pvcs under `volumes/`, host paths under `allowed/`."""
-    require_isolation()
-    with LocalServer(
-        ping_interval=0.2,
-        command_grace=0,
-        min_timeout=1,
-        isolation=True,
-        allowed_host_paths=[tree / "allowed"],
-        volume_root=tree / "volumes",
-    ) as srv:
+    with volume_server(tree) as srv:
         yield srv
 
 

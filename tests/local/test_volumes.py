@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, require_isolation, texts
+from conftest import CREATE_BODY, Box, require_isolation, texts, volume_server
 
 from osb_sync.local import LocalServer
 from osb_sync.local.host import bwrap
@@ -35,15 +35,7 @@ def tree(tmp_path: Path) -> Path:
 @pytest.fixture
 def server(tree: Path) -> Iterator[LocalServer]:
     """An isolated server that allows host paths under `allowed/`, pvcs under `volumes/`."""
-    require_isolation()
-    with LocalServer(
-        ping_interval=0.2,
-        command_grace=0,
-        min_timeout=1,
-        isolation=True,
-        allowed_host_paths=[tree / "allowed"],
-        volume_root=tree / "volumes",
-    ) as srv:
+    with volume_server(tree) as srv:
         yield srv
 
 
