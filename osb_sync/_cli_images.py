@@ -173,7 +173,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         found = {"reference": image.reference, "digest": image.digest, "size": image.size}
         print(json.dumps({**found, "python": image.python, "seconds": round(seconds, 3)}))
     else:
-        note = "" if image.python else " (no python3: sandboxes need one to run execd)"
+        note = "" if image.python else " (no python3: sandboxes need the server's execd binary)"
         print(f"{image.pinned} {_size_text(image.size)} in {seconds:.1f}s{note}")
     return 0
 

@@ -204,6 +204,28 @@ def rootfs_layer(tar_path: Path) -> bytes:
     return out.getvalue()
 
 
+def busybox_image(env: list[str]) -> Image:
+    """An image without python3: the host's static busybox (Debian's busybox-static) as
+    `/bin/busybox`, each of its applets a link to it in `/bin`, and an empty `/tmp`."""
+    binary = shutil.which("busybox")
+    if binary is None:
+        raise RuntimeError("no busybox on PATH (apt-get install busybox-static)")
+    applets = subprocess.run(
+        [binary, "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    entries = [
+        Entry("bin", kind="dir", mode=0o755),
+        Entry("tmp", kind="dir", mode=0o1777),
+        Entry("bin/busybox", data=Path(binary).read_bytes(), mode=0o755),
+    ]
+    entries += [  # its list names itself too
+        Entry(f"bin/{name}", kind="symlink", target="busybox")
+        for name in applets
+        if name != "busybox"
+    ]
+    return Image([layer_bytes(entries)], env=env)
+
+
 def bullseye_tar() -> Path:
     """A Debian bullseye minbase rootfs with python3 (3.9), built once with mmdebstrap."""
     return _rootfs_tar("bullseye-python3.tar", "bullseye", BULLSEYE_PACKAGES)

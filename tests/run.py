@@ -63,7 +63,8 @@ PYENV_WANTED = ("3.11.7", "3.10.13", "3.12.1", "3.13.0")
 # gives them a network, run-execd waits for the real execd with curl, the shared-pool tests
 # start redis-server, the image tests run loopback registries (docker-registry), push with
 # skopeo (which the local server pulls with), build bullseye and bookworm (Jupyter) images
-# with mmdebstrap and sign their token registry's tokens with openssl
+# with mmdebstrap, an image without python3 from the static busybox, and sign their token
+# registry's tokens with openssl
 DEBIAN_PACKAGES = {
     "bwrap": "bubblewrap",
     "slirp4netns": "slirp4netns",
@@ -73,6 +74,7 @@ DEBIAN_PACKAGES = {
     "docker-registry": "docker-registry",
     "mmdebstrap": "mmdebstrap",
     "openssl": "openssl",
+    "busybox": "busybox-static",
 }
 EXECD_DIR_ENV = "OSB_REAL_EXECD_DIR"
 JUPYTER_VENV_ENV = "OSB_EXECD_JUPYTER_VENV"

@@ -3,7 +3,8 @@
 A code-interpreter-shaped image (Debian bookworm with ipykernel, notebook and a kernelspec
 named `python`, `imagekit.interpreter_image`) runs its code through the real execd
 (`shared/opensandbox-execd`) and that image's own Jupyter; an image without Jupyter gets the
-real execd for commands and files; `execd_image` takes the binary from an image pushed to a
+real execd for commands and files, and so does an image without python3 (busybox; its
+main process on the server's interpreter); `execd_image` takes the binary from an image pushed to a
 loopback registry. Needs what tests/local/test_images.py needs, plus the real execd binary
 (skipped without it, failed under OSB_REQUIRE_REAL_EXECD=1 as CI sets). Under tox it runs in
 the realexecd env only.
@@ -28,11 +29,13 @@ from tests import imagekit
 from tests.conformance.execds import real_execd_dir, skip_or_fail
 from tests.imagekit import Entry, Image, LoopbackRegistry, layer_bytes, write_layout
 
-MISSING = imagekit.missing_tools() + (["mmdebstrap"] if not shutil.which("mmdebstrap") else [])
+MISSING = imagekit.missing_tools() + [
+    tool for tool in ("mmdebstrap", "busybox") if not shutil.which(tool)
+]
 if MISSING and not imagekit.REQUIRE_IMAGES:
     pytest.skip(
         f"the image tests need {', '.join(MISSING)} (apt-get install skopeo docker-registry"
-        " mmdebstrap openssl); OSB_REQUIRE_IMAGES=1 makes this a failure",
+        " mmdebstrap openssl busybox-static); OSB_REQUIRE_IMAGES=1 makes this a failure",
         allow_module_level=True,
     )
 # Under tox, in the realexecd env only (tox.ini): each run pulls a 300 MB image.
@@ -65,6 +68,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory, execd: Path) -> Iterator[
         write_layout(work / "interpreter", "v1", [imagekit.interpreter_image([PATH])])
         bullseye = Image([imagekit.rootfs_layer(imagekit.bullseye_tar())], env=[PATH])
         write_layout(work / "bullseye", "v1", [bullseye])
+        write_layout(work / "busybox", "v1", [imagekit.busybox_image([PATH])])
         binary = Entry("execd", data=execd.read_bytes(), mode=0o755)
         # found by its Entrypoint: neither /execd nor /usr/local/bin/execd
         elsewhere = Entry("opt/x/execd", data=binary.data, mode=0o755)
@@ -76,7 +80,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory, execd: Path) -> Iterator[
         write_layout(work / "script", "v1", [Image([layer_bytes([script])])])
         yield {
             name: anonymous.push(work / name, "v1", name)
-            for name in ("interpreter", "bullseye", "execd", "entry", "script")
+            for name in ("interpreter", "bullseye", "busybox", "execd", "entry", "script")
         }
     finally:
         anonymous.stop()
@@ -148,6 +152,30 @@ def test_an_image_without_jupyter_runs_the_real_execd_without_code(
         assert ran.stdout.split()[2].startswith("11."), ran
         sandbox.files.write("/tmp/x.txt", "through the real execd")
         assert sandbox.files.read_text("/tmp/x.txt") == "through the real execd"
+        with pytest.raises(osb_sync.ApiError) as failed:
+            sandbox.run_code("print(1)")
+        assert "not configured" in str(failed.value), failed.value
+
+
+def test_an_image_without_python_runs_commands_and_files_through_the_real_execd(
+    real_server: LocalServer, registry: dict[str, Any], execd: Path
+) -> None:
+    client = _client(real_server)
+    with client.create_sandbox(template=registry["busybox"]) as sandbox:
+        message = client.get_sandbox(sandbox.id).message
+        assert "no python3: the server's interpreter runs its main process" in message
+        ran = sandbox.commands.run(WHOSE_COMMAND + "; ls /usr /lib 2>&1; command -v python3")
+        lines = ran.stdout.split("\n")
+        assert lines[:2] == [IMAGE_EXECD_PATH, _sha256(execd)], ran
+        # the image's root: no /usr or /lib of the host's, no python3, busybox's sh
+        assert "No such file or directory" in ran.stdout and ran.exit_code != 0, ran
+        assert sandbox.commands.run("readlink /bin/sh").stdout.strip() == "busybox"
+        sandbox.files.write("/tmp/x.txt", "in busybox")
+        assert sandbox.commands.run("cat /tmp/x.txt").stdout.rstrip("\n") == "in busybox"
+        assert sandbox.files.read_text("/tmp/x.txt") == "in busybox"
+        # nothing of the server's interpreter in the environment the image's processes get
+        env = sandbox.commands.run("env").stdout
+        assert "PYTHON" not in env and "LD_" not in env and "osb-sync/host" not in env, env
         with pytest.raises(osb_sync.ApiError) as failed:
             sandbox.run_code("print(1)")
         assert "not configured" in str(failed.value), failed.value

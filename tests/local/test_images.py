@@ -126,6 +126,9 @@ def test_the_sandbox_runs_the_images_python_and_packages(
         assert ran.stdout.splitlines()[2].startswith("11.")
         sandbox.commands.run("echo written > /srv/app/out.txt && mkdir -p /usr/local/x")
         assert sandbox.files.read_text("/srv/app/out.txt") == "written\n"
+        # its root owns `/` as in the image (a container's root makes folders there)
+        made = sandbox.commands.run("mkdir /data && stat -c %u /")
+        assert made.exit_code == 0 and made.stdout.strip() == "0", made
         info = client.get_sandbox(sandbox.id)
         assert info.image.startswith(registries["bullseye"] + "@sha256:")
         assert "writable layer" in info.message

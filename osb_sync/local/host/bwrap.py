@@ -198,10 +198,10 @@ def compile_package() -> None:
         pass
 
 
-def _read_only_trees() -> list[str]:
-    """The interpreter's prefixes and the package directory, without nested duplicates."""
+def outermost(paths: Sequence[str]) -> list[str]:
+    """`paths` without those inside another of them (sorted): the trees to bind."""
     trees: list[str] = []
-    for path in sorted({sys.base_prefix, sys.prefix, package_dir()}):
+    for path in sorted(set(paths)):
         if not any(path == tree or path.startswith(tree + os.sep) for tree in trees):
             trees.append(path)
     return trees
@@ -272,7 +272,7 @@ def interpreter_view() -> list[str]:
     The package is also bound at `PACKAGE_VIEW`, where execd runs from.
     """
     args: list[str] = []
-    for tree in _read_only_trees():
+    for tree in outermost([sys.base_prefix, sys.prefix, package_dir()]):
         args += ["--ro-bind", tree, tree]
     args += ["--ro-bind", package_dir(), PACKAGE_VIEW]
     args += ["--dir", PYTHON_BIN]

@@ -197,7 +197,7 @@ class SandboxContainer:
                 options = self._options(info_w, ident)
                 main = bwrap.main_command(MAIN_SCRIPT)
                 if settings.image is not None:
-                    main[0] = settings.image.python or "python3"
+                    main[:1] = rootfs.main_interpreter(settings.image)
                 argv = [self.support.bwrap or "bwrap", "--args", str(options), *main, *command]
                 self._make_cgroups()
             else:
@@ -543,10 +543,8 @@ class SandboxContainer:
         )
         image = self._settings.image
         if image is not None and self._layer is not None:
-            note += (
-                f" Image: {image.pinned} ({image.python or 'no python3'}), writable layer:"
-                f" {self._layer.kind}."
-            )
+            python = image.python or "no python3: the server's interpreter runs its main process"
+            note += f" Image: {image.pinned} ({python}), writable layer: {self._layer.kind}."
         if internet and self.network == "slirp4netns":
             note += " Network: outbound through slirp4netns; host loopback is not reachable."
         elif internet:

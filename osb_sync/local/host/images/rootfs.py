@@ -12,21 +12,34 @@ The view (`image_options`) is the image's root as the container's `/`, writable,
 `/proc` (masked as Docker's), `/dev`, execd's state directory, our package read-only at
 `bwrap.PACKAGE_VIEW`, the host's `resolv.conf` and `hosts` (as Docker gives them), the
 sandbox's volume binds, the image's User and WorkingDir.
+
+The container's main process (relay, claim, liveness: `execd/main.py`) runs on the image's
+python3. An image without one (it then runs the real execd binary) gets the server's own
+interpreter instead (`host_interpreter`): its prefix and the directories of its libraries,
+read-only under `HOST_VIEW`, started by the host's dynamic loader with those directories as
+its library path, so that nothing of the image's `/lib` is needed and nothing leaks into the
+environment of the processes it starts. That is the read-only host view every default
+sandbox has, under another path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import shutil
+import struct
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from .. import bwrap
 from .store import StoredImage
 
+HOST_VIEW = f"{bwrap.OWN_DIR}/host"  # the server's interpreter, for images without python3
+PT_INTERP = 3
 MS_NOSUID = 2
 MS_NODEV = 4
 MNT_DETACH = 2
@@ -49,6 +62,11 @@ class Layer:
         if os.geteuid() == 0 and not any(c in lower + str(run_dir) for c in ",:\\"):
             for folder in (self.root, upper, work):
                 folder.mkdir(mode=0o755)
+            # the merged root is the upper's: the image's root owns it (as in the image), so
+            # the sandbox's root (and bwrap, making mount points) can write at `/`
+            below = os.stat(lower)
+            os.chown(upper, below.st_uid, below.st_gid)
+            os.chmod(upper, below.st_mode & 0o7777)
             data = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
             if (
                 _libc.mount(b"overlay", bytes(self.root), b"overlay", MS_NOSUID | MS_NODEV, data)
@@ -124,6 +142,8 @@ def image_options(
     parent = os.path.dirname(bwrap.PACKAGE_VIEW)
     options += ["--perms", "0755", "--dir", parent]
     options += ["--ro-bind", bwrap.package_dir(), bwrap.PACKAGE_VIEW]
+    if image.python is None:
+        options += host_interpreter()[0]
     options += [*mounts, *extra]
     # the image's ids, root included: bwrap's default is the server's own uid
     options += ["--uid", str(ids[0]), "--gid", str(ids[1])]
@@ -131,3 +151,67 @@ def image_options(
     if workdir != "/":
         options += ["--dir", workdir]  # Docker makes a missing WorkingDir too
     return [*options, "--chdir", workdir]
+
+
+def main_interpreter(image: StoredImage) -> list[str]:
+    """The command, inside `image`'s view, that runs the container's main Python program."""
+    if image.python is not None:
+        return [image.python]
+    return list(host_interpreter()[1])
+
+
+@functools.cache
+def host_interpreter() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(bwrap options, command) that run the server's interpreter in a root without one.
+
+    The interpreter is the server's (a venv's base: the main program runs with `-I -S`, the
+    standard library only), found from `HOST_VIEW` by its own path there (its prefix is found
+    from it). Its loader (`PT_INTERP`) runs it with `--library-path`: the directories the
+    host's loader resolves its libraries to, then the interpreter's and the system's library
+    directories (the standard library's extension modules load from there).
+
+    Raises:
+        OSError: the interpreter or its loader cannot be read.
+    """
+    python = os.path.realpath(sys.executable)
+    loader = _elf_interpreter(python)
+    folders: list[str] = []
+    if loader is not None:
+        loader = os.path.realpath(loader)
+        listed = subprocess.run(
+            [loader, "--list", python], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+        for line in listed.splitlines():
+            _, arrow, rest = line.partition(" => ")
+            if arrow and rest.startswith("/"):
+                folders.append(os.path.dirname(os.path.realpath(rest.split(" (")[0])))
+        folders.append(os.path.dirname(loader))
+    folders.append(os.path.join(os.path.realpath(sys.base_prefix), "lib"))
+    path = [f for f in dict.fromkeys(folders) if os.path.isdir(f)]
+    trees = bwrap.outermost([os.path.realpath(sys.base_prefix), *path])
+    options: list[str] = []
+    for tree in trees:
+        options += ["--ro-bind", tree, HOST_VIEW + tree]
+    command = [HOST_VIEW + python]
+    if loader is not None:
+        library_path = ":".join(HOST_VIEW + f for f in path)
+        command = [HOST_VIEW + loader, "--library-path", library_path, *command]
+    return tuple(options), tuple(command)
+
+
+def _elf_interpreter(path: str) -> str | None:
+    """The loader an ELF executable names (its `PT_INTERP`), None for a static one."""
+    with open(path, "rb") as file:
+        head = file.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit only, as the hosts we run on
+            raise OSError(f"{path} is not a 64-bit ELF executable")
+        order = "<" if head[5] == 1 else ">"
+        (phoff,) = struct.unpack_from(order + "Q", head, 32)
+        entry_size, count = struct.unpack_from(order + "HH", head, 54)
+        for index in range(count):
+            file.seek(phoff + index * entry_size)
+            kind, _, offset, _, _, size = struct.unpack(order + "IIQQQQ", file.read(40))
+            if kind == PT_INTERP:
+                file.seek(offset)
+                return file.read(size).rstrip(b"\0").decode()
+    return None

@@ -11,9 +11,10 @@ Which execd a sandbox of an image runs, as OpenSandbox's Docker runtime injects 
 server's execd binary when it has one (`execd`, or `execd_image`'s, see `execd_image.py`),
 with the image's own Jupyter where the image has one (`config.find_jupyter`: the official
 code-interpreter images), else without (commands and files work, a run_code answers execd's
-own error); without a binary, our execd with the image's python3. The container's main
-process is Python (ours, on the image's python3), so an image without python3 fails the
-create (`IMAGE_NO_EXECD`, naming both ways out) even with a binary.
+own error); without a binary, our execd with the image's python3. An image with neither
+python3 nor a server binary fails the create (`IMAGE_NO_EXECD`, naming both ways out). The
+container's main process is Python: on the image's python3, or on the server's own where the
+image has none (`rootfs.host_interpreter`).
 """
 
 from __future__ import annotations
@@ -37,13 +38,10 @@ from .unpack import OwnerMap, server_owned
 
 PULL_FAILED = "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
 NO_EXECD = (
-    "the image {uri} has no python3 on its PATH, which this server needs to start a"
-    " sandbox's execd: use an image with python3 (3.9 or later){binary}"
-)
-NO_BINARY = (
-    "; for the real execd in images, start the server with OpenSandbox's execd binary"
-    " (osb-sync serve --execd PATH, or --execd-image REF to take it from an image), which"
-    " still needs python3 in the image for now"
+    "the image {uri} has no python3 on its PATH, for this server's execd, and the server has"
+    " no execd binary: use an image with python3 (3.9 or later), or start the server with"
+    " OpenSandbox's execd binary (osb-sync serve --execd PATH, or --execd-image REF to take"
+    " it from an image), which runs commands and files in any image"
 )
 
 
@@ -123,10 +121,9 @@ class ImageService:
             raise _failed(uri, "IMAGE_CONFIG_INVALID", str(exc)) from None
         except OSError as exc:
             raise _failed(uri, "IMAGE_PULL_FAILED", f"the store said: {exc}") from None
-        if image.python is None:
-            way = " (with this server's execd binary too)" if self.binary else NO_BINARY
-            raise _failed(uri, "IMAGE_NO_EXECD", NO_EXECD.format(uri=uri, binary=way))
         if self.binary is None:
+            if image.python is None:
+                raise _failed(uri, "IMAGE_NO_EXECD", NO_EXECD.format(uri=uri))
             return Launch(image=image, image_ids=ids)
         binary = self.binary.for_image(find_jupyter(image.rootfs, image.config))
         return Launch(binary=binary, image=image, image_ids=ids)
