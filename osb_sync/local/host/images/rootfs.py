@@ -167,8 +167,9 @@ def host_interpreter() -> tuple[tuple[str, ...], tuple[str, ...]]:
     The interpreter is the server's (a venv's base: the main program runs with `-I -S`, the
     standard library only), found from `HOST_VIEW` by its own path there (its prefix is found
     from it). Its loader (`PT_INTERP`) runs it with `--library-path`: the directories the
-    host's loader resolves its libraries to, then the interpreter's and the system's library
-    directories (the standard library's extension modules load from there).
+    host's loader resolves its libraries to (its own `libpython` first), then the loader's
+    (the system's libraries, which the standard library's extension modules load) and the
+    prefix's `lib`.
 
     Raises:
         OSError: the interpreter or its loader cannot be read.
