@@ -3,9 +3,9 @@
 A code-interpreter-shaped image (Debian bookworm with ipykernel, notebook and a kernelspec
 named `python`, `imagekit.interpreter_image`) runs its code through the real execd
 (`shared/opensandbox-execd`) and that image's own Jupyter; an image without Jupyter gets the
-real execd for commands and files, and so does an image without python3 (busybox; its
-main process on the server's interpreter); `execd_image` takes the binary from an image pushed to a
-loopback registry. Needs what tests/local/test_images.py needs, plus the real execd binary
+real execd for commands and files, and so does an image without python3 (busybox; its main
+process on the server's interpreter); `execd_image` takes the binary from an image pushed to
+a loopback registry. Needs what tests/local/test_images.py needs, plus the real execd binary
 (skipped without it, failed under OSB_REQUIRE_REAL_EXECD=1 as CI sets). Under tox it runs in
 the realexecd env only.
 """

@@ -174,7 +174,7 @@ def host_interpreter() -> tuple[tuple[str, ...], tuple[str, ...]]:
     Raises:
         OSError: the interpreter or its loader cannot be read.
     """
-    python = os.path.realpath(sys.executable)
+    python, prefix = os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
     loader = _elf_interpreter(python)
     folders: list[str] = []
     if loader is not None:
@@ -187,9 +187,9 @@ def host_interpreter() -> tuple[tuple[str, ...], tuple[str, ...]]:
             if arrow and rest.startswith("/"):
                 folders.append(os.path.dirname(os.path.realpath(rest.split(" (")[0])))
         folders.append(os.path.dirname(loader))
-    folders.append(os.path.join(os.path.realpath(sys.base_prefix), "lib"))
+    folders.append(os.path.join(prefix, "lib"))
     path = [f for f in dict.fromkeys(folders) if os.path.isdir(f)]
-    trees = bwrap.outermost([os.path.realpath(sys.base_prefix), *path])
+    trees = bwrap.outermost([prefix, *path])
     options: list[str] = []
     for tree in trees:
         options += ["--ro-bind", tree, HOST_VIEW + tree]
