@@ -7,7 +7,9 @@ not in it) with its own tox env and ``TMPDIR``; the copies of a round start toge
 next round starts when all have ended. ARGS replace the env's pytest arguments (``-- -q
 tests/unit``: a subset). Every copy's output and junit file are kept under the work folder
 (printed first). It ends with one line per copy and round, each failed test, and
-``N passed, N failed, N skipped`` over all rounds; the exit status is 1 if any copy failed.
+``N passed, N failed, N skipped`` over all rounds; the exit status is 1 if any copy failed or
+left a mount below its ``TMPDIR`` (a sandbox's disk that outlived its server: each is named,
+then detached so that the next round starts clean).
 Standard library only, like tests/run.py, whose helpers it uses.
 """
 
@@ -37,10 +39,13 @@ class Outcome:
     failed: int = 0
     skipped: int = 0
     failures: tuple[str, ...] = ()
+    leftovers: tuple[str, ...] = ()  # mounts still below the copy's TMPDIR when it ended
 
     def line(self) -> str:
         counts = run.counts(self.passed, self.failed, self.skipped)
         status = "OK" if self.code == 0 else f"FAIL (exit {self.code})"
+        if self.leftovers:
+            status += f", FAIL ({len(self.leftovers)} mounts left behind)"
         took = run.duration(self.seconds)
         return f"round {self.round} copy {self.copy}: {status}, {counts} in {took}"
 
@@ -58,6 +63,26 @@ def failed_tests(junit: Path) -> tuple[str, ...]:
     return tuple(names)
 
 
+def mounts_below(folder: Path) -> tuple[str, ...]:
+    """Mount points at or below `folder` (what a copy's tests left mounted), deepest first."""
+    prefix = str(folder.resolve())
+    points = []
+    with open("/proc/self/mountinfo", "rb") as info:
+        for line in info:
+            point = os.fsdecode(line.split()[4])
+            for code in ("\\040", "\\011", "\\012", "\\134"):
+                point = point.replace(code, chr(int(code[1:], 8)))
+            if point == prefix or point.startswith(prefix + "/"):
+                points.append(point)
+    return tuple(sorted(set(points), key=len, reverse=True))
+
+
+def detach(points: tuple[str, ...]) -> None:
+    """Lazily unmount `points` (so the next round can empty the folder)."""
+    for point in points:
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+
+
 def finished(
     round_number: int, number: int, clone: Path, code: int, started: float, logs: Path, env: str
 ) -> Outcome:
@@ -69,6 +94,8 @@ def finished(
         shutil.copy(junit, kept)
         outcome.passed, outcome.failed, skips = run.read_junit(kept)
         outcome.skipped, outcome.failures = len(skips), failed_tests(kept)
+    outcome.leftovers = mounts_below(clone / "tmp")
+    detach(outcome.leftovers)
     return outcome
 
 
@@ -146,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         print(outcome.line())
         for name in outcome.failures:
             print(f"    failed: {name}")
-    bad = [o for o in outcomes if o.code != 0]
+        for point in outcome.leftovers:
+            print(f"    left mounted: {point}")
+    bad = [o for o in outcomes if o.code != 0 or o.leftovers]
     print(f"copies that failed: {len(bad)} of {len(outcomes)} (logs in {work})")
     passed = sum(o.passed for o in outcomes)
     failed = sum(o.failed or int(o.code != 0) for o in outcomes)

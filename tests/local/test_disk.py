@@ -9,10 +9,13 @@ OSB_REQUIRE_ISOLATION=1).
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +24,7 @@ from conftest import CREATE_BODY, REQUIRE_ISOLATION, Box, require_isolation, tex
 
 from osb_sync import Client
 from osb_sync.local import LocalServer
-from osb_sync.local.host import disk, recovery
+from osb_sync.local.host import container, disk, recovery
 from osb_sync.local.host.bwrap import probe
 
 SIZE = 8 << 20
@@ -147,6 +150,29 @@ def test_delete_leaves_no_mount_and_no_link(disk_server: LocalServer, make_box: 
     assert box.http.delete(f"{disk_server.api_base}/sandboxes/{box.id}").status_code == 204
     assert mounts_of(box.id) == []
     assert not os.path.lexists(box.dir) and not os.path.lexists(f"{box.dir}.run")
+
+
+def test_a_container_that_cannot_be_made_leaves_no_mount_and_no_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A descriptor refused after the disk is mounted (EMFILE at the server's limit): the
+    tmpfs is unmounted and the directories removed (a mount left there outlived the server,
+    which could then remove neither it nor, for want of its lock file, reap it later)."""
+    require_disk()
+
+    class NoSockets:
+        AF_UNIX, SOCK_STREAM = socket.AF_UNIX, socket.SOCK_STREAM
+
+        @staticmethod
+        def socket(*_: object) -> socket.socket:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(container, "socket", NoSockets)
+    sandbox_id = str(uuid.uuid4())
+    with pytest.raises(OSError, match="Too many open files"):
+        container.SandboxContainer(sandbox_id, tmp_path, probe())
+    assert mounts_of(sandbox_id) == []
+    assert os.listdir(tmp_path) == []
 
 
 def test_commands_still_report_their_output_on_a_full_disk(

@@ -113,28 +113,21 @@ class SandboxContainer:
         self._disk_size = (disk.DEFAULT_BYTES, disk.DEFAULT_INODES)  # what it has now
         root.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(mode=0o700)
-        if self._disk == "tmpfs" and self.ids is not None:
-            self._data.mkdir()
-            try:
-                disk.mount(self._data, *self._disk_size, self.ids.gid)
-                self._writable(bwrap.SANDBOX_HOME).mkdir()
-                self.home.symlink_to(Path(self.run_dir.name, disk.MOUNT_DIR, HOME_NAME))
-            except OSError:
-                disk.unmount(self._data)
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-                raise
-        else:
-            self.home.mkdir()
-        for place in bwrap.WRITABLE:  # the home is made above
-            if place != bwrap.SANDBOX_HOME:
-                self._writable(place).mkdir()
-        self._writable("/tmp").chmod(0o1777)  # noqa: S108 (the container's own /tmp)
-        if self.ids is not None:
-            # bwrap runs as the range's root: it must reach and write these (a root server's)
-            identity.admit(root, self.ids)
-            identity.admit(self.run_dir, self.ids)
-            for place in bwrap.WRITABLE:
-                identity.give(self._writable(place), self.ids)
+        self._dir_fd = -1
+        try:
+            self._make_dirs(root)
+            self._dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
+            self._relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except BaseException:
+            # EMFILE at a server's descriptor limit, a full disk: nothing of it may outlive
+            # this (a mounted tmpfs would hold its directory past the server's own removal)
+            if self._dir_fd >= 0:
+                os.close(self._dir_fd)
+            self._remove_dirs()
+            raise
+        # Through the directory's descriptor, the path stays short (a socket path holds ~107
+        # bytes), however long the root directory's name.
+        self._relay_path = f"/proc/self/fd/{self._dir_fd}/relay.sock"
         self.network = "none"
         self.init_pid: int | None = None
         self._init_fd = -1  # a pidfd of init: a pid can be reused once its process is gone
@@ -154,11 +147,34 @@ class SandboxContainer:
         self._staging = staging.Staging(self.ids)  # host binds while bwrap starts
         self.launched_at = 0.0  # time.monotonic() when its main process started
         self._lock = threading.Lock()
-        self._dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
-        # Through the directory's descriptor, the path stays short (a socket path holds ~107
-        # bytes), however long the root directory's name.
-        self._relay_path = f"/proc/self/fd/{self._dir_fd}/relay.sock"
-        self._relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def _make_dirs(self, root: Path) -> None:
+        """The home, the run directory's tree and, on a root server, the disk's tmpfs."""
+        if self._disk == "tmpfs" and self.ids is not None:
+            self._data.mkdir()
+            disk.mount(self._data, *self._disk_size, self.ids.gid)
+            self._writable(bwrap.SANDBOX_HOME).mkdir()
+            self.home.symlink_to(Path(self.run_dir.name, disk.MOUNT_DIR, HOME_NAME))
+        else:
+            self.home.mkdir()
+        for place in bwrap.WRITABLE:  # the home is made above
+            if place != bwrap.SANDBOX_HOME:
+                self._writable(place).mkdir()
+        self._writable("/tmp").chmod(0o1777)  # noqa: S108 (the container's own /tmp)
+        if self.ids is not None:
+            # bwrap runs as the range's root: it must reach and write these (a root server's)
+            identity.admit(root, self.ids)
+            identity.admit(self.run_dir, self.ids)
+            for place in bwrap.WRITABLE:
+                identity.give(self._writable(place), self.ids)
+
+    def _remove_dirs(self) -> None:
+        """Undo `_make_dirs` (all or part of it): unmount the disk, remove the directories."""
+        if self._disk == "tmpfs":
+            disk.unmount(self._data)  # its files go with it
+            self.home.unlink(missing_ok=True)
+        shutil.rmtree(self.home, ignore_errors=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def launch(self, ping: float, grace: float, settings: Launch) -> None:
         """Start the container up to its claim (a warm spare); RuntimeError if it does not.
@@ -649,11 +665,7 @@ class SandboxContainer:
         if self._image_fd >= 0:
             os.close(self._image_fd)
             self._image_fd = -1
-        if self._disk == "tmpfs":
-            disk.unmount(self._data)  # its files go with it
-            self.home.unlink(missing_ok=True)
-        shutil.rmtree(self.home, ignore_errors=True)
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self._remove_dirs()
 
     def _stop_main(self, proc: subprocess.Popen[bytes]) -> None:
         if self.init_pid is not None:
