@@ -22,7 +22,8 @@ Rules:
 - Every process takes idle sandboxes, creates when the pool may grow, and renews its borrow
   leases and its heartbeat every third of ``borrow_lease`` (registering them again if Redis
   lost them). Owner ids are per process (a fork gets a new one).
-- One leader at a time (a lease renewed every third of ``leader_lease``) refills to ``size``;
+- One leader at a time (a lease renewed every third of ``leader_lease``, between the slow
+  steps of its round too: each ping and list) refills to ``size``;
   its creates are committed only if its epoch is still the leader's, so a paused and resumed
   old leader's sandbox is deleted, not pooled. It deletes the sandboxes whose borrow lease
   ran out (crashed borrowers), renews idle sandboxes before they expire and pings them
@@ -662,19 +663,32 @@ class RedisLender:
                         logger.error("%s", exc)
                 self._next_renew = now + self._renew_every
             if now >= self._next_lead or not self._epoch:
-                answer = self._run("lead", self._owner, int(self.store.leader_lease * 1000))
-                if answer == "closed":
-                    self._refused = OpenSandboxError(f"{self!r} was destroyed")
-                if answer != self._epoch and answer not in ("", "closed"):
-                    logger.info("pool %s: %s leads (epoch %s)", self.spec.name, self._owner, answer)
-                self._epoch = "" if answer == "closed" else answer
-                self._next_lead = now + self.store.leader_lease / 3
+                self._renew_lead(now)
             if self._epoch:
                 self._lead(now)
             self._redis_back()
         except self._redis_error as exc:
             self._redis_lost(exc)
             self._epoch = ""
+
+    def _renew_lead(self, now: float) -> None:
+        """Take or keep the leader's lease; `_epoch` is the epoch if this process leads."""
+        answer = self._run("lead", self._owner, int(self.store.leader_lease * 1000))
+        if answer == "closed":
+            self._refused = OpenSandboxError(f"{self!r} was destroyed")
+        if answer != self._epoch and answer not in ("", "closed"):
+            logger.info("pool %s: %s leads (epoch %s)", self.spec.name, self._owner, answer)
+        self._epoch = "" if answer == "closed" else answer
+        self._next_lead = now + self.store.leader_lease / 3
+
+    def _still_leading(self) -> bool:
+        """Renew the lease if it is due, between the slow steps of a round (a ping or a list
+        can take seconds on a loaded server: the lease must not lapse behind them, or another
+        process takes over and refills beside this one's creates); False once it is lost."""
+        now = time.monotonic()
+        if now >= self._next_lead:
+            self._renew_lead(now)
+        return bool(self._epoch)
 
     def _lead(self, now: float) -> None:
         """The leader's round: expired borrows, refill, idle upkeep, reconcile."""
@@ -683,6 +697,7 @@ class RedisLender:
                 "pool %s: the borrow of %s ran out; deleting it", self.spec.name, sandbox_id
             )
             self._client.delete_quietly(sandbox_id)
+            self._still_leading()  # the script took them all: delete them all the same
         with self._cond:
             refilling = self._refilling
         while refilling < REFILL_PARALLEL and not self._closed:
@@ -694,10 +709,10 @@ class RedisLender:
                 self._refilling += 1
                 refilling = self._refilling
             self._spawn(self._fulfil, Order(for_caller=False), token, self._epoch)
-        if now >= self._next_upkeep:
+        if now >= self._next_upkeep and self._still_leading():
             self._next_upkeep = now + min(UPKEEP_INTERVAL, self.store.leader_lease)
             self._upkeep()
-        if now >= self._next_reconcile:
+        if now >= self._next_reconcile and self._still_leading():
             self._next_reconcile = now + self._renew_every
             self._reconcile(now)
 
@@ -707,6 +722,8 @@ class RedisLender:
         redis_now, pairs = number(answer[0]), answer[1:]
         lifetime = self.spec.lifetime
         for sandbox_id, score in zip(pairs[::2], pairs[1::2], strict=False):
+            if not self._still_leading():
+                return
             try:
                 sandbox = self._client.connect(sandbox_id, health_check=False)
                 alive = answers_ping(sandbox, self._client.read_timeout)
@@ -727,6 +744,8 @@ class RedisLender:
         listed = {
             info.id for info in self._client.list_sandboxes(metadata={POOL_KEY: self.spec.name})
         }
+        if not self._still_leading():
+            return
         after = set(self._run("known"))
         gone = sorted((before & after) - listed)
         if gone:

@@ -29,6 +29,7 @@ from osb_sync import (
     RedisStore,
     SandboxPool,
     TransportError,
+    _pool_redis,
 )
 from osb_sync.local import LocalServer
 from tests.redisserver import RedisServer, own_redis, redis_server
@@ -108,7 +109,7 @@ def test_repr_and_redis_hold_no_secret(
 def test_two_processes_share_one_warm_pool(
     client: Client, redis_server: RedisServer, name: str
 ) -> None:
-    shared = store(redis_server)
+    shared = store(redis_server, leader_lease=6.0)  # one leader throughout: no takeover here
     with SandboxPool(client, size=2, max_size=3, name=name, store=shared) as one:
         two = SandboxPool(client, size=2, max_size=3, name=name, store=shared)
         r = redis_server.client()
@@ -131,6 +132,32 @@ def test_two_processes_share_one_warm_pool(
         two.close()
         assert len(tagged(client, name)) == 2  # the idle ones stay for the other process
     assert wait_for(lambda: tagged(client, name) == set())  # the last one out deleted them
+
+
+def test_slow_pings_do_not_cost_the_leader_its_lease(
+    client: Client, redis_server: RedisServer, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader's upkeep pings each idle sandbox; three pings of 0.8 s take longer than the
+    1.5 s lease. The lease is renewed between them, so the other member never takes over (it
+    did: a flake hunt's copy saw three sandboxes of a size-2 pool after such a takeover)."""
+    real_ping = _pool_redis.answers_ping
+    pings: list[float] = []
+
+    def slow_ping(sandbox: Any, read_timeout: float) -> bool:
+        pings.append(time.monotonic())
+        time.sleep(0.8)
+        return real_ping(sandbox, read_timeout)
+
+    shared = store(redis_server)
+    with SandboxPool(client, size=3, max_size=3, name=name, store=shared):
+        r = redis_server.client()
+        assert wait_for(lambda: r.zcard(key(name, "idle")) == 3)
+        monkeypatch.setattr(_pool_redis, "answers_ping", slow_ping)
+        leader, epoch = r.get(key(name, "leader")), r.get(key(name, "epoch"))
+        with SandboxPool(client, size=3, max_size=3, name=name, store=shared):
+            assert wait_for(lambda: len(pings) >= 6, timeout=60)  # two upkeeps at least
+            assert (r.get(key(name, "leader")), r.get(key(name, "epoch"))) == (leader, epoch)
+            assert len(tagged(client, name)) == 3
 
 
 def test_other_options_under_the_same_name_are_refused(
