@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 import osb_sync
 from osb_sync.local import LocalServer
@@ -293,3 +294,9 @@ def test_an_images_user_runs_its_commands_code_and_entrypoint(
         while not sandbox.files.exists("/tmp/entry-uid") and time.monotonic() < deadline:
             time.sleep(0.1)
         assert sandbox.files.read_text("/tmp/entry-uid") == "65534\n"
+        # one --uid reaches bwrap (two made it warn "Only the last --uid option will take effect"
+        # into the container log, and into the message of a start that failed)
+        logs = requests.get(
+            f"{image_server.api_base}/sandboxes/{sandbox.id}/diagnostics/logs", timeout=30
+        ).text
+        assert "--uid" not in logs and "--gid" not in logs, logs

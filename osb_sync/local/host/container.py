@@ -418,10 +418,9 @@ class SandboxContainer:
         if image is not None:
             self._image_fd = hold(image)
             self._layer = rootfs.Layer(image, self._data)
-            ids = self._settings.image_ids
             state = self._writable(bwrap.EXECD_STATE_DIR)
             options = rootfs.image_options(
-                self._layer, image, state, info_fd, ids, mounts, [*ident, *extra]
+                self._layer, image, state, info_fd, mounts, [*ident, *extra]
             )
         else:
             options = bwrap.container_options(writable, info_fd, ident, mounts, extra)

@@ -11,7 +11,8 @@ nodev; a server that dies leaves its mounts to the crash recovery of the next st
 The view (`image_options`) is the image's root as the container's `/`, writable, with
 `/proc` (masked as Docker's), `/dev`, execd's state directory, our package read-only at
 `bwrap.PACKAGE_VIEW`, the host's `resolv.conf` and `hosts` (as Docker gives them), the
-sandbox's volume binds, the image's User and WorkingDir.
+sandbox's volume binds and the image's WorkingDir (its User is execd's to switch to: the
+container's root is the range's root, `bwrap.identity_options`).
 
 The container's main process (relay, claim, liveness: `execd/main.py`) runs on the image's
 python3. An image without one (it then runs the real execd binary) gets the server's own
@@ -104,7 +105,6 @@ def image_options(
     image: StoredImage,
     state: Path,
     info_fd: int,
-    ids: tuple[int, int],
     mounts: Sequence[str] = (),
     extra: Sequence[str] = (),
 ) -> list[str]:
@@ -145,8 +145,6 @@ def image_options(
     if image.python is None:
         options += host_interpreter()[0]
     options += [*mounts, *extra]
-    # the image's ids, root included: bwrap's default is the server's own uid
-    options += ["--uid", str(ids[0]), "--gid", str(ids[1])]
     workdir = image.config.working_dir or "/"
     if workdir != "/":
         options += ["--dir", workdir]  # Docker makes a missing WorkingDir too
