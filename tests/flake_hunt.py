@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                     finished(round_number, number, clone, proc.returncode, started, logs, args.env)
                 )
                 print(outcomes[-1].line(), flush=True)
+                for point in outcomes[-1].leftovers:
+                    print(f"    left mounted: {point}", flush=True)
     rounds = f"{args.rounds} round" + ("s" if args.rounds != 1 else "")
     print(f"\nFlake hunt: {args.env} in {copies_of(args.copies)} at once, {rounds} in a row")
     for outcome in sorted(outcomes, key=lambda o: (o.round, o.copy)):

@@ -175,6 +175,23 @@ def test_a_container_that_cannot_be_made_leaves_no_mount_and_no_directory(
     assert os.listdir(tmp_path) == []
 
 
+def test_a_stopping_server_detaches_a_mount_left_below_its_directory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Whatever leaves one (a container that lost track of its disk): the server's stop
+    detaches it before it removes its directory, and says so."""
+    require_disk()
+    server = LocalServer(spare_containers=0).start()
+    assert server.root_dir is not None
+    left = server.root_dir / f"{uuid.uuid4()}.run" / disk.MOUNT_DIR
+    left.mkdir(parents=True)
+    disk.mount(left, 1 << 20, 64, 0)
+    server.stop()
+    assert [p for p in recovery.mount_points() if p.startswith(str(server.root_dir))] == []
+    assert not server.root_dir.exists()
+    assert "1 mounts were left below" in caplog.text
+
+
 def test_commands_still_report_their_output_on_a_full_disk(
     small_disk: LocalServer, make_box: object
 ) -> None:

@@ -62,7 +62,8 @@ def test_the_entrypoint_runs_after_execd_and_writes_where_execd_reads(
         "import socket\n"
         "try:\n socket.create_connection(('127.0.0.1', 44772), 2).close(); said = 'execd up'\n"
         "except OSError as exc:\n said = f'execd down: {exc}'\n"
-        "open('from-entrypoint.txt', 'w').write(said)\n"
+        "open('entrypoint.part', 'w').write(said)\n"
+        "import os; os.rename('entrypoint.part', 'from-entrypoint.txt')\n"  # whole or not at all
     )
     script = f'echo {marker} >&2; cd $HOME && python3 -c "$0" && exec sleep 600.5'
     box = Box(server, http, {**CREATE_BODY, "entrypoint": ["sh", "-c", script, probe]})

@@ -194,6 +194,16 @@ def mount_points() -> list[str]:
     return points
 
 
+def unmount_below(root: Path) -> int:
+    """Detach every mount below `root` before a server removes it: a container that left one
+    (a bug, logged) would hold the directory, whose lock file goes with the removal, so no
+    later start could tell it was this server's and reap it. How many there were."""
+    count = _unmount_below([root])
+    if count:
+        logger.warning("local server: %d mounts were left below %s; detached", count, root)
+    return count
+
+
 def _unmount_below(dirs: list[Path]) -> int:
     prefixes = [str(path) for path in dirs]
     below = [

@@ -302,6 +302,7 @@ class LocalServer:
             os.close(self._lock_fd)
             self._lock_fd = -1
         if self._root_dir is None and self.root_dir is not None:
+            recovery.unmount_below(self.root_dir)
             shutil.rmtree(self.root_dir, ignore_errors=True)
 
     def _reap(self) -> None:
@@ -331,6 +332,7 @@ class LocalServer:
         self._registry.close_all()
         self._httpd.close_connections()
         if self._root_dir is None and self.root_dir is not None:
+            recovery.unmount_below(self.root_dir)
             shutil.rmtree(self.root_dir, ignore_errors=True)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
