@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,9 +70,10 @@ def mounts_below(folder: Path) -> tuple[str, ...]:
     points = []
     with open("/proc/self/mountinfo", "rb") as info:
         for line in info:
-            point = os.fsdecode(line.split()[4])
-            for code in ("\\040", "\\011", "\\012", "\\134"):
-                point = point.replace(code, chr(int(code[1:], 8)))
+            # the kernel's octal escapes, decoded as recovery.mount_points does (this script
+            # cannot import the package: it runs before its dependencies are installed)
+            raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), line.split()[4])
+            point = os.fsdecode(raw)
             if point == prefix or point.startswith(prefix + "/"):
                 points.append(point)
     return tuple(sorted(set(points), key=len, reverse=True))
