@@ -96,6 +96,15 @@ class MultipartBody:
     def __len__(self) -> int:
         return sum(len(head) + (part.size if part else 0) for head, part in self._pieces)
 
+    def whole(self) -> bytes | None:
+        """The body as one ``bytes`` (sent in one write, not one per piece) when every file is
+        in memory and it is at most CHUNK_SIZE long; None for one to stream."""
+        if any(part is not None and not isinstance(part.data, bytes) for _, part in self._pieces):
+            return None
+        if len(self) > CHUNK_SIZE:
+            return None
+        return b"".join(self)
+
     def __iter__(self) -> Iterator[bytes]:
         for head, part in self._pieces:
             yield head
@@ -169,7 +178,10 @@ class Files:
     def _upload(self, parts: list[_Part]) -> None:
         body = MultipartBody(parts)
         self._execd.request(
-            "POST", "/files/upload", data=body, headers={"Content-Type": body.content_type}
+            "POST",
+            "/files/upload",
+            data=body.whole() or body,
+            headers={"Content-Type": body.content_type},
         )
 
     def read_bytes(self, path: str, *, max_bytes: int = MAX_OUTPUT_BYTES) -> bytes:

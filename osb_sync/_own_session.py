@@ -1,28 +1,36 @@
-"""The client's own session: built once, requests prepared with requests' documented steps.
+"""The client's own session: built once, requests sent without requests' per-call work.
 
 ``Session.request`` does per call what a client that never changes its session need only do
 once: it scans the environment for proxies (twice), the CA bundle variables and ``~/.netrc``,
-and merges the session's cookies, params and auth into each request. Here a request is built
-with ``Request(...).prepare()``, the session's headers merged as ``prepare_request`` merges
-them, and sent with ``Session.send`` with the settings ``Session.merge_environment_settings``
-gave for its origin, read again when a variable of ``ENVIRONMENT_VARIABLES`` changes or the
-client is told to (``Client.reload_environment()``). The session's params, auth, hooks and
-cookies are requests' defaults and never change (cookies are refused), so what reaches the
-wire is what ``Session.request`` would send (pinned by tests/sockets/test_own_session.py).
+and merges the session's cookies, params and auth into each request. Here the settings
+``Session.merge_environment_settings`` gives are read once per origin, and again when a variable
+of ``ENVIRONMENT_VARIABLES`` changes or the client is told to (``Client.reload_environment()``).
+A request then takes the direct path (below): the adapter's own steps and urllib3's
+``urlopen``, without ``Request.prepare`` and ``Session.send``; one the direct path does not
+take (a patched adapter, a body it would not send as is) is built with
+``Request(...).prepare()`` and sent with ``Session.send``. The session's params, auth, hooks
+and cookies are requests' defaults and never change (cookies are refused), so what reaches the
+wire, and what a failure raises, is what ``Session.request`` would send and raise (pinned by
+tests/sockets/test_own_session.py).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from http.cookiejar import DefaultCookiePolicy
 from typing import Any, Mapping, NamedTuple
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
+from requests.models import PreparedRequest
 from requests.structures import CaseInsensitiveDict
-from requests.utils import get_netrc_auth
+from requests.utils import get_encoding_from_headers, get_netrc_auth
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import LocationValueError
+from urllib3.util import Timeout
 
 from ._constants import VERSION
 
@@ -146,6 +154,14 @@ def send_prepared(
     Raises:
         requests.RequestException: as ``Session.request`` would.
     """
+    adapter = _direct_adapter(session, url)
+    if adapter is not None:
+        response = _send_direct(
+            session, adapter, environment.settings(url), method, url,
+            headers=headers, json=json, params=params, data=data, timeout=timeout,
+        )  # fmt: skip
+        if response is not None:
+            return response
     prepared = requests.Request(
         method.upper(),
         url,
@@ -179,3 +195,207 @@ def _merged_headers(
     for name in [name for name, value in merged.items() if value is None]:
         del merged[name]
     return merged
+
+
+# --- The direct path -------------------------------------------------------------------------
+# What ``Session.send`` -> ``HTTPAdapter.send`` do for one of our requests, in the adapter's
+# own documented steps (``get_connection_with_tls_context``, ``cert_verify``, ``request_url``,
+# ``add_headers``, then urllib3's ``urlopen`` with the arguments the adapter passes), minus what
+# a session that never changes costs per call: preparing a URL it has seen (cached), merging
+# and storing cookies (refused: there are none), its hooks (none) and the next request of a
+# redirect prepared for ``Response.next`` (redirects are the transport's). Taken
+# only when the session and its adapter are requests' own (not one patched by ``responses`` or
+# a test double) and the body is one the adapter would send with a Content-Length; any other
+# request goes through ``Session.send``, so the wire and the errors are the same either way
+# (pinned by tests/sockets/test_own_session.py).
+
+_SEND_FUNCTIONS = {("requests.adapters", "HTTPAdapter.send"), ("requests.sessions", "Session.send")}
+
+
+def _is_requests_own(function: Any) -> bool:
+    names = (getattr(function, "__module__", None), getattr(function, "__qualname__", None))
+    return names in _SEND_FUNCTIONS
+
+
+def _direct_adapter(session: requests.Session, url: str) -> HTTPAdapter | None:
+    """The session's adapter for ``url`` when the direct path may bypass ``Session.send``."""
+    try:
+        adapter = session.get_adapter(url)
+    except requests.RequestException:
+        return None  # no adapter (a bad scheme): Session.send says so
+    if (
+        not isinstance(adapter, _Adapter)
+        or not hasattr(adapter, "get_connection_with_tls_context")  # requests < 2.32.2
+        or not _is_requests_own(type(adapter).send)
+        or not _is_requests_own(type(session).send)
+        or any(session.hooks.get("response", ()))
+    ):
+        return None
+    return adapter
+
+
+@functools.lru_cache(maxsize=256)
+def _prepared_url(url: str, params: tuple[Any, ...]) -> tuple[str, bool]:
+    """``PreparedRequest.prepare_url`` of a URL and its query (cached), and whether the URL
+    carries credentials (which ``prepare_auth`` would turn into a header)."""
+    request = PreparedRequest()
+    request.prepare_url(url, list(params) or b"")
+    assert request.url is not None
+    return request.url, "@" in urlsplit(request.url).netloc
+
+
+def _url_of(url: str, params: Any) -> tuple[str, bool]:
+    items = params.items() if isinstance(params, Mapping) else params or ()
+    try:
+        return _prepared_url(url, tuple(items))
+    except TypeError:  # an unhashable value (a list of values): prepared, not cached
+        request = PreparedRequest()
+        request.prepare_url(url, params or b"")
+        assert request.url is not None
+        return request.url, "@" in urlsplit(request.url).netloc
+
+
+def _valid_header(name: Any, value: Any) -> bool:
+    """What ``check_header_validity`` accepts, for str names and values (else: the slow path,
+    whose error is requests')."""
+    return (
+        isinstance(name, str)
+        and isinstance(value, str)
+        and bool(name)
+        and not (name[0].isspace() or ":" in name)
+        and "\r" not in name + value
+        and "\n" not in name + value
+        and not value[:1].isspace()
+    )
+
+
+def _body(method: str, json: Any, data: Any, headers: CaseInsensitiveDict[Any]) -> Any:
+    """The body as ``prepare_body`` makes it, its Content-Length (and Content-Type for JSON)
+    set in ``headers``; ``_SLOW`` when only requests' own preparation should handle it."""
+    if not data and json is not None:
+        try:
+            body: Any = _JSON.dumps(json, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError):
+            return _SLOW  # requests raises InvalidJSONError for it
+        headers["Content-Length"] = str(len(body))
+        if "content-type" not in headers:
+            headers["Content-Type"] = "application/json"
+        return body
+    if not data:
+        if method not in ("GET", "HEAD") and headers.get("Content-Length") is None:
+            headers["Content-Length"] = "0"
+        return None
+    if isinstance(data, bytes) or (
+        hasattr(data, "__iter__")
+        and hasattr(data, "__len__")
+        and not isinstance(data, (str, list, tuple, Mapping))
+    ):
+        length = len(data)
+        if length:
+            headers["Content-Length"] = str(length)
+            return data
+    return _SLOW
+
+
+_SLOW = object()
+# The json module requests encodes bodies with (simplejson when installed).
+_JSON: Any = vars(requests.compat)["json"]
+
+
+def _send_direct(
+    session: requests.Session,
+    adapter: HTTPAdapter,
+    settings: Settings,
+    method: str,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    json: Any,
+    params: Any,
+    data: Any,
+    timeout: tuple[float, float],
+) -> requests.Response | None:
+    """Send as ``Session.send`` would, or None when this request needs requests' own path."""
+    full_url, has_credentials = _url_of(url, params)
+    merged = _merged_headers(session.headers, headers)
+    if has_credentials or not all(_valid_header(k, v) for k, v in merged.items()):
+        return None
+    method = method.upper()
+    body = _body(method, json, data, merged)
+    if body is _SLOW:
+        return None
+    request = PreparedRequest()
+    request.method, request.url, request.headers, request.body = method, full_url, merged, body
+    if settings.auth is not None:
+        request.prepare_auth(settings.auth)
+    proxies = dict(settings.proxies)
+    try:
+        pool = adapter.get_connection_with_tls_context(
+            request, settings.verify, proxies=proxies, cert=settings.cert
+        )
+    except LocationValueError as exc:
+        raise requests.exceptions.InvalidURL(exc, request=request) from exc
+    adapter.cert_verify(pool, full_url, settings.verify, settings.cert)
+    path = adapter.request_url(request, proxies)
+    adapter.add_headers(request, stream=True, timeout=timeout, verify=settings.verify,
+                        cert=settings.cert, proxies=proxies)  # fmt: skip
+    try:
+        raw = pool.urlopen(
+            method=method,
+            url=path,
+            body=body,
+            headers=request.headers,  # type: ignore[arg-type]  # as the adapter passes them
+            redirect=False,
+            assert_same_host=False,
+            preload_content=False,
+            decode_content=False,
+            retries=adapter.max_retries,
+            timeout=Timeout(connect=timeout[0], read=timeout[1]),
+            chunked=False,
+        )
+    except Exception as exc:  # mapped as the adapter maps them, or raised as it is
+        error = _as_requests_error(exc, request)
+        if error is exc:
+            raise
+        raise error from exc
+    response = requests.Response()
+    response.status_code = raw.status
+    response.headers = CaseInsensitiveDict(raw.headers)
+    response.encoding = get_encoding_from_headers(response.headers)
+    response.raw = raw
+    response.reason = raw.reason  # type: ignore[assignment]  # as build_response sets it
+    response.url = full_url
+    response.request = request
+    response.connection = adapter
+    return response
+
+
+def _as_requests_error(exc: Exception, request: PreparedRequest) -> Exception:
+    """The exception ``HTTPAdapter.send`` raises for what urllib3's ``urlopen`` raised."""
+    errors = requests.exceptions
+    if isinstance(exc, (urllib3.exceptions.ProtocolError, OSError)):
+        return errors.ConnectionError(exc, request=request)
+    if isinstance(exc, urllib3.exceptions.MaxRetryError):
+        reason = exc.reason
+        if isinstance(reason, urllib3.exceptions.ConnectTimeoutError) and not isinstance(
+            reason, urllib3.exceptions.NewConnectionError
+        ):
+            return errors.ConnectTimeout(exc, request=request)
+        if isinstance(reason, urllib3.exceptions.ResponseError):
+            return errors.RetryError(exc, request=request)
+        if isinstance(reason, urllib3.exceptions.ProxyError):
+            return errors.ProxyError(exc, request=request)
+        if isinstance(reason, urllib3.exceptions.SSLError):
+            return errors.SSLError(exc, request=request)
+        return errors.ConnectionError(exc, request=request)
+    if isinstance(exc, urllib3.exceptions.ClosedPoolError):
+        return errors.ConnectionError(exc, request=request)
+    if isinstance(exc, urllib3.exceptions.ProxyError):
+        return errors.ProxyError(exc)
+    if isinstance(exc, urllib3.exceptions.SSLError):
+        return errors.SSLError(exc, request=request)
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return errors.ReadTimeout(exc, request=request)
+    if isinstance(exc, urllib3.exceptions.InvalidHeader):
+        return errors.InvalidHeader(exc, request=request)
+    return exc

@@ -19,8 +19,9 @@ Rules that every request follows, whatever session it goes through:
   environment, as requests does, but reads them once per origin through
   ``Session.merge_environment_settings`` (requests would scan the environment on every call),
   and again when one of the variables that requests documents changes or
-  ``Client.reload_environment()`` is called. Its requests are built with ``Request.prepare()``
-  and sent with ``Session.send``; a caller's session goes through ``Session.request``, untouched.
+  ``Client.reload_environment()`` is called. Its requests go straight to the adapter's
+  connection pool (``_own_session``: the same bytes, without requests' per-call preparation);
+  a caller's session goes through ``Session.request``, untouched.
 - **Retries.** Only calls marked idempotent (lifecycle GET and DELETE) are retried, on
   connection errors (not on a failed certificate check or TLS spoken to plain HTTP: those
   are permanent) and on 429/502/503/504, with capped exponential backoff that honours a

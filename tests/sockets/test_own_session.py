@@ -1,4 +1,4 @@
-"""The client's own session (``_own_session``: ``Request.prepare`` + ``Session.send``, the
+"""The client's own session (``_own_session``: the direct path to the adapter's pool, the
 environment read once per origin) sends what a caller's session sends through
 ``Session.request``: the same bytes, redirects, proxies and errors; ``responses`` still works.
 
@@ -123,6 +123,26 @@ def test_the_same_bytes_reach_the_wire_through_both_paths(capture: Capture) -> N
     assert wire["own"] == wire["callers"]
     assert b"User-Agent: osb-sync/" in wire["own"][0]
     assert b"Cookie" not in b"".join(wire["own"])
+
+
+def test_the_own_session_sends_without_preparing_a_request_per_call(
+    capture: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its calls take the direct path (no ``Request.prepare``, no ``Session.send``); a
+    caller's session goes through both."""
+    prepared: list[str] = []
+    prepare = requests.PreparedRequest.prepare
+
+    def counting(self: requests.PreparedRequest, *args: Any, **kwargs: Any) -> None:
+        prepared.append(str(kwargs.get("url") or args[1]))
+        prepare(self, *args, **kwargs)
+
+    monkeypatch.setattr(requests.PreparedRequest, "prepare", counting)
+    own, callers = transports().values()
+    send_all(own, capture.url)
+    assert prepared == []
+    send_all(callers, capture.url)
+    assert len(prepared) == len(CALLS)
 
 
 def test_a_proxy_from_the_environment_is_used_alike_and_a_change_is_noticed(

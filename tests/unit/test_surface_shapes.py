@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from email.parser import BytesParser
 from email.policy import HTTP
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -13,6 +14,7 @@ import responses
 
 import osb_sync
 from osb_sync import ConfigurationError, Sandbox
+from osb_sync._constants import CHUNK_SIZE
 from tests.helpers import API, ENDPOINT, SID, TOKEN, add_endpoint, created_body, stream_body
 
 EXECD = "http://execd.test:9000/proxy/44772"
@@ -156,6 +158,22 @@ def test_upload_is_streamed_multipart_with_a_known_length(
     assert json.loads(parts[0][2]) == {"path": "a.txt", "mode": 644, "owner": None, "group": None}
     assert json.loads(parts[2][2])["mode"] == 755
     assert (parts[1][2], parts[3][2]) == (b"hello", b"\x00\x01")
+
+
+def test_a_small_upload_is_one_body_and_a_large_or_file_one_is_streamed(
+    rsps: responses.RequestsMock, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    rsps.post(f"{EXECD}/files/upload")
+    sandbox.files.write("a.txt", b"x" * 1024)
+    small = rsps.calls[-1].request
+    assert isinstance(small.body, bytes) and small.body.count(b"x" * 1024) == 1
+    assert small.headers["Content-Length"] == str(len(small.body))
+    sandbox.files.write("big.bin", b"y" * (CHUNK_SIZE + 1))
+    assert not isinstance(rsps.calls[-1].request.body, bytes)
+    local = tmp_path / "f"
+    local.write_bytes(b"z")
+    sandbox.files.upload(local, "f")
+    assert not isinstance(rsps.calls[-1].request.body, bytes)
 
 
 def test_download_resumes_with_a_range(rsps: responses.RequestsMock, sandbox: Sandbox) -> None:
