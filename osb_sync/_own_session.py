@@ -325,26 +325,29 @@ def _send_direct(
     if body is _SLOW:
         return None
     request = PreparedRequest()
-    request.method, request.url, request.headers, request.body = method, full_url, merged, body
+    # requests' inline annotations and types-requests type these hooks differently: Any here.
+    prepared: Any = request
+    steps: Any = adapter
+    prepared.method, prepared.url, prepared.headers, prepared.body = method, full_url, merged, body
     if settings.auth is not None:
         request.prepare_auth(settings.auth)
     proxies = dict(settings.proxies)
     try:
-        pool = adapter.get_connection_with_tls_context(
+        pool: Any = steps.get_connection_with_tls_context(
             request, settings.verify, proxies=proxies, cert=settings.cert
         )
     except LocationValueError as exc:
         raise requests.exceptions.InvalidURL(exc, request=request) from exc
-    adapter.cert_verify(pool, full_url, settings.verify, settings.cert)
-    path = adapter.request_url(request, proxies)
-    adapter.add_headers(request, stream=True, timeout=timeout, verify=settings.verify,
-                        cert=settings.cert, proxies=proxies)  # fmt: skip
+    steps.cert_verify(pool, full_url, settings.verify, settings.cert)
+    path = steps.request_url(request, proxies)
+    steps.add_headers(request, stream=True, timeout=timeout, verify=settings.verify,
+                      cert=settings.cert, proxies=proxies)  # fmt: skip
     try:
-        raw = pool.urlopen(
+        raw: Any = pool.urlopen(
             method=method,
             url=path,
             body=body,
-            headers=request.headers,  # type: ignore[arg-type]  # as the adapter passes them
+            headers=request.headers,
             redirect=False,
             assert_same_host=False,
             preload_content=False,
@@ -363,7 +366,7 @@ def _send_direct(
     response.headers = CaseInsensitiveDict(raw.headers)
     response.encoding = get_encoding_from_headers(response.headers)
     response.raw = raw
-    response.reason = raw.reason  # type: ignore[assignment]  # as build_response sets it
+    response.reason = raw.reason
     response.url = full_url
     response.request = request
     response.connection = adapter
