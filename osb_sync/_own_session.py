@@ -234,38 +234,37 @@ def _direct_adapter(session: requests.Session, url: str) -> HTTPAdapter | None:
     return adapter
 
 
-@functools.lru_cache(maxsize=256)
-def _prepared_url(url: str, params: tuple[Any, ...]) -> tuple[str, bool]:
-    """``PreparedRequest.prepare_url`` of a URL and its query (cached), and whether the URL
-    carries credentials (which ``prepare_auth`` would turn into a header)."""
+def _prepare_url(url: str, params: Any) -> tuple[str, bool]:
+    """``PreparedRequest.prepare_url`` of a URL and its query, and whether the URL carries
+    credentials (which ``prepare_auth`` would turn into a header)."""
     request = PreparedRequest()
-    request.prepare_url(url, list(params) or b"")
+    request.prepare_url(url, params or b"")
     assert request.url is not None
     return request.url, "@" in urlsplit(request.url).netloc
 
 
+@functools.lru_cache(maxsize=256)
+def _cached_url(url: str, items: tuple[Any, ...]) -> tuple[str, bool]:
+    return _prepare_url(url, list(items))
+
+
 def _url_of(url: str, params: Any) -> tuple[str, bool]:
+    """:func:`_prepare_url`, cached when the query is hashable."""
     items = params.items() if isinstance(params, Mapping) else params or ()
     try:
-        return _prepared_url(url, tuple(items))
+        return _cached_url(url, tuple(items))
     except TypeError:  # an unhashable value (a list of values): prepared, not cached
-        request = PreparedRequest()
-        request.prepare_url(url, params or b"")
-        assert request.url is not None
-        return request.url, "@" in urlsplit(request.url).netloc
+        return _prepare_url(url, params)
 
 
 def _valid_header(name: Any, value: Any) -> bool:
     """What ``check_header_validity`` accepts, for str names and values (else: the slow path,
     whose error is requests')."""
-    return (
-        isinstance(name, str)
-        and isinstance(value, str)
-        and bool(name)
-        and not (name[0].isspace() or ":" in name)
-        and "\r" not in name + value
-        and "\n" not in name + value
-        and not value[:1].isspace()
+    if not (isinstance(name, str) and isinstance(value, str) and name):
+        return False
+    both = name + value
+    return not (
+        name[0].isspace() or ":" in name or value[:1].isspace() or "\r" in both or "\n" in both
     )
 
 
