@@ -22,29 +22,23 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from _common import isolate_network, local_server, report, verdict
+from bench_overhead import CALLS as OPS
+from peers import Worker
 
 HERE = Path(__file__).resolve()
 TREE = str(HERE.parents[1])
-OPS = ("runs", "commands", "uploads", "gets")
 WARM_UP = 30
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
 def child(peer: str, api_base: str, op: str, calls: int) -> None:
-    """The measured process: open a sandbox, warm up, make ``calls`` calls, close."""
-    sys.path.insert(0, str(HERE.parent))
-    from peers import OpenSandboxSdk, OsbSync
-
-    client: Any = OpenSandboxSdk(api_base) if peer == "opensandbox" else OsbSync(api_base)
-    client.open()
-    many = getattr(client, {"runs": "run", "commands": "command", "uploads": "upload",
-                            "gets": "get"}[op] + "_many")  # fmt: skip
-    many(WARM_UP)
-    many(calls)
-    client.close()
+    """The measured process: a ``peers.Worker`` opens a sandbox, warms up, makes ``calls``
+    calls of ``op`` and closes."""
+    worker = Worker(peer, api_base, 32)
+    for step, n in (("open", 0), (op, WARM_UP), (op, calls), ("close", 0)):
+        worker.handle(step, n=n)
 
 
 def instructions(peer: str, tree: str, api_base: str, op: str, calls: int) -> int:
