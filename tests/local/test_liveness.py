@@ -10,17 +10,19 @@ import requests
 from conftest import Box, wait_for
 
 from osb_sync.local import LocalServer
-from osb_sync.local.host import cgroup
+from osb_sync.local.host import cgroup, zygote
 
 
 def execd_pid(server: LocalServer, box: Box) -> int:
-    """The host pid of the sandbox's execd (its container's main.py)."""
+    """The host pid of the sandbox's execd (its container's main.py, or forked from the
+    template: its command line)."""
     assert server._registry is not None
     sandbox = server._registry.find(box.id)
     assert sandbox is not None
     for pid in sandbox.container.members():
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            if b"main.py" in cmdline.read():
+            line = cmdline.read()
+            if b"main.py" in line or zygote.BOOTSTRAP.encode() in line:
                 return pid
     raise AssertionError("no execd process")
 

@@ -29,7 +29,7 @@ from isolation_probes import unique
 from rawhttp import exchange, read_answer, request
 
 from osb_sync.local import LocalServer
-from osb_sync.local.host import bwrap, cgroup
+from osb_sync.local.host import bwrap, cgroup, zygote
 from osb_sync.local.host.container import MAIN_SCRIPT
 from osb_sync.local.host.recovery import LOCK_NAME
 
@@ -194,16 +194,24 @@ def test_isolation_true_refuses_to_start_without_support(monkeypatch: Any) -> No
     assert server.root_dir is None
 
 
+@pytest.mark.parametrize("main", ["main.py", "zygote.py"])
 def test_a_container_that_does_not_start_leaves_nothing(
-    http: requests.Session, monkeypatch: Any, tmp_path: Path
+    http: requests.Session, monkeypatch: Any, tmp_path: Path, main: str
 ) -> None:
-    # A main that cannot even be opened (tmp_path is not in the container's view either).
-    monkeypatch.setattr("osb_sync.local.host.container.MAIN_SCRIPT", str(tmp_path / "main.py"))
+    # A main that cannot even be opened (tmp_path is not in the container's view either):
+    # bwrap's, or the execd template's (a root server's default sandbox).
+    if main == "main.py":
+        monkeypatch.setattr("osb_sync.local.host.zygote.usable", lambda *_: False)
+        monkeypatch.setattr("osb_sync.local.host.container.MAIN_SCRIPT", str(tmp_path / main))
+    elif zygote.usable(bwrap.probe(), None, None):
+        monkeypatch.setattr("osb_sync.local.host.zygote.ZYGOTE_SCRIPT", str(tmp_path / main))
+    else:
+        pytest.skip("the execd template needs a root server on Linux 5.8 or later")
     with LocalServer() as srv:
         failed = http.post(f"{srv.api_base}/sandboxes", json=CREATE_BODY)
         assert (failed.status_code, failed.json()["code"]) == (500, "DOCKER::SANDBOX_START_FAILED")
         assert "did not start" in failed.json()["message"]
-        assert "main.py" in failed.json()["message"]  # the reason, from the container's log
+        assert main in failed.json()["message"]  # the reason, from the container's log
         assert srv.root_dir is not None
         left = [p.name for p in srv.root_dir.iterdir()]
         assert [name for name in left if name not in (".spares", LOCK_NAME)] == []

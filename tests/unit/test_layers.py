@@ -106,8 +106,9 @@ def private_names_defined(tree: ast.AST) -> set[str]:
     return {name for name in owned if name.startswith("_")}
 
 
-# Public API of the standard library that starts with an underscore (namedtuple's methods).
-STDLIB_API = {"_replace", "_asdict", "_fields", "_make"}
+# Public API of the standard library that starts with an underscore (namedtuple's methods;
+# os._exit, how a forked child ends without running its parent's clean-up).
+STDLIB_API = {"_replace", "_asdict", "_fields", "_make", "_exit"}
 
 
 def is_private(name: str) -> bool:

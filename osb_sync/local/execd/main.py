@@ -1,7 +1,9 @@
 """The main process of a sandbox's container: its execd, JUPYTER_PORT and the server's relay.
 
 Run as a script by path (`python -I -S execd/main.py RELAY_FD READY_FD`), inside the
-sandbox's bubblewrap container or, where isolation is impossible, as a plain subprocess. Its
+sandbox's bubblewrap container or, where isolation is impossible, as a plain subprocess; or,
+in a root server's default sandbox, forked from the execd template (`zygote.py`), which calls
+`main` with descriptors 3 and 4 once it has entered the container. Its
 first line of standard input is the start line (the working and state directories, the ports,
 heartbeat and grace seconds, the file size limit, an execd binary), the second the claim line
 (the execd token, the sandbox's environment, an address space limit). Between them the

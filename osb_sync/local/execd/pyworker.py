@@ -20,7 +20,6 @@ from typing import Any
 from .runner import SandboxRuntime, kill_group
 from .workers import READ_SIZE, Emit, Pipes, complete
 
-WORKER_SCRIPT = str(Path(__file__).with_name("_worker.py"))
 COALESCE_WINDOW = 0.005
 # The worker replaces a larger reply (a huge repr) with an error; anything bigger on the reply
 # pipe was written there by the sandbox's code, and the worker is killed.
@@ -56,6 +55,10 @@ def _parse_reply(line: bytes) -> dict[str, Any]:
     return reply if isinstance(reply, dict) else BROKEN
 
 
+def _worker_script() -> str:
+    return str(Path(__file__).with_name("_worker.py"))
+
+
 class PythonWorker:
     """One persistent Python process (`_worker.py`) holding a code context's state."""
 
@@ -64,7 +67,8 @@ class PythonWorker:
         replies_r, replies_w = os.pipe()
         try:
             self._proc = runtime.spawn(
-                [sys.executable, "-u", WORKER_SCRIPT, str(requests_r), str(replies_w)],
+                # found at each start: a forked execd names its files as the container sees them
+                [sys.executable, "-u", _worker_script(), str(requests_r), str(replies_w)],
                 cwd=cwd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

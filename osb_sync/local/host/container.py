@@ -2,7 +2,9 @@
 
 The container's main process is `execd/main.py` (our execd, JUPYTER_PORT and a relay, then
 the sandbox's entrypoint, whose end ends it: `entrypoint.py`), started under bubblewrap
-(`bwrap.py`), or as a plain subprocess where isolation is impossible.
+(`bwrap.py`), or as a plain subprocess where isolation is impossible; in a root server's
+default sandbox, bwrap runs a placeholder and the execd template forks execd into the
+container's namespaces (`zygote.py`: a new Python per sandbox costs ~80 ms and ~12 MiB).
 The server reaches the container only through a listening Unix socket it makes in a host
 directory the sandbox cannot see and hands to the main process as an inherited descriptor.
 
@@ -33,9 +35,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from . import bwrap, disk, identity, spawn, staging
+from . import bwrap, disk, identity, spawn, staging, zygote
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
@@ -146,6 +148,8 @@ class SandboxContainer:
         self._image_fd = -1  # holds the image against the store's eviction
         self._staging = staging.Staging(self.ids)  # host binds while bwrap starts
         self.launched_at = 0.0  # time.monotonic() when its main process started
+        self._execd_in: BinaryIO | None = None  # execd's stdin where the template forked it
+        self._held_template = False
         self._lock = threading.Lock()
 
     def _make_dirs(self, root: Path) -> None:
@@ -196,12 +200,18 @@ class SandboxContainer:
         ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()  # bwrap waits on it for its namespace's id maps
-        options = passwd = group = -1
+        options = passwd = group = execd_r = -1
         self._ready_r = ready_r
         deadline = time.monotonic() + START_TIMEOUT
+        templated = zygote.usable(self.support, settings.image, settings.binary)
         try:
             self._log_fd = _open_log(self.run_dir)
             command = [str(self._relay.fileno()), str(ready_w)]
+            if templated:
+                zygote.TEMPLATE.hold()
+                self._held_template = True
+                execd_r, execd_w = os.pipe()
+                self._execd_in = os.fdopen(execd_w, "wb")
             # As the range's root where the server writes the maps (root): bwrap refuses,
             # as uid 0, to map ids other than its own.
             as_range = self.ids is not None and self.ids.helpers is None
@@ -214,6 +224,8 @@ class SandboxContainer:
                 main = bwrap.main_command(MAIN_SCRIPT)
                 if settings.image is not None:
                     main[:1] = rootfs.main_interpreter(settings.image)
+                if templated:  # the template forks execd; bwrap runs the placeholder
+                    main, command = list(zygote.PLACEHOLDER), []
                 argv = [self.support.bwrap or "bwrap", "--args", str(options), *main, *command]
                 self._make_cgroups()
             else:
@@ -221,12 +233,14 @@ class SandboxContainer:
             extra_fds = [fd for fd in (options, self._seccomp_fd, passwd, group) if fd >= 0]
             if self.isolated and not staging.available():
                 extra_fds += [bind.fd for bind in settings.mounts]  # bwrap's --bind-fd
-            kept = (self._relay.fileno(), ready_w, info_w, block_r, *extra_fds)
+            kept = (info_w, block_r, *extra_fds)
+            if not templated:
+                kept = (self._relay.fileno(), ready_w, *kept)
             self._proc = SPAWNER.run(
                 lambda: subprocess.Popen(
                     argv,
                     stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE if templated else subprocess.DEVNULL,
                     stderr=self._log_fd,
                     pass_fds=kept,
                     cwd=self.home,
@@ -238,10 +252,12 @@ class SandboxContainer:
                 )
             )
             self.launched_at = time.monotonic()
-            for fd in (ready_w, info_w, block_r):
+            for fd in (info_w, block_r) if templated else (ready_w, info_w, block_r):
                 os.close(fd)
-            ready_w = info_w = block_r = -1
-            self._send(self._start_line(ping, grace))
+            info_w = block_r = -1
+            if not templated:
+                ready_w = -1
+                self._send(self._start_line(ping, grace))
             if self.isolated and self.ids is not None:
                 info = read_until(info_r, b"}", deadline)
                 self.init_pid = int(json.loads(info)["child-pid"])
@@ -253,6 +269,9 @@ class SandboxContainer:
                     self._cgroup.join(self.init_pid)
                 identity.write_maps(self.init_pid, self.ids)
                 os.write(block_w, b"1")
+            if templated:
+                self._fork_execd(ready_w, execd_r, deadline)
+                self._send(self._start_line(ping, grace))
             if read_until(ready_r, b"\n", deadline) != b"ready\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
         except (OSError, ValueError, KeyError) as exc:
@@ -260,13 +279,30 @@ class SandboxContainer:
                 f"the sandbox's container did not start ({exc}): {self._log_tail()}"
             ) from None
         finally:
-            for fd in (ready_w, info_r, info_w, block_r, block_w, options, passwd, group):
+            fds = (ready_w, info_r, info_w, block_r, block_w, options, passwd, group, execd_r)
+            for fd in fds:
                 if fd >= 0:
                     os.close(fd)
             if self._seccomp_fd >= 0:
                 os.close(self._seccomp_fd)
             self._staging.release()  # bwrap has its copies (or failed)
             self._seccomp_fd = -1
+
+    def _fork_execd(self, ready_w: int, execd_r: int, deadline: float) -> None:
+        """Once the placeholder is up, have the template fork execd into the namespaces."""
+        assert self._proc is not None and self._proc.stdout is not None
+        assert self._proc.stdin is not None and self.init_pid is not None
+        with self._proc.stdout:
+            if read_until(self._proc.stdout.fileno(), b"\n", deadline) != b"up\n":
+                raise RuntimeError(f"the sandbox's container did not start: {self._log_tail()}")
+        if self._init_fd < 0:
+            raise RuntimeError("the sandbox's init has no pidfd: the template cannot join it")
+        fds = (self._init_fd, execd_r, self._log_fd, self._relay.fileno(), ready_w)
+        pid = zygote.TEMPLATE.fork(
+            self.init_pid, (*fds, self._proc.stdin.fileno()), self.support.seccomp
+        )
+        if self._cgroup is not None:
+            self._cgroup.join(pid)
 
     def claim(self, config: dict[str, Any], internet: bool) -> None:
         """Make a launched container the sandbox's: network, env and token; then it serves.
@@ -379,9 +415,11 @@ class SandboxContainer:
         return self._cgroup.dirs.get(controller) if self._cgroup is not None else None
 
     def _send(self, line: dict[str, Any]) -> None:
+        """Write one line to execd's standard input (bwrap's, unless the template forked it)."""
         assert self._proc is not None and self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps(line).encode() + b"\n")
-        self._proc.stdin.flush()
+        target = self._execd_in or self._proc.stdin
+        target.write(json.dumps(line).encode() + b"\n")
+        target.flush()
 
     @property
     def _data(self) -> Path:
@@ -640,6 +678,13 @@ class SandboxContainer:
                 pass
         if self._proc is not None:
             self._stop_main(self._proc)
+        if self._execd_in is not None:
+            try:
+                self._execd_in.close()
+            except OSError:
+                pass  # execd died with unread lines
+        if self._held_template:
+            zygote.TEMPLATE.release()
         if self._slirp_exit >= 0:
             os.close(self._slirp_exit)
         if self._slirp is not None:

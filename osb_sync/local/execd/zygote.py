@@ -1,0 +1,318 @@
+"""The execd template of a root server: one Python with execd's modules imported, that forks
+each sandbox's execd into the namespaces bubblewrap made for it.
+
+Why: every other execd is a new interpreter that imports its HTTP stack (~80 ms of CPU) and
+keeps a private copy of it (~12 MiB); a forked one shares the template's pages until it writes
+them. Run by the server (`host/zygote.py`) as `python -I -S zygote.py CONTROL_FD`, outside
+every sandbox, as root, in `/`, with the environment a sandbox's execd has (bwrap's
+`--clearenv --setenv`: what `/proc/<pid>/environ` shows of its execd is this process's). On
+CONTROL_FD, a SOCK_SEQPACKET socket to the server, the first message is the set-up,
+`{"capabilities": MASK, "seccomp": HEX | null, "home": PATH, "package_view": PATH}`; every
+later one a request,
+answered in order: `{"init": PID}` with six descriptors (init's pidfd, then execd's standard
+input, its standard error, the relay socket, the ready pipe and the exit pipe, all write or
+read ends as `main.py` and the placeholder use them), answered `{"pid": N}` (the execd's host
+pid) or `{"error": "..."}`. EOF on it ends the template.
+
+For a request the template forks a child that keeps only that request's descriptors, joins
+every namespace of init (bwrap's child) at once through its pidfd (setns(2), Linux 5.8),
+refusing to go on if init's user, mount, PID, network, IPC or UTS namespace is the host's,
+forks the execd (a process of the PID namespace) and exits. The execd takes what bubblewrap
+gives the process it starts: its descriptors as 0-4 (stdout on /dev/null), the rest closed; a
+new session; uid and gid 0 of the namespace and no supplementary groups; MASK as its bounding,
+effective, permitted, inheritable and ambient capabilities; no_new_privs; the home as its
+working directory; default signal handling; and the seccomp filter, loaded last. Then it runs
+`main.main` and exits with its code. The template is its subreaper (the middle child's exit
+hands the execd to it): it reaps it and writes its exit status (128+N for signal N, as bwrap
+reports one) to the exit pipe, where the container's placeholder reads it and exits with it.
+
+Nothing of the server crosses: the template is its own process, started clean, holding only
+these modules and, while it forks, one request's descriptors. The execds forked from it share
+its hash seed (`random` is reseeded in each).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import gc
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from osb_sync.local.execd import main
+else:  # run by path with -I: this directory is not on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import main
+
+    del sys.path[0]
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_RAISE = 2
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+CAPABILITY_VERSION_3 = 0x20080522
+# (name in /proc/<pid>/ns, CLONE_NEW* flag); cgroup last: the only one init may share
+NAMESPACES = (
+    ("user", 0x10000000),
+    ("mnt", 0x00020000),
+    ("pid", 0x20000000),
+    ("net", 0x40000000),
+    ("ipc", 0x08000000),
+    ("uts", 0x04000000),
+    ("cgroup", 0x02000000),
+)
+REQUEST_FDS = 6
+MESSAGE_SIZE = 1 << 16
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def prctl(option: int, arg: int = 0, arg3: int = 0) -> None:
+    """prctl(2), raising OSError."""
+    _check(_libc.prctl(option, arg, arg3, 0, 0), f"prctl({option})")
+
+
+def enter_namespaces(pidfd: int, init: int) -> None:
+    """Join every namespace of process `init` (named by `pidfd`) that this process is not in.
+
+    Raises:
+        OSError: init shares one of the namespaces that must be its own, or setns refused.
+    """
+    flags = 0
+    for name, flag in NAMESPACES:
+        if os.stat(f"/proc/{init}/ns/{name}").st_ino != os.stat(f"/proc/self/ns/{name}").st_ino:
+            flags |= flag
+        elif name != "cgroup":
+            raise OSError(f"the container's init is in the host's {name} namespace")
+    _check(_libc.setns(pidfd, flags), "setns")
+
+
+def set_capabilities(mask: int) -> None:
+    """Make `mask` the bounding, effective, permitted, inheritable and ambient sets."""
+    with open("/proc/sys/kernel/cap_last_cap") as last:
+        last_cap = int(last.read())
+    for cap in range(last_cap + 1):
+        if not mask >> cap & 1:
+            prctl(PR_CAPBSET_DROP, cap)
+    header = _CapHeader(CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    for index in (0, 1):
+        part = mask >> (32 * index) & 0xFFFFFFFF
+        data[index] = _CapData(part, part, part)
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    for cap in range(last_cap + 1):
+        if mask >> cap & 1:
+            prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap)
+
+
+def load_seccomp(program: bytes) -> None:
+    """Load the classic-BPF `program` (struct sock_filter[]) as this process's filter."""
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
+
+
+def _close_all_but(keep: set[int]) -> None:
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor
+
+
+def view_package(view: str) -> None:
+    """Name the package's modules' files where the container sees them (`view`), as an execd
+    started there would: its workers' command lines show no host path."""
+    host = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(main.__file__))))
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and path.startswith(host + os.sep):
+            module.__file__ = view + path[len(host) :]
+
+
+def _place(fds: list[int]) -> None:
+    """Move `fds` (stdin, stderr, relay, ready) to 0, 2, 3, 4, /dev/null to 1; close the rest."""
+    above = max(fds) + 1  # copies clear of every descriptor `fds` still holds
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, above) for fd in fds]
+    null = fcntl.fcntl(os.open("/dev/null", os.O_WRONLY), fcntl.F_DUPFD, above)
+    for fd, target in zip((high[0], null, *high[1:]), range(5), strict=True):
+        os.dup2(fd, target)
+    _close_all_but({0, 1, 2, 3, 4})
+
+
+def _execd(setup: dict[str, Any], fds: list[int]) -> NoReturn:
+    """The execd: take bwrap's confinement (see the module docstring), then serve."""
+    code = 1
+    try:
+        _place(fds)
+        os.setsid()
+        os.setgroups([])
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+        set_capabilities(int(setup["capabilities"]))
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the rest as Python set them at start
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        os.chdir(setup["home"])
+        view_package(setup["package_view"])
+        if "random" in sys.modules:
+            sys.modules["random"].seed()
+        if setup.get("seccomp"):
+            load_seccomp(bytes.fromhex(setup["seccomp"]))
+        code = main.main(["main.py", "3", "4"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 (the container's log is the only place to say it)
+        traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _middle(setup: dict[str, Any], init: int, fds: list[int], report: int) -> NoReturn:
+    """The child between the template and the execd: enter init's namespaces, fork, report."""
+    try:
+        signal.set_wakeup_fd(-1)  # its descriptor is closed next, its number reused later
+        prctl(PR_SET_DUMPABLE, 0)
+        _close_all_but({*fds, report})
+        enter_namespaces(fds[0], init)
+        pid = os.fork()
+        if pid == 0:
+            os.close(report)
+            _execd(setup, fds[1:5])
+        os.write(report, json.dumps({"pid": pid}).encode())
+    except BaseException as exc:  # noqa: BLE001 (answered to the server)
+        os.write(report, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+    os._exit(0)
+
+
+def fork_execd(setup: dict[str, Any], request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    """Fork one sandbox's execd for `request` (see the module docstring); the answer."""
+    report_r, report_w = os.pipe()
+    try:
+        middle = os.fork()
+        if middle == 0:
+            os.close(report_r)
+            _middle(setup, int(request["init"]), fds, report_w)
+        os.close(report_w)
+        report_w = -1
+        answer = b""
+        while chunk := os.read(report_r, 4096):
+            answer += chunk
+        os.waitpid(middle, 0)
+    finally:
+        os.close(report_r)
+        if report_w >= 0:
+            os.close(report_w)
+    reply: dict[str, Any] = json.loads(answer or b'{"error": "the forking child died"}')
+    return reply
+
+
+def _reap(exits: dict[int, int]) -> None:
+    """Reap ended execds, writing each one's exit status to its exit pipe."""
+    while exits:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        exit_fd = exits.pop(pid, -1)
+        if exit_fd >= 0:
+            code = os.waitstatus_to_exitcode(status)
+            try:
+                os.write(exit_fd, f"{128 - code if code < 0 else code}\n".encode())
+            except OSError:
+                pass  # the container is gone already
+            os.close(exit_fd)
+
+
+def serve(control: socket.socket) -> None:
+    """Answer the server's requests until it closes the socket."""
+    setup = json.loads(control.recv(MESSAGE_SIZE))
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    gc.freeze()  # the collector leaves the template's objects (and their pages) alone
+    exits: dict[int, int] = {}
+    with selectors.DefaultSelector() as selector:
+        selector.register(control, selectors.EVENT_READ)
+        selector.register(wake_r, selectors.EVENT_READ)
+        while True:
+            for key, _ in selector.select():
+                if key.fileobj == wake_r:
+                    os.read(wake_r, 4096)
+                    continue
+                message, fds, _, _ = socket.recv_fds(control, MESSAGE_SIZE, REQUEST_FDS)
+                if not message:
+                    return
+                answer: dict[str, Any] = {"error": "a request needs its six descriptors"}
+                try:
+                    if len(fds) == REQUEST_FDS:
+                        answer = fork_execd(setup, json.loads(message), fds)
+                finally:
+                    for fd in fds[:-1] if "pid" in answer else fds:
+                        os.close(fd)
+                if "pid" in answer:
+                    exits[int(answer["pid"])] = fds[-1]
+                control.send(json.dumps(answer).encode())
+            _reap(exits)
+
+
+def run(argv: list[str]) -> int:
+    """Import what execd runs, then serve the socket on descriptor `argv[1]`."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server's spawner thread started it
+    main.load_package()
+    from osb_sync.local.execd import router, runner  # noqa: F401 (imported for the execds)
+    from osb_sync.local.http import exchange, httpd  # noqa: F401
+
+    serve(socket.socket(fileno=int(argv[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv))

@@ -1,0 +1,220 @@
+"""The server's side of the execd template (`execd/zygote.py`): one per process, started at a
+container's first need of it and stopped when no container holds it.
+
+A container that can use it (`usable`: a root server's, with the host's own root view and our
+execd) starts bwrap with `PLACEHOLDER` as its command instead of execd's `main.py`. Once the
+placeholder says `up` (bwrap has made every namespace and mount, loaded the seccomp filter,
+dropped to the sandbox's root), the container asks the template for its execd (`Template.fork`),
+which it then drives exactly as one bwrap started: the start and claim lines on its standard
+input, `ready` and `serving` on the ready pipe, the relay socket. The template writes the
+execd's exit status to the placeholder's standard input when it ends, and the placeholder exits
+with it: bwrap's exit is the execd's, as before. Deleting the sandbox kills the namespace's
+init, and the execd with it.
+
+Where it cannot be used (an image, whose execd runs the image's Python; an execd binary; a
+server that is not root; a kernel before 5.8, without setns(2) on a pidfd; a machine without
+a seccomp table for bwrap), containers start as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import bwrap
+from .spawn import SPAWNER
+
+# Run by path, never imported here: execd/ is the sandbox side of the security line.
+ZYGOTE_SCRIPT = str(Path(__file__).parents[1] / "execd" / "zygote.py")
+# The template's command line names no host path (a sandbox reads it: its execds share it).
+BOOTSTRAP = "import runpy, sys; runpy.run_path(sys.stdin.readline()[:-1], run_name='__main__')"
+# bwrap's child in a container whose execd the template forks: PID 2 of its namespace.
+PLACEHOLDER = ["/bin/sh", "-c", 'echo up; exec >/dev/null; read -r code; exit "${code:-1}"']
+# linux/capability.h
+CAP_NUMBERS = {
+    "CAP_CHOWN": 0,
+    "CAP_DAC_OVERRIDE": 1,
+    "CAP_FOWNER": 3,
+    "CAP_FSETID": 4,
+    "CAP_KILL": 5,
+    "CAP_SETGID": 6,
+    "CAP_SETUID": 7,
+    "CAP_SETPCAP": 8,
+    "CAP_NET_BIND_SERVICE": 10,
+    "CAP_NET_RAW": 13,
+    "CAP_SYS_CHROOT": 18,
+    "CAP_MKNOD": 27,
+    "CAP_AUDIT_WRITE": 29,
+    "CAP_SETFCAP": 31,
+}
+ANSWER_TIMEOUT = 30.0
+MESSAGE_SIZE = 1 << 16
+
+
+def kernel_joins_by_pidfd(release: str | None = None) -> bool:
+    """True on Linux 5.8 or later, whose setns(2) takes a pidfd and several namespaces."""
+    if not sys.platform.startswith("linux"):
+        return False
+    numbers = (release or platform.release()).split("-")[0].split(".")
+    try:
+        return (int(numbers[0]), int(numbers[1])) >= (5, 8)
+    except (ValueError, IndexError):
+        return False
+
+
+def usable(support: bwrap.Support, image: object, binary: object) -> bool:
+    """Whether a container with these settings gets its execd from the template."""
+    return (
+        support.bwrap is not None
+        and support.ids is not None
+        and support.ids.helpers is None
+        and support.seccomp is not None
+        and image is None
+        and binary is None
+        and hasattr(os, "pidfd_open")
+        and kernel_joins_by_pidfd()
+    )
+
+
+def capability_mask(names: Sequence[str] = bwrap.CAPABILITIES) -> int:
+    """The capability set of `names` as a bit mask (bit N: capability N)."""
+    mask = 0
+    for name in names:
+        mask |= 1 << CAP_NUMBERS[name]
+    return mask
+
+
+class Template:
+    """The template process: started on demand, shared by the containers that hold it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = None
+        self._log = -1  # the template's standard error, a memfd (read back on failure)
+
+    def hold(self) -> None:
+        """Count one more container that uses the template (it starts at the first fork)."""
+        with self._lock:
+            self._holders += 1
+
+    def release(self) -> None:
+        """Count one container fewer; the last one's release stops the template."""
+        with self._lock:
+            self._holders -= 1
+            if self._holders <= 0:
+                self._holders = 0
+                self._stop()
+
+    def fork(self, init_pid: int, fds: Sequence[int], seccomp: bytes | None) -> int:
+        """Fork an execd into the namespaces of `init_pid`; its host pid.
+
+        Args:
+            init_pid: the container's init (bwrap's child).
+            fds: init's pidfd, then execd's standard input (read end), its standard error,
+                the relay socket, the ready pipe (write end) and the exit pipe (write end).
+            seccomp: the filter program bwrap loaded (the same for every container).
+
+        Raises:
+            RuntimeError: the template refused (why), or died twice.
+        """
+        request = json.dumps({"init": init_pid}).encode()
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    if self._proc is None or self._proc.poll() is not None:
+                        self._start(seccomp)
+                    assert self._socket is not None
+                    socket.send_fds(self._socket, [request], list(fds))
+                    answer = self._socket.recv(MESSAGE_SIZE)
+                    if not answer:
+                        raise ConnectionResetError("the execd template exited")
+                except OSError as exc:
+                    said = self._log_tail()
+                    self._stop()
+                    if attempt == 2:
+                        raise RuntimeError(
+                            f"the sandbox's execd did not start: the execd template failed"
+                            f" ({exc}): {said}"
+                        ) from None
+                    continue
+                reply = json.loads(answer)
+                if "pid" not in reply:
+                    raise RuntimeError(
+                        f"the sandbox's execd did not start: the execd template refused: "
+                        f"{reply.get('error')}"
+                    )
+                return int(reply["pid"])
+        raise AssertionError("unreachable")
+
+    def _start(self, seccomp: bytes | None) -> None:
+        self._stop()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._log = os.memfd_create("execd-template.log", 0)
+        try:
+            self._proc = SPAWNER.run(
+                lambda: subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(theirs.fileno())],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=self._log,
+                    pass_fds=(theirs.fileno(),),
+                    cwd="/",
+                    env={"PATH": bwrap.SANDBOX_PATH, "HOME": bwrap.SANDBOX_HOME},
+                )
+            )
+            assert self._proc.stdin is not None
+            with self._proc.stdin:
+                self._proc.stdin.write(ZYGOTE_SCRIPT.encode() + b"\n")
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        mine.settimeout(ANSWER_TIMEOUT)
+        self._socket = mine
+        setup = {
+            "capabilities": capability_mask(),
+            "seccomp": seccomp.hex() if seccomp else None,
+            "home": bwrap.SANDBOX_HOME,
+            "package_view": bwrap.PACKAGE_VIEW,
+        }
+        mine.send(json.dumps(setup).encode())
+
+    def _log_tail(self, size: int = 2000) -> str:
+        """The end of the template's standard error (its traceback, if it failed)."""
+        if self._log < 0:
+            return ""
+        if self._proc is not None:
+            try:
+                self._proc.wait(1)  # it may be writing its traceback still
+            except subprocess.TimeoutExpired:
+                pass
+        end = os.lseek(self._log, 0, os.SEEK_END)
+        return os.pread(self._log, size, max(0, end - size)).decode(errors="replace").strip()
+
+    def _stop(self) -> None:
+        if self._socket is not None:
+            self._socket.close()  # EOF: the template exits
+            self._socket = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        if self._log >= 0:
+            os.close(self._log)
+            self._log = -1
+
+
+TEMPLATE = Template()
