@@ -73,6 +73,15 @@ def _instrument() -> dict[str, list[float]]:
     box.claim = timed("claim (env, token, serving)", box.claim)  # type: ignore[method-assign]
     identity.write_maps = timed("id mapping (uid/gid maps)", identity.write_maps)
     cgroup.Cgroup.join = timed("cgroups joined", cgroup.Cgroup.join)  # type: ignore[method-assign]
+    try:  # a tree with the execd template
+        from osb_sync.local.host import zygote
+
+        template = zygote.TEMPLATE
+        template.fork = timed(
+            "template: fork into the namespaces, until execd's pid", template.fork
+        )
+    except ImportError:
+        pass
     spawner = container.SPAWNER
     spawner.run = timed("fork + exec of bwrap (spawner)", spawner.run)  # type: ignore[method-assign]
     read_until = container.read_until
@@ -80,14 +89,19 @@ def _instrument() -> dict[str, list[float]]:
 
     def read(fd: int, end: bytes, deadline: float) -> bytes:
         started = time.perf_counter()
+        got = b""
         try:
-            return read_until(fd, end, deadline)
+            got = read_until(fd, end, deadline)
+            return got
         finally:
             if end == b"}":
                 name = "bwrap: clone into new namespaces, until the child's pid"
+            elif got == b"up\n":  # the execd template's placeholder
+                name = "after the maps: bwrap mounts + seccomp load, exec sh (template), up"
             elif getattr(in_launch, "on", False):
                 name = (
-                    "after the maps: bwrap mounts + seccomp load, exec python, execd imports, ready"
+                    "until ready: bwrap mounts + seccomp load, exec python, execd imports"
+                    " (template: the forked execd's start)"
                 )
             else:
                 name = "execd serving (wait inside claim)"

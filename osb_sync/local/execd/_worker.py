@@ -11,17 +11,21 @@ captured too. SIGINT interrupts running code with KeyboardInterrupt and is ignor
 
 from __future__ import annotations
 
-import ast
-import base64
+# What a worker imports before the first run is on every sandbox's path to ready: `_ast` (the
+# parser's nodes, without `ast`'s helpers and their imports) and no `typing`; `traceback` and
+# `base64` only when a run needs them.
+import _ast
 import builtins
 import json
 import linecache
 import os
 import signal
 import sys
-import traceback
 import types
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 _running = False
 REPLY_LIMIT = 4 << 20  # pyworker.REPLY_LIMIT: the server kills a worker whose reply is larger
@@ -59,6 +63,8 @@ def _error(exc: BaseException) -> dict[str, Any]:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
+    import traceback
+
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": text.splitlines()}
 
@@ -76,6 +82,8 @@ def _bundle(value: Any) -> dict[str, Any]:
         if isinstance(data, tuple):  # IPython's (data, metadata) form
             data = data[0]
         if isinstance(data, bytes):
+            import base64
+
             data = base64.b64encode(data).decode("ascii")
         if data is not None and _encodable(data):
             bundle[mime] = data
@@ -99,12 +107,13 @@ def execute(code: str, namespace: dict[str, Any], count: int) -> dict[str, Any]:
     reply: dict[str, Any] = {"execution_count": count, "result": None, "error": None}
     _running = True
     try:
-        tree = ast.parse(code, filename, "exec")
+        tree = compile(code, filename, "exec", _ast.PyCF_ONLY_AST)  # ast.parse
+        assert isinstance(tree, _ast.Module)
         last = None
         tail = tree.body[-1] if tree.body else None
-        if isinstance(tail, ast.Expr) and not code.rstrip().endswith(";"):
+        if isinstance(tail, _ast.Expr) and not code.rstrip().endswith(";"):
             tree.body.pop()
-            last = ast.Expression(tail.value)
+            last = _ast.Expression(tail.value)
         # Running the user's code is the whole point of this worker.
         exec(compile(tree, filename, "exec"), namespace)  # noqa: S102
         if last is not None:

@@ -298,6 +298,8 @@ def serve(control: socket.socket) -> None:
                     for fd in fds[:-1] if "pid" in answer else fds:
                         os.close(fd)
                 if "pid" in answer:
+                    # never blocking: a sandbox may fill its placeholder's pipe
+                    os.set_blocking(fds[-1], False)
                     exits[int(answer["pid"])] = fds[-1]
                 control.send(json.dumps(answer).encode())
             _reap(exits)
