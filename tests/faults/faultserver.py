@@ -276,7 +276,9 @@ class World:
         self.down_after: str | None = None
         self.smuggled = threading.Event()
         # Set by a healthy interrupt: a dripping or flooding run ends then, as execd's runs do.
-        self.interrupted = threading.Event()
+        # Per sandbox: a late interrupt of the previous cell's sandbox (its client closing
+        # under load) must not end the next cell's run.
+        self.interrupted: set[str] = set()
         self.api = FaultServer("api", self)
         self.execd = FaultServer("execd", self)
         self.other = FaultServer("other", self)
@@ -310,7 +312,7 @@ class World:
             self.pending = False
             self.down_after = None
             self.smuggled = threading.Event()
-            self.interrupted = threading.Event()
+            self.interrupted = set()
         self.api.go_up()
         self.execd.go_up()
 
@@ -360,7 +362,7 @@ class World:
             fault = self._take_fault(route)
             release = self.release
             if route == "interrupt" and fault is None:
-                self.interrupted.set()
+                self.interrupted.add(params["id"])
         if route is None:
             h.send_bytes(200 if server == "other" else 404, b"{}", JSON)
             return
@@ -371,7 +373,7 @@ class World:
         if fault is None:
             write_good(h, reply)
         else:
-            FAULTS[fault].write(h, reply, Scene(self, release))
+            FAULTS[fault].write(h, reply, Scene(self, release, params.get("id", "")))
         if server == "api" and self.down_after == route:
             self.down_after = None
             self.api.go_down()
@@ -519,6 +521,13 @@ class Scene:
 
     world: World
     release: threading.Event
+    box_id: str  # the sandbox the request names ("" for none)
+
+    @property
+    def interrupted(self) -> bool:
+        """True once a healthy interrupt named this request's sandbox."""
+        with self.world.lock:
+            return self.box_id in self.world.interrupted
 
 
 Writer = Callable[[Handler, Reply, Scene], None]
@@ -601,7 +610,7 @@ def _drip(h: Handler, r: Reply, s: Scene) -> None:
     for i in itertools.count():
         if s.release.wait(DRIP_INTERVAL):
             break
-        if s.world.interrupted.is_set():
+        if s.interrupted:
             _end_interrupted_run(h)
             return
         h.chunk(slow[i % len(slow) : i % len(slow) + 1])
@@ -710,7 +719,7 @@ def _flood(h: Handler, r: Reply, s: Scene) -> None:
     for i in itertools.count():
         if i % 16 == 0 and s.release.wait(0.002):  # at most ~0.5 GB/s, until the client quits
             break
-        if r.kind == "stream" and s.world.interrupted.is_set():
+        if r.kind == "stream" and s.interrupted:
             _end_interrupted_run(h)
             return
         h.chunk(piece)
