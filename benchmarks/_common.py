@@ -59,11 +59,15 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def local_server(python: str = sys.executable) -> Iterator[ServerProcess]:
-    """``python -m osb_sync serve --port 0`` on 127.0.0.1 until the block ends."""
+def local_server(python: str = sys.executable, tree: str | None = None) -> Iterator[ServerProcess]:
+    """``python -m osb_sync serve --port 0`` on 127.0.0.1 until the block ends (the osb_sync of
+    source tree `tree`, first on ``PYTHONPATH``, if given)."""
     cmd = [python, "-m", "osb_sync", "serve", "--host", "127.0.0.1", "--port", "0"]
     cmd.append("--allow-unenforced-network-policy")
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    env = {**os.environ, "PYTHONPATH": tree} if tree else None
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=tree
+    )
     assert proc.stderr is not None
     api_base = None
     deadline = time.monotonic() + 30

@@ -9,6 +9,9 @@ min / median / max of ``--rounds``:
   sandboxes (create + ``run_code("1")``, kept alive until the round ends, then deleted), no
   spares, over one ``osb_sync.Client`` of *this* tree; the server's CPU (its own plus its
   reaped children's) per ready sandbox, which a loaded machine disturbs less than the rate;
+  the machine's CPU per ready sandbox (``/proc/stat``, busy time over the creates: client,
+  server, sandboxes and kernel, and whatever else runs), and the CPU of the sandboxes' live
+  processes by kind (bwrap, the placeholder, execd, the code worker), read before the deletes;
 - ``--image``: the same for a cached registry image (Debian bullseye from ``tests/imagekit``,
   pushed to a loopback registry and pulled once into a store both trees' servers share);
 - warm spare: create-to-Running of a sandbox served from a ready spare (``spare_containers=1``,
@@ -127,6 +130,47 @@ def _cpu_seconds() -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine spent busy so far (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(v) for v in stat.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+KINDS = (  # (what a process is, a mark of its command line), first match wins
+    ("bwrap (outside and the namespace's init)", "bwrap"),
+    ("placeholder sh (template)", "echo up;"),
+    ("execd, forked by the template", "runpy.run_path"),
+    ("execd, a new python (main.py)", "main.py"),
+    ("code worker (_worker.py)", "_worker.py"),
+)
+
+
+def cpu_by_kind(root: int) -> dict[str, float]:
+    """CPU seconds of each kind of live process below `root` (its own, not its children's).
+
+    The template itself (a child of the server, not of a sandbox) is counted with the execds
+    it forked, and the execds' own; a process that already ended (the template's middle
+    child, a command) is in no kind but in the machine's figure.
+    """
+    from bench_sandbox_memory import children
+
+    spent: dict[str, float] = defaultdict(float)
+    for pid in children(root):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as raw:
+                line = raw.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        for kind, mark in KINDS:
+            if mark in line[:200] or (mark == "bwrap" and line.split(" ")[0].endswith(mark)):
+                spent[kind] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                break
+    return spent
+
+
 def worker(settings: dict[str, Any]) -> None:
     """Serve until stdin closes; print the api base first and the step timings last (JSON)."""
     from osb_sync.local import LocalServer
@@ -210,10 +254,12 @@ def ready_round(
                     created.append(running - started)
                     first_run.append(time.perf_counter() - running)
 
-        started = time.perf_counter()
+        started, busy = time.perf_counter(), machine_busy()
         with ThreadPoolExecutor(creators) as pool:
             list(pool.map(make, range(creators)))
         wall = time.perf_counter() - started
+        machine = machine_busy() - busy
+        kinds = cpu_by_kind(server.proc.pid)
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda s: s.delete(), sandboxes))
         measured = server.ask("report")  # after the deletes: the containers' CPU is reaped
@@ -224,6 +270,8 @@ def ready_round(
     return {
         "rate": count / wall,
         "server_cpu_ms": measured["cpu"] / count * 1000,
+        "machine_cpu_ms": machine / count * 1000,
+        "cpu_ms_by_kind": {k: v / count * 1000 for k, v in kinds.items()},
         "steps": {
             **measured["steps"],
             "client: create until Running": [len(created), sum(created)],
@@ -365,6 +413,11 @@ def main() -> None:
             results[kind][name] = {
                 "ready_per_second": spread([g["rate"] for g in got]),
                 "server_cpu_ms_per_ready": spread([g["server_cpu_ms"] for g in got]),
+                "machine_cpu_ms_per_ready": spread([g["machine_cpu_ms"] for g in got]),
+                "cpu_ms_per_ready_by_kind_median": {
+                    kind: round(statistics.median(g["cpu_ms_by_kind"].get(kind, 0) for g in got), 1)
+                    for kind, _ in KINDS
+                },
                 "step_mean_ms_median_of_rounds": {
                     k: round(statistics.median(v), 2) for k, v in sorted(steps.items())
                 },
@@ -378,7 +431,15 @@ def main() -> None:
                 a["server_cpu_ms"] / b["server_cpu_ms"]
                 for a, b in zip(per_tree["this"], per_tree["baseline"], strict=True)
             ]
-            results[kind]["ratio_this_over_baseline"] = {"rate": spread(rate), "cpu": spread(cpu)}
+            machine = [
+                a["machine_cpu_ms"] / b["machine_cpu_ms"]
+                for a, b in zip(per_tree["this"], per_tree["baseline"], strict=True)
+            ]
+            results[kind]["ratio_this_over_baseline"] = {
+                "rate": spread(rate),
+                "cpu": spread(cpu),
+                "machine_cpu": spread(machine),
+            }
     results["warm_spare"] = {
         name: {
             "create_p50_ms": spread([g["create_p50_ms"] for g in got]),

@@ -11,15 +11,19 @@ to settle, then creates ``--count`` sandboxes (default image, idle) and measures
 - the same after one ``run_code("1")`` in each (its Python worker started).
 
 The goal (issue 29 goal 2) is at most 6.8 MiB per idle sandbox, the two figures summed.
+With ``--baseline DIR`` (a worktree of another commit) each of ``--rounds`` rounds measures
+this tree's server and that tree's (the order alternating), min / median / max.
 
-    python benchmarks/bench_sandbox_memory.py [--count 20] [--json out.json]
+    python benchmarks/bench_sandbox_memory.py [--count 20] [--baseline DIR --rounds 5] [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from _common import local_server, report
@@ -125,19 +129,15 @@ def per_sandbox(before: dict[str, Any], after: dict[str, Any], count: int) -> di
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=20)
-    parser.add_argument("--json", help="also write the results here")
-    args = parser.parse_args()
-    load = os.getloadavg()[0]
-    with local_server() as server:
+def measure(count: int, tree: str | None = None) -> dict[str, Any]:
+    """One server (of `tree`, else the installed osb_sync): `count` idle sandboxes, then a run."""
+    with local_server(tree=tree) as server:
         client = osb_sync.Client(api_base=server.api_base, create_timeout=300)
         warm = client.create_sandbox()  # the server's first create warms its code paths
         warm.run_code("1")
         warm.delete()
         before = settle(server.pid)
-        sandboxes = [client.create_sandbox() for _ in range(args.count)]
+        sandboxes = [client.create_sandbox() for _ in range(count)]
         idle = settle(server.pid)
         for sandbox in sandboxes:
             got = sandbox.run_code("1")
@@ -146,20 +146,55 @@ def main() -> None:
         for sandbox in sandboxes:
             sandbox.delete()
         client.close()
-    report(
-        "sandbox_memory",
-        {
-            "count": args.count,
-            "load_average_1min": round(load, 2),
-            "before": before,
-            "idle": idle,
-            "after_one_run": ran,
-            "per_idle_sandbox": per_sandbox(before, idle, args.count),
-            "per_sandbox_after_one_run": per_sandbox(before, ran, args.count),
-            "goal_mib": 6.8,
-        },
-        args.json,
-    )
+    return {
+        "before": before,
+        "idle": idle,
+        "after_one_run": ran,
+        "per_idle_sandbox": per_sandbox(before, idle, count),
+        "per_sandbox_after_one_run": per_sandbox(before, ran, count),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=20)
+    parser.add_argument("--baseline", help="a worktree of the commit to compare")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    load = [os.getloadavg()[0]]
+    if not args.baseline:
+        got = measure(args.count)
+        got.update(count=args.count, load_average_1min=round(load[0], 2), goal_mib=6.8)
+        report("sandbox_memory", got, args.json)
+        return
+    trees = {"this": str(Path(__file__).resolve().parents[1]), "baseline": args.baseline}
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    for index in range(args.rounds):
+        for name in list(trees) if index % 2 == 0 else list(reversed(trees)):
+            rounds[name].append(measure(args.count, trees[name]))
+            total = rounds[name][-1]["per_idle_sandbox"]["total_mib"]
+            print(f"round {index} {name}: {total} MiB per idle sandbox", flush=True)
+        load.append(os.getloadavg()[0])
+    results: dict[str, Any] = {"count": args.count, "load_average_1min": load, "goal_mib": 6.8}
+    for name, got in rounds.items():
+        results[name] = {
+            key: {
+                figure: spread([one[key][figure] for one in got])
+                for figure in ("server_rss_growth_mib", "sandbox_pss_mib", "total_mib")
+            }
+            for key in ("per_idle_sandbox", "per_sandbox_after_one_run")
+        }
+        results[name]["pss_mib_by_name_last_round"] = got[-1]["per_idle_sandbox"]["pss_mib_by_name"]
+    report("sandbox_memory", results, args.json)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {
+        "min": round(min(values), 2),
+        "median": round(statistics.median(values), 2),
+        "max": round(max(values), 2),
+    }
 
 
 if __name__ == "__main__":
