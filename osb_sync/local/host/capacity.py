@@ -2,12 +2,13 @@
 
 Each live sandbox keeps about `FDS_PER_SANDBOX` of the server's descriptors open (its relay
 socket, its run directory, its init's pidfd, its main process's stdin, execd's own where the
-execd template forked it, slirp4netns's exit pipe), and a create in progress holds a few more for a moment (pipes, its log, the spawn's
-error pipe). A create that would push the open descriptors past the RLIMIT_NOFILE soft limit,
-less `FD_RESERVE` for connections and proxied streams, is refused with 503 naming the limit
-before anything starts, so nothing half-made is left and the sandboxes already running keep
-working. So is a create while less than `MEMORY_RESERVE` of memory is available: with 1,000
-idle sandboxes memory, not descriptors, should be what runs out.
+execd template forked it, slirp4netns's exit pipe), and a create in progress holds a few more
+for a moment (pipes, its log, the spawn's error pipe). A create that would push the open
+descriptors past the RLIMIT_NOFILE soft limit, less `FD_RESERVE` for connections and proxied
+streams, is refused with 503 naming the limit before anything starts, so nothing half-made is
+left and the sandboxes already running keep working. So is a create while less than
+`MEMORY_RESERVE` of memory is available: with 1,000 idle sandboxes memory, not descriptors,
+should be what runs out.
 
 At start the server raises its own soft descriptor limit to the hard limit
 (`raise_descriptor_limit`): a default soft limit of 1024 would hold some 150 sandboxes.
