@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import requests
@@ -182,7 +181,7 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def test_the_kernel_release_decides_whether_setns_takes_a_pidfd(monkeypatch: Any) -> None:
+def test_the_kernel_release_decides_whether_setns_takes_a_pidfd() -> None:
     assert zygote.kernel_joins_by_pidfd("5.8.0")
     assert zygote.kernel_joins_by_pidfd("6.18.44-fc-v1147")
     assert not zygote.kernel_joins_by_pidfd("5.7.19")
