@@ -233,6 +233,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    """Min, median and max of `values`, rounded to 2 places."""
+    return {
+        "min": round(min(values), 2),
+        "median": round(statistics.median(values), 2),
+        "max": round(max(values), 2),
+    }
+
+
 def report(title: str, data: dict[str, Any], json_path: str | None) -> None:
     """Print results as indented JSON, and write them to ``json_path`` when given."""
     text = json.dumps({"benchmark": title, **data}, indent=2, default=str)

@@ -43,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from _common import spread
+
 HERE = Path(__file__).resolve().parent
 TREE = HERE.parent
 
@@ -325,14 +327,6 @@ def micro(runs: int) -> dict[str, float]:
             figures[key].append((time.perf_counter() - started) * 1000)
             os.close(fd)
     return {k: statistics.median(v) for k, v in figures.items()}
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {
-        "min": round(min(values), 2),
-        "median": round(statistics.median(values), 2),
-        "max": round(max(values), 2),
-    }
 
 
 def cached_image(work: Path) -> tuple[Any, str, Path]:

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import local_server, report
+from _common import local_server, report, spread
 
 import osb_sync
 
@@ -187,14 +186,6 @@ def main() -> None:
         }
         results[name]["pss_mib_by_name_last_round"] = got[-1]["per_idle_sandbox"]["pss_mib_by_name"]
     report("sandbox_memory", results, args.json)
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {
-        "min": round(min(values), 2),
-        "median": round(statistics.median(values), 2),
-        "max": round(max(values), 2),
-    }
 
 
 if __name__ == "__main__":
