@@ -559,14 +559,7 @@ class SandboxContainer:
         with self._lock:  # close() marks it closed under the lock before the descriptor goes
             if self._closed or self._log_fd < 0:
                 return ""
-            try:
-                start = max(0, os.fstat(self._log_fd).st_size - limit)
-                raw = os.pread(self._log_fd, limit, start)
-            except OSError:
-                start, raw = 0, b""
-        if start and b"\n" in raw:
-            raw = raw[raw.index(b"\n") + 1 :]
-        return raw.decode(errors="replace")
+            return spawn.log_tail(self._log_fd, limit)
 
     def status_note(self, internet: bool) -> str:
         """What this sandbox's isolation and network are, for its status message."""

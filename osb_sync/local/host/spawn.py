@@ -73,6 +73,18 @@ def read_until(fd: int, end: bytes, deadline: float) -> bytes:
     return data
 
 
+def log_tail(fd: int, limit: int) -> str:
+    """A log's text (a file or memfd `fd`) from the first whole line of its last `limit` bytes."""
+    try:
+        start = max(0, os.fstat(fd).st_size - limit)
+        raw = os.pread(fd, limit, start)
+    except OSError:
+        start, raw = 0, b""
+    if start and b"\n" in raw:
+        raw = raw[raw.index(b"\n") + 1 :]
+    return raw.decode(errors="replace")
+
+
 def pids_in_namespace(init_pid: int) -> list[int]:
     """Every process in the PID namespace whose init is `init_pid` (init first)."""
     try:

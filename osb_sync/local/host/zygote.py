@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import bwrap
-from .spawn import SPAWNER
+from .spawn import SPAWNER, log_tail
 
 # Run by path, never imported here: execd/ is the sandbox side of the security line.
 ZYGOTE_SCRIPT = str(Path(__file__).parents[1] / "execd" / "zygote.py")
@@ -198,8 +198,7 @@ class Template:
                 self._proc.wait(1)  # it may be writing its traceback still
             except subprocess.TimeoutExpired:
                 pass
-        end = os.lseek(self._log, 0, os.SEEK_END)
-        return os.pread(self._log, size, max(0, end - size)).decode(errors="replace").strip()
+        return log_tail(self._log, size).strip()
 
     def _stop(self) -> None:
         if self._socket is not None:
