@@ -8,11 +8,10 @@ every sandbox, as root, in `/`, with the environment a sandbox's execd has (bwra
 `--clearenv --setenv`: what `/proc/<pid>/environ` shows of its execd is this process's). On
 CONTROL_FD, a SOCK_SEQPACKET socket to the server, the first message is the set-up,
 `{"capabilities": MASK, "seccomp": HEX | null, "home": PATH, "package_view": PATH}`; every
-later one a request,
-answered in order: `{"init": PID}` with six descriptors (init's pidfd, then execd's standard
-input, its standard error, the relay socket, the ready pipe and the exit pipe, all write or
-read ends as `main.py` and the placeholder use them), answered `{"pid": N}` (the execd's host
-pid) or `{"error": "..."}`. EOF on it ends the template.
+later one a request, answered in order: `{"init": PID}` with six descriptors (init's pidfd,
+then execd's standard input, its standard error, the relay socket, the ready pipe and the exit
+pipe, all write or read ends as `main.py` and the placeholder use them), answered `{"pid": N}`
+(the execd's host pid) or `{"error": "..."}`. EOF on it ends the template.
 
 For a request the template forks a child that keeps only that request's descriptors, joins
 every namespace of init (bwrap's child) at once through its pidfd (setns(2), Linux 5.8),
@@ -54,7 +53,6 @@ else:  # run by path with -I: this directory is not on sys.path
     del sys.path[0]
 
 PR_SET_PDEATHSIG = 1
-PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP = 22
 PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
@@ -215,7 +213,7 @@ def _middle(setup: dict[str, Any], init: int, fds: list[int], report: int) -> No
     """The child between the template and the execd: enter init's namespaces, fork, report."""
     try:
         signal.set_wakeup_fd(-1)  # its descriptor is closed next, its number reused later
-        prctl(PR_SET_DUMPABLE, 0)
+        main.hide_memory()  # and the execd's, from its first moment in the namespaces
         _close_all_but({*fds, report})
         enter_namespaces(fds[0], init)
         pid = os.fork()
