@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, require_isolation, texts, wait_for
+from conftest import CREATE_BODY, Box, alive, require_isolation, texts, wait_for
 
 from osb_sync.local import LocalServer
 from osb_sync.local.host import bwrap, zygote
@@ -34,13 +34,18 @@ CONFINEMENT = (
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
 
+def require_template() -> None:
+    """Skip where default sandboxes do not get their execd from the template (not root, an
+    old kernel); fail where they cannot be isolated under OSB_REQUIRE_ISOLATION=1."""
+    require_isolation()
+    if not zygote.usable(bwrap.probe(), None, None):
+        pytest.skip("the execd template needs a root server on Linux 5.8 or later")
+
+
 @pytest.fixture
 def server() -> Iterator[LocalServer]:
     """An isolating root server, whose default sandboxes get their execd from the template."""
-    require_isolation()
-    support = bwrap.probe()
-    if not zygote.usable(support, None, None):
-        pytest.skip("the execd template needs a root server on Linux 5.8 or later")
+    require_template()
     with LocalServer(command_grace=0, spare_containers=0, isolation=True) as srv:
         yield srv
 
@@ -152,7 +157,7 @@ def test_a_killed_template_is_started_again_and_its_sandboxes_keep_running(
     first = Box(server, http, CREATE_BODY)
     old = processes(server, first)["template"]
     os.kill(old, signal.SIGKILL)
-    assert wait_for(lambda: not os.path.exists(f"/proc/{old}") or _zombie(old), timeout=10)
+    assert wait_for(lambda: not alive(old), timeout=10)
     assert texts(first.command("echo still")) == ["still"]
     second = Box(server, http, CREATE_BODY)
     assert processes(server, second)["template"] != old
@@ -160,9 +165,7 @@ def test_a_killed_template_is_started_again_and_its_sandboxes_keep_running(
 
 
 def test_the_template_ends_with_the_server_s_last_container(http: requests.Session) -> None:
-    require_isolation()
-    if not zygote.usable(bwrap.probe(), None, None):
-        pytest.skip("the execd template needs a root server on Linux 5.8 or later")
+    require_template()
     with LocalServer(command_grace=0, spare_containers=0, isolation=True) as srv:
         box = Box(srv, http, CREATE_BODY)
         template = processes(srv, box)["template"]
@@ -171,14 +174,6 @@ def test_the_template_ends_with_the_server_s_last_container(http: requests.Sessi
         # ... and a new create starts it again
         again = Box(srv, http, CREATE_BODY)
         assert texts(again.command("echo again")) == ["again"]
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_the_kernel_release_decides_whether_setns_takes_a_pidfd() -> None:
