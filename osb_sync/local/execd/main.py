@@ -118,6 +118,11 @@ def accept_forever(server: socket.socket, ports: dict[int, int] | None) -> None:
             threading.Thread(target=relay, args=(conn, ports), daemon=True).start()
 
 
+def container_status(returncode: int) -> int:
+    """A process's exit as a container reports it: its code, or 128+N for signal N (-N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def hide_memory() -> None:
     """Keep sandbox code (same uid, no CAP_SYS_PTRACE) out of this process's /proc memory."""
     try:
@@ -179,9 +184,7 @@ class Entrypoint:
                     break  # EOF: the server deletes the sandbox, or went away
         os.close(ended_r)
         code = proc.poll()
-        if code is None:
-            return None
-        return 128 - code if code < 0 else code
+        return None if code is None else container_status(code)
 
     def stop(self) -> None:
         """Kill its process group (whatever it started too)."""

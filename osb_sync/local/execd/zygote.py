@@ -259,9 +259,9 @@ def _reap(exits: dict[int, int]) -> None:
             return
         exit_fd = exits.pop(pid, -1)
         if exit_fd >= 0:
-            code = os.waitstatus_to_exitcode(status)
+            code = main.container_status(os.waitstatus_to_exitcode(status))
             try:
-                os.write(exit_fd, f"{128 - code if code < 0 else code}\n".encode())
+                os.write(exit_fd, f"{code}\n".encode())
             except OSError:
                 pass  # the container is gone already
             os.close(exit_fd)
