@@ -4,14 +4,18 @@ Three stdlib HTTP/1.1 keep-alive servers share one :class:`World`:
 
 - ``api``: the lifecycle API under ``/v1`` (routes ``create``, ``get``, ``list``, ``endpoint``,
   ``delete``);
-- ``execd``: the execd of every sandbox under ``/<sandbox id>`` (routes ``ping``, ``code``,
-  ``command``, ``download``, ``interrupt``), which is where the endpoint route points;
+- ``execd``: the execd of every sandbox under ``/<sandbox id>``, which is where the endpoint
+  route points: every execd route the client calls (``EXECD_ROUTES``), over a small file tree
+  (``World.files``: ``/dir/a.txt``, ``/dir/sub/b.txt``);
 - ``other``: another origin, the target of refused redirects; nothing should ever reach it.
 
 Healthy answers follow the wire protocol (bare JSON event frames, ``init`` first, ``{code,
-message}`` errors). ``World.inject(route, fault)`` makes a route misbehave instead; ``FAULTS``
-names every misbehaviour. "Connection refused" is not an answer: a server ``go_down()`` (stops
-listening and drops its connections) and ``go_up()`` on the same port again.
+message}`` errors). ``World.inject(route, fault)`` makes a route misbehave instead: ``FAULTS``
+names every misbehaviour of the wire (any route), ``LIES`` every well-framed lie a hostile
+execd tells on the routes it names (traversal names, absolute paths, absurd sizes, wrong JSON
+types, ids that would climb out of their URL). "Connection refused" is not an answer: a server
+``go_down()`` (stops listening and drops its connections) and ``go_up()`` on the same port
+again.
 """
 
 from __future__ import annotations
@@ -56,13 +60,50 @@ API_ROUTES = (
     ("DELETE", re.compile(r"^/v1/sandboxes/(?P<id>[^/]+)$"), "delete"),
     ("GET", re.compile(r"^/v1/sandboxes/(?P<id>[^/]+)/endpoints/(?P<port>\d+)$"), "endpoint"),
 )
-EXECD_ROUTES = (
-    ("GET", re.compile(r"^/(?P<id>[^/]+)/ping$"), "ping"),
-    ("POST", re.compile(r"^/(?P<id>[^/]+)/code$"), "code"),
-    ("POST", re.compile(r"^/(?P<id>[^/]+)/command$"), "command"),
-    ("DELETE", re.compile(r"^/(?P<id>[^/]+)/(code|command)$"), "interrupt"),
-    ("GET", re.compile(r"^/(?P<id>[^/]+)/files/download$"), "download"),
+# (method, path after ``/<sandbox id>``, route): every execd route the client calls.
+EXECD_ROUTES = tuple(
+    (method, re.compile(rf"^/(?P<id>[^/]+){tail}$"), route)
+    for method, tail, route in (
+        ("GET", "/ping", "ping"),
+        ("POST", "/code", "code"),
+        ("DELETE", "/(code|command)", "interrupt"),
+        ("POST", "/code/context", "context_create"),
+        ("GET", "/code/contexts", "contexts_list"),
+        ("DELETE", "/code/contexts", "contexts_delete"),
+        ("GET", "/code/contexts/(?P<item>[^/]+)", "context_get"),
+        ("DELETE", "/code/contexts/(?P<item>[^/]+)", "context_delete"),
+        ("POST", "/command", "command"),
+        ("GET", "/command/status/(?P<item>[^/]+)", "command_status"),
+        ("GET", "/command/(?P<item>[^/]+)/logs", "command_logs"),
+        ("POST", "/session", "session_create"),
+        ("POST", "/session/(?P<item>[^/]+)/run", "session_run"),
+        ("DELETE", "/session/(?P<item>[^/]+)", "session_delete"),
+        ("GET", "/files/info", "info"),
+        ("GET", "/files/download", "download"),
+        ("POST", "/files/upload", "upload"),
+        ("GET", "/files/search", "search"),
+        ("DELETE", "/files", "remove"),
+        ("POST", "/files/mv", "move"),
+        ("POST", "/files/permissions", "chmod"),
+        ("POST", "/files/replace", "replace"),
+        ("GET", "/directories/list", "list"),
+        ("POST", "/directories", "mkdir"),
+        ("DELETE", "/directories", "rmtree"),
+        ("GET", "/metrics", "metrics"),
+    )
 )
+# The healthy sandbox's files: bytes, or a size whose bytes are generated as they are sent
+# (``PATTERN`` over and over: a large file costs the server no memory).
+TREE: dict[str, bytes | int] = {"/dir/a.txt": b"alpha\n", "/dir/sub/b.txt": b"beta\n"}
+PATTERN = bytes(range(256)) * 256
+LOGS_CURSOR_HEADER = "EXECD-COMMANDS-TAIL-CURSOR"
+METRICS = {
+    "cpu_count": 2,
+    "cpu_used_pct": 12.5,
+    "mem_total_mib": 2048.0,
+    "mem_used_mib": 100.5,
+    "timestamp": 1718000000000,
+}
 
 
 def frame(**fields: Any) -> bytes:
@@ -250,6 +291,9 @@ class Reply:
     events: list[bytes] = field(default_factory=list)  # stream frames
     content_type: str = JSON
     box_id: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    length: int | None = None  # ``bytes``: this many bytes of PATTERN instead of ``body``
+    asked: dict[str, list[str]] = field(default_factory=dict)  # the request's query
 
     def payload(self) -> bytes:
         return b"".join(self.events) if self.kind == "stream" else self.body
@@ -279,6 +323,7 @@ class World:
         # Per sandbox: a late interrupt of the previous cell's sandbox (its client closing
         # under load) must not end the next cell's run.
         self.interrupted: set[str] = set()
+        self.files: dict[str, bytes | int] = dict(TREE)
         self.api = FaultServer("api", self)
         self.execd = FaultServer("execd", self)
         self.other = FaultServer("other", self)
@@ -313,13 +358,15 @@ class World:
             self.down_after = None
             self.smuggled = threading.Event()
             self.interrupted = set()
+            self.files = dict(TREE)
         self.api.go_up()
         self.execd.go_up()
 
     def inject(self, route: str, fault: str, times: int | None = None) -> None:
-        """Answer ``route`` with ``fault`` (``times`` requests, or until cleared)."""
-        if fault not in FAULTS:
-            raise KeyError(fault)
+        """Answer ``route`` with ``fault`` (``times`` requests, or until cleared): one of
+        ``FAULTS``, or one of ``LIES`` that names ``route``."""
+        if fault not in FAULTS and route not in LIES[fault].routes:
+            raise KeyError(f"{fault} tells no lie on {route}")
         with self.lock:
             self.faults[route] = Injected(fault, times)
 
@@ -366,11 +413,16 @@ class World:
         if route is None:
             h.send_bytes(200 if server == "other" else 404, b"{}", JSON)
             return
-        processed = fault is None or FAULTS[fault].processed
-        if route == "delete" and fault is not None and FAULTS[fault].status_fault:
-            processed = False  # an error status means the delete did not happen
-        reply = self._answer(route, params, parts.query, body, processed, fault)
-        if fault is None:
+        if server == "execd":
+            reply = self._execd_answer(route, params, parse_qs(parts.query), body, h.headers)
+            if fault in LIES:
+                reply = LIES[fault].tell(reply)
+        else:
+            processed = fault is None or FAULTS[fault].processed
+            if route == "delete" and fault is not None and FAULTS[fault].status_fault:
+                processed = False  # an error status means the delete did not happen
+            reply = self._answer(route, params, parts.query, body, processed, fault)
+        if fault is None or fault in LIES:
             write_good(h, reply)
         else:
             FAULTS[fault].write(h, reply, Scene(self, release, params.get("id", "")))
@@ -411,19 +463,69 @@ class World:
                 self.forget(box_id)
             data = json.dumps({"id": box_id, "deleted": True}).encode()
             return Reply(route, "empty", 204, data, box_id=box_id)
-        if route == "endpoint":
-            endpoint = {"endpoint": f"127.0.0.1:{self.execd.server_address[1]}/{box_id}"}
-            data = json.dumps({**endpoint, "headers": {TOKEN_HEADER: TOKEN}}).encode()
-            return Reply(route, "json", 200, data, box_id=box_id)
+        assert route == "endpoint", route
+        endpoint = {"endpoint": f"127.0.0.1:{self.execd.server_address[1]}/{box_id}"}
+        data = json.dumps({**endpoint, "headers": {TOKEN_HEADER: TOKEN}}).encode()
+        return Reply(route, "json", 200, data, box_id=box_id)
+
+    def _execd_answer(
+        self,
+        route: str,
+        params: dict[str, str],
+        asked: dict[str, list[str]],
+        body: bytes,
+        headers: Any,
+    ) -> Reply:
+        """A healthy execd's answer on ``route``, over the sandbox's files ``self.files``."""
+        box_id, item = params.get("id", ""), params.get("item", "")
+
+        def answer(data: Any, kind: str = "json") -> Reply:
+            return Reply(route, kind, 200, json.dumps(data).encode(), box_id=box_id, asked=asked)
+
+        path = (asked.get("path") or [""])[0]
+        with self.lock:
+            files = dict(self.files)
         if route == "code":
             return Reply(route, "stream", events=code_events(), content_type=EVENTS, box_id=box_id)
-        if route == "command":
-            return Reply(
-                route, "stream", events=command_events(), content_type=EVENTS, box_id=box_id
-            )
+        if route in ("command", "session_run"):
+            events = command_events() if route == "command" else command_events(f"{item}")
+            return Reply(route, "stream", events=events, content_type=EVENTS, box_id=box_id)
         if route == "download":
-            return Reply(route, "bytes", 200, FILE_BYTES, content_type=OCTETS, box_id=box_id)
-        return Reply(route, "empty", 200, b"", box_id=box_id)  # ping, interrupt
+            return _download(files.get(path, FILE_BYTES), headers.get("Range"), box_id, asked)
+        if route == "info":
+            found = {p: _info(p, files) for p in asked.get("path", [])}
+            if not all(found.values()):
+                missing = {"code": "FILE_NOT_FOUND", "message": "file not found"}
+                return Reply(route, "json", 404, json.dumps(missing).encode(), box_id=box_id)
+            return answer(found)
+        if route in ("search", "list"):
+            under = [p for p in _entries(files) if p.startswith(path.rstrip("/") + "/")]
+            if route == "search":
+                under = [p for p in under if p in files]
+            else:
+                under = [p for p in under if "/" not in p[len(path.rstrip("/")) + 1 :]]
+            return answer([_info(p, files) for p in under])
+        if route == "replace":
+            return answer({p: {"replacedCount": 1} for p in json.loads(body or b"{}")})
+        if route == "metrics":
+            return answer(METRICS)
+        if route in ("context_create", "context_get"):
+            return answer({"id": item or "ctx-1", "language": "python"})
+        if route == "contexts_list":
+            return answer([{"id": "ctx-1", "language": "python"}])
+        if route == "command_status":
+            return answer({"id": item, "running": False, "exit_code": 0, "content": "echo ok"})
+        if route == "command_logs":
+            cursor = int((asked.get("cursor") or ["0"])[0])
+            text = b"ok\n"[cursor:]
+            cursor_header = {LOGS_CURSOR_HEADER: str(cursor + len(text))}
+            return Reply(
+                route, "bytes", body=text, content_type="text/plain", headers=cursor_header
+            )
+        if route == "session_create":
+            return answer({"session_id": "sess-1"})
+        # ping, interrupt, upload, remove, move, chmod, mkdir, rmtree and the deletes: no body
+        return Reply(route, "empty", 200, b"", box_id=box_id)
 
     def _exists(self, box_id: str) -> bool:
         with self.lock:
@@ -492,13 +594,60 @@ def code_events() -> list[bytes]:
     ]
 
 
-def command_events() -> list[bytes]:
+def command_events(run_id: str = "cmd-1") -> list[bytes]:
     """A healthy ``/command`` run of ``echo ok`` (one line per event, no terminator)."""
     return [
-        frame(type="init", text="cmd-1"),
+        frame(type="init", text=run_id),
         frame(type="stdout", text="ok"),
         frame(type="execution_complete", execution_time=2),
     ]
+
+
+def _entries(files: dict[str, bytes | int]) -> list[str]:
+    """Every file of ``files`` and every directory above one, sorted."""
+    found = set(files)
+    for path in files:
+        parts = path.split("/")
+        found.update("/".join(parts[:i]) for i in range(2, len(parts)))
+    return sorted(found)
+
+
+def _info(path: str, files: dict[str, bytes | int]) -> dict[str, Any] | None:
+    """execd's FileInfo of ``path`` in ``files`` (None when there is no such entry)."""
+    path = path.rstrip("/") or "/"
+    if path in files:
+        content = files[path]
+        kind, size, mode = "file", content if isinstance(content, int) else len(content), 644
+    elif path in _entries(files):
+        kind, size, mode = "directory", 4096, 755
+    else:
+        return None
+    when = "2024-06-10T06:13:20Z"
+    return {
+        "path": path,
+        "type": kind,
+        "size": size,
+        "modified_at": when,
+        "created_at": when,
+        "owner": "root",
+        "group": "root",
+        "mode": mode,
+    }
+
+
+def _download(
+    content: bytes | int, range_header: str | None, box_id: str, asked: dict[str, list[str]]
+) -> Reply:
+    """A file, whole or from the first byte of ``Range: bytes=N-`` (206, as real execd)."""
+    size = content if isinstance(content, int) else len(content)
+    start = int(range_header[6:-1]) if range_header and isinstance(content, bytes) else 0
+    reply = Reply("download", "bytes", content_type=OCTETS, box_id=box_id, asked=asked)
+    if isinstance(content, int):
+        return replace(reply, length=content)
+    if start:
+        headers = {"Content-Range": f"bytes {start}-{size - 1}/{size}"}
+        return replace(reply, status=206, body=content[start:], headers=headers)
+    return replace(reply, body=content)
 
 
 def write_good(h: Handler, reply: Reply) -> None:
@@ -509,7 +658,16 @@ def write_good(h: Handler, reply: Reply) -> None:
             h.chunk(event)
         h.write(b"0\r\n\r\n")
         return
-    h.send_bytes(reply.status, reply.body, reply.content_type)
+    if reply.length is not None:
+        h.head(
+            reply.status, {"Content-Type": reply.content_type, "Content-Length": str(reply.length)}
+        )
+        left = reply.length
+        while left > 0:
+            h.write(PATTERN[: min(left, len(PATTERN))])
+            left -= len(PATTERN)
+        return
+    h.send_bytes(reply.status, reply.body, reply.content_type, **reply.headers)
 
 
 # -- faults -----------------------------------------------------------------------------------
@@ -936,3 +1094,143 @@ def _stream_shape(fault: str, events: list[bytes]) -> list[bytes]:
         late = [frame(type="stdout", text="late\n"), frame(type="result", results={"text": "3"})]
         return [*events, *late]
     raise KeyError(fault)
+
+
+# -- lies: what an execd replaced by code in its sandbox says, framed correctly -------------------
+
+
+@dataclass(frozen=True)
+class Lie:
+    """A well-framed answer that lies, on the routes it names (``World.inject(route, name)``)."""
+
+    name: str
+    description: str
+    routes: tuple[str, ...]
+    tell: Callable[[Reply], Reply]  # the healthy reply -> the lie
+
+
+def _json_lie(change: Callable[[Any, str], Any]) -> Callable[[Reply], Reply]:
+    """A lie told by changing the healthy answer's JSON (``change(data, route)``)."""
+
+    def tell(r: Reply) -> Reply:
+        return replace(r, body=json.dumps(change(json.loads(r.body), r.route)).encode())
+
+    return tell
+
+
+def _first_entry(field_name: str, value: Any) -> Callable[[Reply], Reply]:
+    """The first FileInfo of a search, listing or info answer with ``field_name`` = ``value``."""
+
+    def change(data: Any, route: str) -> Any:
+        first = data[0] if isinstance(data, list) else next(iter(data.values()))
+        first[field_name] = value
+        return data
+
+    return _json_lie(change)
+
+
+# The token rides in the names: an error that names the entry must not show it.
+CLIMBING = f"/dir/../../../tmp/{TOKEN}"
+ROOTED = f"/dir//etc/{TOKEN}"
+HOSTILE_ID = f"../../../v1/sandboxes/sbx-1?{TOKEN}"
+WRONG_TYPES: dict[str, Any] = {
+    "info": {"/dir": ["not", "an", "object"]},
+    "search": [{"path": 5, "type": "file", "size": "12"}],
+    "list": {"path": "/dir/a.txt"},
+    "replace": {"/dir/a.txt": {"replacedCount": "3"}},
+    "metrics": {"cpu_count": "2", "cpu_used_pct": [1], "mem_used_mib": True},
+    "context_create": {"id": 7, "language": ["python"]},
+    "context_get": {"id": None},
+    "contexts_list": {"id": "ctx-1", "language": "python"},
+    "command_status": {"id": "cmd-1", "running": "false", "exit_code": "0"},
+    "session_create": {"session_id": ["sess-1"]},
+}
+ABSURD_NUMBERS: dict[str, Any] = {
+    "metrics": {**METRICS, "cpu_count": -2, "mem_used_mib": float("nan")},
+    "replace": {"/dir/a.txt": {"replacedCount": -3}},
+}
+
+
+def _wrong_types(r: Reply) -> Reply:
+    if r.kind == "stream":
+        return replace(r, events=_stream_shape("wrong_types", r.events))
+    if r.route == "command_logs":
+        return replace(r, headers={LOGS_CURSOR_HEADER: "soon"})
+    return replace(r, body=json.dumps(WRONG_TYPES[r.route]).encode())
+
+
+def _absurd_numbers(r: Reply) -> Reply:
+    if r.route == "command_logs":
+        return replace(r, headers={LOGS_CURSOR_HEADER: "-5"})
+    return replace(r, body=json.dumps(ABSURD_NUMBERS[r.route]).encode())
+
+
+def _hostile_id(r: Reply) -> Reply:
+    if r.kind == "stream":
+        return replace(r, events=[frame(type="init", text=HOSTILE_ID), *r.events[1:]])
+    key = "session_id" if r.route == "session_create" else "id"
+
+    def change(data: Any, route: str) -> Any:
+        (data[0] if isinstance(data, list) else data)[key] = HOSTILE_ID
+        return data
+
+    return _json_lie(change)(r)
+
+
+FILE_ROUTES = ("info", "search", "list")
+LIES: dict[str, Lie] = {
+    lie.name: lie
+    for lie in (
+        Lie(
+            "traversal_name",
+            f"an entry named {CLIMBING!r}: `..` climbs out of the directory asked",
+            FILE_ROUTES,
+            _first_entry("path", CLIMBING),
+        ),
+        Lie(
+            "absolute_remainder",
+            f"an entry named {ROOTED!r}: what follows the directory is an absolute path",
+            FILE_ROUTES,
+            _first_entry("path", ROOTED),
+        ),
+        Lie(
+            "outside_root",
+            "a search or listing of /dir that names /etc/passwd",
+            ("search", "list"),
+            _first_entry("path", "/etc/passwd"),
+        ),
+        Lie("negative_size", "a file of -1 bytes", FILE_ROUTES, _first_entry("size", -1)),
+        Lie(
+            "understated_size",
+            "a file listed as 1 byte long, whose download sends all its bytes",
+            FILE_ROUTES,
+            _first_entry("size", 1),
+        ),
+        Lie("huge_size", "a file of 2**70 bytes", FILE_ROUTES, _first_entry("size", 2**70)),
+        Lie(
+            "wrong_types",
+            "JSON values of the wrong type (a string for a number, an object for a list, "
+            "a number for an id; events with odd fields; a cursor that is no number)",
+            (*WRONG_TYPES, "code", "command", "session_run", "command_logs"),
+            _wrong_types,
+        ),
+        Lie(
+            "absurd_numbers",
+            "negative and NaN metrics, a negative replace count, a negative logs cursor",
+            (*ABSURD_NUMBERS, "command_logs"),
+            _absurd_numbers,
+        ),
+        Lie(
+            "hostile_id",
+            f"an id the client would put in a later URL: {HOSTILE_ID!r}",
+            ("context_create", "contexts_list", "context_get", "session_create", "command"),
+            _hostile_id,
+        ),
+        Lie(
+            "range_ignored",
+            "200 and the whole file to a `Range: bytes=N-` request (206 expected)",
+            ("download",),
+            lambda r: replace(r, status=200, headers={}),
+        ),
+    )
+}
