@@ -274,8 +274,11 @@ def not_supported(
     )
 
 
-def invalid_response(response: requests.Response, what: str) -> ApiError:
-    """The ApiError for a success status whose body is unusable (``what`` says how)."""
+def invalid_response(
+    response: requests.Response, what: str, secrets: Iterable[str] = ()
+) -> ApiError:
+    """The ApiError for a success status whose body is unusable (``what`` says how); the
+    ``secrets`` a hostile peer may have echoed (into a name, a request id) are redacted."""
     method = (response.request.method or "") if response.request is not None else ""
     path = urlsplit(response.url).path if response.url else ""
     request_id = response.headers.get(REQUEST_ID_HEADER)
@@ -283,10 +286,10 @@ def invalid_response(response: requests.Response, what: str) -> ApiError:
     if request_id:
         text += f" (request id {request_id})"
     return ApiError(
-        text,
+        redact(text, secrets),
         status_code=response.status_code,
         code="INVALID_RESPONSE",
-        message=what,
+        message=redact(what, secrets),
         request_id=request_id,
         response=response,
     )

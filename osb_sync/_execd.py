@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 from contextlib import nullcontext
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 from urllib.parse import urlsplit
 
 import requests
 
+from ._answers import BadAnswer
 from ._constants import INTERRUPT_WAIT
 from ._errors import (
+    ApiError,
     OpenSandboxError,
     SandboxStateError,
     error_from_response,
@@ -22,6 +24,7 @@ from ._transport import Transport, response_json
 from ._wait import Wait
 
 logger = logging.getLogger("osb_sync")
+T = TypeVar("T")
 
 STREAM_HEADERS = {
     "Content-Type": "application/json",
@@ -106,9 +109,23 @@ class Execd:
             raise exc
         return response
 
-    def json(self, method: str, path: str, **kwargs: Any) -> Any:
-        """A call whose answer is JSON (None for an empty or non-JSON body)."""
-        return response_json(self.request(method, path, **kwargs))
+    def answer(self, method: str, path: str, read: Callable[[Any], T], **kwargs: Any) -> T:
+        """A call whose JSON answer (None for an empty or non-JSON body) ``read`` checks and
+        converts (``_answers``: execd is the sandbox's, and may lie).
+
+        Raises:
+            ApiError: ``code`` ``INVALID_RESPONSE``: ``read`` refused the answer (the message
+                names the field); or the errors of :meth:`request`.
+        """
+        response = self.request(method, path, **kwargs)
+        try:
+            return read(response_json(response))
+        except BadAnswer as exc:
+            raise self.invalid(response, exc) from None
+
+    def invalid(self, response: requests.Response, exc: BadAnswer) -> ApiError:
+        """The ``INVALID_RESPONSE`` error for an answer ``exc`` refused, the token redacted."""
+        return invalid_response(response, exc.describe(self._secrets), self._secrets)
 
     def stream(
         self,

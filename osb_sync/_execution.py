@@ -349,6 +349,12 @@ class ExecutionStream(Generic[R]):
         """The ``init`` event's text once it has arrived (for ``/code``, the context id)."""
         return self._folder.execution_id
 
+    @property
+    def response(self) -> requests.Response:
+        """The HTTP response the events are read from (its status, headers and request; its
+        body is the stream's)."""
+        return self._response
+
     def partial(self) -> R:
         """The result of the events received so far."""
         return self._folder.result()

@@ -6,11 +6,12 @@ import builtins
 import json
 import os
 import secrets
-from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TypeAlias
+from typing import IO, TYPE_CHECKING, Any, Generator, Iterable, Iterator, Mapping, TypeAlias
 
 import requests
 import urllib3
 
+from . import _answers as answers
 from ._constants import CHUNK_SIZE, MAX_OUTPUT_BYTES
 from ._errors import (
     ConfigurationError,
@@ -116,6 +117,18 @@ class Files:
     """``sandbox.files``: the sandbox's file system, through execd.
 
     Relative paths are resolved by execd (in the sandbox's working directory).
+
+    execd is the sandbox's own process, which code running as root in it can replace, so what
+    it answers is checked before it is used, and refused with an ``ApiError`` whose ``code``
+    is ``INVALID_RESPONSE`` and whose message names the field: in ``info``, ``list`` and
+    ``search``, a ``path`` that is not a clean absolute path (a ``..``, ``.`` or empty
+    component: it could climb out of a directory it is joined to), or that is not beneath the
+    directory listed or searched (when that was given as an absolute path), a ``size`` that is
+    negative or past 2**63 - 1, a ``mode`` that is not octal digits up to 7777, a value of the
+    wrong JSON type, an ``info`` entry for a path not asked for; a ``replace`` count that is not
+    an int from 0; a download from ``start`` answered with the whole file. The content of a
+    file is opaque: ``read_bytes`` reads at most ``max_bytes``, and ``download`` writes at most
+    its ``max_bytes`` when given (a hostile execd can send bytes forever).
     """
 
     def __init__(self, execd: Execd):
@@ -196,10 +209,7 @@ class Files:
         for chunk in self.iter_bytes(path):
             total += len(chunk)
             if total > max_bytes:
-                raise OutputLimitExceeded(
-                    f"file {path} exceeded {max_bytes} bytes (raise max_bytes to allow more)",
-                    limit=max_bytes,
-                )
+                raise _too_large(path, max_bytes)
             pieces.append(chunk)
         return b"".join(pieces)
 
@@ -222,11 +232,13 @@ class Files:
 
     def iter_bytes(
         self, path: str, chunk_size: int = CHUNK_SIZE, start: int = 0
-    ) -> Iterator[bytes]:
+    ) -> Generator[bytes, None, None]:
         """Stream a file from byte ``start`` on (a Range request: resume after a failure).
 
         Raises:
             NotFoundError: no such file.
+            ApiError: ``code`` ``INVALID_RESPONSE``: execd answered a ``start`` with the whole
+                file (a 200), or from another byte.
             StreamError: the download broke.
         """
         headers = {"Range": f"bytes={start}-"} if start else None
@@ -237,21 +249,35 @@ class Files:
         except NotFoundError as exc:
             raise with_suffix(exc, f"(path {path!r})") from None
         try:
+            if start:
+                _check_range(response, start)
             yield from _chunks_or_stream_error(response, chunk_size)
+        except answers.BadAnswer as exc:
+            raise self._execd.invalid(response, exc) from None
         finally:
             response.close()
 
-    def download(self, path: str, local_path: str | os.PathLike[str]) -> int:
+    def download(
+        self, path: str, local_path: str | os.PathLike[str], *, max_bytes: int | None = None
+    ) -> int:
         """Stream a file to a local path; returns the bytes written.
+
+        ``max_bytes`` bounds what is written (default: no bound, the file's size; execd is the
+        sandbox's, and a hostile one can send bytes forever).
 
         Raises:
             NotFoundError: no such file.
+            OutputLimitExceeded: the file is larger than ``max_bytes`` (the local file then
+                holds its first ``max_bytes`` bytes).
             StreamError: the download broke.
             OSError: the local file could not be written.
         """
         written = 0
         with open(local_path, "wb") as handle:
             for chunk in self.iter_bytes(path):
+                if max_bytes is not None and written + len(chunk) > max_bytes:
+                    handle.write(chunk[: max_bytes - written])
+                    raise _too_large(path, max_bytes)
                 handle.write(chunk)
                 written += len(chunk)
         return written
@@ -261,13 +287,18 @@ class Files:
 
         Raises:
             NotFoundError: one of them does not exist.
+            ApiError: an answer the client cannot use (``code`` ``INVALID_RESPONSE``; see the
+                class).
         """
         try:
-            data = self._execd.json("GET", "/files/info", params={"path": list(paths)})
+            return self._execd.answer(
+                "GET",
+                "/files/info",
+                lambda data: answers.file_infos_by_path(data, paths),
+                params={"path": list(paths)},
+            )
         except NotFoundError as exc:
             raise with_suffix(exc, f"(paths {list(paths)!r})") from None
-        items = data.items() if isinstance(data, dict) else ()
-        return {str(k): FileInfo.from_dict(v) for k, v in items if isinstance(v, dict)}
 
     def exists(self, path: str) -> bool:
         """Whether a file or directory exists.
@@ -286,22 +317,32 @@ class Files:
 
         Raises:
             NotFoundError: no such directory.
-            ApiError: execd refused the call.
+            ApiError: execd refused the call, or answered an entry the client cannot use
+                (``code`` ``INVALID_RESPONSE``; see the class).
             TransportError: execd could not be reached.
         """
-        data = self._execd.json("GET", "/directories/list", params={"path": path, "depth": depth})
-        return _file_infos(data)
+        return self._execd.answer(
+            "GET",
+            "/directories/list",
+            lambda data: answers.file_infos(data, path),
+            params={"path": path, "depth": depth},
+        )
 
     def search(self, path: str, pattern: str = "**") -> builtins.list[FileInfo]:
         """Files under ``path`` whose name matches the glob ``pattern``.
 
         Raises:
             NotFoundError: no such directory.
-            ApiError: execd refused the call.
+            ApiError: execd refused the call, or answered an entry the client cannot use
+                (``code`` ``INVALID_RESPONSE``; see the class).
             TransportError: execd could not be reached.
         """
-        data = self._execd.json("GET", "/files/search", params={"path": path, "pattern": pattern})
-        return _file_infos(data)
+        return self._execd.answer(
+            "GET",
+            "/files/search",
+            lambda data: answers.file_infos(data, path),
+            params={"path": path, "pattern": pattern},
+        )
 
     def remove(self, *paths: str) -> None:
         """Delete files (a missing one is fine).
@@ -362,24 +403,39 @@ class Files:
         Raises:
             ConfigurationError: an empty ``old``.
             NotFoundError: no such file.
-            ApiError: execd refused the call.
+            ApiError: execd refused the call, or answered a count that is not an int from 0
+                (``code`` ``INVALID_RESPONSE``).
             TransportError: execd could not be reached.
         """
         if not old:
             raise ConfigurationError("replace needs a non-empty old text")
-        data = self._execd.json(
+        return self._execd.answer(
             "POST",
             "/files/replace",
+            lambda data: answers.replaced_count(data, path),
             params={"verbose": "true"},
             json={path: {"old": old, "new": new}},
         )
-        found = data.get(path) if isinstance(data, dict) else None
-        count = found.get("replacedCount") if isinstance(found, dict) else None
-        return count if isinstance(count, int) else 0
 
 
-def _file_infos(data: Any) -> builtins.list[FileInfo]:
-    return [FileInfo.from_dict(item) for item in data or () if isinstance(item, dict)]
+def _too_large(path: str, max_bytes: int) -> OutputLimitExceeded:
+    return OutputLimitExceeded(
+        f"file {path} exceeded {max_bytes} bytes (raise max_bytes to allow more)",
+        limit=max_bytes,
+    )
+
+
+def _check_range(response: requests.Response, start: int) -> None:
+    """A download from byte ``start`` must be a 206 (a 200 is the whole file: the caller would
+    take its first bytes for the ones after ``start``), from that byte if it says."""
+    content_range = response.headers.get("Content-Range")
+    from_start = content_range is None or content_range.startswith(f"bytes {start}-")
+    if response.status_code != 206 or not from_start:
+        raise answers.BadAnswer(
+            f"the answer to a download from byte {start}",
+            "is not a 206 from that byte",
+            f"status {response.status_code}, Content-Range {content_range}",
+        )
 
 
 def _chunks_or_stream_error(response: requests.Response, chunk_size: int) -> Iterator[bytes]:

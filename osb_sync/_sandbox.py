@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from . import _answers as answers
 from ._commands import Commands
 from ._config import DEFAULT_SETTINGS, ClientSettings, check_run_arguments
 from ._constants import EXECD_PORT
@@ -287,10 +288,11 @@ class Sandbox:
         """One resource sample (CPU and memory).
 
         Raises:
-            ApiError: execd refused the call.
+            ApiError: execd refused the call, or answered a number that is not finite and 0 or
+                more (``code`` ``INVALID_RESPONSE``).
             TransportError: execd could not be reached.
         """
-        return Metrics.from_dict(self._execd.json("GET", "/metrics"))
+        return self._execd.answer("GET", "/metrics", answers.metrics)
 
     def ping(self, *, timeout: float | None = None) -> bool:
         """Whether execd answers ``/ping`` (within ``timeout`` seconds: default, the read timeout).
