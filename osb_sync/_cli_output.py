@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # not at import: `osb-sync --version` must not load requests
 
 EXIT_RAISED = 1  # the code raised
 EXIT_NOT_FOUND = 1  # a sandbox (file, command) was not found, as `docker inspect`
+EXIT_REFUSED = 1  # cp: the sandbox named an entry that would land outside DEST
 EXIT_TIMED_OUT = 124  # as timeout(1)
 EXIT_OWN_ERROR = 125  # osb-sync itself failed, as docker run
 EXIT_SIGNAL_BASE = 128
@@ -38,7 +39,8 @@ osb-sync exit statuses (the same for every command):
   0      success
   1      run: the Python code raised (sys.exit(n) in the code exits n);
          get, inspect, delete, pause, resume, renew, stats, logs, cp: a sandbox (or a file,
-         a command) was not found
+         a command) was not found; cp: the sandbox answered what cp refuses (an entry that
+         would land outside DEST, a file longer than listed), and the copy stopped
   N      exec, run --language bash: the remote command's own status, passed through
          (126 not executable, 127 not found, 128+n killed by signal n, as the shell says)
   124    run or exec passed --timeout (as timeout(1))

@@ -482,7 +482,7 @@ class World:
         def answer(data: Any, kind: str = "json") -> Reply:
             return Reply(route, kind, 200, json.dumps(data).encode(), box_id=box_id, asked=asked)
 
-        path = (asked.get("path") or [""])[0]
+        path = _resolve((asked.get("path") or [""])[0])
         with self.lock:
             files = dict(self.files)
         if route == "code":
@@ -493,7 +493,7 @@ class World:
         if route == "download":
             return _download(files.get(path, FILE_BYTES), headers.get("Range"), box_id, asked)
         if route == "info":
-            found = {p: _info(p, files) for p in asked.get("path", [])}
+            found = {p: _info(_resolve(p), files) for p in asked.get("path", [])}
             if not all(found.values()):
                 missing = {"code": "FILE_NOT_FOUND", "message": "file not found"}
                 return Reply(route, "json", 404, json.dumps(missing).encode(), box_id=box_id)
@@ -601,6 +601,11 @@ def command_events(run_id: str = "cmd-1") -> list[bytes]:
         frame(type="stdout", text="ok"),
         frame(type="execution_complete", execution_time=2),
     ]
+
+
+def _resolve(path: str) -> str:
+    """A path as execd takes it: a relative one from its working directory, ``/``."""
+    return path if path.startswith("/") else "/" + path
 
 
 def _entries(files: dict[str, bytes | int]) -> list[str]:
