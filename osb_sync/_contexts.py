@@ -65,8 +65,11 @@ class Contexts:
             NotFoundError: no such context.
             ApiError: an answer that is not a context (``code`` ``INVALID_RESPONSE``).
         """
-        path = f"/code/contexts/{answers.in_url(context_id, 'a context id')}"
-        return self._execd.answer("GET", path, answers.code_context)
+        return self._execd.answer(
+            "GET",
+            f"/code/contexts/{answers.in_url(context_id, 'a context id')}",
+            answers.code_context,
+        )
 
     def delete(self, context: CodeContext | str) -> None:
         """Delete a code context (its kernel state goes with it).
@@ -76,8 +79,9 @@ class Contexts:
             NotFoundError: no such context.
         """
         context_id = context.id if isinstance(context, CodeContext) else context
-        path = f"/code/contexts/{answers.in_url(context_id, 'a context id')}"
-        self._execd.request("DELETE", path)
+        self._execd.request(
+            "DELETE", f"/code/contexts/{answers.in_url(context_id, 'a context id')}"
+        )
 
     def delete_all(self, language: str) -> None:
         """Delete every code context of a language.

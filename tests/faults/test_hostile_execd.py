@@ -1,6 +1,32 @@
 """A hostile execd (issue 38): code running as root in a sandbox can replace its execd, so
 every name, size, id and number an execd answers is hostile input for the client too.
 
+Every execd route the client calls is answered with lies by the fault server
+(``tests/faults/faultserver.py``): each ``LIES`` entry that names the route (traversal names,
+absolute paths, absurd or negative sizes, wrong JSON types, ids that would climb out of their
+URL, absurd numbers, an ignored Range), and on every route an endless body or stream
+(``flood``) and a redirect to another origin (``redirect_cross_origin``). Each call ends within
+its bound in a contained result or a typed error (a lie the client can see is
+``ApiError(code="INVALID_RESPONSE")`` naming the field), never sends the execd token or the
+API key to another origin (the fault server's ``other`` records what reaches it), and never
+shows either in an error or a log line.
+
+The routes the client calls (``client_routes()`` reads them from the source of ``osb_sync``;
+a route the client calls that is missing here, or that no case below covers, fails
+``test_every_route_the_client_calls_is_listed_and_attacked``):
+
+- ``GET /ping``
+- ``POST /code``, ``DELETE /code`` (interrupt)
+- ``POST /code/context``, ``GET /code/contexts``, ``DELETE /code/contexts``,
+  ``GET /code/contexts/{id}``, ``DELETE /code/contexts/{id}``
+- ``POST /command``, ``DELETE /command`` (interrupt), ``GET /command/status/{id}``,
+  ``GET /command/{id}/logs``
+- ``POST /session``, ``POST /session/{id}/run``, ``DELETE /session/{id}``
+- ``GET /files/info``, ``GET /files/download``, ``POST /files/upload``, ``GET /files/search``,
+  ``DELETE /files``, ``POST /files/mv``, ``POST /files/permissions``, ``POST /files/replace``
+- ``GET /directories/list``, ``POST /directories``, ``DELETE /directories``
+- ``GET /metrics``
+
 ``osb-sync cp`` out of a sandbox first (rows 1-4 of the issue, and the planted symlinks of a
 DEST): nothing is written outside DEST, the ``-`` tar carries clean relative names only, and a
 file streams in bounded memory.
@@ -8,20 +34,24 @@ file streams in bounded memory.
 
 from __future__ import annotations
 
+import ast
 import io
+import logging
 import sys
 import tarfile
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from osb_sync import Client
+from osb_sync import ApiError, Client, OpenSandboxError, Sandbox
 from osb_sync._cli import main
-from tests.faults.faultserver import KEY, World
+from tests.faults.faultserver import API_KEY_HEADER, KEY, LIES, TOKEN, World, _match
+from tests.faults.test_fault_matrix import bounded, chain_text
 
 EXIT_REFUSED = 1
 
@@ -218,3 +248,249 @@ def test_cp_of_a_healthy_tree_both_ways(world: World, sandbox_id: str, tmp_path:
         assert sorted(archive.getnames()) == ["dir/a.txt", "dir/sub/b.txt"]
         handle = archive.extractfile("dir/a.txt")
         assert handle is not None and handle.read() == b"alpha\n"
+
+
+# -- every execd route the client calls, lied to --------------------------------------------
+
+PACKAGE = Path(__file__).resolve().parents[2] / "osb_sync"
+# Calls on an ``_execd`` that make no request, or make one only through those below.
+NOT_ROUTES = {"invalid", "move"}
+GENERIC = ("flood", "redirect_cross_origin")
+READ_TIMEOUT = 0.4
+RUN_TIMEOUT = 1.0
+CAP = 64 * 1024
+BOUND = 3.0
+
+
+def _template(node: ast.expr, where: str) -> str:
+    """A call's path: a str, or an f-string whose fields become ``{id}``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{id}" for v in node.values)
+    raise AssertionError(f"{where}: an execd path that is not a literal ({ast.unparse(node)})")
+
+
+def client_routes() -> set[tuple[str, str]]:
+    """(method, path) of every execd call in the client's source (``osb_sync/*.py``; ``local``
+    is the server): ``request``, ``answer``, ``stream`` (POST, and its ``interrupt_path``
+    DELETE) and ``interrupt`` (DELETE) on an ``_execd``."""
+    found: set[tuple[str, str]] = set()
+    for path in sorted(PACKAGE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            receiver, verb = node.func.value, node.func.attr
+            if not (isinstance(receiver, ast.Attribute) and receiver.attr == "_execd"):
+                continue
+            where = f"{path.name}:{node.lineno}"
+            if verb in ("request", "answer"):
+                method = node.args[0]
+                assert isinstance(method, ast.Constant), f"{where}: a method that is no literal"
+                found.add((str(method.value), _template(node.args[1], where)))
+            elif verb == "stream":
+                found.add(("POST", _template(node.args[0], where)))
+                for keyword in node.keywords:
+                    if keyword.arg == "interrupt_path":
+                        found.add(("DELETE", _template(keyword.value, where)))
+            elif verb == "interrupt":
+                found.add(("DELETE", _template(node.args[0], where)))
+            else:
+                assert verb in NOT_ROUTES, f"{where}: execd.{verb}: a route this test cannot read"
+    return found
+
+
+def fault_route(method: str, template: str) -> str:
+    """The fault server's name for a route the client calls."""
+    route, _ = _match("execd", method, "/sbx-1" + template.replace("{id}", "x1"))
+    assert route is not None, f"the fault server has no route for {method} {template}"
+    return route
+
+
+@dataclass(frozen=True)
+class Case:
+    """One client call on a lying route, and what it must end in: ``ok`` (a contained result,
+    checked by ``holds``), ``INVALID_RESPONSE`` (naming ``names``), or an error class."""
+
+    route: str
+    lie: str
+    call: Callable[[Sandbox, Path], Any]
+    outcome: str
+    names: str = ""
+    holds: Callable[[Any], bool] = lambda value: True
+
+
+def _session_run(sandbox: Sandbox) -> Any:
+    session = sandbox.commands.session()
+    try:
+        return session.run("echo ok", max_output_bytes=CAP, timeout=RUN_TIMEOUT)
+    finally:
+        session.close()
+
+
+CALLS: dict[str, Callable[[Sandbox, Path], Any]] = {
+    "ping": lambda sb, tmp: sb.ping(),
+    "code": lambda sb, tmp: sb.run_code("print('ok')", timeout=RUN_TIMEOUT, max_output_bytes=CAP),
+    "interrupt": lambda sb, tmp: sb.contexts.interrupt("ctx-1"),
+    "context_create": lambda sb, tmp: sb.contexts.create("python"),
+    "contexts_list": lambda sb, tmp: sb.contexts.list(),
+    "contexts_delete": lambda sb, tmp: sb.contexts.delete_all("python"),
+    "context_get": lambda sb, tmp: sb.contexts.get("ctx-1"),
+    "context_delete": lambda sb, tmp: sb.contexts.delete("ctx-1"),
+    "command": lambda sb, tmp: sb.commands.run("echo ok", timeout=0.3, max_output_bytes=CAP),
+    "command_status": lambda sb, tmp: sb.commands.get("cmd-1").status(),
+    "command_logs": lambda sb, tmp: sb.commands.get("cmd-1").logs(1),
+    "session_create": lambda sb, tmp: sb.commands.session(),
+    "session_run": lambda sb, tmp: _session_run(sb),
+    "session_delete": lambda sb, tmp: sb.commands.session().close(),
+    "info": lambda sb, tmp: sb.files.info("/dir"),
+    "download": lambda sb, tmp: sb.files.read_bytes("/data.bin", max_bytes=CAP),
+    "upload": lambda sb, tmp: sb.files.write("/dir/new.txt", "new"),
+    "search": lambda sb, tmp: sb.files.search("/dir"),
+    "remove": lambda sb, tmp: sb.files.remove("/dir/a.txt"),
+    "move": lambda sb, tmp: sb.files.move("/dir/a.txt", "/dir/c.txt"),
+    "chmod": lambda sb, tmp: sb.files.chmod("/dir/a.txt", 0o600),
+    "replace": lambda sb, tmp: sb.files.replace("/dir/a.txt", "alpha", "beta"),
+    "list": lambda sb, tmp: sb.files.list("/dir"),
+    "mkdir": lambda sb, tmp: sb.files.mkdir("/dir/new"),
+    "rmtree": lambda sb, tmp: sb.files.rmtree("/dir/sub"),
+    "metrics": lambda sb, tmp: sb.metrics(),
+}
+STREAMS = ("code", "command", "session_run")
+# What the client refuses a lie with: a piece of the message that names the field.
+NAMED = {
+    "traversal_name": "is not a clean absolute path",
+    "absolute_remainder": "is not a clean absolute path",
+    "outside_root": "'path' of entry 0 is not beneath '/dir'",
+    "negative_size": "'size' of",
+    "huge_size": "'size' of",
+    "hostile_id": "is not an id that can stand in a URL",
+    "range_ignored": "a download from byte 100 is not a 206",
+}
+NAMED_PER_ROUTE = {
+    ("wrong_types", "info"): "the entry for '/dir' is not a JSON object",
+    ("wrong_types", "search"): "'path' of entry 0 is not a string",
+    ("wrong_types", "list"): "the answer is not a JSON array",
+    ("wrong_types", "replace"): "'replacedCount' of the entry for '/dir/a.txt'",
+    ("wrong_types", "metrics"): "'cpu_count' of the answer is not a number",
+    ("wrong_types", "context_create"): "'id' of the answer",
+    ("wrong_types", "context_get"): "'id' of the answer",
+    ("wrong_types", "contexts_list"): "the answer is not a JSON array",
+    ("wrong_types", "command_status"): "'running' of the answer is not a boolean",
+    ("wrong_types", "session_create"): "'session_id' of the answer",
+    ("wrong_types", "command_logs"): "EXECD-COMMANDS-TAIL-CURSOR header is not a byte offset",
+    ("absurd_numbers", "metrics"): "'cpu_count' of the answer is not a finite number of 0",
+    ("absurd_numbers", "replace"): "'replacedCount' of the entry for '/dir/a.txt'",
+    ("absurd_numbers", "command_logs"): "EXECD-COMMANDS-TAIL-CURSOR header is not a byte offset",
+}
+
+
+def _ran_ok(value: Any) -> bool:
+    return str(value.stdout).startswith("ok\n")
+
+
+def _case(route: str, lie: str) -> Case:
+    call = CALLS[route]
+    if lie == "flood":
+        if route == "ping":
+            return Case(route, lie, call, "ok", holds=lambda value: value is False)
+        limited = route in STREAMS or route == "download"
+        return Case(route, lie, call, "OutputLimitExceeded" if limited else "TransportError")
+    if lie == "redirect_cross_origin":
+        if route == "ping":
+            return Case(route, lie, call, "ok", holds=lambda value: value is False)
+        return Case(route, lie, call, "TransportError")
+    if lie == "hostile_id" and route == "command":
+        call = lambda sb, tmp: sb.commands.start("sleep 1")  # noqa: E731 - its id goes in URLs
+    if lie == "range_ignored":
+        call = lambda sb, tmp: b"".join(sb.files.iter_bytes("/data.bin", start=100))  # noqa: E731
+    if lie == "wrong_types" and route in STREAMS:
+        return Case(route, lie, call, "ok", holds=_ran_ok)  # events with odd fields are dropped
+    if lie == "understated_size":  # not a lie a listing can show: cp holds it (above)
+        return Case(route, lie, call, "ok")
+    names = NAMED_PER_ROUTE.get((lie, route)) or NAMED[lie]
+    return Case(route, lie, call, "INVALID_RESPONSE", names)
+
+
+CASES = [
+    _case(route, lie)
+    for route in CALLS
+    for lie in (*GENERIC, *(name for name, told in LIES.items() if route in told.routes))
+]
+# Beyond the route's own call: a download to disk, which a hostile execd could make endless.
+CASES.append(
+    Case(
+        "download",
+        "flood",
+        lambda sb, tmp: sb.files.download("/data.bin", tmp / "data.bin", max_bytes=CAP),
+        "OutputLimitExceeded",
+    )
+)
+
+
+@pytest.fixture
+def client(world: World) -> Iterator[Client]:
+    with Client(world.api_base, KEY, connect_timeout=0.5, read_timeout=READ_TIMEOUT) as c:
+        yield c
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case.route}-{case.lie}")
+def test_a_lying_route_ends_contained_or_typed(
+    case: Case, world: World, client: Client, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="osb_sync")
+    sandbox = client.create_sandbox(ready_timeout=2)
+    try:
+        world.inject(case.route, case.lie)
+        outcome = bounded(world, lambda: case.call(sandbox, tmp_path), BOUND)
+        world.heal()
+        assert not outcome.hung, f"no answer within {BOUND} s"
+        error = outcome.error
+        if error is not None and not isinstance(error, OpenSandboxError):
+            raise AssertionError(f"untyped error: {error!r}") from error
+        if case.outcome == "ok":
+            assert error is None and case.holds(outcome.value), (outcome.value, error)
+        elif case.outcome == "INVALID_RESPONSE":
+            assert isinstance(error, ApiError) and error.code == "INVALID_RESPONSE", repr(error)
+            assert case.names in str(error), str(error)
+        else:
+            assert type(error).__name__ == case.outcome, repr(error)
+        text = chain_text(error) + caplog.text
+        assert KEY not in text and TOKEN not in text, "a credential leaked into the error or log"
+        assert world.requests("other") == [], "a request reached another origin"
+        for seen in world.requests("execd"):
+            assert API_KEY_HEADER.lower() not in {h.lower() for h in seen.headers}
+            assert seen.route is not None and ".." not in seen.path and "v1" not in seen.path
+        assert sandbox.ping(), "the same client could not reach execd afterwards"
+    finally:
+        client.delete_sandbox(sandbox.id)
+
+
+def test_every_route_the_client_calls_is_listed_and_attacked() -> None:
+    """A route added to the client needs a line in this module's docstring, a route in the
+    fault server and a call here: else this fails."""
+    routes = client_routes()
+    assert len(routes) >= 26, sorted(routes)  # the reader found the calls it is meant to
+    doc = __doc__ or ""
+    attacked = {(case.route, case.lie) for case in CASES}
+    for method, template in sorted(routes):
+        assert f"``{method} {template}``" in doc, f"{method} {template}: not in the docstring"
+        route = fault_route(method, template)
+        assert route in CALLS, f"{method} {template} ({route}): no call attacks it"
+        lies = {lie for r, lie in attacked if r == route}
+        assert set(GENERIC) <= lies, f"{route}: only {sorted(lies)}"
+    assert {route for route, _ in attacked} == set(CALLS)
+    assert all(any(lie.name == c.lie for c in CASES) for lie in LIES.values())
+
+
+def test_the_route_reader_sees_a_new_route(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader can fail: a module with an execd call it has never seen adds a route, and
+    a call it cannot read (a path in a variable) is an error, not a silent miss."""
+    (tmp_path / "_new.py").write_text(
+        'def f(self):\n    return self._execd.request("GET", f"/new/{self.id}/thing")\n'
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    assert client_routes() == {("GET", "/new/{id}/thing")}
+    (tmp_path / "_new.py").write_text('def f(self, p):\n    self._execd.request("GET", p)\n')
+    with pytest.raises(AssertionError, match="not a literal"):
+        client_routes()
