@@ -240,6 +240,9 @@ class BackgroundCommand:
     def iter_logs(self, poll_interval: float = 0.5) -> Iterator[str]:
         """Follow the output until the command has ended and everything was read.
 
+        execd says when the command has ended: one that never does (or a sandbox that says so)
+        is followed until the caller stops iterating, as ``tail -f`` is.
+
         Raises:
             NotFoundError: execd does not know the command.
             ApiError: execd refused the call.

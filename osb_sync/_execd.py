@@ -75,6 +75,10 @@ class Execd:
     ) -> requests.Response:
         """Send one call; an error status raises (and closes the response).
 
+        execd is the sandbox's and may lie (``_answers``): a body that is not streamed is read
+        at most ``MAX_BODY_BYTES`` (``_transport``), a redirect is followed within execd's
+        origin only; a call whose answer is JSON goes through :meth:`answer`.
+
         GETs are retried on transient failures unless ``retry`` is False. ``deadline`` (a
         ``time.monotonic()`` instant) bounds the call's connect and read timeouts by the time
         left, and its retries.
