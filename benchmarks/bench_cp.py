@@ -20,7 +20,6 @@ another source tree (its ``osb_sync`` first on ``PYTHONPATH``), say the one befo
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import subprocess
 import sys
@@ -29,19 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import local_server, report, verdict
+from _common import local_server, report, sha256, verdict
 
 import osb_sync
 
 GOAL_MIB = 64
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def run_cp(api_base: str, src: str, dest: str, tree: str | None) -> dict[str, float]:

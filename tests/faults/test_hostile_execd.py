@@ -56,19 +56,6 @@ from tests.faults.test_fault_matrix import bounded, chain_text
 EXIT_REFUSED = 1
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[World]:
-    with World() as world:
-        yield world
-
-
-@pytest.fixture
-def world(servers: World) -> Iterator[World]:
-    servers.reset()
-    yield servers
-    servers.heal()
-
-
 @pytest.fixture
 def sandbox_id(world: World) -> Iterator[str]:
     with Client(world.api_base, KEY) as client:
