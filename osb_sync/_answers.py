@@ -34,7 +34,6 @@ from ._errors import ConfigurationError, redact
 from ._models import CodeContext, CommandStatus, FileInfo, Metrics
 
 T = TypeVar("T")
-Check = Callable[[Any], T]
 
 MAX_FILE_SIZE = 2**63 - 1  # off_t: no file is larger
 _SHOWN = 120  # characters of a refused value an error shows
@@ -109,7 +108,7 @@ def a_mode(value: Any, field: str) -> int:
     text = str(value) if type(value) is int and value >= 0 else ""
     if not text or len(text) > 4 or not set(text) <= set("01234567"):
         raise BadAnswer(field, "is not a file mode (octal digits up to 7777)", value)
-    return value  # type: ignore[no-any-return]
+    return int(text)
 
 
 def a_clean_path(value: Any, field: str, beneath: str | None = None) -> str:

@@ -47,7 +47,7 @@ from ._sandbox import Sandbox
 
 # What opening or renaming beneath DEST answers when DEST's tree is not what the copy needs
 # (a symlink or a file where a directory goes, a directory where a file goes).
-_CONFLICTS = (errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST)
+_CONFLICTS = (errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENOTEMPTY)
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -142,7 +142,7 @@ def _remainder(item: FileInfo, top: str) -> str:
     if not rest or "\0" in rest or any(p in ("", ".", "..") for p in rest.split("/")):
         raise Refused(
             f"the sandbox listed {item.path!r} in {top!r}: not a clean path beneath it, "
-            "so it could land outside DEST; nothing more was copied"
+            "so it could land outside DEST; nothing was copied"
         )
     return rest
 
@@ -227,8 +227,7 @@ class _Tree:
                 raise
             raise Refused(
                 f"{entry!r} would be written through a symlink, or over a directory, in DEST "
-                f"({os.strerror(exc.errno)}): nothing is written through one; nothing more was "
-                "copied"
+                f"({os.strerror(exc.errno)}); nothing more was copied"
             ) from None
         finally:
             for fd in opened:

@@ -154,6 +154,9 @@ class Commands:
 
         No request is made: the handle's calls fail with NotFoundError if execd does not
         know the command.
+
+        Raises:
+            ConfigurationError: an empty id, ``.`` or ``..`` (the id goes into URLs, escaped).
         """
         return BackgroundCommand(self._execd, command_id)
 

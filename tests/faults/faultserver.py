@@ -293,7 +293,6 @@ class Reply:
     box_id: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     length: int | None = None  # ``bytes``: this many bytes of PATTERN instead of ``body``
-    asked: dict[str, list[str]] = field(default_factory=dict)  # the request's query
 
     def payload(self) -> bytes:
         return b"".join(self.events) if self.kind == "stream" else self.body
@@ -479,8 +478,8 @@ class World:
         """A healthy execd's answer on ``route``, over the sandbox's files ``self.files``."""
         box_id, item = params.get("id", ""), params.get("item", "")
 
-        def answer(data: Any, kind: str = "json") -> Reply:
-            return Reply(route, kind, 200, json.dumps(data).encode(), box_id=box_id, asked=asked)
+        def answer(data: Any) -> Reply:
+            return Reply(route, "json", 200, json.dumps(data).encode(), box_id=box_id)
 
         path = _resolve((asked.get("path") or [""])[0])
         with self.lock:
@@ -488,10 +487,10 @@ class World:
         if route == "code":
             return Reply(route, "stream", events=code_events(), content_type=EVENTS, box_id=box_id)
         if route in ("command", "session_run"):
-            events = command_events() if route == "command" else command_events(f"{item}")
+            events = command_events() if route == "command" else command_events(item)
             return Reply(route, "stream", events=events, content_type=EVENTS, box_id=box_id)
         if route == "download":
-            return _download(files.get(path, FILE_BYTES), headers.get("Range"), box_id, asked)
+            return _download(files.get(path, FILE_BYTES), headers.get("Range"), box_id)
         if route == "info":
             found = {p: _info(_resolve(p), files) for p in asked.get("path", [])}
             if not all(found.values()):
@@ -640,13 +639,11 @@ def _info(path: str, files: dict[str, bytes | int]) -> dict[str, Any] | None:
     }
 
 
-def _download(
-    content: bytes | int, range_header: str | None, box_id: str, asked: dict[str, list[str]]
-) -> Reply:
+def _download(content: bytes | int, range_header: str | None, box_id: str) -> Reply:
     """A file, whole or from the first byte of ``Range: bytes=N-`` (206, as real execd)."""
     size = content if isinstance(content, int) else len(content)
     start = int(range_header[6:-1]) if range_header and isinstance(content, bytes) else 0
-    reply = Reply("download", "bytes", content_type=OCTETS, box_id=box_id, asked=asked)
+    reply = Reply("download", "bytes", content_type=OCTETS, box_id=box_id)
     if isinstance(content, int):
         return replace(reply, length=content)
     if start:

@@ -107,7 +107,7 @@ def cp(world: World, src: str, dest: str, keep: int = 1 << 20) -> Copied:
 
 
 def written(root: Path) -> list[str]:
-    """Every file and link under ``root``, relative to it."""
+    """Every file under ``root`` (and every link, but to a directory), relative to it."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir())
 
 
