@@ -3,6 +3,11 @@
 Out of a sandbox, every name, size and type comes from its execd, which code running as root in
 the sandbox can replace: the copy stays in DEST whatever execd answers.
 
+- The copy's name in DEST is the last component of the user's PATH (as ``docker cp``), never a
+  name execd answered: for a relative PATH execd says which directory it resolved it to, and
+  only what lies beneath that comes from execd. A PATH that names no component (``.``, ``..``,
+  ``/``) copies a directory's contents into DEST. DEST itself is the user's, followed if it is
+  a symlink; nothing the copy finds or makes beneath it is.
 - An entry of a directory is copied when it lies beneath the directory asked for and what
   follows that directory in its path is a clean relative path (no ``..``, ``.`` or empty
   component, not absolute); any other entry stops the copy (exit 1, the entry named).
@@ -37,6 +42,7 @@ import secrets
 import sys
 import tarfile
 from collections.abc import Generator, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from ._cli_commands import Refused, UsageError, remote_client
@@ -100,14 +106,17 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
     if info is None:
         print(f"osb-sync: error: no such file in the sandbox: {path}", file=sys.stderr)
         return EXIT_NOT_FOUND
-    top = _absolute(path) or info.path
-    name = posixpath.basename(top)
+    name = _local_name(path)
     is_dir = info.type.lower().startswith("dir")
     if is_dir:
+        top = _absolute(path) or info.path
         files = [(_remainder(item, top), item) for item in sandbox.files.search(path)]
         files = [(rest, item) for rest, item in files if _regular(item)]
     else:
         _refuse_irregular(info)
+        if not name:
+            raise Refused(f"the sandbox says {path!r} is a file, which no file can be named")
+        info = replace(info, path=path)  # the file the user named, at the size execd said
         files = [("", info)]
     if dest == "-":
         _write_tar(sandbox, files, name)
@@ -124,6 +133,14 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
             with contextlib.closing(_exactly(sandbox, item)) as data:
                 tree.write(rest, data, item.path)
     return 0
+
+
+def _local_name(path: str) -> str:
+    """The name a copy of the sandbox's ``path`` takes in DEST: the last component of the
+    user's own argument, or "" for one that names none (``.``, ``..``, ``/``: the directory's
+    contents go into DEST, as ``docker cp SB:DIR/. DEST`` does)."""
+    name = posixpath.basename(posixpath.normpath(path))
+    return "" if name in ("", ".", "..") else name
 
 
 def _absolute(path: str) -> str | None:

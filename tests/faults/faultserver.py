@@ -1179,6 +1179,26 @@ def _hostile_id(r: Reply) -> Reply:
     return _json_lie(change)(r)
 
 
+# A path asked for is answered with another name: the directory /dir as .ssh in a home; asked
+# by themselves, its a.txt as .bashrc and its sub/b.txt as "/" (a file with no name).
+RENAMED_DIRECTORY = "/home/u/.ssh"
+RENAMED_FILES = {"/dir/a.txt": "/home/u/.bashrc", "/dir/sub/b.txt": "/"}
+
+
+def _renamed(r: Reply) -> Reply:
+    def rename(path: str) -> str:
+        if r.route == "info" and path in RENAMED_FILES:
+            return RENAMED_FILES[path]
+        return RENAMED_DIRECTORY + path[4:] if path == "/dir" or path.startswith("/dir/") else path
+
+    def change(data: Any, route: str) -> Any:
+        for entry in data if isinstance(data, list) else data.values():
+            entry["path"] = rename(entry["path"])
+        return data
+
+    return _json_lie(change)(r)
+
+
 FILE_ROUTES = ("info", "search", "list")
 LIES: dict[str, Lie] = {
     lie.name: lie
@@ -1200,6 +1220,13 @@ LIES: dict[str, Lie] = {
             "a search or listing of /dir that names /etc/passwd",
             ("search", "list"),
             _first_entry("path", "/etc/passwd"),
+        ),
+        Lie(
+            "renamed",
+            f"/dir answered as {RENAMED_DIRECTORY!r}, its files asked by themselves as "
+            f"{sorted(RENAMED_FILES.values())}: not the name asked (cp's name stays the user's)",
+            ("info", "search"),
+            _renamed,
         ),
         Lie("negative_size", "a file of -1 bytes", FILE_ROUTES, _first_entry("size", -1)),
         Lie(

@@ -50,7 +50,16 @@ import pytest
 
 from osb_sync import ApiError, Client, OpenSandboxError, Sandbox
 from osb_sync._cli import main
-from tests.faults.faultserver import API_KEY_HEADER, KEY, LIES, TOKEN, World, _match
+from tests.faults.faultserver import (
+    API_KEY_HEADER,
+    KEY,
+    LIES,
+    RENAMED_DIRECTORY,
+    RENAMED_FILES,
+    TOKEN,
+    World,
+    _match,
+)
 from tests.faults.test_fault_matrix import bounded, chain_text
 
 EXIT_REFUSED = 1
@@ -160,6 +169,46 @@ def test_cp_of_a_relative_path_refuses_an_entry_outside_it(
     assert written(tmp_path) == []
     assert cp(world, f"{sandbox_id}:dir", str(tmp_path / "dest")).status == 0
     assert written(tmp_path) == ["dest/a.txt", "dest/sub/b.txt"]
+
+
+def test_cp_names_the_copy_after_the_users_path(
+    world: World, sandbox_id: str, tmp_path: Path
+) -> None:
+    """execd resolves a relative PATH and may answer any name for it (``.bashrc``, ``.ssh``):
+    the copy is named after the user's PATH, as docker cp's, never after execd's answer."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".bashrc").write_bytes(b"# mine\n")
+    (home / ".ssh" / "a.txt").write_bytes(b"ssh-ed25519 mine\n")
+    # The hostile execd serves the files it named too.
+    world.files.update({RENAMED_FILES["/dir/a.txt"]: b"owned\n"})
+    world.files.update({f"{RENAMED_DIRECTORY}/a.txt": b"alpha\n"})
+    world.files.update({f"{RENAMED_DIRECTORY}/sub/b.txt": b"beta\n"})
+    world.inject("info", "renamed")
+    world.inject("search", "renamed")
+    for src in ("dir/a.txt", "dir"):
+        copied = cp(world, f"{sandbox_id}:{src}", str(home))
+        assert copied.status == 0, copied.stderr
+    assert written(home) == [".bashrc", ".ssh/a.txt", "a.txt", "dir/a.txt", "dir/sub/b.txt"]
+    assert (home / ".bashrc").read_bytes() == b"# mine\n"
+    assert (home / ".ssh" / "a.txt").read_bytes() == b"ssh-ed25519 mine\n"
+    assert (home / "a.txt").read_bytes() == b"alpha\n"
+
+
+def test_cp_follows_dest_when_it_is_the_users_symlink(
+    world: World, sandbox_id: str, tmp_path: Path
+) -> None:
+    """DEST is a symlink to a directory: the user's own path, followed (as docker cp does),
+    whatever name execd gives the file (here ``/``, which would name DEST itself)."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "dl").symlink_to(real)
+    world.files["/"] = b"owned"  # as long as /dir/sub/b.txt
+    world.inject("info", "renamed")
+    copied = cp(world, f"{sandbox_id}:dir/sub/b.txt", str(tmp_path / "dl"))
+    assert copied.status == 0, copied.stderr
+    assert (tmp_path / "dl").is_symlink()
+    assert written(real) == ["b.txt"] and (real / "b.txt").read_bytes() == b"beta\n"
 
 
 def test_cp_dash_writes_clean_relative_names_only(world: World, sandbox_id: str) -> None:
@@ -349,6 +398,7 @@ NAMED = {
     "traversal_name": "is not a clean absolute path",
     "absolute_remainder": "is not a clean absolute path",
     "outside_root": "'path' of entry 0 is not beneath '/dir'",
+    "renamed": "'path' of entry 0 is not beneath '/dir'",
     "negative_size": "'size' of",
     "huge_size": "'size' of",
     "hostile_id": "is not an id that can stand in a URL",
@@ -394,6 +444,8 @@ def _case(route: str, lie: str) -> Case:
     if lie == "wrong_types" and route in STREAMS:
         return Case(route, lie, call, "ok", holds=_ran_ok)  # events with odd fields are dropped
     if lie == "understated_size":  # not a lie a listing can show: cp holds it (above)
+        return Case(route, lie, call, "ok")
+    if lie == "renamed" and route == "info":  # data, never a host path: cp holds it (above)
         return Case(route, lie, call, "ok")
     names = NAMED_PER_ROUTE.get((lie, route)) or NAMED[lie]
     return Case(route, lie, call, "INVALID_RESPONSE", names)
