@@ -287,14 +287,19 @@ class _Reader:
         self._pending = b""
 
     def read(self, size: int = -1, /) -> bytes:
-        while not self._pending:
+        """``size`` bytes (all that is left for a negative one); fewer only at the end: tarfile
+        takes a short read for a truncated file, and a chunk is whatever the wire brought."""
+        pieces, have = [self._pending], len(self._pending)
+        while size < 0 or have < size:
             chunk = next(self._chunks, None)
             if chunk is None:
-                return b""
-            self._pending = chunk
-        cut = len(self._pending) if size < 0 else size
-        taken, self._pending = self._pending[:cut], self._pending[cut:]
-        return taken
+                break
+            pieces.append(chunk)
+            have += len(chunk)
+        data = b"".join(pieces)
+        cut = len(data) if size < 0 else size
+        self._pending = data[cut:]
+        return data[:cut]
 
     def finish(self) -> None:
         """Read the chunks to their end (``_exactly`` then checks the size)."""

@@ -293,6 +293,7 @@ class Reply:
     box_id: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     length: int | None = None  # ``bytes``: this many bytes of PATTERN instead of ``body``
+    chunk_size: int | None = None  # ``bytes``: sent chunked, this many bytes a chunk
 
     def payload(self) -> bytes:
         return b"".join(self.events) if self.kind == "stream" else self.body
@@ -652,12 +653,24 @@ def _download(content: bytes | int, range_header: str | None, box_id: str) -> Re
     return replace(reply, body=content)
 
 
+def generated(length: int) -> bytes:
+    """The first ``length`` bytes of a file generated from ``PATTERN``."""
+    return (PATTERN * (length // len(PATTERN) + 1))[:length]
+
+
 def write_good(h: Handler, reply: Reply) -> None:
     """Send a reply the way a healthy server does (streams chunked, the rest with a length)."""
     if reply.kind == "stream" and reply.status == 200:
         h.head(200, {"Content-Type": EVENTS, "Transfer-Encoding": "chunked"})
         for event in reply.events:
             h.chunk(event)
+        h.write(b"0\r\n\r\n")
+        return
+    if reply.chunk_size is not None:
+        h.head(reply.status, {"Content-Type": reply.content_type, "Transfer-Encoding": "chunked"})
+        data = reply.body if reply.length is None else generated(reply.length)
+        for start in range(0, len(data), reply.chunk_size):
+            h.chunk(data[start : start + reply.chunk_size])
         h.write(b"0\r\n\r\n")
         return
     if reply.length is not None:
@@ -1200,6 +1213,7 @@ def _renamed(r: Reply) -> Reply:
 
 
 FILE_ROUTES = ("info", "search", "list")
+ODD_CHUNK = 10_000  # not a multiple of tarfile's 16 KiB reads
 LIES: dict[str, Lie] = {
     lie.name: lie
     for lie in (
@@ -1254,6 +1268,13 @@ LIES: dict[str, Lie] = {
             f"an id the client would put in a later URL: {HOSTILE_ID!r}",
             ("context_create", "contexts_list", "context_get", "session_create", "command"),
             _hostile_id,
+        ),
+        Lie(
+            "odd_chunks",
+            f"no lie in the bytes: a download sent chunked, {ODD_CHUNK} bytes a chunk (as a "
+            "proxy relays each read of a length-less answer)",
+            ("download",),
+            lambda r: replace(r, chunk_size=ODD_CHUNK),
         ),
         Lie(
             "range_ignored",

@@ -52,6 +52,7 @@ from osb_sync import ApiError, Client, OpenSandboxError, Sandbox
 from osb_sync._cli import main
 from tests.faults.faultserver import (
     API_KEY_HEADER,
+    FILE_BYTES,
     KEY,
     LIES,
     RENAMED_DIRECTORY,
@@ -59,6 +60,7 @@ from tests.faults.faultserver import (
     TOKEN,
     World,
     _match,
+    generated,
 )
 from tests.faults.test_fault_matrix import bounded, chain_text
 
@@ -237,6 +239,18 @@ def test_cp_dash_streams_a_file_in_bounded_memory(world: World, sandbox_id: str)
     assert (header.name, header.size) == ("dir/big.bin", size)
     assert copied.stdout.size >= 512 + size
     assert peak < 16 << 20, f"the copy held {peak / 2**20:.0f} MiB at its peak"
+
+
+def test_cp_dash_copies_a_download_that_comes_in_odd_chunks(world: World, sandbox_id: str) -> None:
+    """tarfile reads 16 KiB at a time and takes a short read for a truncated file: the chunks
+    of a length-less download are whatever the wire brought (10 000 bytes each here)."""
+    world.files["/top/dir/f.bin"] = 100_000
+    world.inject("download", "odd_chunks")
+    copied = cp(world, f"{sandbox_id}:/top/dir", "-")
+    assert copied.status == 0, copied.stderr
+    with tarfile.open(fileobj=io.BytesIO(bytes(copied.stdout.kept))) as archive:
+        handle = archive.extractfile("dir/f.bin")
+        assert handle is not None and handle.read() == generated(100_000)
 
 
 def test_cp_refuses_a_download_longer_than_its_listing(
@@ -445,6 +459,8 @@ def _case(route: str, lie: str) -> Case:
         return Case(route, lie, call, "ok", holds=_ran_ok)  # events with odd fields are dropped
     if lie == "understated_size":  # not a lie a listing can show: cp holds it (above)
         return Case(route, lie, call, "ok")
+    if lie == "odd_chunks":
+        return Case(route, lie, call, "ok", holds=lambda value: value == FILE_BYTES)
     if lie == "renamed" and route == "info":  # data, never a host path: cp holds it (above)
         return Case(route, lie, call, "ok")
     names = NAMED_PER_ROUTE.get((lie, route)) or NAMED[lie]
