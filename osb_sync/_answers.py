@@ -9,11 +9,11 @@ the one error for an unusable answer, ``ApiError(code="INVALID_RESPONSE")``, wit
 token redacted from the value it shows. The rules:
 
 - a ``FileInfo`` (``files.info``, ``list``, ``search``): ``path`` a clean absolute path (no
-  ``.``, ``..`` or empty component, no NUL), and in a listing or a search beneath the directory
-  asked for, when that was absolute (execd resolves a relative one, so only the first rule
-  holds); ``type`` a string; ``size`` an int from 0 to 2**63 - 1 (the largest file size);
-  ``mode`` execd's octal digits, at most 7777; ``owner``, ``group`` and the times strings.
-  ``info`` answers only the paths asked for.
+  ``.``, ``..`` or empty component, no NUL) shorter than ``PATH_MAX``, and in a listing or a
+  search beneath the directory asked for, when that was absolute (execd resolves a relative
+  one, so only the first rule holds); ``type`` a string; ``size`` an int from 0 to 2**63 - 1
+  (the largest file size); ``mode`` execd's octal digits, at most 7777; ``owner``, ``group``
+  and the times strings. ``info`` answers only the paths asked for.
 - an id that goes into later URLs (a context's ``id``, a session's ``session_id``, a command's
   ``init`` text): a non-empty string without ``/`` or control characters, not ``.`` or ``..``;
   escaped where a URL is built (``in_url``), as a caller's id is.
@@ -36,6 +36,7 @@ from ._models import CodeContext, CommandStatus, FileInfo, Metrics
 T = TypeVar("T")
 
 MAX_FILE_SIZE = 2**63 - 1  # off_t: no file is larger
+PATH_MAX = 4096  # bytes, with the NUL that ends it: no longer path names a file on Linux
 _SHOWN = 120  # characters of a refused value an error shows
 _MISSING = object()
 
@@ -120,6 +121,8 @@ def a_clean_path(value: Any, field: str, beneath: str | None = None) -> str:
         parts = [""]
     if parts[0] != "" or "\0" in path or any(p in ("", ".", "..") for p in parts[1:]):
         raise BadAnswer(field, "is not a clean absolute path", value)
+    if len(path.encode("utf-8", "surrogatepass")) >= PATH_MAX:
+        raise BadAnswer(field, f"is longer than a path can be ({PATH_MAX} bytes, PATH_MAX)")
     if beneath is not None and path != beneath and not path.startswith(beneath.rstrip("/") + "/"):
         raise BadAnswer(field, f"is not beneath {beneath!r}, the directory asked for", value)
     return path

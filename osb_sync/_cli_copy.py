@@ -21,6 +21,11 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
 - Each file streams, ``CHUNK_SIZE`` at a time, and must be as long as the listing said: a longer
   one is refused at the first chunk past its size (an endless download ends), a shorter one at
   its end (a file that changed during the copy: copy it again).
+- Disk use is bounded by the listing: each file is exactly as long as it says, and what it says
+  adds up to must fit in the space free where DEST is, checked before the first byte is written
+  (a sandbox may claim any size, up to 2**63 - 1 bytes a file, and stream zeros to match).
+  Directories are walked one level at a time, two descriptors open at most, however deep an
+  entry is (its path is shorter than PATH_MAX: ``Files`` refuses a longer one).
 - Only regular files are copied. execd does not say where a symlink points, and its download
   would follow it (to a directory, a FIFO, a file of any size): a symlink or another entry in a
   directory is skipped with a warning, and a SRC that is one is refused.
@@ -126,9 +131,11 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
         if target.is_dir():
             target = target / name
         with _Tree(target.parent) as tree, contextlib.closing(_exactly(sandbox, info)) as data:
+            tree.check_room(info.size)
             tree.write(target.name, data, info.path)
         return 0
     with _Tree(target / name if target.is_dir() else target) as tree:
+        tree.check_room(sum(item.size for _, item in files))
         for rest, item in files:
             with contextlib.closing(_exactly(sandbox, item)) as data:
                 tree.write(rest, data, item.path)
@@ -230,14 +237,14 @@ class _Tree:
             OSError: the disk refused (full, read-only, no permission).
         """
         *directories, name = relative.split("/")
-        opened: list[int] = []
+        parent = self._fd
         try:
-            parent = self._fd
             for directory in directories:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(directory, dir_fd=parent)
-                parent = os.open(directory, _DIRECTORY, dir_fd=parent)
-                opened.append(parent)
+                child = os.open(directory, _DIRECTORY, dir_fd=parent)
+                self._close(parent)  # one descriptor a level would run out at depth 1024
+                parent = child
             _write_file(parent, name, chunks)
         except OSError as exc:
             if exc.errno not in _CONFLICTS:
@@ -247,8 +254,27 @@ class _Tree:
                 f"({os.strerror(exc.errno)}); nothing more was copied"
             ) from None
         finally:
-            for fd in opened:
-                os.close(fd)
+            self._close(parent)
+
+    def _close(self, fd: int) -> None:
+        """Close a directory opened on the way (the root stays open)."""
+        if fd != self._fd:
+            os.close(fd)
+
+    def check_room(self, size: int) -> None:
+        """Check that ``size`` bytes fit in the root's file system (what ordinary users may
+        write of it), before anything is written.
+
+        Raises:
+            Refused: they do not.
+        """
+        found = os.fstatvfs(self._fd)
+        free = found.f_bavail * found.f_frsize
+        if size > free:
+            raise Refused(
+                f"the sandbox listed {size} bytes to copy, more than the {free} free where DEST "
+                "is; nothing was copied"
+            )
 
 
 def _write_file(parent: int, name: str, chunks: Iterator[bytes]) -> None:

@@ -1213,6 +1213,7 @@ def _renamed(r: Reply) -> Reply:
 
 
 FILE_ROUTES = ("info", "search", "list")
+PAST_PATH_MAX = "/dir/" + "d/" * 2100 + "f"  # a path of PATH_MAX (4096 bytes) or more names no file
 ODD_CHUNK = 10_000  # not a multiple of tarfile's 16 KiB reads
 LIES: dict[str, Lie] = {
     lie.name: lie
@@ -1241,6 +1242,12 @@ LIES: dict[str, Lie] = {
             f"{sorted(RENAMED_FILES.values())}: not the name asked (cp's name stays the user's)",
             ("info", "search"),
             _renamed,
+        ),
+        Lie(
+            "past_path_max",
+            f"an entry {len(PAST_PATH_MAX)} bytes long, {PAST_PATH_MAX.count('/')} levels deep",
+            FILE_ROUTES,
+            _first_entry("path", PAST_PATH_MAX),
         ),
         Lie("negative_size", "a file of -1 bytes", FILE_ROUTES, _first_entry("size", -1)),
         Lie(

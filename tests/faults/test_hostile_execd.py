@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import io
 import logging
+import os
 import sys
 import tarfile
 import tracemalloc
@@ -48,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from osb_sync import ApiError, Client, OpenSandboxError, Sandbox
+from osb_sync import ApiError, Client, OpenSandboxError, Sandbox, _cli_copy
 from osb_sync._cli import main
 from tests.faults.faultserver import (
     API_KEY_HEADER,
@@ -287,6 +288,48 @@ def test_cp_never_writes_through_a_symlink_in_dest(
     assert written(outside) == ["a.txt"] and (outside / "a.txt").read_bytes() == b"keep me"
 
 
+def test_cp_holds_two_descriptors_however_deep_an_entry_is(
+    world: World, sandbox_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One descriptor a level ran out at the default 1024 (EMFILE, exit 125, directories left
+    behind): a parent is closed once its child is open."""
+    deep = "/dir/" + "d/" * 300 + "f.txt"
+    world.files[deep] = b"deep\n"
+    opened: list[int] = []
+    write_file = _cli_copy._write_file
+
+    def counting(parent: int, name: str, chunks: Iterator[bytes]) -> None:
+        opened.append(len(os.listdir("/proc/self/fd")))
+        write_file(parent, name, chunks)
+
+    monkeypatch.setattr(_cli_copy, "_write_file", counting)
+    before = len(os.listdir("/proc/self/fd"))
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
+    assert copied.status == 0, copied.stderr
+    assert (tmp_path / "dest" / deep[len("/dir/") :]).read_bytes() == b"deep\n"
+    assert len(opened) == 3 and max(opened) - before < 16, (before, opened)
+
+
+def test_cp_refuses_a_listing_larger_than_the_free_space(
+    world: World, sandbox_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sandbox may list a file of any size and stream zeros to match: what the listing adds
+    up to must fit where DEST is (here, 1 MiB free), checked before anything is written."""
+    world.files["/top/dir/big.bin"] = 2 << 20
+    found = os.statvfs(tmp_path)
+
+    def one_mib_free(fd: int) -> os.statvfs_result:
+        free = (1 << 20) // found.f_frsize
+        return os.statvfs_result((*found[:4], free, *found[5:]))
+
+    monkeypatch.setattr(_cli_copy.os, "fstatvfs", one_mib_free)
+    for src in ("/top/dir", "/top/dir/big.bin"):
+        copied = cp(world, f"{sandbox_id}:{src}", str(tmp_path / "dest"))
+        assert copied.status == EXIT_REFUSED, copied.stderr
+        assert "listed 2097152 bytes to copy" in copied.stderr
+        assert written(tmp_path) == []
+
+
 def test_cp_of_a_healthy_tree_both_ways(world: World, sandbox_id: str, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     assert cp(world, f"{sandbox_id}:/dir", str(dest)).status == 0
@@ -413,6 +456,7 @@ NAMED = {
     "absolute_remainder": "is not a clean absolute path",
     "outside_root": "'path' of entry 0 is not beneath '/dir'",
     "renamed": "'path' of entry 0 is not beneath '/dir'",
+    "past_path_max": "is longer than a path can be (4096 bytes, PATH_MAX)",
     "negative_size": "'size' of",
     "huge_size": "'size' of",
     "hostile_id": "is not an id that can stand in a URL",
