@@ -76,8 +76,9 @@ class Execd:
         """Send one call; an error status raises (and closes the response).
 
         execd is the sandbox's and may lie (``_answers``): a body that is not streamed is read
-        at most ``MAX_BODY_BYTES`` (``_transport``), a redirect is followed within execd's
-        origin only; a call whose answer is JSON goes through :meth:`answer`.
+        at most ``MAX_BODY_BYTES`` (``_transport``), a redirect is never followed (behind a
+        server proxy execd's origin is the lifecycle API's, whose routes a redirect could
+        reach: TransportError); a call whose answer is JSON goes through :meth:`answer`.
 
         GETs are retried on transient failures unless ``retry`` is False. ``deadline`` (a
         ``time.monotonic()`` instant) bounds the call's connect and read timeouts by the time
@@ -102,6 +103,7 @@ class Execd:
             idempotent=method == "GET" if retry is None else retry,
             secrets=self._secrets,
             deadline=deadline,
+            follow_redirects=False,
         )
         if response.status_code >= 300:
             try:

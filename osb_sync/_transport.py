@@ -14,7 +14,10 @@ Rules that every request follows, whatever session it goes through:
 - **Redirects.** requests forwards custom headers (the API key, execd tokens) across redirects,
   and a 307 re-sends the body. Every request is sent with ``allow_redirects=False``; a redirect
   is followed here only within the same origin (307/308 for any method, 301/302/303 for GET),
-  anything else raises TransportError naming where it pointed.
+  and only for a call that allows it: execd's calls do not (a sandbox's execd could point the
+  client at any route of its origin, which behind a server proxy is the lifecycle API's; real
+  execd never redirects). Anything else, an unusable ``Location`` included, raises
+  TransportError naming where it pointed.
 - **Environment.** The client's own session honours proxies, a CA bundle and a netrc from the
   environment, as requests does, but reads them once per origin through
   ``Session.merge_environment_settings`` (requests would scan the environment on every call),
@@ -180,12 +183,14 @@ class Transport:
         idempotent: bool = False,
         secrets: Iterable[str] = (),
         deadline: float | None = None,
+        follow_redirects: bool = True,
     ) -> requests.Response:
         """Send one request and return the response, whatever its status.
 
         ``read_timeout`` overrides the transport's for this call (bounding silence, not the
         whole response). ``deadline`` (a ``time.monotonic()`` instant) bounds the connect and
-        read timeouts by the time left, and the retries: none is made past it.
+        read timeouts by the time left, and the retries: none is made past it. Without
+        ``follow_redirects`` a redirect raises TransportError.
 
         Raises:
             TransportError: no usable response (after the retries this call allows), or the
@@ -201,6 +206,7 @@ class Transport:
             data=data,
             stream=stream,
             secrets=tuple(secrets),
+            follow_redirects=follow_redirects,
         )
         attempt = 0
         while True:
@@ -234,6 +240,13 @@ class Transport:
             response = self._send_once(call)
             if response.status_code not in _REDIRECT_STATUSES:
                 return response
+            if not call.follow_redirects:
+                response.close()
+                raise TransportError(
+                    f"{call.method} {call.path} -> {response.status_code} redirect to "
+                    f"{_shown_location(response, call.secrets)} refused: this call follows no "
+                    "redirect (execd's calls never do: it is the sandbox's)"
+                )
             if call.data is not None and not isinstance(call.data, bytes):
                 response.close()
                 raise TransportError(
@@ -298,10 +311,17 @@ class Transport:
     ) -> str:
         location = response.headers.get("Location", "")
         response.close()
-        target = urljoin(url, location)
-        shown = redact(urlsplit(target)._replace(query="", fragment="").geturl(), secrets)
         path = urlsplit(url).path
-        if origin(target) != origin(url):
+        try:
+            target = urljoin(url, location)
+            shown = redact(urlsplit(target)._replace(query="", fragment="").geturl(), secrets)
+            elsewhere = origin(target) != origin(url)
+        except ValueError:  # a host or port urllib cannot read
+            raise TransportError(
+                f"{method} {path} -> {response.status_code} redirect to an unusable Location "
+                f"({_shown_location(response, secrets)})"
+            ) from None
+        if elsewhere:
             raise TransportError(
                 f"{method} {path} -> {response.status_code} redirect to another origin "
                 f"({shown}) refused: credentials are never sent to another origin"
@@ -312,6 +332,12 @@ class Transport:
                 "it would change the method"
             )
         return target
+
+
+def _shown_location(response: requests.Response, secrets: tuple[str, ...]) -> str:
+    """A redirect's ``Location`` as an error shows it: credentials redacted, quoted, cut."""
+    location = redact(response.headers.get("Location", ""), secrets)
+    return repr(location if len(location) <= 200 else location[:200] + "...")
 
 
 class _Call(NamedTuple):
@@ -326,6 +352,7 @@ class _Call(NamedTuple):
     data: Any
     stream: bool
     secrets: tuple[str, ...]
+    follow_redirects: bool
 
     @property
     def path(self) -> str:

@@ -9,6 +9,10 @@ Three stdlib HTTP/1.1 keep-alive servers share one :class:`World`:
   (``World.files``: ``/dir/a.txt``, ``/dir/sub/b.txt``);
 - ``other``: another origin, the target of refused redirects; nothing should ever reach it.
 
+With ``World.proxied`` the endpoints are in the server-proxy form (``/sandboxes/<id>/proxy/
+44772`` on the API's origin, as the local server's and the real server's ``use_server_proxy``
+ones): execd's origin is then the lifecycle API's, and ``api`` hands those paths to execd.
+
 Healthy answers follow the wire protocol (bare JSON event frames, ``init`` first, ``{code,
 message}`` errors). ``World.inject(route, fault)`` makes a route misbehave instead: ``FAULTS``
 names every misbehaviour of the wire (any route), ``LIES`` every well-framed lie a hostile
@@ -53,6 +57,8 @@ JSON = "application/json"
 EVENTS = "text/event-stream"
 OCTETS = "application/octet-stream"
 
+# An execd route behind the server proxy (``World.proxied``).
+PROXIED = re.compile(r"^/sandboxes/(?P<id>[^/]+)/proxy/44772(?P<rest>/.*)?$")
 API_ROUTES = (
     ("POST", re.compile(r"^/v1/sandboxes$"), "create"),
     ("GET", re.compile(r"^/v1/sandboxes$"), "list"),
@@ -324,6 +330,7 @@ class World:
         # under load) must not end the next cell's run.
         self.interrupted: set[str] = set()
         self.files: dict[str, bytes | int] = dict(TREE)
+        self.proxied = False
         self.api = FaultServer("api", self)
         self.execd = FaultServer("execd", self)
         self.other = FaultServer("other", self)
@@ -359,6 +366,7 @@ class World:
             self.smuggled = threading.Event()
             self.interrupted = set()
             self.files = dict(TREE)
+            self.proxied = False
         self.api.go_up()
         self.execd.go_up()
 
@@ -403,9 +411,13 @@ class World:
 
     def handle(self, server: str, h: Handler, body: bytes) -> None:
         parts = urlsplit(h.path)
-        route, params = _match(server, h.command, parts.path)
+        path = parts.path
+        proxied = PROXIED.match(path) if server == "api" and self.proxied else None
+        if proxied:  # the server proxy: execd's routes under the API's origin
+            server, path = "execd", f"/{proxied['id']}{proxied['rest'] or ''}"
+        route, params = _match(server, h.command, path)
         with self.lock:
-            self.seen.append(Seen(server, h.command, parts.path, route, dict(h.headers)))
+            self.seen.append(Seen(server, h.command, path, route, dict(h.headers)))
             fault = self._take_fault(route)
             release = self.release
             if route == "interrupt" and fault is None:
@@ -465,6 +477,9 @@ class World:
             return Reply(route, "empty", 204, data, box_id=box_id)
         assert route == "endpoint", route
         endpoint = {"endpoint": f"127.0.0.1:{self.execd.server_address[1]}/{box_id}"}
+        if self.proxied:
+            port = self.api.server_address[1]
+            endpoint = {"endpoint": f"127.0.0.1:{port}/sandboxes/{box_id}/proxy/44772"}
         data = json.dumps({**endpoint, "headers": {TOKEN_HEADER: TOKEN}}).encode()
         return Reply(route, "json", 200, data, box_id=box_id)
 
@@ -520,7 +535,12 @@ class World:
             text = b"ok\n"[cursor:]
             cursor_header = {LOGS_CURSOR_HEADER: str(cursor + len(text))}
             return Reply(
-                route, "bytes", body=text, content_type="text/plain", headers=cursor_header
+                route,
+                "bytes",
+                body=text,
+                content_type="text/plain",
+                box_id=box_id,
+                headers=cursor_header,
             )
         if route == "session_create":
             return answer({"session_id": "sess-1"})
@@ -1166,6 +1186,14 @@ ABSURD_NUMBERS: dict[str, Any] = {
 }
 
 
+def _redirect_same_origin(r: Reply) -> Reply:
+    """307 (302 to a GET) to the lifecycle route that deletes the sandbox, on execd's origin:
+    behind a server proxy (``World.proxied``), the lifecycle API's."""
+    status = 302 if r.route in GETS else 307
+    location = {"Location": f"/v1/sandboxes/{r.box_id}"}
+    return Reply(r.route, "json", status, b"", box_id=r.box_id, headers=location)
+
+
 def _wrong_types(r: Reply) -> Reply:
     if r.kind == "stream":
         return replace(r, events=_stream_shape("wrong_types", r.events))
@@ -1213,6 +1241,8 @@ def _renamed(r: Reply) -> Reply:
 
 
 FILE_ROUTES = ("info", "search", "list")
+EVERY_EXECD_ROUTE = tuple(route for _, _, route in EXECD_ROUTES)
+GETS = tuple(route for method, _, route in EXECD_ROUTES if method == "GET")
 PAST_PATH_MAX = "/dir/" + "d/" * 2100 + "f"  # a path of PATH_MAX (4096 bytes) or more names no file
 ODD_CHUNK = 10_000  # not a multiple of tarfile's 16 KiB reads
 LIES: dict[str, Lie] = {
@@ -1282,6 +1312,13 @@ LIES: dict[str, Lie] = {
             "proxy relays each read of a length-less answer)",
             ("download",),
             lambda r: replace(r, chunk_size=ODD_CHUNK),
+        ),
+        Lie(
+            "redirect_same_origin",
+            "307 (302 to a GET) to /v1/sandboxes/<its id> on execd's own origin, which behind "
+            "a server proxy is the lifecycle API's",
+            EVERY_EXECD_ROUTE,
+            _redirect_same_origin,
         ),
         Lie(
             "range_ignored",

@@ -49,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from osb_sync import ApiError, Client, OpenSandboxError, Sandbox, _cli_copy
+from osb_sync import ApiError, Client, OpenSandboxError, Sandbox, TransportError, _cli_copy
 from osb_sync._cli import main
 from tests.faults.faultserver import (
     API_KEY_HEADER,
@@ -348,7 +348,7 @@ def test_cp_of_a_healthy_tree_both_ways(world: World, sandbox_id: str, tmp_path:
 PACKAGE = Path(__file__).resolve().parents[2] / "osb_sync"
 # Calls on an ``_execd`` that make no request, or make one only through those below.
 NOT_ROUTES = {"invalid", "move"}
-GENERIC = ("flood", "redirect_cross_origin")
+GENERIC = ("flood", "redirect_cross_origin", "redirect_same_origin")
 READ_TIMEOUT = 0.4
 RUN_TIMEOUT = 1.0
 CAP = 64 * 1024
@@ -491,7 +491,7 @@ def _case(route: str, lie: str) -> Case:
             return Case(route, lie, call, "ok", holds=lambda value: value is False)
         limited = route in STREAMS or route == "download"
         return Case(route, lie, call, "OutputLimitExceeded" if limited else "TransportError")
-    if lie == "redirect_cross_origin":
+    if lie in ("redirect_cross_origin", "redirect_same_origin"):
         if route == "ping":
             return Case(route, lie, call, "ok", holds=lambda value: value is False)
         return Case(route, lie, call, "TransportError")
@@ -514,7 +514,9 @@ def _case(route: str, lie: str) -> Case:
 CASES = [
     _case(route, lie)
     for route in CALLS
-    for lie in (*GENERIC, *(name for name, told in LIES.items() if route in told.routes))
+    for lie in dict.fromkeys(
+        [*GENERIC, *(name for name, lie in LIES.items() if route in lie.routes)]
+    )
 ]
 # Beyond the route's own call: a download to disk, which a hostile execd could make endless.
 CASES.append(
@@ -561,6 +563,31 @@ def test_a_lying_route_ends_contained_or_typed(
             assert API_KEY_HEADER.lower() not in {h.lower() for h in seen.headers}
             assert seen.route is not None and ".." not in seen.path and "v1" not in seen.path
         assert sandbox.ping(), "the same client could not reach execd afterwards"
+    finally:
+        client.delete_sandbox(sandbox.id)
+
+
+@pytest.mark.parametrize("route", CALLS)
+def test_a_redirect_from_execd_never_reaches_the_lifecycle_api(
+    route: str, world: World, client: Client, tmp_path: Path
+) -> None:
+    """Behind a server proxy (the local server's endpoints, the real server's
+    ``use_server_proxy``) execd's origin is the lifecycle API's: followed there, a redirect
+    from execd made the client delete a sandbox (on a server without a key, as the local one
+    is by default: the execd token went along, the API key never does)."""
+    world.proxied = True
+    sandbox = client.create_sandbox(ready_timeout=2)
+    try:
+        assert sandbox.execd_url.startswith(world.api.url + "/sandboxes/")
+        world.inject(route, "redirect_same_origin")
+        asked = len(world.requests("api"))
+        outcome = bounded(world, lambda: CALLS[route](sandbox, tmp_path), BOUND)
+        world.heal()
+        assert world.requests("api")[asked:] == [], "execd made the client call the API"
+        assert world.live() == [sandbox.id]
+        if route != "ping":  # ping answers False
+            assert isinstance(outcome.error, TransportError), repr(outcome.error)
+            assert "follows no redirect" in str(outcome.error)
     finally:
         client.delete_sandbox(sandbox.id)
 
