@@ -30,9 +30,11 @@ STREAM_HEADERS = {
     "Content-Type": "application/json",
     "Accept": "text/event-stream",
     "Cache-Control": "no-cache",
-    # Counted bytes must be wire bytes: no transparent decompression under the cap.
-    "Accept-Encoding": "identity",
 }
+# On every execd call: counted bytes must be wire bytes, and a few hundred bytes of a body
+# compressed twice inflate to gigabytes (urllib3 before 2.6 inflates a whole block at a time,
+# before any cap can act). An answer encoded all the same is refused unread.
+IDENTITY = {"Accept-Encoding": "identity"}
 PAUSED_HINT = "the sandbox is paused: resume it first (sandbox.resume())"
 
 
@@ -78,7 +80,9 @@ class Execd:
         execd is the sandbox's and may lie (``_answers``): a body that is not streamed is read
         at most ``MAX_BODY_BYTES`` (``_transport``), a redirect is never followed (behind a
         server proxy execd's origin is the lifecycle API's, whose routes a redirect could
-        reach: TransportError); a call whose answer is JSON goes through :meth:`answer`.
+        reach: TransportError), a body is asked for and taken as is (``Accept-Encoding:
+        identity``: an answer with another ``Content-Encoding`` is refused, its body never
+        decoded); a call whose answer is JSON goes through :meth:`answer`.
 
         GETs are retried on transient failures unless ``retry`` is False. ``deadline`` (a
         ``time.monotonic()`` instant) bounds the call's connect and read timeouts by the time
@@ -87,7 +91,7 @@ class Execd:
         Raises:
             NotFoundError: 404 (a missing file, context or command).
             SandboxStateError: the server's proxy says the sandbox is paused.
-            ApiError: another error status.
+            ApiError: another error status; ``code`` ``INVALID_RESPONSE``: an encoded body.
             TransportError: no usable response.
         """
         url = self.base_url + path
@@ -97,7 +101,7 @@ class Execd:
             json=json,
             params=params,
             data=data,
-            headers={**(headers or {}), **self._headers},
+            headers={**IDENTITY, **(headers or {}), **self._headers},
             read_timeout=read_timeout,
             stream=stream,
             idempotent=method == "GET" if retry is None else retry,
@@ -105,6 +109,17 @@ class Execd:
             deadline=deadline,
             follow_redirects=False,
         )
+        encoding = response.headers.get("Content-Encoding")
+        if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+            response.close()
+            raise self.invalid(
+                response,
+                BadAnswer(
+                    "the Content-Encoding header",
+                    "is not identity, which the client asked for (the body was not decoded)",
+                    encoding,
+                ),
+            )
         if response.status_code >= 300:
             try:
                 exc = error_from_response(response, method, urlsplit(url).path, self._secrets)

@@ -266,7 +266,8 @@ class Transport:
             else:
                 response = self._send_theirs(call)
             if not call.stream:
-                _read_capped_body(response)
+                # A body asked for as is is read as is: never inflated before the caller saw it.
+                _read_capped_body(response, call.headers.get("Accept-Encoding") != "identity")
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             elapsed = (time.monotonic() - started) * 1000
             logger.debug(
@@ -411,11 +412,12 @@ class _BodyTooLarge(Exception):
     """Internal: a non-streamed response passed MAX_BODY_BYTES."""
 
 
-def _read_capped_body(response: requests.Response) -> None:
+def _read_capped_body(response: requests.Response, decode: bool = True) -> None:
     """Read a whole (non-streamed) body, at most MAX_BODY_BYTES, and release the connection.
 
     requests would read an endless body forever; here it is read through urllib3's public
-    ``stream()`` and swapped for an in-memory file, from which ``.content`` reads as usual.
+    ``stream()`` (``decode``: its ``Content-Encoding`` undone) and swapped for an in-memory
+    file, from which ``.content`` reads as usual.
     """
     raw = response.raw
     if not hasattr(raw, "stream"):  # not urllib3 (an exotic adapter): no cap possible
@@ -423,7 +425,7 @@ def _read_capped_body(response: requests.Response) -> None:
         return
     pieces: list[bytes] = []
     total = 0
-    for chunk in raw.stream(CHUNK_SIZE, decode_content=True):
+    for chunk in raw.stream(CHUNK_SIZE, decode_content=decode):
         total += len(chunk)
         if total > MAX_BODY_BYTES:
             response.close()

@@ -25,6 +25,7 @@ again.
 from __future__ import annotations
 
 import email.utils
+import functools
 import itertools
 import json
 import re
@@ -32,6 +33,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -1194,6 +1196,24 @@ def _redirect_same_origin(r: Reply) -> Reply:
     return Reply(r.route, "json", status, b"", box_id=r.box_id, headers=location)
 
 
+@functools.cache
+def deflate_bomb() -> bytes:
+    """32 MiB of zeros deflated twice: 193 bytes, for ``Content-Encoding: deflate, deflate``."""
+    return zlib.compress(zlib.compress(bytes(32 << 20), 9), 9)
+
+
+def _compressed(r: Reply) -> Reply:
+    return Reply(
+        r.route,
+        "json",
+        200,
+        deflate_bomb(),
+        content_type=r.content_type,
+        box_id=r.box_id,
+        headers={"Content-Encoding": "deflate, deflate"},
+    )
+
+
 def _wrong_types(r: Reply) -> Reply:
     if r.kind == "stream":
         return replace(r, events=_stream_shape("wrong_types", r.events))
@@ -1319,6 +1339,13 @@ LIES: dict[str, Lie] = {
             "a server proxy is the lifecycle API's",
             EVERY_EXECD_ROUTE,
             _redirect_same_origin,
+        ),
+        Lie(
+            "deflate_bomb",
+            "a body of a few hundred bytes, `Content-Encoding: deflate, deflate`, that inflates "
+            "to 32 MiB of zeros (a GiB in the same bytes, to urllib3 < 2.6 in one read)",
+            EVERY_EXECD_ROUTE,
+            _compressed,
         ),
         Lie(
             "range_ignored",

@@ -491,8 +491,11 @@ def _case(route: str, lie: str) -> Case:
             return Case(route, lie, call, "ok", holds=lambda value: value is False)
         limited = route in STREAMS or route == "download"
         return Case(route, lie, call, "OutputLimitExceeded" if limited else "TransportError")
-    if lie in ("redirect_cross_origin", "redirect_same_origin"):
+    if lie in ("redirect_cross_origin", "redirect_same_origin", "deflate_bomb"):
         if route == "ping":
+            return Case(route, lie, call, "ok", holds=lambda value: value is False)
+        if lie == "deflate_bomb":
+            return Case(route, lie, call, "INVALID_RESPONSE", "Content-Encoding header is not")
             return Case(route, lie, call, "ok", holds=lambda value: value is False)
         return Case(route, lie, call, "TransportError")
     if lie == "hostile_id" and route == "command":
