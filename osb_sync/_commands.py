@@ -116,6 +116,8 @@ class Commands:
         Raises:
             ApiError: execd refused the command, or named it with an id that cannot stand in a
                 URL (``code`` ``INVALID_RESPONSE``).
+            SandboxTimeoutError: execd did not answer that it started within the client's
+                ``call_timeout`` (its answer is a stream, which execd ends at once).
             OpenSandboxError: execd gave the command no id.
         """
         options = command_body(command, cwd, dict(env) if env else None, None, uid, gid)
@@ -125,6 +127,7 @@ class Commands:
             body,
             folder=CommandFolder(),
             max_output_bytes=MAX_OUTPUT_BYTES,
+            timeout=self._execd.call_timeout,
             stop_at_terminal=True,
         )
         with stream:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import nullcontext
 from typing import Any, Callable, Mapping, TypeVar
 from urllib.parse import urlsplit
@@ -61,6 +62,16 @@ class Execd:
         """Seconds of silence allowed on a response, unless a call says otherwise."""
         return self._transport.read_timeout
 
+    @property
+    def call_timeout(self) -> float | None:
+        """Seconds a call may take from its request sent to its answer (streamed: its headers)."""
+        return self._transport.call_timeout
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The values of the headers sent on every call (the token): never shown."""
+        return self._secrets
+
     def request(
         self,
         method: str,
@@ -84,9 +95,10 @@ class Execd:
         identity``: an answer with another ``Content-Encoding`` is refused, its body never
         decoded); a call whose answer is JSON goes through :meth:`answer`.
 
-        GETs are retried on transient failures unless ``retry`` is False. ``deadline`` (a
-        ``time.monotonic()`` instant) bounds the call's connect and read timeouts by the time
-        left, and its retries.
+        GETs are retried on transient failures unless ``retry`` is False. The whole call (of a
+        streamed answer: until its headers) is bounded by the client's ``call_timeout`` and
+        by ``deadline`` (a ``time.monotonic()`` instant), which also bounds its connect and
+        read timeouts by the time left, and its retries.
 
         Raises:
             NotFoundError: 404 (a missing file, context or command).
@@ -108,6 +120,7 @@ class Execd:
             secrets=self._secrets,
             deadline=deadline,
             follow_redirects=False,
+            call_timeout=self._transport.call_timeout,
         )
         encoding = response.headers.get("Content-Encoding")
         if encoding is not None and encoding.strip().lower() not in ("", "identity"):
@@ -202,7 +215,7 @@ class Execd:
             deadline=deadline,
         )
 
-    def interrupt(self, path: str, run_id: str, read_timeout: float | None = None) -> None:
+    def interrupt(self, path: str, run_id: str, deadline: float | None = None) -> None:
         """``DELETE {path}?id=``: stop a run (``/code``: a context's run; ``/command``: a command).
 
         Raises:
@@ -210,12 +223,13 @@ class Execd:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self.request("DELETE", path, params={"id": run_id}, read_timeout=read_timeout)
+        self.request("DELETE", path, params={"id": run_id}, deadline=deadline)
 
     def try_interrupt(self, path: str, run_id: str) -> bool:
         """:meth:`interrupt`, bounded by ``INTERRUPT_WAIT``; False (logged) if it failed."""
+        wait = min(INTERRUPT_WAIT, self._transport.read_timeout)
         try:
-            self.interrupt(path, run_id, min(INTERRUPT_WAIT, self._transport.read_timeout))
+            self.interrupt(path, run_id, time.monotonic() + wait)
         except OpenSandboxError as exc:
             logger.warning("interrupting run %s (DELETE %s) failed: %s", run_id, path, exc)
             return False

@@ -6,6 +6,7 @@ import builtins
 import json
 import os
 import secrets
+from contextlib import nullcontext
 from typing import IO, TYPE_CHECKING, Any, Generator, Iterable, Iterator, Mapping, TypeAlias
 
 import requests
@@ -21,6 +22,9 @@ from ._errors import (
     with_suffix,
 )
 from ._models import FileInfo, mode_to_wire
+from ._transport import answer_socket
+from ._wait import Wait
+from ._watchdog import Cutoff
 
 if TYPE_CHECKING:
     from ._execd import Execd
@@ -197,31 +201,41 @@ class Files:
             headers={"Content-Type": body.content_type},
         )
 
-    def read_bytes(self, path: str, *, max_bytes: int = MAX_OUTPUT_BYTES) -> bytes:
-        """A whole file, up to ``max_bytes``.
+    def read_bytes(
+        self, path: str, *, max_bytes: int = MAX_OUTPUT_BYTES, timeout: float | None = None
+    ) -> bytes:
+        """A whole file, up to ``max_bytes``, within ``timeout`` seconds (default: as any call
+        whose whole answer it returns, the client's ``call_timeout`` for the headers and again
+        for the body).
 
         Raises:
             NotFoundError: no such file.
             OutputLimitExceeded: the file is larger than ``max_bytes``.
+            SandboxTimeoutError: not read within ``timeout``.
+            StreamError: the download broke, or its body took longer than ``call_timeout``.
         """
         pieces: list[bytes] = []
         total = 0
-        for chunk in self.iter_bytes(path):
+        # Without a timeout, the body as any whole answer: call_timeout from its headers.
+        body = self._execd.call_timeout if timeout is None else None
+        for chunk in self._download(path, CHUNK_SIZE, 0, timeout, body):
             total += len(chunk)
             if total > max_bytes:
                 raise _too_large(path, max_bytes)
             pieces.append(chunk)
         return b"".join(pieces)
 
-    def read_text(self, path: str, encoding: str = "utf-8") -> str:
-        """A whole file decoded as text (capped like :meth:`read_bytes`).
+    def read_text(self, path: str, encoding: str = "utf-8", *, timeout: float | None = None) -> str:
+        """A whole file decoded as text (capped and bounded like :meth:`read_bytes`).
 
         Raises:
             NotFoundError: no such file.
             OutputLimitExceeded: the file is larger than the cap.
+            SandboxTimeoutError: not read within ``timeout``.
+            StreamError: the download broke, or its body took longer than ``call_timeout``.
             UnicodeDecodeError: the file is not text in ``encoding`` (the message names it).
         """
-        data = self.read_bytes(path)
+        data = self.read_bytes(path, timeout=timeout)
         try:
             return data.decode(encoding)
         except UnicodeDecodeError as exc:
@@ -231,50 +245,99 @@ class Files:
             raise
 
     def iter_bytes(
-        self, path: str, chunk_size: int = CHUNK_SIZE, start: int = 0
+        self,
+        path: str,
+        chunk_size: int = CHUNK_SIZE,
+        start: int = 0,
+        *,
+        timeout: float | None = None,
     ) -> Generator[bytes, None, None]:
         """Stream a file from byte ``start`` on (a Range request: resume after a failure).
+
+        ``timeout`` (seconds, from the first read) bounds the whole download. Without it the
+        answer's headers are bounded by the client's ``call_timeout``, and its body by the read
+        timeout for each silence only: a hostile execd can keep a download alive with a byte
+        now and then, until you stop iterating.
 
         Raises:
             NotFoundError: no such file.
             ApiError: ``code`` ``INVALID_RESPONSE``: execd answered a ``start`` with the whole
                 file (a 200), or from another byte.
+            SandboxTimeoutError: not whole within ``timeout``.
             StreamError: the download broke.
         """
+        return self._download(path, chunk_size, start, timeout, None)
+
+    def _download(
+        self, path: str, chunk_size: int, start: int, timeout: float | None, body: float | None
+    ) -> Generator[bytes, None, None]:
+        """:meth:`iter_bytes`, whose body (once its headers are in) is also cut ``body``
+        seconds on (StreamError)."""
         headers = {"Range": f"bytes={start}-"} if start else None
+        wait = None if timeout is None else Wait(f"the download of {path!r} did not end", timeout)
         try:
-            response = self._execd.request(
-                "GET", "/files/download", params={"path": path}, headers=headers, stream=True
-            )
+            with wait.bounding() if wait is not None else nullcontext():
+                response = self._execd.request(
+                    "GET",
+                    "/files/download",
+                    params={"path": path},
+                    headers=headers,
+                    stream=True,
+                    deadline=None if wait is None else wait.deadline,
+                )
         except NotFoundError as exc:
             raise with_suffix(exc, f"(path {path!r})") from None
+        cutoff = None
+        if wait is not None or body is not None:
+            cutoff = Cutoff(None if wait is None else wait.deadline, body)
+            cutoff.start(answer_socket(response))
         try:
             if start:
                 _check_range(response, start)
             yield from _chunks_or_stream_error(response, chunk_size)
+            if cutoff is not None and cutoff.finish():  # a cut may look like the end
+                raise StreamError("the connection was cut")
         except answers.BadAnswer as exc:
             raise self._execd.invalid(response, exc) from None
+        except StreamError as exc:
+            if cutoff is None or not cutoff.finish():
+                raise
+            if wait is not None and cutoff.by_deadline:
+                raise wait.error() from exc
+            raise StreamError(
+                f"the download of {path!r} was not whole within {cutoff.describe()}: the "
+                "connection was cut"
+            ) from exc
         finally:
+            if cutoff is not None:
+                cutoff.finish()  # before the connection can go back to the pool
             response.close()
 
     def download(
-        self, path: str, local_path: str | os.PathLike[str], *, max_bytes: int | None = None
+        self,
+        path: str,
+        local_path: str | os.PathLike[str],
+        *,
+        max_bytes: int | None = None,
+        timeout: float | None = None,
     ) -> int:
         """Stream a file to a local path; returns the bytes written.
 
-        ``max_bytes`` bounds what is written (default: no bound, the file's size; execd is the
-        sandbox's, and a hostile one can send bytes forever).
+        ``max_bytes`` bounds what is written, ``timeout`` (seconds) how long it takes (default:
+        no bound, the file's size and the time it takes; execd is the sandbox's, and a hostile
+        one can send bytes forever, or a byte now and then).
 
         Raises:
             NotFoundError: no such file.
             OutputLimitExceeded: the file is larger than ``max_bytes`` (the local file then
                 holds its first ``max_bytes`` bytes).
+            SandboxTimeoutError: not whole within ``timeout``.
             StreamError: the download broke.
             OSError: the local file could not be written.
         """
         written = 0
         with open(local_path, "wb") as handle:
-            for chunk in self.iter_bytes(path):
+            for chunk in self.iter_bytes(path, timeout=timeout):
                 if max_bytes is not None and written + len(chunk) > max_bytes:
                     handle.write(chunk[: max_bytes - written])
                     raise _too_large(path, max_bytes)

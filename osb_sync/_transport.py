@@ -34,6 +34,15 @@ Rules that every request follows, whatever session it goes through:
   that wait's ``deadline``: its connect and read timeouts are at most the time left, and no
   retry is made whose backoff would pass it. The connect and read timeouts stay what they
   are for every other call.
+- **Whole calls.** The read timeout bounds each silence, not their sum: a peer that sends a
+  byte now and then keeps a read alive for good. A call with a ``deadline`` or a
+  ``call_timeout`` (every execd call) is cut at the earlier of the two, ``call_timeout`` counted
+  from the request sent: its socket is shut down (``_watchdog.Cutoff``, fired by the shared
+  watchdog thread) and it raises TransportError, never retried. The bound covers the whole of
+  an answer that is not streamed, and a streamed one until its headers (a run's body is
+  bounded by its ``timeout``, a download's by its own). Through a caller's session the
+  headers cannot be cut (its connections are not the client's): the bound starts once they
+  are in.
 - **Close.** ``close()`` closes the client's own session and every connection it opened:
   urllib3 2.x drops its pools on ``PoolManager.clear()`` without closing them (their sockets
   would wait for garbage collection), so the transport remembers each connection a response
@@ -59,8 +68,9 @@ import urllib3
 from . import _failures as failures
 from ._constants import CHUNK_SIZE
 from ._errors import TransportError, redact
-from ._own_session import Environment, new_session, origin, send_prepared
+from ._own_session import Environment, new_session, origin, send_prepared, sending
 from ._wait import time_left
+from ._watchdog import Cutoff
 
 logger = logging.getLogger("osb_sync")
 
@@ -117,9 +127,11 @@ class Transport:
         pool_maxsize: int,
         max_retries: int,
         pool_block: bool = False,
+        call_timeout: float | None = None,
     ):
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.call_timeout = call_timeout
         self._pool_maxsize = pool_maxsize
         self._pool_block = pool_block
         self._max_retries = max_retries
@@ -184,17 +196,20 @@ class Transport:
         secrets: Iterable[str] = (),
         deadline: float | None = None,
         follow_redirects: bool = True,
+        call_timeout: float | None = None,
     ) -> requests.Response:
         """Send one request and return the response, whatever its status.
 
         ``read_timeout`` overrides the transport's for this call (bounding silence, not the
         whole response). ``deadline`` (a ``time.monotonic()`` instant) bounds the connect and
-        read timeouts by the time left, and the retries: none is made past it. Without
-        ``follow_redirects`` a redirect raises TransportError.
+        read timeouts by the time left, and the retries: none is made past it. ``deadline``
+        and ``call_timeout`` (seconds from the request sent) bound the whole call (see the
+        module docstring). Without ``follow_redirects`` a redirect raises TransportError.
 
         Raises:
-            TransportError: no usable response (after the retries this call allows), or the
-                deadline had passed before the request could be sent.
+            TransportError: no usable response (after the retries this call allows), no whole
+                answer within the call's bound, or the deadline had passed before the request
+                could be sent.
         """
         call = _Call(
             method=method,
@@ -207,6 +222,8 @@ class Transport:
             stream=stream,
             secrets=tuple(secrets),
             follow_redirects=follow_redirects,
+            deadline=deadline,
+            call_timeout=call_timeout,
         )
         attempt = 0
         while True:
@@ -259,20 +276,40 @@ class Transport:
 
     def _send_once(self, call: _Call) -> requests.Response:
         started = time.monotonic()
+        cutoff = None
+        if call.deadline is not None or call.call_timeout is not None:
+            cutoff = Cutoff(call.deadline, call.call_timeout)
         try:
             if self._owns_session:
-                response = self._send_own(call)
+                sending(cutoff)  # started by the connection once the request is sent
+                try:
+                    response = self._send_own(call)
+                finally:
+                    sending(None)
                 self._remember(response)
             else:
                 response = self._send_theirs(call)
+            if cutoff is not None:
+                cutoff.start(answer_socket(response))  # for a caller's session: only now
             if not call.stream:
                 # A body asked for as is is read as is: never inflated before the caller saw it.
-                _read_capped_body(response, call.headers.get("Accept-Encoding") != "identity")
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+                _read_capped_body(
+                    response, call.headers.get("Accept-Encoding") != "identity", cutoff
+                )
+            elif cutoff is not None and cutoff.finish():  # the headers came as it cut
+                response.close()
+                raise _CutOff
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError, _CutOff) as exc:
             elapsed = (time.monotonic() - started) * 1000
             logger.debug(
                 "%s %s -> %s after %.1f ms", call.method, call.path, type(exc).__name__, elapsed
             )
+            if cutoff is not None and cutoff.finish():
+                error = TransportError(
+                    f"{call.method} {call.path}: no whole answer within {cutoff.describe()}: "
+                    "the connection was cut"
+                )
+                raise _ConnectFailed(error, False, True) from None
             message = failures.describe(call.method, call.url, exc, call.timeout)
             error = TransportError(redact(message, call.secrets))
             raise _ConnectFailed(error, _nothing_sent(exc), failures.is_permanent(exc)) from exc
@@ -280,6 +317,9 @@ class Transport:
             raise TransportError(
                 f"{call.method} {call.path}: the response body exceeded {MAX_BODY_BYTES} bytes"
             ) from None
+        finally:
+            if cutoff is not None:
+                cutoff.finish()
         elapsed = (time.monotonic() - started) * 1000
         logger.debug(
             "%s %s -> %d in %.1f ms", call.method, call.path, response.status_code, elapsed
@@ -354,6 +394,8 @@ class _Call(NamedTuple):
     stream: bool
     secrets: tuple[str, ...]
     follow_redirects: bool
+    deadline: float | None  # the whole call's bound (with call_timeout): see the module
+    call_timeout: float | None
 
     @property
     def path(self) -> str:
@@ -385,6 +427,12 @@ def _within(call: _Call, deadline: float | None) -> _Call:
     return call._replace(timeout=(min(connect, left), min(read, left)))
 
 
+def answer_socket(response: requests.Response) -> Any:
+    """The socket an answer comes on (``HTTPResponse.connection.sock``, public attributes of
+    urllib3 and http.client), or None when another adapter does not say."""
+    return getattr(getattr(response.raw, "connection", None), "sock", None)
+
+
 def _allow_silence(response: requests.Response, read_timeout: float) -> None:
     """Once a streamed answer's headers came within the deadline, allow its body the read
     timeout again: the deadline bounded the wait for the headers, the silence of a stream is
@@ -394,8 +442,7 @@ def _allow_silence(response: requests.Response, read_timeout: float) -> None:
     urllib3 and http.client); urllib3 sets a reused connection's timeout again on each
     request. Without them (another adapter) the bounded timeout stays.
     """
-    connection = getattr(response.raw, "connection", None)
-    sock = getattr(connection, "sock", None)
+    sock = answer_socket(response)
     if sock is not None:
         try:
             sock.settimeout(read_timeout)
@@ -412,8 +459,16 @@ class _BodyTooLarge(Exception):
     """Internal: a non-streamed response passed MAX_BODY_BYTES."""
 
 
-def _read_capped_body(response: requests.Response, decode: bool = True) -> None:
-    """Read a whole (non-streamed) body, at most MAX_BODY_BYTES, and release the connection.
+class _CutOff(Exception):
+    """Internal: the whole-call bound cut the connection as the answer came (what was read
+    may only look whole)."""
+
+
+def _read_capped_body(
+    response: requests.Response, decode: bool = True, cutoff: Cutoff | None = None
+) -> None:
+    """Read a whole (non-streamed) body, at most MAX_BODY_BYTES, and release the connection
+    (raise _CutOff if ``cutoff`` cut it meanwhile).
 
     requests would read an endless body forever; here it is read through urllib3's public
     ``stream()`` (``decode``: its ``Content-Encoding`` undone) and swapped for an in-memory
@@ -431,6 +486,9 @@ def _read_capped_body(response: requests.Response, decode: bool = True) -> None:
             response.close()
             raise _BodyTooLarge
         pieces.append(chunk)
+    if cutoff is not None and cutoff.finish():
+        response.close()  # it only looks whole: a cut ends headers and length-less bodies
+        raise _CutOff
     raw.release_conn()
     response.raw = io.BytesIO(b"".join(pieces))
     response.content  # noqa: B018 - caches the body, as a non-streamed request would

@@ -302,6 +302,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     length: int | None = None  # ``bytes``: this many bytes of PATTERN instead of ``body``
     chunk_size: int | None = None  # ``bytes``: sent chunked, this many bytes a chunk
+    drip: str | None = None  # "head" or "body": that part dripped, a byte every DRIP_INTERVAL
 
     def payload(self) -> bytes:
         return b"".join(self.events) if self.kind == "stream" else self.body
@@ -437,7 +438,7 @@ class World:
                 processed = False  # an error status means the delete did not happen
             reply = self._answer(route, params, parts.query, body, processed, fault)
         if fault is None or fault in LIES:
-            write_good(h, reply)
+            write_good(h, reply, release)
         else:
             FAULTS[fault].write(h, reply, Scene(self, release, params.get("id", "")))
         if server == "api" and self.down_after == route:
@@ -680,8 +681,12 @@ def generated(length: int) -> bytes:
     return (PATTERN * (length // len(PATTERN) + 1))[:length]
 
 
-def write_good(h: Handler, reply: Reply) -> None:
-    """Send a reply the way a healthy server does (streams chunked, the rest with a length)."""
+def write_good(h: Handler, reply: Reply, release: threading.Event | None = None) -> None:
+    """Send a reply the way a healthy server does (streams chunked, the rest with a length);
+    one that drips until ``release``."""
+    if reply.drip is not None:
+        _drip_reply(h, reply, release or threading.Event())
+        return
     if reply.kind == "stream" and reply.status == 200:
         h.head(200, {"Content-Type": EVENTS, "Transfer-Encoding": "chunked"})
         for event in reply.events:
@@ -809,6 +814,18 @@ def _drip(h: Handler, r: Reply, s: Scene) -> None:
             _end_interrupted_run(h)
             return
         h.chunk(slow[i % len(slow) : i % len(slow) + 1])
+    h.fin()
+
+
+def _drip_reply(h: Handler, r: Reply, release: threading.Event) -> None:
+    """The status line and a header that never ends, or whole headers and a body that never
+    does: a byte every DRIP_INTERVAL, well under any read timeout, until ``release``."""
+    if r.drip == "head":
+        h.write(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+    else:
+        h.head(200, {"Content-Type": r.content_type, "Content-Length": str(1 << 20)})
+    while not release.wait(DRIP_INTERVAL):
+        h.write(b"d" if r.drip == "head" else b" ")
     h.fin()
 
 
@@ -1263,6 +1280,10 @@ def _renamed(r: Reply) -> Reply:
 FILE_ROUTES = ("info", "search", "list")
 EVERY_EXECD_ROUTE = tuple(route for _, _, route in EXECD_ROUTES)
 GETS = tuple(route for method, _, route in EXECD_ROUTES if method == "GET")
+# One route of each way the client reads an answer: empty, JSON, a download, an event stream
+# (whose body, dripping, is its run's timeout's: FAULTS' drip).
+DRIP_BODY_ROUTES = ("ping", "remove", "info", "download")
+DRIP_HEAD_ROUTES = (*DRIP_BODY_ROUTES, "code")
 PAST_PATH_MAX = "/dir/" + "d/" * 2100 + "f"  # a path of PATH_MAX (4096 bytes) or more names no file
 ODD_CHUNK = 10_000  # not a multiple of tarfile's 16 KiB reads
 LIES: dict[str, Lie] = {
@@ -1346,6 +1367,19 @@ LIES: dict[str, Lie] = {
             "to 32 MiB of zeros (a GiB in the same bytes, to urllib3 < 2.6 in one read)",
             EVERY_EXECD_ROUTE,
             _compressed,
+        ),
+        Lie(
+            "drip_head",
+            f"the status line, then a header one byte every {DRIP_INTERVAL} s (under any read "
+            "timeout), never ending",
+            DRIP_HEAD_ROUTES,
+            lambda r: replace(r, drip="head"),
+        ),
+        Lie(
+            "drip_body",
+            f"whole headers, then a body one byte every {DRIP_INTERVAL} s, never ending",
+            DRIP_BODY_ROUTES,
+            lambda r: replace(r, drip="body"),
         ),
         Lie(
             "range_ignored",

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from osb_sync import ApiError, Client, OpenSandboxError, Sandbox, TransportError, _cli_copy
 from osb_sync._cli import main
@@ -514,12 +515,14 @@ def _case(route: str, lie: str) -> Case:
     return Case(route, lie, call, "INVALID_RESPONSE", names)
 
 
+DRIPS = ("drip_head", "drip_body")  # each ends at the call's bound: a client of their own
 CASES = [
     _case(route, lie)
     for route in CALLS
     for lie in dict.fromkeys(
         [*GENERIC, *(name for name, lie in LIES.items() if route in lie.routes)]
     )
+    if lie not in DRIPS
 ]
 # Beyond the route's own call: a download to disk, which a hostile execd could make endless.
 CASES.append(
@@ -595,6 +598,125 @@ def test_a_redirect_from_execd_never_reaches_the_lifecycle_api(
         client.delete_sandbox(sandbox.id)
 
 
+# -- a byte now and then: the read timeout bounds each silence, call_timeout the whole call ----
+
+CALL_TIMEOUT = 0.25
+PATIENT = 2.0  # the read timeout of these clients: it cannot be what ends their calls
+WITHIN = 1.5  # generous, but under PATIENT
+
+
+def _drip_case(route: str, lie: str) -> Case:
+    if route == "ping":
+        return Case(route, lie, CALLS[route], "ok", holds=lambda value: value is False)
+    if route == "download" and lie == "drip_body":  # read_bytes: its body within call_timeout
+        return Case(route, lie, CALLS[route], "StreamError", "within call_timeout (0.25 s)")
+    return Case(route, lie, CALLS[route], "TransportError", "within call_timeout (0.25 s)")
+
+
+DRIP_CASES = [_drip_case(route, lie) for lie in DRIPS for route in LIES[lie].routes]
+
+
+@pytest.fixture
+def patient(world: World) -> Iterator[Client]:
+    with Client(
+        world.api_base, KEY, connect_timeout=0.5, read_timeout=PATIENT, call_timeout=CALL_TIMEOUT
+    ) as client:
+        yield client
+
+
+@pytest.mark.parametrize("case", DRIP_CASES, ids=lambda case: f"{case.route}-{case.lie}")
+def test_a_dripping_route_ends_within_the_call_timeout(
+    case: Case, world: World, patient: Client, tmp_path: Path
+) -> None:
+    """A byte every 50 ms in the headers or the body, under any read timeout: one of each way
+    the client reads an answer ends at its ``call_timeout`` (an event stream's body is its
+    run's timeout's: the fault matrix's ``drip``)."""
+    sandbox = patient.create_sandbox(ready_timeout=2)
+    try:
+        world.inject(case.route, case.lie)
+        outcome = bounded(world, lambda: case.call(sandbox, tmp_path), BOUND)
+        world.heal()
+        assert not outcome.hung, f"no answer within {BOUND} s"
+        assert outcome.elapsed < WITHIN, outcome.elapsed
+        if case.outcome == "ok":
+            assert outcome.error is None and case.holds(outcome.value), outcome.error
+        else:
+            assert type(outcome.error).__name__ == case.outcome, repr(outcome.error)
+            assert case.names in str(outcome.error), str(outcome.error)
+        assert sandbox.ping(), "the same client could not reach execd afterwards"
+    finally:
+        patient.delete_sandbox(sandbox.id)
+
+
+def test_through_a_callers_session_a_dripping_body_is_bounded_too(world: World) -> None:
+    """A caller's session: its connections are not the client's, so the bound starts once the
+    headers are in (the module docstring of ``_transport`` says so); the body is still cut."""
+    with (
+        requests.Session() as session,
+        Client(
+            world.api_base, KEY, session=session, read_timeout=PATIENT, call_timeout=CALL_TIMEOUT
+        ) as client,
+    ):
+        sandbox = client.create_sandbox(ready_timeout=2)
+        world.inject("info", "drip_body")
+        outcome = bounded(world, lambda: sandbox.files.info("/dir"), BOUND)
+        world.heal()
+        client.delete_sandbox(sandbox.id)
+    assert not outcome.hung and outcome.elapsed < WITHIN, outcome.elapsed
+    assert isinstance(outcome.error, TransportError), repr(outcome.error)
+    assert "within call_timeout (0.25 s)" in str(outcome.error)
+
+
+TIMED: dict[str, tuple[str, str, Callable[[Sandbox, Path], Any], str]] = {
+    "ping": ("ping", "drip_head", lambda sb, tmp: sb.ping(timeout=0.3), "ok"),
+    "ping (body)": ("ping", "drip_body", lambda sb, tmp: sb.ping(timeout=0.3), "ok"),
+    "wait_until_healthy": (
+        "ping",
+        "drip_head",
+        lambda sb, tmp: sb.wait_until_healthy(0.5, 0.05),
+        "SandboxTimeoutError",
+    ),
+    "run_code": (
+        "code",
+        "drip_head",
+        lambda sb, tmp: sb.run_code("1", timeout=0.3),
+        "SandboxTimeoutError",
+    ),
+    "iter_bytes": (
+        "download",
+        "drip_body",
+        lambda sb, tmp: b"".join(sb.files.iter_bytes("/data.bin", timeout=0.3)),
+        "SandboxTimeoutError",
+    ),
+    "download": (
+        "download",
+        "drip_head",
+        lambda sb, tmp: sb.files.download("/data.bin", tmp / "data.bin", timeout=0.3),
+        "SandboxTimeoutError",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", TIMED)
+def test_a_timeout_given_bounds_the_whole_call(name: str, world: World, tmp_path: Path) -> None:
+    """A call given a timeout (``ping``'s, ``wait_until_healthy``'s, a run's, a download's)
+    ends within it, the wait for the headers included, whatever the call timeout."""
+    route, lie, call, expected = TIMED[name]
+    with Client(
+        world.api_base, KEY, connect_timeout=0.5, read_timeout=PATIENT, call_timeout=30
+    ) as client:
+        sandbox = client.create_sandbox(ready_timeout=2)
+        world.inject(route, lie)
+        outcome = bounded(world, lambda: call(sandbox, tmp_path), BOUND)
+        world.heal()
+        client.delete_sandbox(sandbox.id)
+    assert not outcome.hung and outcome.elapsed < WITHIN, outcome.elapsed
+    if expected == "ok":
+        assert outcome.error is None and outcome.value is False, outcome.error
+    else:
+        assert type(outcome.error).__name__ == expected, repr(outcome.error)
+
+
 def test_every_route_the_client_calls_is_listed_and_attacked() -> None:
     """A route added to the client needs a line in this module's docstring, a route in the
     fault server and a call here: else this fails."""
@@ -609,7 +731,7 @@ def test_every_route_the_client_calls_is_listed_and_attacked() -> None:
         lies = {lie for r, lie in attacked if r == route}
         assert set(GENERIC) <= lies, f"{route}: only {sorted(lies)}"
     assert {route for route, _ in attacked} == set(CALLS)
-    assert all(any(lie.name == c.lie for c in CASES) for lie in LIES.values())
+    assert all(any(lie.name == c.lie for c in CASES + DRIP_CASES) for lie in LIES.values())
 
 
 def test_the_route_reader_sees_a_new_route(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
