@@ -9,6 +9,7 @@ from . import _answers as answers
 from ._command_stream import CommandFolder, client_deadline, collect, command_body, line_callbacks
 from ._constants import DEFAULT_POLL_INTERVAL, MAX_OUTPUT_BYTES
 from ._errors import NotFoundError, OpenSandboxError, SandboxTimeoutError
+from ._execd import LOGS_BYTES
 from ._models import CommandResult, CommandStatus, Event
 
 if TYPE_CHECKING:
@@ -235,7 +236,9 @@ class BackgroundCommand:
             TransportError: execd could not be reached.
         """
         params = {"cursor": cursor} if cursor is not None else None
-        response = self._execd.request("GET", f"/command/{self._in_url}/logs", params=params)
+        response = self._execd.request(
+            "GET", f"/command/{self._in_url}/logs", params=params, max_body=LOGS_BYTES
+        )
         text = response.content.decode("utf-8", "replace")
         header = response.headers.get(LOGS_CURSOR_HEADER)
         try:

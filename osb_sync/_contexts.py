@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from . import _answers as answers
 from ._constants import DEFAULT_LANGUAGE
+from ._execd import LISTING_BYTES
 from ._models import CodeContext
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class Contexts:
             "/code/contexts",
             lambda data: answers.code_contexts(data, language or ""),
             params=params,
+            max_body=LISTING_BYTES,
         )
 
     def get(self, context_id: str) -> CodeContext:

@@ -36,6 +36,12 @@ STREAM_HEADERS = {
 # compressed twice inflate to gigabytes (urllib3 before 2.6 inflates a whole block at a time,
 # before any cap can act). An answer encoded all the same is refused unread.
 IDENTITY = {"Accept-Encoding": "identity"}
+# What an answer that is not streamed may weigh, by kind: its parsed form can take 30 times as
+# much memory (16 MiB of ``[{},{},...]`` is 5.6 million dicts, 464 MiB), so only a listing,
+# whose size is the sandbox's file tree's, gets more than a small object needs.
+ANSWER_BYTES = 1 << 20  # an object (info, a context, a session, a status, metrics), or nothing
+LISTING_BYTES = 16 << 20  # files.search, files.list, contexts.list: 80 000 entries or so
+LOGS_BYTES = 16 << 20  # a background command's output since a cursor (text)
 PAUSED_HINT = "the sandbox is paused: resume it first (sandbox.resume())"
 
 
@@ -85,11 +91,13 @@ class Execd:
         stream: bool = False,
         retry: bool | None = None,
         deadline: float | None = None,
+        max_body: int = ANSWER_BYTES,
     ) -> requests.Response:
         """Send one call; an error status raises (and closes the response).
 
         execd is the sandbox's and may lie (``_answers``): a body that is not streamed is read
-        at most ``MAX_BODY_BYTES`` (``_transport``), a redirect is never followed (behind a
+        at most ``max_body`` bytes (its kind's: ``ANSWER_BYTES``, ``LISTING_BYTES``,
+        ``LOGS_BYTES``; past it, TransportError), a redirect is never followed (behind a
         server proxy execd's origin is the lifecycle API's, whose routes a redirect could
         reach: TransportError), a body is asked for and taken as is (``Accept-Encoding:
         identity``: an answer with another ``Content-Encoding`` is refused, its body never
@@ -121,6 +129,7 @@ class Execd:
             deadline=deadline,
             follow_redirects=False,
             call_timeout=self._transport.call_timeout,
+            max_body=max_body,
         )
         encoding = response.headers.get("Content-Encoding")
         if encoding is not None and encoding.strip().lower() not in ("", "identity"):

@@ -21,6 +21,7 @@ from ._errors import (
     StreamError,
     with_suffix,
 )
+from ._execd import LISTING_BYTES
 from ._models import FileInfo, mode_to_wire
 from ._transport import answer_socket
 from ._wait import Wait
@@ -130,7 +131,11 @@ class Files:
     directory listed or searched (when that was given as an absolute path), a ``size`` that is
     negative or past 2**63 - 1, a ``mode`` that is not octal digits up to 7777, a value of the
     wrong JSON type, an ``info`` entry for a path not asked for; a ``replace`` count that is not
-    an int from 0; a download from ``start`` answered with the whole file. The content of a
+    an int from 0; a download from ``start`` answered with the whole file; a body encoded
+    (``Content-Encoding``), which is never inflated. An answer past its kind's size (a listing
+    or a search 16 MiB, any other 1 MiB: parsed JSON takes up to 30 times its size) raises
+    TransportError, and so does a call not answered whole within the client's
+    ``call_timeout``. The content of a
     file is opaque: ``read_bytes`` reads at most ``max_bytes``, and ``download`` writes at most
     its ``max_bytes`` when given (a hostile execd can send bytes forever).
     """
@@ -388,6 +393,7 @@ class Files:
             "GET",
             "/directories/list",
             lambda data: answers.file_infos(data, path),
+            max_body=LISTING_BYTES,
             params={"path": path, "depth": depth},
         )
 
@@ -404,6 +410,7 @@ class Files:
             "GET",
             "/files/search",
             lambda data: answers.file_infos(data, path),
+            max_body=LISTING_BYTES,
             params={"path": path, "pattern": pattern},
         )
 

@@ -75,7 +75,8 @@ from ._watchdog import Cutoff
 logger = logging.getLogger("osb_sync")
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-# Lifecycle and execd answers are small JSON; an endless or huge one is a broken peer.
+# Lifecycle answers are small JSON; an endless or huge one is a broken peer. (execd's calls
+# pass a cap of their own kind: ``_execd``.)
 MAX_BODY_BYTES = 16 * 1024 * 1024
 BACKOFF_BASE = 0.5
 BACKOFF_MAX = 8.0
@@ -197,6 +198,7 @@ class Transport:
         deadline: float | None = None,
         follow_redirects: bool = True,
         call_timeout: float | None = None,
+        max_body: int = MAX_BODY_BYTES,
     ) -> requests.Response:
         """Send one request and return the response, whatever its status.
 
@@ -204,7 +206,8 @@ class Transport:
         whole response). ``deadline`` (a ``time.monotonic()`` instant) bounds the connect and
         read timeouts by the time left, and the retries: none is made past it. ``deadline``
         and ``call_timeout`` (seconds from the request sent) bound the whole call (see the
-        module docstring). Without ``follow_redirects`` a redirect raises TransportError.
+        module docstring). Without ``follow_redirects`` a redirect raises TransportError. A
+        body that is not streamed is read whole, at most ``max_body`` bytes.
 
         Raises:
             TransportError: no usable response (after the retries this call allows), no whole
@@ -224,6 +227,7 @@ class Transport:
             follow_redirects=follow_redirects,
             deadline=deadline,
             call_timeout=call_timeout,
+            max_body=max_body,
         )
         attempt = 0
         while True:
@@ -294,7 +298,10 @@ class Transport:
             if not call.stream:
                 # A body asked for as is is read as is: never inflated before the caller saw it.
                 _read_capped_body(
-                    response, call.headers.get("Accept-Encoding") != "identity", cutoff
+                    response,
+                    call.max_body,
+                    call.headers.get("Accept-Encoding") != "identity",
+                    cutoff,
                 )
             elif cutoff is not None and cutoff.finish():  # the headers came as it cut
                 response.close()
@@ -315,7 +322,7 @@ class Transport:
             raise _ConnectFailed(error, _nothing_sent(exc), failures.is_permanent(exc)) from exc
         except _BodyTooLarge:
             raise TransportError(
-                f"{call.method} {call.path}: the response body exceeded {MAX_BODY_BYTES} bytes"
+                f"{call.method} {call.path}: the response body exceeded {call.max_body} bytes"
             ) from None
         finally:
             if cutoff is not None:
@@ -396,6 +403,7 @@ class _Call(NamedTuple):
     follow_redirects: bool
     deadline: float | None  # the whole call's bound (with call_timeout): see the module
     call_timeout: float | None
+    max_body: int
 
     @property
     def path(self) -> str:
@@ -456,7 +464,7 @@ def _passes(deadline: float | None, delay: float) -> bool:
 
 
 class _BodyTooLarge(Exception):
-    """Internal: a non-streamed response passed MAX_BODY_BYTES."""
+    """Internal: a non-streamed response passed its cap."""
 
 
 class _CutOff(Exception):
@@ -465,9 +473,9 @@ class _CutOff(Exception):
 
 
 def _read_capped_body(
-    response: requests.Response, decode: bool = True, cutoff: Cutoff | None = None
+    response: requests.Response, cap: int, decode: bool, cutoff: Cutoff | None
 ) -> None:
-    """Read a whole (non-streamed) body, at most MAX_BODY_BYTES, and release the connection
+    """Read a whole (non-streamed) body, at most ``cap`` bytes, and release the connection
     (raise _CutOff if ``cutoff`` cut it meanwhile).
 
     requests would read an endless body forever; here it is read through urllib3's public
@@ -482,7 +490,7 @@ def _read_capped_body(
     total = 0
     for chunk in raw.stream(CHUNK_SIZE, decode_content=decode):
         total += len(chunk)
-        if total > MAX_BODY_BYTES:
+        if total > cap:
             response.close()
             raise _BodyTooLarge
         pieces.append(chunk)

@@ -1285,7 +1285,8 @@ GETS = tuple(route for method, _, route in EXECD_ROUTES if method == "GET")
 DRIP_BODY_ROUTES = ("ping", "remove", "info", "download")
 DRIP_HEAD_ROUTES = (*DRIP_BODY_ROUTES, "code")
 PAST_PATH_MAX = "/dir/" + "d/" * 2100 + "f"  # a path of PATH_MAX (4096 bytes) or more names no file
-ODD_CHUNK = 10_000  # not a multiple of tarfile's 16 KiB reads
+ODD_CHUNK = 10_000
+PADDING = 2 << 20  # not a multiple of tarfile's 16 KiB reads
 LIES: dict[str, Lie] = {
     lie.name: lie
     for lie in (
@@ -1367,6 +1368,13 @@ LIES: dict[str, Lie] = {
             "to 32 MiB of zeros (a GiB in the same bytes, to urllib3 < 2.6 in one read)",
             EVERY_EXECD_ROUTE,
             _compressed,
+        ),
+        Lie(
+            "padded",
+            f"the healthy answer and {PADDING >> 20} MiB of JSON whitespace: past the cap of an "
+            "object answer, within a listing's",
+            ("info", "metrics", "search"),
+            lambda r: replace(r, body=r.body + b" " * PADDING),
         ),
         Lie(
             "drip_head",

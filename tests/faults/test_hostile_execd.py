@@ -507,6 +507,10 @@ def _case(route: str, lie: str) -> Case:
         return Case(route, lie, call, "ok", holds=_ran_ok)  # events with odd fields are dropped
     if lie == "understated_size":  # not a lie a listing can show: cp holds it (above)
         return Case(route, lie, call, "ok")
+    if lie == "padded":  # 2 MiB: past an object's cap (1 MiB), within a listing's (16 MiB)
+        if route == "search":
+            return Case(route, lie, call, "ok", holds=lambda value: len(value) == 2)
+        return Case(route, lie, call, "TransportError", "exceeded 1048576 bytes")
     if lie == "odd_chunks":
         return Case(route, lie, call, "ok", holds=lambda value: value == FILE_BYTES)
     if lie == "renamed" and route == "info":  # data, never a host path: cp holds it (above)
@@ -562,6 +566,7 @@ def test_a_lying_route_ends_contained_or_typed(
             assert case.names in str(error), str(error)
         else:
             assert type(error).__name__ == case.outcome, repr(error)
+            assert case.names in str(error), str(error)
         text = chain_text(error) + caplog.text
         assert KEY not in text and TOKEN not in text, "a credential leaked into the error or log"
         assert world.requests("other") == [], "a request reached another origin"
