@@ -9,16 +9,16 @@ the one error for an unusable answer, ``ApiError(code="INVALID_RESPONSE")``, wit
 token redacted from the value it shows. The rules:
 
 - a ``FileInfo`` (``files.info``, ``list``, ``search``): ``path`` a clean absolute path (no
-  ``.``, ``..`` or empty component, no NUL) shorter than ``PATH_MAX``, and in a listing or a
-  search beneath the directory asked for, when that was absolute (execd resolves a relative
-  one, so only the first rule holds); ``type`` a string; ``size`` an int from 0 to 2**63 - 1
-  (the largest file size); ``mode`` execd's octal digits, at most 7777; ``owner``, ``group``
-  and the times strings. ``info`` answers only the paths asked for.
+  ``.``, ``..`` or empty component, no NUL, no lone surrogate) shorter than ``PATH_MAX``, and
+  in a listing or a search beneath the directory asked for, when that was absolute (execd
+  resolves a relative one, so only the first rule holds); ``type`` a string; ``size`` an int
+  from 0 to 2**63 - 1 (the largest file size); ``mode`` execd's octal digits, at most 7777;
+  ``owner``, ``group`` and the times strings. ``info`` answers only the paths asked for.
 - an id that goes into later URLs (a context's ``id``, a session's ``session_id``, a command's
   ``init`` text): a non-empty string without ``/`` or control characters, not ``.`` or ``..``;
   escaped where a URL is built (``in_url``), as a caller's id is.
 - numbers: metrics finite and not negative, a replace count and a logs cursor ints from 0 (a
-  cursor never goes back), a command's ``running`` a boolean.
+  cursor never goes back, and has 19 digits at most), a command's ``running`` a boolean.
 
 A missing optional field keeps the default the models give it (0, None); a present one of the
 wrong type is refused: it is the difference between an older execd and a lying one.
@@ -121,7 +121,11 @@ def a_clean_path(value: Any, field: str, beneath: str | None = None) -> str:
         parts = [""]
     if parts[0] != "" or "\0" in path or any(p in ("", ".", "..") for p in parts[1:]):
         raise BadAnswer(field, "is not a clean absolute path", value)
-    if len(path.encode("utf-8", "surrogatepass")) >= PATH_MAX:
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800"): no URL or tar can carry it
+        raise BadAnswer(field, "is not valid Unicode (a lone surrogate)", value) from None
+    if size >= PATH_MAX:
         raise BadAnswer(field, f"is longer than a path can be ({PATH_MAX} bytes, PATH_MAX)")
     if beneath is not None and path != beneath and not path.startswith(beneath.rstrip("/") + "/"):
         raise BadAnswer(field, f"is not beneath {beneath!r}, the directory asked for", value)
@@ -254,7 +258,8 @@ def logs_cursor(header: str | None, sent: int | None, received: int) -> int:
     if header is None:
         return start + received
     name = "the EXECD-COMMANDS-TAIL-CURSOR header"
-    if not (header.isascii() and header.isdigit()):
+    # At most 19 digits (an int64): int() refuses 4300 digits with a ValueError of its own.
+    if not (header.isascii() and header.isdigit()) or len(header) > 19:
         raise BadAnswer(name, "is not a byte offset", header)
     cursor = int(header)
     if cursor < start:

@@ -1239,6 +1239,10 @@ def _wrong_types(r: Reply) -> Reply:
     return replace(r, body=json.dumps(WRONG_TYPES[r.route]).encode())
 
 
+def _endless_digits(r: Reply) -> Reply:
+    return replace(r, headers={LOGS_CURSOR_HEADER: "9" * 5000})
+
+
 def _absurd_numbers(r: Reply) -> Reply:
     if r.route == "command_logs":
         return replace(r, headers={LOGS_CURSOR_HEADER: "-5"})
@@ -1321,6 +1325,13 @@ LIES: dict[str, Lie] = {
             FILE_ROUTES,
             _first_entry("path", PAST_PATH_MAX),
         ),
+        Lie(
+            "lone_surrogate",
+            'an entry named "/dir/a\\ud800b" (valid JSON, not valid Unicode: no URL or tar '
+            "can carry it)",
+            FILE_ROUTES,
+            _first_entry("path", "/dir/a\ud800b"),
+        ),
         Lie("negative_size", "a file of -1 bytes", FILE_ROUTES, _first_entry("size", -1)),
         Lie(
             "understated_size",
@@ -1341,6 +1352,12 @@ LIES: dict[str, Lie] = {
             "negative and NaN metrics, a negative replace count, a negative logs cursor",
             (*ABSURD_NUMBERS, "command_logs"),
             _absurd_numbers,
+        ),
+        Lie(
+            "endless_digits",
+            "a logs cursor of 5000 digits (past what int() reads from a string)",
+            ("command_logs",),
+            _endless_digits,
         ),
         Lie(
             "hostile_id",

@@ -331,6 +331,19 @@ def test_cp_refuses_a_listing_larger_than_the_free_space(
         assert written(tmp_path) == []
 
 
+@pytest.mark.parametrize("dest", ["-", "dest"])
+def test_cp_refuses_a_name_no_path_can_carry(
+    dest: str, world: World, sandbox_id: str, tmp_path: Path
+) -> None:
+    """A lone surrogate in a name (valid JSON) went into a URL or a tar header, which raised
+    UnicodeEncodeError (a traceback, exit 1 as if refused)."""
+    world.inject("search", "lone_surrogate")
+    copied = cp(world, f"{sandbox_id}:/dir", dest if dest == "-" else str(tmp_path / dest))
+    assert copied.status == EXIT_REFUSED, copied.stderr
+    assert "'/dir/a\\ud800b'" in copied.stderr and "Traceback" not in copied.stderr
+    assert copied.stdout.size == 0 and written(tmp_path) == []
+
+
 def test_cp_of_a_healthy_tree_both_ways(world: World, sandbox_id: str, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     assert cp(world, f"{sandbox_id}:/dir", str(dest)).status == 0
@@ -458,6 +471,8 @@ NAMED = {
     "outside_root": "'path' of entry 0 is not beneath '/dir'",
     "renamed": "'path' of entry 0 is not beneath '/dir'",
     "past_path_max": "is longer than a path can be (4096 bytes, PATH_MAX)",
+    "lone_surrogate": "is not valid Unicode (a lone surrogate)",
+    "endless_digits": "EXECD-COMMANDS-TAIL-CURSOR header is not a byte offset",
     "negative_size": "'size' of",
     "huge_size": "'size' of",
     "hostile_id": "is not an id that can stand in a URL",
