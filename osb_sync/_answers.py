@@ -15,8 +15,9 @@ token redacted from the value it shows. The rules:
   from 0 to 2**63 - 1 (the largest file size); ``mode`` execd's octal digits, at most 7777;
   ``owner``, ``group`` and the times strings. ``info`` answers only the paths asked for.
 - an id that goes into later URLs (a context's ``id``, a session's ``session_id``, a command's
-  ``init`` text): a non-empty string without ``/`` or control characters, not ``.`` or ``..``;
-  escaped where a URL is built (``in_url``), as a caller's id is.
+  ``init`` text): a non-empty string without ``/`` or control characters, not ``.`` or ``..``,
+  without the execd token in it (an id is shown: in a repr, by ``osb-sync exec -d``); escaped
+  where a URL is built (``in_url``), as a caller's id is.
 - numbers: metrics finite and not negative, a replace count and a logs cursor ints from 0 (a
   cursor never goes back, and has 19 digits at most), a command's ``running`` a boolean.
 
@@ -51,14 +52,15 @@ class BadAnswer(Exception):
         self.value = value
 
     def describe(self, secrets: Iterable[str] = ()) -> str:
-        """``field problem (got VALUE)``, the value redacted and cut short."""
+        """``field problem (got VALUE)``, the value redacted, then cut short (cut first, a
+        secret across the cut would keep all but its end)."""
         text = f"{self.field} {self.problem}"
         if self.value is _MISSING:
             return text
-        shown = repr(redact(self.value, secrets) if isinstance(self.value, str) else self.value)
+        shown = redact(repr(self.value), secrets)
         if len(shown) > _SHOWN:
             shown = shown[:_SHOWN] + "..."
-        return f"{text} (got {redact(shown, secrets)})"
+        return f"{text} (got {shown})"
 
 
 # -- named checks -------------------------------------------------------------------------------
@@ -132,12 +134,14 @@ def a_clean_path(value: Any, field: str, beneath: str | None = None) -> str:
     return path
 
 
-def a_segment(value: Any, field: str) -> str:
+def a_segment(value: Any, field: str, secrets: Iterable[str] = ()) -> str:
     """An id that can be one segment of a URL's path: no ``/``, ``.`` or ``..``, nothing
-    unprintable."""
+    unprintable, and none of ``secrets`` in it (an id is shown: in a repr, by the CLI)."""
     text = a_str(value, field)
     if text in ("", ".", "..") or "/" in text or not text.isprintable():
         raise BadAnswer(field, "is not an id that can stand in a URL", value)
+    if redact(text, secrets) != text:
+        raise BadAnswer(field, "holds a credential of this sandbox (its execd token)")
     return text
 
 
@@ -202,18 +206,20 @@ def file_infos_by_path(value: Any, asked: Iterable[str]) -> dict[str, FileInfo]:
     return found
 
 
-def code_context(value: Any, language: str = "", where: str = "the answer") -> CodeContext:
+def code_context(
+    value: Any, language: str = "", where: str = "the answer", secrets: Iterable[str] = ()
+) -> CodeContext:
     """``{"id", "language"}``; ``language`` fills a missing one."""
     data = an_object(value, where)
-    field(data, "id", a_segment, where)
+    field(data, "id", lambda v, f: a_segment(v, f, secrets), where)
     field(data, "language", optional(a_str), where)
     return CodeContext.from_dict(data, language)
 
 
-def code_contexts(value: Any, language: str = "") -> list[CodeContext]:
+def code_contexts(value: Any, language: str = "", secrets: Iterable[str] = ()) -> list[CodeContext]:
     """The answer of ``GET /code/contexts``."""
     items = a_list(value, "the answer")
-    return [code_context(item, language, f"entry {i}") for i, item in enumerate(items)]
+    return [code_context(item, language, f"entry {i}", secrets) for i, item in enumerate(items)]
 
 
 def metrics(value: Any) -> Metrics:
@@ -236,9 +242,10 @@ def command_status(value: Any, command_id: str) -> CommandStatus:
     return CommandStatus.from_dict({"id": command_id, **data})
 
 
-def session_id(value: Any) -> str:
+def session_id(value: Any, secrets: Iterable[str] = ()) -> str:
     """``POST /session``'s ``{"session_id"}``."""
-    return field(an_object(value, "the answer"), "session_id", a_segment, "the answer")
+    data = an_object(value, "the answer")
+    return field(data, "session_id", lambda v, f: a_segment(v, f, secrets), "the answer")
 
 
 def replaced_count(value: Any, path: str) -> int:

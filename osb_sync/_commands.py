@@ -140,7 +140,8 @@ class Commands:
             reason = result.error.value if result.error else "no command id"
             raise OpenSandboxError(f"the background command did not start: {reason}")
         try:
-            answers.a_segment(result.id, "the init event's text (the command id)")
+            field = "the init event's text (the command id)"
+            answers.a_segment(result.id, field, self._execd.secrets)
         except answers.BadAnswer as exc:
             raise self._execd.invalid(stream.response, exc) from None
         handle = BackgroundCommand(self._execd, result.id)
@@ -181,7 +182,12 @@ class Commands:
             TransportError: execd could not be reached.
         """
         body = {"cwd": cwd} if cwd else {}
-        session_id = self._execd.answer("POST", "/session", answers.session_id, json=body)
+        session_id = self._execd.answer(
+            "POST",
+            "/session",
+            lambda data: answers.session_id(data, self._execd.secrets),
+            json=body,
+        )
         return BashSession(self._execd, session_id)
 
 

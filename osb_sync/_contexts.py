@@ -39,7 +39,10 @@ class Contexts:
         """
         body = {"language": language, **({"cwd": cwd} if cwd else {})}
         return self._execd.answer(
-            "POST", "/code/context", lambda data: answers.code_context(data, language), json=body
+            "POST",
+            "/code/context",
+            lambda data: answers.code_context(data, language, secrets=self._execd.secrets),
+            json=body,
         )
 
     def list(self, language: str | None = None) -> builtins.list[CodeContext]:
@@ -54,7 +57,7 @@ class Contexts:
         return self._execd.answer(
             "GET",
             "/code/contexts",
-            lambda data: answers.code_contexts(data, language or ""),
+            lambda data: answers.code_contexts(data, language or "", self._execd.secrets),
             params=params,
             max_body=LISTING_BYTES,
         )
@@ -70,7 +73,7 @@ class Contexts:
         return self._execd.answer(
             "GET",
             f"/code/contexts/{answers.in_url(context_id, 'a context id')}",
-            answers.code_context,
+            lambda data: answers.code_context(data, secrets=self._execd.secrets),
         )
 
     def delete(self, context: CodeContext | str) -> None:

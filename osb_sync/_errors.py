@@ -202,10 +202,19 @@ def with_suffix(exc: ApiError, suffix: str) -> ApiError:
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """Replace every secret value that occurs in ``text``."""
+    """Replace every secret value that occurs in ``text``, as it is or as ``repr`` escapes it
+    (a secret of fewer than 4 characters is not replaced: it would be everywhere).
+
+    The one redaction of the package: wherever a peer's text (an execd answer, a header, an
+    exception that quotes the wire) reaches a message, a log line or a repr, it went through
+    this function, and a check that a value holds a secret is whether this changes it.
+    """
     for secret in secrets:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "[redacted]")
+            escaped = repr(secret)[1:-1]
+            if escaped != secret:
+                text = text.replace(escaped, "[redacted]")
     return text
 
 

@@ -18,6 +18,7 @@ from ._errors import (
     SandboxStateError,
     error_from_response,
     invalid_response,
+    redact,
 )
 from ._execution import NOT_STARTED, ExecutionStream, Folder, R
 from ._models import Event
@@ -222,6 +223,7 @@ class Execd:
             folder=folder,
             stop_at_terminal=stop_at_terminal,
             deadline=deadline,
+            secrets=self._secrets,
         )
 
     def interrupt(self, path: str, run_id: str, deadline: float | None = None) -> None:
@@ -240,11 +242,13 @@ class Execd:
         try:
             self.interrupt(path, run_id, time.monotonic() + wait)
         except OpenSandboxError as exc:
-            logger.warning("interrupting run %s (DELETE %s) failed: %s", run_id, path, exc)
+            shown = redact(run_id, self._secrets)  # execd's init text
+            logger.warning("interrupting run %s (DELETE %s) failed: %s", shown, path, exc)
             return False
         except AttributeError:
             # Client.close() on another thread closed the pooled connection this request had
             # (urllib3 then finds its socket gone): the client is going away, and so is the run.
-            logger.info("interrupting run %s: the client was closed meanwhile", run_id)
+            shown = redact(run_id, self._secrets)
+            logger.info("interrupting run %s: the client was closed meanwhile", shown)
             return False
         return True

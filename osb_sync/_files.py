@@ -19,6 +19,7 @@ from ._errors import (
     NotFoundError,
     OutputLimitExceeded,
     StreamError,
+    redact,
     with_suffix,
 )
 from ._execd import LISTING_BYTES
@@ -299,7 +300,7 @@ class Files:
         try:
             if start:
                 _check_range(response, start)
-            yield from _chunks_or_stream_error(response, chunk_size)
+            yield from _chunks_or_stream_error(response, chunk_size, self._execd.secrets)
             if cutoff is not None and cutoff.finish():  # a cut may look like the end
                 raise StreamError("the connection was cut")
         except answers.BadAnswer as exc:
@@ -508,8 +509,17 @@ def _check_range(response: requests.Response, start: int) -> None:
         )
 
 
-def _chunks_or_stream_error(response: requests.Response, chunk_size: int) -> Iterator[bytes]:
+def _chunks_or_stream_error(
+    response: requests.Response, chunk_size: int, secrets: tuple[str, ...]
+) -> Iterator[bytes]:
     try:
         yield from response.iter_content(chunk_size)
+        return
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        raise StreamError(f"the download broke: {type(exc).__name__}: {exc}") from exc
+        text = f"{type(exc).__name__}: {exc}"
+        error = StreamError(f"the download broke: {redact(text, secrets)}")
+        if redact(text, secrets) == text:
+            raise error from exc
+    # Outside the except: chained, the wire's error would show the secret the peer sent
+    # (urllib3 quotes a bad chunk-size line).
+    raise error

@@ -303,6 +303,7 @@ class Reply:
     length: int | None = None  # ``bytes``: this many bytes of PATTERN instead of ``body``
     chunk_size: int | None = None  # ``bytes``: sent chunked, this many bytes a chunk
     drip: str | None = None  # "head" or "body": that part dripped, a byte every DRIP_INTERVAL
+    raw: bytes | None = None  # the whole answer as sent, head included (then FIN)
 
     def payload(self) -> bytes:
         return b"".join(self.events) if self.kind == "stream" else self.body
@@ -686,6 +687,10 @@ def write_good(h: Handler, reply: Reply, release: threading.Event | None = None)
     one that drips until ``release``."""
     if reply.drip is not None:
         _drip_reply(h, reply, release or threading.Event())
+        return
+    if reply.raw is not None:
+        h.write(reply.raw)
+        h.fin()
         return
     if reply.kind == "stream" and reply.status == 200:
         h.head(200, {"Content-Type": EVENTS, "Transfer-Encoding": "chunked"})
@@ -1187,6 +1192,9 @@ def _first_entry(field_name: str, value: Any) -> Callable[[Reply], Reply]:
 CLIMBING = f"/dir/../../../tmp/{TOKEN}"
 ROOTED = f"/dir//etc/{TOKEN}"
 HOSTILE_ID = f"../../../v1/sandboxes/sbx-1?{TOKEN}"
+CREDENTIAL_ID = f"cmd-{TOKEN}"
+CUT_TOKEN = "x" * (121 - 2 - len(TOKEN)) + TOKEN  # repr: its last character the 121st
+ID_ROUTES = ("context_create", "contexts_list", "context_get", "session_create", "command")
 WRONG_TYPES: dict[str, Any] = {
     "info": {"/dir": ["not", "an", "object"]},
     "search": [{"path": 5, "type": "file", "size": "12"}],
@@ -1249,16 +1257,30 @@ def _absurd_numbers(r: Reply) -> Reply:
     return replace(r, body=json.dumps(ABSURD_NUMBERS[r.route]).encode())
 
 
-def _hostile_id(r: Reply) -> Reply:
-    if r.kind == "stream":
-        return replace(r, events=[frame(type="init", text=HOSTILE_ID), *r.events[1:]])
-    key = "session_id" if r.route == "session_create" else "id"
+def _with_id(value: str) -> Callable[[Reply], Reply]:
+    """The id an answer names (a context's, a session's, a command's init text) is ``value``."""
 
-    def change(data: Any, route: str) -> Any:
-        (data[0] if isinstance(data, list) else data)[key] = HOSTILE_ID
-        return data
+    def tell(r: Reply) -> Reply:
+        if r.kind == "stream":
+            return replace(r, events=[frame(type="init", text=value), *r.events[1:]])
+        key = "session_id" if r.route == "session_create" else "id"
 
-    return _json_lie(change)(r)
+        def change(data: Any, route: str) -> Any:
+            (data[0] if isinstance(data, list) else data)[key] = value
+            return data
+
+        return _json_lie(change)(r)
+
+    return tell
+
+
+def _token_chunk(r: Reply) -> Reply:
+    """A chunked answer whose second chunk-size line is the token (urllib3 quotes it)."""
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: {r.content_type}\r\n"
+    first = r.events[0] if r.kind == "stream" else b"abc"
+    chunk = b"%x\r\n%s\r\n" % (len(first), first)
+    raw = (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + chunk + TOKEN.encode()
+    return replace(r, raw=raw + b"\r\n")
 
 
 # A path asked for is answered with another name: the directory /dir as .ssh in a home; asked
@@ -1362,8 +1384,32 @@ LIES: dict[str, Lie] = {
         Lie(
             "hostile_id",
             f"an id the client would put in a later URL: {HOSTILE_ID!r}",
-            ("context_create", "contexts_list", "context_get", "session_create", "command"),
-            _hostile_id,
+            ID_ROUTES,
+            _with_id(HOSTILE_ID),
+        ),
+        Lie(
+            "credential_id",
+            f"an id with the execd token in it ({CREDENTIAL_ID!r}): shown in a repr, by the CLI",
+            ID_ROUTES,
+            _with_id(CREDENTIAL_ID),
+        ),
+        Lie(
+            "token_chunk",
+            "a chunked answer whose chunk-size line is the execd token (urllib3's error quotes it)",
+            ("download", "code", "command"),
+            _token_chunk,
+        ),
+        Lie(
+            "token_at_the_cut",
+            "a refused value whose repr holds the token across the 120th character, where an "
+            "error cuts what it shows",
+            ("info", "search"),
+            lambda r: replace(
+                r,
+                body=json.dumps(
+                    {"/dir": [CUT_TOKEN]} if r.route == "info" else [[CUT_TOKEN]]
+                ).encode(),
+            ),
         ),
         Lie(
             "odd_chunks",
