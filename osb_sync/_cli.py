@@ -28,6 +28,7 @@ from ._cli_output import (
     cli_terms,
     error_json,
     names_missing_thing,
+    printable,
 )
 from ._constants import API_BASE_ENV, API_KEY_ENV, LANGUAGES, MAX_OUTPUT_BYTES, VERSION
 from .local.host import options as server_options
@@ -169,8 +170,8 @@ def _report(args: argparse.Namespace, exc: BaseException, status: int | None) ->
 
     status = EXIT_OWN_ERROR if status is None else status
     if args.debug:
-        traceback.print_exc()
-    message = cli_terms(str(exc), args.command)
+        print(printable(traceback.format_exc(), keep="\n"), end="", file=sys.stderr)
+    message = printable(cli_terms(str(exc), args.command))
     if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
         return _quiet_broken_pipe()
     print(f"{PROG}: error: {message}", file=sys.stderr)

@@ -29,6 +29,7 @@ from ._cli_output import (
     names_missing_thing,
     new_lines,
     print_table,
+    printable,
     progress,
     sandbox_json,
     sandbox_row,
@@ -214,7 +215,7 @@ class _CliLogFormatter(logging.Formatter):
     """``osb-sync: warning: ...``: the program's name on every log line it prints."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return f"osb-sync: {record.levelname.lower()}: {cli_terms(record.getMessage())}"
+        return f"osb-sync: {record.levelname.lower()}: {printable(cli_terms(record.getMessage()))}"
 
 
 def configure_logging(args: argparse.Namespace) -> None:
@@ -645,7 +646,7 @@ def _print_status(
     """The server's status message: whole with -v, else one line of what is NOT enforced."""
     line = status_summary(message, args.verbose, said_unisolated)
     if line:
-        print(f"osb-sync: server: {line}", file=sys.stderr)
+        print("osb-sync: server: " + printable(line, keep="\n"), file=sys.stderr)
 
 
 def _writer(stream: TextIO) -> Callable[[str], None]:

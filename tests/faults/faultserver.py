@@ -1274,6 +1274,21 @@ def _with_id(value: str) -> Callable[[Reply], Reply]:
     return tell
 
 
+ESCAPES = "\x1b]0;PWNED\x07\x1b[2J\x1b[31m"  # a new window title, a cleared screen, red
+RIGHT_TO_LEFT = "\u202e"  # a bidi override (not latin-1: a body's, not a header's)
+
+
+def _escapes(r: Reply) -> Reply:
+    """Terminal escapes (and the token) in a request id, and in an error's message (info) or a
+    refused entry (search)."""
+    headers = {"X-Request-ID": f"{ESCAPES}{TOKEN}"}
+    if r.route == "info":
+        message = f"{ESCAPES}{RIGHT_TO_LEFT}{TOKEN}"
+        body = json.dumps({"code": f"X{ESCAPES}", "message": message}).encode()
+        return replace(r, status=500, body=body, headers=headers)
+    return replace(r, body=json.dumps([f"{ESCAPES}{RIGHT_TO_LEFT}bad"]).encode(), headers=headers)
+
+
 def _token_chunk(r: Reply) -> Reply:
     """A chunked answer whose second chunk-size line is the token (urllib3 quotes it)."""
     head = f"HTTP/1.1 200 OK\r\nContent-Type: {r.content_type}\r\n"
@@ -1386,6 +1401,13 @@ LIES: dict[str, Lie] = {
             f"an id the client would put in a later URL: {HOSTILE_ID!r}",
             ID_ROUTES,
             _with_id(HOSTILE_ID),
+        ),
+        Lie(
+            "terminal_escapes",
+            "terminal escape sequences (a new window title, a cleared screen, red, "
+            "right-to-left) in a request id and in an error's message or a refused entry",
+            ("info", "search"),
+            _escapes,
         ),
         Lie(
             "credential_id",

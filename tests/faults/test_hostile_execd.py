@@ -105,14 +105,14 @@ class Copied:
     stderr: str
 
 
-def cp(world: World, src: str, dest: str, keep: int = 1 << 20) -> Copied:
+def cp(world: World, src: str, dest: str, keep: int = 1 << 20, *flags: str) -> Copied:
     """``osb-sync cp SRC DEST`` in this process; standard output as bytes (at most ``keep``)."""
     out, err = _Counter(keep), io.StringIO()
     saved = sys.stdout
     sys.stdout = io.TextIOWrapper(io.BufferedWriter(out))
     try:
         with redirect_stderr(err):
-            status = main(["cp", "--api-base", world.api_base, "--api-key", KEY, src, dest])
+            status = main(["cp", "--api-base", world.api_base, "--api-key", KEY, *flags, src, dest])
         sys.stdout.flush()
     finally:
         sys.stdout = saved
@@ -344,6 +344,23 @@ def test_cp_refuses_a_name_no_path_can_carry(
     assert copied.stdout.size == 0 and written(tmp_path) == []
 
 
+@pytest.mark.parametrize("route", ["info", "search"])
+@pytest.mark.parametrize("debug", [False, True])
+def test_cp_prints_what_execd_said_as_text(
+    route: str, debug: bool, world: World, sandbox_id: str, tmp_path: Path
+) -> None:
+    """An escape sequence in a request id, an error's message or an entry reaches stderr as
+    text (``printable``), with ``--debug`` (its traceback and log lines) too, and never the
+    token."""
+    world.inject(route, "terminal_escapes")
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path), 1 << 20, *(["--debug"] * debug))
+    assert copied.status == (125 if route == "info" else EXIT_REFUSED), copied.stderr
+    assert "\\x1b]0;PWNED\\x07\\x1b[2J" in copied.stderr and "\\u202e" in copied.stderr
+    unprintable = {c for c in copied.stderr if not c.isprintable() and c != "\n"}
+    assert unprintable == set(), unprintable
+    assert TOKEN[:-1] not in copied.stderr
+
+
 def test_cp_of_a_healthy_tree_both_ways(world: World, sandbox_id: str, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     assert cp(world, f"{sandbox_id}:/dir", str(dest)).status == 0
@@ -516,6 +533,10 @@ def _case(route: str, lie: str) -> Case:
             return Case(route, lie, call, "INVALID_RESPONSE", "Content-Encoding header is not")
             return Case(route, lie, call, "ok", holds=lambda value: value is False)
         return Case(route, lie, call, "TransportError")
+    if lie == "terminal_escapes":  # the library's messages are data; the CLI prints them
+        if route == "info":
+            return Case(route, lie, call, "ApiError", "-> 500 X\x1b]0;PWNED")
+        return Case(route, lie, call, "INVALID_RESPONSE", "entry 0 is not a JSON object")
     if lie == "token_chunk":
         return Case(route, lie, call, "StreamError", "[redacted]")
     if lie in ("hostile_id", "credential_id") and route == "command":
