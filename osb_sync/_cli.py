@@ -557,10 +557,12 @@ def _add_files_and_logs(command: Any) -> None:
         "copy files and directories between this machine and a sandbox",
         "Copy SRC to DEST; one of them is SANDBOX:PATH. A directory is copied whole; '-' "
         "as SRC reads a tar archive from standard input, as DEST writes one to standard "
-        "output (as docker cp). Out of a sandbox, its answers are not trusted: an entry that "
-        "would land outside DEST (not beneath PATH, a '..' in its name) stops the copy with "
-        "exit 1, nothing is written through a symlink in DEST, a file longer than its "
-        "listing is refused, and symlinks are skipped (execd does not say where they point).",
+        "output (as docker cp). Out of a sandbox, its answers are not trusted: the copy is "
+        "named after PATH, never after execd's answer; an entry that would land outside DEST "
+        "(not beneath PATH, a '..' in its name) stops the copy with exit 1, nothing is written "
+        "through a symlink in DEST, a file longer than its listing is refused, so is a listing "
+        "larger than the space free where DEST is, and symlinks are skipped (execd does not "
+        "say where they point).",
     )
     copy.add_argument("src", metavar="SRC", help="a local path, SANDBOX:PATH, or -")
     copy.add_argument("dest", metavar="DEST", help="a local path, SANDBOX:PATH, or -")
