@@ -50,7 +50,10 @@ class Watchdog:
         in_forked_child(self._reset)  # the thread does not survive a fork
 
     def _reset(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # Held (``with self._lock``: a C call, where the Condition's is a Python one) to change
+        # the heap; the loop waits on the Condition over the same lock.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, Scheduled]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
@@ -64,7 +67,7 @@ class Watchdog:
             The handle whose ``cancel()`` stops it.
         """
         entry = Scheduled(time.monotonic() + delay, callback, self)
-        with self._cond:
+        with self._lock:
             self._drop_cancelled()
             heapq.heappush(self._heap, (entry.when, next(self._order), entry))
             if self._thread is None:
@@ -76,11 +79,11 @@ class Watchdog:
 
     def pending(self) -> int:
         """Callbacks neither fired nor cancelled (for tests)."""
-        with self._cond:
+        with self._lock:
             return sum(1 for _, _, entry in self._heap if not entry.cancelled)
 
     def _cancel(self, entry: Scheduled) -> None:
-        with self._cond:
+        with self._lock:
             if not (entry.cancelled or entry.fired):
                 entry.cancelled = True
                 entry.callback = _nothing  # let go of what it would have stopped
@@ -138,41 +141,41 @@ class Cutoff:
     after :meth:`start`, whichever comes first. :meth:`start` once the request is sent, with
     its socket; :meth:`finish` once the answer is read or abandoned, and before its connection
     can serve another request (a cut after that would break the other request): it says
-    whether the cut was made.
+    whether the cut was made, or is being made (the connection is then of no further use).
+    Both on the calling thread; the cut, on a thread of the watchdog's, needs no lock of its
+    own: once ``finish`` has cancelled the timer (under the watchdog's lock), the timer's
+    ``fired`` says for good whether the cut runs.
     """
 
-    __slots__ = ("_lock", "_sock", "_timer", "by_deadline", "done", "fired", "seconds", "until")
+    __slots__ = ("_finished", "_sock", "_timer", "by_deadline", "seconds", "until")
 
     def __init__(self, until: float | None, seconds: float | None):
         self.until = until
         self.seconds = seconds
-        self.fired = False
-        self.done = False
         self.by_deadline = seconds is None
         self._sock: Any = None
         self._timer: Scheduled | None = None
-        self._lock = threading.Lock()
+        self._finished = False
 
     def start(self, sock: Any) -> None:
         """Arm (once) for the answer on ``sock`` (a socket, or None when it cannot be told)."""
-        with self._lock:
-            if self.done or self._timer is not None:
-                return
-            self._sock = sock
-            now = time.monotonic()
-            when = math.inf if self.seconds is None else now + self.seconds
-            if self.until is not None and self.until <= when:
-                when, self.by_deadline = self.until, True
-            self._timer = WATCHDOG.schedule(max(0.0, when - now), self._cut)
+        if self._timer is not None or self._finished:
+            return
+        self._sock = sock
+        now = time.monotonic()
+        when = math.inf if self.seconds is None else now + self.seconds
+        if self.until is not None and self.until <= when:
+            when, self.by_deadline = self.until, True
+        self._timer = WATCHDOG.schedule(max(0.0, when - now), self._cut)
 
     def finish(self) -> bool:
-        """Disarm; True if the cut was made (the connection is then of no further use)."""
-        with self._lock:
-            self.done = True
-            timer, self._timer, self._sock = self._timer, None, None
-        if timer is not None:
-            timer.cancel()
-        return self.fired
+        """Disarm (again: no effect); whether the cut was made."""
+        timer = self._timer
+        if not self._finished:
+            self._finished = True
+            if timer is not None:
+                timer.cancel()
+        return timer is not None and timer.fired
 
     def describe(self) -> str:
         """What the bound was, for an error message."""
@@ -181,11 +184,7 @@ class Cutoff:
         return f"call_timeout ({self.seconds:g} s)"
 
     def _cut(self) -> None:
-        with self._lock:
-            if self.done:
-                return
-            self.fired = True
-            sock = self._sock
+        sock = self._sock
         if isinstance(sock, socket.socket):  # not a TLS-in-TLS transport: its read times out
             try:
                 # socket.socket's own shutdown: an SSLSocket's would tear down its TLS state
