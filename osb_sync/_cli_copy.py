@@ -120,7 +120,7 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
     else:
         _refuse_irregular(info)
         if not name:
-            raise Refused(f"the sandbox says {path!r} is a file, which no file can be named")
+            raise Refused(f"the sandbox says {path!r} is a file, but it names no file")
         info = replace(info, path=path)  # the file the user named, at the size execd said
         files = [("", info)]
     if dest == "-":

@@ -140,8 +140,8 @@ class Commands:
             reason = result.error.value if result.error else "no command id"
             raise OpenSandboxError(f"the background command did not start: {reason}")
         try:
-            field = "the init event's text (the command id)"
-            answers.a_segment(result.id, field, self._execd.secrets)
+            named = "the init event's text (the command id)"
+            answers.a_segment(result.id, named, self._execd.secrets)
         except answers.BadAnswer as exc:
             raise self._execd.invalid(stream.response, exc) from None
         handle = BackgroundCommand(self._execd, result.id)

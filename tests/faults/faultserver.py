@@ -17,7 +17,9 @@ Healthy answers follow the wire protocol (bare JSON event frames, ``init`` first
 message}`` errors). ``World.inject(route, fault)`` makes a route misbehave instead: ``FAULTS``
 names every misbehaviour of the wire (any route), ``LIES`` every well-framed lie a hostile
 execd tells on the routes it names (traversal names, absolute paths, absurd sizes, wrong JSON
-types, ids that would climb out of their URL). "Connection refused" is not an answer: a server
+types, ids that would climb out of their URL or hold the token, answers that drip a byte at a
+time, a compressed bomb, a redirect to its own origin, terminal escapes, the token where an
+error would quote it). "Connection refused" is not an answer: a server
 ``go_down()`` (stops listening and drops its connections) and ``go_up()`` on the same port
 again.
 """

@@ -4,12 +4,15 @@ every name, size, id and number an execd answers is hostile input for the client
 Every execd route the client calls is answered with lies by the fault server
 (``tests/faults/faultserver.py``): each ``LIES`` entry that names the route (traversal names,
 absolute paths, absurd or negative sizes, wrong JSON types, ids that would climb out of their
-URL, absurd numbers, an ignored Range), and on every route an endless body or stream
-(``flood``) and a redirect to another origin (``redirect_cross_origin``). Each call ends within
-its bound in a contained result or a typed error (a lie the client can see is
-``ApiError(code="INVALID_RESPONSE")`` naming the field), never sends the execd token or the
-API key to another origin (the fault server's ``other`` records what reaches it), and never
-shows either in an error or a log line.
+URL or hold the token, absurd numbers, an ignored Range, ...), and on every route an endless
+body or stream (``flood``), a redirect to another origin (``redirect_cross_origin``) and to its
+own (``redirect_same_origin``: behind a server proxy, the lifecycle API's) and a compressed
+bomb (``deflate_bomb``). Each call ends within its bound in a contained result or a typed error
+(a lie the client can see is ``ApiError(code="INVALID_RESPONSE")`` naming the field), never
+sends the execd token or the API key to another origin (the fault server's ``other`` records
+what reaches it), and never shows either, or all but the end of either, in an error or a log
+line. One route of each way the client reads an answer drips a byte at a time
+(``drip_head``, ``drip_body``): it ends at its ``call_timeout``, or at the timeout it was given.
 
 The routes the client calls (``client_routes()`` reads them from the source of ``osb_sync``;
 a route the client calls that is missing here, or that no case below covers, fails
@@ -379,7 +382,7 @@ def test_cp_of_a_healthy_tree_both_ways(world: World, sandbox_id: str, tmp_path:
 PACKAGE = Path(__file__).resolve().parents[2] / "osb_sync"
 # Calls on an ``_execd`` that make no request, or make one only through those below.
 NOT_ROUTES = {"invalid", "move"}
-GENERIC = ("flood", "redirect_cross_origin", "redirect_same_origin")
+GENERIC = ("flood", "redirect_cross_origin", "redirect_same_origin", "deflate_bomb")
 READ_TIMEOUT = 0.4
 RUN_TIMEOUT = 1.0
 CAP = 64 * 1024
