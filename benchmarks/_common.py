@@ -10,6 +10,7 @@ packages try at import time.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -87,6 +88,15 @@ def local_server(python: str = sys.executable, tree: str | None = None) -> Itera
         yield server
     finally:
         server.stop()
+
+
+def sha256(path: str | os.PathLike[str]) -> str:
+    """The hex SHA-256 of a file, read 1 MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def proc_stats(pid: int | str = "self") -> dict[str, int]:

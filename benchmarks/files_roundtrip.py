@@ -10,7 +10,6 @@ baseline, i.e. nothing holds the file in memory.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import resource
 import socket
@@ -19,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import sha256
 
 import osb_sync
 
@@ -31,14 +32,6 @@ def free_port() -> int:
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def main() -> None:

@@ -21,12 +21,14 @@ from ._cli_output import (
     EXIT_BROKEN_PIPE,
     EXIT_NOT_FOUND,
     EXIT_OWN_ERROR,
+    EXIT_REFUSED,
     EXIT_SIGNAL_BASE,
     EXIT_STATUSES,
     EXIT_TIMED_OUT,
     cli_terms,
     error_json,
     names_missing_thing,
+    printable,
 )
 from ._constants import API_BASE_ENV, API_KEY_ENV, LANGUAGES, MAX_OUTPUT_BYTES, VERSION
 from .local.host import options as server_options
@@ -122,6 +124,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _quiet_broken_pipe()
     except commands.RunTimedOut as exc:
         return _report(args, exc, EXIT_TIMED_OUT)
+    except commands.Refused as exc:
+        return _report(args, exc, EXIT_REFUSED)
     except OutputLimitExceeded as exc:
         return _report(args, exc, EXIT_OWN_ERROR)
     except NotFoundError as exc:
@@ -166,8 +170,8 @@ def _report(args: argparse.Namespace, exc: BaseException, status: int | None) ->
 
     status = EXIT_OWN_ERROR if status is None else status
     if args.debug:
-        traceback.print_exc()
-    message = cli_terms(str(exc), args.command)
+        print(printable(traceback.format_exc(), keep="\n"), end="", file=sys.stderr)
+    message = printable(cli_terms(str(exc), args.command))
     if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
         return _quiet_broken_pipe()
     print(f"{PROG}: error: {message}", file=sys.stderr)
@@ -553,11 +557,16 @@ def _add_files_and_logs(command: Any) -> None:
         "copy files and directories between this machine and a sandbox",
         "Copy SRC to DEST; one of them is SANDBOX:PATH. A directory is copied whole; '-' "
         "as SRC reads a tar archive from standard input, as DEST writes one to standard "
-        "output (as docker cp).",
+        "output (as docker cp). Out of a sandbox, its answers are not trusted: the copy is "
+        "named after PATH, never after execd's answer; an entry that would land outside DEST "
+        "(not beneath PATH, a '..' in its name) stops the copy with exit 1, nothing is written "
+        "through a symlink in DEST, a file longer than its listing is refused, so is a listing "
+        "larger than the space free where DEST is, and symlinks are skipped (execd does not "
+        "say where they point).",
     )
     copy.add_argument("src", metavar="SRC", help="a local path, SANDBOX:PATH, or -")
     copy.add_argument("dest", metavar="DEST", help="a local path, SANDBOX:PATH, or -")
-    copy.set_defaults(handler="cmd_cp")
+    copy.set_defaults(handler="cmd_cp", module="_cli_copy")
 
     logs = command(
         "logs",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import io
 import json
 import logging
 import os
@@ -14,11 +13,9 @@ import secrets
 import shlex
 import shutil
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ._cli_output import (
@@ -32,6 +29,7 @@ from ._cli_output import (
     names_missing_thing,
     new_lines,
     print_table,
+    printable,
     progress,
     sandbox_json,
     sandbox_row,
@@ -41,7 +39,7 @@ from ._client import Client
 from ._config import check_run_arguments
 from ._constants import API_BASE_ENV, API_KEY_ENV, DOMAIN_ENV
 from ._errors import NotFoundError, NotSupportedError, SandboxTimeoutError
-from ._models import Event, ExecutionResult, FileInfo, SandboxInfo
+from ._models import Event, ExecutionResult, SandboxInfo
 from ._sandbox import Sandbox
 
 if TYPE_CHECKING:
@@ -74,6 +72,11 @@ class UsageError(Exception):
 
 class RunTimedOut(Exception):
     """The run passed its --timeout (exit 124)."""
+
+
+class Refused(Exception):
+    """What a sandbox answered is refused (exit 1): ``cp`` out of it, an entry that would land
+    outside DEST."""
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -212,7 +215,7 @@ class _CliLogFormatter(logging.Formatter):
     """``osb-sync: warning: ...``: the program's name on every log line it prints."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return f"osb-sync: {record.levelname.lower()}: {cli_terms(record.getMessage())}"
+        return f"osb-sync: {record.levelname.lower()}: {printable(cli_terms(record.getMessage()))}"
 
 
 def configure_logging(args: argparse.Namespace) -> None:
@@ -247,7 +250,7 @@ class _MootAfterInterrupt(logging.Filter):
 
 def cmd_create(args: argparse.Namespace) -> int:
     """``osb-sync create``: print the new sandbox's id (it is not deleted)."""
-    with _remote_client(args) as client:
+    with remote_client(args) as client:
         with progress("creating a sandbox"):
             sandbox = client.create_sandbox(
                 template=args.template,
@@ -267,7 +270,7 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """``osb-sync list``: a table (or a JSON array, or with -q the ids) of sandboxes."""
-    with _remote_client(args) as client:
+    with remote_client(args) as client:
         metadata = _pairs(args.metadata, "--metadata")
         infos = list(client.list_sandboxes(states=args.state or None, metadata=metadata))
     if args.json:
@@ -284,7 +287,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_get(args: argparse.Namespace) -> int:
     """``osb-sync get ID...``: each sandbox's description; exit 1 if one was not found."""
     found = []
-    with _remote_client(args) as client:
+    with remote_client(args) as client:
         for sandbox_id in args.ids:
             info = _info_or_none(client, sandbox_id)
             if info is None:
@@ -303,7 +306,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """``osb-sync inspect ID...``: a JSON array of sandboxes (as ``docker inspect``)."""
-    with _remote_client(args) as client:
+    with remote_client(args) as client:
         found = [info for info in (_info_or_none(client, i) for i in args.ids) if info]
     print(json.dumps([sandbox_json(info) for info in found], indent=2))
     return 0 if len(found) == len(args.ids) else EXIT_NOT_FOUND
@@ -325,7 +328,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     if bool(args.ids) + bool(args.all) + bool(metadata) != 1:
         raise UsageError("delete takes sandbox ids, --all, or --metadata KEY=VALUE (one of them)")
     outcomes = []
-    with _remote_client(args) as client:
+    with remote_client(args) as client:
         ids = list(args.ids)
         if args.all or metadata:
             ids = [info.id for info in client.list_sandboxes(metadata=metadata)]
@@ -366,7 +369,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """``osb-sync stats ID...``: one CPU and memory sample of each sandbox."""
     rows: list[dict[str, str]] = []
     shapes = []
-    with _remote_client(args) as client:
+    with remote_client(args) as client:
         for sandbox_id in args.ids:
             try:
                 metrics = client.connect(sandbox_id).metrics()
@@ -401,7 +404,7 @@ def _each(
 ) -> int:
     """Apply ``call`` to each id; a line (or a JSON object) each; exit 1 if one was missing."""
     outcomes = []
-    with _remote_client(args) as client:
+    with remote_client(args) as client:
         for sandbox_id in args.ids:
             try:
                 value = call(client, sandbox_id)
@@ -436,7 +439,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if args.detach and args.interactive:
         raise UsageError("give -i or -d, not both: a background command reads no input")
     command = args.cmd[0] if len(args.cmd) == 1 else shlex.join(args.cmd)
-    with _remote_client(args) as client:
+    with remote_client(args) as client:
         sandbox = client.connect(args.id)
         if args.detach:
             handle = sandbox.commands.start(command, **_command_options(args))
@@ -507,7 +510,7 @@ def _run_command(sandbox: Sandbox, command: str, args: argparse.Namespace) -> in
 def cmd_logs(args: argparse.Namespace) -> int:
     """``osb-sync logs ID [COMMAND_ID] [-f] [--tail N]``: a background command's output, or
     without COMMAND_ID the sandbox's own log (the server's diagnostics route)."""
-    with _remote_client(args) as client:
+    with remote_client(args) as client:
         if args.command_id is None:
             return _sandbox_log(client, args)
         if args.tail is not None:
@@ -560,110 +563,6 @@ def _sandbox_log(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-# -- copying files --------------------------------------------------------------------------
-
-
-def _split_remote(spec: str) -> tuple[str, str] | None:
-    """``SANDBOX:PATH`` as (id, path), or None for a local path (or ``-``)."""
-    if spec == "-" or spec.startswith(("/", ".")):
-        return None
-    sandbox_id, sep, path = spec.partition(":")
-    if not sep or not sandbox_id or "/" in sandbox_id:
-        return None
-    return sandbox_id, path or "."
-
-
-def cmd_cp(args: argparse.Namespace) -> int:
-    """``osb-sync cp SRC DEST``: one side is ``SANDBOX:PATH``; ``-`` is a tar stream."""
-    src, dest = _split_remote(args.src), _split_remote(args.dest)
-    if (src is None) == (dest is None):
-        raise UsageError(
-            "cp copies between this machine and a sandbox: exactly one of SRC and DEST is "
-            f"SANDBOX:PATH (got {args.src!r} and {args.dest!r})"
-        )
-    with _remote_client(args) as client:
-        if src is not None:
-            sandbox = client.connect(src[0])
-            return _copy_out(sandbox, src[1], args.dest)
-        assert dest is not None
-        sandbox = client.connect(dest[0])
-        return _copy_in(sandbox, args.src, dest[1])
-
-
-def _remote_info(sandbox: Sandbox, path: str) -> FileInfo | None:
-    try:
-        return next(iter(sandbox.files.info(path).values()), None)
-    except NotFoundError:
-        return None
-
-
-def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
-    """A sandbox's file or directory to a local path, or as a tar archive to stdout."""
-    info = _remote_info(sandbox, path)
-    if info is None:
-        print(f"osb-sync: error: no such file in the sandbox: {path}", file=sys.stderr)
-        return EXIT_NOT_FOUND
-    is_dir = info.type.lower().startswith("dir")
-    files = sandbox.files.search(path) if is_dir else [info]
-    base = posixpath.dirname(path.rstrip("/")) if is_dir else posixpath.dirname(path)
-    if dest == "-":
-        with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as archive:
-            for item in files:
-                data = sandbox.files.read_bytes(item.path, max_bytes=1 << 40)
-                member = tarfile.TarInfo(posixpath.relpath(item.path, base or "/"))
-                member.size, member.mode = len(data), info.mode or 0o644
-                member.mode = item.mode or 0o644
-                archive.addfile(member, io.BytesIO(data))
-        return 0
-    target = Path(dest)
-    if not is_dir:
-        if target.is_dir():
-            target = target / posixpath.basename(path)
-        sandbox.files.download(path, target)
-        return 0
-    root = target / posixpath.basename(path.rstrip("/")) if target.is_dir() else target
-    root.mkdir(parents=True, exist_ok=True)
-    prefix = path.rstrip("/") + "/"
-    for item in files:
-        local = root / item.path[len(prefix) :] if item.path.startswith(prefix) else root
-        local.parent.mkdir(parents=True, exist_ok=True)
-        sandbox.files.download(item.path, local)
-    return 0
-
-
-def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
-    """A local file or directory (or a tar archive on stdin) into a sandbox."""
-    if src == "-":
-        entries: list[tuple[str, bytes, int]] = []
-        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|*") as archive:
-            for member in archive:
-                name = posixpath.normpath(member.name)
-                if member.isdir() or name.startswith("..") or posixpath.isabs(name):
-                    continue  # directories come with their files; nothing may climb out
-                if not member.isfile():
-                    continue
-                handle = archive.extractfile(member)
-                data = handle.read() if handle else b""
-                entries.append((posixpath.join(path, name), data, member.mode & 0o777))
-        sandbox.files.write_many(entries)
-        return 0
-    local = Path(src)
-    if not local.exists():
-        print(f"osb-sync: error: no such local file: {src}", file=sys.stderr)
-        return EXIT_NOT_FOUND
-    if local.is_file():
-        info = _remote_info(sandbox, path)
-        target = posixpath.join(path, local.name) if info and info.type.startswith("dir") else path
-        sandbox.files.upload(local, target, mode=local.stat().st_mode & 0o777)
-        return 0
-    info = _remote_info(sandbox, path)
-    root = posixpath.join(path, local.name) if info is not None else path
-    for file in sorted(p for p in local.rglob("*") if p.is_file()):
-        relative = file.relative_to(local).as_posix()
-        sandbox.files.upload(file, posixpath.join(root, relative), mode=file.stat().st_mode & 0o777)
-    return 0
-
-
 # -- helpers --------------------------------------------------------------------------------
 
 
@@ -691,7 +590,12 @@ def _remote_configured(args: argparse.Namespace) -> bool:
     return bool(args.api_base or os.environ.get(API_BASE_ENV) or os.environ.get(DOMAIN_ENV))
 
 
-def _remote_client(args: argparse.Namespace) -> Client:
+def remote_client(args: argparse.Namespace) -> Client:
+    """A client of the server the command line or the environment names.
+
+    Raises:
+        UsageError: none is named.
+    """
     if not _remote_configured(args):
         raise UsageError(f"this command needs a server: {SERVER_HINT}")
     return Client(args.api_base, args.api_key)
@@ -742,7 +646,7 @@ def _print_status(
     """The server's status message: whole with -v, else one line of what is NOT enforced."""
     line = status_summary(message, args.verbose, said_unisolated)
     if line:
-        print(f"osb-sync: server: {line}", file=sys.stderr)
+        print("osb-sync: server: " + printable(line, keep="\n"), file=sys.stderr)
 
 
 def _writer(stream: TextIO) -> Callable[[str], None]:

@@ -1,5 +1,12 @@
 """What the ``osb-sync`` command prints: JSON shapes, tables, exit statuses, progress lines.
 
+What a server or a sandbox's execd said (an error's message and request id, a log line, a
+sandbox's fields) is printed through :func:`printable`: to the terminal it is text, never an
+escape sequence that retitles the window, clears the screen or reorders what follows. (Names
+in ``cp``'s messages are ``repr``'d, which escapes the same characters. A command's own output,
+``exec``'s, ``run``'s, ``logs``', is passed through as ``docker exec`` does: it is what was
+asked for.)
+
 One JSON shape per object (README.rst, Command line):
 
 - sandbox: ``{"id", "state", "message", "image", "created_at", "expires_at", "metadata"}``
@@ -27,6 +34,7 @@ if TYPE_CHECKING:  # not at import: `osb-sync --version` must not load requests
 
 EXIT_RAISED = 1  # the code raised
 EXIT_NOT_FOUND = 1  # a sandbox (file, command) was not found, as `docker inspect`
+EXIT_REFUSED = 1  # cp: the sandbox named an entry that would land outside DEST
 EXIT_TIMED_OUT = 124  # as timeout(1)
 EXIT_OWN_ERROR = 125  # osb-sync itself failed, as docker run
 EXIT_SIGNAL_BASE = 128
@@ -38,7 +46,8 @@ osb-sync exit statuses (the same for every command):
   0      success
   1      run: the Python code raised (sys.exit(n) in the code exits n);
          get, inspect, delete, pause, resume, renew, stats, logs, cp: a sandbox (or a file,
-         a command) was not found
+         a command) was not found; cp: the sandbox answered what cp refuses (an entry that
+         would land outside DEST, a file longer than listed), and the copy stopped
   N      exec, run --language bash: the remote command's own status, passed through
          (126 not executable, 127 not found, 128+n killed by signal n, as the shell says)
   124    run or exec passed --timeout (as timeout(1))
@@ -88,11 +97,20 @@ def sandbox_json(info: SandboxInfo) -> dict[str, Any]:
     }
 
 
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with each character that is not printable (ESC and the other controls, bidi
+    overrides, a lone surrogate) escaped as ``repr`` escapes it; ``keep``: characters left as
+    they are (a traceback's newlines)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
 def sandbox_row(info: SandboxInfo) -> dict[str, str]:
     """A sandbox as one row of text (``list`` and ``get``)."""
     data = sandbox_json(info)
     data["metadata"] = ",".join(f"{k}={v}" for k, v in sorted(data["metadata"].items()))
-    return {key: "" if value is None else str(value) for key, value in data.items()}
+    return {key: "" if value is None else printable(str(value)) for key, value in data.items()}
 
 
 def command_json(result: CommandResult) -> dict[str, Any]:

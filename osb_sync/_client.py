@@ -90,6 +90,8 @@ class Client:
             never closed by the client.
         connect_timeout: seconds to open a connection.
         read_timeout: seconds of silence allowed on any response, streams included.
+        call_timeout: seconds an execd call may take from its request sent to the end of its
+            answer (of a streamed one: to its headers); default: twice ``read_timeout``.
         create_timeout: seconds allowed for ``POST /sandboxes`` (servers pull images inside it).
         pool_maxsize: connections kept per host: size it for the number of threads.
         pool_block: when all ``pool_maxsize`` connections to a host are in use, wait for
@@ -116,6 +118,7 @@ class Client:
         session: requests.Session | None = None,
         connect_timeout: float = DEFAULT_SETTINGS.connect_timeout,
         read_timeout: float = DEFAULT_SETTINGS.read_timeout,
+        call_timeout: float | None = None,
         create_timeout: float = DEFAULT_SETTINGS.create_timeout,
         pool_maxsize: int = DEFAULT_SETTINGS.pool_maxsize,
         pool_block: bool = DEFAULT_SETTINGS.pool_block,
@@ -127,6 +130,7 @@ class Client:
         settings = ClientSettings(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            call_timeout=call_timeout,
             create_timeout=create_timeout,
             pool_maxsize=pool_maxsize,
             pool_block=pool_block,
@@ -141,6 +145,7 @@ class Client:
             pool_maxsize=settings.pool_maxsize,
             pool_block=settings.pool_block,
             max_retries=settings.max_retries,
+            call_timeout=settings.call_timeout,
         )
         self._lifecycle = Lifecycle(
             self._transport,

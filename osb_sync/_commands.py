@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
+from . import _answers as answers
 from ._command_stream import CommandFolder, client_deadline, collect, command_body, line_callbacks
 from ._constants import DEFAULT_POLL_INTERVAL, MAX_OUTPUT_BYTES
 from ._errors import NotFoundError, OpenSandboxError, SandboxTimeoutError
+from ._execd import LOGS_BYTES
 from ._models import CommandResult, CommandStatus, Event
 
 if TYPE_CHECKING:
@@ -113,7 +115,11 @@ class Commands:
         """Start a command in the background and return at once (``uid``/``gid`` as in run).
 
         Raises:
-            ApiError: execd refused the command, or gave it no id.
+            ApiError: execd refused the command, or named it with an id that cannot stand in a
+                URL (``code`` ``INVALID_RESPONSE``).
+            SandboxTimeoutError: execd did not answer that it started within the client's
+                ``call_timeout`` (its answer is a stream, which execd ends at once).
+            OpenSandboxError: execd gave the command no id.
         """
         options = command_body(command, cwd, dict(env) if env else None, None, uid, gid)
         body = {**options, "background": True}
@@ -122,6 +128,7 @@ class Commands:
             body,
             folder=CommandFolder(),
             max_output_bytes=MAX_OUTPUT_BYTES,
+            timeout=self._execd.call_timeout,
             stop_at_terminal=True,
         )
         with stream:
@@ -132,6 +139,11 @@ class Commands:
         if result.id is None or result.error is not None:
             reason = result.error.value if result.error else "no command id"
             raise OpenSandboxError(f"the background command did not start: {reason}")
+        try:
+            named = "the init event's text (the command id)"
+            answers.a_segment(result.id, named, self._execd.secrets)
+        except answers.BadAnswer as exc:
+            raise self._execd.invalid(stream.response, exc) from None
         handle = BackgroundCommand(self._execd, result.id)
         handle._await_registration(REGISTRATION_WAIT)
         self._started.append(handle)
@@ -147,6 +159,9 @@ class Commands:
 
         No request is made: the handle's calls fail with NotFoundError if execd does not
         know the command.
+
+        Raises:
+            ConfigurationError: an empty id, ``.`` or ``..`` (the id goes into URLs, escaped).
         """
         return BackgroundCommand(self._execd, command_id)
 
@@ -162,13 +177,17 @@ class Commands:
         """A persistent bash session (use it in ``with``: it is deleted on exit).
 
         Raises:
-            ApiError: execd refused the call.
+            ApiError: execd refused the call, or answered no ``session_id`` that can stand in a
+                URL (``code`` ``INVALID_RESPONSE``).
             TransportError: execd could not be reached.
         """
-        data = self._execd.json("POST", "/session", json={"cwd": cwd} if cwd else {})
-        session_id = data.get("session_id") if isinstance(data, dict) else None
-        if not isinstance(session_id, str) or not session_id:
-            raise OpenSandboxError("execd created a session without a session_id")
+        body = {"cwd": cwd} if cwd else {}
+        session_id = self._execd.answer(
+            "POST",
+            "/session",
+            lambda data: answers.session_id(data, self._execd.secrets),
+            json=body,
+        )
         return BashSession(self._execd, session_id)
 
 
@@ -178,6 +197,7 @@ class BackgroundCommand:
     def __init__(self, execd: Execd, command_id: str):
         self.id = command_id
         self._execd = execd
+        self._in_url = answers.in_url(command_id, "a command id")
 
     def __repr__(self) -> str:
         return f"BackgroundCommand(id={self.id!r})"
@@ -187,9 +207,14 @@ class BackgroundCommand:
 
         Raises:
             NotFoundError: execd does not know the command.
+            ApiError: an answer that is not a status (``code`` ``INVALID_RESPONSE``: ``running``
+                not a boolean, say).
         """
-        data = self._execd.json("GET", f"/command/status/{self.id}")
-        return CommandStatus.from_dict(data if isinstance(data, dict) else {"id": self.id})
+        return self._execd.answer(
+            "GET",
+            f"/command/status/{self._in_url}",
+            lambda data: answers.command_status(data, self.id),
+        )
 
     def _await_registration(self, seconds: float) -> None:
         """Poll the status until execd knows the command (see `REGISTRATION_WAIT`)."""
@@ -212,20 +237,26 @@ class BackgroundCommand:
         """Output (stdout and stderr together) from byte ``cursor`` on, and the next cursor.
 
         Raises:
-            ApiError: not a background command (execd answers 400).
+            ApiError: not a background command (execd answers 400), or a next cursor that is
+                not a byte offset at or after ``cursor`` (``code`` ``INVALID_RESPONSE``).
             TransportError: execd could not be reached.
         """
         params = {"cursor": cursor} if cursor is not None else None
-        response = self._execd.request("GET", f"/command/{self.id}/logs", params=params)
+        response = self._execd.request(
+            "GET", f"/command/{self._in_url}/logs", params=params, max_body=LOGS_BYTES
+        )
         text = response.content.decode("utf-8", "replace")
+        header = response.headers.get(LOGS_CURSOR_HEADER)
         try:
-            next_cursor = int(response.headers.get(LOGS_CURSOR_HEADER, ""))
-        except ValueError:
-            next_cursor = (cursor or 0) + len(response.content)
-        return text, next_cursor
+            return text, answers.logs_cursor(header, cursor, len(response.content))
+        except answers.BadAnswer as exc:
+            raise self._execd.invalid(response, exc) from None
 
     def iter_logs(self, poll_interval: float = 0.5) -> Iterator[str]:
         """Follow the output until the command has ended and everything was read.
+
+        execd says when the command has ended: one that never does (or a sandbox that says so)
+        is followed until the caller stops iterating, as ``tail -f`` is.
 
         Raises:
             NotFoundError: execd does not know the command.
@@ -280,6 +311,7 @@ class BashSession:
     def __init__(self, execd: Execd, session_id: str):
         self.id = session_id
         self._execd = execd
+        self._in_url = answers.in_url(session_id, "a session id")
 
     def __repr__(self) -> str:
         return f"BashSession(id={self.id!r})"
@@ -312,7 +344,7 @@ class BashSession:
         """
         body = command_body(command, cwd, None, timeout)
         stream = self._execd.stream(
-            f"/session/{self.id}/run",
+            f"/session/{self._in_url}/run",
             body,
             folder=CommandFolder(),
             max_output_bytes=max_output_bytes,
@@ -329,4 +361,4 @@ class BashSession:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("DELETE", f"/session/{self.id}")
+        self._execd.request("DELETE", f"/session/{self._in_url}")

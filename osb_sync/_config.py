@@ -52,6 +52,10 @@ class ClientSettings:
     Attributes:
         connect_timeout: seconds to open a connection.
         read_timeout: seconds of silence allowed on any response, streams included.
+        call_timeout: seconds an execd call may take from its request sent to the end of its
+            answer (of a streamed one: to its headers); None: twice ``read_timeout``. The
+            read timeout bounds each silence, this their sum: a byte now and then keeps no
+            call alive past it.
         create_timeout: seconds allowed for ``POST /sandboxes``.
         pool_maxsize: connections kept per host.
         pool_block: when all ``pool_maxsize`` connections to a host are in use, wait for one
@@ -65,6 +69,7 @@ class ClientSettings:
 
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
+    call_timeout: float | None = None
     create_timeout: float = 300.0
     pool_maxsize: int = 32
     pool_block: bool = False
@@ -74,8 +79,10 @@ class ClientSettings:
     def __post_init__(self) -> None:
         if self.execd_scheme not in (None, "http", "https"):
             raise ConfigurationError("execd_scheme must be 'http', 'https' or None")
-        for name in ("connect_timeout", "read_timeout", "create_timeout"):
+        for name in ("connect_timeout", "read_timeout", "call_timeout", "create_timeout"):
             value = getattr(self, name)
+            if name == "call_timeout" and value is None:
+                value = 2 * self.read_timeout  # checked the line before
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigurationError(f"{name} must be a positive number of seconds")
             object.__setattr__(self, name, float(value))  # frozen: set once, here

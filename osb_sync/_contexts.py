@@ -5,7 +5,9 @@ from __future__ import annotations
 import builtins
 from typing import TYPE_CHECKING
 
+from . import _answers as answers
 from ._constants import DEFAULT_LANGUAGE
+from ._execd import LISTING_BYTES
 from ._models import CodeContext
 
 if TYPE_CHECKING:
@@ -32,38 +34,59 @@ class Contexts:
         """Create a named code context: its state persists between runs.
 
         Raises:
-            ApiError: execd refused (an unknown language, for instance).
+            ApiError: execd refused (an unknown language, for instance), or answered an id
+                that cannot stand in a URL (``code`` ``INVALID_RESPONSE``).
         """
         body = {"language": language, **({"cwd": cwd} if cwd else {})}
-        return CodeContext.from_dict(self._execd.json("POST", "/code/context", json=body), language)
+        return self._execd.answer(
+            "POST",
+            "/code/context",
+            lambda data: answers.code_context(data, language, secrets=self._execd.secrets),
+            json=body,
+        )
 
     def list(self, language: str | None = None) -> builtins.list[CodeContext]:
         """The code contexts, of one language or all.
 
         Raises:
-            ApiError: execd refused the call.
+            ApiError: execd refused the call, or answered something else than a list of
+                contexts with ids that can stand in a URL (``code`` ``INVALID_RESPONSE``).
             TransportError: execd could not be reached.
         """
         params = {"language": language} if language else None
-        data = self._execd.json("GET", "/code/contexts", params=params)
-        return [CodeContext.from_dict(item, language or "") for item in data or ()]
+        return self._execd.answer(
+            "GET",
+            "/code/contexts",
+            lambda data: answers.code_contexts(data, language or "", self._execd.secrets),
+            params=params,
+            max_body=LISTING_BYTES,
+        )
 
     def get(self, context_id: str) -> CodeContext:
         """One code context.
 
         Raises:
+            ConfigurationError: an empty id, ``.`` or ``..``.
             NotFoundError: no such context.
+            ApiError: an answer that is not a context (``code`` ``INVALID_RESPONSE``).
         """
-        return CodeContext.from_dict(self._execd.json("GET", f"/code/contexts/{context_id}"))
+        return self._execd.answer(
+            "GET",
+            f"/code/contexts/{answers.in_url(context_id, 'a context id')}",
+            lambda data: answers.code_context(data, secrets=self._execd.secrets),
+        )
 
     def delete(self, context: CodeContext | str) -> None:
         """Delete a code context (its kernel state goes with it).
 
         Raises:
+            ConfigurationError: an empty id, ``.`` or ``..``.
             NotFoundError: no such context.
         """
         context_id = context.id if isinstance(context, CodeContext) else context
-        self._execd.request("DELETE", f"/code/contexts/{context_id}")
+        self._execd.request(
+            "DELETE", f"/code/contexts/{answers.in_url(context_id, 'a context id')}"
+        )
 
     def delete_all(self, language: str) -> None:
         """Delete every code context of a language.

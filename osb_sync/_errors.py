@@ -202,10 +202,19 @@ def with_suffix(exc: ApiError, suffix: str) -> ApiError:
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """Replace every secret value that occurs in ``text``."""
+    """Replace every secret value that occurs in ``text``, as it is or as ``repr`` escapes it
+    (a secret of fewer than 4 characters is not replaced: it would be everywhere).
+
+    The one redaction of the package: wherever a peer's text (an execd answer, a header, an
+    exception that quotes the wire) reaches a message, a log line or a repr, it went through
+    this function, and a check that a value holds a secret is whether this changes it.
+    """
     for secret in secrets:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "[redacted]")
+            escaped = repr(secret)[1:-1]
+            if escaped != secret:
+                text = text.replace(escaped, "[redacted]")
     return text
 
 
@@ -274,8 +283,11 @@ def not_supported(
     )
 
 
-def invalid_response(response: requests.Response, what: str) -> ApiError:
-    """The ApiError for a success status whose body is unusable (``what`` says how)."""
+def invalid_response(
+    response: requests.Response, what: str, secrets: Iterable[str] = ()
+) -> ApiError:
+    """The ApiError for a success status whose body is unusable (``what`` says how); the
+    ``secrets`` a hostile peer may have echoed (into a name, a request id) are redacted."""
     method = (response.request.method or "") if response.request is not None else ""
     path = urlsplit(response.url).path if response.url else ""
     request_id = response.headers.get(REQUEST_ID_HEADER)
@@ -283,10 +295,10 @@ def invalid_response(response: requests.Response, what: str) -> ApiError:
     if request_id:
         text += f" (request id {request_id})"
     return ApiError(
-        text,
+        redact(text, secrets),
         status_code=response.status_code,
         code="INVALID_RESPONSE",
-        message=what,
+        message=redact(what, secrets),
         request_id=request_id,
         response=response,
     )

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import nullcontext
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 from urllib.parse import urlsplit
 
 import requests
 
+from ._answers import BadAnswer
 from ._constants import INTERRUPT_WAIT
 from ._errors import (
+    ApiError,
     OpenSandboxError,
     SandboxStateError,
     error_from_response,
     invalid_response,
+    redact,
 )
 from ._execution import NOT_STARTED, ExecutionStream, Folder, R
 from ._models import Event
@@ -22,14 +26,23 @@ from ._transport import Transport, response_json
 from ._wait import Wait
 
 logger = logging.getLogger("osb_sync")
+T = TypeVar("T")
 
 STREAM_HEADERS = {
     "Content-Type": "application/json",
     "Accept": "text/event-stream",
     "Cache-Control": "no-cache",
-    # Counted bytes must be wire bytes: no transparent decompression under the cap.
-    "Accept-Encoding": "identity",
 }
+# On every execd call: counted bytes must be wire bytes, and a few hundred bytes of a body
+# compressed twice inflate to gigabytes (urllib3 before 2.6 inflates a whole block at a time,
+# before any cap can act). An answer encoded all the same is refused unread.
+IDENTITY = {"Accept-Encoding": "identity"}
+# What an answer that is not streamed may weigh, by kind: its parsed form can take 30 times as
+# much memory (16 MiB of ``[{},{},...]`` is 5.6 million dicts, 464 MiB), so only a listing,
+# whose size is the sandbox's file tree's, gets more than a small object needs.
+ANSWER_BYTES = 1 << 20  # an object (info, a context, a session, a status, metrics), or nothing
+LISTING_BYTES = 16 << 20  # files.search, files.list, contexts.list: 80 000 entries or so
+LOGS_BYTES = 16 << 20  # a background command's output since a cursor (text)
 PAUSED_HINT = "the sandbox is paused: resume it first (sandbox.resume())"
 
 
@@ -56,6 +69,16 @@ class Execd:
         """Seconds of silence allowed on a response, unless a call says otherwise."""
         return self._transport.read_timeout
 
+    @property
+    def call_timeout(self) -> float | None:
+        """Seconds a call may take from its request sent to its answer (streamed: its headers)."""
+        return self._transport.call_timeout
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The values of the headers sent on every call (the token): never shown."""
+        return self._secrets
+
     def request(
         self,
         method: str,
@@ -69,17 +92,27 @@ class Execd:
         stream: bool = False,
         retry: bool | None = None,
         deadline: float | None = None,
+        max_body: int = ANSWER_BYTES,
     ) -> requests.Response:
         """Send one call; an error status raises (and closes the response).
 
-        GETs are retried on transient failures unless ``retry`` is False. ``deadline`` (a
-        ``time.monotonic()`` instant) bounds the call's connect and read timeouts by the time
-        left, and its retries.
+        execd is the sandbox's and may lie (``_answers``): a body that is not streamed is read
+        at most ``max_body`` bytes (its kind's: ``ANSWER_BYTES``, ``LISTING_BYTES``,
+        ``LOGS_BYTES``; past it, TransportError), a redirect is never followed (behind a
+        server proxy execd's origin is the lifecycle API's, whose routes a redirect could
+        reach: TransportError), a body is asked for and taken as is (``Accept-Encoding:
+        identity``: an answer with another ``Content-Encoding`` is refused, its body never
+        decoded); a call whose answer is JSON goes through :meth:`answer`.
+
+        GETs are retried on transient failures unless ``retry`` is False. The whole call (of a
+        streamed answer: until its headers) is bounded by the client's ``call_timeout`` and
+        by ``deadline`` (a ``time.monotonic()`` instant), which also bounds its connect and
+        read timeouts by the time left, and its retries.
 
         Raises:
             NotFoundError: 404 (a missing file, context or command).
             SandboxStateError: the server's proxy says the sandbox is paused.
-            ApiError: another error status.
+            ApiError: another error status; ``code`` ``INVALID_RESPONSE``: an encoded body.
             TransportError: no usable response.
         """
         url = self.base_url + path
@@ -89,13 +122,27 @@ class Execd:
             json=json,
             params=params,
             data=data,
-            headers={**(headers or {}), **self._headers},
+            headers={**IDENTITY, **(headers or {}), **self._headers},
             read_timeout=read_timeout,
             stream=stream,
             idempotent=method == "GET" if retry is None else retry,
             secrets=self._secrets,
             deadline=deadline,
+            follow_redirects=False,
+            call_timeout=self._transport.call_timeout,
+            max_body=max_body,
         )
+        encoding = response.headers.get("Content-Encoding")
+        if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+            response.close()
+            raise self.invalid(
+                response,
+                BadAnswer(
+                    "the Content-Encoding header",
+                    "is not identity, which the client asked for (the body was not decoded)",
+                    encoding,
+                ),
+            )
         if response.status_code >= 300:
             try:
                 exc = error_from_response(response, method, urlsplit(url).path, self._secrets)
@@ -106,9 +153,23 @@ class Execd:
             raise exc
         return response
 
-    def json(self, method: str, path: str, **kwargs: Any) -> Any:
-        """A call whose answer is JSON (None for an empty or non-JSON body)."""
-        return response_json(self.request(method, path, **kwargs))
+    def answer(self, method: str, path: str, read: Callable[[Any], T], **kwargs: Any) -> T:
+        """A call whose JSON answer (None for an empty or non-JSON body) ``read`` checks and
+        converts (``_answers``: execd is the sandbox's, and may lie).
+
+        Raises:
+            ApiError: ``code`` ``INVALID_RESPONSE``: ``read`` refused the answer (the message
+                names the field); or the errors of :meth:`request`.
+        """
+        response = self.request(method, path, **kwargs)
+        try:
+            return read(response_json(response))
+        except BadAnswer as exc:
+            raise self.invalid(response, exc) from None
+
+    def invalid(self, response: requests.Response, exc: BadAnswer) -> ApiError:
+        """The ``INVALID_RESPONSE`` error for an answer ``exc`` refused, the token redacted."""
+        return invalid_response(response, exc.describe(self._secrets), self._secrets)
 
     def stream(
         self,
@@ -162,9 +223,10 @@ class Execd:
             folder=folder,
             stop_at_terminal=stop_at_terminal,
             deadline=deadline,
+            secrets=self._secrets,
         )
 
-    def interrupt(self, path: str, run_id: str, read_timeout: float | None = None) -> None:
+    def interrupt(self, path: str, run_id: str, deadline: float | None = None) -> None:
         """``DELETE {path}?id=``: stop a run (``/code``: a context's run; ``/command``: a command).
 
         Raises:
@@ -172,18 +234,21 @@ class Execd:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self.request("DELETE", path, params={"id": run_id}, read_timeout=read_timeout)
+        self.request("DELETE", path, params={"id": run_id}, deadline=deadline)
 
     def try_interrupt(self, path: str, run_id: str) -> bool:
         """:meth:`interrupt`, bounded by ``INTERRUPT_WAIT``; False (logged) if it failed."""
+        wait = min(INTERRUPT_WAIT, self._transport.read_timeout)
         try:
-            self.interrupt(path, run_id, min(INTERRUPT_WAIT, self._transport.read_timeout))
+            self.interrupt(path, run_id, time.monotonic() + wait)
         except OpenSandboxError as exc:
-            logger.warning("interrupting run %s (DELETE %s) failed: %s", run_id, path, exc)
+            shown = redact(run_id, self._secrets)  # execd's init text
+            logger.warning("interrupting run %s (DELETE %s) failed: %s", shown, path, exc)
             return False
         except AttributeError:
             # Client.close() on another thread closed the pooled connection this request had
             # (urllib3 then finds its socket gone): the client is going away, and so is the run.
-            logger.info("interrupting run %s: the client was closed meanwhile", run_id)
+            shown = redact(run_id, self._secrets)
+            logger.info("interrupting run %s: the client was closed meanwhile", shown)
             return False
         return True

@@ -37,7 +37,13 @@ import requests
 import urllib3
 
 from ._constants import CHUNK_SIZE, INTERRUPT_WAIT
-from ._errors import OpenSandboxError, OutputLimitExceeded, SandboxTimeoutError, StreamError
+from ._errors import (
+    OpenSandboxError,
+    OutputLimitExceeded,
+    SandboxTimeoutError,
+    StreamError,
+    redact,
+)
 from ._models import Event
 from ._stream import ExecutionFolder, guard_lines, iter_events, output_exceeded, wire_guard
 from ._watchdog import WATCHDOG, Scheduled
@@ -250,8 +256,10 @@ class ExecutionStream(Generic[R]):
         folder: Folder[R] | None = None,
         stop_at_terminal: bool = False,
         deadline: float | None = None,
+        secrets: Iterable[str] = (),
     ):
         self._response = response
+        self._secrets = tuple(secrets)  # what the peer may echo, never shown (the token)
         self._stop_at_terminal = stop_at_terminal
         self._on_event = on_event
         self._interrupt = interrupt
@@ -331,7 +339,12 @@ class ExecutionStream(Generic[R]):
             raise
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             stopped_from = self._stop(readable=False, stalled=_is_read_timeout(exc))
-            raise self._broken(exc, stopped_from) from exc
+            error = self._broken(exc, stopped_from)
+            if redact(_describe(exc), self._secrets) == _describe(exc):
+                raise error from exc
+        # Outside the except: chained, the wire's error would show the secret the peer sent
+        # (urllib3 quotes a bad chunk-size line).
+        raise error
 
     def __enter__(self) -> ExecutionStream[R]:
         return self
@@ -348,6 +361,12 @@ class ExecutionStream(Generic[R]):
     def execution_id(self) -> str | None:
         """The ``init`` event's text once it has arrived (for ``/code``, the context id)."""
         return self._folder.execution_id
+
+    @property
+    def response(self) -> requests.Response:
+        """The HTTP response the events are read from (its status, headers and request; its
+        body is the stream's)."""
+        return self._response
 
     def partial(self) -> R:
         """The result of the events received so far."""
@@ -387,7 +406,8 @@ class ExecutionStream(Generic[R]):
             self._finish_stop(stopped_from, readable=True)
             outcome = OUTCOMES.get(self._state, "")
             if outcome not in ("", INTERRUPTED):
-                logger.warning("closing run %s early: %s", self.execution_id, outcome)
+                run = redact(self.execution_id or "", self._secrets)
+                logger.warning("closing run %s early: %s", run, outcome)
             return
         self._cancel_watchdog()
         if self._needs_interrupt():
@@ -536,8 +556,10 @@ class ExecutionStream(Generic[R]):
             return self._timeout_error()
         if stopped_from is State.CLOSING:
             return StreamError("the event stream broke: it was closed by another thread")
-        message = self._with_outcome(f"the event stream broke: {_describe(exc)}")
-        return StreamError(message, partial=self.partial())
+        broke = redact(_describe(exc), self._secrets)
+        return StreamError(
+            self._with_outcome(f"the event stream broke: {broke}"), partial=self.partial()
+        )
 
     # -- the interrupt and the connection -------------------------------------------------------
 
@@ -580,8 +602,10 @@ class ExecutionStream(Generic[R]):
         if shutdown is not None:
             try:
                 shutdown()
-            except Exception:
-                logger.debug("socket shutdown failed", exc_info=True)
+            except (OSError, ValueError, RuntimeError) as exc:  # urllib3: no socket, or released
+                # Often while a broken stream is handled: no traceback, whose chain would quote
+                # the wire (a secret the peer sent among it).
+                logger.debug("socket shutdown failed: %r", exc)
 
 
 def _is_read_timeout(exc: BaseException) -> bool:

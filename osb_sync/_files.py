@@ -6,20 +6,27 @@ import builtins
 import json
 import os
 import secrets
-from typing import IO, TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TypeAlias
+from contextlib import nullcontext
+from typing import IO, TYPE_CHECKING, Any, Generator, Iterable, Iterator, Mapping, TypeAlias
 
 import requests
 import urllib3
 
+from . import _answers as answers
 from ._constants import CHUNK_SIZE, MAX_OUTPUT_BYTES
 from ._errors import (
     ConfigurationError,
     NotFoundError,
     OutputLimitExceeded,
     StreamError,
+    redact,
     with_suffix,
 )
+from ._execd import LISTING_BYTES
 from ._models import FileInfo, mode_to_wire
+from ._transport import answer_socket
+from ._wait import Wait
+from ._watchdog import Cutoff
 
 if TYPE_CHECKING:
     from ._execd import Execd
@@ -116,6 +123,22 @@ class Files:
     """``sandbox.files``: the sandbox's file system, through execd.
 
     Relative paths are resolved by execd (in the sandbox's working directory).
+
+    execd is the sandbox's own process, which code running as root in it can replace, so what
+    it answers is checked before it is used, and refused with an ``ApiError`` whose ``code``
+    is ``INVALID_RESPONSE`` and whose message names the field: in ``info``, ``list`` and
+    ``search``, a ``path`` that is not a clean absolute path (a ``..``, ``.`` or empty
+    component: it could climb out of a directory it is joined to), or that is not beneath the
+    directory listed or searched (when that was given as an absolute path), a ``size`` that is
+    negative or past 2**63 - 1, a ``mode`` that is not octal digits up to 7777, a value of the
+    wrong JSON type, an ``info`` entry for a path not asked for; a ``replace`` count that is not
+    an int from 0; a download from ``start`` answered with the whole file; a body encoded
+    (``Content-Encoding``), which is never inflated. An answer past its kind's size (a listing
+    or a search 16 MiB, any other 1 MiB: parsed JSON takes up to 30 times its size) raises
+    TransportError, and so does a call not answered whole within the client's
+    ``call_timeout``. The content of a
+    file is opaque: ``read_bytes`` reads at most ``max_bytes``, and ``download`` writes at most
+    its ``max_bytes`` when given (a hostile execd can send bytes forever).
     """
 
     def __init__(self, execd: Execd):
@@ -184,34 +207,41 @@ class Files:
             headers={"Content-Type": body.content_type},
         )
 
-    def read_bytes(self, path: str, *, max_bytes: int = MAX_OUTPUT_BYTES) -> bytes:
-        """A whole file, up to ``max_bytes``.
+    def read_bytes(
+        self, path: str, *, max_bytes: int = MAX_OUTPUT_BYTES, timeout: float | None = None
+    ) -> bytes:
+        """A whole file, up to ``max_bytes``, within ``timeout`` seconds (default: as any call
+        whose whole answer it returns, the client's ``call_timeout`` for the headers and again
+        for the body).
 
         Raises:
             NotFoundError: no such file.
             OutputLimitExceeded: the file is larger than ``max_bytes``.
+            SandboxTimeoutError: not read within ``timeout``.
+            StreamError: the download broke, or its body took longer than ``call_timeout``.
         """
         pieces: list[bytes] = []
         total = 0
-        for chunk in self.iter_bytes(path):
+        # Without a timeout, the body as any whole answer: call_timeout from its headers.
+        body = self._execd.call_timeout if timeout is None else None
+        for chunk in self._download(path, CHUNK_SIZE, 0, timeout, body):
             total += len(chunk)
             if total > max_bytes:
-                raise OutputLimitExceeded(
-                    f"file {path} exceeded {max_bytes} bytes (raise max_bytes to allow more)",
-                    limit=max_bytes,
-                )
+                raise _too_large(path, max_bytes)
             pieces.append(chunk)
         return b"".join(pieces)
 
-    def read_text(self, path: str, encoding: str = "utf-8") -> str:
-        """A whole file decoded as text (capped like :meth:`read_bytes`).
+    def read_text(self, path: str, encoding: str = "utf-8", *, timeout: float | None = None) -> str:
+        """A whole file decoded as text (capped and bounded like :meth:`read_bytes`).
 
         Raises:
             NotFoundError: no such file.
             OutputLimitExceeded: the file is larger than the cap.
+            SandboxTimeoutError: not read within ``timeout``.
+            StreamError: the download broke, or its body took longer than ``call_timeout``.
             UnicodeDecodeError: the file is not text in ``encoding`` (the message names it).
         """
-        data = self.read_bytes(path)
+        data = self.read_bytes(path, timeout=timeout)
         try:
             return data.decode(encoding)
         except UnicodeDecodeError as exc:
@@ -221,37 +251,102 @@ class Files:
             raise
 
     def iter_bytes(
-        self, path: str, chunk_size: int = CHUNK_SIZE, start: int = 0
-    ) -> Iterator[bytes]:
+        self,
+        path: str,
+        chunk_size: int = CHUNK_SIZE,
+        start: int = 0,
+        *,
+        timeout: float | None = None,
+    ) -> Generator[bytes, None, None]:
         """Stream a file from byte ``start`` on (a Range request: resume after a failure).
 
+        ``timeout`` (seconds, from the first read) bounds the whole download. Without it the
+        answer's headers are bounded by the client's ``call_timeout``, and its body by the read
+        timeout for each silence only: a hostile execd can keep a download alive with a byte
+        now and then, until you stop iterating.
+
         Raises:
             NotFoundError: no such file.
+            ApiError: ``code`` ``INVALID_RESPONSE``: execd answered a ``start`` with the whole
+                file (a 200), or from another byte.
+            SandboxTimeoutError: not whole within ``timeout``.
             StreamError: the download broke.
         """
+        return self._download(path, chunk_size, start, timeout, None)
+
+    def _download(
+        self, path: str, chunk_size: int, start: int, timeout: float | None, body: float | None
+    ) -> Generator[bytes, None, None]:
+        """:meth:`iter_bytes`, whose body (once its headers are in) is also cut ``body``
+        seconds on (StreamError)."""
         headers = {"Range": f"bytes={start}-"} if start else None
+        wait = None if timeout is None else Wait(f"the download of {path!r} did not end", timeout)
         try:
-            response = self._execd.request(
-                "GET", "/files/download", params={"path": path}, headers=headers, stream=True
-            )
+            with wait.bounding() if wait is not None else nullcontext():
+                response = self._execd.request(
+                    "GET",
+                    "/files/download",
+                    params={"path": path},
+                    headers=headers,
+                    stream=True,
+                    deadline=None if wait is None else wait.deadline,
+                )
         except NotFoundError as exc:
             raise with_suffix(exc, f"(path {path!r})") from None
+        cutoff = None
+        if wait is not None or body is not None:
+            cutoff = Cutoff(None if wait is None else wait.deadline, body)
+            cutoff.start(answer_socket(response))
         try:
-            yield from _chunks_or_stream_error(response, chunk_size)
+            if start:
+                _check_range(response, start)
+            yield from _chunks_or_stream_error(response, chunk_size, self._execd.secrets)
+            if cutoff is not None and cutoff.finish():  # a cut may look like the end
+                raise StreamError("the connection was cut")
+        except answers.BadAnswer as exc:
+            raise self._execd.invalid(response, exc) from None
+        except StreamError as exc:
+            if cutoff is None or not cutoff.finish():
+                raise
+            if wait is not None and cutoff.by_deadline:
+                raise wait.error() from exc
+            raise StreamError(
+                f"the download of {path!r} was not whole within {cutoff.describe()}: the "
+                "connection was cut"
+            ) from exc
         finally:
+            if cutoff is not None:
+                cutoff.finish()  # before the connection can go back to the pool
             response.close()
 
-    def download(self, path: str, local_path: str | os.PathLike[str]) -> int:
+    def download(
+        self,
+        path: str,
+        local_path: str | os.PathLike[str],
+        *,
+        max_bytes: int | None = None,
+        timeout: float | None = None,
+    ) -> int:
         """Stream a file to a local path; returns the bytes written.
+
+        ``max_bytes`` bounds what is written, ``timeout`` (seconds) how long it takes (default:
+        no bound, the file's size and the time it takes; execd is the sandbox's, and a hostile
+        one can send bytes forever, or a byte now and then).
 
         Raises:
             NotFoundError: no such file.
+            OutputLimitExceeded: the file is larger than ``max_bytes`` (the local file then
+                holds its first ``max_bytes`` bytes).
+            SandboxTimeoutError: not whole within ``timeout``.
             StreamError: the download broke.
             OSError: the local file could not be written.
         """
         written = 0
         with open(local_path, "wb") as handle:
-            for chunk in self.iter_bytes(path):
+            for chunk in self.iter_bytes(path, timeout=timeout):
+                if max_bytes is not None and written + len(chunk) > max_bytes:
+                    handle.write(chunk[: max_bytes - written])
+                    raise _too_large(path, max_bytes)
                 handle.write(chunk)
                 written += len(chunk)
         return written
@@ -261,13 +356,18 @@ class Files:
 
         Raises:
             NotFoundError: one of them does not exist.
+            ApiError: an answer the client cannot use (``code`` ``INVALID_RESPONSE``; see the
+                class).
         """
         try:
-            data = self._execd.json("GET", "/files/info", params={"path": list(paths)})
+            return self._execd.answer(
+                "GET",
+                "/files/info",
+                lambda data: answers.file_infos_by_path(data, paths),
+                params={"path": list(paths)},
+            )
         except NotFoundError as exc:
             raise with_suffix(exc, f"(paths {list(paths)!r})") from None
-        items = data.items() if isinstance(data, dict) else ()
-        return {str(k): FileInfo.from_dict(v) for k, v in items if isinstance(v, dict)}
 
     def exists(self, path: str) -> bool:
         """Whether a file or directory exists.
@@ -286,22 +386,34 @@ class Files:
 
         Raises:
             NotFoundError: no such directory.
-            ApiError: execd refused the call.
+            ApiError: execd refused the call, or answered an entry the client cannot use
+                (``code`` ``INVALID_RESPONSE``; see the class).
             TransportError: execd could not be reached.
         """
-        data = self._execd.json("GET", "/directories/list", params={"path": path, "depth": depth})
-        return _file_infos(data)
+        return self._execd.answer(
+            "GET",
+            "/directories/list",
+            lambda data: answers.file_infos(data, path),
+            max_body=LISTING_BYTES,
+            params={"path": path, "depth": depth},
+        )
 
     def search(self, path: str, pattern: str = "**") -> builtins.list[FileInfo]:
         """Files under ``path`` whose name matches the glob ``pattern``.
 
         Raises:
             NotFoundError: no such directory.
-            ApiError: execd refused the call.
+            ApiError: execd refused the call, or answered an entry the client cannot use
+                (``code`` ``INVALID_RESPONSE``; see the class).
             TransportError: execd could not be reached.
         """
-        data = self._execd.json("GET", "/files/search", params={"path": path, "pattern": pattern})
-        return _file_infos(data)
+        return self._execd.answer(
+            "GET",
+            "/files/search",
+            lambda data: answers.file_infos(data, path),
+            max_body=LISTING_BYTES,
+            params={"path": path, "pattern": pattern},
+        )
 
     def remove(self, *paths: str) -> None:
         """Delete files (a missing one is fine).
@@ -362,28 +474,52 @@ class Files:
         Raises:
             ConfigurationError: an empty ``old``.
             NotFoundError: no such file.
-            ApiError: execd refused the call.
+            ApiError: execd refused the call, or answered a count that is not an int from 0
+                (``code`` ``INVALID_RESPONSE``).
             TransportError: execd could not be reached.
         """
         if not old:
             raise ConfigurationError("replace needs a non-empty old text")
-        data = self._execd.json(
+        return self._execd.answer(
             "POST",
             "/files/replace",
+            lambda data: answers.replaced_count(data, path),
             params={"verbose": "true"},
             json={path: {"old": old, "new": new}},
         )
-        found = data.get(path) if isinstance(data, dict) else None
-        count = found.get("replacedCount") if isinstance(found, dict) else None
-        return count if isinstance(count, int) else 0
 
 
-def _file_infos(data: Any) -> builtins.list[FileInfo]:
-    return [FileInfo.from_dict(item) for item in data or () if isinstance(item, dict)]
+def _too_large(path: str, max_bytes: int) -> OutputLimitExceeded:
+    return OutputLimitExceeded(
+        f"file {path} exceeded {max_bytes} bytes (raise max_bytes to allow more)",
+        limit=max_bytes,
+    )
 
 
-def _chunks_or_stream_error(response: requests.Response, chunk_size: int) -> Iterator[bytes]:
+def _check_range(response: requests.Response, start: int) -> None:
+    """A download from byte ``start`` must be a 206 (a 200 is the whole file: the caller would
+    take its first bytes for the ones after ``start``), from that byte if it says."""
+    content_range = response.headers.get("Content-Range")
+    from_start = content_range is None or content_range.startswith(f"bytes {start}-")
+    if response.status_code != 206 or not from_start:
+        raise answers.BadAnswer(
+            f"the answer to a download from byte {start}",
+            "is not a 206 from that byte",
+            f"status {response.status_code}, Content-Range {content_range}",
+        )
+
+
+def _chunks_or_stream_error(
+    response: requests.Response, chunk_size: int, secrets: tuple[str, ...]
+) -> Iterator[bytes]:
     try:
         yield from response.iter_content(chunk_size)
+        return
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        raise StreamError(f"the download broke: {type(exc).__name__}: {exc}") from exc
+        text = f"{type(exc).__name__}: {exc}"
+        error = StreamError(f"the download broke: {redact(text, secrets)}")
+        if redact(text, secrets) == text:
+            raise error from exc
+    # Outside the except: chained, the wire's error would show the secret the peer sent
+    # (urllib3 quotes a bad chunk-size line).
+    raise error

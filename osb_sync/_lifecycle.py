@@ -461,6 +461,9 @@ class Lifecycle:
                     raise  # the sandbox is gone; only an endpoint not ready yet is retried
                 last_error: Exception = exc
             else:
+                # From the lifecycle API (which the API key authenticates), not from execd: the
+                # server says where its sandbox's execd is and with which headers. execd calls
+                # send only these, never the API key, and follow no redirect (_transport).
                 endpoint = data.get("endpoint") if isinstance(data, dict) else None
                 if isinstance(endpoint, str) and endpoint.strip():
                     headers = data.get("headers")

@@ -12,12 +12,17 @@ take (a patched adapter, a body it would not send as is) is built with
 and cookies are requests' defaults and never change (cookies are refused), so what reaches the
 wire, and what a failure raises, is what ``Session.request`` would send and raise (pinned by
 tests/sockets/test_own_session.py).
+
+Its connections start the whole-call bound of the request being sent (``sending``) when they
+begin to read its answer: the bound then covers the headers too, which for a caller's session
+it can cover only once they are in (``Transport``).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import threading
 from http.cookiejar import DefaultCookiePolicy
 from typing import Any, Mapping, NamedTuple
 from urllib.parse import urlsplit
@@ -28,11 +33,13 @@ from requests.adapters import HTTPAdapter
 from requests.models import PreparedRequest
 from requests.structures import CaseInsensitiveDict
 from requests.utils import get_encoding_from_headers, get_netrc_auth
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import LocationValueError
 from urllib3.util import Timeout
 
 from ._constants import VERSION
+from ._watchdog import Cutoff
 
 # The variables requests documents for proxies, CA bundles and netrc (urllib reads both cases).
 ENVIRONMENT_VARIABLES = (
@@ -49,7 +56,44 @@ def origin(url: str) -> tuple[str, str, int | None]:
     return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
 
 
-class _WaitingPool(HTTPConnectionPool):
+# The whole-call bound of the request this thread is sending (``Transport``), if any.
+_SENDING = threading.local()
+
+
+def sending(cutoff: Cutoff | None) -> None:
+    """Arm ``cutoff`` when this thread's next request on the own session has been sent (its
+    connection starts reading the answer); None once the request is over."""
+    _SENDING.cutoff = cutoff
+
+
+class _Connection(HTTPConnection):
+    """urllib3's connection, whose wait for an answer starts the call's whole-call bound on its
+    socket: only a cut of that socket ends a read that bytes trickle into (the read timeout
+    bounds each silence, not their sum)."""
+
+    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+        cutoff = getattr(_SENDING, "cutoff", None)
+        if cutoff is not None:
+            cutoff.start(self.sock)
+        return super().getresponse(*args, **kwargs)
+
+
+class _HTTPSConnection(_Connection, HTTPSConnection):
+    pass
+
+
+class _Pool(HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _HTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+_POOLS = {"http": _Pool, "https": _HTTPSPool}
+
+
+class _WaitingPool(_Pool):
     """A blocking pool whose wait for a free connection is bounded by the call's connect
     timeout (urllib3 waits forever: requests passes no ``pool_timeout``)."""
 
@@ -62,21 +106,20 @@ class _WaitingPool(HTTPConnectionPool):
         return super().urlopen(method, url, *args, **kwargs)
 
 
-class _WaitingHTTPSPool(_WaitingPool, HTTPSConnectionPool):
-    pass
+class _WaitingHTTPSPool(_WaitingPool, _HTTPSPool):
+    ConnectionCls = _HTTPSConnection
 
 
 _WAITING = {"http": _WaitingPool, "https": _WaitingHTTPSPool}
 
 
 class _Adapter(HTTPAdapter):
-    """requests' adapter, whose proxy pools also wait within the connect timeout when
-    ``pool_block`` is set."""
+    """requests' adapter, whose pools (through a proxy too) have the connections above, and
+    wait within the connect timeout when ``pool_block`` is set."""
 
     def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
         manager = super().proxy_manager_for(proxy, **proxy_kwargs)
-        if self._pool_block:  # type: ignore[attr-defined]
-            manager.pool_classes_by_scheme = _WAITING
+        manager.pool_classes_by_scheme = _WAITING if self._pool_block else _POOLS  # type: ignore[attr-defined]
         return manager
 
 
@@ -91,8 +134,7 @@ def new_session(pool_maxsize: int, pool_block: bool = False) -> requests.Session
         max_retries=0,
         pool_block=pool_block,
     )
-    if pool_block:
-        adapter.poolmanager.pool_classes_by_scheme = _WAITING  # type: ignore[assignment]
+    adapter.poolmanager.pool_classes_by_scheme = _WAITING if pool_block else _POOLS  # type: ignore[assignment]
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))

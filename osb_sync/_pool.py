@@ -146,6 +146,8 @@ def reset_for_next_user(sandbox: Sandbox, stopped: int) -> int | None:
                 command.kill()
             except OpenSandboxError:
                 pass  # it had ended
+        # What the sandbox says its home is goes into a command run in that same sandbox:
+        # a lie there harms only the sandbox that told it.
         home = sandbox.commands.run("pwd", timeout=30).check().stdout.strip()
         if home in ("", "/"):
             return None  # never empty a root directory: replace the sandbox instead

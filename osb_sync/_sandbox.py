@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from . import _answers as answers
 from ._commands import Commands
 from ._config import DEFAULT_SETTINGS, ClientSettings, check_run_arguments
 from ._constants import EXECD_PORT
@@ -95,6 +96,7 @@ class Sandbox:
         session: requests.Session | None = None,
         connect_timeout: float = DEFAULT_SETTINGS.connect_timeout,
         read_timeout: float = DEFAULT_SETTINGS.read_timeout,
+        call_timeout: float | None = None,
         pool_maxsize: int = DEFAULT_SETTINGS.pool_maxsize,
         pool_block: bool = DEFAULT_SETTINGS.pool_block,
     ) -> Sandbox:
@@ -114,6 +116,8 @@ class Sandbox:
             session: a ``requests.Session`` to send through; never mutated or closed.
             connect_timeout: seconds to open a connection.
             read_timeout: seconds of silence allowed on any response, streams included.
+            call_timeout: seconds a call may take from its request sent to the end of its
+                answer (of a streamed one: to its headers); default: twice ``read_timeout``.
             pool_maxsize: connections kept to execd: size it for the number of threads.
             pool_block: wait for a free connection (at most ``connect_timeout``) when all are
                 in use, instead of opening one more (see :class:`Client`).
@@ -128,6 +132,7 @@ class Sandbox:
         settings = ClientSettings(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            call_timeout=call_timeout,
             pool_maxsize=pool_maxsize,
             pool_block=pool_block,
             max_retries=0,
@@ -139,6 +144,7 @@ class Sandbox:
             pool_maxsize=settings.pool_maxsize,
             pool_block=settings.pool_block,
             max_retries=settings.max_retries,
+            call_timeout=settings.call_timeout,
         )
         base_url = url.strip().rstrip("/")
         execd = Execd(transport, base_url, headers or {})
@@ -287,19 +293,21 @@ class Sandbox:
         """One resource sample (CPU and memory).
 
         Raises:
-            ApiError: execd refused the call.
+            ApiError: execd refused the call, or answered a number that is not finite and 0 or
+                more (``code`` ``INVALID_RESPONSE``).
             TransportError: execd could not be reached.
         """
-        return Metrics.from_dict(self._execd.json("GET", "/metrics"))
+        return self._execd.answer("GET", "/metrics", answers.metrics)
 
     def ping(self, *, timeout: float | None = None) -> bool:
-        """Whether execd answers ``/ping`` (within ``timeout`` seconds: default, the read timeout).
+        """Whether execd answers ``/ping`` within ``timeout`` seconds (default: the call timeout).
 
         Raises:
             SandboxStateError: the sandbox is paused (waiting would not help).
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            self._execd.request("GET", "/ping", retry=False, read_timeout=timeout).close()
+            self._execd.request("GET", "/ping", retry=False, deadline=deadline).close()
         except SandboxStateError:
             raise
         except OpenSandboxError:

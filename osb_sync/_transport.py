@@ -14,7 +14,10 @@ Rules that every request follows, whatever session it goes through:
 - **Redirects.** requests forwards custom headers (the API key, execd tokens) across redirects,
   and a 307 re-sends the body. Every request is sent with ``allow_redirects=False``; a redirect
   is followed here only within the same origin (307/308 for any method, 301/302/303 for GET),
-  anything else raises TransportError naming where it pointed.
+  and only for a call that allows it: execd's calls do not (a sandbox's execd could point the
+  client at any route of its origin, which behind a server proxy is the lifecycle API's; real
+  execd never redirects). Anything else, an unusable ``Location`` included, raises
+  TransportError naming where it pointed.
 - **Environment.** The client's own session honours proxies, a CA bundle and a netrc from the
   environment, as requests does, but reads them once per origin through
   ``Session.merge_environment_settings`` (requests would scan the environment on every call),
@@ -31,6 +34,15 @@ Rules that every request follows, whatever session it goes through:
   that wait's ``deadline``: its connect and read timeouts are at most the time left, and no
   retry is made whose backoff would pass it. The connect and read timeouts stay what they
   are for every other call.
+- **Whole calls.** The read timeout bounds each silence, not their sum: a peer that sends a
+  byte now and then keeps a read alive for good. A call with a ``deadline`` or a
+  ``call_timeout`` (every execd call) is cut at the earlier of the two, ``call_timeout`` counted
+  from the request sent: its socket is shut down (``_watchdog.Cutoff``, fired by the shared
+  watchdog thread) and it raises TransportError, never retried. The bound covers the whole of
+  an answer that is not streamed, and a streamed one until its headers (a run's body is
+  bounded by its ``timeout``, a download's by its own). Through a caller's session the
+  headers cannot be cut (its connections are not the client's): the bound starts once they
+  are in.
 - **Close.** ``close()`` closes the client's own session and every connection it opened:
   urllib3 2.x drops its pools on ``PoolManager.clear()`` without closing them (their sockets
   would wait for garbage collection), so the transport remembers each connection a response
@@ -56,13 +68,15 @@ import urllib3
 from . import _failures as failures
 from ._constants import CHUNK_SIZE
 from ._errors import TransportError, redact
-from ._own_session import Environment, new_session, origin, send_prepared
+from ._own_session import Environment, new_session, origin, send_prepared, sending
 from ._wait import time_left
+from ._watchdog import Cutoff
 
 logger = logging.getLogger("osb_sync")
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-# Lifecycle and execd answers are small JSON; an endless or huge one is a broken peer.
+# Lifecycle answers are small JSON; an endless or huge one is a broken peer. (execd's calls
+# pass a cap of their own kind: ``_execd``.)
 MAX_BODY_BYTES = 16 * 1024 * 1024
 BACKOFF_BASE = 0.5
 BACKOFF_MAX = 8.0
@@ -114,9 +128,11 @@ class Transport:
         pool_maxsize: int,
         max_retries: int,
         pool_block: bool = False,
+        call_timeout: float | None = None,
     ):
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.call_timeout = call_timeout
         self._pool_maxsize = pool_maxsize
         self._pool_block = pool_block
         self._max_retries = max_retries
@@ -180,16 +196,23 @@ class Transport:
         idempotent: bool = False,
         secrets: Iterable[str] = (),
         deadline: float | None = None,
+        follow_redirects: bool = True,
+        call_timeout: float | None = None,
+        max_body: int = MAX_BODY_BYTES,
     ) -> requests.Response:
         """Send one request and return the response, whatever its status.
 
         ``read_timeout`` overrides the transport's for this call (bounding silence, not the
         whole response). ``deadline`` (a ``time.monotonic()`` instant) bounds the connect and
-        read timeouts by the time left, and the retries: none is made past it.
+        read timeouts by the time left, and the retries: none is made past it. ``deadline``
+        and ``call_timeout`` (seconds from the request sent) bound the whole call (see the
+        module docstring). Without ``follow_redirects`` a redirect raises TransportError. A
+        body that is not streamed is read whole, at most ``max_body`` bytes.
 
         Raises:
-            TransportError: no usable response (after the retries this call allows), or the
-                deadline had passed before the request could be sent.
+            TransportError: no usable response (after the retries this call allows), no whole
+                answer within the call's bound, or the deadline had passed before the request
+                could be sent.
         """
         call = _Call(
             method=method,
@@ -201,6 +224,10 @@ class Transport:
             data=data,
             stream=stream,
             secrets=tuple(secrets),
+            follow_redirects=follow_redirects,
+            deadline=deadline,
+            call_timeout=call_timeout,
+            max_body=max_body,
         )
         attempt = 0
         while True:
@@ -234,6 +261,13 @@ class Transport:
             response = self._send_once(call)
             if response.status_code not in _REDIRECT_STATUSES:
                 return response
+            if not call.follow_redirects:
+                response.close()
+                raise TransportError(
+                    f"{call.method} {call.path} -> {response.status_code} redirect to "
+                    f"{_shown_location(response, call.secrets)} refused: this call follows no "
+                    "redirect (execd's calls never do: it is the sandbox's)"
+                )
             if call.data is not None and not isinstance(call.data, bytes):
                 response.close()
                 raise TransportError(
@@ -246,26 +280,53 @@ class Transport:
 
     def _send_once(self, call: _Call) -> requests.Response:
         started = time.monotonic()
+        cutoff = None
+        if call.deadline is not None or call.call_timeout is not None:
+            cutoff = Cutoff(call.deadline, call.call_timeout)
         try:
             if self._owns_session:
-                response = self._send_own(call)
+                sending(cutoff)  # started by the connection once the request is sent
+                try:
+                    response = self._send_own(call)
+                finally:
+                    sending(None)
                 self._remember(response)
             else:
                 response = self._send_theirs(call)
+            if cutoff is not None:
+                cutoff.start(answer_socket(response))  # for a caller's session: only now
             if not call.stream:
-                _read_capped_body(response)
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+                # A body asked for as is is read as is: never inflated before the caller saw it.
+                _read_capped_body(
+                    response,
+                    call.max_body,
+                    call.headers.get("Accept-Encoding") != "identity",
+                    cutoff,
+                )
+            elif cutoff is not None and cutoff.finish():  # the headers came as it cut
+                response.close()
+                raise _CutOff
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError, _CutOff) as exc:
             elapsed = (time.monotonic() - started) * 1000
             logger.debug(
                 "%s %s -> %s after %.1f ms", call.method, call.path, type(exc).__name__, elapsed
             )
+            if cutoff is not None and cutoff.finish():
+                error = TransportError(
+                    f"{call.method} {call.path}: no whole answer within {cutoff.describe()}: "
+                    "the connection was cut"
+                )
+                raise _ConnectFailed(error, False, True) from None
             message = failures.describe(call.method, call.url, exc, call.timeout)
             error = TransportError(redact(message, call.secrets))
             raise _ConnectFailed(error, _nothing_sent(exc), failures.is_permanent(exc)) from exc
         except _BodyTooLarge:
             raise TransportError(
-                f"{call.method} {call.path}: the response body exceeded {MAX_BODY_BYTES} bytes"
+                f"{call.method} {call.path}: the response body exceeded {call.max_body} bytes"
             ) from None
+        finally:
+            if cutoff is not None:
+                cutoff.finish()
         elapsed = (time.monotonic() - started) * 1000
         logger.debug(
             "%s %s -> %d in %.1f ms", call.method, call.path, response.status_code, elapsed
@@ -298,10 +359,17 @@ class Transport:
     ) -> str:
         location = response.headers.get("Location", "")
         response.close()
-        target = urljoin(url, location)
-        shown = redact(urlsplit(target)._replace(query="", fragment="").geturl(), secrets)
         path = urlsplit(url).path
-        if origin(target) != origin(url):
+        try:
+            target = urljoin(url, location)
+            shown = redact(urlsplit(target)._replace(query="", fragment="").geturl(), secrets)
+            elsewhere = origin(target) != origin(url)
+        except ValueError:  # a host or port urllib cannot read
+            raise TransportError(
+                f"{method} {path} -> {response.status_code} redirect to an unusable Location "
+                f"({_shown_location(response, secrets)})"
+            ) from None
+        if elsewhere:
             raise TransportError(
                 f"{method} {path} -> {response.status_code} redirect to another origin "
                 f"({shown}) refused: credentials are never sent to another origin"
@@ -312,6 +380,12 @@ class Transport:
                 "it would change the method"
             )
         return target
+
+
+def _shown_location(response: requests.Response, secrets: tuple[str, ...]) -> str:
+    """A redirect's ``Location`` as an error shows it: credentials redacted, quoted, cut."""
+    location = redact(response.headers.get("Location", ""), secrets)
+    return repr(location if len(location) <= 200 else location[:200] + "...")
 
 
 class _Call(NamedTuple):
@@ -326,6 +400,10 @@ class _Call(NamedTuple):
     data: Any
     stream: bool
     secrets: tuple[str, ...]
+    follow_redirects: bool
+    deadline: float | None  # the whole call's bound (with call_timeout): see the module
+    call_timeout: float | None
+    max_body: int
 
     @property
     def path(self) -> str:
@@ -357,6 +435,12 @@ def _within(call: _Call, deadline: float | None) -> _Call:
     return call._replace(timeout=(min(connect, left), min(read, left)))
 
 
+def answer_socket(response: requests.Response) -> Any:
+    """The socket an answer comes on (``HTTPResponse.connection.sock``, public attributes of
+    urllib3 and http.client), or None when another adapter does not say."""
+    return getattr(getattr(response.raw, "connection", None), "sock", None)
+
+
 def _allow_silence(response: requests.Response, read_timeout: float) -> None:
     """Once a streamed answer's headers came within the deadline, allow its body the read
     timeout again: the deadline bounded the wait for the headers, the silence of a stream is
@@ -366,8 +450,7 @@ def _allow_silence(response: requests.Response, read_timeout: float) -> None:
     urllib3 and http.client); urllib3 sets a reused connection's timeout again on each
     request. Without them (another adapter) the bounded timeout stays.
     """
-    connection = getattr(response.raw, "connection", None)
-    sock = getattr(connection, "sock", None)
+    sock = answer_socket(response)
     if sock is not None:
         try:
             sock.settimeout(read_timeout)
@@ -381,14 +464,23 @@ def _passes(deadline: float | None, delay: float) -> bool:
 
 
 class _BodyTooLarge(Exception):
-    """Internal: a non-streamed response passed MAX_BODY_BYTES."""
+    """Internal: a non-streamed response passed its cap."""
 
 
-def _read_capped_body(response: requests.Response) -> None:
-    """Read a whole (non-streamed) body, at most MAX_BODY_BYTES, and release the connection.
+class _CutOff(Exception):
+    """Internal: the whole-call bound cut the connection as the answer came (what was read
+    may only look whole)."""
+
+
+def _read_capped_body(
+    response: requests.Response, cap: int, decode: bool, cutoff: Cutoff | None
+) -> None:
+    """Read a whole (non-streamed) body, at most ``cap`` bytes, and release the connection
+    (raise _CutOff if ``cutoff`` cut it meanwhile).
 
     requests would read an endless body forever; here it is read through urllib3's public
-    ``stream()`` and swapped for an in-memory file, from which ``.content`` reads as usual.
+    ``stream()`` (``decode``: its ``Content-Encoding`` undone) and swapped for an in-memory
+    file, from which ``.content`` reads as usual.
     """
     raw = response.raw
     if not hasattr(raw, "stream"):  # not urllib3 (an exotic adapter): no cap possible
@@ -396,12 +488,15 @@ def _read_capped_body(response: requests.Response) -> None:
         return
     pieces: list[bytes] = []
     total = 0
-    for chunk in raw.stream(CHUNK_SIZE, decode_content=True):
+    for chunk in raw.stream(CHUNK_SIZE, decode_content=decode):
         total += len(chunk)
-        if total > MAX_BODY_BYTES:
+        if total > cap:
             response.close()
             raise _BodyTooLarge
         pieces.append(chunk)
+    if cutoff is not None and cutoff.finish():
+        response.close()  # it only looks whole: a cut ends headers and length-less bodies
+        raise _CutOff
     raw.release_conn()
     response.raw = io.BytesIO(b"".join(pieces))
     response.content  # noqa: B018 - caches the body, as a non-streamed request would

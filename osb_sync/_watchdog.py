@@ -1,18 +1,25 @@
-"""One shared thread that fires callbacks at deadlines (run timeouts), instead of a thread per run.
+"""One shared thread that fires callbacks at deadlines (run timeouts, whole-call bounds),
+instead of a thread per run or call.
 
 A ``threading.Timer`` per run costs a thread start (about 0.2 ms) even when the run ends long
 before its deadline, as nearly every run does. Here a single daemon thread sleeps until the
 earliest deadline; a callback that fires runs on a thread of its own, as a Timer's would, so a
-slow one (an interrupt sent over HTTP) never delays another deadline.
+slow one (an interrupt sent over HTTP) never delays another deadline. The thread is woken only
+by a deadline earlier than the one it sleeps toward: a call that schedules its bound and
+cancels it a millisecond later, as nearly every call does, costs it nothing.
+
+:class:`Cutoff` is one call's whole-call bound, fired by the same thread.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
+import socket
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from ._hooks import in_forked_child
 
@@ -43,11 +50,15 @@ class Watchdog:
         in_forked_child(self._reset)  # the thread does not survive a fork
 
     def _reset(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # Held (``with self._lock``: a C call, where the Condition's is a Python one) to change
+        # the heap; the loop waits on the Condition over the same lock.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, Scheduled]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
         self._cancelled = 0  # cancelled entries still in the heap
+        self._wakes_at = math.inf  # when the thread wakes on its own (inf: only if notified)
 
     def schedule(self, delay: float, callback: Callable[[], object]) -> Scheduled:
         """Call ``callback()`` ``delay`` seconds from now unless the result is cancelled first.
@@ -56,24 +67,23 @@ class Watchdog:
             The handle whose ``cancel()`` stops it.
         """
         entry = Scheduled(time.monotonic() + delay, callback, self)
-        with self._cond:
+        with self._lock:
             self._drop_cancelled()
-            earliest = self._heap[0][0] if self._heap else None
             heapq.heappush(self._heap, (entry.when, next(self._order), entry))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
-            elif earliest is None or entry.when < earliest:
+            elif entry.when < self._wakes_at:
                 self._cond.notify()
         return entry
 
     def pending(self) -> int:
         """Callbacks neither fired nor cancelled (for tests)."""
-        with self._cond:
+        with self._lock:
             return sum(1 for _, _, entry in self._heap if not entry.cancelled)
 
     def _cancel(self, entry: Scheduled) -> None:
-        with self._cond:
+        with self._lock:
             if not (entry.cancelled or entry.fired):
                 entry.cancelled = True
                 entry.callback = _nothing  # let go of what it would have stopped
@@ -112,7 +122,8 @@ class Watchdog:
                     due.append(entry)
             if due:
                 return due
-            self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            self._wakes_at = self._heap[0][0] if self._heap else math.inf
+            self._cond.wait(self._wakes_at - now if self._heap else None)
 
 
 def _nothing() -> None:
@@ -120,3 +131,64 @@ def _nothing() -> None:
 
 
 WATCHDOG = Watchdog()
+
+
+class Cutoff:
+    """The instant one call must be over by: then the socket its answer comes on is shut down,
+    which ends a read that bytes trickling in under the read timeout would keep alive for good.
+
+    The instant is ``until`` (a ``time.monotonic()`` instant: a wait's deadline) or ``seconds``
+    after :meth:`start`, whichever comes first. :meth:`start` once the request is sent, with
+    its socket; :meth:`finish` once the answer is read or abandoned, and before its connection
+    can serve another request (a cut after that would break the other request): it says
+    whether the cut was made, or is being made (the connection is then of no further use).
+    Both on the calling thread; the cut, on a thread of the watchdog's, needs no lock of its
+    own: once ``finish`` has cancelled the timer (under the watchdog's lock), the timer's
+    ``fired`` says for good whether the cut runs.
+    """
+
+    __slots__ = ("_finished", "_sock", "_timer", "by_deadline", "seconds", "until")
+
+    def __init__(self, until: float | None, seconds: float | None):
+        self.until = until
+        self.seconds = seconds
+        self.by_deadline = seconds is None
+        self._sock: Any = None
+        self._timer: Scheduled | None = None
+        self._finished = False
+
+    def start(self, sock: Any) -> None:
+        """Arm (once) for the answer on ``sock`` (a socket, or None when it cannot be told)."""
+        if self._timer is not None or self._finished:
+            return
+        self._sock = sock
+        now = time.monotonic()
+        when = math.inf if self.seconds is None else now + self.seconds
+        if self.until is not None and self.until <= when:
+            when, self.by_deadline = self.until, True
+        self._timer = WATCHDOG.schedule(max(0.0, when - now), self._cut)
+
+    def finish(self) -> bool:
+        """Disarm (again: no effect); whether the cut was made."""
+        timer = self._timer
+        if not self._finished:
+            self._finished = True
+            if timer is not None:
+                timer.cancel()
+        return timer is not None and timer.fired
+
+    def describe(self) -> str:
+        """What the bound was, for an error message."""
+        if self.by_deadline:
+            return "the time left of its wait"
+        return f"call_timeout ({self.seconds:g} s)"
+
+    def _cut(self) -> None:
+        sock = self._sock
+        if isinstance(sock, socket.socket):  # not a TLS-in-TLS transport: its read times out
+            try:
+                # socket.socket's own shutdown: an SSLSocket's would tear down its TLS state
+                # under the reader.
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed meanwhile: its reader has ended

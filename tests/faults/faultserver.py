@@ -4,19 +4,30 @@ Three stdlib HTTP/1.1 keep-alive servers share one :class:`World`:
 
 - ``api``: the lifecycle API under ``/v1`` (routes ``create``, ``get``, ``list``, ``endpoint``,
   ``delete``);
-- ``execd``: the execd of every sandbox under ``/<sandbox id>`` (routes ``ping``, ``code``,
-  ``command``, ``download``, ``interrupt``), which is where the endpoint route points;
+- ``execd``: the execd of every sandbox under ``/<sandbox id>``, which is where the endpoint
+  route points: every execd route the client calls (``EXECD_ROUTES``), over a small file tree
+  (``World.files``: ``/dir/a.txt``, ``/dir/sub/b.txt``);
 - ``other``: another origin, the target of refused redirects; nothing should ever reach it.
 
+With ``World.proxied`` the endpoints are in the server-proxy form (``/sandboxes/<id>/proxy/
+44772`` on the API's origin, as the local server's and the real server's ``use_server_proxy``
+ones): execd's origin is then the lifecycle API's, and ``api`` hands those paths to execd.
+
 Healthy answers follow the wire protocol (bare JSON event frames, ``init`` first, ``{code,
-message}`` errors). ``World.inject(route, fault)`` makes a route misbehave instead; ``FAULTS``
-names every misbehaviour. "Connection refused" is not an answer: a server ``go_down()`` (stops
-listening and drops its connections) and ``go_up()`` on the same port again.
+message}`` errors). ``World.inject(route, fault)`` makes a route misbehave instead: ``FAULTS``
+names every misbehaviour of the wire (any route), ``LIES`` every well-framed lie a hostile
+execd tells on the routes it names (traversal names, absolute paths, absurd sizes, wrong JSON
+types, ids that would climb out of their URL or hold the token, answers that drip a byte at a
+time, a compressed bomb, a redirect to its own origin, terminal escapes, the token where an
+error would quote it). "Connection refused" is not an answer: a server
+``go_down()`` (stops listening and drops its connections) and ``go_up()`` on the same port
+again.
 """
 
 from __future__ import annotations
 
 import email.utils
+import functools
 import itertools
 import json
 import re
@@ -24,6 +35,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -49,6 +61,8 @@ JSON = "application/json"
 EVENTS = "text/event-stream"
 OCTETS = "application/octet-stream"
 
+# An execd route behind the server proxy (``World.proxied``).
+PROXIED = re.compile(r"^/sandboxes/(?P<id>[^/]+)/proxy/44772(?P<rest>/.*)?$")
 API_ROUTES = (
     ("POST", re.compile(r"^/v1/sandboxes$"), "create"),
     ("GET", re.compile(r"^/v1/sandboxes$"), "list"),
@@ -56,13 +70,50 @@ API_ROUTES = (
     ("DELETE", re.compile(r"^/v1/sandboxes/(?P<id>[^/]+)$"), "delete"),
     ("GET", re.compile(r"^/v1/sandboxes/(?P<id>[^/]+)/endpoints/(?P<port>\d+)$"), "endpoint"),
 )
-EXECD_ROUTES = (
-    ("GET", re.compile(r"^/(?P<id>[^/]+)/ping$"), "ping"),
-    ("POST", re.compile(r"^/(?P<id>[^/]+)/code$"), "code"),
-    ("POST", re.compile(r"^/(?P<id>[^/]+)/command$"), "command"),
-    ("DELETE", re.compile(r"^/(?P<id>[^/]+)/(code|command)$"), "interrupt"),
-    ("GET", re.compile(r"^/(?P<id>[^/]+)/files/download$"), "download"),
+# (method, path after ``/<sandbox id>``, route): every execd route the client calls.
+EXECD_ROUTES = tuple(
+    (method, re.compile(rf"^/(?P<id>[^/]+){tail}$"), route)
+    for method, tail, route in (
+        ("GET", "/ping", "ping"),
+        ("POST", "/code", "code"),
+        ("DELETE", "/(code|command)", "interrupt"),
+        ("POST", "/code/context", "context_create"),
+        ("GET", "/code/contexts", "contexts_list"),
+        ("DELETE", "/code/contexts", "contexts_delete"),
+        ("GET", "/code/contexts/(?P<item>[^/]+)", "context_get"),
+        ("DELETE", "/code/contexts/(?P<item>[^/]+)", "context_delete"),
+        ("POST", "/command", "command"),
+        ("GET", "/command/status/(?P<item>[^/]+)", "command_status"),
+        ("GET", "/command/(?P<item>[^/]+)/logs", "command_logs"),
+        ("POST", "/session", "session_create"),
+        ("POST", "/session/(?P<item>[^/]+)/run", "session_run"),
+        ("DELETE", "/session/(?P<item>[^/]+)", "session_delete"),
+        ("GET", "/files/info", "info"),
+        ("GET", "/files/download", "download"),
+        ("POST", "/files/upload", "upload"),
+        ("GET", "/files/search", "search"),
+        ("DELETE", "/files", "remove"),
+        ("POST", "/files/mv", "move"),
+        ("POST", "/files/permissions", "chmod"),
+        ("POST", "/files/replace", "replace"),
+        ("GET", "/directories/list", "list"),
+        ("POST", "/directories", "mkdir"),
+        ("DELETE", "/directories", "rmtree"),
+        ("GET", "/metrics", "metrics"),
+    )
 )
+# The healthy sandbox's files: bytes, or a size whose bytes are generated as they are sent
+# (``PATTERN`` over and over: a large file costs the server no memory).
+TREE: dict[str, bytes | int] = {"/dir/a.txt": b"alpha\n", "/dir/sub/b.txt": b"beta\n"}
+PATTERN = bytes(range(256)) * 256
+LOGS_CURSOR_HEADER = "EXECD-COMMANDS-TAIL-CURSOR"
+METRICS = {
+    "cpu_count": 2,
+    "cpu_used_pct": 12.5,
+    "mem_total_mib": 2048.0,
+    "mem_used_mib": 100.5,
+    "timestamp": 1718000000000,
+}
 
 
 def frame(**fields: Any) -> bytes:
@@ -250,6 +301,11 @@ class Reply:
     events: list[bytes] = field(default_factory=list)  # stream frames
     content_type: str = JSON
     box_id: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    length: int | None = None  # ``bytes``: this many bytes of PATTERN instead of ``body``
+    chunk_size: int | None = None  # ``bytes``: sent chunked, this many bytes a chunk
+    drip: str | None = None  # "head" or "body": that part dripped, a byte every DRIP_INTERVAL
+    raw: bytes | None = None  # the whole answer as sent, head included (then FIN)
 
     def payload(self) -> bytes:
         return b"".join(self.events) if self.kind == "stream" else self.body
@@ -279,6 +335,8 @@ class World:
         # Per sandbox: a late interrupt of the previous cell's sandbox (its client closing
         # under load) must not end the next cell's run.
         self.interrupted: set[str] = set()
+        self.files: dict[str, bytes | int] = dict(TREE)
+        self.proxied = False
         self.api = FaultServer("api", self)
         self.execd = FaultServer("execd", self)
         self.other = FaultServer("other", self)
@@ -313,13 +371,16 @@ class World:
             self.down_after = None
             self.smuggled = threading.Event()
             self.interrupted = set()
+            self.files = dict(TREE)
+            self.proxied = False
         self.api.go_up()
         self.execd.go_up()
 
     def inject(self, route: str, fault: str, times: int | None = None) -> None:
-        """Answer ``route`` with ``fault`` (``times`` requests, or until cleared)."""
-        if fault not in FAULTS:
-            raise KeyError(fault)
+        """Answer ``route`` with ``fault`` (``times`` requests, or until cleared): one of
+        ``FAULTS``, or one of ``LIES`` that names ``route``."""
+        if fault not in FAULTS and route not in LIES[fault].routes:
+            raise KeyError(f"{fault} tells no lie on {route}")
         with self.lock:
             self.faults[route] = Injected(fault, times)
 
@@ -356,9 +417,13 @@ class World:
 
     def handle(self, server: str, h: Handler, body: bytes) -> None:
         parts = urlsplit(h.path)
-        route, params = _match(server, h.command, parts.path)
+        path = parts.path
+        proxied = PROXIED.match(path) if server == "api" and self.proxied else None
+        if proxied:  # the server proxy: execd's routes under the API's origin
+            server, path = "execd", f"/{proxied['id']}{proxied['rest'] or ''}"
+        route, params = _match(server, h.command, path)
         with self.lock:
-            self.seen.append(Seen(server, h.command, parts.path, route, dict(h.headers)))
+            self.seen.append(Seen(server, h.command, path, route, dict(h.headers)))
             fault = self._take_fault(route)
             release = self.release
             if route == "interrupt" and fault is None:
@@ -366,12 +431,17 @@ class World:
         if route is None:
             h.send_bytes(200 if server == "other" else 404, b"{}", JSON)
             return
-        processed = fault is None or FAULTS[fault].processed
-        if route == "delete" and fault is not None and FAULTS[fault].status_fault:
-            processed = False  # an error status means the delete did not happen
-        reply = self._answer(route, params, parts.query, body, processed, fault)
-        if fault is None:
-            write_good(h, reply)
+        if server == "execd":
+            reply = self._execd_answer(route, params, parse_qs(parts.query), body, h.headers)
+            if fault in LIES:
+                reply = LIES[fault].tell(reply)
+        else:
+            processed = fault is None or FAULTS[fault].processed
+            if route == "delete" and fault is not None and FAULTS[fault].status_fault:
+                processed = False  # an error status means the delete did not happen
+            reply = self._answer(route, params, parts.query, body, processed, fault)
+        if fault is None or fault in LIES:
+            write_good(h, reply, release)
         else:
             FAULTS[fault].write(h, reply, Scene(self, release, params.get("id", "")))
         if server == "api" and self.down_after == route:
@@ -411,19 +481,77 @@ class World:
                 self.forget(box_id)
             data = json.dumps({"id": box_id, "deleted": True}).encode()
             return Reply(route, "empty", 204, data, box_id=box_id)
-        if route == "endpoint":
-            endpoint = {"endpoint": f"127.0.0.1:{self.execd.server_address[1]}/{box_id}"}
-            data = json.dumps({**endpoint, "headers": {TOKEN_HEADER: TOKEN}}).encode()
-            return Reply(route, "json", 200, data, box_id=box_id)
+        assert route == "endpoint", route
+        endpoint = {"endpoint": f"127.0.0.1:{self.execd.server_address[1]}/{box_id}"}
+        if self.proxied:
+            port = self.api.server_address[1]
+            endpoint = {"endpoint": f"127.0.0.1:{port}/sandboxes/{box_id}/proxy/44772"}
+        data = json.dumps({**endpoint, "headers": {TOKEN_HEADER: TOKEN}}).encode()
+        return Reply(route, "json", 200, data, box_id=box_id)
+
+    def _execd_answer(
+        self,
+        route: str,
+        params: dict[str, str],
+        asked: dict[str, list[str]],
+        body: bytes,
+        headers: Any,
+    ) -> Reply:
+        """A healthy execd's answer on ``route``, over the sandbox's files ``self.files``."""
+        box_id, item = params.get("id", ""), params.get("item", "")
+
+        def answer(data: Any) -> Reply:
+            return Reply(route, "json", 200, json.dumps(data).encode(), box_id=box_id)
+
+        path = _resolve((asked.get("path") or [""])[0])
+        with self.lock:
+            files = dict(self.files)
         if route == "code":
             return Reply(route, "stream", events=code_events(), content_type=EVENTS, box_id=box_id)
-        if route == "command":
-            return Reply(
-                route, "stream", events=command_events(), content_type=EVENTS, box_id=box_id
-            )
+        if route in ("command", "session_run"):
+            events = command_events() if route == "command" else command_events(item)
+            return Reply(route, "stream", events=events, content_type=EVENTS, box_id=box_id)
         if route == "download":
-            return Reply(route, "bytes", 200, FILE_BYTES, content_type=OCTETS, box_id=box_id)
-        return Reply(route, "empty", 200, b"", box_id=box_id)  # ping, interrupt
+            return _download(files.get(path, FILE_BYTES), headers.get("Range"), box_id)
+        if route == "info":
+            found = {p: _info(_resolve(p), files) for p in asked.get("path", [])}
+            if not all(found.values()):
+                missing = {"code": "FILE_NOT_FOUND", "message": "file not found"}
+                return Reply(route, "json", 404, json.dumps(missing).encode(), box_id=box_id)
+            return answer(found)
+        if route in ("search", "list"):
+            under = [p for p in _entries(files) if p.startswith(path.rstrip("/") + "/")]
+            if route == "search":
+                under = [p for p in under if p in files]
+            else:
+                under = [p for p in under if "/" not in p[len(path.rstrip("/")) + 1 :]]
+            return answer([_info(p, files) for p in under])
+        if route == "replace":
+            return answer({p: {"replacedCount": 1} for p in json.loads(body or b"{}")})
+        if route == "metrics":
+            return answer(METRICS)
+        if route in ("context_create", "context_get"):
+            return answer({"id": item or "ctx-1", "language": "python"})
+        if route == "contexts_list":
+            return answer([{"id": "ctx-1", "language": "python"}])
+        if route == "command_status":
+            return answer({"id": item, "running": False, "exit_code": 0, "content": "echo ok"})
+        if route == "command_logs":
+            cursor = int((asked.get("cursor") or ["0"])[0])
+            text = b"ok\n"[cursor:]
+            cursor_header = {LOGS_CURSOR_HEADER: str(cursor + len(text))}
+            return Reply(
+                route,
+                "bytes",
+                body=text,
+                content_type="text/plain",
+                box_id=box_id,
+                headers=cursor_header,
+            )
+        if route == "session_create":
+            return answer({"session_id": "sess-1"})
+        # ping, interrupt, upload, remove, move, chmod, mkdir, rmtree and the deletes: no body
+        return Reply(route, "empty", 200, b"", box_id=box_id)
 
     def _exists(self, box_id: str) -> bool:
         with self.lock:
@@ -492,24 +620,103 @@ def code_events() -> list[bytes]:
     ]
 
 
-def command_events() -> list[bytes]:
+def command_events(run_id: str = "cmd-1") -> list[bytes]:
     """A healthy ``/command`` run of ``echo ok`` (one line per event, no terminator)."""
     return [
-        frame(type="init", text="cmd-1"),
+        frame(type="init", text=run_id),
         frame(type="stdout", text="ok"),
         frame(type="execution_complete", execution_time=2),
     ]
 
 
-def write_good(h: Handler, reply: Reply) -> None:
-    """Send a reply the way a healthy server does (streams chunked, the rest with a length)."""
+def _resolve(path: str) -> str:
+    """A path as execd takes it: a relative one from its working directory, ``/``."""
+    return path if path.startswith("/") else "/" + path
+
+
+def _entries(files: dict[str, bytes | int]) -> list[str]:
+    """Every file of ``files`` and every directory above one, sorted."""
+    found = set(files)
+    for path in files:
+        parts = path.split("/")
+        found.update("/".join(parts[:i]) for i in range(2, len(parts)))
+    return sorted(found)
+
+
+def _info(path: str, files: dict[str, bytes | int]) -> dict[str, Any] | None:
+    """execd's FileInfo of ``path`` in ``files`` (None when there is no such entry)."""
+    path = path.rstrip("/") or "/"
+    if path in files:
+        content = files[path]
+        kind, size, mode = "file", content if isinstance(content, int) else len(content), 644
+    elif path in _entries(files):
+        kind, size, mode = "directory", 4096, 755
+    else:
+        return None
+    when = "2024-06-10T06:13:20Z"
+    return {
+        "path": path,
+        "type": kind,
+        "size": size,
+        "modified_at": when,
+        "created_at": when,
+        "owner": "root",
+        "group": "root",
+        "mode": mode,
+    }
+
+
+def _download(content: bytes | int, range_header: str | None, box_id: str) -> Reply:
+    """A file, whole or from the first byte of ``Range: bytes=N-`` (206, as real execd)."""
+    size = content if isinstance(content, int) else len(content)
+    start = int(range_header[6:-1]) if range_header and isinstance(content, bytes) else 0
+    reply = Reply("download", "bytes", content_type=OCTETS, box_id=box_id)
+    if isinstance(content, int):
+        return replace(reply, length=content)
+    if start:
+        headers = {"Content-Range": f"bytes {start}-{size - 1}/{size}"}
+        return replace(reply, status=206, body=content[start:], headers=headers)
+    return replace(reply, body=content)
+
+
+def generated(length: int) -> bytes:
+    """The first ``length`` bytes of a file generated from ``PATTERN``."""
+    return (PATTERN * (length // len(PATTERN) + 1))[:length]
+
+
+def write_good(h: Handler, reply: Reply, release: threading.Event | None = None) -> None:
+    """Send a reply the way a healthy server does (streams chunked, the rest with a length);
+    one that drips until ``release``."""
+    if reply.drip is not None:
+        _drip_reply(h, reply, release or threading.Event())
+        return
+    if reply.raw is not None:
+        h.write(reply.raw)
+        h.fin()
+        return
     if reply.kind == "stream" and reply.status == 200:
         h.head(200, {"Content-Type": EVENTS, "Transfer-Encoding": "chunked"})
         for event in reply.events:
             h.chunk(event)
         h.write(b"0\r\n\r\n")
         return
-    h.send_bytes(reply.status, reply.body, reply.content_type)
+    if reply.chunk_size is not None:
+        h.head(reply.status, {"Content-Type": reply.content_type, "Transfer-Encoding": "chunked"})
+        data = reply.body if reply.length is None else generated(reply.length)
+        for start in range(0, len(data), reply.chunk_size):
+            h.chunk(data[start : start + reply.chunk_size])
+        h.write(b"0\r\n\r\n")
+        return
+    if reply.length is not None:
+        h.head(
+            reply.status, {"Content-Type": reply.content_type, "Content-Length": str(reply.length)}
+        )
+        left = reply.length
+        while left > 0:
+            h.write(PATTERN[: min(left, len(PATTERN))])
+            left -= len(PATTERN)
+        return
+    h.send_bytes(reply.status, reply.body, reply.content_type, **reply.headers)
 
 
 # -- faults -----------------------------------------------------------------------------------
@@ -614,6 +821,18 @@ def _drip(h: Handler, r: Reply, s: Scene) -> None:
             _end_interrupted_run(h)
             return
         h.chunk(slow[i % len(slow) : i % len(slow) + 1])
+    h.fin()
+
+
+def _drip_reply(h: Handler, r: Reply, release: threading.Event) -> None:
+    """The status line and a header that never ends, or whole headers and a body that never
+    does: a byte every DRIP_INTERVAL, well under any read timeout, until ``release``."""
+    if r.drip == "head":
+        h.write(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+    else:
+        h.head(200, {"Content-Type": r.content_type, "Content-Length": str(1 << 20)})
+    while not release.wait(DRIP_INTERVAL):
+        h.write(b"d" if r.drip == "head" else b" ")
     h.fin()
 
 
@@ -936,3 +1155,332 @@ def _stream_shape(fault: str, events: list[bytes]) -> list[bytes]:
         late = [frame(type="stdout", text="late\n"), frame(type="result", results={"text": "3"})]
         return [*events, *late]
     raise KeyError(fault)
+
+
+# -- lies: what an execd replaced by code in its sandbox says, framed correctly -------------------
+
+
+@dataclass(frozen=True)
+class Lie:
+    """A well-framed answer that lies, on the routes it names (``World.inject(route, name)``)."""
+
+    name: str
+    description: str
+    routes: tuple[str, ...]
+    tell: Callable[[Reply], Reply]  # the healthy reply -> the lie
+
+
+def _json_lie(change: Callable[[Any, str], Any]) -> Callable[[Reply], Reply]:
+    """A lie told by changing the healthy answer's JSON (``change(data, route)``)."""
+
+    def tell(r: Reply) -> Reply:
+        return replace(r, body=json.dumps(change(json.loads(r.body), r.route)).encode())
+
+    return tell
+
+
+def _first_entry(field_name: str, value: Any) -> Callable[[Reply], Reply]:
+    """The first FileInfo of a search, listing or info answer with ``field_name`` = ``value``."""
+
+    def change(data: Any, route: str) -> Any:
+        first = data[0] if isinstance(data, list) else next(iter(data.values()))
+        first[field_name] = value
+        return data
+
+    return _json_lie(change)
+
+
+# The token rides in the names: an error that names the entry must not show it.
+CLIMBING = f"/dir/../../../tmp/{TOKEN}"
+ROOTED = f"/dir//etc/{TOKEN}"
+HOSTILE_ID = f"../../../v1/sandboxes/sbx-1?{TOKEN}"
+CREDENTIAL_ID = f"cmd-{TOKEN}"
+CUT_TOKEN = "x" * (121 - 2 - len(TOKEN)) + TOKEN  # repr: its last character the 121st
+ID_ROUTES = ("context_create", "contexts_list", "context_get", "session_create", "command")
+WRONG_TYPES: dict[str, Any] = {
+    "info": {"/dir": ["not", "an", "object"]},
+    "search": [{"path": 5, "type": "file", "size": "12"}],
+    "list": {"path": "/dir/a.txt"},
+    "replace": {"/dir/a.txt": {"replacedCount": "3"}},
+    "metrics": {"cpu_count": "2", "cpu_used_pct": [1], "mem_used_mib": True},
+    "context_create": {"id": 7, "language": ["python"]},
+    "context_get": {"id": None},
+    "contexts_list": {"id": "ctx-1", "language": "python"},
+    "command_status": {"id": "cmd-1", "running": "false", "exit_code": "0"},
+    "session_create": {"session_id": ["sess-1"]},
+}
+ABSURD_NUMBERS: dict[str, Any] = {
+    "metrics": {**METRICS, "cpu_count": -2, "mem_used_mib": float("nan")},
+    "replace": {"/dir/a.txt": {"replacedCount": -3}},
+}
+
+
+def _redirect_same_origin(r: Reply) -> Reply:
+    """307 (302 to a GET) to the lifecycle route that deletes the sandbox, on execd's origin:
+    behind a server proxy (``World.proxied``), the lifecycle API's."""
+    status = 302 if r.route in GETS else 307
+    location = {"Location": f"/v1/sandboxes/{r.box_id}"}
+    return Reply(r.route, "json", status, b"", box_id=r.box_id, headers=location)
+
+
+@functools.cache
+def deflate_bomb() -> bytes:
+    """32 MiB of zeros deflated twice: 193 bytes, for ``Content-Encoding: deflate, deflate``."""
+    return zlib.compress(zlib.compress(bytes(32 << 20), 9), 9)
+
+
+def _compressed(r: Reply) -> Reply:
+    return Reply(
+        r.route,
+        "json",
+        200,
+        deflate_bomb(),
+        content_type=r.content_type,
+        box_id=r.box_id,
+        headers={"Content-Encoding": "deflate, deflate"},
+    )
+
+
+def _wrong_types(r: Reply) -> Reply:
+    if r.kind == "stream":
+        return replace(r, events=_stream_shape("wrong_types", r.events))
+    if r.route == "command_logs":
+        return replace(r, headers={LOGS_CURSOR_HEADER: "soon"})
+    return replace(r, body=json.dumps(WRONG_TYPES[r.route]).encode())
+
+
+def _endless_digits(r: Reply) -> Reply:
+    return replace(r, headers={LOGS_CURSOR_HEADER: "9" * 5000})
+
+
+def _absurd_numbers(r: Reply) -> Reply:
+    if r.route == "command_logs":
+        return replace(r, headers={LOGS_CURSOR_HEADER: "-5"})
+    return replace(r, body=json.dumps(ABSURD_NUMBERS[r.route]).encode())
+
+
+def _with_id(value: str) -> Callable[[Reply], Reply]:
+    """The id an answer names (a context's, a session's, a command's init text) is ``value``."""
+
+    def tell(r: Reply) -> Reply:
+        if r.kind == "stream":
+            return replace(r, events=[frame(type="init", text=value), *r.events[1:]])
+        key = "session_id" if r.route == "session_create" else "id"
+
+        def change(data: Any, route: str) -> Any:
+            (data[0] if isinstance(data, list) else data)[key] = value
+            return data
+
+        return _json_lie(change)(r)
+
+    return tell
+
+
+ESCAPES = "\x1b]0;PWNED\x07\x1b[2J\x1b[31m"  # a new window title, a cleared screen, red
+RIGHT_TO_LEFT = "\u202e"  # a bidi override (not latin-1: a body's, not a header's)
+
+
+def _escapes(r: Reply) -> Reply:
+    """Terminal escapes (and the token) in a request id, and in an error's message (info) or a
+    refused entry (search)."""
+    headers = {"X-Request-ID": f"{ESCAPES}{TOKEN}"}
+    if r.route == "info":
+        message = f"{ESCAPES}{RIGHT_TO_LEFT}{TOKEN}"
+        body = json.dumps({"code": f"X{ESCAPES}", "message": message}).encode()
+        return replace(r, status=500, body=body, headers=headers)
+    return replace(r, body=json.dumps([f"{ESCAPES}{RIGHT_TO_LEFT}bad"]).encode(), headers=headers)
+
+
+def _token_chunk(r: Reply) -> Reply:
+    """A chunked answer whose second chunk-size line is the token (urllib3 quotes it)."""
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: {r.content_type}\r\n"
+    first = r.events[0] if r.kind == "stream" else b"abc"
+    chunk = b"%x\r\n%s\r\n" % (len(first), first)
+    raw = (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + chunk + TOKEN.encode()
+    return replace(r, raw=raw + b"\r\n")
+
+
+# A path asked for is answered with another name: the directory /dir as .ssh in a home; asked
+# by themselves, its a.txt as .bashrc and its sub/b.txt as "/" (a file with no name).
+RENAMED_DIRECTORY = "/home/u/.ssh"
+RENAMED_FILES = {"/dir/a.txt": "/home/u/.bashrc", "/dir/sub/b.txt": "/"}
+
+
+def _renamed(r: Reply) -> Reply:
+    def rename(path: str) -> str:
+        if r.route == "info" and path in RENAMED_FILES:
+            return RENAMED_FILES[path]
+        return RENAMED_DIRECTORY + path[4:] if path == "/dir" or path.startswith("/dir/") else path
+
+    def change(data: Any, route: str) -> Any:
+        for entry in data if isinstance(data, list) else data.values():
+            entry["path"] = rename(entry["path"])
+        return data
+
+    return _json_lie(change)(r)
+
+
+FILE_ROUTES = ("info", "search", "list")
+EVERY_EXECD_ROUTE = tuple(route for _, _, route in EXECD_ROUTES)
+GETS = tuple(route for method, _, route in EXECD_ROUTES if method == "GET")
+# One route of each way the client reads an answer: empty, JSON, a download, an event stream
+# (whose body, dripping, is its run's timeout's: FAULTS' drip).
+DRIP_BODY_ROUTES = ("ping", "remove", "info", "download")
+DRIP_HEAD_ROUTES = (*DRIP_BODY_ROUTES, "code")
+PAST_PATH_MAX = "/dir/" + "d/" * 2100 + "f"  # a path of PATH_MAX (4096 bytes) or more names no file
+ODD_CHUNK = 10_000
+PADDING = 2 << 20  # not a multiple of tarfile's 16 KiB reads
+LIES: dict[str, Lie] = {
+    lie.name: lie
+    for lie in (
+        Lie(
+            "traversal_name",
+            f"an entry named {CLIMBING!r}: `..` climbs out of the directory asked",
+            FILE_ROUTES,
+            _first_entry("path", CLIMBING),
+        ),
+        Lie(
+            "absolute_remainder",
+            f"an entry named {ROOTED!r}: what follows the directory is an absolute path",
+            FILE_ROUTES,
+            _first_entry("path", ROOTED),
+        ),
+        Lie(
+            "outside_root",
+            "a search or listing of /dir that names /etc/passwd",
+            ("search", "list"),
+            _first_entry("path", "/etc/passwd"),
+        ),
+        Lie(
+            "renamed",
+            f"/dir answered as {RENAMED_DIRECTORY!r}, its files asked by themselves as "
+            f"{sorted(RENAMED_FILES.values())}: not the name asked (cp's name stays the user's)",
+            ("info", "search"),
+            _renamed,
+        ),
+        Lie(
+            "past_path_max",
+            f"an entry {len(PAST_PATH_MAX)} bytes long, {PAST_PATH_MAX.count('/')} levels deep",
+            FILE_ROUTES,
+            _first_entry("path", PAST_PATH_MAX),
+        ),
+        Lie(
+            "lone_surrogate",
+            'an entry named "/dir/a\\ud800b" (valid JSON, not valid Unicode: no URL or tar '
+            "can carry it)",
+            FILE_ROUTES,
+            _first_entry("path", "/dir/a\ud800b"),
+        ),
+        Lie("negative_size", "a file of -1 bytes", FILE_ROUTES, _first_entry("size", -1)),
+        Lie(
+            "understated_size",
+            "a file listed as 1 byte long, whose download sends all its bytes",
+            FILE_ROUTES,
+            _first_entry("size", 1),
+        ),
+        Lie("huge_size", "a file of 2**70 bytes", FILE_ROUTES, _first_entry("size", 2**70)),
+        Lie(
+            "wrong_types",
+            "JSON values of the wrong type (a string for a number, an object for a list, "
+            "a number for an id; events with odd fields; a cursor that is no number)",
+            (*WRONG_TYPES, "code", "command", "session_run", "command_logs"),
+            _wrong_types,
+        ),
+        Lie(
+            "absurd_numbers",
+            "negative and NaN metrics, a negative replace count, a negative logs cursor",
+            (*ABSURD_NUMBERS, "command_logs"),
+            _absurd_numbers,
+        ),
+        Lie(
+            "endless_digits",
+            "a logs cursor of 5000 digits (past what int() reads from a string)",
+            ("command_logs",),
+            _endless_digits,
+        ),
+        Lie(
+            "hostile_id",
+            f"an id the client would put in a later URL: {HOSTILE_ID!r}",
+            ID_ROUTES,
+            _with_id(HOSTILE_ID),
+        ),
+        Lie(
+            "terminal_escapes",
+            "terminal escape sequences (a new window title, a cleared screen, red, "
+            "right-to-left) in a request id and in an error's message or a refused entry",
+            ("info", "search"),
+            _escapes,
+        ),
+        Lie(
+            "credential_id",
+            f"an id with the execd token in it ({CREDENTIAL_ID!r}): shown in a repr, by the CLI",
+            ID_ROUTES,
+            _with_id(CREDENTIAL_ID),
+        ),
+        Lie(
+            "token_chunk",
+            "a chunked answer whose chunk-size line is the execd token (urllib3's error quotes it)",
+            ("download", "code", "command"),
+            _token_chunk,
+        ),
+        Lie(
+            "token_at_the_cut",
+            "a refused value whose repr holds the token across the 120th character, where an "
+            "error cuts what it shows",
+            ("info", "search"),
+            lambda r: replace(
+                r,
+                body=json.dumps(
+                    {"/dir": [CUT_TOKEN]} if r.route == "info" else [[CUT_TOKEN]]
+                ).encode(),
+            ),
+        ),
+        Lie(
+            "odd_chunks",
+            f"no lie in the bytes: a download sent chunked, {ODD_CHUNK} bytes a chunk (as a "
+            "proxy relays each read of a length-less answer)",
+            ("download",),
+            lambda r: replace(r, chunk_size=ODD_CHUNK),
+        ),
+        Lie(
+            "redirect_same_origin",
+            "307 (302 to a GET) to /v1/sandboxes/<its id> on execd's own origin, which behind "
+            "a server proxy is the lifecycle API's",
+            EVERY_EXECD_ROUTE,
+            _redirect_same_origin,
+        ),
+        Lie(
+            "deflate_bomb",
+            "a body of a few hundred bytes, `Content-Encoding: deflate, deflate`, that inflates "
+            "to 32 MiB of zeros (a GiB in the same bytes, to urllib3 < 2.6 in one read)",
+            EVERY_EXECD_ROUTE,
+            _compressed,
+        ),
+        Lie(
+            "padded",
+            f"the healthy answer and {PADDING >> 20} MiB of JSON whitespace: past the cap of an "
+            "object answer, within a listing's",
+            ("info", "metrics", "search"),
+            lambda r: replace(r, body=r.body + b" " * PADDING),
+        ),
+        Lie(
+            "drip_head",
+            f"the status line, then a header one byte every {DRIP_INTERVAL} s (under any read "
+            "timeout), never ending",
+            DRIP_HEAD_ROUTES,
+            lambda r: replace(r, drip="head"),
+        ),
+        Lie(
+            "drip_body",
+            f"whole headers, then a body one byte every {DRIP_INTERVAL} s, never ending",
+            DRIP_BODY_ROUTES,
+            lambda r: replace(r, drip="body"),
+        ),
+        Lie(
+            "range_ignored",
+            "200 and the whole file to a `Range: bytes=N-` request (206 expected)",
+            ("download",),
+            lambda r: replace(r, status=200, headers={}),
+        ),
+    )
+}

@@ -264,19 +264,6 @@ def fault_matrix(request: pytest.FixtureRequest) -> Iterator[Matrix]:
 # -- fixtures ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[World]:
-    with World() as world:
-        yield world
-
-
-@pytest.fixture
-def world(servers: World) -> Iterator[World]:
-    servers.reset()
-    yield servers
-    servers.heal()
-
-
 @pytest.fixture
 def backoff(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Record the transport's backoff sleeps instead of sleeping."""

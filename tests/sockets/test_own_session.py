@@ -18,6 +18,7 @@ from typing import Any, Callable
 import pytest
 import requests
 import responses
+from urllib3.connection import HTTPConnection, HTTPSConnection
 
 from osb_sync import Client, TransportError
 from osb_sync._own_session import ENVIRONMENT_VARIABLES, new_session
@@ -282,3 +283,19 @@ def test_the_client_reads_the_environment_again_when_told(
         client.reload_environment()
         client._transport.request("GET", capture.url + "/x").close()
     assert [b"Authorization" in raw for raw in capture.raw] == [False, False, True]
+
+
+@pytest.mark.parametrize("pool_block", [False, True])
+def test_every_pool_has_the_connections_that_start_the_call_bound(pool_block: bool) -> None:
+    """The whole-call bound cuts a dripping answer's headers only through the own session's
+    connections (a caller's are not the client's): plain, TLS, blocking pools and through a
+    proxy, each keeps its kind's own behaviour."""
+    adapter = new_session(2, pool_block).get_adapter("http://x")
+    managers = [adapter.poolmanager, adapter.proxy_manager_for("http://127.0.0.1:3128")]
+    for manager in managers:
+        for scheme, kind in (("http", HTTPConnection), ("https", HTTPSConnection)):
+            pool = manager.connection_from_url(f"{scheme}://127.0.0.1:9/")
+            assert issubclass(pool.ConnectionCls, kind), (scheme, pool.ConnectionCls)
+            assert pool.ConnectionCls.getresponse is not kind.getresponse
+            assert pool.scheme == scheme
+            assert pool.block == pool_block

@@ -140,12 +140,15 @@ def test_cross_origin_redirect_is_refused_and_nothing_leaks(server: FakeServer) 
         assert "SECRET123" not in str(info.value) and KEY not in str(info.value)
 
 
-def test_cross_origin_redirect_of_a_run_is_refused(server: FakeServer, client: Client) -> None:
+def test_a_redirect_of_a_run_is_refused(server: FakeServer, client: Client) -> None:
+    """execd's redirects are never followed, to another origin or its own (which behind a
+    server proxy is the lifecycle API's: tests/faults/test_hostile_execd.py)."""
     with FakeServer() as other:
-        serve_run(server, lambda req: req.send_raw(307, b"", {"Location": f"{other.url}/code"}))
-        with pytest.raises(TransportError, match="redirect to another origin"):
-            client.run_code(SID, "print(1)")
-        assert other.requests == []
+        for location in (f"{other.url}/code", "/v1/sandboxes"):
+            serve_run(server, lambda req, to=location: req.send_raw(307, b"", {"Location": to}))
+            with pytest.raises(TransportError, match="follows no redirect"):
+                client.run_code(SID, "print(1)")
+        assert other.requests == [] and server.seen("POST", "/v1/sandboxes") == []
 
 
 def test_same_origin_redirect_is_followed_with_credentials(server: FakeServer) -> None:
@@ -166,9 +169,27 @@ def test_same_origin_redirect_is_followed_with_credentials(server: FakeServer) -
 def test_same_origin_redirect_that_changes_method_is_refused(
     server: FakeServer, client: Client
 ) -> None:
-    serve_run(server, lambda req: req.send_raw(302, b"", {"Location": "/elsewhere"}))
+    @server.route("DELETE", f"/v1/sandboxes/{SID}")
+    def moved(req: Request) -> None:
+        req.send_raw(302, b"", {"Location": "/elsewhere"})
+
     with pytest.raises(TransportError, match="would change the method"):
-        client.run_code(SID, "1")
+        client.delete_sandbox(SID)
+
+
+@pytest.mark.parametrize("location", ["http://[oops/", "http://127.0.0.1:99999/x", "http://h:x/"])
+def test_an_unusable_location_is_a_transport_error(
+    location: str, server: FakeServer, client: Client
+) -> None:
+    """urllib raises ValueError for a host or port it cannot read: a typed error instead."""
+
+    @server.route("GET", f"/v1/sandboxes/{SID}")
+    def moved(req: Request) -> None:
+        req.send_raw(302, b"", {"Location": location})
+
+    with pytest.raises(TransportError, match="unusable Location") as info:
+        client.get_sandbox(SID)
+    assert repr(location) in str(info.value)
 
 
 # -- stream faults ----------------------------------------------------------------------------

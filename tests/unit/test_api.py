@@ -15,6 +15,7 @@ import requests
 import responses
 
 import osb_sync
+from osb_sync._errors import redact
 from tests.helpers import API, SID
 
 # Submodules users import by name; every other module is private (a leading underscore).
@@ -141,6 +142,14 @@ def test_error_funnel_redacts_secrets_and_maps_404() -> None:
     error = answered_error(404, body, api_key="s3cr3t-key")
     assert isinstance(error, osb_sync.NotFoundError)
     assert "s3cr3t-key" not in str(error) and "s3cr3t-key" not in error.message
+
+
+def test_redact_finds_a_secret_as_repr_escapes_it_too() -> None:
+    """A secret quoted by a repr (a refused value, a bytes line urllib3 quotes) is escaped
+    there: redacted all the same; one under 4 characters would be everywhere, and is not."""
+    secret = "tok\\en\n-9d41"
+    assert redact(f"got {secret!r} and {secret}", [secret]) == "got '[redacted]' and [redacted]"
+    assert redact("a b c", ["b"]) == "a b c"
 
 
 def test_package_ships_py_typed() -> None:

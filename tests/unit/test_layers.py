@@ -8,7 +8,7 @@ The layers, top to bottom::
     Sandbox     _sandbox, _commands, _contexts, _files
     handles     _lifecycle, _resources, _execd, _orphans, _execution, _stream, _command_stream,
                 _options
-    transport   _transport, _failures, _errors, _models, _config, _constants
+    transport   _transport, _failures, _errors, _answers, _models, _config, _constants
 
 Rules:
 

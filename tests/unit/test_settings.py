@@ -26,10 +26,18 @@ def flat(path: Path) -> str:
 def test_the_signatures_take_their_defaults_from_the_settings() -> None:
     client = inspect.signature(Client).parameters
     for field in dataclasses.fields(ClientSettings):
-        assert client[field.name].default == getattr(DEFAULT_SETTINGS, field.name)
+        assert client[field.name].default == field.default
     execd = inspect.signature(Sandbox.from_execd).parameters
-    for name in ("connect_timeout", "read_timeout", "pool_maxsize"):
-        assert execd[name].default == getattr(DEFAULT_SETTINGS, name)
+    for name in ("connect_timeout", "read_timeout", "call_timeout", "pool_maxsize"):
+        assert execd[name].default == ClientSettings.__dataclass_fields__[name].default
+
+
+def test_the_call_timeout_is_twice_the_read_timeout_unless_given() -> None:
+    assert DEFAULT_SETTINGS.call_timeout == 2 * DEFAULT_SETTINGS.read_timeout == 120.0
+    assert ClientSettings(read_timeout=4).call_timeout == 8.0
+    assert ClientSettings(read_timeout=4, call_timeout=1).call_timeout == 1.0
+    assert Client(API, read_timeout=3)._transport.call_timeout == 6.0
+    assert Sandbox.from_execd("http://127.0.0.1:1", call_timeout=2)._execd.call_timeout == 2.0
 
 
 def test_the_readme_states_the_defaults() -> None:
@@ -61,6 +69,7 @@ def test_settings_are_frozen_and_normalised() -> None:
     [
         ({"connect_timeout": 0}, "connect_timeout"),
         ({"read_timeout": "60"}, "read_timeout"),
+        ({"call_timeout": 0}, "call_timeout"),
         ({"create_timeout": True}, "create_timeout"),
         ({"pool_maxsize": 1.5}, "pool_maxsize"),
         ({"pool_block": 1}, "pool_block"),

@@ -82,3 +82,22 @@ def test_cancelled_entries_do_not_pile_up() -> None:
     assert watchdog.pending() == 1
     assert len(watchdog._heap) <= 200
     keep.cancel()
+
+
+def test_a_later_deadline_does_not_wake_the_thread() -> None:
+    """A call schedules its bound and cancels it at once, as nearly every call does: the
+    thread, asleep toward an earlier deadline, is not woken for it (a wake-up per call would
+    cost every call a context switch)."""
+    watchdog = Watchdog()
+    keep = watchdog.schedule(3600, lambda: None)
+    time.sleep(0.05)  # the thread sleeps toward the hour
+    woken: list[int] = []
+    notify = watchdog._cond.notify
+    watchdog._cond.notify = lambda n=1: (woken.append(n), notify(n))  # type: ignore[method-assign]
+    for _ in range(100):
+        watchdog.schedule(7200, lambda: None).cancel()
+    assert woken == []
+    fired = threading.Event()
+    watchdog.schedule(0.05, fired.set)
+    assert woken == [1] and fired.wait(10)
+    keep.cancel()

@@ -1,0 +1,369 @@
+"""``osb-sync cp``: files and directories between this machine and a sandbox.
+
+Out of a sandbox, every name, size and type comes from its execd, which code running as root in
+the sandbox can replace: the copy stays in DEST whatever execd answers.
+
+- The copy's name in DEST is the last component of the user's PATH (as ``docker cp``), never a
+  name execd answered: for a relative PATH execd says which directory it resolved it to, and
+  only what lies beneath that comes from execd. A PATH that names no component (``.``, ``..``,
+  ``/``) copies a directory's contents into DEST. DEST itself is the user's, followed if it is
+  a symlink; nothing the copy finds or makes beneath it is.
+- An entry of a directory is copied when it lies beneath the directory asked for and what
+  follows that directory in its path is a clean relative path (no ``..``, ``.`` or empty
+  component, not absolute); any other entry stops the copy (exit 1, the entry named).
+  ``Files.search`` already refuses such an entry when the directory was given as an absolute
+  path; the check here holds for a relative one too.
+- Files are written under a descriptor of DEST, never through a path string: each directory on
+  the way is opened with ``O_DIRECTORY | O_NOFOLLOW`` from its parent's descriptor (a symlink
+  there, planted before the copy or by another process during it, stops the copy), and each
+  file is created under a temporary name with ``O_CREAT | O_EXCL | O_NOFOLLOW``, then renamed
+  over its name (a rename replaces a symlink, it never writes through one).
+- Each file streams, ``CHUNK_SIZE`` at a time, and must be as long as the listing said: a longer
+  one is refused at the first chunk past its size (an endless download ends), a shorter one at
+  its end (a file that changed during the copy: copy it again).
+- Disk use is bounded by the listing: each file is exactly as long as it says, and what it says
+  adds up to must fit in the space free where DEST is, checked before the first byte is written
+  (a sandbox may claim any size, up to 2**63 - 1 bytes a file, and stream zeros to match).
+  Directories are walked one level at a time, two descriptors open at most, however deep an
+  entry is (its path is shorter than PATH_MAX: ``Files`` refuses a longer one).
+- Only regular files are copied. execd does not say where a symlink points, and its download
+  would follow it (to a directory, a FIFO, a file of any size): a symlink or another entry in a
+  directory is skipped with a warning, and a SRC that is one is refused.
+- ``-`` writes a tar stream whose names are ``BASE/REMAINDER`` (clean and relative), whose
+  modes have no setuid, setgid or sticky bit, each file streamed at the size the listing said.
+
+Into a sandbox, paths are the user's own; a tar archive on standard input keeps only members
+that stay beneath the destination.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import posixpath
+import secrets
+import sys
+import tarfile
+from collections.abc import Generator, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+from ._cli_commands import Refused, UsageError, remote_client
+from ._cli_output import EXIT_NOT_FOUND
+from ._errors import ApiError, NotFoundError
+from ._models import FileInfo
+from ._sandbox import Sandbox
+
+# What opening or renaming beneath DEST answers when DEST's tree is not what the copy needs
+# (a symlink or a file where a directory goes, a directory where a file goes).
+_CONFLICTS = (errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENOTEMPTY)
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def cmd_cp(args: argparse.Namespace) -> int:
+    """``osb-sync cp SRC DEST``: one side is ``SANDBOX:PATH``; ``-`` is a tar stream."""
+    src, dest = _split_remote(args.src), _split_remote(args.dest)
+    if (src is None) == (dest is None):
+        raise UsageError(
+            "cp copies between this machine and a sandbox: exactly one of SRC and DEST is "
+            f"SANDBOX:PATH (got {args.src!r} and {args.dest!r})"
+        )
+    with remote_client(args) as client:
+        if src is not None:
+            sandbox = client.connect(src[0])
+            try:
+                return _copy_out(sandbox, src[1], args.dest)
+            except ApiError as exc:
+                if exc.code == "INVALID_RESPONSE":
+                    raise Refused(str(exc)) from None
+                raise
+        assert dest is not None
+        sandbox = client.connect(dest[0])
+        return _copy_in(sandbox, args.src, dest[1])
+
+
+def _split_remote(spec: str) -> tuple[str, str] | None:
+    """``SANDBOX:PATH`` as (id, path), or None for a local path (or ``-``)."""
+    if spec == "-" or spec.startswith(("/", ".")):
+        return None
+    sandbox_id, sep, path = spec.partition(":")
+    if not sep or not sandbox_id or "/" in sandbox_id:
+        return None
+    return sandbox_id, path or "."
+
+
+def _remote_info(sandbox: Sandbox, path: str) -> FileInfo | None:
+    try:
+        return next(iter(sandbox.files.info(path).values()), None)
+    except NotFoundError:
+        return None
+
+
+# -- out of a sandbox ---------------------------------------------------------------------------
+
+
+def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
+    """A sandbox's file or directory to a local path, or as a tar archive to stdout."""
+    info = _remote_info(sandbox, path)
+    if info is None:
+        print(f"osb-sync: error: no such file in the sandbox: {path}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    name = _local_name(path)
+    is_dir = info.type.lower().startswith("dir")
+    if is_dir:
+        top = _absolute(path) or info.path
+        files = [(_remainder(item, top), item) for item in sandbox.files.search(path)]
+        files = [(rest, item) for rest, item in files if _regular(item)]
+    else:
+        _refuse_irregular(info)
+        if not name:
+            raise Refused(f"the sandbox says {path!r} is a file, but it names no file")
+        info = replace(info, path=path)  # the file the user named, at the size execd said
+        files = [("", info)]
+    if dest == "-":
+        _write_tar(sandbox, files, name)
+        return 0
+    target = Path(dest)
+    if not is_dir:
+        if target.is_dir():
+            target = target / name
+        with _Tree(target.parent) as tree, contextlib.closing(_exactly(sandbox, info)) as data:
+            tree.check_room(info.size)
+            tree.write(target.name, data, info.path)
+        return 0
+    with _Tree(target / name if target.is_dir() else target) as tree:
+        tree.check_room(sum(item.size for _, item in files))
+        for rest, item in files:
+            with contextlib.closing(_exactly(sandbox, item)) as data:
+                tree.write(rest, data, item.path)
+    return 0
+
+
+def _local_name(path: str) -> str:
+    """The name a copy of the sandbox's ``path`` takes in DEST: the last component of the
+    user's own argument, or "" for one that names none (``.``, ``..``, ``/``: the directory's
+    contents go into DEST, as ``docker cp SB:DIR/. DEST`` does)."""
+    name = posixpath.basename(posixpath.normpath(path))
+    return "" if name in ("", ".", "..") else name
+
+
+def _absolute(path: str) -> str | None:
+    """``path`` made clean, when it is absolute (execd resolves a relative one itself)."""
+    return "/" + posixpath.normpath(path).lstrip("/") if path.startswith("/") else None
+
+
+def _remainder(item: FileInfo, top: str) -> str:
+    """What follows ``top`` in the entry's path, a clean relative path.
+
+    Raises:
+        Refused: the entry is not beneath ``top``, or its remainder could climb out of DEST.
+    """
+    prefix = top.rstrip("/") + "/"
+    rest = item.path[len(prefix) :] if item.path.startswith(prefix) else ""
+    if not rest or "\0" in rest or any(p in ("", ".", "..") for p in rest.split("/")):
+        raise Refused(
+            f"the sandbox listed {item.path!r} in {top!r}: not a clean path beneath it, "
+            "so it could land outside DEST; nothing was copied"
+        )
+    return rest
+
+
+def _regular(item: FileInfo) -> bool:
+    """Whether an entry of a directory is a regular file (the others are skipped, with a
+    warning)."""
+    if item.type == "file":
+        return True
+    print(f"osb-sync: warning: skipped {item.path!r}: {_irregular(item)}", file=sys.stderr)
+    return False
+
+
+def _refuse_irregular(item: FileInfo) -> None:
+    """Raise Refused unless the SRC itself is a regular file."""
+    if item.type != "file":
+        raise Refused(f"{item.path!r} is {_irregular(item)}: copy what it points to by its path")
+
+
+def _irregular(item: FileInfo) -> str:
+    if item.type == "symlink":
+        return "a symlink, and execd does not say where it points"
+    return f"of type {item.type!r}, not a regular file"
+
+
+def _exactly(sandbox: Sandbox, item: FileInfo) -> Generator[bytes, None, None]:
+    """The file's bytes, as many as its listing said.
+
+    Raises:
+        Refused: execd sent more (at the first chunk past them) or fewer.
+    """
+    left = item.size
+    with contextlib.closing(sandbox.files.iter_bytes(item.path)) as chunks:
+        for chunk in chunks:
+            if len(chunk) > left:
+                raise Refused(
+                    f"the download of {item.path!r} passed the {item.size} bytes its listing "
+                    "said (a file that grew during the copy, or a lying sandbox); stopped there"
+                )
+            left -= len(chunk)
+            yield chunk
+    if left:
+        raise Refused(
+            f"the download of {item.path!r} ended {left} bytes short of the {item.size} its "
+            "listing said (the file changed during the copy?)"
+        )
+
+
+class _Tree:
+    """A local directory (made if need be), written beneath through descriptors only."""
+
+    def __init__(self, root: Path):
+        root.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def __enter__(self) -> _Tree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+    def write(self, relative: str, chunks: Iterator[bytes], entry: str) -> None:
+        """Write ``chunks`` to ``relative`` (a clean relative path) beneath the root.
+
+        Raises:
+            Refused: a symlink or a file where a directory of ``relative`` goes, or a
+                directory where its file goes.
+            OSError: the disk refused (full, read-only, no permission).
+        """
+        *directories, name = relative.split("/")
+        parent = self._fd
+        try:
+            for directory in directories:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(directory, dir_fd=parent)
+                child = os.open(directory, _DIRECTORY, dir_fd=parent)
+                self._close(parent)  # one descriptor a level would run out at depth 1024
+                parent = child
+            _write_file(parent, name, chunks)
+        except OSError as exc:
+            if exc.errno not in _CONFLICTS:
+                raise
+            raise Refused(
+                f"{entry!r} would be written through a symlink, or over a directory, in DEST "
+                f"({os.strerror(exc.errno)}); nothing more was copied"
+            ) from None
+        finally:
+            self._close(parent)
+
+    def _close(self, fd: int) -> None:
+        """Close a directory opened on the way (the root stays open)."""
+        if fd != self._fd:
+            os.close(fd)
+
+    def check_room(self, size: int) -> None:
+        """Check that ``size`` bytes fit in the root's file system (what ordinary users may
+        write of it), before anything is written.
+
+        Raises:
+            Refused: they do not.
+        """
+        found = os.fstatvfs(self._fd)
+        free = found.f_bavail * found.f_frsize
+        if size > free:
+            raise Refused(
+                f"the sandbox listed {size} bytes to copy, more than the {free} free where DEST "
+                "is; nothing was copied"
+            )
+
+
+def _write_file(parent: int, name: str, chunks: Iterator[bytes]) -> None:
+    """``chunks`` to a new file beneath ``parent``, renamed over ``name`` once whole."""
+    temporary = f".osb-sync-{secrets.token_hex(8)}.part"
+    fd = os.open(temporary, _NEW_FILE, 0o666, dir_fd=parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
+        os.rename(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=parent)
+        raise
+
+
+def _write_tar(sandbox: Sandbox, files: list[tuple[str, FileInfo]], base: str) -> None:
+    """A tar stream of ``files`` on standard output, each streamed (bounded memory)."""
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as archive:
+        for rest, item in files:
+            member = tarfile.TarInfo("/".join(p for p in (base, rest) if p))
+            member.size = item.size
+            member.mode = (item.mode & 0o777) or 0o644
+            with contextlib.closing(_exactly(sandbox, item)) as data:
+                reader = _Reader(data)
+                archive.addfile(member, reader)
+                reader.finish()
+
+
+class _Reader:
+    """A file object over chunks, for ``TarFile.addfile`` (which reads the member's size)."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self._chunks = chunks
+        self._pending = b""
+
+    def read(self, size: int = -1, /) -> bytes:
+        """``size`` bytes (all that is left for a negative one); fewer only at the end: tarfile
+        takes a short read for a truncated file, and a chunk is whatever the wire brought."""
+        pieces, have = [self._pending], len(self._pending)
+        while size < 0 or have < size:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            pieces.append(chunk)
+            have += len(chunk)
+        data = b"".join(pieces)
+        cut = len(data) if size < 0 else size
+        self._pending = data[cut:]
+        return data[:cut]
+
+    def finish(self) -> None:
+        """Read the chunks to their end (``_exactly`` then checks the size)."""
+        for _ in self._chunks:
+            pass
+
+
+# -- into a sandbox -----------------------------------------------------------------------------
+
+
+def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
+    """A local file or directory (or a tar archive on stdin) into a sandbox."""
+    if src == "-":
+        entries: list[tuple[str, bytes, int]] = []
+        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|*") as archive:
+            for member in archive:
+                name = posixpath.normpath(member.name)
+                if member.isdir() or name.startswith("..") or posixpath.isabs(name):
+                    continue  # directories come with their files; nothing may climb out
+                if not member.isfile():
+                    continue
+                handle = archive.extractfile(member)
+                data = handle.read() if handle else b""
+                entries.append((posixpath.join(path, name), data, member.mode & 0o777))
+        sandbox.files.write_many(entries)
+        return 0
+    local = Path(src)
+    if not local.exists():
+        print(f"osb-sync: error: no such local file: {src}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    if local.is_file():
+        info = _remote_info(sandbox, path)
+        target = posixpath.join(path, local.name) if info and info.type.startswith("dir") else path
+        sandbox.files.upload(local, target, mode=local.stat().st_mode & 0o777)
+        return 0
+    info = _remote_info(sandbox, path)
+    root = posixpath.join(path, local.name) if info is not None else path
+    for file in sorted(p for p in local.rglob("*") if p.is_file()):
+        relative = file.relative_to(local).as_posix()
+        sandbox.files.upload(file, posixpath.join(root, relative), mode=file.stat().st_mode & 0o777)
+    return 0
