@@ -24,6 +24,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import tarfile
 import threading
@@ -188,6 +189,32 @@ def write_layout(layout: Path, tag: str, images: Sequence[Image], as_list: bool 
     top["annotations"] = {"org.opencontainers.image.ref.name": tag}
     (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [top]}))
     return layout
+
+
+def snapshot(top: Path, skip: Sequence[str] = ()) -> dict[str, tuple[Any, ...]]:
+    """Everything a change outside an image's root would show, of `top` and what is below it
+    (links never followed; names in `skip` left out at any depth): each entry's type and mode,
+    owner, mtime (`top`'s own excepted: a root made beside it changes it) and content (a
+    file's bytes, a link's target, a directory's names)."""
+    found: dict[str, tuple[Any, ...]] = {}
+
+    def visit(path: Path, rel: str) -> None:
+        info = path.lstat()
+        mtime = None if not rel else info.st_mtime_ns
+        content: Any = None
+        if stat.S_ISLNK(info.st_mode):
+            content = os.readlink(path)
+        elif stat.S_ISREG(info.st_mode):
+            content = path.read_bytes()
+        elif stat.S_ISDIR(info.st_mode):
+            content = sorted(set(os.listdir(path)) - set(skip))
+        found[rel or "."] = (info.st_mode, info.st_uid, info.st_gid, mtime, content)
+        if stat.S_ISDIR(info.st_mode):
+            for name in content:
+                visit(path / name, f"{rel}/{name}" if rel else name)
+
+    visit(top, "")
+    return found
 
 
 def rootfs_layer(tar_path: Path) -> bytes:

@@ -19,8 +19,8 @@ from osb_sync.local.host.images.config import ImageConfig, find_jupyter, find_py
 from osb_sync.local.host.images.execd_image import MACHINES, ExecdImageError, execd_from_image
 from osb_sync.local.host.images.pull import Puller, PullError, Source, parse
 from osb_sync.local.host.images.store import ImageStore
-from osb_sync.local.host.images.unpack import UnpackError, in_range, unpack
-from tests.imagekit import Entry, Image, layer_bytes, write_dir_layout
+from osb_sync.local.host.images.unpack import UnpackError, in_range, server_owned, unpack
+from tests.imagekit import Entry, Image, layer_bytes, snapshot, write_dir_layout
 
 
 @pytest.mark.parametrize(
@@ -171,17 +171,54 @@ def test_layers_apply_in_order_with_whiteouts_and_opaque_dirs(tmp_path: Path) ->
     [
         ([Entry("../escape", data=b"x")], "'..' component"),
         ([Entry("/etc/passwd", data=b"x")], "absolute path"),
-        ([Entry("dev/sda", "chardev")], "device node"),
         ([Entry("evil", "symlink", target="/etc"), Entry("evil/passwd", data=b"x")], "through the link"),  # noqa: E501
         ([Entry("up", "symlink", target="../../.."), Entry("up/x", data=b"x")], "through the link"),
         ([Entry("h", "link", target="/etc/passwd")], "absolute"),
         ([Entry("h", "link", target="../outside")], "'..' component"),
+        ([Entry("d", "symlink", target="/etc"), Entry("h", "link", target="d/passwd")], "through the link"),  # noqa: E501
+        ([Entry("evil", "symlink", target="/etc"), Entry("evil/.wh.passwd")], "through the link"),
+        ([Entry("a", "dir"), Entry("a/.wh...")], "names '..'"),
+        ([Entry(".wh..")], "names '.'"),
+        ([Entry("a/" * 600 + "f")], "directories deep"),
     ],
 )  # fmt: skip
 def test_malicious_layers_are_refused(tmp_path: Path, entries: list[Entry], message: str) -> None:
     with pytest.raises(UnpackError, match=message):
         _unpacked(tmp_path, entries)
     assert not (tmp_path.parent / "escape").exists()
+
+
+def _owner() -> Any:
+    """The owners a root server gives (so a chown that leaves the root shows), else none."""
+    return in_range(100000, 100000, 65536) if os.geteuid() == 0 else server_owned
+
+
+def _decoy(path: Path) -> Path:
+    """A host directory an image must not reach: `t1/` (0700), `t1/f` and `c`, dated 2001."""
+    (path / "t1").mkdir(parents=True)
+    (path / "t1" / "f").write_bytes(b"host's")
+    (path / "c").write_bytes(b"host's")
+    for item in (path / "t1" / "f", path / "c", path / "t1", path):
+        os.chmod(item, 0o700 if item.is_dir() else 0o600)
+        os.utime(item, (1_000_000_000, 1_000_000_000))
+    return path
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["in-one-layer", "in-a-later-layer"])
+def test_a_directory_swapped_for_a_link_leaves_what_the_link_names_alone(
+    tmp_path: Path, later: bool
+) -> None:
+    """Issue 37, row 1: `a/`, `a/t1/` (0777), then `a` a link to a host directory: the
+    directories' modes, owners and times were set at the end by path, through the link."""
+    host = _decoy(tmp_path / "host")
+    before = snapshot(host)
+    made = [Entry("a", "dir", mode=0o755), Entry("a/t1", "dir", mode=0o777)]
+    swap = [Entry("a", "symlink", target=str(host))]
+    layers = [made, swap] if later else [made + swap]
+    write_dir_layout(tmp_path / "layout", Image([layer_bytes(e) for e in layers]))
+    unpack(tmp_path / "layout", tmp_path / "rootfs", _owner())
+    assert snapshot(host) == before
+    assert os.readlink(tmp_path / "rootfs" / "a") == str(host)  # kept, as any link
 
 
 def test_a_layer_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:

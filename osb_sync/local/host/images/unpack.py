@@ -1,18 +1,36 @@
-"""An image's layers, from a `dir:` layout (`pull.py`), into one root directory, carefully.
+"""An image's layers, from a `dir:` layout (`pull.py`), into one root directory it cannot leave.
 
 Every blob is checked: the manifest's descriptors give each compressed blob's sha256 and the
 config's `rootfs.diff_ids` each uncompressed layer's; a mismatch refuses the image.
 
 A layer is a tar stream applied in order (gzip or plain; zstd is refused with what to do).
+
+Nothing is done by path. The root is opened once; every member is made under the descriptor
+of its parent directory, reached from the root's one component at a time with
+`O_NOFOLLOW | O_DIRECTORY` (`_Writer._open`), so a link or a file on the way is never followed,
+whatever an earlier member or layer made of that path. The member is made by name in that
+descriptor (`mkdirat`, `openat` with `O_EXCL | O_NOFOLLOW`, `symlinkat`, `linkat`, `mkfifoat`),
+a file's owner, mode and times are set through its own descriptor, a link's or a fifo's by name
+in its parent's without following it. Directories get theirs last, deepest first (a read-only
+one would refuse what comes into it), each reached again by the same walk; removals (whiteouts,
+a member that replaces another) go down the tree by descriptor too (`_remove_tree`;
+`shutil.rmtree(dir_fd=)` is Python 3.11's). A walk, not `openat2(RESOLVE_BENEATH |
+RESOLVE_NO_SYMLINKS)` through ctypes: the walk would be needed anyway where openat2 is missing
+(kernels before 5.6, seccomp profiles that refuse it), so it is the one path to test, and with
+the last parent's descriptor kept (a layer's members come grouped by directory) it costs a few
+milliseconds per image.
+
 What is refused (`UnpackError`, the member named), since it could reach outside the root or
-the host: an absolute or `..` member name; a member whose parent is a symbolic link (writing
-through a link, wherever it points: real layers never need it, the kernel writes what the
-overlay below saw); a hard link whose target is absolute, has `..`, or is not a file of the
-root; character and block devices. Symbolic links are kept as they are (an absolute target is
-the container's, resolved inside its root; the host never follows them here). Whiteouts
-(`.wh.NAME`) delete NAME of the layers below, an opaque marker (`.wh..wh..opq`) everything its
-directory had below; entries of the same layer are kept. Set-user and set-group bits are
-dropped (the files are the server's, see `server_owned`); xattrs are not applied.
+the host: an absolute or `..` member name, or one deeper than `MAX_DEPTH`; a member whose parent
+is a symbolic link (writing through a link, wherever it points: real layers never need it, the
+kernel writes what the overlay below saw); a hard link whose target is absolute, has `..`, or
+is not a file of the root; a whiteout of `.` or `..`. Character and block devices are skipped
+(`Unpacked.skipped`), as rootless Podman skips them: bwrap gives every sandbox its own `/dev`.
+Symbolic links are kept as they are (an absolute target is the container's, resolved inside
+its root; the host never follows them here). Whiteouts (`.wh.NAME`) delete NAME of the layers
+below, an opaque marker (`.wh..wh..opq`) everything its directory had below; entries of the
+same layer are kept. Set-user and set-group bits are dropped (the files are the server's, see
+`server_owned`); xattrs are not applied.
 
 Who owns what is one function (`OwnerMap`): the image's uid and gid to the host's, or None to
 leave files to the server. Until sandboxes get a user namespace over a range of host ids, the
@@ -28,7 +46,7 @@ import os
 import shutil
 import stat
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
@@ -39,6 +57,9 @@ WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+MAX_DEPTH = 512  # components of a member's name (a descriptor each, while its tree is removed)
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class UnpackError(Exception):
@@ -66,10 +87,12 @@ def in_range(uid: int, gid: int, count: int) -> OwnerMap:
 
 @dataclass(frozen=True)
 class Unpacked:
-    """What an unpack gives: the image's config (the whole blob) and the bytes written."""
+    """What an unpack gives: the image's config (the whole blob), the bytes of the files
+    written, and the device nodes skipped (their names in the image)."""
 
     config: dict[str, Any]
     size: int
+    skipped: tuple[str, ...] = ()
 
 
 class _Hashing:
@@ -138,50 +161,63 @@ def unpack(layout: Path, rootfs: Path, owner: OwnerMap = server_owned) -> Unpack
 
     Raises:
         UnpackError: a digest mismatch or a refused member (see the module docstring).
+            What was unpacked is left: the caller removes `rootfs`.
         OSError: the disk said no.
     """
     manifest, config = read_manifest(layout)
     rootfs.mkdir(mode=0o755)
-    writer = _Writer(rootfs, owner)
-    pairs = zip(manifest["layers"], config["rootfs"]["diff_ids"], strict=True)  # lengths checked
-    for descriptor, diff_id in pairs:
-        digest = str(descriptor.get("digest", ""))
-        with _blob_path(layout, digest).open("rb") as raw:
-            packed = _Hashing(raw)
-            magic = raw.read(4)
-            raw.seek(0)
-            if magic.startswith(ZSTD_MAGIC):
-                raise UnpackError(
-                    f"layer {digest} is zstd-compressed, which this server cannot read; push"
-                    " the image with gzip layers (skopeo copy --dest-compress-format gzip)"
-                )
-            stream: Any = packed
-            if magic.startswith(GZIP_MAGIC):
-                stream = gzip.GzipFile(fileobj=cast(IO[bytes], packed), mode="rb")
-            plain = _Hashing(stream)
-            try:
-                with tarfile.open(fileobj=plain, mode="r|") as tar:  # type: ignore[call-overload]
-                    writer.apply(tar)
-            except (tarfile.TarError, EOFError, gzip.BadGzipFile) as exc:
-                raise UnpackError(f"layer {digest} is not a tar stream: {exc}") from None
-            if plain.drain() != diff_id:
-                raise UnpackError(f"layer {digest} does not match its diff_id {diff_id}")
-            if packed.drain() != digest:
-                raise UnpackError(f"layer {digest} does not match its digest")
-    writer.finish()
-    return Unpacked(config, writer.size)
+    writer = _Writer(os.open(rootfs, _DIR), owner)
+    try:
+        pairs = zip(manifest["layers"], config["rootfs"]["diff_ids"], strict=True)  # checked
+        for descriptor, diff_id in pairs:
+            _apply_layer(layout, str(descriptor.get("digest", "")), diff_id, writer)
+        writer.finish()
+    finally:
+        writer.close()
+    return Unpacked(config, writer.size, tuple(writer.skipped))
+
+
+def _apply_layer(layout: Path, digest: str, diff_id: str, writer: _Writer) -> None:
+    with _blob_path(layout, digest).open("rb") as raw:
+        packed = _Hashing(raw)
+        magic = raw.read(4)
+        raw.seek(0)
+        if magic.startswith(ZSTD_MAGIC):
+            raise UnpackError(
+                f"layer {digest} is zstd-compressed, which this server cannot read; push"
+                " the image with gzip layers (skopeo copy --dest-compress-format gzip)"
+            )
+        stream: Any = packed
+        if magic.startswith(GZIP_MAGIC):
+            stream = gzip.GzipFile(fileobj=cast(IO[bytes], packed), mode="rb")
+        plain = _Hashing(stream)
+        try:
+            with tarfile.open(fileobj=plain, mode="r|") as tar:  # type: ignore[call-overload]
+                writer.apply(tar)
+        except (tarfile.TarError, EOFError, gzip.BadGzipFile) as exc:
+            raise UnpackError(f"layer {digest} is not a tar stream: {exc}") from None
+        if plain.drain() != diff_id:
+            raise UnpackError(f"layer {digest} does not match its diff_id {diff_id}")
+        if packed.drain() != digest:
+            raise UnpackError(f"layer {digest} does not match its digest")
 
 
 class _Writer:
-    """Applies tar members under `root` (the rules are the module docstring's)."""
+    """Applies tar members under the root's descriptor `root` (see the module docstring)."""
 
-    def __init__(self, root: Path, owner: OwnerMap) -> None:
+    def __init__(self, root: int, owner: OwnerMap) -> None:
         self.root = root
         self.owner = owner
         self.size = 0
+        self.skipped: list[str] = []
         self._dirs: dict[str, tuple[int, float, int, int]] = {}  # mode, mtime, uid, gid: set last
-        self._real_dirs: set[str] = {""}
         self._this_layer: set[str] = set()
+        self._last: tuple[str, int] | None = None  # the last parent walked to, and its descriptor
+
+    def close(self) -> None:
+        """Close the descriptors (the root's too)."""
+        self._forget()
+        os.close(self.root)
 
     def apply(self, tar: tarfile.TarFile) -> None:
         self._this_layer = set()
@@ -191,130 +227,193 @@ class _Writer:
                 if member.isdir():
                     self._dirs[""] = (member.mode, member.mtime, member.uid, member.gid)
                 continue
-            self._parents(parts[:-1], member.name)
+            self._parent(parts, member.name)  # every parent a directory of the root, made
             base = parts[-1]
-            parent = "/".join(parts[:-1])
             if base == OPAQUE:
-                self._opaque(parent)
+                self._opaque(parts[:-1])
             elif base.startswith(WHITEOUT):
-                hidden = "/".join([*parts[:-1], base[len(WHITEOUT) :]])
-                if hidden not in self._this_layer:
-                    self._remove(hidden)
+                hidden = base[len(WHITEOUT) :]
+                if hidden in ("", ".", ".."):
+                    raise UnpackError(f"whiteout {member.name!r} names {hidden!r}")
+                if "/".join([*parts[:-1], hidden]) not in self._this_layer:
+                    self._remove([*parts[:-1], hidden])
             else:
-                self._member(tar, member, "/".join(parts))
+                self._member(tar, member, parts)
 
-    def _member(self, tar: tarfile.TarFile, member: tarfile.TarInfo, rel: str) -> None:
-        path = self.root / rel
+    def _member(self, tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str]) -> None:
+        rel, base = "/".join(parts), parts[-1]
         if member.ischr() or member.isblk():
-            raise UnpackError(f"layer member {member.name!r} is a device node")
+            self.skipped.append(rel)  # bwrap makes each sandbox's /dev
+            return
         if member.isdir():
-            if not (rel in self._real_dirs or _is_dir(path)):
-                self._remove(rel)
-                path.mkdir(mode=0o700)
-            self._real_dirs.add(rel)
+            if not stat.S_ISDIR(_mode_at(self._parent(parts, member.name), base)):
+                self._remove(parts)
+                os.mkdir(base, 0o700, dir_fd=self._parent(parts, member.name))
             self._dirs[rel] = (member.mode, member.mtime, member.uid, member.gid)
         else:
-            self._remove(rel)
-            if member.issym():
-                os.symlink(member.linkname, path)
-            elif member.islnk():
-                os.link(self._link_source(member), path, follow_symlinks=False)
-            elif member.isfifo():
-                os.mkfifo(path, 0o600)
+            self._remove(parts)
+            if member.islnk():
+                self._link(member, parts)
+            elif member.issym() or member.isfifo():
+                parent = self._parent(parts, member.name)
+                if member.issym():
+                    os.symlink(member.linkname, base, dir_fd=parent)
+                else:
+                    os.mkfifo(base, 0o600, dir_fd=parent)
+                mapped = self.owner(member.uid, member.gid)
+                if mapped is not None:
+                    os.chown(base, *mapped, dir_fd=parent, follow_symlinks=False)
+                times = (member.mtime, member.mtime)
+                os.utime(base, times, dir_fd=parent, follow_symlinks=False)
             else:
-                self._file(tar, member, path)
-            if not member.islnk():
-                self._own(path, member)
-                os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
-            self._this_layer.add(rel)
+                self._file(tar, member, parts)
         self._this_layer.add(rel)
 
-    def _file(self, tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> None:
+    def _file(self, tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str]) -> None:
         source = tar.extractfile(member)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(parts[-1], _NEW_FILE, 0o600, dir_fd=self._parent(parts, member.name))
         with os.fdopen(fd, "wb") as out:
             if source is not None:
                 shutil.copyfileobj(source, out, CHUNK)
-            os.fchmod(out.fileno(), member.mode & 0o1777)
+            out.flush()
+            mapped = self.owner(member.uid, member.gid)
+            if mapped is not None:
+                os.fchown(fd, *mapped)
+            os.fchmod(fd, member.mode & 0o1777)
+            os.utime(fd, (member.mtime, member.mtime))
         self.size += member.size
 
-    def _own(self, path: Path, member: tarfile.TarInfo) -> None:
-        mapped = self.owner(member.uid, member.gid)
-        if mapped is not None:
-            os.chown(path, *mapped, follow_symlinks=False)
-
-    def _link_source(self, member: tarfile.TarInfo) -> Path:
+    def _link(self, member: tarfile.TarInfo, parts: list[str]) -> None:
+        """A hard link to a file (or link) of the root, each end under its parent's descriptor."""
         if member.linkname.startswith("/"):
             raise UnpackError(f"hard link {member.name!r} names the absolute {member.linkname!r}")
-        parts = _parts(member.linkname)
-        if not parts:
+        source = _parts(member.linkname)
+        if not source:
             raise UnpackError(f"hard link {member.name!r} names the root")
-        self._parents(parts[:-1], member.name)
-        source = self.root.joinpath(*parts)
         try:
-            mode = os.lstat(source).st_mode
+            folder = os.dup(self._parent(source, member.name, make=False))
         except FileNotFoundError:
             raise UnpackError(f"hard link {member.name!r} names a missing file") from None
-        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-            raise UnpackError(f"hard link {member.name!r} names no file")
-        return source
-
-    def _parents(self, parts: list[str], name: str) -> None:
-        """Make sure every parent is a real directory of the root (made if missing)."""
-        for depth in range(1, len(parts) + 1):
-            rel = "/".join(parts[:depth])
-            if rel in self._real_dirs:
-                continue
-            path = self.root / rel
-            try:
-                mode = os.lstat(path).st_mode
-            except FileNotFoundError:
-                path.mkdir(mode=0o755)
-                self._real_dirs.add(rel)
-                self._dirs.setdefault(rel, (0o755, 0.0, 0, 0))  # root's, as Docker makes it
-                continue
-            if stat.S_ISLNK(mode):
-                raise UnpackError(f"layer member {name!r} would be written through the link {rel}")
-            if not stat.S_ISDIR(mode):
-                raise UnpackError(f"layer member {name!r} is under {rel}, which is no directory")
-            self._real_dirs.add(rel)
-
-    def _opaque(self, rel: str) -> None:
-        path = self.root / rel if rel else self.root
-        prefix = f"{rel}/" if rel else ""
-        for child in os.listdir(path):
-            if prefix + child not in self._this_layer:
-                self._remove(prefix + child)
-
-    def _remove(self, rel: str) -> None:
-        path = self.root / rel
         try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
+            mode = _mode_at(folder, source[-1])
+            if not mode:
+                raise UnpackError(f"hard link {member.name!r} names a missing file")
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                raise UnpackError(f"hard link {member.name!r} names no file")
+            os.link(
+                source[-1],
+                parts[-1],
+                src_dir_fd=folder,
+                dst_dir_fd=self._parent(parts, member.name),
+                follow_symlinks=False,
+            )
+        finally:
+            os.close(folder)
+
+    def _parent(self, parts: Sequence[str], name: str, make: bool = True) -> int:
+        """The descriptor (kept here: not the caller's to close) of the directory holding
+        `parts`, walked to from the root by `_open` unless it was the last one asked for."""
+        folder = "/".join(parts[:-1])
+        if not folder:
+            return self.root
+        if self._last is None or self._last[0] != folder:
+            fd = self._open(parts[:-1], name, make)
+            self._forget()
+            self._last = (folder, fd)
+        return self._last[1]
+
+    def _forget(self) -> None:
+        if self._last is not None:
+            os.close(self._last[1])
+            self._last = None
+
+    def _open(self, parts: Sequence[str], name: str, make: bool) -> int:
+        """A new descriptor of the directory `parts`, each component opened under the one
+        before it without following a link; a missing one made (0755) when `make`.
+
+        Raises:
+            UnpackError: a component is a link or no directory (`name` is the member's).
+            FileNotFoundError: a component is missing and not `make`.
+        """
+        if len(parts) >= MAX_DEPTH:
+            raise UnpackError(f"layer member {name!r} is past {MAX_DEPTH} directories deep")
+        fd = os.dup(self.root)
+        try:
+            for depth, part in enumerate(parts, 1):
+                try:
+                    inner = os.open(part, _DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    if not make:
+                        raise
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    self._dirs.setdefault("/".join(parts[:depth]), (0o755, 0.0, 0, 0))  # Docker's
+                    inner = os.open(part, _DIR, dir_fd=fd)
+                except NotADirectoryError:
+                    rel = "/".join(parts[:depth])
+                    if stat.S_ISLNK(_mode_at(fd, part)):
+                        raise UnpackError(
+                            f"layer member {name!r} would be written through the link {rel}"
+                        ) from None
+                    raise UnpackError(
+                        f"layer member {name!r} is under {rel}, which is no directory"
+                    ) from None
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _opaque(self, parts: list[str]) -> None:
+        folder = self._open(parts, OPAQUE, make=False) if parts else os.dup(self.root)
+        try:
+            children = os.listdir(folder)
+        finally:
+            os.close(folder)
+        prefix = "/".join(parts) + "/" if parts else ""
+        for child in children:
+            if prefix + child not in self._this_layer:
+                self._remove([*parts, child])
+
+    def _remove(self, parts: list[str]) -> None:
+        """Remove what `parts` names, if anything (a directory with all below it)."""
+        rel = "/".join(parts)
+        parent = self._parent(parts, rel)
+        mode = _mode_at(parent, parts[-1])
+        if not mode:
             return
         if stat.S_ISDIR(mode):
-            _writable_tree(path)
-            shutil.rmtree(path)
+            if self._last is not None and f"{self._last[0]}/".startswith(f"{rel}/"):
+                self._forget()  # a descriptor into the tree that goes (`parent` is the root's)
+            _remove_tree(parent, parts[-1])
         else:
-            path.unlink()
-        self._real_dirs = {d for d in self._real_dirs if d != rel and not d.startswith(rel + "/")}
-        self._real_dirs.add("")
+            os.unlink(parts[-1], dir_fd=parent)
+        self._dirs = {
+            d: v for d, v in self._dirs.items() if d != rel and not d.startswith(rel + "/")
+        }
 
     def finish(self) -> None:
-        """Set the directories' owners, modes and times (deepest first), now all is in them."""
+        """Set the directories' owners, modes and times (deepest first), now all is in them,
+        each through its own descriptor (one that is no directory of the root any more is
+        left)."""
+        self._forget()
         self._dirs.setdefault("", (0o755, 0.0, 0, 0))  # the root is the image's root's
         for rel, (mode, mtime, uid, gid) in sorted(
-            self._dirs.items(), key=lambda kv: -kv[0].count("/")
+            self._dirs.items(), key=lambda kv: -(kv[0].count("/") + 1 if kv[0] else 0)
         ):
-            path = self.root / rel if rel else self.root
-            if _is_dir(path):
+            try:
+                fd = self._open(rel.split("/"), rel, make=False) if rel else os.dup(self.root)
+            except (UnpackError, FileNotFoundError):
+                continue
+            try:
                 mapped = self.owner(uid, gid)
                 if mapped is not None:
-                    os.chown(path, *mapped, follow_symlinks=False)
-                os.chmod(path, mode & 0o1777)
+                    os.fchown(fd, *mapped)
+                os.fchmod(fd, mode & 0o1777)
                 if mtime:
-                    os.utime(path, (mtime, mtime), follow_symlinks=False)
+                    os.utime(fd, (mtime, mtime))
+            finally:
+                os.close(fd)
 
 
 def _parts(name: str) -> list[str]:
@@ -327,18 +426,29 @@ def _parts(name: str) -> list[str]:
     return parts
 
 
-def _is_dir(path: Path) -> bool:
+def _mode_at(folder: int, name: str) -> int:
+    """The mode of `name` in the directory `folder` (a link's own), 0 when there is none."""
     try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
+        return os.lstat(name, dir_fd=folder).st_mode
     except FileNotFoundError:
-        return False
+        return 0
 
 
-def _writable_tree(path: Path) -> None:
-    """Give the server write access to every directory under `path` (so it can remove it)."""
-    for folder, dirs, _ in os.walk(path):
-        for name in dirs:
-            full = os.path.join(folder, name)
-            if not os.path.islink(full):
-                os.chmod(full, 0o700)
-    os.chmod(path, 0o700)
+def _remove_tree(folder: int, name: str) -> None:
+    """Remove the directory `name` of `folder` and all below it, each by descriptor.
+
+    Only for trees of the unpack in progress: their directories are still the server's
+    (0700 or 0755: modes come last, in `finish`).
+    """
+    fd = os.open(name, _DIR, dir_fd=folder)
+    try:
+        with os.scandir(fd) as found:
+            entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in found]
+        for child, is_dir in entries:
+            if is_dir:
+                _remove_tree(fd, child)
+            else:
+                os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=folder)
