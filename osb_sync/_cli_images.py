@@ -7,7 +7,9 @@ locks, so they run beside servers that use it: ``prune`` leaves the images a san
 
 ``pull`` unpacks with the owners a server on this host would give (the sandboxes' id range,
 where sandboxes are isolated), so a server's sandboxes run what it pulled. Its progress is a
-bar on a terminal (standard error), else one plain line per phase.
+bar on a terminal (standard error), else one plain line per phase. What it says of the
+image (stdout) notes the device nodes its layers had and the store skipped (each sandbox gets
+its own /dev); ``images --json`` lists them (`skipped`).
 """
 
 from __future__ import annotations
@@ -152,6 +154,7 @@ class PullProgress:
 def cmd_pull(args: argparse.Namespace) -> int:
     """``osb-sync pull IMAGE``: fetch it into the store now (asking its registry again)."""
     from .local.host.images import pull
+    from .local.host.images.store import skipped_note
 
     image_store = _store(args, for_pull=True)
     platform = pull.host_platform()
@@ -171,9 +174,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
     seconds = time.monotonic() - started
     if args.json:
         found = {"reference": image.reference, "digest": image.digest, "size": image.size}
-        print(json.dumps({**found, "python": image.python, "seconds": round(seconds, 3)}))
+        found.update(python=image.python, skipped=list(image.skipped))
+        print(json.dumps({**found, "seconds": round(seconds, 3)}))
     else:
-        note = "" if image.python else " (no python3: sandboxes need the server's execd binary)"
+        notes = [] if image.python else ["no python3: sandboxes need the server's execd binary"]
+        if image.skipped:
+            notes.append(f"{skipped_note(image.skipped)}: each sandbox gets its own /dev")
+        note = f" ({'; '.join(notes)})" if notes else ""
         print(f"{image.pinned} {_size_text(image.size)} in {seconds:.1f}s{note}")
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import stat
@@ -18,6 +19,7 @@ from osb_sync.local.host.images import pull
 from osb_sync.local.host.images.config import ImageConfig, find_jupyter, find_python
 from osb_sync.local.host.images.execd_image import MACHINES, ExecdImageError, execd_from_image
 from osb_sync.local.host.images.pull import Puller, PullError, Source, parse
+from osb_sync.local.host.images.service import ImageService, ImageSettings
 from osb_sync.local.host.images.store import ImageStore
 from osb_sync.local.host.images.unpack import UnpackError, in_range, server_owned, unpack
 from tests.imagekit import Entry, Image, layer_bytes, snapshot, write_dir_layout
@@ -219,6 +221,33 @@ def test_a_directory_swapped_for_a_link_leaves_what_the_link_names_alone(
     unpack(tmp_path / "layout", tmp_path / "rootfs", _owner())
     assert snapshot(host) == before
     assert os.readlink(tmp_path / "rootfs" / "a") == str(host)  # kept, as any link
+
+
+def test_device_nodes_are_skipped_and_listed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As rootless Podman skips them: bwrap gives each sandbox its own /dev. The store keeps
+    their names (`osb-sync images --json`), the server logs them once, at the pull."""
+    nodes = [
+        Entry("dev", "dir", mode=0o755),
+        Entry("dev/console", "chardev"),
+        Entry("dev/null", "chardev"),
+    ]
+    python3 = Entry("usr/bin/python3", data=b"", mode=0o755)
+    puller = FakePuller(tmp_path / "s", Image([layer_bytes([*nodes, python3])]))
+    service = ImageService(ImageSettings(store=tmp_path / "store"), isolated=True, binary=None)
+    service._store = ImageStore(tmp_path / "store", puller)
+    body = {"image": {"uri": "reg.example/debian:12"}}
+    with caplog.at_level(logging.WARNING, logger="osb_sync.local"):
+        launch = service.launch(body)
+        service.launch(body)  # cached: no second line
+    assert launch is not None and launch.image is not None
+    assert launch.image.skipped == ("dev/console", "dev/null")
+    assert os.listdir(launch.image.rootfs / "dev") == []
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "reg.example/debian:12@sha256:" in line and "2 device nodes skipped" in line, line
+    assert "dev/console, dev/null" in line and "its own /dev" in line
+    assert service.store.images()[0]["skipped"] == ["dev/console", "dev/null"]
 
 
 def test_a_layer_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:

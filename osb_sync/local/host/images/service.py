@@ -5,7 +5,8 @@ create without an image, or with one of `host_images` (by default the client's d
 template), gets: no download. Any other image is pulled into the store (`store.py`) and run
 with its own root; an image create answers as the real server's Docker runtime does when the
 image cannot be had: `DOCKER::SANDBOX_IMAGE_PULL_FAILED` with the reason first in its message
-(`pull.PullError`), nothing left behind.
+(`pull.PullError`), nothing left behind. Device nodes skipped in an image's layers are logged
+(a warning, once per pull).
 
 Which execd a sandbox of an image runs, as OpenSandbox's Docker runtime injects it: the
 server's execd binary when it has one (`execd`, or `execd_image`'s, see `execd_image.py`),
@@ -19,6 +20,7 @@ image has none (`rootfs.host_interpreter`).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -33,9 +35,10 @@ from ..options import DEFAULT_HOST_IMAGES
 from .config import ConfigError, find_jupyter
 from .execd_image import execd_from_image
 from .pull import Puller, PullError, host_platform
-from .store import DEFAULT_CAP, ImageStore, default_root
+from .store import DEFAULT_CAP, ImageStore, default_root, skipped_note
 from .unpack import OwnerMap, server_owned
 
+logger = logging.getLogger("osb_sync.local")
 PULL_FAILED = "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
 NO_EXECD = (
     "the image {uri} has no python3 on its PATH, for this server's execd, and the server has"
@@ -113,7 +116,7 @@ class ImageService:
             )
         platform = body.get("platform") or host_platform()
         try:
-            image, _ = self.store.get(uri, platform, body["image"].get("auth"))
+            image, pulled = self.store.get(uri, platform, body["image"].get("auth"))
             ids = image.config.ids(image.rootfs)
         except PullError as exc:
             raise _failed(uri, exc.reason, exc.message) from None
@@ -121,6 +124,13 @@ class ImageService:
             raise _failed(uri, "IMAGE_CONFIG_INVALID", str(exc)) from None
         except OSError as exc:
             raise _failed(uri, "IMAGE_PULL_FAILED", f"the store said: {exc}") from None
+        if pulled and image.skipped:
+            logger.warning(
+                "local server: image %s: %s (%s): bwrap gives each sandbox its own /dev",
+                image.pinned,
+                skipped_note(image.skipped),
+                ", ".join(image.skipped[:8]) + (", ..." if len(image.skipped) > 8 else ""),
+            )
         if self.binary is None:
             if image.python is None:
                 raise _failed(uri, "IMAGE_NO_EXECD", NO_EXECD.format(uri=uri))

@@ -9,9 +9,10 @@ files are the server's, see `unpack.server_owned`):
                           by creates giving the same ones (an HMAC under `secret`, never
                           the credentials): a create without them asks the registry
     secret                32 random bytes (0600), the key of those HMACs
-    images/sha256-HEX/    rootfs/, config.json (the blob), image.json (reference, size);
-                          its `used` file's mtime is its last use, its image.json is held
-                          with a shared flock by every sandbox that runs it
+    images/sha256-HEX/    rootfs/, config.json (the blob), image.json (reference, size,
+                          python3, the device nodes skipped); its `used` file's mtime is its
+                          last use, its image.json is held with a shared flock by every
+                          sandbox that runs it
     keys/HASH.lock        flock per reference: concurrent creates of one image pull it once
     tmp/NAME, NAME.lock   pulls and unpacks in progress, each held by its flock; anything
                           there whose lock is free was killed half-way and is removed
@@ -63,6 +64,7 @@ class StoredImage:
     config: ImageConfig
     python: str | None  # the container path of its python3, None without one
     size: int
+    skipped: tuple[str, ...] = ()  # its device nodes, not made (`unpack.py`)
 
     @property
     def rootfs(self) -> Path:
@@ -154,8 +156,10 @@ class ImageStore:
         except (OSError, ValueError):
             return None
         config = ImageConfig.from_blob(blob)
-        python = meta.get("python")
-        return StoredImage(digest, str(meta["reference"]), path, config, python, int(meta["size"]))
+        python, skipped = meta.get("python"), tuple(meta.get("skipped") or ())
+        return StoredImage(
+            digest, str(meta["reference"]), path, config, python, int(meta["size"]), skipped
+        )
 
     def get(
         self,
@@ -209,14 +213,20 @@ class ImageStore:
                 digest = self.puller.copy(source, work / "layout", platform, auth, progress)
                 if progress is not None:
                     progress("unpack", 0, None)
+                rootfs = work / "image" / "rootfs"
                 try:
-                    unpacked = unpack(work / "layout", work / "image" / "rootfs", self.owner)
+                    unpacked = unpack(work / "layout", rootfs, self.owner)
                 except UnpackError as exc:
                     raise PullError(REFUSED, f"{source.canonical}: {exc}") from None
                 config = ImageConfig.from_blob(unpacked.config)
-                python = find_python(work / "image" / "rootfs", config)
+                python = find_python(rootfs, config)
                 (work / "image" / "config.json").write_text(json.dumps(unpacked.config))
-                meta = {"reference": source.canonical, "size": unpacked.size, "python": python}
+                meta = {
+                    "reference": source.canonical,
+                    "size": unpacked.size,
+                    "python": python,
+                    "skipped": list(unpacked.skipped),
+                }
                 (work / "image" / "image.json").write_text(json.dumps(meta))
                 (work / "image" / "used").touch()
                 final = self.root / "images" / digest.replace(":", "-")
@@ -263,7 +273,8 @@ class ImageStore:
             pass
 
     def images(self) -> list[dict[str, Any]]:
-        """Every stored image: digest, references, size, last use, in use."""
+        """Every stored image: digest, references, size, last use, in use, python3, the
+        device nodes its layers had (skipped)."""
         refs = self._refs()
         found: list[dict[str, Any]] = []
         for path in sorted((self.root / "images").iterdir()):
@@ -278,6 +289,7 @@ class ImageStore:
                     "last_used": _mtime(path / "used"),
                     "in_use": self._in_use(image),
                     "python": image.python,
+                    "skipped": list(image.skipped),
                 }
             )
         return found
@@ -349,6 +361,11 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def skipped_note(skipped: tuple[str, ...]) -> str:
+    """`8 device nodes skipped`: what a pull of an image with `skipped` says of them."""
+    return f"{len(skipped)} device node{'s' if len(skipped) != 1 else ''} skipped"
 
 
 def describe_age(seconds: float) -> str:
