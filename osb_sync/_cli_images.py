@@ -61,7 +61,9 @@ def _store(args: argparse.Namespace, for_pull: bool = False) -> Any:
         tuple(Path(p).resolve() for p in getattr(args, "allow_image_path", None) or ()),
     )
     try:
-        return store.ImageStore(root, puller, args.image_store_size, owner)
+        return store.ImageStore(
+            root, puller, args.image_store_size, owner, getattr(args, "image_size_limit", None)
+        )
     except OSError as exc:
         raise ImageCommandError(
             f"cannot open the image store {root}: {exc.strerror or exc}; pass another"
@@ -195,6 +197,8 @@ def _fix(exc: Any) -> str:
         pull.NETWORK: "check the name and the network; a registry without TLS needs"
         " --insecure-registry HOST",
         pull.NO_PLATFORM: "choose one the image has with --platform OS/ARCH",
+        pull.TOO_LARGE: "raise the limit with --image-size-limit BYTES (default: the store's"
+        " size, --image-store-size)",
     }
     hint = hints.get(exc.reason)
     return f"{message}; {hint}" if hint and hint not in message else message

@@ -111,3 +111,17 @@ def test_pull_json(tmp_path: Path, reference: str) -> None:
     answer: dict[str, Any] = json.loads(out)
     assert answer["reference"] == reference and answer["digest"].startswith("sha256:")
     assert answer["python"] is None and answer["skipped"] == ["dev/null"]
+
+
+def test_pull_past_the_size_limit_says_which_flag_raises_it(tmp_path: Path, reference: str) -> None:
+    where = tmp_path / "store"
+    status, out, err = osb(
+        "pull", reference, "--image-store", str(where), "--image-size-limit", "4096"
+    )
+    assert status == OWN_ERROR and out == ""
+    assert "IMAGE_TOO_LARGE: cannot pull" in err and "limit of 4.0 KiB (4096 bytes)" in err
+    assert "--image-size-limit BYTES" in err
+    assert (
+        os.listdir(where / "tmp") == []
+        and osb("images", "--image-store", str(where), "--json")[1] == "[]\n"
+    )

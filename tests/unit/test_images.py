@@ -21,7 +21,15 @@ from osb_sync.local.host.images.execd_image import MACHINES, ExecdImageError, ex
 from osb_sync.local.host.images.pull import Puller, PullError, Source, parse
 from osb_sync.local.host.images.service import ImageService, ImageSettings
 from osb_sync.local.host.images.store import ImageStore
-from osb_sync.local.host.images.unpack import UnpackError, in_range, server_owned, unpack
+from osb_sync.local.host.images.unpack import (
+    SizeLimit,
+    TooLarge,
+    UnpackError,
+    in_range,
+    server_owned,
+    unpack,
+)
+from osb_sync.local.http.exchange import HttpError
 from tests.imagekit import Entry, Image, layer_bytes, snapshot, write_dir_layout
 
 
@@ -223,6 +231,21 @@ def test_a_directory_swapped_for_a_link_leaves_what_the_link_names_alone(
     assert os.readlink(tmp_path / "rootfs" / "a") == str(host)  # kept, as any link
 
 
+def test_an_image_that_unpacks_past_the_limit_is_refused_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 37, row 3: 16 MiB of zeros (a 72 KiB layer) in a store of 4 MiB was unpacked
+    whole: the cap only drove eviction. The default limit is the store's size."""
+    bomb = Image([layer_bytes([Entry("zeros", data=bytes(16 << 20))])])
+    store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "s", bomb), cap=4 << 20)
+    with pytest.raises(PullError) as refused:
+        store.get("reg.example/bomb", {})
+    assert refused.value.reason == "IMAGE_TOO_LARGE"
+    assert "limit of 4.0 MiB (4194304 bytes)" in refused.value.message, refused.value
+    assert "compressed" in refused.value.message
+    assert os.listdir(tmp_path / "store" / "tmp") == [] and store.images() == []
+
+
 def test_device_nodes_are_skipped_and_listed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -248,6 +271,43 @@ def test_device_nodes_are_skipped_and_listed(
     assert "reg.example/debian:12@sha256:" in line and "2 device nodes skipped" in line, line
     assert "dev/console, dev/null" in line and "its own /dev" in line
     assert service.store.images()[0]["skipped"] == ["dev/console", "dev/null"]
+
+
+@pytest.mark.parametrize("floor", [64 << 10, 1 << 30])
+def test_a_decompression_bomb_is_refused_past_the_floor_only(tmp_path: Path, floor: int) -> None:
+    """4 MiB of zeros is a 4 KiB layer (1000:1): refused past a floor of 64 KiB, kept under the
+    default floor of 1 GiB (a layer of zeros is no bomb), both within the size limit."""
+    write_dir_layout(tmp_path / "layout", Image([layer_bytes([Entry("z", data=bytes(4 << 20))])]))
+    limit = SizeLimit(64 << 20, floor=floor)
+    if floor > 4 << 20:
+        assert unpack(tmp_path / "layout", tmp_path / "rootfs", limit=limit).size == 4 << 20
+        return
+    with pytest.raises(TooLarge, match="more than 100 times its compressed size") as refused:
+        unpack(tmp_path / "layout", tmp_path / "rootfs", limit=limit)
+    assert refused.value.unpacked > floor and refused.value.unpacked > 100 * refused.value.packed
+    assert "(65536 bytes) (a decompression bomb)" in str(refused.value)
+
+
+def test_a_file_past_the_limit_is_refused_before_it_is_written(tmp_path: Path) -> None:
+    write_dir_layout(tmp_path / "layout", Image([layer_bytes([Entry("z", data=bytes(1 << 20))])]))
+    with pytest.raises(TooLarge, match=r"limit of 512\.0 KiB \(524288 bytes\): at least 1\.0 MiB"):
+        unpack(tmp_path / "layout", tmp_path / "rootfs", limit=SizeLimit(512 << 10))
+    assert os.listdir(tmp_path / "rootfs") == []  # not even a part of it
+
+
+def test_an_image_past_the_limit_answers_413_with_how_to_raise_it(tmp_path: Path) -> None:
+    bomb = Image([layer_bytes([Entry("zeros", data=bytes(2 << 20))])])
+    settings = ImageSettings(store=tmp_path / "store", limit=1 << 20)
+    service = ImageService(settings, isolated=True, binary=None)
+    service._store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "s", bomb), limit=1 << 20)
+    with pytest.raises(HttpError) as refused:
+        service.launch({"image": {"uri": "reg.example/bomb:1"}})
+    assert refused.value.status == 413
+    assert refused.value.body["code"] == "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
+    message = refused.value.body["message"]
+    assert message.startswith("IMAGE_TOO_LARGE: Failed to pull image reg.example/bomb:1: ")
+    assert "limit of 1.0 MiB (1048576 bytes)" in message and "compressed" in message
+    assert "--image-size-limit BYTES" in message and "image_size_limit=BYTES" in message
 
 
 def test_a_layer_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
@@ -339,7 +399,9 @@ def test_eviction_and_prune_spare_held_images(tmp_path: Path) -> None:
     from osb_sync.local.host.images.store import hold
 
     big = Image([layer_bytes([Entry("f", data=b"x" * 1000)])])
-    store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "s", big), cap=1500)
+    # (a tar is 10 KiB at least: past the cap, the default size limit)
+    store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "s", big), cap=1500, limit=1 << 20)
+
     first, _ = store.get("r.example/a", {})
     fd = hold(first)
     store.puller.image = Image([layer_bytes([Entry("g", data=b"y" * 1000)])])  # type: ignore[attr-defined]

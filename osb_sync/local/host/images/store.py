@@ -20,8 +20,11 @@ files are the server's, see `unpack.server_owned`):
 A cached reference is used without asking its registry again (Docker's `missing` pull
 policy); `get(refresh=True)` (`osb-sync pull`) asks again. Nothing enters `images/` before it
 is complete (a rename from `tmp/`). After a pull the store evicts least recently used images
-no sandbox holds until it is under its cap (default 10 GiB). Layers are not kept once
-unpacked, and two images sharing a layer each hold their own copy of it.
+no sandbox holds until it is under its cap (default 10 GiB). An image may unpack to `limit`
+bytes (default the cap: a larger one could never be kept), and no more than `unpack.RATIO`
+times its compressed size past `unpack.RATIO_FLOOR`: past either, the pull is refused
+(`IMAGE_TOO_LARGE`) and what it unpacked removed. Layers are not kept once unpacked, and two
+images sharing a layer each hold their own copy of it.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import ImageConfig, find_python
-from .pull import Progress, Puller, PullError, Source, parse
-from .unpack import OwnerMap, UnpackError, server_owned, unpack
+from .pull import TOO_LARGE, Progress, Puller, PullError, Source, parse
+from .unpack import OwnerMap, SizeLimit, TooLarge, UnpackError, server_owned, unpack
 
 DEFAULT_CAP = 10 << 30
 REFUSED = "IMAGE_REFUSED"
@@ -105,15 +108,22 @@ class ImageStore:
         puller: runs skopeo.
         cap: bytes of unpacked images kept before least recently used ones go.
         owner: the image's ids to the host's (`unpack.OwnerMap`).
+        limit: bytes one image may unpack to (None: `cap`).
     """
 
     def __init__(
-        self, root: Path, puller: Puller, cap: int = DEFAULT_CAP, owner: OwnerMap = server_owned
+        self,
+        root: Path,
+        puller: Puller,
+        cap: int = DEFAULT_CAP,
+        owner: OwnerMap = server_owned,
+        limit: int | None = None,
     ) -> None:
         self.root = root
         self.puller = puller
         self.cap = cap
         self.owner = owner
+        self.limit = SizeLimit(cap if limit is None else limit)
         self.pulls = 0  # images pulled by this process (tests, figures)
         for folder in (root, root / "images", root / "keys", root / "tmp"):
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -174,7 +184,8 @@ class ImageStore:
         `progress` hears how a pull goes (`pull.Progress`): its download, then its unpack.
 
         Raises:
-            PullError: it cannot be had (the reason says why); nothing of it is left.
+            PullError: it cannot be had (the reason says why: `TOO_LARGE` past `limit`);
+                nothing of it is left.
         """
         try:
             source = parse(uri)
@@ -215,7 +226,9 @@ class ImageStore:
                     progress("unpack", 0, None)
                 rootfs = work / "image" / "rootfs"
                 try:
-                    unpacked = unpack(work / "layout", rootfs, self.owner)
+                    unpacked = unpack(work / "layout", rootfs, self.owner, self.limit)
+                except TooLarge as exc:
+                    raise PullError(TOO_LARGE, f"{source.canonical}: {exc}") from None
                 except UnpackError as exc:
                     raise PullError(REFUSED, f"{source.canonical}: {exc}") from None
                 config = ImageConfig.from_blob(unpacked.config)

@@ -32,6 +32,13 @@ below, an opaque marker (`.wh..wh..opq`) everything its directory had below; ent
 same layer are kept. Set-user and set-group bits are dropped (the files are the server's, see
 `server_owned`); xattrs are not applied.
 
+What an image may cost (`SizeLimit`): its layers' uncompressed bytes (their tar streams, headers
+included: empty files cost inodes) at most `total`, counted as they are read and checked again
+before each file is written; and past `floor` bytes, at most `ratio` bytes per compressed byte
+read (a decompression bomb; below the floor any ratio goes: a layer of zeros compresses
+1000:1). A refusal is `TooLarge`, naming the limit and both sizes; the caller removes the
+partial root (`store.py` does).
+
 Who owns what is one function (`OwnerMap`): the image's uid and gid to the host's, or None to
 leave files to the server. Until sandboxes get a user namespace over a range of host ids, the
 store uses `server_owned` (every file the server's; a sandbox sees them as its root's).
@@ -58,12 +65,72 @@ OPAQUE = ".wh..wh..opq"
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_DEPTH = 512  # components of a member's name (a descriptor each, while its tree is removed)
+RATIO = 100  # unpacked bytes per compressed byte, past RATIO_FLOOR
+RATIO_FLOOR = 1 << 30
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class UnpackError(Exception):
     """An image refused: a digest mismatch, or a layer member named in the message."""
+
+
+class TooLarge(UnpackError):
+    """An image past its `SizeLimit`: `limit`, and the bytes `unpacked` so far from `packed`."""
+
+    def __init__(self, message: str, limit: int, unpacked: int, packed: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.unpacked = unpacked
+        self.packed = packed
+
+
+def size_text(size: int) -> str:
+    """`4.0 MiB (4194304 bytes)`: a size as a person reads it, and exactly."""
+    value = float(size)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit} ({size} bytes)"
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class SizeLimit:
+    """What an image may cost unpacked (see the module docstring).
+
+    Attributes:
+        total: uncompressed bytes of all its layers (tar streams).
+        ratio: past `floor` uncompressed bytes, at most this many per compressed byte.
+        floor: uncompressed bytes below which any ratio goes.
+    """
+
+    total: int
+    ratio: int = RATIO
+    floor: int = RATIO_FLOOR
+
+    def check(self, unpacked: int, packed: int) -> None:
+        """Refuse `unpacked` bytes from `packed` compressed ones past the limit.
+
+        Raises:
+            TooLarge: naming the limit and both sizes.
+        """
+        sizes = f"at least {size_text(unpacked)}, from {size_text(packed)} compressed"
+        if unpacked > self.total:
+            raise TooLarge(
+                f"the image unpacks past the image size limit of {size_text(self.total)}: {sizes}",
+                self.total,
+                unpacked,
+                packed,
+            )
+        if unpacked > self.floor and unpacked > self.ratio * packed:
+            raise TooLarge(
+                f"the image unpacks to more than {self.ratio} times its compressed size past"
+                f" {size_text(self.floor)} (a decompression bomb): {sizes}",
+                self.ratio * packed,
+                unpacked,
+                packed,
+            )
 
 
 def server_owned(uid: int, gid: int) -> tuple[int, int] | None:
@@ -95,16 +162,39 @@ class Unpacked:
     skipped: tuple[str, ...] = ()
 
 
-class _Hashing:
-    """A reader that hashes what goes through it."""
+class _Meter:
+    """The bytes an unpack has read, compressed and not, held to its `SizeLimit`."""
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, limit: SizeLimit | None) -> None:
+        self.limit = limit
+        self.packed = 0
+        self.unpacked = 0
+
+    def read_packed(self, size: int) -> None:
+        self.packed += size
+
+    def read_unpacked(self, size: int) -> None:
+        self.unpacked += size
+        self.check()
+
+    def check(self, ahead: int = 0) -> None:
+        """Refuse (TooLarge) once what was read, and `ahead` bytes more, pass the limit."""
+        if self.limit is not None:
+            self.limit.check(self.unpacked + ahead, self.packed)
+
+
+class _Hashing:
+    """A reader that hashes what goes through it and tells `count` how much."""
+
+    def __init__(self, raw: IO[bytes], count: Callable[[int], None]) -> None:
         self.raw = raw
+        self.count = count
         self.sha = hashlib.sha256()
 
     def read(self, size: int = -1) -> bytes:
         data = self.raw.read(size)
         self.sha.update(data)
+        self.count(len(data))
         return data
 
     def drain(self) -> str:
@@ -151,35 +241,42 @@ def read_manifest(layout: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return manifest, config
 
 
-def unpack(layout: Path, rootfs: Path, owner: OwnerMap = server_owned) -> Unpacked:
+def unpack(
+    layout: Path,
+    rootfs: Path,
+    owner: OwnerMap = server_owned,
+    limit: SizeLimit | None = None,
+) -> Unpacked:
     """Apply every layer of the image in `layout` to the new directory `rootfs`.
 
     Args:
         layout: a `dir:` layout (manifest.json, blobs named by their hex digest).
         rootfs: a directory to make (its parent exists).
         owner: the image's (uid, gid) to the host's, or None to leave them the server's.
+        limit: what the image may cost unpacked (None: no limit).
 
     Raises:
-        UnpackError: a digest mismatch or a refused member (see the module docstring).
-            What was unpacked is left: the caller removes `rootfs`.
+        UnpackError: a digest mismatch or a refused member (see the module docstring);
+            TooLarge past `limit`. What was unpacked is left: the caller removes `rootfs`.
         OSError: the disk said no.
     """
     manifest, config = read_manifest(layout)
     rootfs.mkdir(mode=0o755)
-    writer = _Writer(os.open(rootfs, _DIR), owner)
+    meter = _Meter(limit)
+    writer = _Writer(os.open(rootfs, _DIR), owner, meter)
     try:
         pairs = zip(manifest["layers"], config["rootfs"]["diff_ids"], strict=True)  # checked
         for descriptor, diff_id in pairs:
-            _apply_layer(layout, str(descriptor.get("digest", "")), diff_id, writer)
+            _apply_layer(layout, str(descriptor.get("digest", "")), diff_id, writer, meter)
         writer.finish()
     finally:
         writer.close()
     return Unpacked(config, writer.size, tuple(writer.skipped))
 
 
-def _apply_layer(layout: Path, digest: str, diff_id: str, writer: _Writer) -> None:
+def _apply_layer(layout: Path, digest: str, diff_id: str, writer: _Writer, meter: _Meter) -> None:
     with _blob_path(layout, digest).open("rb") as raw:
-        packed = _Hashing(raw)
+        packed = _Hashing(raw, meter.read_packed)
         magic = raw.read(4)
         raw.seek(0)
         if magic.startswith(ZSTD_MAGIC):
@@ -190,7 +287,7 @@ def _apply_layer(layout: Path, digest: str, diff_id: str, writer: _Writer) -> No
         stream: Any = packed
         if magic.startswith(GZIP_MAGIC):
             stream = gzip.GzipFile(fileobj=cast(IO[bytes], packed), mode="rb")
-        plain = _Hashing(stream)
+        plain = _Hashing(stream, meter.read_unpacked)
         try:
             with tarfile.open(fileobj=plain, mode="r|") as tar:  # type: ignore[call-overload]
                 writer.apply(tar)
@@ -205,9 +302,10 @@ def _apply_layer(layout: Path, digest: str, diff_id: str, writer: _Writer) -> No
 class _Writer:
     """Applies tar members under the root's descriptor `root` (see the module docstring)."""
 
-    def __init__(self, root: int, owner: OwnerMap) -> None:
+    def __init__(self, root: int, owner: OwnerMap, meter: _Meter) -> None:
         self.root = root
         self.owner = owner
+        self.meter = meter
         self.size = 0
         self.skipped: list[str] = []
         self._dirs: dict[str, tuple[int, float, int, int]] = {}  # mode, mtime, uid, gid: set last
@@ -270,6 +368,7 @@ class _Writer:
         self._this_layer.add(rel)
 
     def _file(self, tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str]) -> None:
+        self.meter.check(ahead=member.size)  # before a byte of it is written
         source = tar.extractfile(member)
         fd = os.open(parts[-1], _NEW_FILE, 0o600, dir_fd=self._parent(parts, member.name))
         with os.fdopen(fd, "wb") as out:
