@@ -16,9 +16,10 @@ import pytest
 from osb_sync._constants import DEFAULT_TEMPLATE
 from osb_sync.local.host import options
 from osb_sync.local.host.images import pull
-from osb_sync.local.host.images.config import ImageConfig, find_jupyter, find_python
+from osb_sync.local.host.images.config import ConfigError, ImageConfig, find_jupyter, find_python
 from osb_sync.local.host.images.execd_image import MACHINES, ExecdImageError, execd_from_image
 from osb_sync.local.host.images.pull import Puller, PullError, Source, parse
+from osb_sync.local.host.images.rootfs import confine
 from osb_sync.local.host.images.service import ImageService, ImageSettings
 from osb_sync.local.host.images.store import ImageStore
 from osb_sync.local.host.images.unpack import (
@@ -231,6 +232,29 @@ def test_a_directory_swapped_for_a_link_leaves_what_the_link_names_alone(
     assert os.readlink(tmp_path / "rootfs" / "a") == str(host)  # kept, as any link
 
 
+@pytest.mark.parametrize(
+    ("user", "etc", "missing"),
+    [
+        ("hostonly", "HOST", "passwd"),  # a link to a host directory
+        ("root", "/etc", "passwd"),  # the container's /etc: itself, a loop; never the host's
+        ("0:hostgroup", "HOST", "group"),
+    ],
+)
+def test_the_images_user_is_never_looked_up_on_the_host(
+    tmp_path: Path, user: str, etc: str, missing: str
+) -> None:
+    """Issue 37, row 4: an image whose `etc` links to the host's answered whether a host user
+    exists (only the last component was checked for a link)."""
+    host = tmp_path / "host-etc"
+    host.mkdir()
+    (host / "passwd").write_text("hostonly:x:4242:4242::/:/bin/sh\nroot:x:0:0::/root:/bin/sh\n")
+    (host / "group").write_text("hostgroup:x:4343:\n")
+    target = str(host) if etc == "HOST" else etc
+    root = _unpacked(tmp_path, [Entry("etc", "symlink", target=target)])
+    with pytest.raises(ValueError, match=f"not in its /etc/{missing}"):
+        ImageConfig(user=user).ids(root)
+
+
 def test_an_image_that_unpacks_past_the_limit_is_refused_and_leaves_nothing(
     tmp_path: Path,
 ) -> None:
@@ -308,6 +332,62 @@ def test_an_image_past_the_limit_answers_413_with_how_to_raise_it(tmp_path: Path
     assert message.startswith("IMAGE_TOO_LARGE: Failed to pull image reg.example/bomb:1: ")
     assert "limit of 1.0 MiB (1048576 bytes)" in message and "compressed" in message
     assert "--image-size-limit BYTES" in message and "image_size_limit=BYTES" in message
+
+
+def _root_with_links(root: Path) -> Path:
+    for folder in ("etc", "run", "usr/lib"):
+        (root / folder).mkdir(parents=True)
+    (root / "etc" / "passwd").write_text("")
+    (root / "srv").symlink_to("/oldroot/tmp")  # absolute: from the image's root
+    (root / "var").mkdir()
+    (root / "var" / "run").symlink_to("/run")  # Debian's
+    (root / "opt").symlink_to("../../../usr/lib")  # relative: `..` stops at the root
+    (root / "data").symlink_to("/proc/self/root/oldroot/tmp")
+    (root / "loop").symlink_to("loop")
+    return root
+
+
+def test_confine_gives_bwrap_every_destination_resolved_in_the_image(tmp_path: Path) -> None:
+    """Issue 37, item 5: the destinations of a bwrap argv as the container sees them."""
+    root = _root_with_links(tmp_path / "root")
+    options = ["--unshare-user", "--setenv", "PATH", "--bind", "--bind", str(root), "/"]
+    options += ["--proc", "/proc", "--ro-bind", "/dev/null", "/proc/kcore"]
+    options += ["--tmpfs", "/proc/acpi", "--remount-ro", "/proc/acpi"]
+    options += ["--bind", "/h", "/var/run/osb-execd", "--perms", "0755", "--dir", "/opt/osb-sync"]
+    options += ["--ro-bind-try", "/x", "/srv/x", "--bind", "/v", "/mnt//a/./b/../c"]
+    options += ["--dir", "/../srv/w", "--chdir", "/../srv/w"]
+    assert confine(root, options) == [
+        *options[:12],  # the namespaces, PATH, the root and /proc's, as written
+        *["--tmpfs", "/proc/acpi", "--remount-ro", "/proc/acpi"],
+        *["--bind", "/h", "/run/osb-execd", "--perms", "0755", "--dir", "/usr/lib/osb-sync"],
+        *["--ro-bind-try", "/x", "/oldroot/tmp/x", "--bind", "/v", "/mnt/a/c"],
+        *["--dir", "/oldroot/tmp/w", "--chdir", "/oldroot/tmp/w"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        (["--dir", "/etc/passwd/x"], "/etc/passwd is no directory"),
+        (["--chdir", "/etc/passwd"], "is no directory in the image"),
+        (["--dir", "/loop/x"], "loop of links"),
+        (["--proc", "/proc", "--dir", "/proc/self/root/oldroot/tmp"], "leads below /proc"),
+        (["--proc", "/proc", "--bind", "/h", "/data/x"], "leads below /proc"),
+        (["--tmpfs", "/run", "--ro-bind", "/h", "/var/run/x"], "leads below /run"),
+    ],
+)
+def test_confine_refuses_what_the_image_makes_impossible(
+    tmp_path: Path, options: list[str], problem: str
+) -> None:
+    root = _root_with_links(tmp_path / "root")
+    with pytest.raises(ConfigError, match=problem):
+        confine(root, ["--bind", str(root), "/", *options])
+
+
+@pytest.mark.parametrize("option", ["--symlink", "--bogus"])
+def test_confine_knows_every_option_it_reads(tmp_path: Path, option: str) -> None:
+    with pytest.raises(ValueError, match=f"no rule for the bwrap option '{option}'"):
+        confine(tmp_path, [option, "a", "/b"])
 
 
 def test_a_layer_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
@@ -401,7 +481,6 @@ def test_eviction_and_prune_spare_held_images(tmp_path: Path) -> None:
     big = Image([layer_bytes([Entry("f", data=b"x" * 1000)])])
     # (a tar is 10 KiB at least: past the cap, the default size limit)
     store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "s", big), cap=1500, limit=1 << 20)
-
     first, _ = store.get("r.example/a", {})
     fd = hold(first)
     store.puller.image = Image([layer_bytes([Entry("g", data=b"y" * 1000)])])  # type: ignore[attr-defined]

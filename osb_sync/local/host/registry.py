@@ -32,7 +32,8 @@ from .bwrap import Support, network_plan
 from .capacity import Capacity
 from .container import Launch, SandboxContainer
 from .execd_binary import ExecdBinary
-from .images.service import ImageService
+from .images.config import CONFIG_INVALID, ConfigError
+from .images.service import ImageService, failed
 from .pools import (
     PoolStore,
     check_capacity,
@@ -268,6 +269,8 @@ class Registry:
                 except BaseException:
                     container.close()
                     raise
+        except ConfigError as exc:  # a path of the image's root that cannot be (`rootfs.py`)
+            raise failed(str(body["image"].get("uri")), CONFIG_INVALID, str(exc)) from None
         except (OSError, RuntimeError) as exc:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"

@@ -1,8 +1,15 @@
 """What an image's config asks of its container: Env, WorkingDir, User, Entrypoint and Cmd.
 
 As Docker reads them: `Env` is `NAME=value` lines (PATH defaults to Docker's when the image
-sets none); `WorkingDir` defaults to `/`; `User` is `user[:group]`, each a name (looked up in the
-image's own `/etc/passwd` and `/etc/group`, never the host's) or a number, default root.
+sets none); `WorkingDir` defaults to `/` and is cleaned as Docker cleans it (`clean_path`:
+made absolute, `.`, `..` and repeated slashes taken lexically, `..` stopping at `/`); `User` is
+`user[:group]`, each a name (looked up in the image's own `/etc/passwd` and `/etc/group`, found
+by `resolve_in_root`, never the host's) or a number, default root.
+
+Every path of the image is resolved as the container sees it (`locate`): inside the image's
+root, an absolute link's target from that root, `..` stopping at it, each component checked by
+`lstat` (the store's root is the server's: nothing changes it while it is read). So a link to
+`/etc`, or to a host path, names the image's own files or nothing: never the host's.
 The sandbox's command is OpenSandbox's rule: the create's `entrypoint` replaces the image's
 Entrypoint and Cmd; without one, Entrypoint + Cmd (`effective_entrypoint`).
 
@@ -17,17 +24,27 @@ image's Env, the prefix of its `jupyter` (a venv or conda), `/root/.local`, `/us
 from __future__ import annotations
 
 import os
+import posixpath
 import stat
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 DOCKER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-LINK_HOPS = 40
+LINK_HOPS = 40  # the kernel's limit (MAXSYMLINKS)
+TABLE_LIMIT = 1 << 20  # bytes of /etc/passwd or /etc/group read
+CONFIG_INVALID = "IMAGE_CONFIG_INVALID"
 
 
 class ConfigError(ValueError):
-    """The image's config names something its root does not have (a user, a group)."""
+    """The image's config names something its root does not have (a user, a group), or a
+    path its root makes impossible."""
+
+
+def clean_path(path: str) -> str:
+    """`path` as Docker cleans a WorkingDir: absolute, `.`, `..` and `//` taken lexically."""
+    return "/" + posixpath.normpath("/" + path).lstrip("/")
 
 
 @dataclass(frozen=True)
@@ -52,7 +69,7 @@ class ImageConfig:
         env.setdefault("PATH", DOCKER_PATH)
         return cls(
             env=tuple(env.items()),
-            working_dir=str(config.get("WorkingDir") or "/"),
+            working_dir=clean_path(str(config.get("WorkingDir") or "/")),
             user=str(config.get("User") or ""),
             entrypoint=tuple(str(a) for a in config.get("Entrypoint") or ()),
             cmd=tuple(str(a) for a in config.get("Cmd") or ()),
@@ -76,7 +93,7 @@ class ImageConfig:
         if not self.user:
             return 0, 0
         user, _, group = self.user.partition(":")
-        passwd = _table(rootfs / "etc" / "passwd")
+        passwd = _table(rootfs, "/etc/passwd")
         if user.isdigit():
             uid = int(user)
             gid = next((int(f[3]) for f in passwd if f[2] == user and f[3].isdigit()), uid)
@@ -89,21 +106,103 @@ class ImageConfig:
             if group.isdigit():
                 gid = int(group)
             else:
-                row = next((f for f in _table(rootfs / "etc" / "group") if f[0] == group), None)
+                row = next((f for f in _table(rootfs, "/etc/group") if f[0] == group), None)
                 if row is None or not row[2].isdigit():
                     raise ConfigError(f"the image's group {group!r} is not in its /etc/group")
                 gid = int(row[2])
         return uid, gid
 
 
-def _table(path: Path) -> list[list[str]]:
+def _table(rootfs: Path, path: str) -> list[list[str]]:
+    """The rows of the image's `path` (`/etc/passwd`, `/etc/group`); none where it has none.
+
+    Raises:
+        ConfigError: it is larger than TABLE_LIMIT.
+    """
+    found = resolve_in_root(rootfs, path)
+    if found is None:
+        return []
     try:
-        if os.path.islink(path):
-            return []  # never follow a link of the image on the host
-        text = path.read_text(errors="replace")
+        fd = os.open(rootfs.joinpath(*found.parts[1:]), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return []
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        data = file.read(TABLE_LIMIT + 1)
+    if len(data) > TABLE_LIMIT:
+        raise ConfigError(f"the image's {path} is larger than {TABLE_LIMIT} bytes")
+    text = data.decode(errors="replace")
     return [line.split(":") for line in text.splitlines() if line.count(":") >= 3]
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a container path leads in an image's root (`locate`).
+
+    Attributes:
+        path: the container path it names, without any link or `..` in it.
+        mode: what is there (`lstat`'s st_mode), 0 when nothing is yet or it is below a mount.
+        linked: a link of the image was followed on the way.
+        below: the mount (of those given) it lies below, "" when it is the image's own.
+    """
+
+    path: PurePosixPath
+    mode: int
+    linked: bool
+    below: str
+
+
+def locate(rootfs: Path, path: str, mounts: Collection[str] = ()) -> Located:
+    """Where the container path `path` leads inside `rootfs`, as the container sees it.
+
+    Links are followed inside the root (an absolute target from the root), `..` stops at the
+    root, a missing component is kept with what follows it (bwrap, or the caller, makes them).
+    Below a path of `mounts` (something else is mounted there) nothing of `rootfs` is looked at:
+    the rest is taken as written.
+
+    Raises:
+        ConfigError: a component that is no directory has more after it, or the links loop
+            (past LINK_HOPS), naming `path`.
+    """
+    todo = [part for part in path.split("/") if part not in ("", ".")]
+    done: list[tuple[str, int]] = []  # each component and its mode (0: missing, or unknown)
+    hops, below = 0, ""
+    while todo:
+        part = todo.pop(0)
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        here = "/" + "/".join(name for name, _ in done)
+        below = next((m for m in mounts if here == m or here.startswith(m + "/")), "")
+        if below or (done and not done[-1][1]):
+            done.append((part, 0))  # not the image's, or not made yet: taken as written
+            continue
+        try:
+            mode = os.lstat(rootfs.joinpath(*(name for name, _ in done), part)).st_mode
+        except FileNotFoundError:
+            mode = 0
+        except OSError as exc:
+            raise ConfigError(f"the container path {path!r} cannot be resolved: {exc}") from None
+        if stat.S_ISLNK(mode):
+            hops += 1
+            if hops > LINK_HOPS:
+                raise ConfigError(f"the container path {path!r} leads through a loop of links")
+            target = os.readlink(rootfs.joinpath(*(name for name, _ in done), part))
+            if target.startswith("/"):
+                done = []
+            todo = [p for p in target.split("/") if p not in ("", ".")] + todo
+            continue
+        if mode and not stat.S_ISDIR(mode) and todo:
+            where = "/" + "/".join([*(name for name, _ in done), part])
+            raise ConfigError(
+                f"the container path {path!r} cannot be made in the image: {where} is no directory"
+            )
+        done.append((part, mode))
+    here = "/" + "/".join(name for name, _ in done)
+    below = next((m for m in mounts if here.startswith(m.rstrip("/") + "/")), "")
+    return Located(PurePosixPath(here), done[-1][1] if done else stat.S_IFDIR, hops > 0, below)
 
 
 def resolve_in_root(rootfs: Path, path: str) -> PurePosixPath | None:
@@ -112,33 +211,13 @@ def resolve_in_root(rootfs: Path, path: str) -> PurePosixPath | None:
     Returns:
         The container path of what it names, or None when nothing is there.
     """
-    parts = list(PurePosixPath(path).parts[1:])
-    done: list[str] = []
-    hops = 0
-    while parts:
-        part = parts.pop(0)
-        if part == "..":
-            if done:
-                done.pop()
-            continue
-        if part == ".":
-            continue
-        here = rootfs.joinpath(*done, part)
-        try:
-            mode = os.lstat(here).st_mode
-        except OSError:
-            return None
-        if stat.S_ISLNK(mode):
-            hops += 1
-            if hops > LINK_HOPS:
-                return None
-            target = os.readlink(here)
-            if target.startswith("/"):
-                done = []
-            parts = list(PurePosixPath(target).parts[1 if target.startswith("/") else 0 :]) + parts
-            continue
-        done.append(part)
-    return PurePosixPath("/", *done)
+    try:
+        found = locate(rootfs, path)
+    except ConfigError:
+        return None
+    if not found.mode:
+        return None
+    return found.path
 
 
 def find_python(rootfs: Path, config: ImageConfig) -> str | None:

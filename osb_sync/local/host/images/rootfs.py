@@ -14,6 +14,18 @@ The view (`image_options`) is the image's root as the container's `/`, writable,
 sandbox's volume binds and the image's WorkingDir (its User is execd's to switch to: the
 container's root is the range's root, `bwrap.identity_options`).
 
+bwrap makes every mount point and directory of that view while the host's root is still its
+`/oldroot` and the image's root its `/newroot`, following whatever links it meets: an image's
+`srv -> /oldroot/tmp`, or a WorkingDir of `/../oldroot/tmp/x`, would have it make directories
+on the host, as the range's root. So every destination of the options `image_options` builds
+(read from the list itself, `confine`: a mount added later is covered) is resolved inside the
+image's root as the container sees it (`config.locate`), and bwrap gets a path without a link
+in it, whose missing components it makes in the image's root. Below a mount made earlier in
+the list nothing is the image's: the server's own mounts there (/proc's masks, a volume in a
+volume) are kept as written, and a directory made there or a path an image's link leads there
+is refused (procfs' `/proc/self/root` leads out), as is a path with a file in the middle:
+`IMAGE_CONFIG_INVALID`, naming the path.
+
 The container's main process (relay, claim, liveness: `execd/main.py`) runs on the image's
 python3. An image without one (it then runs the real execd binary) gets the server's own
 interpreter instead (`host_interpreter`): its prefix and the directories of its libraries,
@@ -30,6 +42,7 @@ import ctypes.util
 import functools
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -37,6 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import bwrap
+from .config import ConfigError, locate, resolve_in_root
 from .store import StoredImage
 
 HOST_VIEW = f"{bwrap.OWN_DIR}/host"  # the server's interpreter, for images without python3
@@ -108,7 +122,11 @@ def image_options(
     mounts: Sequence[str] = (),
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The bwrap options of a sandbox running `image` in `layer` (see the module docstring)."""
+    """The bwrap options of a sandbox running `image` in `layer` (see the module docstring).
+
+    Raises:
+        ConfigError: a destination the image's root makes impossible (`confine`).
+    """
     root = layer.root
     options = [
         *bwrap.NAMESPACES,
@@ -133,9 +151,9 @@ def image_options(
         "--dev",
         "/dev",
     ]
-    for name in ("resolv.conf", "hosts"):
-        inside = root / "etc" / name
-        if (root / "etc").is_dir() and not os.path.islink(root / "etc") and not inside.is_symlink():
+    etc = resolve_in_root(root, "/etc")
+    if etc is not None and root.joinpath(*etc.parts[1:]).is_dir():  # (no link left in `etc`)
+        for name in ("resolv.conf", "hosts"):
             options += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     options += ["--bind", str(state), bwrap.EXECD_STATE_DIR]
     # its parent searchable by all (bwrap would make it 0700): an image's User runs it too
@@ -148,7 +166,45 @@ def image_options(
     workdir = image.config.working_dir or "/"
     if workdir != "/":
         options += ["--dir", workdir]  # Docker makes a missing WorkingDir too
-    return [*options, "--chdir", workdir]
+    return confine(root, [*options, "--chdir", workdir])
+
+
+DIRECTORIES = frozenset(("--dir", "--chdir", "--proc", "--dev", "--tmpfs", "--mqueue"))
+KEPT_BELOW_MOUNTS = bwrap.MOUNTS | {"--remount-ro"}  # as written, when written so
+
+
+def confine(root: Path, options: Sequence[str]) -> list[str]:
+    """`options` with each destination resolved inside the image's root `root` (see the
+    module docstring; `bwrap.OPTION_ARGS` says which arguments are destinations).
+
+    Raises:
+        ConfigError: a destination the image makes impossible, named.
+        ValueError: an option bwrap 0.8 does not have, or `--symlink` (a link made there
+            would be followed by what comes after it, unseen here).
+    """
+    out = list(options)
+    mounted: list[str] = []
+    index = 0
+    while index < len(out):
+        name = out[index]
+        if name not in bwrap.OPTION_ARGS or name == "--symlink":
+            raise ValueError(f"confine: no rule for the bwrap option {name!r}")
+        count, place = bwrap.OPTION_ARGS[name]
+        if place is not None:
+            given = out[index + 1 + place]
+            found = locate(root, given, mounted)
+            if found.below and (found.linked or name not in KEPT_BELOW_MOUNTS):
+                raise ConfigError(
+                    f"the container path {given!r} leads below {found.below}, where the"
+                    " server mounts something: the image can make nothing there"
+                )
+            if name in DIRECTORIES and found.mode and not stat.S_ISDIR(found.mode):
+                raise ConfigError(f"the container path {given!r} is no directory in the image")
+            out[index + 1 + place] = str(found.path)
+            if name in bwrap.MOUNTS and found.path.parts[1:]:
+                mounted.append(str(found.path))
+        index += 1 + count
+    return out
 
 
 def main_interpreter(image: StoredImage) -> list[str]:

@@ -34,7 +34,7 @@ from ...http.exchange import HttpError, error
 from ..container import Launch
 from ..execd_binary import ExecdBinary
 from ..options import DEFAULT_HOST_IMAGES
-from .config import ConfigError, find_jupyter
+from .config import CONFIG_INVALID, ConfigError, find_jupyter
 from .execd_image import execd_from_image
 from .pull import TOO_LARGE, Puller, PullError, host_platform
 from .store import DEFAULT_CAP, ImageStore, default_root, skipped_note
@@ -133,7 +133,7 @@ class ImageService:
                 raise failed(uri, exc.reason, exc.message + RAISE_LIMIT, 413) from None
             raise failed(uri, exc.reason, exc.message) from None
         except ConfigError as exc:
-            raise failed(uri, "IMAGE_CONFIG_INVALID", str(exc)) from None
+            raise failed(uri, CONFIG_INVALID, str(exc)) from None
         except OSError as exc:
             raise failed(uri, "IMAGE_PULL_FAILED", f"the store said: {exc}") from None
         if pulled and image.skipped:
