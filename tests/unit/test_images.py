@@ -390,6 +390,21 @@ def test_confine_knows_every_option_it_reads(tmp_path: Path, option: str) -> Non
         confine(tmp_path, [option, "a", "/b"])
 
 
+def test_an_error_of_the_disk_names_the_member(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By descriptor, the kernel's error names only the last component (a server that is not
+    root cannot give files to its range: 'Operation not permitted: fd')."""
+
+    def refused(*args: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "fchown", refused)
+    write_dir_layout(tmp_path / "layout", Image([layer_bytes([Entry("./etc/conf", data=b"")])]))
+    with pytest.raises(PermissionError, match=r"not permitted: layer member '\./etc/conf'"):
+        unpack(tmp_path / "layout", tmp_path / "rootfs", in_range(100000, 100000, 65536))
+
+
 def test_a_layer_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
     write_dir_layout(tmp_path / "layout", Image([layer_bytes([Entry("a", data=b"1")])]))
     manifest = json.loads((tmp_path / "layout" / "manifest.json").read_text())

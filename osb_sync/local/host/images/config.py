@@ -5,13 +5,13 @@ sets none); `WorkingDir` defaults to `/` and is cleaned as Docker cleans it (`cl
 made absolute, `.`, `..` and repeated slashes taken lexically, `..` stopping at `/`); `User` is
 `user[:group]`, each a name (looked up in the image's own `/etc/passwd` and `/etc/group`, found
 by `resolve_in_root`, never the host's) or a number, default root.
+The sandbox's command is OpenSandbox's rule: the create's `entrypoint` replaces the image's
+Entrypoint and Cmd; without one, Entrypoint + Cmd (`effective_entrypoint`).
 
 Every path of the image is resolved as the container sees it (`locate`): inside the image's
 root, an absolute link's target from that root, `..` stopping at it, each component checked by
 `lstat` (the store's root is the server's: nothing changes it while it is read). So a link to
 `/etc`, or to a host path, names the image's own files or nothing: never the host's.
-The sandbox's command is OpenSandbox's rule: the create's `entrypoint` replaces the image's
-Entrypoint and Cmd; without one, Entrypoint + Cmd (`effective_entrypoint`).
 
 `python3` is looked up on the image's PATH inside its root, links resolved inside the root,
 never on the host: execd runs with it. So is `jupyter` (`find_jupyter`), which counts only
@@ -167,7 +167,7 @@ def locate(rootfs: Path, path: str, mounts: Collection[str] = ()) -> Located:
     """
     todo = [part for part in path.split("/") if part not in ("", ".")]
     done: list[tuple[str, int]] = []  # each component and its mode (0: missing, or unknown)
-    hops, below = 0, ""
+    hops = 0
     while todo:
         part = todo.pop(0)
         if part == "..":
@@ -175,9 +175,8 @@ def locate(rootfs: Path, path: str, mounts: Collection[str] = ()) -> Located:
                 done.pop()
             continue
         here = "/" + "/".join(name for name, _ in done)
-        below = next((m for m in mounts if here == m or here.startswith(m + "/")), "")
-        if below or (done and not done[-1][1]):
-            done.append((part, 0))  # not the image's, or not made yet: taken as written
+        if (done and not done[-1][1]) or any(_within(here, m) for m in mounts):
+            done.append((part, 0))  # not made yet, or not the image's: taken as written
             continue
         try:
             mode = os.lstat(rootfs.joinpath(*(name for name, _ in done), part)).st_mode
@@ -201,8 +200,12 @@ def locate(rootfs: Path, path: str, mounts: Collection[str] = ()) -> Located:
             )
         done.append((part, mode))
     here = "/" + "/".join(name for name, _ in done)
-    below = next((m for m in mounts if here.startswith(m.rstrip("/") + "/")), "")
+    below = next((m for m in mounts if here != m and _within(here, m)), "")
     return Located(PurePosixPath(here), done[-1][1] if done else stat.S_IFDIR, hops > 0, below)
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + "/")
 
 
 def resolve_in_root(rootfs: Path, path: str) -> PurePosixPath | None:

@@ -318,25 +318,38 @@ class _Writer:
         os.close(self.root)
 
     def apply(self, tar: tarfile.TarFile) -> None:
+        """Apply one layer's members.
+
+        Raises:
+            UnpackError: a refused member.
+            OSError: the disk said no (the member named: by descriptor, the kernel's error
+                names only the last component).
+        """
         self._this_layer = set()
         for member in tar:
-            parts = _parts(member.name)
-            if not parts:
-                if member.isdir():
-                    self._dirs[""] = (member.mode, member.mtime, member.uid, member.gid)
-                continue
-            self._parent(parts, member.name)  # every parent a directory of the root, made
-            base = parts[-1]
-            if base == OPAQUE:
-                self._opaque(parts[:-1])
-            elif base.startswith(WHITEOUT):
-                hidden = base[len(WHITEOUT) :]
-                if hidden in ("", ".", ".."):
-                    raise UnpackError(f"whiteout {member.name!r} names {hidden!r}")
-                if "/".join([*parts[:-1], hidden]) not in self._this_layer:
-                    self._remove([*parts[:-1], hidden])
-            else:
-                self._member(tar, member, parts)
+            try:
+                self._apply(tar, member)
+            except OSError as exc:
+                raise OSError(exc.errno, f"{exc.strerror}: layer member {member.name!r}") from None
+
+    def _apply(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        parts = _parts(member.name)
+        if not parts:
+            if member.isdir():
+                self._dirs[""] = (member.mode, member.mtime, member.uid, member.gid)
+            return
+        self._parent(parts, member.name)  # every parent a directory of the root, made
+        base = parts[-1]
+        if base == OPAQUE:
+            self._opaque(parts[:-1])
+        elif base.startswith(WHITEOUT):
+            hidden = base[len(WHITEOUT) :]
+            if hidden in ("", ".", ".."):
+                raise UnpackError(f"whiteout {member.name!r} names {hidden!r}")
+            if "/".join([*parts[:-1], hidden]) not in self._this_layer:
+                self._remove([*parts[:-1], hidden])
+        else:
+            self._member(tar, member, parts)
 
     def _member(self, tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str]) -> None:
         rel, base = "/".join(parts), parts[-1]
