@@ -270,6 +270,14 @@ def test_an_image_that_unpacks_past_the_limit_is_refused_and_leaves_nothing(
     assert os.listdir(tmp_path / "store" / "tmp") == [] and store.images() == []
 
 
+def test_a_store_of_size_0_keeps_the_default_limit(tmp_path: Path) -> None:
+    """A cap of 0 keeps only the images sandboxes run: it pulls them still."""
+    small = Image([layer_bytes([Entry("usr/bin/python3", data=b"", mode=0o755)])])
+    store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "s", small), cap=0)
+    assert store.limit.total == 10 << 30
+    assert store.get("reg.example/small", {})[0].python == "/usr/bin/python3"
+
+
 def test_device_nodes_are_skipped_and_listed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -386,104 +386,23 @@ _BINDS = ("--bind", "--ro-bind", "--ro-bind-try")
 # index) is a path in the container where bwrap makes or mounts something, None for none.
 # `rootfs.confine` reads an image sandbox's options with it. After a `MOUNTS` option, what is
 # below its destination is no longer the root's.
+_BIND_MOUNTS = """--bind --bind-try --dev-bind --dev-bind-try --ro-bind --ro-bind-try --bind-fd
+    --ro-bind-fd --bind-data --ro-bind-data""".split()
+_NEW_MOUNTS = ["--proc", "--dev", "--tmpfs", "--mqueue"]
+MOUNTS = frozenset((*_BIND_MOUNTS, *_NEW_MOUNTS))
+_FLAGS = """--unshare-all --share-net --unshare-user --unshare-user-try --unshare-ipc --unshare-pid
+    --unshare-net --unshare-uts --unshare-cgroup --unshare-cgroup-try --disable-userns
+    --assert-userns-disabled --clearenv --new-session --die-with-parent --as-pid-1""".split()
+_VALUED = """--userns --userns2 --pidns --uid --gid --hostname --unsetenv --sync-fd --exec-label
+    --file-label --seccomp --add-seccomp-fd --block-fd --userns-block-fd --info-fd
+    --json-status-fd --cap-add --cap-drop --perms --size""".split()
 OPTION_ARGS: dict[str, tuple[int, int | None]] = {
-    **dict.fromkeys(
-        (
-            "--unshare-all",
-            "--share-net",
-            "--unshare-user",
-            "--unshare-user-try",
-            "--unshare-ipc",
-            "--unshare-pid",
-            "--unshare-net",
-            "--unshare-uts",
-            "--unshare-cgroup",
-            "--unshare-cgroup-try",
-            "--disable-userns",
-            "--assert-userns-disabled",
-            "--clearenv",
-            "--new-session",
-            "--die-with-parent",
-            "--as-pid-1",
-        ),
-        (0, None),
-    ),
-    **dict.fromkeys(
-        (
-            "--userns",
-            "--userns2",
-            "--pidns",
-            "--uid",
-            "--gid",
-            "--hostname",
-            "--unsetenv",
-            "--sync-fd",
-            "--exec-label",
-            "--file-label",
-            "--seccomp",
-            "--add-seccomp-fd",
-            "--block-fd",
-            "--userns-block-fd",
-            "--info-fd",
-            "--json-status-fd",
-            "--cap-add",
-            "--cap-drop",
-            "--perms",
-            "--size",
-        ),
-        (1, None),
-    ),
+    **dict.fromkeys(_FLAGS, (0, None)),
+    **dict.fromkeys(_VALUED, (1, None)),
     "--setenv": (2, None),
-    **dict.fromkeys(
-        (
-            "--chdir",
-            "--lock-file",
-            "--remount-ro",
-            "--proc",
-            "--dev",
-            "--tmpfs",
-            "--mqueue",
-            "--dir",
-        ),
-        (1, 0),
-    ),
-    **dict.fromkeys(
-        (
-            "--bind",
-            "--bind-try",
-            "--dev-bind",
-            "--dev-bind-try",
-            "--ro-bind",
-            "--ro-bind-try",
-            "--bind-fd",
-            "--ro-bind-fd",
-            "--file",
-            "--bind-data",
-            "--ro-bind-data",
-            "--symlink",
-            "--chmod",
-        ),
-        (2, 1),
-    ),
+    **dict.fromkeys((*_NEW_MOUNTS, "--chdir", "--lock-file", "--remount-ro", "--dir"), (1, 0)),
+    **dict.fromkeys((*_BIND_MOUNTS, "--file", "--symlink", "--chmod"), (2, 1)),
 }
-MOUNTS = frozenset(
-    (
-        "--bind",
-        "--bind-try",
-        "--dev-bind",
-        "--dev-bind-try",
-        "--ro-bind",
-        "--ro-bind-try",
-        "--bind-fd",
-        "--ro-bind-fd",
-        "--bind-data",
-        "--ro-bind-data",
-        "--proc",
-        "--dev",
-        "--tmpfs",
-        "--mqueue",
-    )
-)
 
 
 def reachable(path: str, ids: identity.IdRange | None = None) -> bool:

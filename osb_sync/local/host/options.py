@@ -286,7 +286,7 @@ IMAGE_SIZE_LIMIT: Option[int | None] = Option(
     None,
     "bytes one image may unpack to (its layers uncompressed); a larger one fails the create with"
     " 413 `IMAGE_TOO_LARGE` and leaves nothing (default: `image_store_size`, since the store"
-    " could never keep a larger one).",
+    " could never keep a larger one; 10 GiB when that is 0).",
     flag="--image-size-limit",
     help="bytes one image may unpack to (default: --image-store-size)",
     check=lambda value: None if value is None or value > 0 else "must be 1 or more",

@@ -21,7 +21,8 @@ A cached reference is used without asking its registry again (Docker's `missing`
 policy); `get(refresh=True)` (`osb-sync pull`) asks again. Nothing enters `images/` before it
 is complete (a rename from `tmp/`). After a pull the store evicts least recently used images
 no sandbox holds until it is under its cap (default 10 GiB). An image may unpack to `limit`
-bytes (default the cap: a larger one could never be kept), and no more than `unpack.RATIO`
+bytes (default the cap, since a larger one could never be kept; 10 GiB for a cap of 0, which
+keeps only the images sandboxes run), and no more than `unpack.RATIO`
 times its compressed size past `unpack.RATIO_FLOOR`: past either, the pull is refused
 (`IMAGE_TOO_LARGE`) and what it unpacked removed. Layers are not kept once unpacked, and two
 images sharing a layer each hold their own copy of it.
@@ -108,7 +109,8 @@ class ImageStore:
         puller: runs skopeo.
         cap: bytes of unpacked images kept before least recently used ones go.
         owner: the image's ids to the host's (`unpack.OwnerMap`).
-        limit: bytes one image may unpack to (None: `cap`).
+        limit: bytes one image may unpack to (None: `cap`, or DEFAULT_CAP for a cap of 0,
+            which keeps no image that no sandbox runs).
     """
 
     def __init__(
@@ -123,7 +125,7 @@ class ImageStore:
         self.puller = puller
         self.cap = cap
         self.owner = owner
-        self.limit = SizeLimit(cap if limit is None else limit)
+        self.limit = SizeLimit(limit if limit is not None else cap or DEFAULT_CAP)
         self.pulls = 0  # images pulled by this process (tests, figures)
         for folder in (root, root / "images", root / "keys", root / "tmp"):
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ config's `rootfs.diff_ids` each uncompressed layer's; a mismatch refuses the ima
 A layer is a tar stream applied in order (gzip or plain; zstd is refused with what to do).
 
 Nothing is done by path. The root is opened once; every member is made under the descriptor
-of its parent directory, reached from the root's one component at a time with
+of its parent directory, reached from the root one component at a time with
 `O_NOFOLLOW | O_DIRECTORY` (`_Writer._open`), so a link or a file on the way is never followed,
 whatever an earlier member or layer made of that path. The member is made by name in that
 descriptor (`mkdirat`, `openat` with `O_EXCL | O_NOFOLLOW`, `symlinkat`, `linkat`, `mkfifoat`),
