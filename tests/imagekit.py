@@ -88,6 +88,7 @@ class Entry:
     data: bytes = b""
     target: str = ""
     mode: int = 0o644
+    pax: dict[str, str] = field(default_factory=dict)  # its pax header's records, as given
 
 
 def layer_bytes(entries: Iterable[Entry]) -> bytes:
@@ -108,12 +109,22 @@ def layer_bytes(entries: Iterable[Entry]) -> bytes:
             }
             info.type = types[entry.kind]
             info.linkname = entry.target
+            info.pax_headers = dict(entry.pax)
             if entry.kind == "file":
                 info.size = len(entry.data)
                 tar.addfile(info, io.BytesIO(entry.data))
             else:
                 tar.addfile(info)
     return buffer.getvalue()
+
+
+def extended_header(body: bytes, kind: bytes = tarfile.XHDTYPE) -> bytes:
+    """A tar header of type `kind` (pax's `x` or `g`, GNU's long name `L`) holding `body`, of
+    any content and size, padded: to put before the members of a `layer_bytes` tar."""
+    pax = kind in (tarfile.XHDTYPE, tarfile.XGLTYPE)
+    info = tarfile.TarInfo("././@PaxHeader" if pax else "././@LongLink")
+    info.type, info.size = kind, len(body)
+    return info.tobuf(format=tarfile.USTAR_FORMAT) + body + bytes(-len(body) % tarfile.BLOCKSIZE)
 
 
 @dataclass

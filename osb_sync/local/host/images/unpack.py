@@ -24,8 +24,10 @@ What is refused (`UnpackError`, the member named), since it could reach outside 
 the host: an absolute or `..` member name, or one deeper than `MAX_DEPTH`; a member whose parent
 is a symbolic link (writing through a link, wherever it points: real layers never need it, the
 kernel writes what the overlay below saw); a hard link whose target is absolute, has `..`, or
-is not a file of the root; a whiteout of `.` or `..`. Character and block devices are skipped
-(`Unpacked.skipped`), as rootless Podman skips them: bwrap gives every sandbox its own `/dev`.
+is not a file of the root; a whiteout of `.` or `..`; a NUL byte in a name or link, a time past
+`MTIME_LIMIT`, a header tarfile cannot read (typed: never tarfile's ValueError). Character and
+block devices are skipped (`Unpacked.skipped`), as rootless Podman skips them: bwrap gives every
+sandbox its own `/dev`.
 Symbolic links are kept as they are (an absolute target is the container's, resolved inside
 its root; the host never follows them here). Whiteouts (`.wh.NAME`) delete NAME of the layers
 below, an opaque marker (`.wh..wh..opq`) everything its directory had below; entries of the
@@ -37,7 +39,9 @@ included: empty files cost inodes) at most `total`, counted as they are read and
 before each file is written; and past `floor` bytes, at most `ratio` bytes per compressed byte
 read (a decompression bomb; below the floor any ratio goes: a layer of zeros compresses
 1000:1). A refusal is `TooLarge`, naming the limit and both sizes; the caller removes the
-partial root (`store.py` does).
+partial root (`store.py` does). The server's memory does not grow with a layer's size: tarfile
+reads a member's headers (pax, GNU long names, a sparse map) whole, so they may take
+`HEADER_LIMIT` bytes of the stream; the members it keeps are dropped as they are applied.
 
 Who owns what is one function (`OwnerMap`): the image's uid and gid to the host's, or None to
 leave files to the server. Until sandboxes get a user namespace over a range of host ids, the
@@ -49,11 +53,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
 import shutil
 import stat
 import tarfile
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
@@ -67,6 +74,13 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_DEPTH = 512  # components of a member's name (a descriptor each, while its tree is removed)
 RATIO = 100  # unpacked bytes per compressed byte, past RATIO_FLOOR
 RATIO_FLOOR = 1 << 30
+# Bytes of the stream tarfile may read for one member's headers (tar, pax, GNU long names, a
+# sparse map): it reads each whole, and CPython before 3.10.15, 3.11.10 and 3.12.6 parses a pax
+# header in time quadratic in its size (CVE-2024-6232; 32 KiB: about 1 s there). Real headers
+# take under 9 KiB (two PATH_MAX names); Go's reader allows 1 MiB.
+HEADER_LIMIT = 32 << 10
+MTIME_LIMIT = 1 << 40  # seconds either side of 1970 (the year 36812)
+GLOBAL_KEYS = 64  # records of pax global headers, which tarfile copies into every member
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -184,17 +198,26 @@ class _Meter:
 
 
 class _Hashing:
-    """A reader that hashes what goes through it and tells `count` how much."""
+    """A reader that hashes what goes through it and tells `count` how much; while `window`
+    is set, it refuses to give more than that many bytes (`_members`)."""
 
     def __init__(self, raw: IO[bytes], count: Callable[[int], None]) -> None:
         self.raw = raw
         self.count = count
         self.sha = hashlib.sha256()
+        self.window: int | None = None
 
     def read(self, size: int = -1) -> bytes:
         data = self.raw.read(size)
         self.sha.update(data)
         self.count(len(data))
+        if self.window is not None:
+            self.window -= len(data)
+            if self.window < 0:
+                raise UnpackError(
+                    f"a layer member's headers take more than {size_text(HEADER_LIMIT)} of"
+                    " its stream (pax or GNU long-name headers, or a sparse map)"
+                )
         return data
 
     def drain(self) -> str:
@@ -289,14 +312,47 @@ def _apply_layer(layout: Path, digest: str, diff_id: str, writer: _Writer, meter
             stream = gzip.GzipFile(fileobj=cast(IO[bytes], packed), mode="rb")
         plain = _Hashing(stream, meter.read_unpacked)
         try:
-            with tarfile.open(fileobj=plain, mode="r|") as tar:  # type: ignore[call-overload]
-                writer.apply(tar)
-        except (tarfile.TarError, EOFError, gzip.BadGzipFile) as exc:
+            with _headers(plain):  # tarfile.open reads the first member
+                tar = tarfile.open(fileobj=plain, mode="r|")  # type: ignore[call-overload]
+            with tar:
+                writer.apply(tar, _members(tar, plain))
+        except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise UnpackError(f"layer {digest} is not a tar stream: {exc}") from None
         if plain.drain() != diff_id:
             raise UnpackError(f"layer {digest} does not match its diff_id {diff_id}")
         if packed.drain() != digest:
             raise UnpackError(f"layer {digest} does not match its digest")
+
+
+@contextmanager
+def _headers(plain: _Hashing) -> Iterator[None]:
+    """While tarfile reads a member's headers: at most `HEADER_LIMIT` bytes of `plain`, and
+    its errors of a number it reads (a pax or sparse field) are the member's."""
+    plain.window = HEADER_LIMIT
+    try:
+        yield
+    except ValueError as exc:
+        raise UnpackError(f"a layer member's header is malformed: {exc}") from None
+    finally:
+        plain.window = None
+
+
+def _members(tar: tarfile.TarFile, plain: _Hashing) -> Iterator[tarfile.TarInfo]:
+    """The members of a layer read in stream mode, each once, none kept.
+
+    tarfile reads a member's headers whole (`_headers` bounds them), keeps every member it
+    read in `members` (cleared here: a layer's millions of members would stay in memory), and
+    copies its pax global records into each member (a few are allowed).
+    """
+    while True:
+        with _headers(plain):
+            member = tar.next()
+        cast(Any, tar).members.clear()  # (not in typeshed; an attribute of every CPython's)
+        if member is None:
+            return
+        if len(tar.pax_headers) > GLOBAL_KEYS:
+            raise UnpackError(f"a layer has more than {GLOBAL_KEYS} pax global records")
+        yield member
 
 
 class _Writer:
@@ -317,8 +373,8 @@ class _Writer:
         self._forget()
         os.close(self.root)
 
-    def apply(self, tar: tarfile.TarFile) -> None:
-        """Apply one layer's members.
+    def apply(self, tar: tarfile.TarFile, members: Iterable[tarfile.TarInfo]) -> None:
+        """Apply one layer's `members` (`_members` of `tar`).
 
         Raises:
             UnpackError: a refused member.
@@ -326,13 +382,14 @@ class _Writer:
                 names only the last component).
         """
         self._this_layer = set()
-        for member in tar:
+        for member in members:
             try:
                 self._apply(tar, member)
             except OSError as exc:
                 raise OSError(exc.errno, f"{exc.strerror}: layer member {member.name!r}") from None
 
     def _apply(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        _check_fields(member)
         parts = _parts(member.name)
         if not parts:
             if member.isdir():
@@ -526,6 +583,15 @@ class _Writer:
                     os.utime(fd, (mtime, mtime))
             finally:
                 os.close(fd)
+
+
+def _check_fields(member: tarfile.TarInfo) -> None:
+    """Refuse what no file system takes from a member's header: a NUL in its name or link, a
+    time no file can have."""
+    if "\0" in member.name or "\0" in member.linkname:
+        raise UnpackError(f"layer member {member.name!r} has a NUL byte in its name or link")
+    if not math.isfinite(member.mtime) or abs(member.mtime) >= MTIME_LIMIT:
+        raise UnpackError(f"layer member {member.name!r} has the time {member.mtime!r}")
 
 
 def _parts(name: str) -> list[str]:
