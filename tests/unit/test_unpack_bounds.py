@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from osb_sync.local.host.images.unpack import UnpackError, unpack
+from osb_sync.local.host.images.unpack import SizeLimit, TooLarge, UnpackError, unpack
 from tests.imagekit import Entry, Image, extended_header, layer_bytes, write_dir_layout
 
 
@@ -96,3 +96,74 @@ def test_a_malformed_header_is_refused_with_the_members_name(
     OverflowError of a time: each was a 500 UNKNOWN_ERROR with a traceback in the log."""
     with pytest.raises(UnpackError, match=says):
         _unpack(tmp_path, layer_bytes([entry]))
+
+
+def _sparse(name: str, size: int, regions: str = "0,0", data: bytes = b"") -> Entry:
+    """A pax 0.1 sparse member: `size` bytes, `data` at the places `regions` gives."""
+    return Entry(name, data=data, pax={"GNU.sparse.map": regions, "GNU.sparse.size": str(size)})
+
+
+def _on_disk(root: Path) -> int:
+    """The bytes the files and directories under `root` take (their blocks)."""
+    return sum(p.lstat().st_blocks * 512 for p in root.rglob("*"))
+
+
+def test_sparse_members_count_what_they_write(tmp_path: Path) -> None:
+    """Finding 4: four 48 MiB sparse members in a 708-byte layout passed a 64 MiB limit (the
+    meter counted the stream, which a hole does not advance) and wrote 192 MiB."""
+    layer = layer_bytes([_sparse(f"f{i}", 48 << 20) for i in range(4)])
+    with pytest.raises(TooLarge, match=r"limit of 64\.0 MiB") as refused:
+        _unpack(tmp_path, layer, limit=SizeLimit(64 << 20))
+    assert refused.value.unpacked == 96 << 20  # refused before the second was written
+    assert _on_disk(tmp_path / "rootfs") <= 64 << 20
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        _sparse("neg", -(1 << 40)),  # recorded as the image's size: eviction never ran again
+        _sparse("past", 10, "0,100"),
+        _sparse("back", 20, "0,10,5,10"),
+        _sparse("minus", 20, "-5,1"),
+    ],
+    ids=["negative-size", "past-its-size", "overlapping", "negative-offset"],
+)
+def test_an_impossible_size_or_sparse_map_is_refused(tmp_path: Path, entry: Entry) -> None:
+    with pytest.raises(UnpackError, match=f"layer member '{entry.name}' has"):
+        _unpack(tmp_path, layer_bytes([entry]))
+
+
+def test_every_entry_costs_a_block_at_least(tmp_path: Path) -> None:
+    """Finding 8: 20 000 empty directories cost 8 times on disk what the limit counted (their
+    512-byte headers), and the image's size was recorded as 0."""
+    layer = layer_bytes([Entry(f"d{i}", "dir", mode=0o755) for i in range(600)])
+    assert len(layer) < 1 << 20
+    with pytest.raises(TooLarge, match=r"limit of 1\.0 MiB"):
+        _unpack(tmp_path, layer, limit=SizeLimit(1 << 20))
+
+
+def test_the_recorded_size_is_what_the_image_takes_on_disk(tmp_path: Path) -> None:
+    """Each file in whole blocks, each directory, link and fifo a block (hard links too: a
+    directory entry); implicit parents count."""
+    entries = [
+        Entry("big", data=b"x" * 5000),
+        Entry("empty"),
+        Entry("d", "dir"),
+        Entry("l", "symlink", target="big"),
+        Entry("h", "link", target="big"),
+        Entry("p", "fifo"),
+        Entry("implicit/f", data=b"x"),
+        _sparse("sparse", 9000, "8000,1000", b"y" * 1000),
+    ]
+    unpacked = _unpack(tmp_path, layer_bytes(entries))
+    assert unpacked.size == 8192 + 5 * 4096 + 2 * 4096 + 12288
+    assert unpacked.size >= _on_disk(tmp_path / "rootfs")
+    assert (tmp_path / "rootfs" / "sparse").read_bytes() == bytes(8000) + b"y" * 1000
+
+
+def test_device_nodes_are_skipped_up_to_a_number(tmp_path: Path) -> None:
+    """Each name is kept (image.json, the log): a layer of millions would be read at every
+    `images()`."""
+    assert len(_unpack(tmp_path, layer_bytes([Entry("dev/n", "chardev")] * 3)).skipped) == 3
+    with pytest.raises(UnpackError, match="is past 1024 device nodes"):
+        _unpack(tmp_path / "many", layer_bytes([Entry(f"n{i}", "chardev") for i in range(1025)]))

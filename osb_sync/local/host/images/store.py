@@ -67,7 +67,7 @@ class StoredImage:
     path: Path
     config: ImageConfig
     python: str | None  # the container path of its python3, None without one
-    size: int
+    size: int  # bytes it takes on disk, at most (`unpack.Unpacked.size`)
     skipped: tuple[str, ...] = ()  # its device nodes, not made (`unpack.py`)
 
     @property

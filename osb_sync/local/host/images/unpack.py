@@ -34,14 +34,18 @@ below, an opaque marker (`.wh..wh..opq`) everything its directory had below; ent
 same layer are kept. Set-user and set-group bits are dropped (the files are the server's, see
 `server_owned`); xattrs are not applied.
 
-What an image may cost (`SizeLimit`): its layers' uncompressed bytes (their tar streams, headers
-included: empty files cost inodes) at most `total`, counted as they are read and checked again
-before each file is written; and past `floor` bytes, at most `ratio` bytes per compressed byte
-read (a decompression bomb; below the floor any ratio goes: a layer of zeros compresses
-1000:1). A refusal is `TooLarge`, naming the limit and both sizes; the caller removes the
-partial root (`store.py` does). The server's memory does not grow with a layer's size: tarfile
-reads a member's headers (pax, GNU long names, a sparse map) whole, so they may take
-`HEADER_LIMIT` bytes of the stream; the members it keeps are dropped as they are applied.
+What an image may cost (`SizeLimit`): at most `total` bytes, the larger of its layers'
+uncompressed bytes (their tar streams, headers included), counted as they are read, and what its
+entries take on disk, counted before each is made: every entry a `BLOCK` at least (an inode, a
+directory's block: that is also a cap on inodes, `total / BLOCK`), a file its size in whole
+blocks, a sparse one its whole size (it is written whole). And past `floor` bytes, at most
+`ratio` bytes per compressed byte read (a decompression bomb; below the floor any ratio goes: a
+layer of zeros compresses 1000:1). A refusal is `TooLarge`, naming the limit and both sizes; the
+caller removes the partial root (`store.py` does). A negative size, a sparse map that leaves its
+file and more than `DEVICE_NODES` device nodes are refused too. The server's memory does not
+grow with a layer's size: tarfile reads a member's headers (pax, GNU long names, a sparse map)
+whole, so they may take `HEADER_LIMIT` bytes of the stream; the members it keeps are dropped as
+they are applied.
 
 Who owns what is one function (`OwnerMap`): the image's uid and gid to the host's, or None to
 leave files to the server. Until sandboxes get a user namespace over a range of host ids, the
@@ -79,6 +83,8 @@ RATIO_FLOOR = 1 << 30
 # header in time quadratic in its size (CVE-2024-6232; 32 KiB: about 1 s there). Real headers
 # take under 9 KiB (two PATH_MAX names); Go's reader allows 1 MiB.
 HEADER_LIMIT = 32 << 10
+BLOCK = 4096  # a file system's block: what an entry costs at least (`entry_cost`)
+DEVICE_NODES = 1024  # skipped and listed; a root file system has a few dozen
 MTIME_LIMIT = 1 << 40  # seconds either side of 1970 (the year 36812)
 GLOBAL_KEYS = 64  # records of pax global headers, which tarfile copies into every member
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -114,7 +120,7 @@ class SizeLimit:
     """What an image may cost unpacked (see the module docstring).
 
     Attributes:
-        total: uncompressed bytes of all its layers (tar streams).
+        total: bytes of all its layers, uncompressed (tar streams) and on disk.
         ratio: past `floor` uncompressed bytes, at most this many per compressed byte.
         floor: uncompressed bytes below which any ratio goes.
     """
@@ -168,8 +174,9 @@ def in_range(uid: int, gid: int, count: int) -> OwnerMap:
 
 @dataclass(frozen=True)
 class Unpacked:
-    """What an unpack gives: the image's config (the whole blob), the bytes of the files
-    written, and the device nodes skipped (their names in the image)."""
+    """What an unpack gives: the image's config (the whole blob), the bytes it takes on disk
+    (what it was charged: see the module docstring), and the device nodes skipped (their names
+    in the image)."""
 
     config: dict[str, Any]
     size: int
@@ -177,24 +184,41 @@ class Unpacked:
 
 
 class _Meter:
-    """The bytes an unpack has read, compressed and not, held to its `SizeLimit`."""
+    """What an unpack has read, compressed and not, and what it has made (`cost`: the bytes
+    its entries take on disk, see `entry_cost`), held to its `SizeLimit`."""
 
     def __init__(self, limit: SizeLimit | None) -> None:
         self.limit = limit
         self.packed = 0
-        self.unpacked = 0
+        self.read = 0
+        self.cost = 0
+
+    @property
+    def unpacked(self) -> int:
+        """The larger of what was read and what was made."""
+        return max(self.read, self.cost)
 
     def read_packed(self, size: int) -> None:
         self.packed += size
 
     def read_unpacked(self, size: int) -> None:
-        self.unpacked += size
+        self.read += size
         self.check()
 
-    def check(self, ahead: int = 0) -> None:
-        """Refuse (TooLarge) once what was read, and `ahead` bytes more, pass the limit."""
+    def charge(self, cost: int) -> None:
+        """Count `cost` bytes made, refusing (TooLarge) before they are made past the limit."""
+        self.cost += cost
+        self.check()
+
+    def check(self) -> None:
         if self.limit is not None:
-            self.limit.check(self.unpacked + ahead, self.packed)
+            self.limit.check(self.unpacked, self.packed)
+
+
+def entry_cost(size: int = 0) -> int:
+    """What an entry of `size` bytes takes on disk, at most: its size in whole `BLOCK`s, and a
+    block at least (an empty file, a link or a directory: an inode, a directory's block)."""
+    return max(BLOCK, -(-size // BLOCK) * BLOCK)
 
 
 class _Hashing:
@@ -294,7 +318,7 @@ def unpack(
         writer.finish()
     finally:
         writer.close()
-    return Unpacked(config, writer.size, tuple(writer.skipped))
+    return Unpacked(config, meter.cost, tuple(writer.skipped))
 
 
 def _apply_layer(layout: Path, digest: str, diff_id: str, writer: _Writer, meter: _Meter) -> None:
@@ -362,7 +386,6 @@ class _Writer:
         self.root = root
         self.owner = owner
         self.meter = meter
-        self.size = 0
         self.skipped: list[str] = []
         self._dirs: dict[str, tuple[int, float, int, int]] = {}  # mode, mtime, uid, gid: set last
         self._this_layer: set[str] = set()
@@ -411,15 +434,21 @@ class _Writer:
     def _member(self, tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str]) -> None:
         rel, base = "/".join(parts), parts[-1]
         if member.ischr() or member.isblk():
+            if len(self.skipped) >= DEVICE_NODES:
+                raise UnpackError(
+                    f"layer member {member.name!r} is past {DEVICE_NODES} device nodes"
+                )
             self.skipped.append(rel)  # bwrap makes each sandbox's /dev
             return
         if member.isdir():
             if not stat.S_ISDIR(_mode_at(self._parent(parts, member.name), base)):
                 self._remove(parts)
+                self.meter.charge(entry_cost())
                 os.mkdir(base, 0o700, dir_fd=self._parent(parts, member.name))
             self._dirs[rel] = (member.mode, member.mtime, member.uid, member.gid)
         else:
             self._remove(parts)
+            self.meter.charge(entry_cost(member.size if _is_file(member) else 0))
             if member.islnk():
                 self._link(member, parts)
             elif member.issym() or member.isfifo():
@@ -438,7 +467,6 @@ class _Writer:
         self._this_layer.add(rel)
 
     def _file(self, tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str]) -> None:
-        self.meter.check(ahead=member.size)  # before a byte of it is written
         source = tar.extractfile(member)
         fd = os.open(parts[-1], _NEW_FILE, 0o600, dir_fd=self._parent(parts, member.name))
         with os.fdopen(fd, "wb") as out:
@@ -450,7 +478,6 @@ class _Writer:
                 os.fchown(fd, *mapped)
             os.fchmod(fd, member.mode & 0o1777)
             os.utime(fd, (member.mtime, member.mtime))
-        self.size += member.size
 
     def _link(self, member: tarfile.TarInfo, parts: list[str]) -> None:
         """A hard link to a file (or link) of the root, each end under its parent's descriptor."""
@@ -514,6 +541,7 @@ class _Writer:
                 except FileNotFoundError:
                     if not make:
                         raise
+                    self.meter.charge(entry_cost())
                     os.mkdir(part, 0o755, dir_fd=fd)
                     self._dirs.setdefault("/".join(parts[:depth]), (0o755, 0.0, 0, 0))  # Docker's
                     inner = os.open(part, _DIR, dir_fd=fd)
@@ -592,6 +620,23 @@ def _check_fields(member: tarfile.TarInfo) -> None:
         raise UnpackError(f"layer member {member.name!r} has a NUL byte in its name or link")
     if not math.isfinite(member.mtime) or abs(member.mtime) >= MTIME_LIMIT:
         raise UnpackError(f"layer member {member.name!r} has the time {member.mtime!r}")
+    if member.size < 0:
+        raise UnpackError(f"layer member {member.name!r} has the size {member.size}")
+    regions = cast("list[tuple[int, int]]", member.sparse or [])  # (typeshed says bytes)
+    end = 0
+    for offset, length in regions:  # where its data goes in the file, holes between
+        if offset < end or length < 0 or offset + length > member.size:
+            raise UnpackError(
+                f"layer member {member.name!r} has a sparse map that leaves its size"
+                f" {member.size} or goes back: {regions[:8]!r}"
+            )
+        end = offset + length
+
+
+def _is_file(member: tarfile.TarInfo) -> bool:
+    """Whether `_Writer` writes the member's data as a file (of a type tarfile does not know
+    too: tarfile gives their data, as GNU tar extracts them)."""
+    return not (member.isdir() or member.issym() or member.islnk() or member.isdev())
 
 
 def _parts(name: str) -> list[str]:
