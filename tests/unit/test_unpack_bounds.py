@@ -5,12 +5,16 @@ small; figures are in benchmarks/README.md, not here.
 
 from __future__ import annotations
 
+import os
+import sys
 import tarfile
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
 
+from osb_sync.local.host.images import unpack as unpack_module
 from osb_sync.local.host.images.unpack import SizeLimit, TooLarge, UnpackError, unpack
 from tests.imagekit import Entry, Image, extended_header, layer_bytes, write_dir_layout
 
@@ -167,3 +171,73 @@ def test_device_nodes_are_skipped_up_to_a_number(tmp_path: Path) -> None:
     assert len(_unpack(tmp_path, layer_bytes([Entry("dev/n", "chardev")] * 3)).skipped) == 3
     with pytest.raises(UnpackError, match="is past 1024 device nodes"):
         _unpack(tmp_path / "many", layer_bytes([Entry(f"n{i}", "chardev") for i in range(1025)]))
+
+
+def _lines_run(tmp_path: Path, layer: bytes) -> int:
+    """How many lines of the unpacker's module run to unpack `layer` (a count of the work
+    done in Python, as a clock would not be: the same on every machine and load)."""
+    write_dir_layout(tmp_path / "layout", Image([layer]))
+    module = unpack_module.__file__
+    count = 0
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal count
+        if frame.f_code.co_filename != module:
+            return None
+        count += event == "line"
+        return tracer
+
+    before = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        unpack(tmp_path / "layout", tmp_path / "rootfs")
+    finally:
+        sys.settrace(before)
+    return count
+
+
+def _replaced(n: int) -> bytes:
+    return layer_bytes([*(Entry(f"d{i}", "dir") for i in range(n)), *[Entry("f")] * n])
+
+
+def _opaque_again(n: int) -> bytes:
+    return layer_bytes([*(Entry(f"d/f{i}") for i in range(n)), *[Entry("d/.wh..wh..opq")] * n])
+
+
+@pytest.mark.parametrize("layer", [_replaced, _opaque_again], ids=["replaced", "opaque-again"])
+def test_the_work_per_member_does_not_grow_with_the_members_before_it(
+    tmp_path: Path, layer: Any
+) -> None:
+    """Finding 5: N directories then a file replaced N times rebuilt the table of directories
+    at each replacement; an opaque marker repeated N times listed its directory each time: a
+    200 KB layer took 100 s, and 6 minutes. Four times the members, four times the work."""
+    small, large = (_lines_run(tmp_path / str(n), layer(n)) for n in (150, 600))
+    assert large < 6 * small, (small, large)
+
+
+@pytest.mark.parametrize("alternate", [False, True], ids=["one-chain", "two-chains"])
+def test_deep_members_are_not_walked_to_from_the_root_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alternate: bool
+) -> None:
+    """Finding 10: every directory was opened again from the root to set its metadata, and a
+    member's parent whenever it was not the last one: 2 ms a member 500 deep."""
+    deep = ["/".join([top] * 100) for top in ("a", "b")]
+    entries = [Entry(f"{deep[i % 2 if alternate else 0]}/x{i}", "dir") for i in range(100)]
+    opened = 0
+    real = os.open
+
+    def counting(*args: Any, **kwargs: Any) -> int:
+        nonlocal opened
+        opened += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting)
+    _unpack(tmp_path, layer_bytes(entries))
+    assert opened < 4 * (len(entries) + 2 * 100), opened
+
+
+def test_an_unpack_has_a_deadline(tmp_path: Path) -> None:
+    """Past it, refused: an unpack holds the lock of its reference (every create of that image
+    waits for it)."""
+    with pytest.raises(UnpackError, match="not unpacked in time"):
+        _unpack(tmp_path, FILE, timeout=0)

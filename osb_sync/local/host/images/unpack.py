@@ -6,19 +6,22 @@ config's `rootfs.diff_ids` each uncompressed layer's; a mismatch refuses the ima
 A layer is a tar stream applied in order (gzip or plain; zstd is refused with what to do).
 
 Nothing is done by path. The root is opened once; every member is made under the descriptor
-of its parent directory, reached from the root one component at a time with
-`O_NOFOLLOW | O_DIRECTORY` (`_Writer._open`), so a link or a file on the way is never followed,
-whatever an earlier member or layer made of that path. The member is made by name in that
-descriptor (`mkdirat`, `openat` with `O_EXCL | O_NOFOLLOW`, `symlinkat`, `linkat`, `mkfifoat`),
-a file's owner, mode and times are set through its own descriptor, a link's or a fifo's by name
-in its parent's without following it. Directories get theirs last, deepest first (a read-only
-one would refuse what comes into it), each reached again by the same walk; removals (whiteouts,
+of its parent directory, reached one component at a time with `O_NOFOLLOW | O_DIRECTORY`
+(`_Writer._dir`), so a link or a file on the way is never followed, whatever an earlier member
+or layer made of that path. The member is made by name in that descriptor (`mkdirat`, `openat`
+with `O_EXCL | O_NOFOLLOW`, `symlinkat`, `linkat`, `mkfifoat`), a file's owner, mode and times
+are set through its own descriptor, a link's or a fifo's by name in its parent's without
+following it. Directories get theirs last, each once all is in it (a read-only one would refuse
+what comes into it), in one walk down the tree by descriptor (`finish`); removals (whiteouts,
 a member that replaces another) go down the tree by descriptor too (`_remove_tree`;
 `shutil.rmtree(dir_fd=)` is Python 3.11's). A walk, not `openat2(RESOLVE_BENEATH |
 RESOLVE_NO_SYMLINKS)` through ctypes: the walk would be needed anyway where openat2 is missing
-(kernels before 5.6, seccomp profiles that refuse it), so it is the one path to test, and with
-the last parent's descriptor kept (a layer's members come grouped by directory) it costs a few
-milliseconds per image.
+(kernels before 5.6, seccomp profiles that refuse it), so it is the one path to test. It is
+cheap: the descriptors of the `DIR_CACHE` directories used last are kept (a layer's members
+come grouped by directory), and a walk starts at the deepest of them above the member, so an
+unpack is O(members x depth) at worst (a layer made to miss them, `MAX_DEPTH` opens a member)
+and O(members) for real ones; whiteouts and opaque markers do not grow with what came before
+them. `UNPACK_TIMEOUT` bounds an unpack whatever its layers: it holds its reference's lock.
 
 What is refused (`UnpackError`, the member named), since it could reach outside the root or
 the host: an absolute or `..` member name, or one deeper than `MAX_DEPTH`; a member whose parent
@@ -62,7 +65,9 @@ import os
 import shutil
 import stat
 import tarfile
+import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,7 +80,9 @@ WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-MAX_DEPTH = 512  # components of a member's name (a descriptor each, while its tree is removed)
+MAX_DEPTH = 128  # components of a name (a descriptor each while a tree is removed; real: 15)
+DIR_CACHE = 64  # directory descriptors an unpack keeps open
+UNPACK_TIMEOUT = 900.0  # seconds an unpack may take (as a download: `pull.PULL_TIMEOUT`)
 RATIO = 100  # unpacked bytes per compressed byte, past RATIO_FLOOR
 RATIO_FLOOR = 1 << 30
 # Bytes of the stream tarfile may read for one member's headers (tar, pax, GNU long names, a
@@ -293,6 +300,7 @@ def unpack(
     rootfs: Path,
     owner: OwnerMap = server_owned,
     limit: SizeLimit | None = None,
+    timeout: float = UNPACK_TIMEOUT,
 ) -> Unpacked:
     """Apply every layer of the image in `layout` to the new directory `rootfs`.
 
@@ -301,16 +309,18 @@ def unpack(
         rootfs: a directory to make (its parent exists).
         owner: the image's (uid, gid) to the host's, or None to leave them the server's.
         limit: what the image may cost unpacked (None: no limit).
+        timeout: seconds it may take.
 
     Raises:
         UnpackError: a digest mismatch or a refused member (see the module docstring);
-            TooLarge past `limit`. What was unpacked is left: the caller removes `rootfs`.
+            TooLarge past `limit`; past `timeout` too. What was unpacked is left: the caller
+            removes `rootfs`.
         OSError: the disk said no.
     """
     manifest, config = read_manifest(layout)
     rootfs.mkdir(mode=0o755)
     meter = _Meter(limit)
-    writer = _Writer(os.open(rootfs, _DIR), owner, meter)
+    writer = _Writer(os.open(rootfs, _DIR), owner, meter, time.monotonic() + timeout)
     try:
         pairs = zip(manifest["layers"], config["rootfs"]["diff_ids"], strict=True)  # checked
         for descriptor, diff_id in pairs:
@@ -379,33 +389,60 @@ def _members(tar: tarfile.TarFile, plain: _Hashing) -> Iterator[tarfile.TarInfo]
         yield member
 
 
-class _Writer:
-    """Applies tar members under the root's descriptor `root` (see the module docstring)."""
+class _Dir:
+    """A directory the unpack made (or a member named): its metadata, set last, and the
+    directories in it."""
 
-    def __init__(self, root: int, owner: OwnerMap, meter: _Meter) -> None:
+    __slots__ = ("kids", "meta")
+
+    def __init__(self, meta: tuple[int, float, int, int] | None = None) -> None:
+        self.meta = meta  # mode, mtime, uid, gid; None: not the image's to set
+        self.kids: dict[str, _Dir] = {}
+
+
+IMPLICIT = (0o755, 0.0, 0, 0)  # a parent no member names, as Docker makes it
+
+
+class _Writer:
+    """Applies tar members under the root's descriptor `root` (see the module docstring).
+
+    What it keeps costs O(depth) per member at most: the directories it made (a tree of
+    `_Dir`, so that a removal drops what it took at once, whatever was below), and the
+    descriptors of the `DIR_CACHE` directories used last (a member's parent is usually one of
+    them; else the walk starts at its deepest ancestor kept open).
+    """
+
+    def __init__(self, root: int, owner: OwnerMap, meter: _Meter, deadline: float) -> None:
         self.root = root
         self.owner = owner
         self.meter = meter
+        self.deadline = deadline
         self.skipped: list[str] = []
-        self._dirs: dict[str, tuple[int, float, int, int]] = {}  # mode, mtime, uid, gid: set last
+        self._tree = _Dir()
+        self._open: OrderedDict[str, tuple[int, _Dir]] = OrderedDict()  # least recent first
         self._this_layer: set[str] = set()
-        self._last: tuple[str, int] | None = None  # the last parent walked to, and its descriptor
+        self._opaque_done: set[str] = set()
 
     def close(self) -> None:
         """Close the descriptors (the root's too)."""
-        self._forget()
+        self._close_below("")
         os.close(self.root)
 
     def apply(self, tar: tarfile.TarFile, members: Iterable[tarfile.TarInfo]) -> None:
         """Apply one layer's `members` (`_members` of `tar`).
 
         Raises:
-            UnpackError: a refused member.
+            UnpackError: a refused member, or the deadline passed.
             OSError: the disk said no (the member named: by descriptor, the kernel's error
                 names only the last component).
         """
-        self._this_layer = set()
+        self._this_layer, self._opaque_done = set(), set()
         for member in members:
+            if time.monotonic() > self.deadline:
+                raise UnpackError(
+                    f"the image was not unpacked in time (at layer member {member.name!r}):"
+                    " it has more members, or the disk is slower, than an unpack may take"
+                )
             try:
                 self._apply(tar, member)
             except OSError as exc:
@@ -416,7 +453,7 @@ class _Writer:
         parts = _parts(member.name)
         if not parts:
             if member.isdir():
-                self._dirs[""] = (member.mode, member.mtime, member.uid, member.gid)
+                self._tree.meta = (member.mode, member.mtime, member.uid, member.gid)
             return
         self._parent(parts, member.name)  # every parent a directory of the root, made
         base = parts[-1]
@@ -441,18 +478,19 @@ class _Writer:
             self.skipped.append(rel)  # bwrap makes each sandbox's /dev
             return
         if member.isdir():
-            if not stat.S_ISDIR(_mode_at(self._parent(parts, member.name), base)):
+            if not stat.S_ISDIR(_mode_at(self._parent(parts, member.name)[0], base)):
                 self._remove(parts)
                 self.meter.charge(entry_cost())
-                os.mkdir(base, 0o700, dir_fd=self._parent(parts, member.name))
-            self._dirs[rel] = (member.mode, member.mtime, member.uid, member.gid)
+                os.mkdir(base, 0o700, dir_fd=self._parent(parts, member.name)[0])
+            node = self._parent(parts, member.name)[1].kids.setdefault(base, _Dir())
+            node.meta = (member.mode, member.mtime, member.uid, member.gid)
         else:
             self._remove(parts)
             self.meter.charge(entry_cost(member.size if _is_file(member) else 0))
             if member.islnk():
                 self._link(member, parts)
             elif member.issym() or member.isfifo():
-                parent = self._parent(parts, member.name)
+                parent = self._parent(parts, member.name)[0]
                 if member.issym():
                     os.symlink(member.linkname, base, dir_fd=parent)
                 else:
@@ -468,7 +506,7 @@ class _Writer:
 
     def _file(self, tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str]) -> None:
         source = tar.extractfile(member)
-        fd = os.open(parts[-1], _NEW_FILE, 0o600, dir_fd=self._parent(parts, member.name))
+        fd = os.open(parts[-1], _NEW_FILE, 0o600, dir_fd=self._parent(parts, member.name)[0])
         with os.fdopen(fd, "wb") as out:
             if source is not None:
                 shutil.copyfileobj(source, out, CHUNK)
@@ -486,8 +524,8 @@ class _Writer:
         source = _parts(member.linkname)
         if not source:
             raise UnpackError(f"hard link {member.name!r} names the root")
-        try:
-            folder = os.dup(self._parent(source, member.name, make=False))
+        try:  # (a copy: the next `_parent` may close the writer's)
+            folder = os.dup(self._parent(source, member.name, make=False)[0])
         except FileNotFoundError:
             raise UnpackError(f"hard link {member.name!r} names a missing file") from None
         try:
@@ -500,53 +538,58 @@ class _Writer:
                 source[-1],
                 parts[-1],
                 src_dir_fd=folder,
-                dst_dir_fd=self._parent(parts, member.name),
+                dst_dir_fd=self._parent(parts, member.name)[0],
                 follow_symlinks=False,
             )
         finally:
             os.close(folder)
 
-    def _parent(self, parts: Sequence[str], name: str, make: bool = True) -> int:
-        """The descriptor (kept here: not the caller's to close) of the directory holding
-        `parts`, walked to from the root by `_open` unless it was the last one asked for."""
-        folder = "/".join(parts[:-1])
-        if not folder:
-            return self.root
-        if self._last is None or self._last[0] != folder:
-            fd = self._open(parts[:-1], name, make)
-            self._forget()
-            self._last = (folder, fd)
-        return self._last[1]
+    def _parent(self, parts: Sequence[str], name: str, make: bool = True) -> tuple[int, _Dir]:
+        """The directory holding `parts` (`_dir`)."""
+        return self._dir(parts[:-1], name, make)
 
-    def _forget(self) -> None:
-        if self._last is not None:
-            os.close(self._last[1])
-            self._last = None
-
-    def _open(self, parts: Sequence[str], name: str, make: bool) -> int:
-        """A new descriptor of the directory `parts`, each component opened under the one
-        before it without following a link; a missing one made (0755) when `make`.
+    def _dir(self, parts: Sequence[str], name: str, make: bool) -> tuple[int, _Dir]:
+        """The descriptor of the directory `parts` (the writer's: valid until the next call)
+        and its `_Dir`. Unless it is open, it is walked to from its deepest ancestor open (or
+        the root), each component opened under the one before it without following a link;
+        a missing one made (0755) when `make`.
 
         Raises:
             UnpackError: a component is a link or no directory (`name` is the member's).
             FileNotFoundError: a component is missing and not `make`.
         """
+        if not parts:
+            return self.root, self._tree
+        key = "/".join(parts)
+        kept = self._open.get(key)
+        if kept is not None:
+            self._open.move_to_end(key)
+            return kept
         if len(parts) >= MAX_DEPTH:
             raise UnpackError(f"layer member {name!r} is past {MAX_DEPTH} directories deep")
-        fd = os.dup(self.root)
+        fd, node, start, cut = self.root, self._tree, 0, len(key)
+        while (cut := key.rfind("/", 0, cut)) > 0:
+            kept = self._open.get(key[:cut])
+            if kept is not None:
+                (fd, node), start = kept, key.count("/", 0, cut) + 1
+                break
+        walked = False  # whether `fd` is the walk's own (else the root's or a kept one)
         try:
-            for depth, part in enumerate(parts, 1):
+            for depth in range(start, len(parts)):
+                part = parts[depth]
                 try:
                     inner = os.open(part, _DIR, dir_fd=fd)
+                    node = node.kids.get(part) or node.kids.setdefault(part, _Dir())
                 except FileNotFoundError:
                     if not make:
                         raise
                     self.meter.charge(entry_cost())
                     os.mkdir(part, 0o755, dir_fd=fd)
-                    self._dirs.setdefault("/".join(parts[:depth]), (0o755, 0.0, 0, 0))  # Docker's
                     inner = os.open(part, _DIR, dir_fd=fd)
+                    made = node.kids[part] = _Dir(IMPLICIT)
+                    node = made
                 except NotADirectoryError:
-                    rel = "/".join(parts[:depth])
+                    rel = "/".join(parts[: depth + 1])
                     if stat.S_ISLNK(_mode_at(fd, part)):
                         raise UnpackError(
                             f"layer member {name!r} would be written through the link {rel}"
@@ -554,20 +597,30 @@ class _Writer:
                     raise UnpackError(
                         f"layer member {name!r} is under {rel}, which is no directory"
                     ) from None
-                os.close(fd)
-                fd = inner
+                if walked:
+                    os.close(fd)
+                fd, walked = inner, True
         except BaseException:
-            os.close(fd)
+            if walked:
+                os.close(fd)
             raise
-        return fd
+        self._open[key] = (fd, node)
+        if len(self._open) > DIR_CACHE:
+            os.close(self._open.popitem(last=False)[1][0])
+        return fd, node
+
+    def _close_below(self, rel: str) -> None:
+        """Close the descriptors kept of `rel` and what is below it ("": all)."""
+        for key in [k for k in self._open if not rel or k == rel or k.startswith(rel + "/")]:
+            os.close(self._open.pop(key)[0])
 
     def _opaque(self, parts: list[str]) -> None:
-        folder = self._open(parts, OPAQUE, make=False) if parts else os.dup(self.root)
-        try:
-            children = os.listdir(folder)
-        finally:
-            os.close(folder)
-        prefix = "/".join(parts) + "/" if parts else ""
+        rel = "/".join(parts)
+        if rel in self._opaque_done:
+            return  # it holds this layer's entries only
+        self._opaque_done.add(rel)
+        children = os.listdir(self._dir(parts, OPAQUE, make=False)[0])
+        prefix = rel + "/" if parts else ""
         for child in children:
             if prefix + child not in self._this_layer:
                 self._remove([*parts, child])
@@ -575,42 +628,46 @@ class _Writer:
     def _remove(self, parts: list[str]) -> None:
         """Remove what `parts` names, if anything (a directory with all below it)."""
         rel = "/".join(parts)
-        parent = self._parent(parts, rel)
+        parent, node = self._parent(parts, rel)
         mode = _mode_at(parent, parts[-1])
         if not mode:
             return
         if stat.S_ISDIR(mode):
-            if self._last is not None and f"{self._last[0]}/".startswith(f"{rel}/"):
-                self._forget()  # a descriptor into the tree that goes (`parent` is the root's)
+            self._close_below(rel)
             _remove_tree(parent, parts[-1])
         else:
             os.unlink(parts[-1], dir_fd=parent)
-        self._dirs = {
-            d: v for d, v in self._dirs.items() if d != rel and not d.startswith(rel + "/")
-        }
+        node.kids.pop(parts[-1], None)
 
     def finish(self) -> None:
-        """Set the directories' owners, modes and times (deepest first), now all is in them,
-        each through its own descriptor (one that is no directory of the root any more is
-        left)."""
-        self._forget()
-        self._dirs.setdefault("", (0o755, 0.0, 0, 0))  # the root is the image's root's
-        for rel, (mode, mtime, uid, gid) in sorted(
-            self._dirs.items(), key=lambda kv: -(kv[0].count("/") + 1 if kv[0] else 0)
-        ):
+        """Set the directories' owners, modes and times, each once all is in it (those below it
+        first), through its own descriptor, in one walk down the tree from the root (one that
+        is no directory of the root any more is left)."""
+        self._close_below("")
+        self._settle(self.root, self._tree)
+        self._set(self.root, self._tree.meta or IMPLICIT)  # the root is the image's root's
+
+    def _settle(self, fd: int, node: _Dir) -> None:
+        for name, kid in node.kids.items():
             try:
-                fd = self._open(rel.split("/"), rel, make=False) if rel else os.dup(self.root)
-            except (UnpackError, FileNotFoundError):
+                inner = os.open(name, _DIR, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError):
                 continue
             try:
-                mapped = self.owner(uid, gid)
-                if mapped is not None:
-                    os.fchown(fd, *mapped)
-                os.fchmod(fd, mode & 0o1777)
-                if mtime:
-                    os.utime(fd, (mtime, mtime))
+                self._settle(inner, kid)
+                if kid.meta is not None:
+                    self._set(inner, kid.meta)
             finally:
-                os.close(fd)
+                os.close(inner)
+
+    def _set(self, fd: int, meta: tuple[int, float, int, int]) -> None:
+        mode, mtime, uid, gid = meta
+        mapped = self.owner(uid, gid)
+        if mapped is not None:
+            os.fchown(fd, *mapped)
+        os.fchmod(fd, mode & 0o1777)
+        if mtime:
+            os.utime(fd, (mtime, mtime))
 
 
 def _check_fields(member: tarfile.TarInfo) -> None:
