@@ -138,6 +138,7 @@ class Image:
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
     architecture: str = HOST_ARCH
+    raw_config: Any = None  # the config blob's "config", any JSON, instead of the fields above
 
 
 def _blob(layout: Path, data: bytes) -> dict[str, Any]:
@@ -163,6 +164,8 @@ def _manifest(layout: Path, image: Image) -> dict[str, Any]:
     ):
         if value:
             config[key] = value
+    if image.raw_config is not None:
+        config = image.raw_config
     config_blob = {
         "architecture": image.architecture,
         "os": "linux",

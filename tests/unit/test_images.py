@@ -448,6 +448,57 @@ def test_the_config_is_honoured(tmp_path: Path) -> None:
         ImageConfig(user="nobody").ids(root)
 
 
+@pytest.mark.parametrize(
+    ("key", "value"), [("layers", ["x"]), ("config", {"digest": 5})], ids=["layers", "config"]
+)
+def test_a_manifest_of_another_shape_is_refused(tmp_path: Path, key: str, value: Any) -> None:
+    """After the attack, finding 13: the registry's manifest is copied as it is; `layers: ["x"]`
+    was an AttributeError (a 500 UNKNOWN_ERROR), a digest 5 too."""
+    write_dir_layout(tmp_path / "layout", Image([layer_bytes([Entry("a", data=b"1")])]))
+    manifest = json.loads((tmp_path / "layout" / "manifest.json").read_text())
+    (tmp_path / "layout" / "manifest.json").write_text(json.dumps({**manifest, key: value}))
+    with pytest.raises(UnpackError, match=r"not lists of digests|unsupported digest '5'"):
+        unpack(tmp_path / "layout", tmp_path / "rootfs")
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ("x", "the image's config is not an object"),
+        ({"Entrypoint": 5}, "Entrypoint is not a list of strings: '5'"),
+        ({"Entrypoint": "sh"}, "Entrypoint is not a list of strings: 'sh'"),  # (ran s, then h)
+        ({"Env": 5}, "Env is not a list of strings"),
+        ({"Cmd": ["a", 5]}, "Cmd is not a list of strings"),
+        ({"User": 0}, "User is not a string"),
+        ({"WorkingDir": ["/w"]}, "WorkingDir is not a string"),
+    ],
+)
+def test_a_config_field_of_another_type_is_refused_naming_it(
+    tmp_path: Path, config: Any, says: str
+) -> None:
+    """After the attack, finding 13: AttributeError or TypeError (a 500 UNKNOWN_ERROR, a
+    traceback in the log), or characters taken for arguments. Docker refuses such a config."""
+    image = Image(
+        [layer_bytes([Entry("usr/bin/python3", data=b"", mode=0o755)])], raw_config=config
+    )
+    store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "s", image))
+    with pytest.raises(PullError) as refused:
+        store.get("reg.example/x", {})
+    assert refused.value.reason == "IMAGE_CONFIG_INVALID" and says in refused.value.message
+    assert os.listdir(tmp_path / "store" / "tmp") == [] and store.images() == []
+
+
+@pytest.mark.parametrize(
+    "user", ["\u00b2", "1" * 5000, "4294967295", "0:\u00b2", "0:" + "1" * 5000]
+)
+def test_a_user_that_is_no_id_nor_name_is_refused(tmp_path: Path, user: str) -> None:
+    """After the attack, finding 13: `isdigit` takes '²' (int() then fails), and int() refuses
+    5000 digits: ValueError, a 500."""
+    root = _unpacked(tmp_path, [Entry("etc/passwd", data=b"root:x:0:0::/root:/bin/sh\n")])
+    with pytest.raises(ConfigError, match=r"is not in its /etc/(passwd|group)"):
+        ImageConfig(user=user).ids(root)
+
+
 class FakePuller(Puller):
     """Copies a prepared `dir:` layout instead of running skopeo; counts its pulls."""
 

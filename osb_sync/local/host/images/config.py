@@ -4,7 +4,8 @@ As Docker reads them: `Env` is `NAME=value` lines (PATH defaults to Docker's whe
 sets none); `WorkingDir` defaults to `/` and is cleaned as Docker cleans it (`clean_path`:
 made absolute, `.`, `..` and repeated slashes taken lexically, `..` stopping at `/`); `User` is
 `user[:group]`, each a name (looked up in the image's own `/etc/passwd` and `/etc/group`, found
-by `resolve_in_root`, never the host's) or a number, default root.
+by `resolve_in_root`, never the host's) or a number (ASCII digits, below 2**32 - 1), default
+root. A field of another type than Docker's refuses the image (`ConfigError`), as Docker does.
 The sandbox's command is OpenSandbox's rule: the create's `entrypoint` replaces the image's
 Entrypoint and Cmd; without one, Entrypoint + Cmd (`effective_entrypoint`).
 
@@ -35,6 +36,7 @@ DOCKER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LINK_HOPS = 40  # the kernel's limit (MAXSYMLINKS)
 TABLE_LIMIT = 1 << 20  # bytes of /etc/passwd or /etc/group read
 CONFIG_INVALID = "IMAGE_CONFIG_INVALID"
+ID_LIMIT = (1 << 32) - 1  # uid_t's -1 is no id
 
 
 class ConfigError(ValueError):
@@ -59,20 +61,27 @@ class ImageConfig:
 
     @classmethod
     def from_blob(cls, blob: dict[str, Any]) -> ImageConfig:
-        """The fields from a config blob (`{"config": {"Env": [...], ...}, ...}`)."""
+        """The fields from a config blob (`{"config": {"Env": [...], ...}, ...}`).
+
+        Raises:
+            ConfigError: a field of another type than Docker's (which refuses such a config):
+                Env, Entrypoint and Cmd lists of strings, WorkingDir and User strings.
+        """
         config = blob.get("config") or {}
+        if not isinstance(config, dict):
+            raise ConfigError("the image's config is not an object")
         env: dict[str, str] = {}
-        for line in config.get("Env") or []:
-            if isinstance(line, str) and "=" in line:
+        for line in _strings(config, "Env"):
+            if "=" in line:
                 name, _, value = line.partition("=")
                 env[name] = value
         env.setdefault("PATH", DOCKER_PATH)
         return cls(
             env=tuple(env.items()),
-            working_dir=clean_path(str(config.get("WorkingDir") or "/")),
-            user=str(config.get("User") or ""),
-            entrypoint=tuple(str(a) for a in config.get("Entrypoint") or ()),
-            cmd=tuple(str(a) for a in config.get("Cmd") or ()),
+            working_dir=clean_path(_string(config, "WorkingDir") or "/"),
+            user=_string(config, "User"),
+            entrypoint=tuple(_strings(config, "Entrypoint")),
+            cmd=tuple(_strings(config, "Cmd")),
         )
 
     @property
@@ -94,23 +103,49 @@ class ImageConfig:
             return 0, 0
         user, _, group = self.user.partition(":")
         passwd = _table(rootfs, "/etc/passwd")
-        if user.isdigit():
-            uid = int(user)
-            gid = next((int(f[3]) for f in passwd if f[2] == user and f[3].isdigit()), uid)
+        uid, gid = _id(user), None
+        if uid is not None:
+            rows = (_id(f[3]) for f in passwd if f[2] == user)
+            gid = next((found for found in rows if found is not None), uid)
         else:
-            found = next((f for f in passwd if f[0] == user), None)
-            if found is None or not (found[2].isdigit() and found[3].isdigit()):
-                raise ConfigError(f"the image's User {user!r} is not in its /etc/passwd")
-            uid, gid = int(found[2]), int(found[3])
+            row = next((f for f in passwd if f[0] == user), None)
+            if row is not None:
+                uid, gid = _id(row[2]), _id(row[3])
+            if uid is None or gid is None:
+                raise ConfigError(f"the image's User {user[:100]!r} is not in its /etc/passwd")
         if group:
-            if group.isdigit():
-                gid = int(group)
-            else:
+            gid = _id(group)
+            if gid is None:
                 row = next((f for f in _table(rootfs, "/etc/group") if f[0] == group), None)
-                if row is None or not row[2].isdigit():
-                    raise ConfigError(f"the image's group {group!r} is not in its /etc/group")
-                gid = int(row[2])
+                gid = _id(row[2]) if row is not None else None
+                if gid is None:
+                    raise ConfigError(f"the image's group {group[:100]!r} is not in its /etc/group")
         return uid, gid
+
+
+def _string(config: dict[str, Any], name: str) -> str:
+    """The config's string `name` ("" when null or absent)."""
+    value = config.get(name)
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise ConfigError(f"the image config's {name} is not a string: {str(value)[:100]!r}")
+
+
+def _strings(config: dict[str, Any], name: str) -> list[str]:
+    """The config's list of strings `name` (empty when null or absent)."""
+    value = config.get(name)
+    if value is None:
+        return []
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise ConfigError(f"the image config's {name} is not a list of strings: {str(value)[:100]!r}")
+
+
+def _id(text: str) -> int | None:
+    """A user or group id written in decimal (ASCII digits, below 2**32 - 1), else None."""
+    if text.isascii() and text.isdigit() and len(text) <= 10 and int(text) < ID_LIMIT:
+        return int(text)
+    return None
 
 
 def _table(rootfs: Path, path: str) -> list[list[str]]:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ImageConfig, find_python
+from .config import CONFIG_INVALID, ConfigError, ImageConfig, find_python
 from .pull import TOO_LARGE, Progress, Puller, PullError, Source, parse
 from .unpack import OwnerMap, SizeLimit, TooLarge, UnpackError, server_owned, unpack
 
@@ -167,7 +167,10 @@ class ImageStore:
             blob = json.loads((path / "config.json").read_text())
         except (OSError, ValueError):
             return None
-        config = ImageConfig.from_blob(blob)
+        try:
+            config = ImageConfig.from_blob(blob)
+        except ConfigError:  # kept by an older server: pulled again, and refused
+            return None
         python, skipped = meta.get("python"), tuple(meta.get("skipped") or ())
         return StoredImage(
             digest, str(meta["reference"]), path, config, python, int(meta["size"]), skipped
@@ -233,7 +236,10 @@ class ImageStore:
                     raise PullError(TOO_LARGE, f"{source.canonical}: {exc}") from None
                 except UnpackError as exc:
                     raise PullError(REFUSED, f"{source.canonical}: {exc}") from None
-                config = ImageConfig.from_blob(unpacked.config)
+                try:
+                    config = ImageConfig.from_blob(unpacked.config)
+                except ConfigError as exc:
+                    raise PullError(CONFIG_INVALID, f"{source.canonical}: {exc}") from None
                 python = find_python(rootfs, config)
                 (work / "image" / "config.json").write_text(json.dumps(unpacked.config))
                 meta = {

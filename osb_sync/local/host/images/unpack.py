@@ -283,13 +283,18 @@ def read_manifest(layout: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """
     try:
         manifest = json.loads((layout / "manifest.json").read_bytes())
-        config = json.loads(_verified_bytes(layout, manifest["config"]["digest"]))
+        config = json.loads(_verified_bytes(layout, str(manifest["config"]["digest"])))
         diff_ids = config["rootfs"]["diff_ids"]
         layers = manifest["layers"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UnpackError(f"not an image manifest and config: {exc}") from None
-    if not isinstance(layers, list) or not isinstance(diff_ids, list):
-        raise UnpackError("the manifest's layers or the config's diff_ids are not lists")
+    if not (
+        isinstance(layers, list)
+        and isinstance(diff_ids, list)
+        and all(isinstance(d, dict) and isinstance(d.get("digest"), str) for d in layers)
+        and all(isinstance(d, str) for d in diff_ids)
+    ):
+        raise UnpackError("the manifest's layers or the config's diff_ids are not lists of digests")
     if len(layers) != len(diff_ids):
         raise UnpackError(f"{len(layers)} layers but {len(diff_ids)} diff_ids")
     return manifest, config
@@ -324,7 +329,7 @@ def unpack(
     try:
         pairs = zip(manifest["layers"], config["rootfs"]["diff_ids"], strict=True)  # checked
         for descriptor, diff_id in pairs:
-            _apply_layer(layout, str(descriptor.get("digest", "")), diff_id, writer, meter)
+            _apply_layer(layout, descriptor["digest"], diff_id, writer, meter)
         writer.finish()
     finally:
         writer.close()
