@@ -8,6 +8,7 @@ import os
 import platform
 import stat
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -497,6 +498,26 @@ def test_a_user_that_is_no_id_nor_name_is_refused(tmp_path: Path, user: str) -> 
     root = _unpacked(tmp_path, [Entry("etc/passwd", data=b"root:x:0:0::/root:/bin/sh\n")])
     with pytest.raises(ConfigError, match=r"is not in its /etc/(passwd|group)"):
         ImageConfig(user=user).ids(root)
+
+
+def test_a_passwd_that_is_a_fifo_is_no_table(tmp_path: Path) -> None:
+    """After the attack, finding 9: /etc/passwd was opened (blocking) before it was checked
+    to be a file: a fifo held the create's thread until something wrote it, for good."""
+    root = _unpacked(tmp_path, [Entry("etc", "dir", mode=0o755), Entry("etc/passwd", "fifo")])
+    answer: list[Any] = []
+
+    def look_up() -> None:
+        try:
+            ImageConfig(user="app").ids(root)
+        except ConfigError as exc:
+            answer.append(exc)
+
+    reader = threading.Thread(target=look_up, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # let it go (it waits for a writer), then fail
+        os.close(os.open(root / "etc" / "passwd", os.O_WRONLY | os.O_NONBLOCK))
+    assert answer and "not in its /etc/passwd" in str(answer[0])
 
 
 class FakePuller(Puller):

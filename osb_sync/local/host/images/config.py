@@ -37,6 +37,7 @@ LINK_HOPS = 40  # the kernel's limit (MAXSYMLINKS)
 TABLE_LIMIT = 1 << 20  # bytes of /etc/passwd or /etc/group read
 CONFIG_INVALID = "IMAGE_CONFIG_INVALID"
 ID_LIMIT = (1 << 32) - 1  # uid_t's -1 is no id
+_TABLE_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class ConfigError(ValueError):
@@ -157,8 +158,8 @@ def _table(rootfs: Path, path: str) -> list[list[str]]:
     found = resolve_in_root(rootfs, path)
     if found is None:
         return []
-    try:
-        fd = os.open(rootfs.joinpath(*found.parts[1:]), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:  # (not blocking: a fifo's open waits for a writer)
+        fd = os.open(rootfs.joinpath(*found.parts[1:]), _TABLE_OPEN)
     except OSError:
         return []
     with os.fdopen(fd, "rb") as file:
