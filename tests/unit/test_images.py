@@ -17,7 +17,13 @@ import pytest
 from osb_sync._constants import DEFAULT_TEMPLATE
 from osb_sync.local.host import options
 from osb_sync.local.host.images import pull
-from osb_sync.local.host.images.config import ConfigError, ImageConfig, find_jupyter, find_python
+from osb_sync.local.host.images.config import (
+    ConfigError,
+    ImageConfig,
+    find_jupyter,
+    find_python,
+    locate,
+)
 from osb_sync.local.host.images.execd_image import MACHINES, ExecdImageError, execd_from_image
 from osb_sync.local.host.images.pull import Puller, PullError, Source, parse
 from osb_sync.local.host.images.rootfs import confine
@@ -518,6 +524,43 @@ def test_a_passwd_that_is_a_fifo_is_no_table(tmp_path: Path) -> None:
     if reader.is_alive():  # let it go (it waits for a writer), then fail
         os.close(os.open(root / "etc" / "passwd", os.O_WRONLY | os.O_NONBLOCK))
     assert answer and "not in its /etc/passwd" in str(answer[0])
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/" + "a/" * 10_000,  # a WorkingDir: 1.5 s of CPU at every create (40 000: 24 s)
+        "/l1/x",  # three links of 800 `d/..` each
+    ],
+    ids=["long", "through-long-links"],
+)
+def test_locate_looks_at_4096_components_at_most(tmp_path: Path, path: str) -> None:
+    """After the attack, finding 11: `locate` was quadratic in a path's components, and
+    `confine` runs it for every destination at every create."""
+    root = _unpacked(
+        tmp_path,
+        [
+            Entry("d", "dir", mode=0o755),
+            Entry("l1", "symlink", target="d/../" * 800 + "l2"),
+            Entry("l2", "symlink", target="d/../" * 800 + "l3"),
+            Entry("l3", "symlink", target="d/../" * 800 + "d"),
+        ],
+    )
+    with pytest.raises(ConfigError, match=r"through more than 4096 components|past 4095 bytes"):
+        locate(root, path)
+
+
+def test_a_working_dir_past_path_max_is_refused() -> None:
+    with pytest.raises(ConfigError, match="WorkingDir is longer than 4095 bytes"):
+        ImageConfig.from_blob({"config": {"WorkingDir": "/w" * 2048}})
+
+
+def test_locate_names_no_host_path(tmp_path: Path) -> None:
+    """After the attack, finding 14: the kernel's error named the sandbox's root on the host
+    (its run directory), in the create's answer."""
+    with pytest.raises(ConfigError) as refused:
+        locate(tmp_path, "/" + "a" * 300 + "/x")
+    assert "File name too long" in str(refused.value) and str(tmp_path) not in str(refused.value)
 
 
 class FakePuller(Puller):

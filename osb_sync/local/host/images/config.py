@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
+from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -34,6 +35,8 @@ from typing import Any
 
 DOCKER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LINK_HOPS = 40  # the kernel's limit (MAXSYMLINKS)
+PATH_MAX = 4096  # the kernel's, with its NUL
+LOCATE_STEPS = 4096  # components `locate` looks at, links' included
 TABLE_LIMIT = 1 << 20  # bytes of /etc/passwd or /etc/group read
 CONFIG_INVALID = "IMAGE_CONFIG_INVALID"
 ID_LIMIT = (1 << 32) - 1  # uid_t's -1 is no id
@@ -77,9 +80,12 @@ class ImageConfig:
                 name, _, value = line.partition("=")
                 env[name] = value
         env.setdefault("PATH", DOCKER_PATH)
+        working_dir = clean_path(_string(config, "WorkingDir") or "/")
+        if len(working_dir.encode()) >= PATH_MAX:
+            raise ConfigError(f"the image's WorkingDir is longer than {PATH_MAX - 1} bytes")
         return cls(
             env=tuple(env.items()),
-            working_dir=clean_path(_string(config, "WorkingDir") or "/"),
+            working_dir=working_dir,
             user=_string(config, "User"),
             entrypoint=tuple(_strings(config, "Entrypoint")),
             cmd=tuple(_strings(config, "Cmd")),
@@ -195,47 +201,59 @@ def locate(rootfs: Path, path: str, mounts: Collection[str] = ()) -> Located:
     Links are followed inside the root (an absolute target from the root), `..` stops at the
     root, a missing component is kept with what follows it (bwrap, or the caller, makes them).
     Below a path of `mounts` (something else is mounted there) nothing of `rootfs` is looked at:
-    the rest is taken as written.
+    the rest is taken as written. At most `LOCATE_STEPS` components are looked at, links'
+    included (each step costs the same: the work is linear in them).
 
     Raises:
-        ConfigError: a component that is no directory has more after it, or the links loop
-            (past LINK_HOPS), naming `path`.
+        ConfigError: a component that is no directory has more after it, the links loop
+            (past LINK_HOPS), or the path is longer than PATH_MAX or takes more steps, naming
+            `path` (never the host's path of `rootfs`).
     """
-    todo = [part for part in path.split("/") if part not in ("", ".")]
-    done: list[tuple[str, int]] = []  # each component and its mode (0: missing, or unknown)
-    hops = 0
+    shown = repr(path if len(path) <= 200 else path[:200] + "...")
+    todo = deque(part for part in path.split("/") if part not in ("", "."))
+    done: list[tuple[str, int]] = []  # each component's path ("/a/b") and mode (0: missing)
+    hops = steps = 0
     while todo:
-        part = todo.pop(0)
+        steps += 1
+        if steps > LOCATE_STEPS:
+            raise ConfigError(
+                f"the container path {shown} leads through more than {LOCATE_STEPS} components"
+            )
+        part = todo.popleft()
         if part == "..":
             if done:
                 done.pop()
             continue
-        here = "/" + "/".join(name for name, _ in done)
-        if (done and not done[-1][1]) or any(_within(here, m) for m in mounts):
-            done.append((part, 0))  # not made yet, or not the image's: taken as written
+        above = done[-1][0] if done else ""
+        here = f"{above}/{part}"
+        if len(here.encode()) >= PATH_MAX:
+            raise ConfigError(f"the container path {shown} leads past {PATH_MAX - 1} bytes")
+        if (done and not done[-1][1]) or any(_within(above, m) for m in mounts):
+            done.append((here, 0))  # not made yet, or not the image's: taken as written
             continue
         try:
-            mode = os.lstat(rootfs.joinpath(*(name for name, _ in done), part)).st_mode
+            mode = os.lstat(f"{rootfs}{here}").st_mode
+            target = os.readlink(f"{rootfs}{here}") if stat.S_ISLNK(mode) else ""
         except FileNotFoundError:
-            mode = 0
+            mode, target = 0, ""
         except OSError as exc:
-            raise ConfigError(f"the container path {path!r} cannot be resolved: {exc}") from None
+            raise ConfigError(
+                f"the container path {shown} cannot be resolved: {exc.strerror}"
+            ) from None
         if stat.S_ISLNK(mode):
             hops += 1
             if hops > LINK_HOPS:
-                raise ConfigError(f"the container path {path!r} leads through a loop of links")
-            target = os.readlink(rootfs.joinpath(*(name for name, _ in done), part))
+                raise ConfigError(f"the container path {shown} leads through a loop of links")
             if target.startswith("/"):
-                done = []
-            todo = [p for p in target.split("/") if p not in ("", ".")] + todo
+                done.clear()
+            todo.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
             continue
         if mode and not stat.S_ISDIR(mode) and todo:
-            where = "/" + "/".join([*(name for name, _ in done), part])
             raise ConfigError(
-                f"the container path {path!r} cannot be made in the image: {where} is no directory"
+                f"the container path {shown} cannot be made in the image: {here} is no directory"
             )
-        done.append((part, mode))
-    here = "/" + "/".join(name for name, _ in done)
+        done.append((here, mode))
+    here = done[-1][0] if done else "/"
     below = next((m for m in mounts if here != m and _within(here, m)), "")
     return Located(PurePosixPath(here), done[-1][1] if done else stat.S_IFDIR, hops > 0, below)
 
