@@ -294,6 +294,7 @@ def test_device_nodes_are_skipped_and_listed(
         Entry("dev", "dir", mode=0o755),
         Entry("dev/console", "chardev"),
         Entry("dev/null", "chardev"),
+        Entry("dev/x\nFORGED log line", "chardev"),  # (after the attack, finding 14)
     ]
     python3 = Entry("usr/bin/python3", data=b"", mode=0o755)
     puller = FakePuller(tmp_path / "s", Image([layer_bytes([*nodes, python3])]))
@@ -304,12 +305,13 @@ def test_device_nodes_are_skipped_and_listed(
         launch = service.launch(body)
         service.launch(body)  # cached: no second line
     assert launch is not None and launch.image is not None
-    assert launch.image.skipped == ("dev/console", "dev/null")
+    assert launch.image.skipped == ("dev/console", "dev/null", "dev/x\nFORGED log line")
     assert os.listdir(launch.image.rootfs / "dev") == []
     (line,) = [r.getMessage() for r in caplog.records]
-    assert "reg.example/debian:12@sha256:" in line and "2 device nodes skipped" in line, line
-    assert "dev/console, dev/null" in line and "its own /dev" in line
-    assert service.store.images()[0]["skipped"] == ["dev/console", "dev/null"]
+    assert "reg.example/debian:12@sha256:" in line and "3 device nodes skipped" in line, line
+    assert "'dev/console', 'dev/null', 'dev/x\\nFORGED" in line and "its own /dev" in line
+    assert "\n" not in line  # an image's names, escaped: no line of the log is the image's
+    assert service.store.images()[0]["skipped"] == list(launch.image.skipped)
 
 
 @pytest.mark.parametrize("floor", [64 << 10, 1 << 30])

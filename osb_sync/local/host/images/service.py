@@ -8,7 +8,8 @@ image cannot be had: `DOCKER::SANDBOX_IMAGE_PULL_FAILED` with the reason first i
 (`pull.PullError`), nothing left behind. It answers 500, as that runtime does, except for an
 image past the image size limit (`IMAGE_TOO_LARGE`): 413, since only another image or a larger
 limit helps, and retrying does not (the client raises `ApiError` with that status and code).
-Device nodes skipped in an image's layers are logged (a warning, once per pull).
+Device nodes skipped in an image's layers are logged (a warning, once per pull; their names
+escaped, as an image's names are in every message: no line of the log is the image's).
 
 Which execd a sandbox of an image runs, as OpenSandbox's Docker runtime injects it: the
 server's execd binary when it has one (`execd`, or `execd_image`'s, see `execd_image.py`),
@@ -141,7 +142,8 @@ class ImageService:
                 "local server: image %s: %s (%s): bwrap gives each sandbox its own /dev",
                 image.pinned,
                 skipped_note(image.skipped),
-                ", ".join(image.skipped[:8]) + (", ..." if len(image.skipped) > 8 else ""),
+                ", ".join(map(repr, image.skipped[:8]))
+                + (", ..." if len(image.skipped) > 8 else ""),
             )
         if self.binary is None:
             if image.python is None:
