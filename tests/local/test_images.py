@@ -50,6 +50,15 @@ ESCAPES = {
         CONFIG_INVALID,
     ),
     "workdir-file": ([Entry("etc/passwd")], "/etc/passwd/workdir", CONFIG_INVALID),
+    # procfs over the image's root, then /dev through its self/root (after the attack, 1)
+    "proc-root": (
+        [
+            Entry("proc", "symlink", target="/"),
+            Entry("dev", "symlink", target="/self/root/oldroot/DECOY/dev"),
+        ],
+        "",
+        "the container's root",
+    ),
 }
 
 
@@ -109,6 +118,8 @@ def registries(tmp_path_factory: pytest.TempPathFactory, decoy: Path) -> Iterato
         # its WorkingDir is under Debian's /var/run -> /run link (an absolute one)
         nobody = Image(bullseye.layers, env=bullseye.env, user="nobody", working_dir="/var/run/app")
         write_layout(work / "nobody", "v1", [nobody])
+        workspace = Image(bullseye.layers, env=bullseye.env, working_dir="/workspace/app")
+        write_layout(work / "workspace", "v1", [workspace])
         python3 = Entry("usr/bin/python3", data=b"#!/bin/sh\n", mode=0o755)
         for name, (links, workdir, _) in ESCAPES.items():
             mine = str(decoy / name)
@@ -128,6 +139,7 @@ def registries(tmp_path_factory: pytest.TempPathFactory, decoy: Path) -> Iterato
             "nopython": anonymous.push(work / "nopython", "v1", "nopython"),
             "entry": anonymous.push(work / "entry", "v1", "entry"),
             "nobody": anonymous.push(work / "nobody", "v1", "nobody"),
+            "workspace": anonymous.push(work / "workspace", "v1", "workspace"),
             **{name: anonymous.push(work / name, "v1", name) for name in ESCAPES},
             "anonymous": anonymous,
         }
@@ -262,12 +274,13 @@ def test_an_images_paths_never_lead_bwrap_out_of_its_root(
     with pytest.raises(osb_sync.ApiError) as failed:
         client.create_sandbox(template=registries[image])
     assert os.listdir(decoy / image) == []
-    outcome = ESCAPES[image][2]
+    _, workdir, outcome = ESCAPES[image]
     assert outcome in str(failed.value), failed.value
     if outcome == EXECVP:  # bwrap made every mount (inside the image's root)
         assert failed.value.code == "DOCKER::SANDBOX_START_FAILED", failed.value
     else:  # refused before bwrap, naming the path
-        assert failed.value.code == PULL_FAILED and "/workdir" in str(failed.value)
+        assert failed.value.code == PULL_FAILED and CONFIG_INVALID in str(failed.value)
+        assert not workdir or "/workdir" in str(failed.value)
     assert _leftovers(image_server) == before
 
 
@@ -286,6 +299,20 @@ def test_an_images_volume_is_mounted_inside_its_root(
         assert ran.stdout == "kept\n1\n", ran
     assert image_server.root_dir is not None
     assert (image_server.root_dir / "volumes" / "issue37" / "f").read_text() == "kept\n"
+
+
+def test_an_images_working_dir_in_a_volume_is_made_there(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    """WorkingDir /workspace/app, a pvc at /workspace: made in the pvc (by descriptor, as the
+    range's root), where the sandbox runs (after the attack, 12: it was refused)."""
+    volume = {"name": "ws", "pvc": {"claimName": "issue37-ws"}, "mountPath": "/workspace"}
+    with _client(image_server).create_sandbox(
+        template=registries["workspace"], volumes=[volume]
+    ) as sandbox:
+        assert sandbox.commands.run("pwd; touch kept").stdout == "/workspace/app\n"
+    assert image_server.root_dir is not None
+    assert (image_server.root_dir / "volumes" / "issue37-ws" / "app" / "kept").exists()
 
 
 def test_the_default_image_is_still_the_host_view(image_server: LocalServer) -> None:

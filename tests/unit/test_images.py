@@ -378,7 +378,7 @@ def test_confine_gives_bwrap_every_destination_resolved_in_the_image(tmp_path: P
         *["--tmpfs", "/proc/acpi", "--remount-ro", "/proc/acpi"],
         *["--bind", "/h", "/run/osb-execd", "--perms", "0755", "--dir", "/usr/lib/osb-sync"],
         *["--ro-bind-try", "/x", "/oldroot/tmp/x", "--bind", "/v", "/mnt/a/c"],
-        *["--dir", "/oldroot/tmp/w", "--chdir", "/oldroot/tmp/w"],
+        *["--dir", "/oldroot/tmp/w", "--chdir", "/../srv/w"],  # (the container resolves it)
     ]
 
 
@@ -386,11 +386,11 @@ def test_confine_gives_bwrap_every_destination_resolved_in_the_image(tmp_path: P
     ("options", "problem"),
     [
         (["--dir", "/etc/passwd/x"], "/etc/passwd is no directory"),
-        (["--chdir", "/etc/passwd"], "is no directory in the image"),
+        (["--dir", "/etc/passwd"], "is no directory in the image"),
         (["--dir", "/loop/x"], "loop of links"),
-        (["--proc", "/proc", "--dir", "/proc/self/root/oldroot/tmp"], "leads below /proc"),
-        (["--proc", "/proc", "--bind", "/h", "/data/x"], "leads below /proc"),
-        (["--tmpfs", "/run", "--ro-bind", "/h", "/var/run/x"], "leads below /run"),
+        (["--proc", "/proc", "--dir", "/proc/self/root/oldroot/tmp"], "leads below '/proc'"),
+        (["--proc", "/proc", "--bind", "/h", "/data/x"], "leads below '/proc'"),
+        (["--tmpfs", "/run", "--ro-bind", "/h", "/var/run/x"], "leads below '/run'"),
     ],
 )
 def test_confine_refuses_what_the_image_makes_impossible(

@@ -345,7 +345,8 @@ def container_options(
             `writable_tmpfs`).
         info_fd: where bwrap writes its child's pid.
         ident: `identity_options`.
-        mounts: its volumes' binds, after /tmp (a venv under the host's /tmp stays visible).
+        mounts: its volumes' binds, last (after /tmp: a venv under the host's /tmp stays
+            visible): bwrap makes nothing of the server's in what a sandbox may have written.
         extra: read-only binds of an execd binary, and the like.
     """
     return [
@@ -372,8 +373,8 @@ def container_options(
         "/dev",
         *writable,
         *interpreter_view(),
-        *mounts,
         *extra,
+        *mounts,
         "--remount-ro",
         "/",
         "--chdir",

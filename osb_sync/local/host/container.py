@@ -461,7 +461,7 @@ class SandboxContainer:
             self._layer = rootfs.Layer(image, self._data)
             state = self._writable(bwrap.EXECD_STATE_DIR)
             options = rootfs.image_options(
-                self._layer, image, state, info_fd, mounts, [*ident, *extra]
+                self._layer, image, state, info_fd, mounts, [*ident, *extra], self._settings.mounts
             )
         else:
             options = bwrap.container_options(writable, info_fd, ident, mounts, extra)

@@ -30,8 +30,8 @@ from ..http.exchange import Exchange, HttpError, error
 from . import diagnostics, disk, limits, liveness, network, volumes
 from .bwrap import Support, network_plan
 from .capacity import Capacity
-from .container import Launch, SandboxContainer
-from .execd_binary import ExecdBinary
+from .container import OOM_CONTROL, Launch, SandboxContainer
+from .execd_binary import IMAGE_EXECD_PATH, ExecdBinary
 from .images.config import CONFIG_INVALID, ConfigError
 from .images.service import ImageService, failed
 from .pools import (
@@ -251,7 +251,9 @@ class Registry:
         )
         requested = limits.parse(body["resourceLimits"])
         isolated = self.config.support.bwrap is not None
-        mounts = volumes.mounts(body.get("volumes"), *self.config.volume_places, isolated)
+        binary = self.config.binary  # its paths, and the OOM counter's, are ours: no volume's
+        own = (OOM_CONTROL, IMAGE_EXECD_PATH, *(binary.read_only_paths() if binary else ()))
+        mounts = volumes.mounts(body.get("volumes"), *self.config.volume_places, isolated, own)
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
         config: dict[str, Any] = {"env": env, "token": token}
