@@ -2,7 +2,8 @@
 after the attack: findings 1, 2, 3 and 12). bwrap makes every mount point and directory while
 the host's root is its /oldroot, following links: a destination resolved into a place that is
 no longer the image's (procfs at `/`, a volume a sandbox writes) leads it to the host. These
-tests read the options `image_options` builds (no bwrap runs).
+tests read the options `image_options` builds (no bwrap runs); the property test
+tests/unit/test_mount_properties.py has the kernel resolve them as it does for bwrap.
 """
 
 from __future__ import annotations

@@ -3,23 +3,32 @@ hypothesis (bounded and derandomized: see tests/properties.py).
 
 Each example unpacks generated layers (directories, files, links absolute and relative, hard
 links, fifos, device nodes, whiteouts, opaque markers, a directory replaced by a link and back,
-within a layer and across layers) into `world/rootfs`, beside a decoy tree `world/decoy` that
-holds the same names. Links point at the decoy (absolute, and relative with enough `..`), at the
-container's own paths and at each other. Nothing outside the root may change: the decoy's
-contents, modes, owners and times, and no entry appears beside the root. An image may be
-refused, with `UnpackError` only.
+within a layer and across layers, sparse files whose maps and sizes may lie, headers no file
+system takes) into `world/rootfs`, beside a decoy tree `world/decoy` that holds the same names,
+with an image size limit of 2 MiB. Links point at the decoy (absolute, and relative with enough
+`..`), at the container's own paths and at each other. Nothing outside the root may change: the
+decoy's contents, modes, owners and times, and no entry appears beside the root. An image may
+be refused, with `UnpackError` only; one unpacked takes on disk no more than its recorded size,
+which is within the limit.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from osb_sync.local.host.images.unpack import UnpackError, in_range, server_owned, unpack
+from osb_sync.local.host.images.unpack import (
+    SizeLimit,
+    UnpackError,
+    in_range,
+    server_owned,
+    unpack,
+)
 from tests.imagekit import Entry, Image, layer_bytes, snapshot, write_dir_layout
 from tests.properties import bounded
 
@@ -73,6 +82,24 @@ entries = st.one_of(
     names.map(lambda n: Entry(n, "chardev")),
     names.map(_whiteout),
     st.sampled_from(["", "a", "b", "a/b"]).map(_opaque),
+    st.builds(  # sparse: `size` bytes, the data's places in it (pax 0.1), maybe lying
+        lambda n, size, regions: Entry(
+            n,
+            data=b"d" * sum(int(r.split(",")[1]) for r in regions if r),
+            pax={
+                "GNU.sparse.map": ",".join(r for r in regions if r) or "0,0",
+                "GNU.sparse.size": size,
+            },
+        ),
+        names,
+        st.sampled_from(["0", "4096", "9000", str(8 << 20), "-1", "x"]),
+        st.lists(st.sampled_from(["", "0,10", "100,50", "8000,1000", "5,-1", "-5,1"]), max_size=2),
+    ),
+    st.builds(
+        lambda n, pax: Entry(n, data=b"x", pax=pax),
+        names,
+        st.sampled_from([{"mtime": "1e300"}, {"mtime": "nan"}, {"path": "a\0b"}, {"size": "-1"}]),
+    ),
 )
 # Besides single entries, the moves that matter: a directory with one inside it (made, or
 # made again after a swap), and a directory swapped for a link.
@@ -121,17 +148,17 @@ def test_nothing_outside_the_root_changes(generated: list[list[Entry]]) -> None:
         world = Path(scratch) / "world"
         decoy = _world(world)
         filled = [
-            [
-                Entry(e.name, e.kind, e.data, e.target.replace(DECOY, str(decoy)), e.mode)
-                for e in layer
-            ]
+            [replace(e, target=e.target.replace(DECOY, str(decoy))) for e in layer]
             for layer in generated
         ]
         write_dir_layout(Path(scratch) / "layout", Image([layer_bytes(e) for e in filled]))
         before = snapshot(world, skip=["rootfs"])
         try:
-            unpack(Path(scratch) / "layout", world / "rootfs", owner)
+            unpacked = unpack(Path(scratch) / "layout", world / "rootfs", owner, SizeLimit(2 << 20))
         except UnpackError:
-            pass  # refused: allowed, as long as nothing outside changed
+            unpacked = None  # refused: allowed, as long as nothing outside changed
         assert snapshot(world, skip=["rootfs"]) == before
         assert sorted(os.listdir(world)) == ["decoy", "rootfs"]
+        if unpacked is not None:
+            on_disk = sum(p.lstat().st_blocks * 512 for p in (world / "rootfs").rglob("*"))
+            assert on_disk <= unpacked.size <= 2 << 20
