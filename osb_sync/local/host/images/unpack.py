@@ -325,7 +325,7 @@ def unpack(
     manifest, config = read_manifest(layout)
     rootfs.mkdir(mode=0o755)
     meter = _Meter(limit)
-    writer = _Writer(os.open(rootfs, _DIR), owner, meter, time.monotonic() + timeout)
+    writer = _Writer(os.open(rootfs, _DIR), owner, meter, timeout)
     try:
         pairs = zip(manifest["layers"], config["rootfs"]["diff_ids"], strict=True)  # checked
         for descriptor, diff_id in pairs:
@@ -417,11 +417,12 @@ class _Writer:
     them; else the walk starts at its deepest ancestor kept open).
     """
 
-    def __init__(self, root: int, owner: OwnerMap, meter: _Meter, deadline: float) -> None:
+    def __init__(self, root: int, owner: OwnerMap, meter: _Meter, timeout: float) -> None:
         self.root = root
         self.owner = owner
         self.meter = meter
-        self.deadline = deadline
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
         self.skipped: list[str] = []
         self._tree = _Dir()
         self._open: OrderedDict[str, tuple[int, _Dir]] = OrderedDict()  # least recent first
@@ -445,8 +446,8 @@ class _Writer:
         for member in members:
             if time.monotonic() > self.deadline:
                 raise UnpackError(
-                    f"the image was not unpacked in time (at layer member {member.name!r}):"
-                    " it has more members, or the disk is slower, than an unpack may take"
+                    f"the image was not unpacked within {self.timeout:.0f} s (at layer member"
+                    f" {member.name!r}): more members, or a slower disk, than an unpack may take"
                 )
             try:
                 self._apply(tar, member)
