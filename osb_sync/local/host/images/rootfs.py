@@ -255,7 +255,7 @@ def confine(root: Path, options: Sequence[str], names: Sequence[str] = ()) -> li
             rooted = True
             continue
         if found.below:
-            if any(kind is not None and _within(path, m) for m, kind in mounted):
+            if any(kind and volumes.relation(path, m) == "inside" for m, kind in mounted):
                 raise ConfigError(f"the container path {given!r} leads into a volume")
             if found.linked or name not in KEPT_BELOW_MOUNTS:
                 raise ConfigError(
@@ -295,10 +295,6 @@ def _check_volume(
     why = volumes.clash(path)
     if why:
         raise volumes.invalid_mount_path(f"{leads} to {path!r}, which {why}")
-
-
-def _within(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder + "/")
 
 
 def main_interpreter(image: StoredImage) -> list[str]:
