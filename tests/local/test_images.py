@@ -19,7 +19,7 @@ import requests
 
 import osb_sync
 from osb_sync.local import LocalServer
-from osb_sync.local.host import recovery
+from osb_sync.local.host import bwrap, recovery
 from tests import imagekit
 from tests.imagekit import Entry, Image, LoopbackRegistry, layer_bytes, write_layout
 
@@ -312,7 +312,8 @@ def test_an_images_working_dir_in_a_volume_is_made_there(
     ) as sandbox:
         assert sandbox.commands.run("pwd; touch kept").stdout == "/workspace/app\n"
     assert image_server.root_dir is not None
-    assert (image_server.root_dir / "volumes" / "issue37-ws" / "app" / "kept").exists()
+    made, ids = image_server.root_dir / "volumes" / "issue37-ws" / "app", bwrap.probe().ids
+    assert (made / "kept").exists() and (ids is None or made.stat().st_uid == ids.uid)
 
 
 def test_the_default_image_is_still_the_host_view(image_server: LocalServer) -> None:
