@@ -628,6 +628,7 @@ def _add_images(command: Any) -> None:
         pull,
         (
             *store_flags,
+            server_options.IMAGE_SIZE_LIMIT,
             server_options.INSECURE_REGISTRIES,
             server_options.REGISTRY_AUTH_FILE,
             server_options.LOCAL_IMAGE_PATHS,

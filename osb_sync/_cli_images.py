@@ -7,7 +7,9 @@ locks, so they run beside servers that use it: ``prune`` leaves the images a san
 
 ``pull`` unpacks with the owners a server on this host would give (the sandboxes' id range,
 where sandboxes are isolated), so a server's sandboxes run what it pulled. Its progress is a
-bar on a terminal (standard error), else one plain line per phase.
+bar on a terminal (standard error), else one plain line per phase. What it says of the
+image (stdout) notes the device nodes its layers had and the store skipped (each sandbox gets
+its own /dev); ``images --json`` lists them (`skipped`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ def _store(args: argparse.Namespace, for_pull: bool = False) -> Any:
         tuple(Path(p).resolve() for p in getattr(args, "allow_image_path", None) or ()),
     )
     try:
-        return store.ImageStore(root, puller, args.image_store_size, owner)
+        return store.ImageStore(
+            root, puller, args.image_store_size, owner, getattr(args, "image_size_limit", None)
+        )
     except OSError as exc:
         raise ImageCommandError(
             f"cannot open the image store {root}: {exc.strerror or exc}; pass another"
@@ -152,6 +156,7 @@ class PullProgress:
 def cmd_pull(args: argparse.Namespace) -> int:
     """``osb-sync pull IMAGE``: fetch it into the store now (asking its registry again)."""
     from .local.host.images import pull
+    from .local.host.images.store import skipped_note
 
     image_store = _store(args, for_pull=True)
     platform = pull.host_platform()
@@ -171,9 +176,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
     seconds = time.monotonic() - started
     if args.json:
         found = {"reference": image.reference, "digest": image.digest, "size": image.size}
-        print(json.dumps({**found, "python": image.python, "seconds": round(seconds, 3)}))
+        found.update(python=image.python, skipped=list(image.skipped))
+        print(json.dumps({**found, "seconds": round(seconds, 3)}))
     else:
-        note = "" if image.python else " (no python3: sandboxes need the server's execd binary)"
+        notes = [] if image.python else ["no python3: sandboxes need the server's execd binary"]
+        if image.skipped:
+            notes.append(f"{skipped_note(image.skipped)}: each sandbox gets its own /dev")
+        note = f" ({'; '.join(notes)})" if notes else ""
         print(f"{image.pinned} {_size_text(image.size)} in {seconds:.1f}s{note}")
     return 0
 
@@ -188,6 +197,8 @@ def _fix(exc: Any) -> str:
         pull.NETWORK: "check the name and the network; a registry without TLS needs"
         " --insecure-registry HOST",
         pull.NO_PLATFORM: "choose one the image has with --platform OS/ARCH",
+        pull.TOO_LARGE: "raise the limit with --image-size-limit BYTES (default: the store's"
+        " size, --image-store-size)",
     }
     hint = hints.get(exc.reason)
     return f"{message}; {hint}" if hint and hint not in message else message

@@ -24,6 +24,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import tarfile
 import threading
@@ -87,6 +88,7 @@ class Entry:
     data: bytes = b""
     target: str = ""
     mode: int = 0o644
+    pax: dict[str, str] = field(default_factory=dict)  # its pax header's records, as given
 
 
 def layer_bytes(entries: Iterable[Entry]) -> bytes:
@@ -107,12 +109,22 @@ def layer_bytes(entries: Iterable[Entry]) -> bytes:
             }
             info.type = types[entry.kind]
             info.linkname = entry.target
+            info.pax_headers = dict(entry.pax)
             if entry.kind == "file":
                 info.size = len(entry.data)
                 tar.addfile(info, io.BytesIO(entry.data))
             else:
                 tar.addfile(info)
     return buffer.getvalue()
+
+
+def extended_header(body: bytes, kind: bytes = tarfile.XHDTYPE) -> bytes:
+    """A tar header of type `kind` (pax's `x` or `g`, GNU's long name `L`) holding `body`, of
+    any content and size, padded: to put before the members of a `layer_bytes` tar."""
+    pax = kind in (tarfile.XHDTYPE, tarfile.XGLTYPE)
+    info = tarfile.TarInfo("././@PaxHeader" if pax else "././@LongLink")
+    info.type, info.size = kind, len(body)
+    return info.tobuf(format=tarfile.USTAR_FORMAT) + body + bytes(-len(body) % tarfile.BLOCKSIZE)
 
 
 @dataclass
@@ -126,6 +138,7 @@ class Image:
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
     architecture: str = HOST_ARCH
+    raw_config: Any = None  # the config blob's "config", any JSON, instead of the fields above
 
 
 def _blob(layout: Path, data: bytes) -> dict[str, Any]:
@@ -151,6 +164,8 @@ def _manifest(layout: Path, image: Image) -> dict[str, Any]:
     ):
         if value:
             config[key] = value
+    if image.raw_config is not None:
+        config = image.raw_config
     config_blob = {
         "architecture": image.architecture,
         "os": "linux",
@@ -190,18 +205,36 @@ def write_layout(layout: Path, tag: str, images: Sequence[Image], as_list: bool 
     return layout
 
 
-def rootfs_layer(tar_path: Path) -> bytes:
-    """A layer from a rootfs tarball (mmdebstrap's), without its device nodes (`/dev`'s).
+def snapshot(top: Path, skip: Sequence[str] = ()) -> dict[str, tuple[Any, ...]]:
+    """Everything a change outside an image's root would show, of `top` and what is below it
+    (links never followed; names in `skip` left out at any depth): each entry's type and mode,
+    owner, mtime (`top`'s own excepted: a root made beside it changes it) and content (a
+    file's bytes, a link's target, a directory's names)."""
+    found: dict[str, tuple[Any, ...]] = {}
 
-    Image layers carry no device nodes (the runtime makes `/dev`); the store refuses them.
-    """
-    out = io.BytesIO()
-    with tarfile.open(tar_path) as source, tarfile.open(fileobj=out, mode="w") as tar:
-        for member in source:
-            if member.ischr() or member.isblk():
-                continue
-            tar.addfile(member, source.extractfile(member) if member.isfile() else None)
-    return out.getvalue()
+    def visit(path: Path, rel: str) -> None:
+        info = path.lstat()
+        mtime = None if not rel else info.st_mtime_ns
+        content: Any = None
+        if stat.S_ISLNK(info.st_mode):
+            content = os.readlink(path)
+        elif stat.S_ISREG(info.st_mode):
+            content = path.read_bytes()
+        elif stat.S_ISDIR(info.st_mode):
+            content = sorted(set(os.listdir(path)) - set(skip))
+        found[rel or "."] = (info.st_mode, info.st_uid, info.st_gid, mtime, content)
+        if stat.S_ISDIR(info.st_mode):
+            for name in content:
+                visit(path / name, f"{rel}/{name}" if rel else name)
+
+    visit(top, "")
+    return found
+
+
+def rootfs_layer(tar_path: Path) -> bytes:
+    """A layer from a rootfs tarball (mmdebstrap's), as it is: with its device nodes (`/dev`'s,
+    which the store skips, as debootstrap-made base images carry them)."""
+    return tar_path.read_bytes()
 
 
 def busybox_image(env: list[str]) -> Image:

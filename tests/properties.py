@@ -1,4 +1,4 @@
-"""Shared pieces of the hypothesis tests of the stream pipeline (tests/unit).
+"""Shared pieces of the hypothesis tests (tests/unit: the stream pipeline, the unpacker).
 
 Bounded and deterministic: derandomized (the same examples on every run), no deadline, and no
 example database written into the repository. A plain ``pytest`` run tries a quarter of each

@@ -42,11 +42,13 @@ def osb(*args: str) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A small image (a few KiB, no python3) on a loopback registry."""
+    """A small image (a few KiB, no python3, a device node) on a loopback registry."""
     work = tmp_path_factory.mktemp("cli-registry")
     registry = LoopbackRegistry(work / "registry").start()
     try:
-        tiny = Image([layer_bytes([Entry("etc/hello", data=b"hi\n" * 2000)])])
+        tiny = Image(
+            [layer_bytes([Entry("etc/hello", data=b"hi\n" * 2000), Entry("dev/null", "chardev")])]
+        )
         write_layout(work / "tiny", "v1", [tiny])
         yield registry.push(work / "tiny", "v1", "tiny")
     finally:
@@ -58,6 +60,7 @@ def test_pull_then_images_then_prune(tmp_path: Path, reference: str) -> None:
     status, out, err = osb("pull", reference, "--image-store", where)
     assert status == 0, err
     assert out.startswith(f"{reference}@sha256:") and "no python3" in out
+    assert "1 device node skipped: each sandbox gets its own /dev" in out
     assert f"{reference}: downloading" in err and f"{reference}: unpacking" in err  # plain
     assert f"{reference}: downloaded " in err and " B of " in err  # the total: its manifest
     assert "\r" not in err  # no bar off a terminal
@@ -70,6 +73,7 @@ def test_pull_then_images_then_prune(tmp_path: Path, reference: str) -> None:
     listed = json.loads(osb("images", "--image-store", where, "--json")[1])
     (image,) = listed
     assert image["size"] >= 6000 and not image["in_use"]
+    assert image["skipped"] == ["dev/null"]
 
     # an image a sandbox holds survives prune; once let go, it goes
     opened = store.ImageStore(Path(where), pull.Puller(Path(where) / "scratch"))
@@ -106,4 +110,18 @@ def test_pull_json(tmp_path: Path, reference: str) -> None:
     assert status == 0, err
     answer: dict[str, Any] = json.loads(out)
     assert answer["reference"] == reference and answer["digest"].startswith("sha256:")
-    assert answer["python"] is None
+    assert answer["python"] is None and answer["skipped"] == ["dev/null"]
+
+
+def test_pull_past_the_size_limit_says_which_flag_raises_it(tmp_path: Path, reference: str) -> None:
+    where = tmp_path / "store"
+    status, out, err = osb(
+        "pull", reference, "--image-store", str(where), "--image-size-limit", "4096"
+    )
+    assert status == OWN_ERROR and out == ""
+    assert "IMAGE_TOO_LARGE: cannot pull" in err and "limit of 4.0 KiB (4096 bytes)" in err
+    assert "--image-size-limit BYTES" in err
+    assert (
+        os.listdir(where / "tmp") == []
+        and osb("images", "--image-store", str(where), "--json")[1] == "[]\n"
+    )

@@ -126,6 +126,13 @@ def test_run_code_in_a_code_interpreter_image_goes_through_its_jupyter(
         assert "the image's Jupyter /usr/bin/jupyter" in client.get_sandbox(sandbox.id).message
         ran = sandbox.commands.run(WHOSE_COMMAND)
         assert ran.stdout.split() == [IMAGE_EXECD_PATH, _sha256(execd)], ran
+        # mmdebstrap's layer as it is, /dev/console and the other device nodes in it (issue
+        # 37): skipped, and listed in the store; the sandbox has bwrap's /dev
+        assert sandbox.commands.run("cat /etc/debian_version").stdout.startswith("12.")
+        assert sandbox.commands.run("cat /dev/null && echo ok").stdout == "ok\n"
+        stored = real_server._registry.config.images.store.images()  # type: ignore[union-attr]
+        image = next(i for i in stored if any("interpreter" in r for r in i["references"]))
+        assert "dev/console" in image["skipped"], image
         code = (
             "import os, sys, ipykernel\n"
             "parent = open(f'/proc/{os.getppid()}/cmdline').read().replace(chr(0), ' ')\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import requests
 
 import osb_sync
 from osb_sync.local import LocalServer
-from osb_sync.local.host import recovery
+from osb_sync.local.host import bwrap, recovery
 from tests import imagekit
 from tests.imagekit import Entry, Image, LoopbackRegistry, layer_bytes, write_layout
 
@@ -31,10 +32,50 @@ if MISSING and not imagekit.REQUIRE_IMAGES:
     )
 PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PULL_FAILED = "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
+# Images whose paths lead bwrap out of their root (issue 37, row 2), each with a python3 that is
+# found on its PATH but cannot run (no /bin/sh): the create fails once bwrap has made every
+# mount and directory, which is all they need ("execvp"), or is refused at once, naming the
+# path (CONFIG_INVALID). DECOY is a host directory anyone may write (`decoy`, one per image).
+EXECVP, CONFIG_INVALID = "execvp /usr/bin/python3", "IMAGE_CONFIG_INVALID"
+ESCAPES = {
+    "workdir-dotdot": ([], "/../oldroot/DECOY/workdir", EXECVP),
+    "workdir-link": ([Entry("srv", "symlink", target="/oldroot/DECOY")], "/srv/workdir", EXECVP),
+    "own-dir-link": ([Entry("opt", "symlink", target="/oldroot/DECOY")], "", EXECVP),
+    "mount-point-link": ([Entry("run", "symlink", target="../../oldroot/DECOY")], "", EXECVP),
+    # procfs' own link to bwrap's root, where the host's is /oldroot
+    "workdir-proc": ([], "/proc/self/root/oldroot/DECOY/workdir", CONFIG_INVALID),
+    "workdir-link-proc": (
+        [Entry("srv", "symlink", target="/proc/thread-self/root/oldroot/DECOY")],
+        "/srv/workdir",
+        CONFIG_INVALID,
+    ),
+    "workdir-file": ([Entry("etc/passwd")], "/etc/passwd/workdir", CONFIG_INVALID),
+    # procfs over the image's root, then /dev through its self/root (after the attack, 1)
+    "proc-root": (
+        [
+            Entry("proc", "symlink", target="/"),
+            Entry("dev", "symlink", target="/self/root/oldroot/DECOY/dev"),
+        ],
+        "",
+        "the container's root",
+    ),
+}
 
 
 @pytest.fixture(scope="module")
-def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def decoy() -> Iterator[Path]:
+    """Host directories where "other" may write (as in /tmp), one per image of ESCAPES."""
+    path = Path(tempfile.mkdtemp(prefix="osb-decoy-", dir="/tmp"))
+    for name in ESCAPES:
+        (path / name).mkdir()
+        (path / name).chmod(0o777)
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture(scope="module")
+def registries(tmp_path_factory: pytest.TempPathFactory, decoy: Path) -> Iterator[dict[str, Any]]:
     """An anonymous, a basic-auth and a bearer-token registry with the test images pushed."""
     work = tmp_path_factory.mktemp("registries")
     anonymous = LoopbackRegistry(work / "anon").start()
@@ -74,9 +115,19 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
             cmd=["exit 3"],
         )
         write_layout(work / "entry", "v1", [ends])
-        write_layout(
-            work / "nobody", "v1", [Image(bullseye.layers, env=bullseye.env, user="nobody")]
-        )
+        # its WorkingDir is under Debian's /var/run -> /run link (an absolute one)
+        nobody = Image(bullseye.layers, env=bullseye.env, user="nobody", working_dir="/var/run/app")
+        write_layout(work / "nobody", "v1", [nobody])
+        workspace = Image(bullseye.layers, env=bullseye.env, working_dir="/workspace/app")
+        write_layout(work / "workspace", "v1", [workspace])
+        python3 = Entry("usr/bin/python3", data=b"#!/bin/sh\n", mode=0o755)
+        for name, (links, workdir, _) in ESCAPES.items():
+            mine = str(decoy / name)
+            links = [Entry(e.name, e.kind, target=e.target.replace("/DECOY", mine)) for e in links]
+            image = Image(
+                [layer_bytes([python3, *links])], working_dir=workdir.replace("/DECOY", mine)
+            )
+            write_layout(work / name, "v1", [image])
         yield {
             "bullseye": anonymous.push(work / "bullseye", "v1", "bullseye"),
             "private": private.push(work / "bullseye", "v1", "bullseye"),
@@ -88,6 +139,8 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
             "nopython": anonymous.push(work / "nopython", "v1", "nopython"),
             "entry": anonymous.push(work / "entry", "v1", "entry"),
             "nobody": anonymous.push(work / "nobody", "v1", "nobody"),
+            "workspace": anonymous.push(work / "workspace", "v1", "workspace"),
+            **{name: anonymous.push(work / name, "v1", name) for name in ESCAPES},
             "anonymous": anonymous,
         }
     finally:
@@ -210,6 +263,59 @@ def test_an_image_that_cannot_be_had_fails_the_create_and_leaves_nothing(
     assert _leftovers(image_server) == (before[0], [])
 
 
+@pytest.mark.parametrize("image", ESCAPES)
+def test_an_images_paths_never_lead_bwrap_out_of_its_root(
+    image_server: LocalServer, registries: dict[str, Any], decoy: Path, image: str
+) -> None:
+    """Issue 37, row 2: bwrap makes its mount points and directories while the host's root is
+    still at /oldroot, and followed the image's links (and a WorkingDir's `..`) there."""
+    client = _client(image_server)
+    before = _leftovers(image_server)
+    with pytest.raises(osb_sync.ApiError) as failed:
+        client.create_sandbox(template=registries[image])
+    assert os.listdir(decoy / image) == []
+    _, workdir, outcome = ESCAPES[image]
+    assert outcome in str(failed.value), failed.value
+    if outcome == EXECVP:  # bwrap made every mount (inside the image's root)
+        assert failed.value.code == "DOCKER::SANDBOX_START_FAILED", failed.value
+    else:  # refused before bwrap, naming the path
+        assert failed.value.code == PULL_FAILED and CONFIG_INVALID in str(failed.value)
+        assert not workdir or "/workdir" in str(failed.value)
+    assert _leftovers(image_server) == before
+
+
+def test_an_images_volume_is_mounted_inside_its_root(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    """A mountPath under the image's `/var/run -> /run`: bwrap mounts at /run/data in the
+    image's root (issue 37, item 5), where the sandbox sees it by both names."""
+    volume = {"name": "data", "pvc": {"claimName": "issue37"}, "mountPath": "/var/run/data"}
+    client = _client(image_server)
+    with client.create_sandbox(template=registries["bullseye"], volumes=[volume]) as sandbox:
+        ran = sandbox.commands.run(
+            "echo kept > /var/run/data/f && cat /run/data/f"
+            " && grep -c ' /run/data ' /proc/self/mountinfo"
+        )
+        assert ran.stdout == "kept\n1\n", ran
+    assert image_server.root_dir is not None
+    assert (image_server.root_dir / "volumes" / "issue37" / "f").read_text() == "kept\n"
+
+
+def test_an_images_working_dir_in_a_volume_is_made_there(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    """WorkingDir /workspace/app, a pvc at /workspace: made in the pvc (by descriptor, as the
+    range's root), where the sandbox runs (after the attack, 12: it was refused)."""
+    volume = {"name": "ws", "pvc": {"claimName": "issue37-ws"}, "mountPath": "/workspace"}
+    with _client(image_server).create_sandbox(
+        template=registries["workspace"], volumes=[volume]
+    ) as sandbox:
+        assert sandbox.commands.run("pwd; touch kept").stdout == "/workspace/app\n"
+    assert image_server.root_dir is not None
+    made, ids = image_server.root_dir / "volumes" / "issue37-ws" / "app", bwrap.probe().ids
+    assert (made / "kept").exists() and (ids is None or made.stat().st_uid == ids.uid)
+
+
 def test_the_default_image_is_still_the_host_view(image_server: LocalServer) -> None:
     with _client(image_server).create_sandbox() as sandbox:
         assert sandbox.commands.run("echo $PATH").stdout.startswith("/opt/osb-sync/bin")
@@ -281,13 +387,15 @@ def test_an_image_sandbox_whose_entrypoint_exits_7_is_failed(
 def test_an_images_user_runs_its_commands_code_and_entrypoint(
     image_server: LocalServer, registries: dict[str, Any]
 ) -> None:
-    """`User: nobody` (65534 in the image's /etc/passwd): what runs in the sandbox is nobody."""
+    """`User: nobody` (65534 in the image's /etc/passwd): what runs in the sandbox is nobody,
+    in its WorkingDir under the image's `/var/run -> /run` (resolved in the image's root)."""
     client = _client(image_server)
     script = "id -u > /tmp/entry-uid; exec sleep 600"
     with client.create_sandbox(
         template=registries["nobody"], entrypoint=["sh", "-c", script]
     ) as sandbox:
         assert sandbox.commands.run("id -u; id -g").stdout == "65534\n65534\n"
+        assert sandbox.commands.run("pwd -P").stdout == "/run/app\n"
         ran = sandbox.run_code("import os; print(os.getuid(), os.getgid())")
         assert ran.stdout == "65534 65534\n", ran
         deadline = time.monotonic() + 10

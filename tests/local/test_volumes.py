@@ -155,6 +155,7 @@ def test_host_volumes_need_an_allowed_directory(http: requests.Session, tree: Pa
         ([pvc("c", "/home")], "VOLUME::INVALID_MOUNT_PATH", "/home/sandbox"),
         ([pvc("c", "/data/../etc")], "VOLUME::INVALID_MOUNT_PATH", ".."),
         ([pvc("c"), {**pvc("d"), "name": "other"}], "VOLUME::DUPLICATE", "/data"),
+        ([pvc("c"), {**pvc("d", "/data/y"), "name": "in"}], "VOLUME::INVALID_MOUNT_PATH", "inside"),
         ([pvc("c", subPath="../x")], "VOLUME::INVALID_SUB_PATH", ".."),
         ([pvc("c", subPath="/abs")], "VOLUME::INVALID_SUB_PATH", "relative"),
         (

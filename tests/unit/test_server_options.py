@@ -80,6 +80,7 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "isolation": None,
         "image_store": None,
         "image_store_size": 10 << 30,
+        "image_size_limit": None,
         "insecure_registries": [],
         "registry_auth_file": None,
         "local_image_paths": [],
@@ -94,6 +95,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     argv += ["--volume-root", "v", "--execd", "e", "--jupyter", "j", "--spare-containers", "0"]
     argv += ["--state-dir", "s", "--execd-image", "x:1"]
     argv += ["--no-isolation", "--image-store", "s", "--image-store-size", "7"]
+    argv += ["--image-size-limit", "6"]
     argv += ["--insecure-registry", "r:5000", "--registry-auth-file", "a.json"]
     argv += ["--allow-image-path", "/i", "--host-image", "h:1"]
     found = options.keywords(build_parser().parse_args(argv), api_key=None)
@@ -115,6 +117,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "isolation": False,
         "image_store": "s",
         "image_store_size": 7,
+        "image_size_limit": 6,
         "insecure_registries": ["r:5000"],
         "registry_auth_file": "a.json",
         "local_image_paths": ["/i"],
@@ -128,6 +131,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     ("given", "message"),
     [
         ({"spare_containers": -1}, "spare_containers must be 0 or more"),
+        ({"image_size_limit": 0}, "image_size_limit must be 1 or more"),
         ({"unenforced_network_policy": "maybe"}, "unenforced_network_policy must be one of"),
         ({"execd": "/bin/sh", "execd_image": "x:1"}, "execd and execd_image both name"),
         (

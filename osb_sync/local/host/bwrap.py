@@ -345,7 +345,8 @@ def container_options(
             `writable_tmpfs`).
         info_fd: where bwrap writes its child's pid.
         ident: `identity_options`.
-        mounts: its volumes' binds, after /tmp (a venv under the host's /tmp stays visible).
+        mounts: its volumes' binds, last (after /tmp: a venv under the host's /tmp stays
+            visible): bwrap makes nothing of the server's in what a sandbox may have written.
         extra: read-only binds of an execd binary, and the like.
     """
     return [
@@ -372,8 +373,8 @@ def container_options(
         "/dev",
         *writable,
         *interpreter_view(),
-        *mounts,
         *extra,
+        *mounts,
         "--remount-ro",
         "/",
         "--chdir",
@@ -382,6 +383,27 @@ def container_options(
 
 
 _BINDS = ("--bind", "--ro-bind", "--ro-bind-try")
+# bwrap 0.8's options (`bwrap --help`): how many arguments each takes, and which of them (an
+# index) is a path in the container where bwrap makes or mounts something, None for none.
+# `rootfs.confine` reads an image sandbox's options with it. After a `MOUNTS` option, what is
+# below its destination is no longer the root's.
+_BIND_MOUNTS = """--bind --bind-try --dev-bind --dev-bind-try --ro-bind --ro-bind-try --bind-fd
+    --ro-bind-fd --bind-data --ro-bind-data""".split()
+_NEW_MOUNTS = ["--proc", "--dev", "--tmpfs", "--mqueue"]
+MOUNTS = frozenset((*_BIND_MOUNTS, *_NEW_MOUNTS))
+_FLAGS = """--unshare-all --share-net --unshare-user --unshare-user-try --unshare-ipc --unshare-pid
+    --unshare-net --unshare-uts --unshare-cgroup --unshare-cgroup-try --disable-userns
+    --assert-userns-disabled --clearenv --new-session --die-with-parent --as-pid-1""".split()
+_VALUED = """--userns --userns2 --pidns --uid --gid --hostname --unsetenv --sync-fd --exec-label
+    --file-label --seccomp --add-seccomp-fd --block-fd --userns-block-fd --info-fd
+    --json-status-fd --cap-add --cap-drop --perms --size""".split()
+OPTION_ARGS: dict[str, tuple[int, int | None]] = {
+    **dict.fromkeys(_FLAGS, (0, None)),
+    **dict.fromkeys(_VALUED, (1, None)),
+    "--setenv": (2, None),
+    **dict.fromkeys((*_NEW_MOUNTS, "--chdir", "--lock-file", "--remount-ro", "--dir"), (1, 0)),
+    **dict.fromkeys((*_BIND_MOUNTS, "--file", "--symlink", "--chmod"), (2, 1)),
+}
 
 
 def reachable(path: str, ids: identity.IdRange | None = None) -> bool:

@@ -42,6 +42,7 @@ from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
 from .images import rootfs
+from .images.config import ConfigError
 from .images.store import StoredImage, hold
 from .limits import Plan
 from .slirp import start_slirp
@@ -274,6 +275,8 @@ class SandboxContainer:
                 self._send(self._start_line(ping, grace))
             if read_until(ready_r, b"\n", deadline) != b"ready\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
+        except ConfigError:
+            raise  # the image's: the create names it (`registry.py`)
         except (OSError, ValueError, KeyError) as exc:
             raise RuntimeError(
                 f"the sandbox's container did not start ({exc}): {self._log_tail()}"
@@ -458,7 +461,7 @@ class SandboxContainer:
             self._layer = rootfs.Layer(image, self._data)
             state = self._writable(bwrap.EXECD_STATE_DIR)
             options = rootfs.image_options(
-                self._layer, image, state, info_fd, mounts, [*ident, *extra]
+                self._layer, image, state, info_fd, mounts, [*ident, *extra], self._settings.mounts
             )
         else:
             options = bwrap.container_options(writable, info_fd, ident, mounts, extra)

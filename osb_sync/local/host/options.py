@@ -281,6 +281,18 @@ IMAGE_STORE_SIZE = Option(
     parse=int,
     metavar="BYTES",
 )
+IMAGE_SIZE_LIMIT: Option[int | None] = Option(
+    "image_size_limit",
+    None,
+    "bytes one image may unpack to (its layers uncompressed); a larger one fails the create with"
+    " 413 `IMAGE_TOO_LARGE` and leaves nothing (default: `image_store_size`, since the store"
+    " could never keep a larger one; 10 GiB when that is 0).",
+    flag="--image-size-limit",
+    help="bytes one image may unpack to (default: --image-store-size)",
+    check=lambda value: None if value is None or value > 0 else "must be 1 or more",
+    parse=int,
+    metavar="BYTES",
+)
 INSECURE_REGISTRIES: Option[Iterable[str]] = Option(
     "insecure_registries",
     (),
@@ -349,6 +361,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     SPARE_CONTAINERS,
     IMAGE_STORE,
     IMAGE_STORE_SIZE,
+    IMAGE_SIZE_LIMIT,
     INSECURE_REGISTRIES,
     REGISTRY_AUTH_FILE,
     LOCAL_IMAGE_PATHS,

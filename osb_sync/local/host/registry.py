@@ -30,9 +30,10 @@ from ..http.exchange import Exchange, HttpError, error
 from . import diagnostics, disk, limits, liveness, network, volumes
 from .bwrap import Support, network_plan
 from .capacity import Capacity
-from .container import Launch, SandboxContainer
-from .execd_binary import ExecdBinary
-from .images.service import ImageService
+from .container import OOM_CONTROL, Launch, SandboxContainer
+from .execd_binary import IMAGE_EXECD_PATH, ExecdBinary
+from .images.config import CONFIG_INVALID, ConfigError
+from .images.service import ImageService, failed
 from .pools import (
     PoolStore,
     check_capacity,
@@ -250,7 +251,9 @@ class Registry:
         )
         requested = limits.parse(body["resourceLimits"])
         isolated = self.config.support.bwrap is not None
-        mounts = volumes.mounts(body.get("volumes"), *self.config.volume_places, isolated)
+        binary = self.config.binary  # its paths, and the OOM counter's, are ours: no volume's
+        own = (OOM_CONTROL, IMAGE_EXECD_PATH, *(binary.read_only_paths() if binary else ()))
+        mounts = volumes.mounts(body.get("volumes"), *self.config.volume_places, isolated, own)
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         token = secrets.token_urlsafe(24)
         config: dict[str, Any] = {"env": env, "token": token}
@@ -268,6 +271,8 @@ class Registry:
                 except BaseException:
                     container.close()
                     raise
+        except ConfigError as exc:  # a path of the image's root that cannot be (`rootfs.py`)
+            raise failed(str(body["image"].get("uri")), CONFIG_INVALID, str(exc)) from None
         except (OSError, RuntimeError) as exc:
             raise error(
                 500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"

@@ -90,6 +90,7 @@ class LocalServer:
         spare_containers: int = options.SPARE_CONTAINERS.default,
         image_store: str | Path | None = options.IMAGE_STORE.default,
         image_store_size: int = options.IMAGE_STORE_SIZE.default,
+        image_size_limit: int | None = options.IMAGE_SIZE_LIMIT.default,
         insecure_registries: Iterable[str] = options.INSECURE_REGISTRIES.default,
         registry_auth_file: str | Path | None = options.REGISTRY_AUTH_FILE.default,
         local_image_paths: Iterable[str | Path] = options.LOCAL_IMAGE_PATHS.default,
@@ -119,6 +120,7 @@ class LocalServer:
         self.image_settings = ImageSettings(
             store=Path(image_store) if image_store is not None else None,
             cap=image_store_size,
+            limit=image_size_limit,
             insecure_registries=tuple(insecure_registries),
             auth_file=Path(registry_auth_file) if registry_auth_file is not None else None,
             local_paths=tuple(Path(p).resolve() for p in local_image_paths),

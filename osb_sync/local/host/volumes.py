@@ -7,7 +7,12 @@
 
 `subPath` (relative, no `..`) selects a directory inside either. `readOnly` binds it read-only:
 writes fail with EROFS. Other backends (`ossfs`) answer 400. Every volume is mounted
-`nosuid,nodev`.
+`nosuid,nodev`. A mountPath at, above or inside another's is refused (400
+`VOLUME::INVALID_MOUNT_PATH`, naming both; unlike Docker): bwrap makes a mount point with
+`mkdir -p` by name, following links, while the host is its `/oldroot`, so in an outer volume a
+sandbox had replaced a directory by a link to `/oldroot/...`, it made the inner one on the host
+(runc's CVE-2021-30465 shape; bwrap 0.8 cannot mount on a descriptor). Volumes are mounted last,
+after the server's own mounts, which none may cover (`clash`).
 
 Bound by descriptor, never by name. A sandbox's own code may write a pvc (or a read-write host
 directory) that another sandbox is being created on, and swap a directory of it for a symlink
@@ -39,7 +44,7 @@ import posixpath
 import re
 import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,7 +69,7 @@ PROTECTED = (
     "/lib64",
     "/libx32",
 )
-PROTECTED_OWN = (bwrap.EXECD_STATE_DIR, bwrap.PYTHON_BIN)
+PROTECTED_OWN = (bwrap.EXECD_STATE_DIR, bwrap.OWN_DIR)
 # ... nor above these (it would hide them).
 HIDDEN_BY_PARENT = ("/tmp", bwrap.SANDBOX_HOME)  # noqa: S108 (the container's own /tmp)
 
@@ -108,6 +113,18 @@ def _check_shape(index: int, volume: Any) -> None:
         )
 
 
+def clash(path: str, protected: tuple[str, ...] = ()) -> str:
+    """Why a volume at `path` cannot be: it would cover, or lie in, one of `PROTECTED`,
+    `PROTECTED_OWN` and `protected`, or hide one of `HIDDEN_BY_PARENT`; "" when it can."""
+    for root in (*PROTECTED, *PROTECTED_OWN, *protected):
+        if _within(path, root) or _within(root, path):
+            return f"would cover {root}, which the container needs"
+    for kept in HIDDEN_BY_PARENT:
+        if _within(kept, path) and path != kept:
+            return f"would hide {kept}"
+    return ""
+
+
 def _mount_path(volume: dict[str, Any], protected: tuple[str, ...]) -> str:
     raw = volume["mountPath"]
     # What the kernel takes (NAME_MAX, PATH_MAX), checked before bwrap fails on it.
@@ -124,16 +141,12 @@ def _mount_path(volume: dict[str, Any], protected: tuple[str, ...]) -> str:
         )
     if path == "/" or path.startswith("//"):
         raise _bad("INVALID_MOUNT_PATH", "mountPath '/' would hide the whole container")
-    for root in (*PROTECTED, *PROTECTED_OWN, *protected):
-        if _within(path, root) or _within(root, path):
-            raise _bad(
-                "INVALID_MOUNT_PATH",
-                f"mountPath {path!r} would cover {root}, which the container needs; "
-                "choose a path such as /data or /mnt/NAME",
-            )
-    for kept in HIDDEN_BY_PARENT:
-        if _within(kept, path) and path != kept:
-            raise _bad("INVALID_MOUNT_PATH", f"mountPath {path!r} would hide {kept}")
+    why = clash(path, protected)
+    if why:
+        raise _bad(
+            "INVALID_MOUNT_PATH",
+            f"mountPath {path!r} {why}; choose a path such as /data or /mnt/NAME",
+        )
     return path
 
 
@@ -144,6 +157,7 @@ class Bind:
     fd: int  # O_PATH, close-on-exec; closed by `close`
     read_only: bool
     target: str  # the mountPath inside the sandbox
+    name: str = ""  # the volume's, for messages
 
     def bwrap_args(self) -> list[str]:
         """bwrap's `--bind-fd` arguments (the descriptor must be passed to bwrap)."""
@@ -309,15 +323,23 @@ def _pvc_source(volume: dict[str, Any], volume_root: Path) -> int:
 
 
 def mounts(
-    volumes: Any, allowed: tuple[Path, ...], volume_root: Path, isolated: bool
+    volumes: Any,
+    allowed: tuple[Path, ...],
+    volume_root: Path,
+    isolated: bool,
+    protected: tuple[str, ...] = (),
 ) -> list[Bind]:
     """A create's `volumes`, checked and opened (empty for none); the caller `close`s them.
+
+    Every entry is checked before any source is opened (a refused create makes no claim).
 
     Args:
         volumes: the request's `volumes` (None or a list).
         allowed: host directories whose trees `host` volumes may mount.
         volume_root: the directory of `pvc` volumes.
         isolated: whether sandboxes are containers (volumes need one).
+        protected: container paths of the server's own a volume may neither cover nor lie in,
+            besides `PROTECTED` and `PROTECTED_OWN` (an execd binary's, the OOM counter).
 
     Raises:
         HttpError: 422 for a malformed entry, 400 for a refused one (nothing is left open).
@@ -333,35 +355,85 @@ def mounts(
             "UNSUPPORTED",
             f"volumes need isolated sandboxes, and these are not; to isolate them, {bwrap.FIX}",
         )
-    binds: list[Bind] = []
-    names: set[str] = set()
-    paths: set[str] = set()
-    try:
-        for index, volume in enumerate(volumes):
-            _check_shape(index, volume)
-            target = _mount_path(volume, (sys.base_prefix, sys.prefix, bwrap.package_dir()))
-            if volume["name"] in names or target in paths:
+    own = (sys.base_prefix, sys.prefix, bwrap.package_dir(), *protected)
+    checked: list[tuple[dict[str, Any], str, str]] = []  # each volume, its mountPath, backend
+    for index, volume in enumerate(volumes):
+        _check_shape(index, volume)
+        target = _mount_path(volume, own)
+        for other, path, _ in checked:
+            if volume["name"] == other["name"] or target == path:
                 raise _bad(
                     "DUPLICATE", f"volume name {volume['name']!r} or mountPath {target!r} repeats"
                 )
-            names.add(volume["name"])
-            paths.add(target)
-            backends = [k for k in ("host", "pvc", "ossfs") if volume.get(k) is not None]
-            if len(backends) != 1:
+            where = relation(target, path)
+            if where:
                 raise _bad(
-                    "INVALID_BACKEND",
-                    f"volume {volume['name']!r} needs exactly one of host or pvc",
+                    "INVALID_MOUNT_PATH",
+                    f"mountPath {target!r} of volume {volume['name']!r} is {where} the mountPath"
+                    f" {path!r} of volume {other['name']!r}: {NOT_NESTED}",
                 )
-            if backends[0] == "host":
+        backends = [k for k in ("host", "pvc", "ossfs") if volume.get(k) is not None]
+        if len(backends) != 1:
+            raise _bad(
+                "INVALID_BACKEND", f"volume {volume['name']!r} needs exactly one of host or pvc"
+            )
+        if backends[0] == "ossfs":
+            raise _bad("INVALID_BACKEND", "ossfs volumes (Alibaba OSS) are not supported locally")
+        checked.append((volume, target, backends[0]))
+    binds: list[Bind] = []
+    try:
+        for volume, target, backend in checked:
+            if backend == "host":
                 fd = _host_source(volume, allowed)
-            elif backends[0] == "pvc":
-                fd = _pvc_source(volume, volume_root)
             else:
-                raise _bad(
-                    "INVALID_BACKEND", "ossfs volumes (Alibaba OSS) are not supported locally"
-                )
-            binds.append(Bind(fd, bool(volume.get("readOnly")), target))
+                fd = _pvc_source(volume, volume_root)
+            binds.append(Bind(fd, bool(volume.get("readOnly")), target, volume["name"]))
     except BaseException:
         close(binds)
         raise
     return binds
+
+
+def relation(path: str, other: str) -> str:
+    """Where `path` is from `other`: "at", "above" or "inside" ("" for none of them)."""
+    if path == other:
+        return "at"
+    return "above" if _within(other, path) else "inside" if _within(path, other) else ""
+
+
+def invalid_mount_path(message: str) -> HttpError:
+    """400 `VOLUME::INVALID_MOUNT_PATH` with `message` (`rootfs.confine` says it too)."""
+    return _bad("INVALID_MOUNT_PATH", message)
+
+
+NOT_NESTED = (
+    "the local server mounts no volume in another (bwrap would make its mount point through"
+    " what a sandbox may have written there); mount it beside"
+)
+
+
+def make_inside(bind: Bind, parts: Sequence[str], what: str) -> None:
+    """Make the directories `parts` inside `bind`'s source as far as they are missing, each
+    under its parent's descriptor and given to the range (as a claim is, `_step`); stop at
+    anything else (a link, a file: what the container makes of it is its own view's).
+
+    Raises:
+        HttpError: 400 when one is missing in a read-only volume, or was swapped meanwhile.
+    """
+    fd = os.dup(bind.fd)
+    try:
+        for name in parts:
+            try:
+                child = os.open(name, _DIR, dir_fd=fd)
+            except FileNotFoundError:
+                if bind.read_only:
+                    raise _bad(
+                        "SUB_PATH_NOT_FOUND", f"{what} is not in the read-only volume {bind.name!r}"
+                    ) from None
+                child = _step(fd, name, True, what)
+            except OSError:
+                return
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)

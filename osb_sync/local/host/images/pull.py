@@ -53,6 +53,7 @@ UNAUTHORIZED = "IMAGE_UNAUTHORIZED"
 NO_PLATFORM = "IMAGE_PLATFORM_UNAVAILABLE"
 NETWORK = "IMAGE_REGISTRY_UNREACHABLE"
 REFUSED = "IMAGE_REFUSED"
+TOO_LARGE = "IMAGE_TOO_LARGE"  # past the image size limit (unpack.SizeLimit): a 413
 TOOL_MISSING = "IMAGE_TOOL_MISSING"
 PULL_FAILED = "IMAGE_PULL_FAILED"
 # A pull's progress: (phase "download" or "unpack", bytes so far, total bytes or None).

@@ -14,6 +14,33 @@ The view (`image_options`) is the image's root as the container's `/`, writable,
 sandbox's volume binds and the image's WorkingDir (its User is execd's to switch to: the
 container's root is the range's root, `bwrap.identity_options`).
 
+bwrap makes every mount point and directory of that view while the host's root is still its
+`/oldroot` and the image's root its `/newroot`, following whatever links it meets: an image's
+`srv -> /oldroot/tmp`, or a WorkingDir of `/../oldroot/tmp/x`, would have it make directories
+on the host, as the range's root. So every destination of the options `image_options` builds
+(read from the list itself, `confine`: a mount added later is covered) is resolved inside the
+image's root as the container sees it (`config.locate`), in the order bwrap makes them, and
+bwrap gets a path without a link in it, whose missing components it makes in the image's root.
+The rule: bwrap makes nothing through what is not the image's root as unpacked, nor through
+what a sandbox may write. So:
+
+- No mount lands on `/` but the image's root itself (`proc -> /` would put procfs there, and
+  `/self/root` of it leads out).
+- Below a mount made earlier nothing is the image's: the server's own mounts there (/proc's
+  masks) are kept as written, a directory made there or a path an image's link leads there is
+  refused (procfs' `/proc/self/root` leads out), as is a path with a file in the middle:
+  `IMAGE_CONFIG_INVALID`, naming the path. An image's link may move the server's mounts within
+  its root (`run -> /` puts the state directory at `/osb-execd`, which the container sees at
+  `/run/osb-execd`): that leaves nothing.
+- The volumes come last (their content is a sandbox's to write): after the server's mounts and
+  the WorkingDir's `--dir`, and one lands neither on `/`, nor at, above or below a mount made
+  before it (the server's, or another volume: `volumes.py` refuses nested mountPaths as
+  written; here, where the image's links lead them), nor where `volumes.clash` says no volume
+  may be: 400 `VOLUME::INVALID_MOUNT_PATH`, naming both.
+- A WorkingDir in a volume, as the container sees it, is made in the volume by descriptor
+  (`volumes.make_inside`) instead of by bwrap; `--chdir` is not resolved here at all: bwrap
+  changes directory after `pivot_root`, with the host detached, in the container's own view.
+
 The container's main process (relay, claim, liveness: `execd/main.py`) runs on the image's
 python3. An image without one (it then runs the real execd binary) gets the server's own
 interpreter instead (`host_interpreter`): its prefix and the directories of its libraries,
@@ -30,13 +57,15 @@ import ctypes.util
 import functools
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import bwrap
+from .. import bwrap, volumes
+from .config import ConfigError, Located, locate, resolve_in_root
 from .store import StoredImage
 
 HOST_VIEW = f"{bwrap.OWN_DIR}/host"  # the server's interpreter, for images without python3
@@ -107,8 +136,19 @@ def image_options(
     info_fd: int,
     mounts: Sequence[str] = (),
     extra: Sequence[str] = (),
+    binds: Sequence[volumes.Bind] = (),
 ) -> list[str]:
-    """The bwrap options of a sandbox running `image` in `layer` (see the module docstring)."""
+    """The bwrap options of a sandbox running `image` in `layer` (see the module docstring).
+
+    Args:
+        mounts: the sandbox's volumes' options, one for each of `binds`, in their order.
+        extra: options of the server's own (an execd binary's binds, the OOM counter's).
+
+    Raises:
+        ConfigError: a destination the image's root makes impossible (`confine`).
+        HttpError: 400, a volume the image's links lead where no volume may be (`confine`),
+            or its WorkingDir missing in a read-only volume.
+    """
     root = layer.root
     options = [
         *bwrap.NAMESPACES,
@@ -133,9 +173,9 @@ def image_options(
         "--dev",
         "/dev",
     ]
-    for name in ("resolv.conf", "hosts"):
-        inside = root / "etc" / name
-        if (root / "etc").is_dir() and not os.path.islink(root / "etc") and not inside.is_symlink():
+    etc = resolve_in_root(root, "/etc")
+    if etc is not None and root.joinpath(*etc.parts[1:]).is_dir():  # (no link left in `etc`)
+        for name in ("resolv.conf", "hosts"):
             options += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     options += ["--bind", str(state), bwrap.EXECD_STATE_DIR]
     # its parent searchable by all (bwrap would make it 0700): an image's User runs it too
@@ -144,11 +184,117 @@ def image_options(
     options += ["--ro-bind", bwrap.package_dir(), bwrap.PACKAGE_VIEW]
     if image.python is None:
         options += host_interpreter()[0]
-    options += [*mounts, *extra]
+    options += extra
     workdir = image.config.working_dir or "/"
-    if workdir != "/":
+    held = _in_volume(root, workdir, binds)
+    if held is None and workdir != "/":
         options += ["--dir", workdir]  # Docker makes a missing WorkingDir too
+    options = confine(root, [*options, *mounts], [bind.name for bind in binds])
+    if held is not None:  # in the volume (bwrap would make it in the image, under the mount)
+        volumes.make_inside(*held, f"the image's WorkingDir {workdir!r}")
     return [*options, "--chdir", workdir]
+
+
+def _in_volume(
+    root: Path, workdir: str, binds: Sequence[volumes.Bind]
+) -> tuple[volumes.Bind, tuple[str, ...]] | None:
+    """The volume the WorkingDir `workdir` is in, as the container sees it, and its place
+    there (components); None when it is the image's."""
+    targets = {str(locate(root, bind.target).path): bind for bind in binds}
+    found = locate(root, workdir, targets)
+    target = found.below or str(found.path)
+    if target not in targets:
+        return None
+    return targets[target], found.path.relative_to(target).parts
+
+
+DIRECTORIES = frozenset(("--dir", "--proc", "--dev", "--tmpfs", "--mqueue"))
+KEPT_BELOW_MOUNTS = bwrap.MOUNTS | {"--remount-ro"}  # as written, when written so
+
+
+def confine(root: Path, options: Sequence[str], names: Sequence[str] = ()) -> list[str]:
+    """`options` with each destination resolved inside the image's root `root` (see the
+    module docstring; `bwrap.OPTION_ARGS` says which arguments are destinations), in the
+    order bwrap makes them; the last `len(names)` options are the volumes of those names.
+
+    Raises:
+        ConfigError: a destination the image makes impossible, named.
+        HttpError: 400 `VOLUME::INVALID_MOUNT_PATH`, a volume the image's links lead at,
+            above or below another mount, or onto what no volume may cover.
+        ValueError: an option bwrap 0.8 does not have, or `--symlink` (a link made there
+            would be followed by what comes after it, unseen here).
+    """
+    out = list(options)
+    starts: list[int] = []  # where each option is
+    index = 0
+    while index < len(out):
+        if out[index] not in bwrap.OPTION_ARGS or out[index] == "--symlink":
+            raise ValueError(f"confine: no rule for the bwrap option {out[index]!r}")
+        starts.append(index)
+        index += 1 + bwrap.OPTION_ARGS[out[index]][0]
+    volume_at = dict(zip(starts[len(starts) - len(names) :], names, strict=True)) if names else {}
+    mounted: list[tuple[str, str | None]] = []  # each mount's path and volume (None: ours)
+    rooted = False  # the image's root is mounted (the first mount, at `/`)
+    for start in starts:
+        name = out[start]
+        place = bwrap.OPTION_ARGS[name][1]
+        if place is None or name == "--chdir":  # (bwrap chdirs in the container's own view)
+            continue
+        given = out[start + 1 + place]
+        found = locate(root, given, [path for path, _ in mounted])
+        path = str(found.path)
+        volume = volume_at.get(start)
+        if volume is not None:
+            _check_volume(volume, given, found, mounted)
+        elif name in bwrap.MOUNTS and path == "/":
+            if rooted or mounted:  # only the image's root itself
+                raise ConfigError(
+                    f"the container path {given!r} leads to the container's root: the image's"
+                    " links would have the server mount over it"
+                )
+            rooted = True
+            continue
+        if found.below:
+            if any(kind and volumes.relation(path, m) == "inside" for m, kind in mounted):
+                raise ConfigError(f"the container path {given!r} leads into a volume")
+            if found.linked or name not in KEPT_BELOW_MOUNTS:
+                raise ConfigError(
+                    f"the container path {given!r} leads below {found.below!r}, where the"
+                    " server mounts something: the image can make nothing there"
+                )
+        if name in DIRECTORIES and found.mode and not stat.S_ISDIR(found.mode):
+            raise ConfigError(f"the container path {given!r} is no directory in the image")
+        out[start + 1 + place] = path
+        if name in bwrap.MOUNTS:
+            mounted.append((path, volume))
+    return out
+
+
+def _check_volume(
+    volume: str, given: str, found: Located, mounted: Sequence[tuple[str, str | None]]
+) -> None:
+    """Refuse the volume `volume` at `given` where `found` says it leads, if that is the
+    root, at, above or below a mount made before it, or onto what no volume may cover."""
+    path = str(found.path)
+    leads = f"mountPath {given!r} of volume {volume!r} leads" + (
+        ", through the image's links," if found.linked else ""
+    )
+    if path == "/":
+        raise volumes.invalid_mount_path(f"{leads} to the container's root")
+    for other, owner in mounted:
+        where = volumes.relation(path, other)
+        if where and owner is not None:
+            raise volumes.invalid_mount_path(
+                f"{leads} to {path!r}, {where} the mountPath of volume {owner!r}"
+                f" ({other!r}): {volumes.NOT_NESTED}"
+            )
+        if where:
+            raise volumes.invalid_mount_path(
+                f"{leads} to {path!r}, {where} {other!r}, where the server mounts its own"
+            )
+    why = volumes.clash(path)
+    if why:
+        raise volumes.invalid_mount_path(f"{leads} to {path!r}, which {why}")
 
 
 def main_interpreter(image: StoredImage) -> list[str]:

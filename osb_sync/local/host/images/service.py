@@ -5,7 +5,11 @@ create without an image, or with one of `host_images` (by default the client's d
 template), gets: no download. Any other image is pulled into the store (`store.py`) and run
 with its own root; an image create answers as the real server's Docker runtime does when the
 image cannot be had: `DOCKER::SANDBOX_IMAGE_PULL_FAILED` with the reason first in its message
-(`pull.PullError`), nothing left behind.
+(`pull.PullError`), nothing left behind. It answers 500, as that runtime does, except for an
+image past the image size limit (`IMAGE_TOO_LARGE`): 413, since only another image or a larger
+limit helps, and retrying does not (the client raises `ApiError` with that status and code).
+Device nodes skipped in an image's layers are logged (a warning, once per pull; their names
+escaped, as an image's names are in every message: no line of the log is the image's).
 
 Which execd a sandbox of an image runs, as OpenSandbox's Docker runtime injects it: the
 server's execd binary when it has one (`execd`, or `execd_image`'s, see `execd_image.py`),
@@ -19,6 +23,7 @@ image has none (`rootfs.host_interpreter`).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -30,13 +35,18 @@ from ...http.exchange import HttpError, error
 from ..container import Launch
 from ..execd_binary import ExecdBinary
 from ..options import DEFAULT_HOST_IMAGES
-from .config import ConfigError, find_jupyter
+from .config import CONFIG_INVALID, ConfigError, find_jupyter
 from .execd_image import execd_from_image
-from .pull import Puller, PullError, host_platform
-from .store import DEFAULT_CAP, ImageStore, default_root
+from .pull import TOO_LARGE, Puller, PullError, host_platform
+from .store import DEFAULT_CAP, ImageStore, default_root, skipped_note
 from .unpack import OwnerMap, server_owned
 
+logger = logging.getLogger("osb_sync.local")
 PULL_FAILED = "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
+RAISE_LIMIT = (
+    "; the server's image size limit is LocalServer(image_size_limit=BYTES), osb-sync serve"
+    " --image-size-limit BYTES (default: the image store's size)"
+)
 NO_EXECD = (
     "the image {uri} has no python3 on its PATH, for this server's execd, and the server has"
     " no execd binary: use an image with python3 (3.9 or later), or start the server with"
@@ -51,6 +61,7 @@ class ImageSettings:
 
     store: Path | None = None  # default `store.default_root()`
     cap: int = DEFAULT_CAP
+    limit: int | None = None  # bytes an image may unpack to (None: `cap`)
     insecure_registries: tuple[str, ...] = ()
     auth_file: Path | None = None
     local_paths: tuple[Path, ...] = ()
@@ -86,7 +97,9 @@ class ImageService:
                     self.settings.auth_file,
                     self.settings.local_paths,
                 )
-                self._store = ImageStore(root, puller, self.settings.cap, self.owner)
+                self._store = ImageStore(
+                    root, puller, self.settings.cap, self.owner, self.settings.limit
+                )
             return self._store
 
     def host_view(self, body: dict[str, Any]) -> bool:
@@ -99,7 +112,8 @@ class ImageService:
 
         Raises:
             HttpError: 500 `DOCKER::SANDBOX_IMAGE_PULL_FAILED` (the reason first in the
-                message) when it cannot be had or run; 503 where sandboxes are not isolated.
+                message) when it cannot be had or run, 413 with that code when it is larger
+                than the image size limit; 503 where sandboxes are not isolated.
         """
         if self.host_view(body):
             return None
@@ -113,17 +127,27 @@ class ImageService:
             )
         platform = body.get("platform") or host_platform()
         try:
-            image, _ = self.store.get(uri, platform, body["image"].get("auth"))
+            image, pulled = self.store.get(uri, platform, body["image"].get("auth"))
             ids = image.config.ids(image.rootfs)
         except PullError as exc:
-            raise _failed(uri, exc.reason, exc.message) from None
+            if exc.reason == TOO_LARGE:
+                raise failed(uri, exc.reason, exc.message + RAISE_LIMIT, 413) from None
+            raise failed(uri, exc.reason, exc.message) from None
         except ConfigError as exc:
-            raise _failed(uri, "IMAGE_CONFIG_INVALID", str(exc)) from None
+            raise failed(uri, CONFIG_INVALID, str(exc)) from None
         except OSError as exc:
-            raise _failed(uri, "IMAGE_PULL_FAILED", f"the store said: {exc}") from None
+            raise failed(uri, "IMAGE_PULL_FAILED", f"the store said: {exc}") from None
+        if pulled and image.skipped:
+            logger.warning(
+                "local server: image %s: %s (%s): bwrap gives each sandbox its own /dev",
+                image.pinned,
+                skipped_note(image.skipped),
+                ", ".join(map(repr, image.skipped[:8]))
+                + (", ..." if len(image.skipped) > 8 else ""),
+            )
         if self.binary is None:
             if image.python is None:
-                raise _failed(uri, "IMAGE_NO_EXECD", NO_EXECD.format(uri=uri))
+                raise failed(uri, "IMAGE_NO_EXECD", NO_EXECD.format(uri=uri))
             return Launch(image=image, image_ids=ids)
         binary = self.binary.for_image(find_jupyter(image.rootfs, image.config))
         return Launch(binary=binary, image=image, image_ids=ids)
@@ -147,5 +171,6 @@ class ImageService:
         return target, f"{found.pinned} ({found.found_at})"
 
 
-def _failed(uri: str, reason: str, message: str) -> HttpError:
-    return error(500, PULL_FAILED, f"{reason}: Failed to pull image {uri}: {message}")
+def failed(uri: str, reason: str, message: str, status: int = 500) -> HttpError:
+    """The create's answer when the image `uri` cannot be had or run (`reason` first)."""
+    return error(status, PULL_FAILED, f"{reason}: Failed to pull image {uri}: {message}")

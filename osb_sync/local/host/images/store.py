@@ -9,9 +9,10 @@ files are the server's, see `unpack.server_owned`):
                           by creates giving the same ones (an HMAC under `secret`, never
                           the credentials): a create without them asks the registry
     secret                32 random bytes (0600), the key of those HMACs
-    images/sha256-HEX/    rootfs/, config.json (the blob), image.json (reference, size);
-                          its `used` file's mtime is its last use, its image.json is held
-                          with a shared flock by every sandbox that runs it
+    images/sha256-HEX/    rootfs/, config.json (the blob), image.json (reference, size,
+                          python3, the device nodes skipped); its `used` file's mtime is its
+                          last use, its image.json is held with a shared flock by every
+                          sandbox that runs it
     keys/HASH.lock        flock per reference: concurrent creates of one image pull it once
     tmp/NAME, NAME.lock   pulls and unpacks in progress, each held by its flock; anything
                           there whose lock is free was killed half-way and is removed
@@ -19,8 +20,12 @@ files are the server's, see `unpack.server_owned`):
 A cached reference is used without asking its registry again (Docker's `missing` pull
 policy); `get(refresh=True)` (`osb-sync pull`) asks again. Nothing enters `images/` before it
 is complete (a rename from `tmp/`). After a pull the store evicts least recently used images
-no sandbox holds until it is under its cap (default 10 GiB). Layers are not kept once
-unpacked, and two images sharing a layer each hold their own copy of it.
+no sandbox holds until it is under its cap (default 10 GiB). An image may unpack to `limit`
+bytes (default the cap, since a larger one could never be kept; 10 GiB for a cap of 0, which
+keeps only the images sandboxes run), and no more than `unpack.RATIO`
+times its compressed size past `unpack.RATIO_FLOOR`: past either, the pull is refused
+(`IMAGE_TOO_LARGE`) and what it unpacked removed. Layers are not kept once unpacked, and two
+images sharing a layer each hold their own copy of it.
 """
 
 from __future__ import annotations
@@ -39,9 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ImageConfig, find_python
-from .pull import Progress, Puller, PullError, Source, parse
-from .unpack import OwnerMap, UnpackError, server_owned, unpack
+from .config import CONFIG_INVALID, ConfigError, ImageConfig, find_python
+from .pull import TOO_LARGE, Progress, Puller, PullError, Source, parse
+from .unpack import OwnerMap, SizeLimit, TooLarge, UnpackError, server_owned, unpack
 
 DEFAULT_CAP = 10 << 30
 REFUSED = "IMAGE_REFUSED"
@@ -62,7 +67,8 @@ class StoredImage:
     path: Path
     config: ImageConfig
     python: str | None  # the container path of its python3, None without one
-    size: int
+    size: int  # bytes it takes on disk, at most (`unpack.Unpacked.size`)
+    skipped: tuple[str, ...] = ()  # its device nodes, not made (`unpack.py`)
 
     @property
     def rootfs(self) -> Path:
@@ -103,15 +109,23 @@ class ImageStore:
         puller: runs skopeo.
         cap: bytes of unpacked images kept before least recently used ones go.
         owner: the image's ids to the host's (`unpack.OwnerMap`).
+        limit: bytes one image may unpack to (None: `cap`, or DEFAULT_CAP for a cap of 0,
+            which keeps no image that no sandbox runs).
     """
 
     def __init__(
-        self, root: Path, puller: Puller, cap: int = DEFAULT_CAP, owner: OwnerMap = server_owned
+        self,
+        root: Path,
+        puller: Puller,
+        cap: int = DEFAULT_CAP,
+        owner: OwnerMap = server_owned,
+        limit: int | None = None,
     ) -> None:
         self.root = root
         self.puller = puller
         self.cap = cap
         self.owner = owner
+        self.limit = SizeLimit(limit if limit is not None else cap or DEFAULT_CAP)
         self.pulls = 0  # images pulled by this process (tests, figures)
         for folder in (root, root / "images", root / "keys", root / "tmp"):
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -153,9 +167,14 @@ class ImageStore:
             blob = json.loads((path / "config.json").read_text())
         except (OSError, ValueError):
             return None
-        config = ImageConfig.from_blob(blob)
-        python = meta.get("python")
-        return StoredImage(digest, str(meta["reference"]), path, config, python, int(meta["size"]))
+        try:
+            config = ImageConfig.from_blob(blob)
+        except ConfigError:  # kept by an older server: pulled again, and refused
+            return None
+        python, skipped = meta.get("python"), tuple(meta.get("skipped") or ())
+        return StoredImage(
+            digest, str(meta["reference"]), path, config, python, int(meta["size"]), skipped
+        )
 
     def get(
         self,
@@ -170,7 +189,8 @@ class ImageStore:
         `progress` hears how a pull goes (`pull.Progress`): its download, then its unpack.
 
         Raises:
-            PullError: it cannot be had (the reason says why); nothing of it is left.
+            PullError: it cannot be had (the reason says why: `TOO_LARGE` past `limit`);
+                nothing of it is left.
         """
         try:
             source = parse(uri)
@@ -209,14 +229,25 @@ class ImageStore:
                 digest = self.puller.copy(source, work / "layout", platform, auth, progress)
                 if progress is not None:
                     progress("unpack", 0, None)
+                rootfs = work / "image" / "rootfs"
                 try:
-                    unpacked = unpack(work / "layout", work / "image" / "rootfs", self.owner)
+                    unpacked = unpack(work / "layout", rootfs, self.owner, self.limit)
+                except TooLarge as exc:
+                    raise PullError(TOO_LARGE, f"{source.canonical}: {exc}") from None
                 except UnpackError as exc:
                     raise PullError(REFUSED, f"{source.canonical}: {exc}") from None
-                config = ImageConfig.from_blob(unpacked.config)
-                python = find_python(work / "image" / "rootfs", config)
+                try:
+                    config = ImageConfig.from_blob(unpacked.config)
+                except ConfigError as exc:
+                    raise PullError(CONFIG_INVALID, f"{source.canonical}: {exc}") from None
+                python = find_python(rootfs, config)
                 (work / "image" / "config.json").write_text(json.dumps(unpacked.config))
-                meta = {"reference": source.canonical, "size": unpacked.size, "python": python}
+                meta = {
+                    "reference": source.canonical,
+                    "size": unpacked.size,
+                    "python": python,
+                    "skipped": list(unpacked.skipped),
+                }
                 (work / "image" / "image.json").write_text(json.dumps(meta))
                 (work / "image" / "used").touch()
                 final = self.root / "images" / digest.replace(":", "-")
@@ -263,7 +294,8 @@ class ImageStore:
             pass
 
     def images(self) -> list[dict[str, Any]]:
-        """Every stored image: digest, references, size, last use, in use."""
+        """Every stored image: digest, references, size, last use, in use, python3, the
+        device nodes its layers had (skipped)."""
         refs = self._refs()
         found: list[dict[str, Any]] = []
         for path in sorted((self.root / "images").iterdir()):
@@ -278,6 +310,7 @@ class ImageStore:
                     "last_used": _mtime(path / "used"),
                     "in_use": self._in_use(image),
                     "python": image.python,
+                    "skipped": list(image.skipped),
                 }
             )
         return found
@@ -349,6 +382,11 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def skipped_note(skipped: tuple[str, ...]) -> str:
+    """`8 device nodes skipped`: what a pull of an image with `skipped` says of them."""
+    return f"{len(skipped)} device node{'s' if len(skipped) != 1 else ''} skipped"
 
 
 def describe_age(seconds: float) -> str:
