@@ -66,6 +66,7 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "host": "127.0.0.1",
         "port": 8080,
         "api_key": "k",
+        "allow_no_api_key": False,
         "min_timeout": 60,
         "pending_seconds": 0.0,
         "unenforced_network_policy": "refuse",
@@ -95,12 +96,13 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     argv += ["--state-dir", "s", "--execd-image", "x:1"]
     argv += ["--no-isolation", "--image-store", "s", "--image-store-size", "7"]
     argv += ["--insecure-registry", "r:5000", "--registry-auth-file", "a.json"]
-    argv += ["--allow-image-path", "/i", "--host-image", "h:1"]
+    argv += ["--allow-image-path", "/i", "--host-image", "h:1", "--allow-no-api-key"]
     found = options.keywords(build_parser().parse_args(argv), api_key=None)
     assert found == {
         "host": "::1",
         "port": 0,
         "api_key": None,
+        "allow_no_api_key": True,
         "min_timeout": 5,
         "pending_seconds": 0.5,
         "unenforced_network_policy": "accept",
@@ -150,3 +152,17 @@ def test_serve_checks_a_flag_with_the_options_check(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--port", "x"])
     assert "argument --port: invalid int value: 'x'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "192.0.2.7", "fd00::2", "sandbox.lan"])
+def test_a_server_other_machines_reach_needs_a_key(host: str) -> None:
+    with pytest.raises(ValueError, match="OPEN_SANDBOX_API_KEY or --api-key-file") as refused:
+        LocalServer(host=host)
+    assert "allow_no_api_key" in str(refused.value)
+    LocalServer(host=host, api_key="k")
+    LocalServer(host=host, allow_no_api_key=True)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1"])
+def test_a_loopback_server_needs_no_key(host: str) -> None:
+    LocalServer(host=host)

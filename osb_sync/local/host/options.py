@@ -15,6 +15,7 @@ builds its parser, for every command.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import textwrap
 from collections.abc import Callable, Iterable
@@ -87,9 +88,10 @@ HOST = Option(
     "host",
     "127.0.0.1",
     "address to bind; keep the loopback default (anyone who reaches the port can run code in"
-    " sandboxes).",
+    " sandboxes): any other needs `api_key` (or `allow_no_api_key`). An IPv6 address binds"
+    " IPv6; `::` takes IPv4 too (dual-stack).",
     flag="--host",
-    help="address to bind (keep loopback)",
+    help="address to bind (keep loopback; any other needs an API key; :: is IPv6 and IPv4)",
 )
 PORT = Option(
     "port",
@@ -108,6 +110,17 @@ API_KEY: Option[str | None] = Option(
     help="read the API key from this file (first line)",
     metavar="PATH",
     from_flag=None,  # serve reads the file, else --api-key, else the environment
+)
+ALLOW_NO_API_KEY = Option(
+    "allow_no_api_key",
+    False,
+    "serve on a `host` other machines reach without `api_key`: anyone who reaches the port"
+    " can create sandboxes and run code in them (without it, such a server refuses to start).",
+    flag="--allow-no-api-key",
+    help="serve on a non-loopback --host without an API key: anyone who reaches the port runs "
+    "code in sandboxes (default: refuse to start)",
+    action="store_true",
+    flag_default=False,
 )
 MIN_TIMEOUT = Option(
     "min_timeout",
@@ -331,6 +344,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     HOST,
     PORT,
     API_KEY,
+    ALLOW_NO_API_KEY,
     MIN_TIMEOUT,
     MAX_TIMEOUT,
     PENDING_SECONDS,
@@ -356,17 +370,36 @@ OPTIONS: tuple[Option[Any], ...] = (
 )
 
 
+def loopback(host: str) -> bool:
+    """Whether binding `host` keeps a server to this machine (a loopback address, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "" (every address) or a name, which may be any address
+
+
 def check(given: dict[str, Any]) -> None:
     """Check LocalServer's keywords `given` (every option by name).
 
     Raises:
-        ValueError: a value's problem, naming its keyword; `jupyter` without `execd` or
+        ValueError: a value's problem, naming its keyword; a `host` other machines reach
+            without `api_key` or `allow_no_api_key`; `jupyter` without `execd` or
             `execd_image`; both of those.
     """
     for option in OPTIONS:
         problem = option.problem(given[option.name])
         if problem is not None:
             raise ValueError(f"{option.name} {problem}")
+    host = given["host"]
+    if given["api_key"] is None and not given["allow_no_api_key"] and not loopback(host):
+        raise ValueError(
+            f"host {host!r} is not loopback: anyone who reaches the port could run code in"
+            " sandboxes, so the server needs an API key: OPEN_SANDBOX_API_KEY or"
+            " --api-key-file (osb-sync serve), api_key= (LocalServer); to serve without one"
+            " anyway, and let them, pass allow_no_api_key=True"
+        )
     if given["execd"] is not None and given["execd_image"] is not None:
         raise ValueError("execd and execd_image both name an execd binary: pass one of them")
     if given["jupyter"] is not None and given["execd"] is None and not given["execd_image"]:

@@ -72,6 +72,7 @@ class LocalServer:
         port: int = options.PORT.default,
         *,
         api_key: str | None = options.API_KEY.default,
+        allow_no_api_key: bool = options.ALLOW_NO_API_KEY.default,
         min_timeout: int = options.MIN_TIMEOUT.default,
         max_timeout: int = options.MAX_TIMEOUT.default,
         pending_seconds: float = options.PENDING_SECONDS.default,
@@ -143,8 +144,12 @@ class LocalServer:
 
     @property
     def base_url(self) -> str:
-        """``http://host:port``, without ``/v1``."""
-        return f"http://{self.host}:{self.port}"
+        """``http://host:port`` (an IPv6 address in brackets), without ``/v1``."""
+        return f"http://{self._netloc}"
+
+    @property
+    def _netloc(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     @property
     def api_base(self) -> str:
@@ -226,7 +231,7 @@ class LocalServer:
                     command_grace=self.command_grace,
                     unenforced_network_policy=self.unenforced_network_policy,
                     support=support,
-                    address=f"{self.host}:{self.port}",
+                    address=self._netloc,
                     limit_controllers=resource_limits.writable_controllers()
                     if self.isolated
                     else frozenset(),
@@ -264,6 +269,13 @@ class LocalServer:
             self._started = True
             atexit.register(self.stop)
             self._catches_sigterm = _catch_sigterm()
+        if self.api_key is None and not options.loopback(self.host):
+            logger.warning(
+                "local OpenSandbox server on %s has no API key (allow_no_api_key=True): anyone"
+                " who reaches port %d can create sandboxes and run code in them",
+                self.api_base,
+                self.port,
+            )
         if self.isolated:
             logger.info("local OpenSandbox server on %s (sandboxes isolated)", self.api_base)
         elif self.refusal:
