@@ -13,7 +13,8 @@ container starts from one long-lived spawner thread, never from a request's hand
 Deleting a container kills the init process of its PID namespace (every process in it dies with
 it, whatever it did to escape its group); pause freezes its freezer cgroup where one can be made,
 else stops every process of the namespace. A sandbox that may reach the internet gets
-`slirp4netns` (host loopback disabled); a deny-all one keeps loopback only.
+`slirp4netns`, behind nftables tables in its own network namespace that keep it from every
+address of this host (`firewall.py`); a deny-all one keeps loopback only.
 
 A root server's sandbox writes on one tmpfs of its own (`disk.py`), mounted at `disk/` of its
 run directory: its writable directories, its home (the `<id>` directory of the server's root is
@@ -23,6 +24,7 @@ writable layer. Deleting the sandbox detaches the tmpfs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import bwrap, disk, identity, spawn, staging, zygote
+from . import bwrap, disk, firewall, identity, spawn, staging, zygote
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
@@ -136,6 +138,7 @@ class SandboxContainer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._slirp: subprocess.Popen[bytes] | None = None
         self._slirp_exit = -1
+        self._wall: firewall.Wall | None = None  # its tables, once it had internet access
         self._cgroup: Cgroup | None = None
         self._limits = Plan()
         self._settings = Launch()
@@ -319,10 +322,7 @@ class SandboxContainer:
         deadline = time.monotonic() + START_TIMEOUT + (BINARY_START_TIMEOUT if binary else 0)
         try:
             if internet and self.support.slirp and self.init_pid is not None:
-                self._slirp, self._slirp_exit = start_slirp(
-                    self.support.slirp, self.init_pid, deadline
-                )
-                self.network = "slirp4netns"
+                self._connect(deadline)
             line = {"token": config["token"], "env": self._env(config["env"])}
             line["entrypoint"] = config.get("entrypoint")  # started once execd serves
             self._send({**line, "address_space_limit": self._limits.address_space})
@@ -350,18 +350,39 @@ class SandboxContainer:
             if self._closed or self.init_pid is None:
                 return False
             if internet and self._slirp is None and self.support.slirp:
-                deadline = time.monotonic() + START_TIMEOUT
-                self._slirp, self._slirp_exit = start_slirp(
-                    self.support.slirp, self.init_pid, deadline
-                )
-                self.network = "slirp4netns"
+                self._connect(time.monotonic() + START_TIMEOUT)
             elif not internet and self._slirp is not None:
                 os.close(self._slirp_exit)
                 self._slirp.kill()
                 self._slirp.wait()
                 self._slirp, self._slirp_exit = None, -1
                 self.network = "none"
+                if self._wall is not None:
+                    self._wall.down()
             return self._slirp is not None
+
+    def _connect(self, deadline: float) -> None:
+        """Load the firewall into the namespace, then attach slirp4netns (its way out).
+
+        Raises:
+            RuntimeError: the firewall's tools are missing or failed, or slirp4netns did not
+                configure the network.
+        """
+        assert self.support.slirp is not None and self.init_pid is not None
+        if self.support.firewall is None:
+            raise RuntimeError(firewall.INSTALL)
+        if self._wall is None:
+            assert self.ids is not None
+            joins = self.ids.helpers is not None  # not root: privileged in its user namespace only
+            self._wall = firewall.Wall(self.support.firewall, self.init_pid, joins)
+        self._wall.up()
+        try:
+            self._slirp, self._slirp_exit = start_slirp(self.support.slirp, self.init_pid, deadline)
+        except BaseException:
+            with contextlib.suppress(RuntimeError):
+                self._wall.down()  # the next attempt makes the tap device again
+            raise
+        self.network = "slirp4netns"
 
     def apply_limits(self, plan: Plan) -> None:
         """Write `plan`'s cgroup limits into a launched spare's (unconfigured) groups.
@@ -592,7 +613,11 @@ class SandboxContainer:
             python = image.python or "no python3: the server's interpreter runs its main process"
             note += f" Image: {image.pinned} ({python}), writable layer: {self._layer.kind}."
         if internet and self.network == "slirp4netns":
-            note += " Network: outbound through slirp4netns; host loopback is not reachable."
+            note += (
+                " Network: outbound through slirp4netns; no address of this host (its loopback,"
+                " its interfaces'), link-local, metadata, multicast or broadcast address is"
+                " reachable (nftables in the sandbox's own network namespace)."
+            )
         elif internet:
             note += (
                 " Network: NONE (loopback only): slirp4netns is not installed"
@@ -683,6 +708,8 @@ class SandboxContainer:
         if self._slirp is not None:
             self._slirp.kill()
             self._slirp.wait()
+        if self._wall is not None:
+            self._wall.forget()
         if self._cgroup is not None:
             # What the namespace's init did not take with it: an inner bwrap still setting up
             # (it has no init yet), or a container whose main process was never told its init.

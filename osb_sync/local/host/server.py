@@ -10,6 +10,7 @@ lists what is not served yet.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hmac
 import logging
 import os
@@ -23,7 +24,7 @@ from types import FrameType, TracebackType
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
-from . import capacity, identity, options, proxy, recovery, staging
+from . import capacity, firewall, identity, options, proxy, recovery, staging
 from . import limits as resource_limits
 from .bwrap import FIX, Support, compile_package, probe, refusal
 from .execd_binary import ExecdBinary, checked_jupyter
@@ -141,6 +142,7 @@ class LocalServer:
         self._threads: list[threading.Thread] = []
         self._catches_sigterm = False
         self._lock_fd = -1  # held for the server's life: the state directory is its (recovery.py)
+        self._watching = False  # holds firewall.WATCH
 
     @property
     def base_url(self) -> str:
@@ -221,6 +223,7 @@ class LocalServer:
                     self._httpd.server_close()
                     self._release_root()
                     raise
+            support = self._watch_addresses(support)
             self._registry = Registry(
                 Config(
                     root=self.root_dir,
@@ -294,6 +297,23 @@ class LocalServer:
             )
         return self
 
+    def _watch_addresses(self, support: Support) -> Support:
+        """Follow the host's addresses for the sandboxes' firewalls (`firewall.py`); where
+        they cannot be read, `support` without the firewall: internet access is refused."""
+        if support.bwrap is None or support.slirp is None or support.firewall is None:
+            return support
+        try:
+            firewall.WATCH.hold()
+        except OSError as exc:
+            logger.error(
+                "local server: the host's addresses cannot be read (%s): sandboxes with"
+                " internet access are refused",
+                exc,
+            )
+            return dataclasses.replace(support, firewall=None)
+        self._watching = True
+        return support
+
     def _make_root(self) -> Path:
         if self._root_dir is None:
             return Path(tempfile.mkdtemp(prefix=recovery.STRAY_PREFIX))
@@ -342,6 +362,8 @@ class LocalServer:
         for thread in self._threads:
             thread.join()
         self._registry.close_all()
+        if self._watching:
+            firewall.WATCH.release()
         self._httpd.close_connections()
         if self._root_dir is None and self.root_dir is not None:
             recovery.unmount_below(self.root_dir)

@@ -1,0 +1,395 @@
+"""The host is not the internet: nftables tables in each internet-enabled sandbox's own network
+namespace keep it from every address of the machine that runs the server.
+
+slirp4netns, a sandbox's way out, connects from the server's network namespace: to it, any
+address of this host is local, so a sandbox with internet access would reach every host service
+bound to `0.0.0.0` through the host's own addresses (and, with a frame its root writes itself
+on the tap device, as Docker's CAP_NET_RAW allows, the host's loopback too: slirp4netns's
+`--disable-host-loopback` only covers its alias 10.0.2.2). So before slirp4netns attaches, the
+server makes the namespace's tap device itself (down and without carrier until slirp4netns
+takes it: nothing leaves by it before the tables are in) and loads one nft transaction there,
+never in the host's ruleset (`ruleset`):
+
+- `table netdev osb_sync`, the boundary: chain `egress`, hooked on the tap device's egress,
+  sees every frame that leaves the namespace, a socket's or one written with AF_PACKET (which
+  the inet hooks never see, PACKET_QDISC_BYPASS included), and drops those to the set `host4`
+  or `host6`.
+- `table inet osb_sync`: chain `output` rejects an ordinary socket's packet to the same sets
+  at once (admin-prohibited), so a connect fails instead of waiting for its timeout.
+
+The sets hold the host's addresses (every interface's, read from the kernel by netlink,
+`host_addresses`) and the ranges no sandbox has business with: `FIXED_V4` and `FIXED_V6`
+(this host's loopback and "this network", link-local and the cloud metadata addresses in it,
+multicast and broadcast, which the host's own listeners receive). They follow the host:
+`AddressWatch` listens for the kernel's address changes and rewrites every such sandbox's sets
+(`Wall.follow`); an address the host gains is reachable from sandboxes for the moment between
+the kernel's notice and the update (milliseconds). Other machines, the LAN and containers the
+host routes to, are the internet to a sandbox.
+
+Nobody inside changes them: the namespace belongs to the sandbox's user namespace, whose root
+has Docker's capabilities, not CAP_NET_ADMIN, and the seccomp filter refuses new user
+namespaces (the root of a nested one would own only namespaces it made, not this one). The
+server loads them with `nsenter` (util-linux), `ip` (iproute2) and `nft` (nftables); where one
+is missing, a create that would reach the internet is refused (`INSTALL`): fail closed.
+
+Issue 44 (egress by name) extends these tables: its sets of allowed addresses (`flags timeout`)
+and rules go after the host's in the same chains, whose drop comes first whatever they allow.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import selectors
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+logger = logging.getLogger("osb_sync.local")
+
+TABLE = "osb_sync"
+DEVICE = "tap0"  # slirp4netns's, as `slirp.start_slirp` names it
+FIXED_V4 = (
+    "0.0.0.0/8",  # "this network": a connect to 0.0.0.0 reaches the host's own listeners
+    "127.0.0.0/8",
+    "169.254.0.0/16",  # link-local; the cloud metadata service, 169.254.169.254
+    "224.0.0.0/4",
+    "255.255.255.255/32",
+)
+FIXED_V6 = (
+    "::/127",  # unspecified and loopback
+    "fe80::/10",
+    "fd00:ec2::254/128",  # EC2's metadata service over IPv6
+    "ff00::/8",
+)
+TOOLS = ("nsenter", "ip", "nft")
+PACKAGES = "apt-get install nftables iproute2 util-linux"
+INSTALL = (
+    f"a sandbox with internet access needs nftables here ({', '.join(TOOLS)}: the server keeps"
+    f" it from this host's own addresses with them), and they are not all installed: {PACKAGES};"
+    " or create it with a deny-all networkPolicy"
+)
+SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")  # an ordinary user's PATH has no sbin
+COMMAND_TIMEOUT = 20.0
+# netlink (linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h)
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+RTM_NEWADDR, RTM_GETADDR = 20, 22
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST = 1, 2, 4
+RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x10, 0x100
+HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, pid
+IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
+RTATTR = struct.Struct("=HH")  # length, type
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The paths of `nsenter`, `ip` and `nft`."""
+
+    nsenter: str
+    ip: str
+    nft: str
+
+
+def find_tools() -> Tools | None:
+    """`nsenter`, `ip` and `nft` on PATH or in the system's sbin and bin; None if one is missing."""
+    found = []
+    for name in TOOLS:
+        path = shutil.which(name) or shutil.which(name, path=os.pathsep.join(SBIN))
+        if path is None:
+            return None
+        found.append(path)
+    return Tools(*found)
+
+
+def parse_addresses(data: bytes) -> tuple[set[str], bool]:
+    """The addresses in netlink messages `data` (RTM_NEWADDR's local, address and broadcast
+    attributes), and whether the dump ended (NLMSG_DONE).
+
+    Raises:
+        OSError: the kernel answered an error.
+    """
+    found: set[str] = set()
+    offset = 0
+    while offset + HEADER.size <= len(data):
+        length, kind, _, _, _ = HEADER.unpack_from(data, offset)
+        if length < HEADER.size:
+            break
+        body = data[offset + HEADER.size : offset + length]
+        offset += (length + 3) & ~3
+        if kind == NLMSG_DONE:
+            return found, True
+        if kind == NLMSG_ERROR:
+            (code,) = struct.unpack_from("=i", body)
+            if code:
+                raise OSError(-code, f"netlink: {os.strerror(-code)}")
+            continue
+        if kind != RTM_NEWADDR or len(body) < IFADDRMSG.size:
+            continue
+        family = body[0]
+        size = 4 if family == socket.AF_INET else 16 if family == socket.AF_INET6 else 0
+        at = IFADDRMSG.size
+        while size and at + RTATTR.size <= len(body):
+            attr_length, attr_type = RTATTR.unpack_from(body, at)
+            if attr_length < RTATTR.size:
+                break
+            value = body[at + RTATTR.size : at + attr_length]
+            if attr_type in (IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST) and len(value) == size:
+                found.add(str(ipaddress.ip_address(value)))
+            at += (attr_length + 3) & ~3
+    return found, False
+
+
+def host_addresses() -> set[str]:
+    """Every address of the server's network namespace's interfaces (IPv4 and IPv6), as the
+    kernel lists them (an RTM_GETADDR dump).
+
+    Raises:
+        OSError: netlink refused or failed.
+    """
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        sock.settimeout(COMMAND_TIMEOUT)
+        request = IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
+        header = HEADER.pack(
+            HEADER.size + len(request), RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, 1, 0
+        )
+        sock.send(header + request)
+        found: set[str] = set()
+        while True:
+            part, done = parse_addresses(sock.recv(1 << 16))
+            found |= part
+            if done:
+                return found
+
+
+def blocked(addresses: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The IPv4 and IPv6 networks of the sets: `addresses` and the fixed ranges, merged (an
+    interval set refuses overlapping elements)."""
+    networks = [ipaddress.ip_network(a) for a in (*FIXED_V4, *FIXED_V6, *addresses)]
+    v4 = [n for n in networks if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in networks if isinstance(n, ipaddress.IPv6Network)]
+    return (
+        [str(n) for n in ipaddress.collapse_addresses(v4)],
+        [str(n) for n in ipaddress.collapse_addresses(v6)],
+    )
+
+
+def _elements(networks: Sequence[str]) -> str:
+    return ", ".join(networks)
+
+
+def ruleset(v4: Sequence[str], v6: Sequence[str]) -> str:
+    """The nft transaction that (re)makes both tables with these sets (see the module docstring)."""
+    sets = (
+        f"  set host4 {{ type ipv4_addr; flags interval; elements = {{ {_elements(v4)} }}; }}\n"
+        f"  set host6 {{ type ipv6_addr; flags interval; elements = {{ {_elements(v6)} }}; }}\n"
+    )
+    return (
+        f"table netdev {TABLE} {{}}\ndelete table netdev {TABLE}\n"
+        f"table inet {TABLE} {{}}\ndelete table inet {TABLE}\n"
+        f"table netdev {TABLE} {{\n{sets}"
+        f"  chain egress {{\n"
+        f'    type filter hook egress device "{DEVICE}" priority 0; policy accept;\n'
+        f"    ip daddr @host4 drop\n"
+        f"    ip6 daddr @host6 drop\n"
+        f"  }}\n}}\n"
+        f"table inet {TABLE} {{\n{sets}"
+        f"  chain output {{\n"
+        f"    type filter hook output priority 0; policy accept;\n"
+        f'    oifname "{DEVICE}" ip daddr @host4 reject with icmpx admin-prohibited\n'
+        f'    oifname "{DEVICE}" ip6 daddr @host6 reject with icmpx admin-prohibited\n'
+        f"  }}\n}}\n"
+    )
+
+
+def set_update(v4: Sequence[str], v6: Sequence[str]) -> str:
+    """The nft transaction that replaces the sets' elements in both tables (atomically)."""
+    lines = []
+    for family in ("netdev", "inet"):
+        for name, networks in (("host4", v4), ("host6", v6)):
+            lines.append(f"flush set {family} {TABLE} {name}")
+            lines.append(f"add element {family} {TABLE} {name} {{ {_elements(networks)} }}")
+    return "\n".join(lines) + "\n"
+
+
+class Wall:
+    """One sandbox's tables: loaded before its internet is turned on, following the host.
+
+    Args:
+        tools: `find_tools`'s.
+        init_pid: the host pid of the container's init (its network namespace's).
+        join_user: enter its user namespace too (a server that is not root has no privilege
+            over the network namespace otherwise); as its root, mapped to the range's first id.
+    """
+
+    def __init__(self, tools: Tools, init_pid: int, join_user: bool) -> None:
+        self._tools = tools
+        self._enter = [tools.nsenter, "-t", str(init_pid), *(["-U"] if join_user else []), "-n"]
+        self._lock = threading.Lock()
+        self._up = False
+
+    def up(self) -> None:
+        """Make the tap device (down) and load the tables with the host's addresses now;
+        they follow the host's until `down`.
+
+        Raises:
+            RuntimeError: a command failed (its message says which and why).
+        """
+        with self._lock:
+            WATCH.subscribe(self)  # first: an address change from now on is not missed
+            try:
+                self._run([self._tools.ip, "tuntap", "add", "dev", DEVICE, "mode", "tap"])
+                self._run([self._tools.nft, "-f", "-"], ruleset(*blocked(WATCH.addresses())))
+            except BaseException:
+                WATCH.unsubscribe(self)
+                raise
+            self._up = True
+
+    def down(self) -> None:
+        """Remove the tap device (slirp4netns has left it); the tables stay until the next
+        `up` replaces them. Idempotent."""
+        with self._lock:
+            WATCH.unsubscribe(self)
+            if self._up:
+                self._up = False
+                self._run([self._tools.ip, "link", "del", DEVICE])
+
+    def forget(self) -> None:
+        """Stop following the host (the container is gone with its namespace)."""
+        with self._lock:
+            WATCH.unsubscribe(self)
+            self._up = False
+
+    def follow(self, addresses: set[str]) -> None:
+        """Give the sets the host's `addresses` (the watch calls it on a change)."""
+        with self._lock:
+            if self._up:
+                self._run([self._tools.nft, "-f", "-"], set_update(*blocked(addresses)))
+
+    def _run(self, argv: list[str], script: str | None = None) -> None:
+        try:
+            done = subprocess.run(
+                [*self._enter, "--", *argv],
+                input=script,
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT,
+                env={"PATH": os.pathsep.join(SBIN), "LC_ALL": "C"},
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise RuntimeError(f"the sandbox's firewall could not be set up ({exc})") from None
+        if done.returncode != 0:
+            said = done.stderr.strip()[-500:] or f"exit {done.returncode}"
+            raise RuntimeError(
+                f"the sandbox's firewall could not be set up ({os.path.basename(argv[0])}: {said})"
+            )
+
+
+class AddressWatch:
+    """The host's addresses, followed: a thread reads the kernel's address notices (netlink)
+    while a server that gives sandboxes internet access runs (`hold` / `release`), and hands
+    every change to each subscribed `Wall`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._walls: set[Wall] = set()
+        self._known: set[str] = set()
+        self._socket: socket.socket | None = None
+        self._wake = -1  # closed by `release`: the thread ends
+        self._thread: threading.Thread | None = None
+
+    def hold(self) -> None:
+        """Count one more server; the first starts the watch.
+
+        Raises:
+            OSError: netlink refused (the addresses could not be read).
+        """
+        with self._lock:
+            if self._holders == 0:
+                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+                try:
+                    sock.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+                    self._known = host_addresses()  # after the bind: no change is missed
+                except BaseException:
+                    sock.close()
+                    raise
+                stop_r, self._wake = os.pipe()
+                self._socket = sock
+                self._thread = threading.Thread(
+                    target=self._watch,
+                    args=(sock, stop_r),
+                    name="osb-local-addresses",
+                    daemon=True,
+                )
+                self._thread.start()
+            self._holders += 1
+
+    def release(self) -> None:
+        """Count one server fewer; the last one's release stops the watch."""
+        with self._lock:
+            self._holders -= 1
+            if self._holders > 0:
+                return
+            self._holders = 0
+            sock, thread, self._socket, self._thread = self._socket, self._thread, None, None
+            wake, self._wake = self._wake, -1
+        if wake >= 0:
+            os.close(wake)  # the thread sees its end of the pipe close
+        if thread is not None:
+            thread.join()
+        if sock is not None:
+            sock.close()
+
+    def addresses(self) -> set[str]:
+        """The host's addresses as last seen (read afresh where no server holds the watch)."""
+        with self._lock:
+            return set(self._known) if self._socket is not None else host_addresses()
+
+    def subscribe(self, wall: Wall) -> None:
+        """Hand `wall` every change from now on."""
+        with self._lock:
+            self._walls.add(wall)
+
+    def unsubscribe(self, wall: Wall) -> None:
+        """Stop handing `wall` changes."""
+        with self._lock:
+            self._walls.discard(wall)
+
+    def _watch(self, sock: socket.socket, stop: int) -> None:
+        with selectors.DefaultSelector() as waiter, os.fdopen(stop, "rb", buffering=0):
+            waiter.register(sock, selectors.EVENT_READ)
+            waiter.register(stop, selectors.EVENT_READ)
+            while True:
+                ready = {key.fd for key, _ in waiter.select()}
+                if stop in ready:
+                    return
+                try:
+                    sock.recv(1 << 16)  # what changed does not matter: all is read again
+                except OSError as exc:  # ENOBUFS: notices were lost
+                    logger.debug("local server: address notices lost (%s): reading all", exc)
+                self._changed()
+
+    def _changed(self) -> None:
+        try:
+            now = host_addresses()
+        except OSError as exc:
+            logger.error("local server: the host's addresses could not be read: %s", exc)
+            return
+        with self._lock:
+            changed, self._known = now != self._known, now
+            walls = list(self._walls)
+        if changed:
+            for wall in walls:
+                try:
+                    wall.follow(now)
+                except RuntimeError as exc:  # a container that is ending, most likely
+                    logger.warning("local server: a sandbox's firewall: %s", exc)
+
+
+WATCH = AddressWatch()

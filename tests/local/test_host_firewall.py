@@ -1,0 +1,303 @@
+"""The host is not the internet: a sandbox with internet access reaches no address of the
+machine that runs the server, by any way its root has (a socket, or a frame it writes itself
+on the tap device, as CAP_NET_RAW allows), and cannot change what stops it.
+
+The listener is on every address of the server's own network namespace (`::`, dual-stack:
+IPv4 too); the control is a network namespace the test makes, on a veth pair whose host end
+is one more address of the host. Nothing here leaves the machine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import requests
+from conftest import CREATE_BODY, Box, require_isolation, require_slirp, texts, wait_for
+
+from osb_sync.local import LocalServer
+
+DENY_ALL = {"defaultAction": "deny", "egress": []}
+CAP_NET_ADMIN = 12
+
+# Run in the sandbox (as its root): each way out, to each target, with a payload naming it.
+PROBE = r"""
+import errno, json, socket, struct
+
+def checksum(data):
+    data += b"\0" * (len(data) % 2)
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+def udp_frame(source, target, port, payload):
+    udp = struct.pack("!HHHH", 40000, port, 8 + len(payload), 0) + payload
+    head = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0,
+                       socket.inet_aton(source), socket.inet_aton(target))
+    head = head[:10] + struct.pack("!H", checksum(head)) + head[12:]
+    return b"\xff" * 6 + b"\x02\0\0\0\0\x01" + b"\x08\x00" + head + udp
+
+def tap_address():
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("10.0.2.2", 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None
+
+said = {}
+source = tap_address()
+for target in TARGETS:
+    family = socket.AF_INET6 if ":" in target else socket.AF_INET
+    try:
+        with socket.create_connection((target, PORT), timeout=3) as conn:
+            conn.sendall(f"tcp {target}\n".encode())
+        said[f"tcp {target}"] = "connected"
+    except OSError as exc:
+        said[f"tcp {target}"] = errno.errorcode.get(exc.errno, str(exc))
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as udp:
+            udp.sendto(f"udp {target}\n".encode(), (target, PORT))
+        said[f"udp {target}"] = "sent"
+    except OSError as exc:
+        said[f"udp {target}"] = errno.errorcode.get(exc.errno, str(exc))
+    if family == socket.AF_INET and source is not None:
+        try:
+            with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
+                raw.bind(("tap0", 0))
+                raw.send(udp_frame(source, target, PORT, f"raw {target}\n".encode()))
+            said[f"raw {target}"] = "sent"
+        except OSError as exc:
+            said[f"raw {target}"] = errno.errorcode.get(exc.errno, str(exc))
+print(json.dumps(said))
+"""
+
+# The control namespace's listener: TCP and UDP on every address, each payload printed.
+LISTENER = r"""
+import socket, sys, threading
+tcp = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp.bind(("0.0.0.0", int(sys.argv[1])))
+def accept():
+    while True:
+        conn, _ = tcp.accept()
+        print(conn.recv(200).decode().strip(), flush=True)
+threading.Thread(target=accept, daemon=True).start()
+print("listening", flush=True)
+while True:
+    print(udp.recv(200).decode().strip(), flush=True)
+"""
+
+
+@dataclass
+class Heard:
+    """What the host's listener received (payload lines), filled by its threads."""
+
+    lines: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, data: bytes) -> None:
+        with self.lock:
+            self.lines.append(data.decode(errors="replace").strip())
+
+
+@pytest.fixture
+def host_listener() -> Iterator[tuple[int, Heard]]:
+    """TCP and UDP listeners on `::` (every address of the host, IPv4 too), on one port."""
+    heard = Heard()
+    while True:
+        tcp = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+        port = tcp.getsockname()[1]
+        udp = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        udp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        try:
+            udp.bind(("::", port))
+            break
+        except OSError:
+            tcp.close()
+            udp.close()
+    stop = threading.Event()
+
+    def accept() -> None:
+        tcp.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = tcp.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(3)
+                try:
+                    heard.add(conn.recv(200) or b"tcp (connected, nothing sent)")
+                except OSError:
+                    heard.add(b"tcp (connected)")
+
+    def receive() -> None:
+        udp.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                heard.add(udp.recv(200))
+            except TimeoutError:
+                continue
+
+    threads = [threading.Thread(target=accept), threading.Thread(target=receive)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield port, heard
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        tcp.close()
+        udp.close()
+
+
+def host_addresses() -> list[str]:
+    """Every address of the host's interfaces (`ip -j addr`: netlink, not what the server
+    reads), but the IPv6 link-local ones (a connect to them needs a scope)."""
+    shown = json.loads(subprocess.run(["ip", "-j", "addr"], capture_output=True).stdout)
+    found = []
+    for link in shown:
+        for info in link.get("addr_info", []):
+            address = ipaddress.ip_address(info["local"])
+            if not (address.version == 6 and address.is_link_local):
+                found.append(str(address))
+    return found
+
+
+@dataclass(frozen=True)
+class Control:
+    """A network namespace of the test's own, behind a veth pair whose host end is one more
+    address of the host (`host_end`), in a /30 of 198.18.0.0/15 (benchmarking addresses)."""
+
+    namespace: str
+    device: str  # the host end
+    network: str  # the /30's own address, free to add to the host end later
+    host_end: str
+    far_end: str
+
+
+@pytest.fixture
+def control() -> Iterator[Control]:
+    if os.geteuid() != 0:
+        pytest.skip("the control network namespace needs root (ip netns)")
+    tag = secrets.token_hex(3)
+    name, outer, inner = f"osbt{tag}", f"osbh{tag}", f"osbc{tag}"
+    base = ipaddress.ip_address("198.18.0.0") + secrets.randbelow(1 << 14) * 4
+    made = Control(name, outer, str(base), str(base + 1), str(base + 2))
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", outer, "type", "veth", "peer", "name", inner],
+        ["ip", "link", "set", inner, "netns", name],
+        ["ip", "addr", "add", f"{made.host_end}/30", "dev", outer],
+        ["ip", "link", "set", outer, "up"],
+        ["ip", "-n", name, "addr", "add", f"{made.far_end}/30", "dev", inner],
+        ["ip", "-n", name, "link", "set", inner, "up"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        yield made
+    finally:
+        subprocess.run(["ip", "link", "del", outer], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def blocked_in(server: LocalServer, box: Box, address: str) -> bool:
+    """Whether the sandbox's firewall holds `address` (read from the host, as root)."""
+    assert server._registry is not None
+    sandbox = server._registry.find(box.id)
+    assert sandbox is not None and sandbox.container.init_pid is not None
+    element = ["nft", "get", "element", "netdev", "osb_sync", "host4", f"{{ {address} }}"]
+    enter = ["nsenter", "-t", str(sandbox.container.init_pid), "-n", "--"]
+    return subprocess.run([*enter, *element], capture_output=True).returncode == 0
+
+
+def listen_in(namespace: str, port: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", namespace, sys.executable, "-c", LISTENER, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "listening"
+    return proc
+
+
+def heard_by(proc: subprocess.Popen[str], awaited: set[str], timeout: float) -> list[str]:
+    """The control listener's lines, once it printed all of `awaited` or after `timeout`."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(line.strip() for line in proc.stdout))
+    reader.start()
+    wait_for(lambda: awaited <= set(lines), timeout)
+    proc.terminate()
+    reader.join(30)
+    proc.wait(30)
+    return lines
+
+
+def probe(box: Box, targets: list[str], port: int) -> dict[str, str]:
+    script = PROBE.replace("TARGETS", repr(targets)).replace("PORT", str(port))
+    out = texts(box.code(script))
+    assert out, box.code(script)
+    said: dict[str, str] = json.loads("".join(out))
+    return said
+
+
+@pytest.fixture
+def server() -> Iterator[LocalServer]:
+    require_isolation()
+    require_slirp()
+    with LocalServer(command_grace=0, spare_containers=0, isolation=True) as srv:
+        yield srv
+
+
+def test_an_internet_sandbox_reaches_no_address_of_the_host(
+    server: LocalServer, http: requests.Session, host_listener: tuple[int, Heard], control: Control
+) -> None:
+    port, heard = host_listener
+    remote = listen_in(control.namespace, port)
+    box = Box(server, http, CREATE_BODY)
+    # An address the host gains after the sandbox started is followed.
+    later = ["ip", "addr", "add", f"{control.network}/32", "dev", control.device]
+    subprocess.run(later, check=True, capture_output=True)
+    assert wait_for(lambda: blocked_in(server, box, control.network), 10)
+    far_end = control.far_end
+    targets = [*host_addresses(), "0.0.0.0", "10.0.2.2", "224.0.0.1", far_end]
+    assert control.network in targets and control.host_end in targets
+    # Its root has no CAP_NET_ADMIN over its network namespace: the table stays as it is.
+    changed = texts(box.command("nft flush ruleset 2>&1; nft list ruleset 2>&1; echo rc=$?"))
+    status = texts(box.command("grep -E '^Cap(Eff|Bnd)' /proc/self/status"))
+    said = probe(box, targets, port)
+    ways = {f"tcp {far_end}", f"udp {far_end}", f"raw {far_end}"}
+    from_far_end = heard_by(remote, ways, 30)
+    assert not heard.lines, f"the host heard {heard.lines}; the sandbox said {said}"
+    # The control: each way out works, to an address that is not the host's.
+    assert ways <= set(from_far_end), said
+    for target in targets[:-1]:
+        assert said[f"tcp {target}"] != "connected", (target, said)
+    assert any("Operation not permitted" in line for line in changed), changed
+    for line in status:
+        assert not int(line.split()[1], 16) >> CAP_NET_ADMIN & 1, line
+
+
+def test_a_deny_all_sandbox_still_reaches_nothing(
+    server: LocalServer, http: requests.Session, host_listener: tuple[int, Heard], control: Control
+) -> None:
+    port, heard = host_listener
+    remote = listen_in(control.namespace, port)
+    box = Box(server, http, {**CREATE_BODY, "networkPolicy": DENY_ALL})
+    said = probe(box, [*host_addresses(), control.far_end], port)
+    assert heard_by(remote, {"nothing"}, 1) == [] and heard.lines == [], said
+    assert not any(outcome == "connected" for outcome in said.values()), said
