@@ -32,6 +32,14 @@ Rules:
   its creator died before committing it); an id Redis knows and the server does not is
   forgotten. Every pooled sandbox carries ``osb_sync.pool=<name>`` and
   ``osb_sync.pool-owner=<creator>`` in its metadata.
+- Redis keeps the pool's books, not the server's sandboxes: a sandbox Redis names is lent
+  only if the server says its metadata names the pool (``osb_sync.pool``) and it is Running
+  (one more request per lend, ``GET /sandboxes/{id}``), and kept idle, renewed or deleted
+  only if it is the pool's; any other is dropped from Redis and logged, never touched. A
+  Redis writer can still hand one borrower's sandbox to another (an id moved from ``lent`` to
+  ``idle``: both then use it and read each other's files), have the pool's own sandboxes
+  deleted or left unlent, or stop the pool: whoever can write to that Redis is trusted as a
+  borrower is.
 - Redis down: ``acquire`` creates a sandbox outside the pool (logged once) or raises
   ``TransportError`` (``on_redis_down="raise"``); such a sandbox stays this process's, is
   registered as lent when Redis is back, and is deleted when returned.
@@ -377,16 +385,23 @@ class RedisLender:
     def _reach(
         self, sandbox_id: str, seconds_left: float, deadline: float | None
     ) -> Sandbox | None:
-        """The taken sandbox, checked (it answers /ping) and renewed if close to expiry; None
-        (and it is deleted) if it is not fit to lend."""
+        """The taken sandbox, checked (the pool's, Running, answering /ping) and renewed if
+        close to expiry; None if it is not fit to lend: the pool's is deleted, any other only
+        dropped from Redis (`_ours`)."""
         call_timeout = self._call_timeout(deadline)
         lifetime = self.spec.lifetime
         try:
-            sandbox = self._client.connect(
-                sandbox_id, health_check=False, ready_timeout=call_timeout
-            )
-            sandbox.delete_on_exit = False
-            fit = answers_ping(sandbox, call_timeout)
+            info = self._client.get_sandbox(sandbox_id)
+            if not self._ours(sandbox_id, info.metadata, "lent"):
+                self._quietly("give_back", sandbox_id, "drop", "")
+                return None
+            fit = info.state == "Running"
+            if fit:
+                sandbox = self._client.connect(
+                    sandbox_id, health_check=False, ready_timeout=call_timeout
+                )
+                sandbox.delete_on_exit = False
+                fit = answers_ping(sandbox, call_timeout)
             if fit and lifetime is not None and seconds_left < lifetime / 2:
                 sandbox.renew(lifetime, timeout=call_timeout)
                 seconds_left = lifetime
@@ -402,6 +417,36 @@ class RedisLender:
             if lifetime is not None:
                 self._expires[sandbox_id] = time.monotonic() + seconds_left
         return sandbox
+
+    def _ours(self, sandbox_id: str, metadata: dict[str, str], doing: str) -> bool:
+        """Whether a sandbox Redis named is this pool's (its metadata names the pool), before
+        it is `doing` ("lent", "deleted"); one that is not is logged and left alone.
+
+        Redis holds ids only: whoever can write to it could name any sandbox of the server,
+        another user's, for the next borrower to read or for the leader to delete.
+        """
+        if metadata.get(POOL_KEY) == self.spec.name:
+            return True
+        logger.warning(
+            "pool %s: Redis named sandbox %s, which is not the pool's (%s=%r): not %s (whoever"
+            " can write to this Redis named it)",
+            self.spec.name,
+            sandbox_id,
+            POOL_KEY,
+            metadata.get(POOL_KEY),
+            doing,
+        )
+        return False
+
+    def _delete_pooled(self, sandbox_id: str) -> None:
+        """Delete a sandbox Redis named, if it is this pool's (`_ours`); quietly."""
+        try:
+            info = self._client.get_sandbox(sandbox_id)
+        except OpenSandboxError as exc:  # gone already (404), or the server did not say
+            logger.info("pool %s: sandbox %s not deleted (%s)", self.spec.name, sandbox_id, exc)
+            return
+        if self._ours(sandbox_id, info.metadata, "deleted"):
+            self._client.delete_quietly(sandbox_id)
 
     def _call_timeout(self, deadline: float | None) -> float:
         read_timeout = self._client.read_timeout
@@ -612,7 +657,7 @@ class RedisLender:
         pool whose creator is not a member (one that died before committing it); a process
         that joined meanwhile is a member, and its sandboxes are spared."""
         for sandbox_id in known:
-            self._client.delete_quietly(sandbox_id)
+            self._delete_pooled(sandbox_id)
         try:
             members = set(self._run("members"))
             tagged = list(self._client.list_sandboxes(metadata={POOL_KEY: self.spec.name}))
@@ -627,7 +672,7 @@ class RedisLender:
         """See SandboxPool.destroy: closed everywhere, idle sandboxes deleted."""
         ids = self._run("destroy", int(self.store.borrow_lease * 2000))
         for sandbox_id in ids:
-            self._client.delete_quietly(sandbox_id)
+            self._delete_pooled(sandbox_id)
 
     # -- the worker -----------------------------------------------------------------------
 
@@ -696,7 +741,7 @@ class RedisLender:
             logger.info(
                 "pool %s: the borrow of %s ran out; deleting it", self.spec.name, sandbox_id
             )
-            self._client.delete_quietly(sandbox_id)
+            self._delete_pooled(sandbox_id)
             self._still_leading()  # the script took them all: delete them all the same
         with self._cond:
             refilling = self._refilling
@@ -725,6 +770,10 @@ class RedisLender:
             if not self._still_leading():
                 return
             try:
+                info = self._client.get_sandbox(sandbox_id)
+                if not self._ours(sandbox_id, info.metadata, "kept idle"):
+                    self._run("drop_idle", sandbox_id)
+                    continue
                 sandbox = self._client.connect(sandbox_id, health_check=False)
                 alive = answers_ping(sandbox, self._client.read_timeout)
                 if alive and lifetime is not None and number(score) - redis_now < lifetime / 2:

@@ -437,3 +437,20 @@ def test_a_sandbox_taken_again_mid_give_back_can_be_released(
     finally:
         pool.close()
     assert wait_for(lambda: not tagged(client, name))
+
+
+def test_a_sandbox_outside_the_pool_written_into_redis_is_never_lent(
+    client: Client, redis_server: RedisServer, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "osb_sync")
+    with client.create_sandbox() as victim:  # someone else's, not the pool's
+        victim.files.write("secret.txt", "not for the borrower")
+        with SandboxPool(client, size=0, max_size=1, name=name, store=store(redis_server)) as pool:
+            r = redis_server.client()
+            r.zadd(key(name, "idle"), {victim.id: "+inf"})  # a Redis writer
+            with pool.sandbox(timeout=30) as lent:
+                assert lent.id != victim.id
+            r.zadd(key(name, "lent"), {victim.id: 0})  # a borrow long run out: the leader's
+            assert wait_for(lambda: r.zscore(key(name, "lent"), victim.id) is None)
+        assert victim.files.read_text("secret.txt") == "not for the borrower"  # not deleted
+    assert any(victim.id in r.getMessage() and name in r.getMessage() for r in caplog.records)
