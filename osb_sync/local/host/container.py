@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import bwrap, disk, firewall, identity, spawn, staging, zygote
+from . import bwrap, disk, firewall, identity, logs, spawn, staging, zygote
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
@@ -90,22 +90,16 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def _open_log(run_dir: Path) -> int:
-    """The descriptor the container's standard error goes to (read back on failure).
-
-    A memfd where the system has them: the sandbox sees its descriptors' targets
-    (`/proc/1/fd/2`), and a memfd's names no host path. Elsewhere (no isolation) a file in the
-    sandbox's run directory.
-    """
-    if hasattr(os, "memfd_create"):
-        return os.memfd_create("container.log", 0)
-    return os.open(run_dir / "container.log", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-
-
 class SandboxContainer:
     """The container (or, without isolation, the process) that runs one sandbox's execd."""
 
-    def __init__(self, sandbox_id: str, root: Path, support: bwrap.Support) -> None:
+    def __init__(
+        self,
+        sandbox_id: str,
+        root: Path,
+        support: bwrap.Support,
+        log_limit: int = logs.DEFAULT_LIMIT,
+    ) -> None:
         self.home = root / sandbox_id
         self.run_dir = root / f"{sandbox_id}.run"
         self.support = support
@@ -145,7 +139,8 @@ class SandboxContainer:
         self._frozen = False
         self._closed = False
         self._ready_r = -1
-        self._log_fd = -1  # the container's standard error (see `_open_log`)
+        self._log_limit = log_limit
+        self._log: logs.ContainerLog | None = None  # its processes' standard error
         self._seccomp_fd = -1  # the filter bwrap reads while it starts
         self._layer: rootfs.Layer | None = None  # the writable root over an image
         self._image_fd = -1  # holds the image against the store's eviction
@@ -208,7 +203,7 @@ class SandboxContainer:
         deadline = time.monotonic() + START_TIMEOUT
         templated = zygote.usable(self.support, settings.image, settings.binary)
         try:
-            self._log_fd = _open_log(self.run_dir)
+            log = self._log = logs.ContainerLog(self._log_limit)
             command = [str(self._relay.fileno()), str(ready_w)]
             if templated:
                 zygote.TEMPLATE.hold()
@@ -244,7 +239,7 @@ class SandboxContainer:
                     argv,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE if templated else subprocess.DEVNULL,
-                    stderr=self._log_fd,
+                    stderr=log.writer,
                     pass_fds=kept,
                     cwd=self.home,
                     env=dict(bwrap.BWRAP_ENV) if self.isolated else self._plain_env(),
@@ -290,6 +285,8 @@ class SandboxContainer:
                 os.close(self._seccomp_fd)
             self._staging.release()  # bwrap has its copies (or failed)
             self._seccomp_fd = -1
+            if self._log is not None:
+                self._log.release_writer()  # its processes (and the template) hold theirs
 
     def _fork_execd(self, ready_w: int, execd_r: int, deadline: float) -> None:
         """Once the placeholder is up, have the template fork execd into the namespaces."""
@@ -300,7 +297,8 @@ class SandboxContainer:
                 raise RuntimeError(f"the sandbox's container did not start: {self._log_tail()}")
         if self._init_fd < 0:
             raise RuntimeError("the sandbox's init has no pidfd: the template cannot join it")
-        fds = (self._init_fd, execd_r, self._log_fd, self._relay.fileno(), ready_w)
+        assert self._log is not None
+        fds = (self._init_fd, execd_r, self._log.writer, self._relay.fileno(), ready_w)
         pid = zygote.TEMPLATE.fork(
             self.init_pid, (*fds, self._proc.stdin.fileno()), self.support.seccomp
         )
@@ -578,9 +576,9 @@ class SandboxContainer:
         """The container's standard error from the first whole line of its last `limit` bytes
         ("" once it is closed)."""
         with self._lock:  # close() marks it closed under the lock before the descriptor goes
-            if self._closed or self._log_fd < 0:
+            if self._closed or self._log is None:
                 return ""
-            return spawn.log_tail(self._log_fd, limit)
+            return self._log.tail(limit)
 
     def status_note(self, internet: bool) -> str:
         """What this sandbox's isolation and network are, for its status message."""
@@ -721,9 +719,8 @@ class SandboxContainer:
             self._ready_r = -1
         os.close(self._dir_fd)
         self._staging.release()  # before the removal below, which must not reach a bind's files
-        if self._log_fd >= 0:
-            os.close(self._log_fd)
-            self._log_fd = -1
+        if self._log is not None:
+            self._log.close()
         if self._layer is not None:  # on a tmpfs, its unmount below takes the files
             self._layer.close() if self._disk == "tmpfs" else self._layer.remove()
         if self._image_fd >= 0:

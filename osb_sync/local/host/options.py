@@ -274,6 +274,18 @@ SPARE_CONTAINERS = Option(
     parse=int,
     metavar="N",
 )
+CONTAINER_LOG_SIZE = Option(
+    "container_log_size",
+    16 << 20,
+    "bytes of each sandbox's container log the server keeps, in its own memory (the oldest"
+    " are dropped first, the drop noted; see `logs.py`).",
+    flag="--container-log-size",
+    help="bytes of each sandbox's container log kept in the server's memory, the oldest "
+    "dropped first (default 16 MiB)",
+    check=lambda value: None if value >= 4096 else "must be 4096 or more",
+    parse=int,
+    metavar="BYTES",
+)
 
 IMAGE_STORE: Option[str | Path | None] = Option(
     "image_store",
@@ -361,6 +373,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     JUPYTER,
     EXECD_IMAGE,
     SPARE_CONTAINERS,
+    CONTAINER_LOG_SIZE,
     IMAGE_STORE,
     IMAGE_STORE_SIZE,
     INSECURE_REGISTRIES,

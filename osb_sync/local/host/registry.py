@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, unquote
 
 from ..http.bodies import rfc3339
 from ..http.exchange import Exchange, HttpError, error
-from . import diagnostics, disk, limits, liveness, network, volumes
+from . import diagnostics, disk, limits, liveness, logs, network, volumes
 from .bwrap import Support, network_plan
 from .capacity import Capacity
 from .container import Launch, SandboxContainer
@@ -86,6 +86,7 @@ class Config:
     volume_places: tuple[tuple[Path, ...], Path] = ((), Path())  # host trees allowed, pvc root
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours
     spare_containers: int = 0
+    container_log_size: int = logs.DEFAULT_LIMIT  # bytes kept of each container's log
     refusal: str = ""  # non-empty: every create answers 503 with it (fail closed)
     images: ImageService | None = None  # what a create's image becomes (None: the host's view)
 
@@ -187,7 +188,12 @@ class Registry:
         timing = (config.ping_interval, config.command_grace)
         spare_settings = Launch(binary=config.binary, controllers=config.limit_controllers)
         self.containers = ContainerSource(
-            config.root, config.support, timing, config.spare_containers, spare_settings
+            config.root,
+            config.support,
+            timing,
+            config.spare_containers,
+            spare_settings,
+            config.container_log_size,
         )
         self.spares = self.containers.pool
         self.capacity = Capacity(lambda: len(self._sandboxes) + self.spares.count)

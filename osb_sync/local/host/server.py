@@ -24,7 +24,7 @@ from types import FrameType, TracebackType
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
-from . import capacity, firewall, identity, options, proxy, recovery, staging
+from . import capacity, firewall, identity, logs, options, proxy, recovery, staging
 from . import limits as resource_limits
 from .bwrap import FIX, Support, compile_package, probe, refusal
 from .execd_binary import ExecdBinary, checked_jupyter
@@ -90,6 +90,7 @@ class LocalServer:
         jupyter: str | os.PathLike[str] | None = options.JUPYTER.default,
         execd_image: str | None = options.EXECD_IMAGE.default,
         spare_containers: int = options.SPARE_CONTAINERS.default,
+        container_log_size: int = options.CONTAINER_LOG_SIZE.default,
         image_store: str | Path | None = options.IMAGE_STORE.default,
         image_store_size: int = options.IMAGE_STORE_SIZE.default,
         insecure_registries: Iterable[str] = options.INSECURE_REGISTRIES.default,
@@ -118,6 +119,7 @@ class LocalServer:
         self.allowed_host_paths = tuple(Path(p).resolve() for p in allowed_host_paths)
         self.volume_root = Path(volume_root) if volume_root is not None else None
         self.spare_containers = spare_containers
+        self.container_log_size = container_log_size
         self.image_settings = ImageSettings(
             store=Path(image_store) if image_store is not None else None,
             cap=image_store_size,
@@ -224,6 +226,7 @@ class LocalServer:
                     self._release_root()
                     raise
             support = self._watch_addresses(support)
+            logs.READER.hold()
             self._registry = Registry(
                 Config(
                     root=self.root_dir,
@@ -244,6 +247,7 @@ class LocalServer:
                     ),
                     binary=self.execd_binary,
                     spare_containers=self.spare_containers,
+                    container_log_size=self.container_log_size,
                     refusal=self.refusal,
                     images=images,
                 )
@@ -362,6 +366,7 @@ class LocalServer:
         for thread in self._threads:
             thread.join()
         self._registry.close_all()
+        logs.READER.release()
         if self._watching:
             firewall.WATCH.release()
         self._httpd.close_connections()
