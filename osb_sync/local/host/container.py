@@ -147,6 +147,7 @@ class SandboxContainer:
         self._staging = staging.Staging(self.ids)  # host binds while bwrap starts
         self.launched_at = 0.0  # time.monotonic() when its main process started
         self._execd_in: BinaryIO | None = None  # execd's stdin where the template forked it
+        self._forked: zygote.Forked | None = None  # that execd
         self._held_template = False
         self._lock = threading.Lock()
 
@@ -299,11 +300,11 @@ class SandboxContainer:
             raise RuntimeError("the sandbox's init has no pidfd: the template cannot join it")
         assert self._log is not None
         fds = (self._init_fd, execd_r, self._log.writer, self._relay.fileno(), ready_w)
-        pid = zygote.TEMPLATE.fork(
+        self._forked = zygote.TEMPLATE.fork(
             self.init_pid, (*fds, self._proc.stdin.fileno()), self.support.seccomp
         )
         if self._cgroup is not None:
-            self._cgroup.join(pid)
+            self._cgroup.join(self._forked.pid)
 
     def claim(self, config: dict[str, Any], internet: bool) -> None:
         """Make a launched container the sandbox's: network, env and token; then it serves.
@@ -428,6 +429,19 @@ class SandboxContainer:
     def exit_code(self) -> int | None:
         """The main process's exit code once it ended (bwrap: 128+N for signal N), else None."""
         return self._proc.poll() if self._proc is not None else None
+
+    def execd_lost(self) -> bool:
+        """Whether the template's execd ended after the template did, its exit reported to
+        nobody (bwrap's placeholder waits on): the container is dead all the same."""
+        with self._lock:  # close() closes the pidfd after it marked the container closed
+            if self._closed or self._forked is None or not self._forked.lost():
+                return False
+        assert self._proc is not None
+        try:  # a status the template wrote just before it ended is on its way
+            self._proc.wait(0.2)
+        except subprocess.TimeoutExpired:
+            return True
+        return False
 
     def group(self, controller: str) -> Path | None:
         """The sandbox's group of `controller`, if it has one."""
@@ -701,6 +715,8 @@ class SandboxContainer:
                 pass  # execd died with unread lines
         if self._held_template:
             zygote.TEMPLATE.release()
+        if self._forked is not None:
+            os.close(self._forked.pidfd)
         if self._slirp_exit >= 0:
             os.close(self._slirp_exit)
         if self._slirp is not None:
