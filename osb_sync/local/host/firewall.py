@@ -38,6 +38,7 @@ and rules go after the host's in the same chains, whose drop comes first whateve
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -53,6 +54,7 @@ from dataclasses import dataclass
 logger = logging.getLogger("osb_sync.local")
 
 TABLE = "osb_sync"
+FAMILIES = ("netdev", "inet")  # its two tables', one name
 DEVICE = "tap0"  # slirp4netns's, as `slirp.start_slirp` names it
 FIXED_V4 = (
     "0.0.0.0/8",  # "this network": a connect to 0.0.0.0 reaches the host's own listeners
@@ -183,16 +185,17 @@ def _elements(networks: Sequence[str]) -> str:
     return ", ".join(networks)
 
 
-def ruleset(v4: Sequence[str], v6: Sequence[str]) -> str:
-    """The nft transaction that (re)makes both tables with these sets (see the module docstring)."""
+def ruleset(v4: Sequence[str], v6: Sequence[str], replace: bool = False) -> str:
+    """The nft transaction that makes both tables with these sets (see the module docstring);
+    with `replace` (a load after `Wall.down`), it deletes them first: deleting costs about
+    10 ms, which a namespace's first load, with no tables yet, is spared."""
     sets = (
         f"  set host4 {{ type ipv4_addr; flags interval; elements = {{ {_elements(v4)} }}; }}\n"
         f"  set host6 {{ type ipv6_addr; flags interval; elements = {{ {_elements(v6)} }}; }}\n"
     )
+    delete = "".join(f"table {f} {TABLE} {{}}\ndelete table {f} {TABLE}\n" for f in FAMILIES)
     return (
-        f"table netdev {TABLE} {{}}\ndelete table netdev {TABLE}\n"
-        f"table inet {TABLE} {{}}\ndelete table inet {TABLE}\n"
-        f"table netdev {TABLE} {{\n{sets}"
+        (delete if replace else "") + f"table netdev {TABLE} {{\n{sets}"
         f"  chain egress {{\n"
         f'    type filter hook egress device "{DEVICE}" priority 0; policy accept;\n'
         f"    ip daddr @host4 drop\n"
@@ -210,7 +213,7 @@ def ruleset(v4: Sequence[str], v6: Sequence[str]) -> str:
 def set_update(v4: Sequence[str], v6: Sequence[str]) -> str:
     """The nft transaction that replaces the sets' elements in both tables (atomically)."""
     lines = []
-    for family in ("netdev", "inet"):
+    for family in FAMILIES:
         for name, networks in (("host4", v4), ("host6", v6)):
             lines.append(f"flush set {family} {TABLE} {name}")
             lines.append(f"add element {family} {TABLE} {name} {{ {_elements(networks)} }}")
@@ -231,44 +234,59 @@ class Wall:
         self._tools = tools
         self._enter = [tools.nsenter, "-t", str(init_pid), *(["-U"] if join_user else []), "-n"]
         self._lock = threading.Lock()
-        self._up = False
+        self._device = False  # the tap device is made
+        self._tables = False  # the tables were loaded once (a next load replaces them)
+        self._loaded = False  # the tables are in, following the host
 
     def up(self) -> None:
         """Make the tap device (down) and load the tables with the host's addresses now;
         they follow the host's until `down`.
 
         Raises:
-            RuntimeError: a command failed (its message says which and why).
+            RuntimeError: a command failed (its message says which and why); nothing of it
+                is left (a next `up` starts afresh).
         """
         with self._lock:
             WATCH.subscribe(self)  # first: an address change from now on is not missed
             try:
                 self._run([self._tools.ip, "tuntap", "add", "dev", DEVICE, "mode", "tap"])
-                self._run([self._tools.nft, "-f", "-"], ruleset(*blocked(WATCH.addresses())))
+                self._device = True
+                script = ruleset(*blocked(WATCH.addresses()), replace=self._tables)
+                self._run([self._tools.nft, "-f", "-"], script)
+                self._tables = True
             except BaseException:
-                WATCH.unsubscribe(self)
+                with contextlib.suppress(RuntimeError):
+                    self._down()
                 raise
-            self._up = True
+            self._loaded = True
 
     def down(self) -> None:
         """Remove the tap device (slirp4netns has left it); the tables stay until the next
-        `up` replaces them. Idempotent."""
+        `up` replaces them. Idempotent.
+
+        Raises:
+            RuntimeError: `ip` failed.
+        """
         with self._lock:
-            WATCH.unsubscribe(self)
-            if self._up:
-                self._up = False
-                self._run([self._tools.ip, "link", "del", DEVICE])
+            self._down()
+
+    def _down(self) -> None:
+        WATCH.unsubscribe(self)
+        self._loaded = False
+        if self._device:
+            self._device = False
+            self._run([self._tools.ip, "link", "del", DEVICE])
 
     def forget(self) -> None:
         """Stop following the host (the container is gone with its namespace)."""
         with self._lock:
             WATCH.unsubscribe(self)
-            self._up = False
+            self._loaded = self._device = False
 
     def follow(self, addresses: set[str]) -> None:
         """Give the sets the host's `addresses` (the watch calls it on a change)."""
         with self._lock:
-            if self._up:
+            if self._loaded:
                 self._run([self._tools.nft, "-f", "-"], set_update(*blocked(addresses)))
 
     def _run(self, argv: list[str], script: str | None = None) -> None:
