@@ -9,6 +9,7 @@ is one more address of the host. Nothing here leaves the machine.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -169,17 +170,19 @@ def host_addresses() -> list[str]:
 @dataclass(frozen=True)
 class Control:
     """A network namespace of the test's own, behind a veth pair whose host end is one more
-    address of the host (`host_end`), in a /30 of 198.18.0.0/15 (benchmarking addresses)."""
+    address of the host (`host_end`), in a /30 of 198.18.0.0/15 (benchmarking addresses), and
+    its listener on every address, on the host listener's port (`heard_by` reads it)."""
 
     namespace: str
     device: str  # the host end
     network: str  # the /30's own address, free to add to the host end later
     host_end: str
     far_end: str
+    listener: subprocess.Popen[str] | None = None
 
 
 @pytest.fixture
-def control() -> Iterator[Control]:
+def control(host_listener: tuple[int, list[str]]) -> Iterator[Control]:
     if os.geteuid() != 0:
         pytest.skip("the control network namespace needs root (ip netns)")
     tag = secrets.token_hex(3)
@@ -198,7 +201,12 @@ def control() -> Iterator[Control]:
     try:
         for step in steps:
             subprocess.run(step, check=True, capture_output=True)
-        yield made
+        listener = listen_in(name, host_listener[0])
+        try:
+            yield dataclasses.replace(made, listener=listener)
+        finally:
+            listener.kill()
+            listener.wait()
     finally:
         subprocess.run(["ip", "link", "del", outer], capture_output=True)
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
@@ -224,9 +232,10 @@ def listen_in(namespace: str, port: int) -> subprocess.Popen[str]:
     return proc
 
 
-def heard_by(proc: subprocess.Popen[str], awaited: set[str], timeout: float) -> list[str]:
+def heard_by(control: Control, awaited: set[str], timeout: float) -> list[str]:
     """The control listener's lines, once it printed all of `awaited` or after `timeout`."""
-    assert proc.stdout is not None
+    proc = control.listener
+    assert proc is not None and proc.stdout is not None
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(line.strip() for line in proc.stdout))
     reader.start()
@@ -260,7 +269,6 @@ def test_an_internet_sandbox_reaches_no_address_of_the_host(
     control: Control,
 ) -> None:
     port, heard = host_listener
-    remote = listen_in(control.namespace, port)
     box = Box(server, http, CREATE_BODY)
     # An address the host gains after the sandbox started is followed.
     later = ["ip", "addr", "add", f"{control.network}/32", "dev", control.device]
@@ -276,7 +284,7 @@ def test_an_internet_sandbox_reaches_no_address_of_the_host(
     nested = texts(box.command("unshare -rn true 2>&1; echo $?"))
     said = probe(box, targets, port)
     ways = {f"tcp {far_end}", f"udp {far_end}", f"raw {far_end}"}
-    from_far_end = heard_by(remote, ways, 30)
+    from_far_end = heard_by(control, ways, 30)
     assert not heard, f"the host heard {heard}; the sandbox said {said}"
     # The control: each way out works, to an address that is not the host's.
     assert ways <= set(from_far_end), said
@@ -302,8 +310,7 @@ def test_a_deny_all_sandbox_still_reaches_nothing(
     control: Control,
 ) -> None:
     port, heard = host_listener
-    remote = listen_in(control.namespace, port)
     box = Box(server, http, {**CREATE_BODY, "networkPolicy": DENY_ALL})
     said = probe(box, [*host_addresses(), control.far_end], port)
-    assert heard_by(remote, {"nothing"}, 1) == [] and heard == [], said
+    assert heard_by(control, {"nothing"}, 1) == [] and heard == [], said
     assert not any(outcome == "connected" for outcome in said.values()), said

@@ -48,8 +48,10 @@ import socket
 import struct
 import subprocess
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+from .spawn import HeldThread
 
 logger = logging.getLogger("osb_sync.local")
 
@@ -315,12 +317,10 @@ class AddressWatch:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._holders = 0
         self._walls: set[Wall] = set()
         self._known: set[str] = set()
-        self._socket: socket.socket | None = None
-        self._wake = -1  # closed by `release`: the thread ends
-        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None  # while the thread runs
+        self._thread = HeldThread("osb-local-addresses", self._open)
 
     def hold(self) -> None:
         """Count one more server; the first starts the watch.
@@ -328,41 +328,23 @@ class AddressWatch:
         Raises:
             OSError: netlink refused (the addresses could not be read).
         """
-        with self._lock:
-            if self._holders == 0:
-                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-                try:
-                    sock.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
-                    self._known = host_addresses()  # after the bind: no change is missed
-                except BaseException:
-                    sock.close()
-                    raise
-                stop_r, self._wake = os.pipe()
-                self._socket = sock
-                self._thread = threading.Thread(
-                    target=self._watch,
-                    args=(sock, stop_r),
-                    name="osb-local-addresses",
-                    daemon=True,
-                )
-                self._thread.start()
-            self._holders += 1
+        self._thread.hold()
 
     def release(self) -> None:
         """Count one server fewer; the last one's release stops the watch."""
-        with self._lock:
-            self._holders -= 1
-            if self._holders > 0:
-                return
-            self._holders = 0
-            sock, thread, self._socket, self._thread = self._socket, self._thread, None, None
-            wake, self._wake = self._wake, -1
-        if wake >= 0:
-            os.close(wake)  # the thread sees its end of the pipe close
-        if thread is not None:
-            thread.join()
-        if sock is not None:
+        self._thread.release()
+
+    def _open(self) -> Callable[[int], None]:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        try:
+            sock.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+            known = host_addresses()  # after the bind: no change is missed
+        except BaseException:
             sock.close()
+            raise
+        with self._lock:
+            self._socket, self._known = sock, known
+        return lambda stop: self._watch(sock, stop)
 
     def addresses(self) -> set[str]:
         """The host's addresses as last seen (read afresh where no server holds the watch)."""
@@ -380,18 +362,17 @@ class AddressWatch:
             self._walls.discard(wall)
 
     def _watch(self, sock: socket.socket, stop: int) -> None:
-        with selectors.DefaultSelector() as waiter, os.fdopen(stop, "rb", buffering=0):
+        with sock, selectors.DefaultSelector() as waiter:
             waiter.register(sock, selectors.EVENT_READ)
             waiter.register(stop, selectors.EVENT_READ)
-            while True:
-                ready = {key.fd for key, _ in waiter.select()}
-                if stop in ready:
-                    return
+            while stop not in {key.fd for key, _ in waiter.select()}:
                 try:
                     sock.recv(1 << 16)  # what changed does not matter: all is read again
                 except OSError as exc:  # ENOBUFS: notices were lost
                     logger.debug("local server: address notices lost (%s): reading all", exc)
                 self._changed()
+            with self._lock:
+                self._socket = None
 
     def _changed(self) -> None:
         try:

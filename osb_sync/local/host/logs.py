@@ -21,6 +21,9 @@ import collections
 import os
 import selectors
 import threading
+from collections.abc import Callable
+
+from .spawn import HeldThread
 
 DEFAULT_LIMIT = 16 << 20
 READ_SIZE = 1 << 16
@@ -133,41 +136,16 @@ class LogReader:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._holders = 0
-        self._selector: selectors.BaseSelector | None = None
-        self._wake = -1
-        self._thread: threading.Thread | None = None
+        self._selector: selectors.BaseSelector | None = None  # while the thread runs
+        self._thread = HeldThread("osb-local-logs", self._open)
 
     def hold(self) -> None:
         """Count one more server; the first starts the thread."""
-        with self._lock:
-            self._holders += 1
-            if self._holders > 1:
-                return
-            self._selector = selectors.DefaultSelector()
-            wake_r, self._wake = os.pipe()
-            self._selector.register(wake_r, selectors.EVENT_READ)
-            self._thread = threading.Thread(
-                target=self._serve,
-                args=(self._selector, wake_r),
-                name="osb-local-logs",
-                daemon=True,
-            )
-            self._thread.start()
+        self._thread.hold()
 
     def release(self) -> None:
         """Count one server fewer; the last one's release stops the thread."""
-        with self._lock:
-            self._holders -= 1
-            if self._holders > 0:
-                return
-            self._holders = 0
-            thread, wake, self._thread, self._wake = self._thread, self._wake, None, -1
-            self._selector = None
-        if wake >= 0:
-            os.close(wake)
-        if thread is not None:
-            thread.join()
+        self._thread.release()
 
     def watch(self, log: ContainerLog) -> None:
         """Drain `log` from now on (where no server holds the reader, only `tail` drains it)."""
@@ -184,15 +162,23 @@ class LogReader:
                 except (KeyError, ValueError):
                     pass
 
-    def _serve(self, selector: selectors.BaseSelector, wake: int) -> None:
+    def _open(self) -> Callable[[int], None]:
+        selector = selectors.DefaultSelector()
+        with self._lock:
+            self._selector = selector
+        return lambda stop: self._serve(selector, stop)
+
+    def _serve(self, selector: selectors.BaseSelector, stop: int) -> None:
+        selector.register(stop, selectors.EVENT_READ)
         try:
             while True:
                 for key, _ in selector.select():
-                    if key.fd == wake:
+                    if key.fd == stop:
                         return
                     key.data.drain()
         finally:
-            os.close(wake)
+            with self._lock:
+                self._selector = None
             selector.close()
 
 

@@ -53,6 +53,55 @@ class _Spawner:
 SPAWNER = _Spawner()
 
 
+class HeldThread:
+    """A daemon thread that runs while a server holds it (`hold` / `release`, counted).
+
+    The first `hold` calls `start()`, which prepares what the thread needs (its error: not
+    held) and returns the thread's body; the body runs with the read end of a stop pipe, which
+    reads EOF once the last `release` closed the write end, and returns then; that release
+    waits for it.
+    """
+
+    def __init__(self, name: str, start: Callable[[], Callable[[int], None]]) -> None:
+        self._name, self._start = name, start
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._stop = -1  # the write end
+        self._thread: threading.Thread | None = None
+
+    def hold(self) -> None:
+        """Count one more holder; the first starts the thread."""
+        with self._lock:
+            if self._holders == 0:
+                body = self._start()
+                stop, self._stop = os.pipe()
+                self._thread = threading.Thread(
+                    target=_until_stopped, args=(body, stop), name=self._name, daemon=True
+                )
+                self._thread.start()
+            self._holders += 1
+
+    def release(self) -> None:
+        """Count one holder fewer; the last one's release stops the thread."""
+        with self._lock:
+            self._holders -= 1
+            if self._holders > 0:
+                return
+            self._holders = 0
+            thread, stop, self._thread, self._stop = self._thread, self._stop, None, -1
+        if stop >= 0:
+            os.close(stop)
+        if thread is not None:
+            thread.join()
+
+
+def _until_stopped(body: Callable[[int], None], stop: int) -> None:
+    try:
+        body(stop)
+    finally:
+        os.close(stop)
+
+
 def read_until(fd: int, end: bytes, deadline: float) -> bytes:
     """Read `fd` until `end` is seen, EOF, or the deadline; what was read.
 
