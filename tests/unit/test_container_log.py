@@ -3,6 +3,7 @@ drop noted, drained as it fills (a flooding sandbox is tested in tests/local/tes
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -73,4 +74,19 @@ def test_the_reader_drains_a_flood_into_a_bounded_log(reader: None) -> None:
         assert len(log._chunks) <= 2  # gathered into chunks, not one object per write
     finally:
         writer.join()
+        log.close()
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="Linux's pipe sizes")
+def test_a_drain_reads_a_bounded_amount() -> None:
+    """The reader thread reads one pipe-ful of a ready log at a time (a flooding sandbox's pipe
+    is never empty, and the other logs wait for their turn), and `tail` at most 16."""
+    log = logs.ContainerLog(limit=1 << 20)
+    try:
+        fcntl.fcntl(log.writer, fcntl.F_SETPIPE_SZ, 1 << 20)
+        os.write(log.writer, b"y\n" * (1 << 17))  # 256 KiB, four reads
+        log.drain(1)
+        assert len(log._open_chunk) + sum(map(len, log._chunks)) == logs.READ_SIZE
+        assert log.tail(1 << 20) == "y\n" * (1 << 17)
+    finally:
         log.close()

@@ -61,10 +61,14 @@ class ContainerLog:
             os.close(self.writer)
             self.writer = -1
 
-    def drain(self) -> None:
-        """Keep what the pipe holds now (the reader thread's, and `tail`'s, first step)."""
+    def drain(self, reads: int = 16) -> None:
+        """Keep what the pipe holds now, `reads` pipe-fuls at most (the reader thread's, which
+        reads one for each log ready in turn, so a flooding sandbox does not starve the
+        others; and `tail`'s first step)."""
         with self._lock:
-            while self._open:
+            for _ in range(reads):
+                if not self._open:
+                    return
                 try:
                     piece = os.read(self._read, READ_SIZE)
                 except BlockingIOError:
@@ -175,7 +179,7 @@ class LogReader:
                 for key, _ in selector.select():
                     if key.fd == stop:
                         return
-                    key.data.drain()
+                    key.data.drain(1)
         finally:
             with self._lock:
                 self._selector = None
