@@ -1,6 +1,7 @@
 """The host is not the internet: a sandbox with internet access reaches no address of the
 machine that runs the server, by any way its root has (a socket, or a frame it writes itself
-on the tap device, as CAP_NET_RAW allows), and cannot change what stops it.
+on the tap device, as CAP_NET_RAW allows, claiming any protocol), and cannot change what
+stops it.
 
 The listener is on every address of the server's own network namespace (`::`, dual-stack:
 IPv4 too); the control is a network namespace the test makes, on a veth pair whose host end
@@ -73,14 +74,21 @@ for target in TARGETS:
         said[f"udp {target}"] = "sent"
     except OSError as exc:
         said[f"udp {target}"] = errno.errorcode.get(exc.errno, str(exc))
-    if family == socket.AF_INET and source is not None:
-        try:
-            with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
-                raw.bind(("tap0", 0))
-                raw.send(udp_frame(source, target, PORT, f"raw {target}\n".encode()))
-            said[f"raw {target}"] = "sent"
-        except OSError as exc:
-            said[f"raw {target}"] = errno.errorcode.get(exc.errno, str(exc))
+    if family != socket.AF_INET or source is None:
+        continue
+    # An IPv4 frame, sent as the kernel's protocol says (0: read from the frame) or as its
+    # root claims (ARP, IPv6, anything, every protocol), through the queue or past it.
+    for proto in (0, 0x0806, 0x86DD, 0x1234, 0x0003):
+        for bypass in (0, 1):
+            way = f"raw {proto:#06x}{' bypass' if bypass else ''} {target}"
+            try:
+                with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
+                    raw.setsockopt(263, 20, bypass)  # SOL_PACKET, PACKET_QDISC_BYPASS
+                    raw.bind(("tap0", proto))
+                    raw.send(udp_frame(source, target, PORT, f"{way}\n".encode()))
+                said[way] = "sent"
+            except OSError as exc:
+                said[way] = errno.errorcode.get(exc.errno, str(exc))
 print(json.dumps(said))
 """
 
@@ -283,7 +291,7 @@ def test_an_internet_sandbox_reaches_no_address_of_the_host(
     status = texts(box.command("grep -E '^Cap(Eff|Bnd)' /proc/self/status"))
     nested = texts(box.command("unshare -rn true 2>&1; echo $?"))
     said = probe(box, targets, port)
-    ways = {f"tcp {far_end}", f"udp {far_end}", f"raw {far_end}"}
+    ways = {f"tcp {far_end}", f"udp {far_end}", f"raw 0x0000 {far_end}"}
     from_far_end = heard_by(control, ways, 30)
     assert not heard, f"the host heard {heard}; the sandbox said {said}"
     # The control: each way out works, to an address that is not the host's.

@@ -68,10 +68,15 @@ def test_the_sets_hold_the_host_and_the_fixed_ranges_merged() -> None:
     script = firewall.ruleset(v4, v6)
     assert "delete" not in script and "192.0.2.6/31" in script
     assert 'hook egress device "tap0"' in script and "hook output" in script
+    # Frames leave only where the bytes' ethertype and the kernel's protocol agree.
+    egress = script[script.index("chain egress") : script.index("table inet")]
+    assert "policy drop;" in egress and egress.count(" accept") == 2
+    assert "@ll,96,16 0x0806 meta protocol arp accept" in egress
+    assert "@ll,96,16 0x0800 meta protocol ip ip daddr != @host4 accept" in egress
     again = firewall.ruleset(v4, v6, replace=True)  # both tables replaced, in one transaction
     assert again.count("delete table") == 2 and again.endswith(script)
     update = firewall.set_update(v4, v6)
-    assert update.count("flush set") == 4 and "table" not in update.replace(" osb_sync ", " ")
+    assert update.count("flush set") == 3 and "table" not in update.replace(" osb_sync ", " ")
 
 
 def test_a_sandbox_with_internet_is_refused_where_the_firewall_s_tools_are_missing() -> None:

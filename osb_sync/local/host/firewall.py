@@ -12,8 +12,13 @@ never in the host's ruleset (`ruleset`):
 
 - `table netdev osb_sync`, the boundary: chain `egress`, hooked on the tap device's egress,
   sees every frame that leaves the namespace, a socket's or one written with AF_PACKET (which
-  the inet hooks never see, PACKET_QDISC_BYPASS included), and drops those to the set `host4`
-  or `host6`.
+  the inet hooks never see, PACKET_QDISC_BYPASS included). It drops all but what it accepts:
+  ARP (slirp4netns answers it for its own addresses and forwards none) and IPv4 to an address
+  outside the set `host4`, each only where the ethertype in the frame's bytes, which
+  slirp4netns reads, and the kernel's protocol for it (`meta protocol`, which a packet
+  socket's sender chooses, and by which nft finds the IPv4 header) agree: a frame claiming to
+  be ARP, IPv6 or anything else while its bytes say IPv4 is dropped. IPv6 has no way out
+  (slirp4netns runs without it), and is dropped.
 - `table inet osb_sync`: chain `output` rejects an ordinary socket's packet to the same sets
   at once (admin-prohibited), so a connect fails instead of waiting for its timeout.
 
@@ -33,7 +38,8 @@ server loads them with `nsenter` (util-linux), `ip` (iproute2) and `nft` (nftabl
 is missing, a create that would reach the internet is refused (`INSTALL`): fail closed.
 
 Issue 44 (egress by name) extends these tables: its sets of allowed addresses (`flags timeout`)
-and rules go after the host's in the same chains, whose drop comes first whatever they allow.
+narrow the netdev chain's IPv4 accept (`... ip daddr != @host4 ip daddr @allowed4 accept`),
+and its inet rules go after the host's; the policy drops everything else.
 """
 
 from __future__ import annotations
@@ -58,6 +64,10 @@ logger = logging.getLogger("osb_sync.local")
 TABLE = "osb_sync"
 FAMILIES = ("netdev", "inet")  # its two tables', one name
 DEVICE = "tap0"  # slirp4netns's, as `slirp.start_slirp` names it
+# The ethertype as the frame's bytes say (what slirp4netns reads), beside `meta protocol`, the
+# kernel's, which a packet socket's sender chooses (its sll_protocol)
+ETHERTYPE = "@ll,96,16"
+ETH_P_IP, ETH_P_ARP = 0x0800, 0x0806
 FIXED_V4 = (
     "0.0.0.0/8",  # "this network": a connect to 0.0.0.0 reaches the host's own listeners
     "127.0.0.0/8",
@@ -191,19 +201,17 @@ def ruleset(v4: Sequence[str], v6: Sequence[str], replace: bool = False) -> str:
     """The nft transaction that makes both tables with these sets (see the module docstring);
     with `replace` (a load after `Wall.down`), it deletes them first: deleting costs about
     10 ms, which a namespace's first load, with no tables yet, is spared."""
-    sets = (
-        f"  set host4 {{ type ipv4_addr; flags interval; elements = {{ {_elements(v4)} }}; }}\n"
-        f"  set host6 {{ type ipv6_addr; flags interval; elements = {{ {_elements(v6)} }}; }}\n"
-    )
+    host4 = f"  set host4 {{ type ipv4_addr; flags interval; elements = {{ {_elements(v4)} }}; }}\n"
+    host6 = f"  set host6 {{ type ipv6_addr; flags interval; elements = {{ {_elements(v6)} }}; }}\n"
     delete = "".join(f"table {f} {TABLE} {{}}\ndelete table {f} {TABLE}\n" for f in FAMILIES)
     return (
-        (delete if replace else "") + f"table netdev {TABLE} {{\n{sets}"
+        (delete if replace else "") + f"table netdev {TABLE} {{\n{host4}"
         f"  chain egress {{\n"
-        f'    type filter hook egress device "{DEVICE}" priority 0; policy accept;\n'
-        f"    ip daddr @host4 drop\n"
-        f"    ip6 daddr @host6 drop\n"
+        f'    type filter hook egress device "{DEVICE}" priority 0; policy drop;\n'
+        f"    {ETHERTYPE} {ETH_P_ARP:#06x} meta protocol arp accept\n"
+        f"    {ETHERTYPE} {ETH_P_IP:#06x} meta protocol ip ip daddr != @host4 accept\n"
         f"  }}\n}}\n"
-        f"table inet {TABLE} {{\n{sets}"
+        f"table inet {TABLE} {{\n{host4}{host6}"
         f"  chain output {{\n"
         f"    type filter hook output priority 0; policy accept;\n"
         f'    oifname "{DEVICE}" ip daddr @host4 reject with icmpx admin-prohibited\n'
@@ -215,10 +223,13 @@ def ruleset(v4: Sequence[str], v6: Sequence[str], replace: bool = False) -> str:
 def set_update(v4: Sequence[str], v6: Sequence[str]) -> str:
     """The nft transaction that replaces the sets' elements in both tables (atomically)."""
     lines = []
-    for family in FAMILIES:
-        for name, networks in (("host4", v4), ("host6", v6)):
-            lines.append(f"flush set {family} {TABLE} {name}")
-            lines.append(f"add element {family} {TABLE} {name} {{ {_elements(networks)} }}")
+    for family, name, networks in (
+        ("netdev", "host4", v4),
+        ("inet", "host4", v4),
+        ("inet", "host6", v6),
+    ):
+        lines.append(f"flush set {family} {TABLE} {name}")
+        lines.append(f"add element {family} {TABLE} {name} {{ {_elements(networks)} }}")
     return "\n".join(lines) + "\n"
 
 
