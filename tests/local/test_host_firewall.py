@@ -15,6 +15,7 @@ import ipaddress
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -230,6 +231,20 @@ def blocked_in(server: LocalServer, box: Box, address: str) -> bool:
     return subprocess.run([*enter, *element], capture_output=True).returncode == 0
 
 
+def take_pid(pid: int, argv: list[str]) -> subprocess.Popen[bytes] | None:
+    """`argv` started as process `pid` (a free pid), or None if other forks kept taking it: the
+    kernel gives the next fork the pid after `ns_last_pid`, which root may set (as CRIU does)."""
+    for _ in range(50):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+            last.write(str(pid - 1))
+        proc = subprocess.Popen(argv)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
 def listen_in(namespace: str, port: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         ["ip", "netns", "exec", namespace, sys.executable, "-c", LISTENER, str(port)],
@@ -322,3 +337,50 @@ def test_a_deny_all_sandbox_still_reaches_nothing(
     said = probe(box, [*host_addresses(), control.far_end], port)
     assert heard_by(control, {"nothing"}, 1) == [] and heard == [], said
     assert not any(outcome == "connected" for outcome in said.values()), said
+
+
+def test_a_dead_sandbox_s_policy_change_touches_no_namespace_of_its_recycled_pid(
+    server: LocalServer, http: requests.Session
+) -> None:
+    """A sandbox's container can end (its own code can end it) while the sandbox stays listed;
+    its init's pid then goes to the next process, here one in a namespace of the test's own.
+    A policy change must not reach that namespace: refused, and nothing made there."""
+    if os.geteuid() != 0:
+        pytest.skip("taking a given pid needs root (ns_last_pid)")
+    box = Box(server, http, CREATE_BODY)
+    assert server._registry is not None
+    sandbox = server._registry.find(box.id)
+    assert sandbox is not None and sandbox.container.init_pid is not None
+    init = sandbox.container.init_pid
+    name = f"osbt{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    try:
+        os.kill(init, signal.SIGKILL)
+        assert wait_for(lambda: not os.path.exists(f"/proc/{init}"), 30)
+        squatter = take_pid(init, ["ip", "netns", "exec", name, "sleep", "60"])
+        if squatter is None:
+            pytest.skip(f"pid {init} kept going to other processes")
+        try:
+            ours = os.stat(f"/run/netns/{name}").st_ino
+            assert wait_for(lambda: os.stat(f"/proc/{init}/ns/net").st_ino == ours, 10)
+            policy = f"{server.api_base}/sandboxes/{box.id}/networkpolicy"
+            answers = [
+                http.put(policy, json={"defaultAction": action}) for action in ("deny", "allow")
+            ]
+            links = subprocess.run(["ip", "-n", name, "-o", "link"], capture_output=True, text=True)
+            tables = subprocess.run(
+                ["ip", "netns", "exec", name, "nft", "list", "tables"],
+                capture_output=True,
+                text=True,
+            )
+        finally:
+            squatter.kill()
+            squatter.wait()
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    said = [(answer.status_code, answer.text[:200]) for answer in answers]
+    made = [line.split(":")[1].strip() for line in links.stdout.splitlines()]
+    assert made == ["lo"] and tables.stdout == "", (made, tables.stdout, said)
+    for answer in answers:
+        assert answer.status_code == 409, answer.text
+        assert "exited" in answer.json()["message"], answer.text

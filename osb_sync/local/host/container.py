@@ -129,6 +129,7 @@ class SandboxContainer:
         self.network = "none"
         self.init_pid: int | None = None
         self._init_fd = -1  # a pidfd of init: a pid can be reused once its process is gone
+        self._netns = -1  # its network namespace, which the firewall and slirp4netns enter
         self._proc: subprocess.Popen[bytes] | None = None
         self._slirp: subprocess.Popen[bytes] | None = None
         self._slirp_exit = -1
@@ -261,6 +262,7 @@ class SandboxContainer:
                 info = read_until(info_r, b"}", deadline)
                 self.init_pid = int(json.loads(info)["child-pid"])
                 self._init_fd = pidfd(self.init_pid)
+                self._netns = spawn.namespace(self._init_fd, self.init_pid, "net")
                 # Nothing of the sandbox's runs before this write: bwrap and its child (the
                 # only processes yet) join the groups, then the namespace gets its ids.
                 if self._cgroup is not None:
@@ -343,11 +345,14 @@ class SandboxContainer:
         now (False where slirp4netns is missing or the container is not isolated).
 
         Raises:
+            ProcessLookupError: the container has exited (its network is nobody's business).
             RuntimeError, OSError: slirp4netns did not start.
         """
         with self._lock:
             if self._closed or self.init_pid is None:
                 return False
+            if not self.alive() or (self._init_fd >= 0 and spawn.exited(self._init_fd)):
+                raise ProcessLookupError("the sandbox's container has exited")
             if internet and self._slirp is None and self.support.slirp:
                 self._connect(time.monotonic() + START_TIMEOUT)
             elif not internet and self._slirp is not None:
@@ -367,16 +372,17 @@ class SandboxContainer:
             RuntimeError: the firewall's tools are missing or failed, or slirp4netns did not
                 configure the network.
         """
-        assert self.support.slirp is not None and self.init_pid is not None
+        assert self.support.slirp is not None and self._netns >= 0 and self.ids is not None
         if self.support.firewall is None:
             raise RuntimeError(firewall.INSTALL)
+        joins = self.ids.helpers is not None  # not root: privileged in its user namespace only
         if self._wall is None:
-            assert self.ids is not None
-            joins = self.ids.helpers is not None  # not root: privileged in its user namespace only
-            self._wall = firewall.Wall(self.support.firewall, self.init_pid, joins)
+            self._wall = firewall.Wall(self.support.firewall, self._netns, joins)
         self._wall.up()
         try:
-            self._slirp, self._slirp_exit = start_slirp(self.support.slirp, self.init_pid, deadline)
+            self._slirp, self._slirp_exit = start_slirp(
+                self.support.slirp, self._netns, joins, deadline
+            )
         except BaseException:
             with contextlib.suppress(RuntimeError):
                 self._wall.down()  # the next attempt makes the tap device again
@@ -724,6 +730,8 @@ class SandboxContainer:
             self._slirp.wait()
         if self._wall is not None:
             self._wall.forget()
+        if self._netns >= 0:
+            os.close(self._netns)
         if self._cgroup is not None:
             # What the namespace's init did not take with it: an inner bwrap still setting up
             # (it has no init yet), or a container whose main process was never told its init.

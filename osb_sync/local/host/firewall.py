@@ -57,7 +57,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .spawn import HeldThread
+from .spawn import HeldThread, owning_user_namespace
 
 logger = logging.getLogger("osb_sync.local")
 
@@ -238,14 +238,15 @@ class Wall:
 
     Args:
         tools: `find_tools`'s.
-        init_pid: the host pid of the container's init (its network namespace's).
+        netns: a descriptor of the sandbox's network namespace (the container's, which keeps
+            it open: never a pid, which a later process may have).
         join_user: enter its user namespace too (a server that is not root has no privilege
             over the network namespace otherwise); as its root, mapped to the range's first id.
     """
 
-    def __init__(self, tools: Tools, init_pid: int, join_user: bool) -> None:
+    def __init__(self, tools: Tools, netns: int, join_user: bool) -> None:
         self._tools = tools
-        self._enter = [tools.nsenter, "-t", str(init_pid), *(["-U"] if join_user else []), "-n"]
+        self._netns, self._join_user = netns, join_user
         self._lock = threading.Lock()
         self._device = False  # the tap device is made
         self._tables = False  # the tables were loaded once (a next load replaces them)
@@ -303,9 +304,15 @@ class Wall:
                 self._run([self._tools.nft, "-f", "-"], set_update(*blocked(addresses)))
 
     def _run(self, argv: list[str], script: str | None = None) -> None:
+        user = -1
         try:
+            enter = [self._tools.nsenter, f"--net=/proc/self/fd/{self._netns}"]
+            if self._join_user:
+                user = owning_user_namespace(self._netns)
+                enter.insert(1, f"--user=/proc/self/fd/{user}")
             done = subprocess.run(
-                [*self._enter, "--", *argv],
+                [*enter, "--", *argv],
+                pass_fds=(self._netns, *([user] if user >= 0 else [])),
                 input=script,
                 capture_output=True,
                 text=True,
@@ -314,6 +321,9 @@ class Wall:
             )
         except (OSError, subprocess.SubprocessError) as exc:
             raise RuntimeError(f"the sandbox's firewall could not be set up ({exc})") from None
+        finally:
+            if user >= 0:
+                os.close(user)
         if done.returncode != 0:
             said = done.stderr.strip()[-500:] or f"exit {done.returncode}"
             raise RuntimeError(

@@ -4,6 +4,7 @@ and the processes of a PID namespace or of a process tree.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
 import selectors
@@ -176,6 +177,35 @@ def pidfd(pid: int) -> int:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return -1
+
+
+def exited(pid_fd: int) -> bool:
+    """Whether the process of pidfd `pid_fd` has ended (a pidfd reads ready then)."""
+    with selectors.DefaultSelector() as waiter:
+        waiter.register(pid_fd, selectors.EVENT_READ)
+        return bool(waiter.select(0))
+
+
+def namespace(pid_fd: int, pid: int, kind: str) -> int:
+    """A descriptor of the `kind` namespace ("net") of process `pid`, which pidfd `pid_fd`
+    names: it stays that namespace's, whatever process later has the pid.
+
+    Raises:
+        ProcessLookupError: the process has ended (the pid may name another already).
+    """
+    fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+    if pid_fd >= 0 and exited(pid_fd):  # still running after the open: it was its
+        os.close(fd)
+        raise ProcessLookupError(f"process {pid} has ended")
+    return fd
+
+
+NS_GET_USERNS = 0xB701  # linux/nsfs.h: _IO(0xb7, 0x1)
+
+
+def owning_user_namespace(ns_fd: int) -> int:
+    """A new descriptor of the user namespace that owns namespace `ns_fd`."""
+    return fcntl.ioctl(ns_fd, NS_GET_USERNS)
 
 
 def signal_pids(pids: list[int], sig: int) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import selectors
 import socket
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import bwrap
-from .spawn import SPAWNER, log_tail
+from .spawn import SPAWNER, exited, log_tail
 
 # Run by path, never imported here: execd/ is the sandbox side of the security line.
 ZYGOTE_SCRIPT = str(Path(__file__).parents[1] / "execd" / "zygote.py")
@@ -106,11 +105,7 @@ class Forked:
 
     def lost(self) -> bool:
         """Whether the execd has ended after its template did: nobody reported its exit."""
-        if self.template.poll() is None:
-            return False
-        with selectors.DefaultSelector() as waiter:  # a pidfd reads ready once it exited
-            waiter.register(self.pidfd, selectors.EVENT_READ)
-            return bool(waiter.select(0))
+        return self.template.poll() is not None and exited(self.pidfd)
 
 
 class Template:
