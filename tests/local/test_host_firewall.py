@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -107,6 +108,76 @@ threading.Thread(target=accept, daemon=True).start()
 print("listening", flush=True)
 while True:
     print(udp.recv(200).decode().strip(), flush=True)
+"""
+
+
+# Run by `ip netns exec` in a namespace of the test's own, its /etc/resolv.conf naming
+# 127.0.0.1 (where its "host resolver" listens): a server, listeners, an internet sandbox; then
+# a local route (AnyIP) for a range; what the sandbox reached there and at slirp4netns's DNS
+# address, 10.0.2.3, printed as JSON.
+OWN_NAMESPACE = r"""
+import json, socket, subprocess, sys, threading
+import requests
+sys.path.insert(0, sys.argv[1])
+from conftest import CREATE_BODY, Box, texts, wait_for
+from osb_sync.local import LocalServer
+
+heard = []
+def serve(family, kind, address):
+    sock = socket.socket(family, kind)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind(address)
+    if kind == socket.SOCK_STREAM:
+        sock.listen()
+    def run():
+        while True:
+            if kind == socket.SOCK_STREAM:
+                conn, _ = sock.accept()
+                heard.append(conn.recv(100).decode(errors="replace"))
+                conn.close()
+            else:
+                heard.append(sock.recv(100).decode(errors="replace"))
+    threading.Thread(target=run, daemon=True).start()
+    return sock.getsockname()[1]
+
+port = serve(socket.AF_INET6, socket.SOCK_STREAM, ("::", 0))
+serve(socket.AF_INET6, socket.SOCK_DGRAM, ("::", port))
+serve(socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", 53))
+serve(socket.AF_INET, socket.SOCK_DGRAM, ("127.0.0.1", 53))
+PROBE = '''
+import errno, json, socket
+said = {}
+for target, port in TARGETS:
+    try:
+        with socket.create_connection((target, port), timeout=3) as conn:
+            conn.sendall(f"tcp {target}:{port}".encode())
+        said[f"tcp {target}"] = "connected"
+    except OSError as exc:
+        said[f"tcp {target}"] = errno.errorcode.get(exc.errno, str(exc))
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.sendto(f"udp {target}:{port}".encode(), (target, port))
+        said[f"udp {target}"] = "sent"
+    except OSError as exc:
+        said[f"udp {target}"] = errno.errorcode.get(exc.errno, str(exc))
+print(json.dumps(said))
+'''
+with LocalServer(command_grace=0, spare_containers=0, isolation=True) as server:
+    with requests.Session() as http:
+        box = Box(server, http, CREATE_BODY)
+        anyip = sys.argv[2]  # a /28, which no interface has an address of
+        subprocess.run(["ip", "route", "add", "local", anyip, "dev", "lo"], check=True)
+        first = anyip.split("/")[0]
+        init = server._registry.find(box.id).container.init_pid
+        element = ["nft", "get", "element", "netdev", "osb_sync", "host4", "{ %s }" % first]
+        enter = ["nsenter", "-t", str(init), "-n", "--"]
+        held = lambda: subprocess.run([*enter, *element], capture_output=True).returncode == 0
+        blocked = wait_for(held, 10)
+        targets = [(first, port), ("10.0.2.3", 53)]
+        said = json.loads("".join(texts(box.code(PROBE.replace("TARGETS", repr(targets))))))
+        wait_for(lambda: heard, 1)  # what a packet through slirp4netns takes, many times over
+print(json.dumps({"blocked": blocked, "said": said, "heard": heard}))
 """
 
 
@@ -384,3 +455,37 @@ def test_a_dead_sandbox_s_policy_change_touches_no_namespace_of_its_recycled_pid
     for answer in answers:
         assert answer.status_code == 409, answer.text
         assert "exited" in answer.json()["message"], answer.text
+
+
+def test_a_local_route_and_the_host_s_resolver_are_the_host_too() -> None:
+    """AnyIP: a local route makes a whole range this host's (`ip route add local`, added after
+    the sandbox started), its listeners answering on every address of it; and slirp4netns's
+    DNS address, 10.0.2.3, would forward to the host's resolver, often on its loopback
+    (systemd-resolved's 127.0.0.53): neither reaches the host. The server runs in a network
+    namespace of the test's own, with a resolv.conf of its own."""
+    require_isolation()
+    require_slirp()
+    if os.geteuid() != 0:
+        pytest.skip("a network namespace of the test's own needs root (ip netns)")
+    name = f"osbt{secrets.token_hex(3)}"
+    anyip = ipaddress.ip_address("198.18.0.0") + secrets.randbelow(1 << 13) * 16
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".conf") as resolv:
+            resolv.write("nameserver 127.0.0.1\n")
+            resolv.flush()
+            bind = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+            argv = [sys.executable, "-c", OWN_NAMESPACE, os.path.dirname(__file__), f"{anyip}/28"]
+            done = subprocess.run(
+                ["ip", "netns", "exec", name, "sh", "-c", bind, resolv.name, *argv],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["blocked"] and seen["heard"] == [], seen
+    assert seen["said"][f"tcp {anyip}"] != "connected", seen

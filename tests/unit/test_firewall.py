@@ -29,10 +29,16 @@ def new_address(family: int, *attributes: bytes) -> bytes:
     )
 
 
-def test_netlink_addresses_are_read_from_a_dump() -> None:
+def route(kind: int, family: int, prefix: int, route_type: int, *attributes: bytes) -> bytes:
+    rtmsg = struct.pack("=BBBBBBBBI", family, prefix, 0, 0, 255, 2, 254, route_type, 0)
+    return message(kind, rtmsg + b"".join(attributes))
+
+
+def test_netlink_destinations_are_read_from_a_dump() -> None:
     v4 = socket.inet_pton(socket.AF_INET, "192.0.2.7")
     broadcast = socket.inet_pton(socket.AF_INET, "192.0.2.255")
     v6 = socket.inet_pton(socket.AF_INET6, "2001:db8::7")
+    anyip = socket.inet_pton(socket.AF_INET, "198.51.100.0")
     data = (
         new_address(
             socket.AF_INET,
@@ -43,11 +49,25 @@ def test_netlink_addresses_are_read_from_a_dump() -> None:
         )
         + new_address(socket.AF_INET6, attribute(firewall.IFA_ADDRESS, v6))
         + new_address(socket.AF_PACKET, attribute(firewall.IFA_ADDRESS, b"\1" * 6))
-    )
-    assert firewall.parse_addresses(data) == ({"192.0.2.7", "192.0.2.255", "2001:db8::7"}, False)
-    assert firewall.parse_addresses(data + message(firewall.NLMSG_DONE, b"\0" * 4))[1]
+        # a local route (AnyIP), the host's; a unicast one (type 1), which is not
+        + route(firewall.RTM_NEWROUTE, socket.AF_INET, 24, firewall.RTN_LOCAL,
+                attribute(firewall.RTA_DST, anyip), attribute(4, b"\1\0\0\0"))
+        + route(firewall.RTM_NEWROUTE, socket.AF_INET, 24, 1,
+                attribute(firewall.RTA_DST, socket.inet_pton(socket.AF_INET, "203.0.113.0")))
+    )  # fmt: skip
+    found = {"192.0.2.7", "192.0.2.255", "2001:db8::7", "198.51.100.0/24"}
+    assert firewall.parse_destinations(data) == (found, False)
+    assert firewall.parse_destinations(data + message(firewall.NLMSG_DONE, b"\0" * 4))[1]
+    # `ip route add local default`: every address is the host's; a removal is a change too
+    everything = route(firewall.RTM_NEWROUTE, socket.AF_INET6, 0, firewall.RTN_LOCAL)
+    assert firewall.parse_destinations(everything)[0] == {"::/0"}
+    gone = route(firewall.RTM_DELROUTE, socket.AF_INET, 24, firewall.RTN_LOCAL,
+                 attribute(firewall.RTA_DST, anyip))  # fmt: skip
+    assert firewall.parse_destinations(gone)[0] == {"198.51.100.0/24"}
     with pytest.raises(OSError, match="Operation not permitted"):
-        firewall.parse_addresses(message(firewall.NLMSG_ERROR, struct.pack("=i", -1) + b"\0" * 16))
+        firewall.parse_destinations(
+            message(firewall.NLMSG_ERROR, struct.pack("=i", -1) + b"\0" * 16)
+        )
 
 
 def test_this_host_s_addresses_include_its_loopback() -> None:
@@ -55,12 +75,14 @@ def test_this_host_s_addresses_include_its_loopback() -> None:
 
 
 def test_the_sets_hold_the_host_and_the_fixed_ranges_merged() -> None:
-    v4, v6 = firewall.blocked(["127.0.0.1", "192.0.2.7", "192.0.2.6", "fd00::2", "fe80::1"])
+    given = ["127.0.0.1", "192.0.2.7", "192.0.2.6", "198.51.100.0/24", "fd00::2", "fe80::1"]
+    v4, v6 = firewall.blocked(given)
     assert v4 == [
         "0.0.0.0/8",
         "127.0.0.0/8",
         "169.254.0.0/16",
         "192.0.2.6/31",
+        "198.51.100.0/24",
         "224.0.0.0/4",
         "255.255.255.255/32",
     ]

@@ -22,14 +22,18 @@ never in the host's ruleset (`ruleset`):
 - `table inet osb_sync`: chain `output` rejects an ordinary socket's packet to the same sets
   at once (admin-prohibited), so a connect fails instead of waiting for its timeout.
 
-The sets hold the host's addresses (every interface's, read from the kernel by netlink,
-`host_addresses`) and the ranges no sandbox has business with: `FIXED_V4` and `FIXED_V6`
-(this host's loopback and "this network", link-local and the cloud metadata addresses in it,
-multicast and broadcast, which the host's own listeners receive). They follow the host:
-`AddressWatch` listens for the kernel's address changes and rewrites every such sandbox's sets
-(`Wall.follow`); an address the host gains is reachable from sandboxes for the moment between
-the kernel's notice and the update (milliseconds). Other machines, the LAN and containers the
-host routes to, are the internet to a sandbox.
+The sets hold the host's own destinations (every interface's addresses, and every network of
+a route whose packets the host takes itself: local, broadcast and anycast routes, of any
+table, as AnyIP's `ip route add local 198.51.100.0/24 dev lo` makes a whole range the
+host's; read from the kernel by netlink, `host_addresses`) and the ranges no sandbox has
+business with: `FIXED_V4` and `FIXED_V6` (this host's loopback and "this network",
+link-local and the cloud metadata addresses in it, multicast and broadcast, which the host's
+own listeners receive). They follow the host: `AddressWatch` listens for the kernel's
+address and route changes and rewrites every such sandbox's sets (`Wall.follow`), one sandbox
+after another; an address the host gains is reachable from sandboxes for the moment between
+the kernel's notice and the update (milliseconds per sandbox). Other machines, the LAN and
+containers the host routes to, are the internet to a sandbox. slirp4netns's DNS address
+(10.0.2.3), which forwards to the host's resolver, is turned off (`slirp.start_slirp`).
 
 Nobody inside changes them: the namespace belongs to the sandbox's user namespace, whose root
 has Docker's capabilities, not CAP_NET_ADMIN, and the seccomp filter refuses new user
@@ -92,12 +96,17 @@ SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")  # an ordinary user's PATH has
 COMMAND_TIMEOUT = 20.0
 # netlink (linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h)
 NLMSG_ERROR, NLMSG_DONE = 2, 3
-RTM_NEWADDR, RTM_GETADDR = 20, 22
+RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
+RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST = 1, 2, 4
-RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x10, 0x100
+RTA_DST = 1
+RTN_LOCAL, RTN_BROADCAST, RTN_ANYCAST = 2, 3, 4  # the routes whose packets the host takes
+NOTICES = 0x10 | 0x40 | 0x100 | 0x400  # RTMGRP_IPV4_IFADDR, _IPV4_ROUTE, _IPV6_IFADDR, _IPV6_ROUTE
 HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, pid
 IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
+RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst and src length, tos, table, protocol,
+#                                      scope, type, flags
 RTATTR = struct.Struct("=HH")  # length, type
 
 
@@ -121,15 +130,19 @@ def find_tools() -> Tools | None:
     return Tools(*found)
 
 
-def parse_addresses(data: bytes) -> tuple[set[str], bool]:
-    """The addresses in netlink messages `data` (RTM_NEWADDR's local, address and broadcast
-    attributes), and whether the dump ended (NLMSG_DONE).
+def parse_destinations(data: bytes) -> tuple[set[str], bool]:
+    """The host's own destinations in netlink messages `data`, and whether a dump ended
+    (NLMSG_DONE): an address message's local, address and broadcast addresses, and a route's
+    destination network where the host takes its packets itself (local, broadcast and anycast
+    routes, of any table: `ip route add local 198.51.100.0/24 dev lo`, AnyIP, makes a whole
+    range the host's, with no interface holding an address of it). New and removed alike.
 
     Raises:
         OSError: the kernel answered an error.
     """
     found: set[str] = set()
     offset = 0
+    wanted: tuple[int, ...]
     while offset + HEADER.size <= len(data):
         length, kind, _, _, _ = HEADER.unpack_from(data, offset)
         if length < HEADER.size:
@@ -143,48 +156,65 @@ def parse_addresses(data: bytes) -> tuple[set[str], bool]:
             if code:
                 raise OSError(-code, f"netlink: {os.strerror(-code)}")
             continue
-        if kind != RTM_NEWADDR or len(body) < IFADDRMSG.size:
+        if kind in (RTM_NEWADDR, RTM_DELADDR) and len(body) >= IFADDRMSG.size:
+            wanted, at, prefix = (IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST), IFADDRMSG.size, None
+        elif kind in (RTM_NEWROUTE, RTM_DELROUTE) and len(body) >= RTMSG.size:
+            if body[7] not in (RTN_LOCAL, RTN_BROADCAST, RTN_ANYCAST):
+                continue
+            wanted, at, prefix = (RTA_DST,), RTMSG.size, body[1]
+        else:
             continue
         family = body[0]
         size = 4 if family == socket.AF_INET else 16 if family == socket.AF_INET6 else 0
-        at = IFADDRMSG.size
-        while size and at + RTATTR.size <= len(body):
+        if not size:
+            continue
+        values = [bytes(size)] if prefix == 0 else []  # no destination: the whole family
+        while at + RTATTR.size <= len(body):
             attr_length, attr_type = RTATTR.unpack_from(body, at)
             if attr_length < RTATTR.size:
                 break
             value = body[at + RTATTR.size : at + attr_length]
-            if attr_type in (IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST) and len(value) == size:
-                found.add(str(ipaddress.ip_address(value)))
+            if attr_type in wanted and len(value) == size:
+                values.append(value)
             at += (attr_length + 3) & ~3
+        for value in values:
+            network = ipaddress.ip_network((value, size * 8 if prefix is None else prefix), False)
+            whole = network.prefixlen == network.max_prefixlen
+            found.add(str(network.network_address) if whole else str(network))
     return found, False
 
 
 def host_addresses() -> set[str]:
-    """Every address of the server's network namespace's interfaces (IPv4 and IPv6), as the
-    kernel lists them (an RTM_GETADDR dump).
+    """The server's network namespace's own destinations (IPv4 and IPv6): every interface's
+    addresses and every local route's network, as the kernel lists them (RTM_GETADDR and
+    RTM_GETROUTE dumps).
 
     Raises:
         OSError: netlink refused or failed.
     """
+    requests = (
+        (RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)),
+        (RTM_GETROUTE, RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)),
+    )
+    found: set[str] = set()
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
         sock.settimeout(COMMAND_TIMEOUT)
-        request = IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
-        header = HEADER.pack(
-            HEADER.size + len(request), RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, 1, 0
-        )
-        sock.send(header + request)
-        found: set[str] = set()
-        while True:
-            part, done = parse_addresses(sock.recv(1 << 16))
-            found |= part
-            if done:
-                return found
+        for sequence, (kind, request) in enumerate(requests, 1):
+            header = HEADER.pack(
+                HEADER.size + len(request), kind, NLM_F_REQUEST | NLM_F_DUMP, sequence, 0
+            )
+            sock.send(header + request)
+            done = False
+            while not done:
+                part, done = parse_destinations(sock.recv(1 << 16))
+                found |= part
+    return found
 
 
 def blocked(addresses: Iterable[str]) -> tuple[list[str], list[str]]:
     """The IPv4 and IPv6 networks of the sets: `addresses` and the fixed ranges, merged (an
     interval set refuses overlapping elements)."""
-    networks = [ipaddress.ip_network(a) for a in (*FIXED_V4, *FIXED_V6, *addresses)]
+    networks = [ipaddress.ip_network(a, strict=False) for a in (*FIXED_V4, *FIXED_V6, *addresses)]
     v4 = [n for n in networks if isinstance(n, ipaddress.IPv4Network)]
     v6 = [n for n in networks if isinstance(n, ipaddress.IPv6Network)]
     return (
@@ -358,7 +388,7 @@ class AddressWatch:
     def _open(self) -> Callable[[int], None]:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
         try:
-            sock.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+            sock.bind((0, NOTICES))
             known = host_addresses()  # after the bind: no change is missed
         except BaseException:
             sock.close()
@@ -387,11 +417,12 @@ class AddressWatch:
             waiter.register(sock, selectors.EVENT_READ)
             waiter.register(stop, selectors.EVENT_READ)
             while stop not in {key.fd for key, _ in waiter.select()}:
-                try:
-                    sock.recv(1 << 16)  # what changed does not matter: all is read again
+                try:  # any change of the host's destinations: all is read again
+                    if parse_destinations(sock.recv(1 << 16))[0]:
+                        self._changed()
                 except OSError as exc:  # ENOBUFS: notices were lost
                     logger.debug("local server: address notices lost (%s): reading all", exc)
-                self._changed()
+                    self._changed()
             with self._lock:
                 self._socket = None
 

@@ -1,8 +1,8 @@
 """slirp4netns: outbound network for a running container's network namespace.
 
 It attaches to the container's network namespace by the descriptor the container holds (a
-spare's too, at its claim), with the host's loopback out of reach, and exits once the pipe
-whose write end the caller keeps closes.
+spare's too, at its claim), with the host's loopback and its resolver out of reach, and exits
+once the pipe whose write end the caller keeps closes.
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ def start_slirp(
                 "--configure",
                 "--mtu=65520",
                 "--disable-host-loopback",
+                # 10.0.2.3 would forward to the host's resolver: often on its loopback
+                # (127.0.0.53), always the host. A sandbox asks the servers its resolv.conf
+                # names, through the firewall, as it reaches any other address.
+                "--disable-dns",
                 "--ready-fd",
                 str(ready_w),
                 "--exit-fd",
