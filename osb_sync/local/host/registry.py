@@ -735,11 +735,8 @@ class Registry:
             try:
                 sandbox.container.set_internet(internet)
             except ProcessLookupError as exc:
-                raise error(
-                    409,
-                    "DOCKER::SANDBOX_NOT_RUNNING",
-                    f"Sandbox {sandbox.id}'s network cannot change: {exc}.",
-                ) from None
+                message = f"Sandbox {sandbox.id}'s network cannot change: {exc}."
+                raise error(409, "DOCKER::SANDBOX_NOT_RUNNING", message) from None
             except (OSError, RuntimeError) as exc:
                 raise error(
                     500, "DOCKER::NETWORK_POLICY_FAILED", f"The network could not change: {exc}"
