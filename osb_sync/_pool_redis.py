@@ -35,7 +35,9 @@ Rules:
 - Redis keeps the pool's books, not the server's sandboxes: a sandbox Redis names is lent
   only if the server says its metadata names the pool (``osb_sync.pool``) and it is Running
   (one more request per lend, ``GET /sandboxes/{id}``), and kept idle, renewed or deleted
-  only if it is the pool's; any other is dropped from Redis and logged, never touched. A
+  only if it is the pool's; any other is dropped from Redis and logged, never touched, and so
+  is one the server could not say about (a failed GET; if it was the pool's, the reconcile
+  deletes it a borrow lease later). A
   Redis writer can still hand one borrower's sandbox to another (an id moved from ``lent`` to
   ``idle``: both then use it and read each other's files), have the pool's own sandboxes
   deleted or left unlent, or stop the pool: whoever can write to that Redis is trusted as a
@@ -76,6 +78,7 @@ from ._pool_scripts import KEY_NAMES, PREAMBLE, SCRIPTS
 from ._transport import backoff_seconds
 
 if TYPE_CHECKING:
+    from ._models import SandboxInfo
     from ._options import CreateOptions
     from ._sandbox import Sandbox
 
@@ -386,15 +389,15 @@ class RedisLender:
         self, sandbox_id: str, seconds_left: float, deadline: float | None
     ) -> Sandbox | None:
         """The taken sandbox, checked (the pool's, Running, answering /ping) and renewed if
-        close to expiry; None if it is not fit to lend: the pool's is deleted, any other only
-        dropped from Redis (`_ours`)."""
+        close to expiry; None if it is not fit to lend: the pool's is deleted, any other, and
+        one the server could not say whose it is, only dropped from Redis (`_checked`)."""
         call_timeout = self._call_timeout(deadline)
         lifetime = self.spec.lifetime
+        info = self._checked(sandbox_id, "lent")
+        if info is None:
+            self._quietly("give_back", sandbox_id, "drop", "")
+            return None
         try:
-            info = self._client.get_sandbox(sandbox_id)
-            if not self._ours(sandbox_id, info.metadata, "lent"):
-                self._quietly("give_back", sandbox_id, "drop", "")
-                return None
             fit = info.state == "Running"
             if fit:
                 sandbox = self._client.connect(
@@ -418,6 +421,19 @@ class RedisLender:
                 self._expires[sandbox_id] = time.monotonic() + seconds_left
         return sandbox
 
+    def _checked(self, sandbox_id: str, doing: str) -> SandboxInfo | None:
+        """The server's record of a sandbox Redis named, if it is this pool's (`_ours`), before
+        it is `doing`; else None, logged. A failed GET proves nothing about whose it is: None
+        too, and it is never deleted on that (the leader's reconcile deletes a sandbox of the
+        pool that Redis dropped, once Redis has not known it for a borrow lease)."""
+        try:
+            info = self._client.get_sandbox(sandbox_id)
+        except OpenSandboxError as exc:
+            logger.info("pool %s: sandbox %s not %s: the server did not say whose it is (%s)",
+                        self.spec.name, sandbox_id, doing, exc)  # fmt: skip
+            return None
+        return info if self._ours(sandbox_id, info.metadata, doing) else None
+
     def _ours(self, sandbox_id: str, metadata: dict[str, str], doing: str) -> bool:
         """Whether a sandbox Redis named is this pool's (its metadata names the pool), before
         it is `doing` ("lent", "deleted"); one that is not is logged and left alone.
@@ -439,13 +455,8 @@ class RedisLender:
         return False
 
     def _delete_pooled(self, sandbox_id: str) -> None:
-        """Delete a sandbox Redis named, if it is this pool's (`_ours`); quietly."""
-        try:
-            info = self._client.get_sandbox(sandbox_id)
-        except OpenSandboxError as exc:  # gone already (404), or the server did not say
-            logger.info("pool %s: sandbox %s not deleted (%s)", self.spec.name, sandbox_id, exc)
-            return
-        if self._ours(sandbox_id, info.metadata, "deleted"):
+        """Delete a sandbox Redis named, if it is this pool's (`_checked`); quietly."""
+        if self._checked(sandbox_id, "deleted") is not None:
             self._client.delete_quietly(sandbox_id)
 
     def _call_timeout(self, deadline: float | None) -> float:
@@ -769,11 +780,10 @@ class RedisLender:
         for sandbox_id, score in zip(pairs[::2], pairs[1::2], strict=False):
             if not self._still_leading():
                 return
+            if self._checked(sandbox_id, "kept idle") is None:
+                self._run("drop_idle", sandbox_id)
+                continue
             try:
-                info = self._client.get_sandbox(sandbox_id)
-                if not self._ours(sandbox_id, info.metadata, "kept idle"):
-                    self._run("drop_idle", sandbox_id)
-                    continue
                 sandbox = self._client.connect(sandbox_id, health_check=False)
                 alive = answers_ping(sandbox, self._client.read_timeout)
                 if alive and lifetime is not None and number(score) - redis_now < lifetime / 2:

@@ -454,3 +454,40 @@ def test_a_sandbox_outside_the_pool_written_into_redis_is_never_lent(
             assert wait_for(lambda: r.zscore(key(name, "lent"), victim.id) is None)
         assert victim.files.read_text("secret.txt") == "not for the borrower"  # not deleted
     assert any(victim.id in r.getMessage() and name in r.getMessage() for r in caplog.records)
+
+
+def test_a_sandbox_redis_names_is_not_deleted_when_the_server_cannot_say_whose_it_is(
+    client: Client,
+    redis_server: RedisServer,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server's answer about an id Redis names fails once (a timeout, a 503): that proves
+    nothing about whose sandbox it is. The id leaves Redis, logged; the sandbox stays, in the
+    leader's upkeep of the idle ones and when a borrower takes it."""
+    caplog.set_level(logging.INFO, "osb_sync")
+    real_get, failing = client.get_sandbox, set()
+
+    def get_sandbox(sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        if sandbox_id in failing:
+            failing.discard(sandbox_id)
+            raise TransportError(f"GET /sandboxes/{sandbox_id} timed out (simulated)")
+        return real_get(sandbox_id, *args, **kwargs)
+
+    monkeypatch.setattr(client, "get_sandbox", get_sandbox)
+    with client.create_sandbox() as victim:  # someone else's, not the pool's
+        with SandboxPool(client, size=0, max_size=1, name=name, store=store(redis_server)) as pool:
+            r = redis_server.client()
+            failing.add(victim.id)
+            r.zadd(key(name, "idle"), {victim.id: "+inf"})  # a Redis writer
+            assert wait_for(lambda: victim.id not in failing)  # the leader's upkeep asked
+            assert wait_for(lambda: r.zscore(key(name, "idle"), victim.id) is None)
+            assert client.get_sandbox(victim.id).state == "Running"  # not deleted
+            failing.add(victim.id)
+            r.zadd(key(name, "idle"), {victim.id: "+inf"})
+            with pool.sandbox(timeout=30) as lent:  # (or the upkeep, if it asks first)
+                assert lent.id != victim.id and victim.id not in failing
+            assert client.get_sandbox(victim.id).state == "Running"
+    logged = [r.getMessage() for r in caplog.records if victim.id in r.getMessage()]
+    assert logged and not any("deleting" in line for line in logged), logged
