@@ -9,7 +9,10 @@ Keys, under ``prefix + "{" + name + "}:"`` (one hash tag: a Redis Cluster keeps 
 - ``leader``: the leader's owner id, its TTL the leader lease; ``epoch``: a counter bumped for
   each new leader (the fencing token);
 - ``members``: sorted set, owner -> the end of its heartbeat;
-- ``closed``: set by ``destroy()`` for two borrow leases.
+- ``closed``: set by ``destroy()`` for two borrow leases;
+- ``id``: the pool's random id, made by its first process and kept for good (a process that
+  holds it writes it again if Redis lost it): two pools of one name in two Redis instances, or
+  under two prefixes, are two pools.
 
 Rules:
 
@@ -30,18 +33,21 @@ Rules:
   (replacing dead ones), and reconciles with ``list_sandboxes``: a sandbox tagged with the
   pool that Redis has not known for a whole borrow lease is deleted (Redis lost its state, or
   its creator died before committing it); an id Redis knows and the server does not is
-  forgotten. Every pooled sandbox carries ``osb_sync.pool=<name>`` and
-  ``osb_sync.pool-owner=<creator>`` in its metadata.
+  forgotten. Every pooled sandbox carries ``osb_sync.pool=<name>``, ``osb_sync.pool-id=<id>``
+  and ``osb_sync.pool-owner=<creator>`` in its metadata; the pool's are those with its name
+  and its id.
 - Redis keeps the pool's books, not the server's sandboxes: a sandbox Redis names is lent
-  only if the server says its metadata names the pool (``osb_sync.pool``) and it is Running
+  only if the server says its metadata names the pool (``osb_sync.pool`` and
+  ``osb_sync.pool-id``) and it is Running
   (one more request per lend, ``GET /sandboxes/{id}``), and kept idle, renewed or deleted
   only if it is the pool's; any other is dropped from Redis and logged, never touched, and so
   is one the server could not say about (a failed GET; if it was the pool's, the reconcile
   deletes it a borrow lease later). A
   Redis writer can still hand one borrower's sandbox to another (an id moved from ``lent`` to
   ``idle``: both then use it and read each other's files), have the pool's own sandboxes
-  deleted or left unlent, or stop the pool: whoever can write to that Redis is trusted as a
-  borrower is.
+  deleted or left unlent, or stop the pool, or set its ``id`` to another pool's (not a secret:
+  any client of the server reads it in the metadata) for the processes that start afterwards:
+  whoever can write to that Redis is trusted as a borrower is.
 - Redis down: ``acquire`` creates a sandbox outside the pool (logged once) or raises
   ``TransportError`` (``on_redis_down="raise"``); such a sandbox stays this process's, is
   registered as lent when Redis is back, and is deleted when returned.
@@ -85,6 +91,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("osb_sync")
 
 OWNER_KEY = "osb_sync.pool-owner"
+ID_KEY = "osb_sync.pool-id"
 ON_REDIS_DOWN = ("create", "raise")
 URL_SCHEMES = ("redis", "rediss", "unix")
 REFILL_PARALLEL = 2  # the leader's creates at once: enough to keep up, not a stampede
@@ -236,6 +243,7 @@ class RedisLender:
         self._fingerprint = fingerprint(spec)
         self._renew_every = store.borrow_lease / 3
         self._tick = min(1.0, store.leader_lease / 5)
+        self._id = ""  # the pool's, from Redis (the `options` script), kept by a forked child
         self._reset_state()
         try:
             self._check_options()
@@ -304,7 +312,8 @@ class RedisLender:
         Raises:
             ConfigurationError: they differ, or the pool is being destroyed.
         """
-        answer = self._run("options", self._fingerprint)
+        answer, pool_id = self._run("options", self._fingerprint, self._id or secrets.token_hex(8))
+        self._id = self._id or pool_id  # its own for good: Redis's may change, not the pool's
         if answer == "closed":
             self._refused = ConfigurationError(
                 f"pool {self.spec.name!r} was destroyed (for {self.store.borrow_lease * 2:g} s "
@@ -441,18 +450,33 @@ class RedisLender:
         Redis holds ids only: whoever can write to it could name any sandbox of the server,
         another user's, for the next borrower to read or for the leader to delete.
         """
-        if metadata.get(POOL_KEY) == self.spec.name:
+        if (
+            self._id
+            and metadata.get(ID_KEY) == self._id
+            and metadata.get(POOL_KEY) == self.spec.name
+        ):
             return True
         logger.warning(
-            "pool %s: Redis named sandbox %s, which is not the pool's (%s=%r): not %s (whoever"
-            " can write to this Redis named it)",
+            "pool %s: Redis named sandbox %s, which is not the pool's (%s=%r, %s=%r; the pool's"
+            " id is %r): not %s (whoever can write to this Redis named it)",
             self.spec.name,
             sandbox_id,
             POOL_KEY,
             metadata.get(POOL_KEY),
+            ID_KEY,
+            metadata.get(ID_KEY),
+            self._id,
             doing,
         )
         return False
+
+    def _tagged(self) -> list[SandboxInfo]:
+        """The server's sandboxes tagged with the pool: its name and its id."""
+        if not self._id:
+            return []
+        return list(
+            self._client.list_sandboxes(metadata={POOL_KEY: self.spec.name, ID_KEY: self._id})
+        )
 
     def _delete_pooled(self, sandbox_id: str) -> None:
         """Delete a sandbox Redis named, if it is this pool's (`_checked`); quietly."""
@@ -529,6 +553,8 @@ class RedisLender:
     def _create_and_hand_over(self, order: Order, token: str | None, epoch: str) -> None:
         try:
             metadata = {**(self.spec.create_kwargs.get("metadata") or {}), OWNER_KEY: self._owner}
+            if self._id:  # unknown only while Redis has not answered: such a one stays outside
+                metadata[ID_KEY] = self._id
             options: CreateOptions = {**self.spec.create_kwargs, "metadata": metadata}
             sandbox = self._client.create_sandbox(**options)
         except Exception as exc:  # noqa: BLE001 - handed to the waiting caller, or logged
@@ -671,7 +697,7 @@ class RedisLender:
             self._delete_pooled(sandbox_id)
         try:
             members = set(self._run("members"))
-            tagged = list(self._client.list_sandboxes(metadata={POOL_KEY: self.spec.name}))
+            tagged = self._tagged()
         except (OpenSandboxError, self._redis_error) as exc:
             logger.info("pool %s: not searched for leftovers (%s)", self.spec.name, exc)
             return
@@ -800,9 +826,7 @@ class RedisLender:
     def _reconcile(self, now: float) -> None:
         """The server's tagged sandboxes against Redis's (see the module's rules)."""
         before = set(self._run("known"))
-        listed = {
-            info.id for info in self._client.list_sandboxes(metadata={POOL_KEY: self.spec.name})
-        }
+        listed = {info.id for info in self._tagged()}
         if not self._still_leading():
             return
         after = set(self._run("known"))

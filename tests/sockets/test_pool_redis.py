@@ -491,3 +491,38 @@ def test_a_sandbox_redis_names_is_not_deleted_when_the_server_cannot_say_whose_i
             assert client.get_sandbox(victim.id).state == "Running"
     logged = [r.getMessage() for r in caplog.records if victim.id in r.getMessage()]
     assert logged and not any("deleting" in line for line in logged), logged
+
+
+def test_two_pools_of_one_name_keep_to_their_own(
+    client: Client, redis_server: RedisServer, name: str
+) -> None:
+    """Two deployments, each its own Redis (here its own prefix), name their pools alike on one
+    server: each pool has an id of its own in its Redis, tags its sandboxes with it, and lends,
+    keeps or deletes only those; neither's leader deletes the other's, which its Redis never
+    knew, and a writer of one's Redis cannot lend it the other's."""
+    short = {"leader_lease": 0.6, "borrow_lease": 1.2}  # the reconcile's wait, shortened
+    one = SandboxPool(client, size=1, max_size=2, name=name, store=store(redis_server, **short))
+    other_store = store(redis_server, prefix="other:", **short)
+    other = SandboxPool(client, size=1, name=name, store=other_store)
+    try:
+        r = redis_server.client()
+        idle = {p: f"{p}{{{name}}}:idle" for p in ("osb_sync:pool:", "other:")}
+        assert wait_for(lambda: all(r.zcard(k) == 1 for k in idle.values()))
+        first = {p: r.zrange(k, 0, -1)[0] for p, k in idle.items()}
+        time.sleep(3 * short["borrow_lease"])  # several reconciles of each leader
+        assert set(first.values()) <= tagged(client, name)
+        ids = {p: r.get(f"{p}{{{name}}}:id") for p in idle}
+        assert None not in ids.values() and ids["osb_sync:pool:"] != ids["other:"]
+        infos = {i.id: i for i in client.list_sandboxes(metadata={POOL_KEY: name})}
+        for prefix, sandbox_id in first.items():
+            assert infos[sandbox_id].metadata["osb_sync.pool-id"] == ids[prefix]
+        r.zadd(idle["osb_sync:pool:"], {first["other:"]: "+inf"})  # a writer of one's Redis
+        lent = [one.acquire(timeout=30) for _ in range(2)]
+        assert first["other:"] not in {sandbox.id for sandbox in lent}
+        for sandbox in lent:
+            one.release(sandbox)
+        assert first["other:"] in tagged(client, name)
+    finally:
+        one.close()
+        other.close()
+    assert wait_for(lambda: tagged(client, name) == set())
