@@ -22,7 +22,7 @@ def reader() -> Iterator[None]:
 
 
 def test_it_keeps_its_last_bytes_and_notes_the_drop() -> None:
-    log = logs.ContainerLog(limit=100)
+    log = logs.ContainerLog(logs.LogBudget(100))
     try:
         os.write(log.writer, b"".join(b"line %03d\n" % n for n in range(25)))  # 225 bytes
         kept = log.tail(1000)
@@ -38,7 +38,7 @@ def test_it_keeps_its_last_bytes_and_notes_the_drop() -> None:
 
 
 def test_a_short_log_is_whole() -> None:
-    log = logs.ContainerLog(limit=4096)
+    log = logs.ContainerLog(logs.LogBudget(4096))
     try:
         os.write(log.writer, b"first\nsecond\n")
         assert log.tail(4096) == "first\nsecond\n"
@@ -50,7 +50,7 @@ def test_a_short_log_is_whole() -> None:
 
 
 def test_the_reader_drains_a_flood_into_a_bounded_log(reader: None) -> None:
-    log = logs.ContainerLog(limit=64 * 1024)
+    log = logs.ContainerLog(logs.LogBudget(64 * 1024))
     line = b"0123456789abcdef\n"
     done = threading.Event()
 
@@ -81,12 +81,75 @@ def test_the_reader_drains_a_flood_into_a_bounded_log(reader: None) -> None:
 def test_a_drain_reads_a_bounded_amount() -> None:
     """The reader thread reads one pipe-ful of a ready log at a time (a flooding sandbox's pipe
     is never empty, and the other logs wait for their turn), and `tail` at most 16."""
-    log = logs.ContainerLog(limit=1 << 20)
+    log = logs.ContainerLog(logs.LogBudget(1 << 20))
     try:
         fcntl.fcntl(log.writer, fcntl.F_SETPIPE_SZ, 1 << 20)
         os.write(log.writer, b"y\n" * (1 << 17))  # 256 KiB, four reads
         log.drain(1)
         assert len(log._open_chunk) + sum(map(len, log._chunks)) == logs.READ_SIZE
         assert log.tail(1 << 20) == "y\n" * (1 << 17)
+    finally:
+        log.close()
+
+
+def fill(log: logs.ContainerLog, size: int) -> None:
+    for _ in range(size // logs.READ_SIZE):
+        os.write(log.writer, b"z" * (logs.READ_SIZE - 1) + b"\n")
+        log.drain()
+
+
+def kept(log: logs.ContainerLog) -> int:
+    return len(log._open_chunk) + sum(map(len, log._chunks))
+
+
+def test_a_server_s_logs_share_its_total() -> None:
+    budget = logs.LogBudget(per_log=1 << 20, total=2 << 20)
+    first = logs.ContainerLog(budget)
+    others: list[logs.ContainerLog] = []
+    try:
+        fill(first, 1 << 20)
+        assert kept(first) == 1 << 20  # alone: its own limit
+        others = [logs.ContainerLog(budget) for _ in range(3)]
+        assert kept(first) <= (2 << 20) // 4  # the others came: it gave up its share
+        for log in others:
+            fill(log, 1 << 20)
+        assert sum(kept(log) for log in [first, *others]) <= 2 << 20
+        assert "bytes of this log dropped (it keeps its last 524288 bytes)" in first.tail(1 << 20)
+        many = [logs.ContainerLog(budget) for _ in range(60)]  # 2 MiB / 64 is below the floor
+        assert budget.limit() == logs.FLOOR
+        for log in many:
+            log.close()
+        assert budget.limit() == (2 << 20) // 4  # the gone ones count no more
+    finally:
+        for log in [first, *others]:
+            log.close()
+
+
+def test_a_log_costs_the_reader_a_bounded_number_of_reads(reader: None) -> None:
+    """However a sandbox writes, here one byte a write into a pipe in packet mode (O_DIRECT:
+    every read takes one write), the reader reads its log at most 1,000 times a second."""
+    log = logs.ContainerLog()
+    drains: list[float] = []
+    drain = log.drain
+
+    def counted(reads: int = 16) -> None:
+        drains.append(time.monotonic())
+        drain(reads)
+
+    log.drain = counted  # type: ignore[method-assign]
+    stop = time.monotonic() + 0.5
+    try:
+        writer = os.open(f"/proc/self/fd/{log.writer}", os.O_WRONLY)
+        fcntl.fcntl(writer, fcntl.F_SETFL, fcntl.fcntl(writer, fcntl.F_GETFL) | os.O_DIRECT)
+        os.set_blocking(writer, False)
+        while time.monotonic() < stop:
+            try:
+                os.write(writer, b"x")
+            except BlockingIOError:  # full: 16 writes wait in it
+                time.sleep(0.0001)
+        os.close(writer)
+        seconds = drains[-1] - drains[0]
+        assert len(drains) <= 1000 * seconds * 1.2 + 10, (len(drains), seconds)
+        assert len(drains) >= 10  # it was read all along
     finally:
         log.close()

@@ -79,6 +79,7 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "execd_image": None,
         "spare_containers": 1,
         "container_log_size": 16 << 20,
+        "container_logs_total": 256 << 20,
         "isolation": None,
         "image_store": None,
         "image_store_size": 10 << 30,
@@ -98,7 +99,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     argv += ["--no-isolation", "--image-store", "s", "--image-store-size", "7"]
     argv += ["--insecure-registry", "r:5000", "--registry-auth-file", "a.json"]
     argv += ["--allow-image-path", "/i", "--host-image", "h:1", "--allow-no-api-key"]
-    argv += ["--container-log-size", "65536"]
+    argv += ["--container-log-size", "65536", "--container-logs-total", "1048576"]
     found = options.keywords(build_parser().parse_args(argv), api_key=None)
     assert found == {
         "host": "::1",
@@ -117,6 +118,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "execd_image": "x:1",
         "spare_containers": 0,
         "container_log_size": 65536,
+        "container_logs_total": 1 << 20,
         "isolation": False,
         "image_store": "s",
         "image_store_size": 7,
@@ -134,6 +136,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     [
         ({"spare_containers": -1}, "spare_containers must be 0 or more"),
         ({"container_log_size": 100}, "container_log_size must be 4096 or more"),
+        ({"container_logs_total": 100}, "container_logs_total must be 4096 or more"),
         ({"unenforced_network_policy": "maybe"}, "unenforced_network_policy must be one of"),
         ({"execd": "/bin/sh", "execd_image": "x:1"}, "execd and execd_image both name"),
         (

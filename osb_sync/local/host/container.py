@@ -98,7 +98,7 @@ class SandboxContainer:
         sandbox_id: str,
         root: Path,
         support: bwrap.Support,
-        log_limit: int = logs.DEFAULT_LIMIT,
+        log_budget: logs.LogBudget | None = None,
     ) -> None:
         self.home = root / sandbox_id
         self.run_dir = root / f"{sandbox_id}.run"
@@ -140,7 +140,7 @@ class SandboxContainer:
         self._frozen = False
         self._closed = False
         self._ready_r = -1
-        self._log_limit = log_limit
+        self._log_budget = log_budget  # its server's, for every container's log
         self._log: logs.ContainerLog | None = None  # its processes' standard error
         self._seccomp_fd = -1  # the filter bwrap reads while it starts
         self._layer: rootfs.Layer | None = None  # the writable root over an image
@@ -205,7 +205,7 @@ class SandboxContainer:
         deadline = time.monotonic() + START_TIMEOUT
         templated = zygote.usable(self.support, settings.image, settings.binary)
         try:
-            log = self._log = logs.ContainerLog(self._log_limit)
+            log = self._log = logs.ContainerLog(self._log_budget)
             command = [str(self._relay.fileno()), str(ready_w)]
             if templated:
                 zygote.TEMPLATE.hold()

@@ -3,13 +3,20 @@
 Every process of the container (bwrap, execd, the entrypoint, what they start with their
 standard error) writes into one pipe; one thread of the server (`READER`, running while a
 server holds it) drains every container's pipe as it fills, into that container's
-`ContainerLog`: at most `limit` bytes (`container_log_size`, 16 MiB by default), the oldest
-dropped first and the drop noted in the log's first line (`tail`). So the log is bounded
-whatever the sandbox writes, with a memory group or without: it lives in the server's memory
-and is charged to the server (its memory cgroup), `limit` per container at most, never to the
-sandbox. A sandbox that writes faster than the server drains waits on its own full pipe (64
-KiB), as Docker's blocking log mode makes a container wait; the draining costs the server
-about the CPU the writing costs the sandbox.
+`ContainerLog`: at most `LogBudget.per_log` bytes (`container_log_size`, 16 MiB by default),
+and all of a server's logs together at most `LogBudget.total` (`container_logs_total`, 256
+MiB): once more logs would pass it, each keeps an even share of it (`FLOOR` at least, so the
+total is at most the larger of it and `FLOOR` per container), the oldest bytes dropped first
+and the drop noted in the log's first line (`tail`). So the logs are bounded whatever the
+sandboxes write, with a memory group or without: they live in the server's memory and are
+charged to the server (its memory cgroup), never to a sandbox.
+
+The reader drains each ready log once a round, one read (a pipe-ful, 64 KiB, or one write
+where the sandbox put its pipe in packet mode with O_DIRECT), and its rounds are `ROUND`
+apart at the least: a sandbox's log costs the server at most 1,000 reads a second (64 MB/s),
+whatever its writes' sizes, and every log gets its turn; one that writes faster waits on its
+own full pipe (64 KiB), its time charged to it, as Docker's blocking log mode makes a
+container wait. A pipe's buffers are charged to the writer's memory group.
 
 A reader of the log (`tail`) drains what is in the pipe first, so a failed start's message
 shows what its processes wrote last.
@@ -21,27 +28,60 @@ import collections
 import os
 import selectors
 import threading
+import time
 from collections.abc import Callable
 
 from .spawn import HeldThread
 
 DEFAULT_LIMIT = 16 << 20
+DEFAULT_TOTAL = 256 << 20
+FLOOR = 64 << 10  # what a log keeps however many share the total
 READ_SIZE = 1 << 16
+ROUND = 0.001  # seconds between two drains of one log, at the least
 
 
 def _note(dropped: int, limit: int) -> str:
     return f"osb-sync: {dropped} bytes of this log dropped (it keeps its last {limit} bytes)\n"
 
 
+class LogBudget:
+    """What one server's container logs keep: `per_log` bytes each at most, `total` together
+    (see the module docstring)."""
+
+    def __init__(self, per_log: int = DEFAULT_LIMIT, total: int = DEFAULT_TOTAL) -> None:
+        self.per_log, self.total = per_log, total
+        self._lock = threading.Lock()
+        self._logs: set[ContainerLog] = set()
+
+    def limit(self) -> int:
+        """The bytes each log keeps now."""
+        with self._lock:
+            share = self.total // max(1, len(self._logs))
+        return min(self.per_log, max(FLOOR, share))
+
+    def join(self, log: ContainerLog) -> None:
+        """Count `log` in; the others give up what their share no longer holds."""
+        with self._lock:
+            self._logs.add(log)
+            others = [other for other in self._logs if other is not log]
+        for other in others:
+            other.trim()
+
+    def leave(self, log: ContainerLog) -> None:
+        """Count `log` out (its container is gone)."""
+        with self._lock:
+            self._logs.discard(log)
+
+
 class ContainerLog:
     """One container's log (see the module docstring); `writer` goes to its processes.
 
     Args:
-        limit: the bytes kept at most.
+        budget: what it keeps (its server's, shared with its other logs; its own if None).
     """
 
-    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
-        self.limit = limit
+    def __init__(self, budget: LogBudget | None = None) -> None:
+        self.budget = budget or LogBudget()
         self._read, self.writer = os.pipe()
         os.set_blocking(self._read, False)
         # Its processes may open it again by `/proc/1/fd/2` (images link logs there), as they
@@ -53,6 +93,7 @@ class ContainerLog:
         self._dropped = 0
         self._lock = threading.Lock()
         self._open = True  # the read end, until EOF or `close`
+        self.budget.join(self)
         READER.watch(self)
 
     def release_writer(self) -> None:
@@ -86,8 +127,16 @@ class ContainerLog:
             self._chunks.append(bytes(self._open_chunk))
             self._open_chunk.clear()
         self._size += len(piece)
-        while self._size > self.limit:
-            excess = self._size - self.limit
+        self._drop_to(self.budget.limit())
+
+    def trim(self) -> None:
+        """Drop the oldest bytes past what the budget gives it now."""
+        with self._lock:
+            self._drop_to(self.budget.limit())
+
+    def _drop_to(self, limit: int) -> None:
+        while self._size > limit:
+            excess = self._size - limit
             if not self._chunks:
                 del self._open_chunk[:excess]
                 cut = excess
@@ -114,7 +163,7 @@ class ContainerLog:
         raw = b"".join(reversed(parts))
         if (not whole or dropped) and b"\n" in raw:
             raw = raw[raw.index(b"\n") + 1 :]
-        note = _note(dropped, self.limit) if whole and dropped else ""
+        note = _note(dropped, self.budget.limit()) if whole and dropped else ""
         return note + raw.decode(errors="replace")
 
     def close(self) -> None:
@@ -127,6 +176,7 @@ class ContainerLog:
     def _stop(self) -> None:
         self._open = False
         READER.forget(self)
+        self.budget.leave(self)
         os.close(self._read)
 
     def fileno(self) -> int:
@@ -176,10 +226,13 @@ class LogReader:
         selector.register(stop, selectors.EVENT_READ)
         try:
             while True:
-                for key, _ in selector.select():
+                ready = selector.select()
+                began = time.monotonic()
+                for key, _ in ready:
                     if key.fd == stop:
                         return
                     key.data.drain(1)
+                time.sleep(max(0.0, ROUND - (time.monotonic() - began)))  # the next round
         finally:
             with self._lock:
                 self._selector = None

@@ -286,6 +286,18 @@ CONTAINER_LOG_SIZE = Option(
     parse=int,
     metavar="BYTES",
 )
+CONTAINER_LOGS_TOTAL = Option(
+    "container_logs_total",
+    256 << 20,
+    "bytes all sandboxes' container logs keep together, in the server's memory: once more"
+    " sandboxes would pass it, each log keeps an even share (64 KiB at least; see `logs.py`).",
+    flag="--container-logs-total",
+    help="bytes all container logs keep together in the server's memory, shared evenly "
+    "(default 256 MiB)",
+    check=lambda value: None if value >= 4096 else "must be 4096 or more",
+    parse=int,
+    metavar="BYTES",
+)
 
 IMAGE_STORE: Option[str | Path | None] = Option(
     "image_store",
@@ -374,6 +386,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     EXECD_IMAGE,
     SPARE_CONTAINERS,
     CONTAINER_LOG_SIZE,
+    CONTAINER_LOGS_TOTAL,
     IMAGE_STORE,
     IMAGE_STORE_SIZE,
     INSECURE_REGISTRIES,

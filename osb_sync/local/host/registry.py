@@ -86,7 +86,7 @@ class Config:
     volume_places: tuple[tuple[Path, ...], Path] = ((), Path())  # host trees allowed, pvc root
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours
     spare_containers: int = 0
-    container_log_size: int = logs.DEFAULT_LIMIT  # bytes kept of each container's log
+    log_budget: logs.LogBudget = field(default_factory=logs.LogBudget)  # of containers' logs
     refusal: str = ""  # non-empty: every create answers 503 with it (fail closed)
     images: ImageService | None = None  # what a create's image becomes (None: the host's view)
 
@@ -193,7 +193,7 @@ class Registry:
             timing,
             config.spare_containers,
             spare_settings,
-            config.container_log_size,
+            config.log_budget,
         )
         self.spares = self.containers.pool
         self.capacity = Capacity(lambda: len(self._sandboxes) + self.spares.count)

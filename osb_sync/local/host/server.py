@@ -91,6 +91,7 @@ class LocalServer:
         execd_image: str | None = options.EXECD_IMAGE.default,
         spare_containers: int = options.SPARE_CONTAINERS.default,
         container_log_size: int = options.CONTAINER_LOG_SIZE.default,
+        container_logs_total: int = options.CONTAINER_LOGS_TOTAL.default,
         image_store: str | Path | None = options.IMAGE_STORE.default,
         image_store_size: int = options.IMAGE_STORE_SIZE.default,
         insecure_registries: Iterable[str] = options.INSECURE_REGISTRIES.default,
@@ -120,6 +121,7 @@ class LocalServer:
         self.volume_root = Path(volume_root) if volume_root is not None else None
         self.spare_containers = spare_containers
         self.container_log_size = container_log_size
+        self.container_logs_total = container_logs_total
         self.image_settings = ImageSettings(
             store=Path(image_store) if image_store is not None else None,
             cap=image_store_size,
@@ -247,7 +249,7 @@ class LocalServer:
                     ),
                     binary=self.execd_binary,
                     spare_containers=self.spare_containers,
-                    container_log_size=self.container_log_size,
+                    log_budget=logs.LogBudget(self.container_log_size, self.container_logs_total),
                     refusal=self.refusal,
                     images=images,
                 )

@@ -59,7 +59,7 @@ def launch_container(
     support: Support,
     timing: tuple[float, float],
     settings: Launch,
-    log_limit: int = logs.DEFAULT_LIMIT,
+    log_budget: logs.LogBudget | None = None,
 ) -> SandboxContainer:
     """A launched container (see `SandboxContainer.launch`); nothing is left behind on failure.
 
@@ -67,7 +67,7 @@ def launch_container(
     Failed RTM_NEWADDR"): a failure of bwrap itself is retried a few times.
     """
     for attempt in range(1, START_ATTEMPTS + 1):
-        container = SandboxContainer(sandbox_id, root, support, log_limit)
+        container = SandboxContainer(sandbox_id, root, support, log_budget)
         try:
             container.launch(*timing, settings)
             return container
@@ -184,7 +184,7 @@ class ContainerSource:
         timing: execd's heartbeat interval and /command grace, seconds.
         spares: how many spares to keep.
         spare_settings: what every spare starts with.
-        log_limit: bytes kept of each container's log.
+        log_budget: what the containers' logs keep (`logs.LogBudget`).
     """
 
     def __init__(
@@ -194,10 +194,10 @@ class ContainerSource:
         timing: tuple[float, float],
         spares: int,
         spare_settings: Launch | None = None,
-        log_limit: int = logs.DEFAULT_LIMIT,
+        log_budget: logs.LogBudget | None = None,
     ) -> None:
         self.root, self.support, self.timing = root, support, timing
-        self.log_limit = log_limit
+        self.log_budget = log_budget or logs.LogBudget()
         self.spare_settings = spare_settings or Launch()
         self.pool = SparePool(spares if support.bwrap is not None else 0, self._launch_spare)
 
@@ -209,7 +209,7 @@ class ContainerSource:
     def _launch_spare(self, sandbox_id: str) -> SandboxContainer:
         root = self.root / SPARES_DIR
         return launch_container(
-            sandbox_id, root, self.support, self.timing, self.spare_settings, self.log_limit
+            sandbox_id, root, self.support, self.timing, self.spare_settings, self.log_budget
         )
 
     def claimed(
@@ -251,7 +251,7 @@ class ContainerSource:
                 settings, binary=image.binary, image=image.image, image_ids=image.image_ids
             )
         cold = launch_container(
-            str(uuid.uuid4()), self.root, self.support, self.timing, settings, self.log_limit
+            str(uuid.uuid4()), self.root, self.support, self.timing, settings, self.log_budget
         )
         return self._claim(cold, config, internet)
 
