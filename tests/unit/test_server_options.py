@@ -161,7 +161,7 @@ def test_serve_checks_a_flag_with_the_options_check(capsys: pytest.CaptureFixtur
     assert "argument --port: invalid int value: 'x'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "192.0.2.7", "fd00::2", "sandbox.lan"])
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "192.0.2.7", "fd00::2", "::ffff:10.0.0.1"])
 def test_a_server_other_machines_reach_needs_a_key(host: str) -> None:
     with pytest.raises(ValueError, match="OPEN_SANDBOX_API_KEY or --api-key-file") as refused:
         LocalServer(host=host)
@@ -170,6 +170,12 @@ def test_a_server_other_machines_reach_needs_a_key(host: str) -> None:
     LocalServer(host=host, allow_no_api_key=True)
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"])
 def test_a_loopback_server_needs_no_key(host: str) -> None:
     LocalServer(host=host)
+
+
+@pytest.mark.parametrize("host", ["localhost", "sandbox.lan"])
+def test_a_name_is_judged_once_bound(host: str) -> None:
+    assert options.is_name(host) and not options.loopback(host)
+    LocalServer(host=host)  # its address is known once bound (tests/local/test_hardening.py)

@@ -397,21 +397,43 @@ OPTIONS: tuple[Option[Any], ...] = (
 
 
 def loopback(host: str) -> bool:
-    """Whether binding `host` keeps a server to this machine (a loopback address, localhost)."""
-    if host.lower() == "localhost":
-        return True
+    """Whether `host` is a loopback address (IPv4-mapped too): a server bound there is this
+    machine's alone. Not a name, `localhost` included: a name is judged by the address it
+    bound (`LocalServer.start`)."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
-        return False  # "" (every address) or a name, which may be any address
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
+
+
+def is_name(host: str) -> bool:
+    """Whether `host` names a host rather than being an address ("" is every address)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host != ""
+    return False
+
+
+def needs_a_key(host: str, bound: str) -> str:
+    """The refusal of a server other machines reach (bound to `bound`) without a key."""
+    where = f"host {host!r}" + (f" (bound to {bound!r})" if bound != host else "")
+    return (
+        f"{where} is not loopback: anyone who reaches the port could run code in sandboxes, so"
+        " the server needs an API key: OPEN_SANDBOX_API_KEY or --api-key-file (osb-sync"
+        " serve), api_key= (LocalServer); to serve without one anyway, and let them, pass"
+        " allow_no_api_key=True"
+    )
 
 
 def check(given: dict[str, Any]) -> None:
     """Check LocalServer's keywords `given` (every option by name).
 
     Raises:
-        ValueError: a value's problem, naming its keyword; a `host` other machines reach
-            without `api_key` or `allow_no_api_key`; `jupyter` without `execd` or
+        ValueError: a value's problem, naming its keyword; a `host` address other machines
+            reach without `api_key` or `allow_no_api_key`; `jupyter` without `execd` or
             `execd_image`; both of those.
     """
     for option in OPTIONS:
@@ -419,13 +441,9 @@ def check(given: dict[str, Any]) -> None:
         if problem is not None:
             raise ValueError(f"{option.name} {problem}")
     host = given["host"]
-    if given["api_key"] is None and not given["allow_no_api_key"] and not loopback(host):
-        raise ValueError(
-            f"host {host!r} is not loopback: anyone who reaches the port could run code in"
-            " sandboxes, so the server needs an API key: OPEN_SANDBOX_API_KEY or"
-            " --api-key-file (osb-sync serve), api_key= (LocalServer); to serve without one"
-            " anyway, and let them, pass allow_no_api_key=True"
-        )
+    keyless = given["api_key"] is None and not given["allow_no_api_key"]
+    if keyless and not loopback(host) and not is_name(host):  # a name: once bound
+        raise ValueError(needs_a_key(host, host))
     if given["execd"] is not None and given["execd_image"] is not None:
         raise ValueError("execd and execd_image both name an execd binary: pass one of them")
     if given["jupyter"] is not None and given["execd"] is None and not given["execd_image"]:

@@ -109,6 +109,7 @@ class LocalServer:
         self.host = host
         self.port = port
         self.api_key = api_key
+        self.allow_no_api_key = allow_no_api_key
         self.min_timeout = min_timeout
         self.max_timeout = max_timeout
         self.pending_seconds = pending_seconds
@@ -187,6 +188,8 @@ class LocalServer:
 
         Raises:
             OSError: the address cannot be bound (nothing is left behind).
+            ValueError: `host` is a name bound to an address other machines reach, and the
+                server has no `api_key` (nor `allow_no_api_key`); it serves nothing.
             RuntimeError: `isolation=True`, or `execd`, where sandboxes cannot be isolated;
                 or (an ``ExecdImageError``) `execd_image` cannot be pulled or holds no execd
                 binary.
@@ -205,6 +208,11 @@ class LocalServer:
             hosts = host_names(self.host, self.allowed_hosts)
             self._httpd = HTTPServer((self.host, self.port), self.route, self.limits, hosts)
             self.port = self._httpd.server_address[1]
+            bound = str(self._httpd.server_address[0])
+            exposed = self.api_key is None and not options.loopback(bound)
+            if exposed and not self.allow_no_api_key:  # a name, judged by where it bound
+                self._httpd.server_close()
+                raise ValueError(options.needs_a_key(self.host, bound))
             self.root_dir = self._make_root()
             self._lock_fd = recovery.claim(self.root_dir)
             recovery.reap(self.root_dir)
@@ -278,13 +286,13 @@ class LocalServer:
             self._started = True
             atexit.register(self.stop)
             self._catches_sigterm = _catch_sigterm()
-        if self.api_key is None and not options.loopback(self.host):
-            logger.warning(
-                "local OpenSandbox server on %s has no API key (allow_no_api_key=True): anyone"
-                " who reaches port %d can create sandboxes and run code in them",
-                self.api_base,
-                self.port,
-            )
+            if exposed:
+                logger.warning(
+                    "local OpenSandbox server on %s has no API key (allow_no_api_key=True):"
+                    " anyone who reaches port %d can create sandboxes and run code in them",
+                    self.api_base,
+                    self.port,
+                )
         if self.isolated:
             logger.info("local OpenSandbox server on %s (sandboxes isolated)", self.api_base)
         elif self.refusal:
