@@ -86,7 +86,14 @@ def test_the_sets_hold_the_host_and_the_fixed_ranges_merged() -> None:
         "224.0.0.0/4",
         "255.255.255.255/32",
     ]
-    assert v6 == ["::/127", "fd00::2/128", "fd00:ec2::254/128", "fe80::/10", "ff00::/8"]
+    assert v6 == [
+        "::/127",
+        "::ffff:0:0/96",
+        "fd00::2/128",
+        "fd00:ec2::254/128",
+        "fe80::/10",
+        "ff00::/8",
+    ]
     script = firewall.ruleset(v4, v6)
     assert "delete" not in script and "192.0.2.6/31" in script
     assert 'hook egress device "tap0"' in script and "hook output" in script

@@ -28,12 +28,14 @@ table, as AnyIP's `ip route add local 198.51.100.0/24 dev lo` makes a whole rang
 host's; read from the kernel by netlink, `host_addresses`) and the ranges no sandbox has
 business with: `FIXED_V4` and `FIXED_V6` (this host's loopback and "this network",
 link-local and the cloud metadata addresses in it, multicast and broadcast, which the host's
-own listeners receive). They follow the host: `AddressWatch` listens for the kernel's
-address and route changes and rewrites every such sandbox's sets (`Wall.follow`), one sandbox
-after another; an address the host gains is reachable from sandboxes for the moment between
-the kernel's notice and the update (milliseconds per sandbox). Other machines, the LAN and
-containers the host routes to, are the internet to a sandbox. slirp4netns's DNS address
-(10.0.2.3), which forwards to the host's resolver, is turned off (`slirp.start_slirp`).
+own listeners receive; IPv4-mapped IPv6, by which a dual-stack socket reaches IPv4). They
+follow the host: `AddressWatch` listens for the kernel's address and route changes and
+rewrites every such sandbox's sets (`Wall.follow`), one sandbox after another; an address the
+host gains is reachable from sandboxes for the moment between the kernel's notice and the
+update (milliseconds per sandbox). Other machines, the LAN and containers the host routes to,
+are the internet to a sandbox; so is the machine a server in a container runs on (its gateway
+is no address of the server's namespace). slirp4netns's DNS address (10.0.2.3), which
+forwards to the host's resolver, is turned off (`slirp.start_slirp`).
 
 Nobody inside changes them: the namespace belongs to the sandbox's user namespace, whose root
 has Docker's capabilities, not CAP_NET_ADMIN, and the seccomp filter refuses new user
@@ -84,6 +86,7 @@ FIXED_V6 = (
     "fe80::/10",
     "fd00:ec2::254/128",  # EC2's metadata service over IPv6
     "ff00::/8",
+    "::ffff:0:0/96",  # IPv4-mapped: a dual-stack socket reaches IPv4 (127.0.0.1 too) by it
 )
 TOOLS = ("nsenter", "ip", "nft")
 PACKAGES = "apt-get install nftables iproute2 util-linux"
