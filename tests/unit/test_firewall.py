@@ -79,6 +79,7 @@ def test_the_sets_hold_the_host_and_the_fixed_ranges_merged() -> None:
     v4, v6 = firewall.blocked(given)
     assert v4 == [
         "0.0.0.0/8",
+        "10.0.2.0/24",
         "127.0.0.0/8",
         "169.254.0.0/16",
         "192.0.2.6/31",

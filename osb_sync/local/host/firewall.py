@@ -35,7 +35,8 @@ host gains is reachable from sandboxes for the moment between the kernel's notic
 update (milliseconds per sandbox). Other machines, the LAN and containers the host routes to,
 are the internet to a sandbox; so is the machine a server in a container runs on (its gateway
 is no address of the server's namespace). slirp4netns's DNS address (10.0.2.3), which
-forwards to the host's resolver, is turned off (`slirp.start_slirp`).
+forwards to the host's resolver, is turned off (`slirp.start_slirp`), and its network is in
+the sets too.
 
 Nobody inside changes them: the namespace belongs to the sandbox's user namespace, whose root
 has Docker's capabilities, not CAP_NET_ADMIN, and the seccomp filter refuses new user
@@ -76,6 +77,9 @@ ETHERTYPE = "@ll,96,16"
 ETH_P_IP, ETH_P_ARP = 0x0800, 0x0806
 FIXED_V4 = (
     "0.0.0.0/8",  # "this network": a connect to 0.0.0.0 reaches the host's own listeners
+    # slirp4netns's own: its aliases of the host (10.0.2.2) and of the host's resolver
+    # (10.0.2.3, which with --disable-dns is passed on as any address is); none other answers
+    "10.0.2.0/24",
     "127.0.0.0/8",
     "169.254.0.0/16",  # link-local; the cloud metadata service, 169.254.169.254
     "224.0.0.0/4",
