@@ -125,31 +125,70 @@ def test_a_server_s_logs_share_its_total() -> None:
             log.close()
 
 
-def test_a_log_costs_the_reader_a_bounded_number_of_reads(reader: None) -> None:
-    """However a sandbox writes, here one byte a write into a pipe in packet mode (O_DIRECT:
-    every read takes one write), the reader reads its log at most 1,000 times a second."""
-    log = logs.ContainerLog()
-    drains: list[float] = []
+def counted(log: logs.ContainerLog) -> list[float]:
+    """When the reader drains `log` from now on."""
+    times: list[float] = []
     drain = log.drain
 
-    def counted(reads: int = 16) -> None:
-        drains.append(time.monotonic())
+    def counting(reads: int = 16) -> None:
+        times.append(time.monotonic())
         drain(reads)
 
-    log.drain = counted  # type: ignore[method-assign]
-    stop = time.monotonic() + 0.5
-    try:
-        writer = os.open(f"/proc/self/fd/{log.writer}", os.O_WRONLY)
-        fcntl.fcntl(writer, fcntl.F_SETFL, fcntl.fcntl(writer, fcntl.F_GETFL) | os.O_DIRECT)
-        os.set_blocking(writer, False)
-        while time.monotonic() < stop:
+    log.drain = counting  # type: ignore[method-assign]
+    return times
+
+
+def packet_writer(log: logs.ContainerLog) -> int:
+    """A non-blocking writer of `log`'s pipe in packet mode (O_DIRECT): a read takes one write."""
+    writer = os.open(f"/proc/self/fd/{log.writer}", os.O_WRONLY | os.O_NONBLOCK)
+    fcntl.fcntl(writer, fcntl.F_SETFL, fcntl.fcntl(writer, fcntl.F_GETFL) | os.O_DIRECT)
+    return writer
+
+
+def write_bytes(writers: list[int], seconds: float) -> None:
+    """One byte a write into each of `writers`, for `seconds` (a full pipe waits its turn)."""
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        for writer in writers:
             try:
                 os.write(writer, b"x")
-            except BlockingIOError:  # full: 16 writes wait in it
-                time.sleep(0.0001)
-        os.close(writer)
+            except BlockingIOError:
+                pass
+
+
+def test_a_log_costs_the_reader_a_bounded_number_of_reads(reader: None) -> None:
+    """However a sandbox writes, here one byte a write into a pipe in packet mode, the reader
+    reads its log at most 1,000 times a second."""
+    log = logs.ContainerLog()
+    drains = counted(log)
+    writer = packet_writer(log)
+    try:
+        write_bytes([writer], 0.5)
         seconds = drains[-1] - drains[0]
         assert len(drains) <= 1000 * seconds * 1.2 + 10, (len(drains), seconds)
         assert len(drains) >= 10  # it was read all along
     finally:
+        os.close(writer)
         log.close()
+
+
+def test_the_logs_together_cost_the_reader_a_bounded_number_of_reads(
+    reader: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight sandboxes writing so get at most `READS_PER_SECOND` reads together (here 800:
+    at 1,000 a second each, they would get thousands), every one of them its turn."""
+    monkeypatch.setattr(logs, "READS_PER_SECOND", 800)
+    many = [logs.ContainerLog() for _ in range(8)]
+    drains = [counted(log) for log in many]
+    writers = [packet_writer(log) for log in many]
+    try:
+        write_bytes(writers, 0.5)
+        every = sorted(t for times in drains for t in times)
+        seconds = every[-1] - every[0]
+        assert len(every) <= logs.READS_PER_SECOND * seconds * 1.2 + 10, (len(every), seconds)
+        assert all(len(times) >= 10 for times in drains), [len(times) for times in drains]
+    finally:
+        for writer in writers:
+            os.close(writer)
+        for log in many:
+            log.close()
