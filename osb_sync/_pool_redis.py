@@ -38,14 +38,13 @@ Rules:
   and its id.
 - Redis keeps the pool's books, not the server's sandboxes: a sandbox Redis names is lent
   only if the server says its metadata names the pool (``osb_sync.pool`` and
-  ``osb_sync.pool-id``) and it is Running
-  (one more request per lend, ``GET /sandboxes/{id}``), and kept idle, renewed or deleted
-  only if it is the pool's; any other is dropped from Redis and logged, never touched, and so
-  is one the server could not say about (a failed GET; if it was the pool's, the reconcile
-  deletes it a borrow lease later). A
-  Redis writer can still hand one borrower's sandbox to another (an id moved from ``lent`` to
-  ``idle``: both then use it and read each other's files), have the pool's own sandboxes
-  deleted or left unlent, or stop the pool, or set its ``id`` to another pool's (not a secret:
+  ``osb_sync.pool-id``) and it is Running (one more request per lend, ``GET
+  /sandboxes/{id}``), and kept idle, renewed or deleted only if it is the pool's; any other
+  is dropped from Redis and logged, never touched, and so is one the server could not say
+  about (a failed GET; if it was the pool's, the reconcile deletes it a borrow lease later).
+  A Redis writer can still hand one borrower's sandbox to another (an id moved from ``lent``
+  to ``idle``: both then use it and read each other's files), have the pool's own sandboxes
+  deleted or left unlent, stop the pool, or set its ``id`` to another pool's (not a secret:
   any client of the server reads it in the metadata) for the processes that start afterwards:
   whoever can write to that Redis is trusted as a borrower is.
 - Redis down: ``acquire`` creates a sandbox outside the pool (logged once) or raises

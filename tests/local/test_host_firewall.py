@@ -79,7 +79,7 @@ for target in TARGETS:
     if family != socket.AF_INET or source is None:
         continue
     # An IPv4 frame, sent as the kernel's protocol says (0: read from the frame) or as its
-    # root claims (ARP, IPv6, anything, every protocol), through the queue or past it.
+    # root claims (ARP, IPv6, any other, ETH_P_ALL), through the queue or past it.
     for proto in (0, 0x0806, 0x86DD, 0x1234, 0x0003):
         for bypass in (0, 1):
             way = f"raw {proto:#06x}{' bypass' if bypass else ''} {target}"

@@ -4,10 +4,10 @@ Each live sandbox keeps fewer than `FDS_PER_SANDBOX` of the server's descriptors
 relay socket, its run directory, its init's pidfd, its network namespace, its main process's
 stdin, its log's read end, execd's stdin and pidfd where the execd template forked it,
 slirp4netns's exit pipe: 8 to 9), and a create in progress holds a few more for a moment
-(pipes, the spawn's error pipe). A create that would push the open
-descriptors past the RLIMIT_NOFILE soft limit, less `FD_RESERVE` for connections and proxied
-streams, is refused with 503 naming the limit before anything starts, so nothing half-made is
-left and the sandboxes already running keep working. So is a create while less than
+(pipes, the spawn's error pipe). A create that would push the open descriptors past the
+RLIMIT_NOFILE soft limit, less `FD_RESERVE` for connections and proxied streams, is refused
+with 503 naming the limit before anything starts, so nothing half-made is left and the
+sandboxes already running keep working. So is a create while less than
 `MEMORY_RESERVE` of memory is available: with 1,000 idle sandboxes memory, not descriptors,
 should be what runs out.
 
