@@ -422,7 +422,8 @@ def _add_serve(command: Any) -> None:
         "run the local server in the foreground (until Ctrl-C)",
         "Run the local OpenSandbox-compatible server: a development server, keep it on "
         f"loopback. It requires the API key of ${API_KEY_ENV} or --api-key-file when one is "
-        "set (never --api-key: the command line shows in `ps`). --json prints one JSON "
+        "set (never --api-key: the command line shows in `ps`); a --host other than loopback "
+        "refuses to start without one (or --allow-no-api-key). --json prints one JSON "
         "start-up line on stdout.",
     )
     server_options.add_flags(serve)  # one per LocalServer option that has a flag

@@ -66,6 +66,7 @@ _CLI_TERMS = (
     ("raise max_output_bytes", "raise --max-output"),
     ("pass api_key=", "pass --api-key"),
     ("by isolation=False", "by --no-isolation"),
+    ("allow_no_api_key=True", "--allow-no-api-key"),
 )
 # Go's names for signals, as execd reports a command killed by one ("signal: killed"), with
 # Linux's numbers: the command ran in a Linux sandbox, whatever the client runs on (Windows

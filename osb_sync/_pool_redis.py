@@ -9,7 +9,10 @@ Keys, under ``prefix + "{" + name + "}:"`` (one hash tag: a Redis Cluster keeps 
 - ``leader``: the leader's owner id, its TTL the leader lease; ``epoch``: a counter bumped for
   each new leader (the fencing token);
 - ``members``: sorted set, owner -> the end of its heartbeat;
-- ``closed``: set by ``destroy()`` for two borrow leases.
+- ``closed``: set by ``destroy()`` for two borrow leases;
+- ``id``: the pool's random id, made by its first process and kept for good (a process that
+  holds it writes it again if Redis lost it): two pools of one name in two Redis instances, or
+  under two prefixes, are two pools.
 
 Rules:
 
@@ -30,8 +33,20 @@ Rules:
   (replacing dead ones), and reconciles with ``list_sandboxes``: a sandbox tagged with the
   pool that Redis has not known for a whole borrow lease is deleted (Redis lost its state, or
   its creator died before committing it); an id Redis knows and the server does not is
-  forgotten. Every pooled sandbox carries ``osb_sync.pool=<name>`` and
-  ``osb_sync.pool-owner=<creator>`` in its metadata.
+  forgotten. Every pooled sandbox carries ``osb_sync.pool=<name>``, ``osb_sync.pool-id=<id>``
+  and ``osb_sync.pool-owner=<creator>`` in its metadata; the pool's are those with its name
+  and its id.
+- Redis keeps the pool's books, not the server's sandboxes: a sandbox Redis names is lent
+  only if the server says its metadata names the pool (``osb_sync.pool`` and
+  ``osb_sync.pool-id``) and it is Running (one more request per lend, ``GET
+  /sandboxes/{id}``), and kept idle, renewed or deleted only if it is the pool's; any other
+  is dropped from Redis and logged, never touched, and so is one the server could not say
+  about (a failed GET; if it was the pool's, the reconcile deletes it a borrow lease later).
+  A Redis writer can still hand one borrower's sandbox to another (an id moved from ``lent``
+  to ``idle``: both then use it and read each other's files), have the pool's own sandboxes
+  deleted or left unlent, stop the pool, or set its ``id`` to another pool's (not a secret:
+  any client of the server reads it in the metadata) for the processes that start afterwards:
+  whoever can write to that Redis is trusted as a borrower is.
 - Redis down: ``acquire`` creates a sandbox outside the pool (logged once) or raises
   ``TransportError`` (``on_redis_down="raise"``); such a sandbox stays this process's, is
   registered as lent when Redis is back, and is deleted when returned.
@@ -68,12 +83,14 @@ from ._pool_scripts import KEY_NAMES, PREAMBLE, SCRIPTS
 from ._transport import backoff_seconds
 
 if TYPE_CHECKING:
+    from ._models import SandboxInfo
     from ._options import CreateOptions
     from ._sandbox import Sandbox
 
 logger = logging.getLogger("osb_sync")
 
 OWNER_KEY = "osb_sync.pool-owner"
+ID_KEY = "osb_sync.pool-id"
 ON_REDIS_DOWN = ("create", "raise")
 URL_SCHEMES = ("redis", "rediss", "unix")
 REFILL_PARALLEL = 2  # the leader's creates at once: enough to keep up, not a stampede
@@ -225,6 +242,7 @@ class RedisLender:
         self._fingerprint = fingerprint(spec)
         self._renew_every = store.borrow_lease / 3
         self._tick = min(1.0, store.leader_lease / 5)
+        self._id = ""  # the pool's, from Redis (the `options` script), kept by a forked child
         self._reset_state()
         try:
             self._check_options()
@@ -293,7 +311,8 @@ class RedisLender:
         Raises:
             ConfigurationError: they differ, or the pool is being destroyed.
         """
-        answer = self._run("options", self._fingerprint)
+        answer, pool_id = self._run("options", self._fingerprint, self._id or secrets.token_hex(8))
+        self._id = self._id or pool_id  # its own for good: Redis's may change, not the pool's
         if answer == "closed":
             self._refused = ConfigurationError(
                 f"pool {self.spec.name!r} was destroyed (for {self.store.borrow_lease * 2:g} s "
@@ -377,16 +396,23 @@ class RedisLender:
     def _reach(
         self, sandbox_id: str, seconds_left: float, deadline: float | None
     ) -> Sandbox | None:
-        """The taken sandbox, checked (it answers /ping) and renewed if close to expiry; None
-        (and it is deleted) if it is not fit to lend."""
+        """The taken sandbox, checked (the pool's, Running, answering /ping) and renewed if
+        close to expiry; None if it is not fit to lend: the pool's is deleted, any other, and
+        one the server could not say whose it is, only dropped from Redis (`_checked`)."""
         call_timeout = self._call_timeout(deadline)
         lifetime = self.spec.lifetime
+        info = self._checked(sandbox_id, "lent")
+        if info is None:
+            self._quietly("give_back", sandbox_id, "drop", "")
+            return None
         try:
-            sandbox = self._client.connect(
-                sandbox_id, health_check=False, ready_timeout=call_timeout
-            )
-            sandbox.delete_on_exit = False
-            fit = answers_ping(sandbox, call_timeout)
+            fit = info.state == "Running"
+            if fit:
+                sandbox = self._client.connect(
+                    sandbox_id, health_check=False, ready_timeout=call_timeout
+                )
+                sandbox.delete_on_exit = False
+                fit = answers_ping(sandbox, call_timeout)
             if fit and lifetime is not None and seconds_left < lifetime / 2:
                 sandbox.renew(lifetime, timeout=call_timeout)
                 seconds_left = lifetime
@@ -402,6 +428,59 @@ class RedisLender:
             if lifetime is not None:
                 self._expires[sandbox_id] = time.monotonic() + seconds_left
         return sandbox
+
+    def _checked(self, sandbox_id: str, doing: str) -> SandboxInfo | None:
+        """The server's record of a sandbox Redis named, if it is this pool's (`_ours`), before
+        it is `doing`; else None, logged. A failed GET proves nothing about whose it is: None
+        too, and it is never deleted on that (the leader's reconcile deletes a sandbox of the
+        pool that Redis dropped, once Redis has not known it for a borrow lease)."""
+        try:
+            info = self._client.get_sandbox(sandbox_id)
+        except OpenSandboxError as exc:
+            logger.info("pool %s: sandbox %s not %s: the server did not say whose it is (%s)",
+                        self.spec.name, sandbox_id, doing, exc)  # fmt: skip
+            return None
+        return info if self._ours(sandbox_id, info.metadata, doing) else None
+
+    def _ours(self, sandbox_id: str, metadata: dict[str, str], doing: str) -> bool:
+        """Whether a sandbox Redis named is this pool's (its metadata names the pool), before
+        it is `doing` ("lent", "deleted"); one that is not is logged and left alone.
+
+        Redis holds ids only: whoever can write to it could name any sandbox of the server,
+        another user's, for the next borrower to read or for the leader to delete.
+        """
+        if (
+            self._id
+            and metadata.get(ID_KEY) == self._id
+            and metadata.get(POOL_KEY) == self.spec.name
+        ):
+            return True
+        logger.warning(
+            "pool %s: Redis named sandbox %s, which is not the pool's (%s=%r, %s=%r; the pool's"
+            " id is %r): not %s (whoever can write to this Redis named it)",
+            self.spec.name,
+            sandbox_id,
+            POOL_KEY,
+            metadata.get(POOL_KEY),
+            ID_KEY,
+            metadata.get(ID_KEY),
+            self._id,
+            doing,
+        )
+        return False
+
+    def _tagged(self) -> list[SandboxInfo]:
+        """The server's sandboxes tagged with the pool: its name and its id."""
+        if not self._id:
+            return []
+        return list(
+            self._client.list_sandboxes(metadata={POOL_KEY: self.spec.name, ID_KEY: self._id})
+        )
+
+    def _delete_pooled(self, sandbox_id: str) -> None:
+        """Delete a sandbox Redis named, if it is this pool's (`_checked`); quietly."""
+        if self._checked(sandbox_id, "deleted") is not None:
+            self._client.delete_quietly(sandbox_id)
 
     def _call_timeout(self, deadline: float | None) -> float:
         read_timeout = self._client.read_timeout
@@ -473,6 +552,8 @@ class RedisLender:
     def _create_and_hand_over(self, order: Order, token: str | None, epoch: str) -> None:
         try:
             metadata = {**(self.spec.create_kwargs.get("metadata") or {}), OWNER_KEY: self._owner}
+            if self._id:  # unknown only while Redis has not answered: such a one stays outside
+                metadata[ID_KEY] = self._id
             options: CreateOptions = {**self.spec.create_kwargs, "metadata": metadata}
             sandbox = self._client.create_sandbox(**options)
         except Exception as exc:  # noqa: BLE001 - handed to the waiting caller, or logged
@@ -612,10 +693,10 @@ class RedisLender:
         pool whose creator is not a member (one that died before committing it); a process
         that joined meanwhile is a member, and its sandboxes are spared."""
         for sandbox_id in known:
-            self._client.delete_quietly(sandbox_id)
+            self._delete_pooled(sandbox_id)
         try:
             members = set(self._run("members"))
-            tagged = list(self._client.list_sandboxes(metadata={POOL_KEY: self.spec.name}))
+            tagged = self._tagged()
         except (OpenSandboxError, self._redis_error) as exc:
             logger.info("pool %s: not searched for leftovers (%s)", self.spec.name, exc)
             return
@@ -627,7 +708,7 @@ class RedisLender:
         """See SandboxPool.destroy: closed everywhere, idle sandboxes deleted."""
         ids = self._run("destroy", int(self.store.borrow_lease * 2000))
         for sandbox_id in ids:
-            self._client.delete_quietly(sandbox_id)
+            self._delete_pooled(sandbox_id)
 
     # -- the worker -----------------------------------------------------------------------
 
@@ -696,7 +777,7 @@ class RedisLender:
             logger.info(
                 "pool %s: the borrow of %s ran out; deleting it", self.spec.name, sandbox_id
             )
-            self._client.delete_quietly(sandbox_id)
+            self._delete_pooled(sandbox_id)
             self._still_leading()  # the script took them all: delete them all the same
         with self._cond:
             refilling = self._refilling
@@ -724,6 +805,9 @@ class RedisLender:
         for sandbox_id, score in zip(pairs[::2], pairs[1::2], strict=False):
             if not self._still_leading():
                 return
+            if self._checked(sandbox_id, "kept idle") is None:
+                self._run("drop_idle", sandbox_id)
+                continue
             try:
                 sandbox = self._client.connect(sandbox_id, health_check=False)
                 alive = answers_ping(sandbox, self._client.read_timeout)
@@ -741,9 +825,7 @@ class RedisLender:
     def _reconcile(self, now: float) -> None:
         """The server's tagged sandboxes against Redis's (see the module's rules)."""
         before = set(self._run("known"))
-        listed = {
-            info.id for info in self._client.list_sandboxes(metadata={POOL_KEY: self.spec.name})
-        }
+        listed = {info.id for info in self._tagged()}
         if not self._still_leading():
             return
         after = set(self._run("known"))

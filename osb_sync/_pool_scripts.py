@@ -19,10 +19,11 @@ KEY_NAMES = (
     "epoch",
     "members",
     "closed",
+    "id",
 )
 PREAMBLE = """
-local options, idle, lent, owners, creating, leader, epoch, members, closed =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local options, idle, lent, owners, creating, leader, epoch, members, closed, pool_id =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local function is_leader(owner, ep)
@@ -31,13 +32,16 @@ end
 """
 
 SCRIPTS = {
-    # ARGV: fingerprint. The first process sets the pool's options; the others must match.
+    # ARGV: fingerprint, id. The first process sets the pool's options, the others must match;
+    # and its id, kept for good (an id a process holds restores it after Redis lost it).
+    # {'ok' or 'closed' or the options, the id}.
     "options": """
-if redis.call('EXISTS', closed) == 1 then return 'closed' end
+if redis.call('EXISTS', closed) == 1 then return {'closed', ''} end
+redis.call('SET', pool_id, ARGV[2], 'NX')
 local current = redis.call('GET', options)
-if not current then redis.call('SET', options, ARGV[1]); return 'ok' end
-if current == ARGV[1] then return 'ok' end
-return current
+if not current then redis.call('SET', options, ARGV[1]); current = ARGV[1] end
+if current == ARGV[1] then current = 'ok' end
+return {current, redis.call('GET', pool_id)}
 """,
     # ARGV: owner, lease, max_size, token, reservation. An idle one, or leave to create one.
     "take": """

@@ -60,14 +60,16 @@ JUNIT = "tmp/junit.xml"  # in each env's folder: tox.ini writes {envtmpdir}/juni
 # newest patch release pyenv has of each
 PYENV_WANTED = ("3.11.7", "3.10.13", "3.12.1", "3.13.0")
 # command -> the Debian package that brings it: bwrap isolates local sandboxes, slirp4netns
-# gives them a network, run-execd waits for the real execd with curl, the shared-pool tests
-# start redis-server, the image tests run loopback registries (docker-registry), push with
-# skopeo (which the local server pulls with), build bullseye and bookworm (Jupyter) images
-# with mmdebstrap, an image without python3 from the static busybox, and sign their token
-# registry's tokens with openssl
+# gives them a network, nft and ip keep it from the host's own addresses, run-execd waits for
+# the real execd with curl, the shared-pool tests start redis-server, the image tests run
+# loopback registries (docker-registry), push with skopeo (which the local server pulls
+# with), build bullseye and bookworm (Jupyter) images with mmdebstrap, an image without
+# python3 from the static busybox, and sign their token registry's tokens with openssl
 DEBIAN_PACKAGES = {
     "bwrap": "bubblewrap",
     "slirp4netns": "slirp4netns",
+    "nft": "nftables",
+    "ip": "iproute2",
     "curl": "curl",
     "redis-server": "redis-server",
     "skopeo": "skopeo",

@@ -8,9 +8,10 @@ import time
 
 import pytest
 import requests
-from conftest import CREATE_BODY, require_isolation
+from conftest import CREATE_BODY, Box, require_isolation, require_slirp
 from serverproc import ServerProcess, descendants
 
+from osb_sync.local import LocalServer
 from osb_sync.local.host import capacity
 from osb_sync.local.host.spawn import read_until
 
@@ -38,6 +39,22 @@ def test_the_server_raises_its_soft_descriptor_limit_to_the_hard_one() -> None:
         assert line.split()[3:5] == ["4096", "4096"], line
     finally:
         assert server.stop() == 0
+
+
+def test_a_sandbox_holds_fewer_descriptors_than_the_capacity_counts(
+    http: requests.Session,
+) -> None:
+    """`FDS_PER_SANDBOX` counts what a live sandbox holds of the server's descriptors, with
+    room to spare (2), for one with internet access, which holds the most."""
+    require_isolation()
+    require_slirp()
+    with LocalServer(command_grace=0, spare_containers=0, isolation=True) as server:
+        Box(server, http, CREATE_BODY)  # the first starts the execd template
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            Box(server, http, CREATE_BODY)
+        per_sandbox = (len(os.listdir("/proc/self/fd")) - before) / 3
+    assert per_sandbox + 2 <= capacity.FDS_PER_SANDBOX, per_sandbox
 
 
 def test_a_create_past_the_descriptor_limit_is_refused_with_503_and_leaks_nothing() -> None:

@@ -197,6 +197,56 @@ def test_allowed_host_names_the_server(http: requests.Session) -> None:
         assert other.status_code == 421
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "LOCALHOST:1", None])
+def test_with_a_key_a_request_without_it_is_401_whatever_its_host(host: str | None) -> None:
+    with LocalServer(api_key="k-" + os.urandom(8).hex(), spare_containers=0) as server:
+        headers = {"Host": host} if host is not None else {}
+        for method, path in (("GET", "/v1/sandboxes"), ("POST", "/sandboxes"), ("GET", "/x")):
+            answer = requests.request(method, server.base_url + path, headers=headers, timeout=10)
+            assert answer.status_code == 401, (method, path, answer.text)
+
+
+def test_an_ipv6_address_binds_and_all_of_them_take_ipv4_too() -> None:
+    with LocalServer(host="::1", spare_containers=0) as server:  # loopback: no key needed
+        assert server.base_url == f"http://[::1]:{server.port}"
+        assert requests.get(f"{server.api_base}/sandboxes", timeout=10).status_code == 200
+    key = {"OPEN-SANDBOX-API-KEY": "k-" + os.urandom(8).hex()}
+    with LocalServer(host="::", api_key=key["OPEN-SANDBOX-API-KEY"], spare_containers=0) as server:
+        for base in (f"http://[::1]:{server.port}", f"http://127.0.0.1:{server.port}"):
+            assert requests.get(f"{base}/v1/sandboxes", timeout=10).status_code == 401
+            answer = requests.get(f"{base}/v1/sandboxes", headers=key, timeout=10)
+            assert answer.status_code == 200, base
+
+
+# Run in a mount namespace whose /etc/hosts says `localhost` is every address.
+BY_NAME = """
+from osb_sync.local import LocalServer
+try:
+    server = LocalServer(host="localhost", spare_containers=0, isolation=False).start()
+except ValueError as exc:
+    print("refused:", exc)
+else:
+    print("served on", server._httpd.server_address)
+    server.stop()
+"""
+
+
+def test_a_name_is_judged_by_the_address_it_bound(tmp_path: Path) -> None:
+    """`localhost` is a name like any other: where it names every address, a server bound by
+    it without a key refuses to serve, as one given 0.0.0.0 does."""
+    if os.geteuid() != 0:
+        pytest.skip("a mount namespace of the test's own needs root")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("0.0.0.0 localhost\n")
+    bind = 'mount --bind "$0" /etc/hosts && exec "$@"'
+    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", bind, str(hosts)]
+    done = subprocess.run(
+        [*argv, sys.executable, "-c", BY_NAME], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.startswith("refused:"), (done.stdout, done.stderr[-2000:])
+    assert "'0.0.0.0'" in done.stdout and "OPEN_SANDBOX_API_KEY" in done.stdout
+
+
 @pytest.mark.parametrize("media_type", ["text/plain", "application/x-www-form-urlencoded", None])
 def test_json_bodies_need_the_json_media_type(
     local: LocalServer, http: requests.Session, media_type: str | None

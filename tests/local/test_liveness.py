@@ -7,7 +7,7 @@ import signal
 import time
 
 import requests
-from conftest import Box, wait_for
+from conftest import CREATE_BODY, Box, wait_for
 
 from osb_sync.local import LocalServer
 from osb_sync.local.host import cgroup, zygote
@@ -89,3 +89,18 @@ def test_an_oom_killed_command_says_so(isolated_server: LocalServer, make_box: o
     assert "out of memory" in error["traceback"][0], error
     # The sandbox itself lives on.
     assert [e["text"] for e in box.command("echo alive") if e["type"] == "stdout"] == ["alive"]
+
+
+def test_a_flooded_container_log_keeps_its_last_16_mib(
+    isolated_server: LocalServer, http: requests.Session
+) -> None:
+    flood = "yes 0123456789abcdef | head -c 41943040 >&2; echo flood-done >&2; sleep 600"
+    box = Box(isolated_server, http, {**CREATE_BODY, "entrypoint": ["/bin/sh", "-c", flood]})
+    assert isolated_server._registry is not None
+    sandbox = isolated_server._registry.find(box.id)
+    assert sandbox is not None
+    assert wait_for(lambda: "flood-done" in sandbox.container.log_tail(4096), 60)
+    kept = sandbox.container.log_tail(1 << 30)
+    assert len(kept.encode()) <= 16 * 2**20 + 200, len(kept)
+    assert kept.endswith("flood-done\n")
+    assert kept.startswith("osb-sync: ") and "bytes of this log dropped" in kept.splitlines()[0]

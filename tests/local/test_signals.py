@@ -114,6 +114,20 @@ def test_serve_that_cannot_bind_leaves_nothing(tmp: Path) -> None:
     assert os.listdir(tmp) == []
 
 
+def test_serve_on_every_interface_refuses_to_start_without_a_key(tmp: Path) -> None:
+    argv = [sys.executable, "-m", "osb_sync", "serve", "--host", "0.0.0.0", "--port", "0"]
+    proc = start(argv, tmp)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("serve --host 0.0.0.0 started without an API key")
+    assert proc.returncode == 125, err
+    assert "OPEN_SANDBOX_API_KEY" in err and "--api-key-file" in err and "--allow-no-api-key" in err
+    assert "serving" not in err and os.listdir(tmp) == []
+
+
 @pytest.mark.parametrize("source", ["environment", "file"])
 def test_serve_reads_its_key_without_argv(tmp: Path, source: str) -> None:
     key = "s3cret-key-from-" + source

@@ -182,3 +182,17 @@ def test_the_kernel_release_decides_whether_setns_takes_a_pidfd() -> None:
     assert not zygote.kernel_joins_by_pidfd("5.7.19")
     assert not zygote.kernel_joins_by_pidfd("4.19.0-26-amd64")
     assert not zygote.kernel_joins_by_pidfd("not-a-release")
+
+
+def test_an_execd_that_exits_after_its_template_died_makes_the_sandbox_failed(
+    server: LocalServer, http: requests.Session
+) -> None:
+    box = Box(server, http, CREATE_BODY)
+    pids = processes(server, box)
+    os.kill(pids["template"], signal.SIGKILL)
+    assert wait_for(lambda: not alive(pids["template"]), timeout=10)
+    os.kill(pids["execd"], signal.SIGKILL)  # nobody is left to tell its placeholder
+    url = f"{server.api_base}/sandboxes/{box.id}"
+    assert wait_for(lambda: http.get(url).json()["status"]["state"] == "Failed", timeout=30)
+    message = http.get(url).json()["status"]["message"]
+    assert "execd" in message and "template" in message, message

@@ -437,3 +437,92 @@ def test_a_sandbox_taken_again_mid_give_back_can_be_released(
     finally:
         pool.close()
     assert wait_for(lambda: not tagged(client, name))
+
+
+def test_a_sandbox_outside_the_pool_written_into_redis_is_never_lent(
+    client: Client, redis_server: RedisServer, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "osb_sync")
+    with client.create_sandbox() as victim:  # someone else's, not the pool's
+        victim.files.write("secret.txt", "not for the borrower")
+        with SandboxPool(client, size=0, max_size=1, name=name, store=store(redis_server)) as pool:
+            r = redis_server.client()
+            r.zadd(key(name, "idle"), {victim.id: "+inf"})  # a Redis writer
+            with pool.sandbox(timeout=30) as lent:
+                assert lent.id != victim.id
+            r.zadd(key(name, "lent"), {victim.id: 0})  # a borrow long run out: the leader's
+            assert wait_for(lambda: r.zscore(key(name, "lent"), victim.id) is None)
+        assert victim.files.read_text("secret.txt") == "not for the borrower"  # not deleted
+    assert any(victim.id in r.getMessage() and name in r.getMessage() for r in caplog.records)
+
+
+def test_a_sandbox_redis_names_is_not_deleted_when_the_server_cannot_say_whose_it_is(
+    client: Client,
+    redis_server: RedisServer,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server's answer about an id Redis names fails once (a timeout, a 503): that proves
+    nothing about whose sandbox it is. The id leaves Redis, logged; the sandbox stays, in the
+    leader's upkeep of the idle ones and when a borrower takes it."""
+    caplog.set_level(logging.INFO, "osb_sync")
+    real_get, failing = client.get_sandbox, set()
+
+    def get_sandbox(sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        if sandbox_id in failing:
+            failing.discard(sandbox_id)
+            raise TransportError(f"GET /sandboxes/{sandbox_id} timed out (simulated)")
+        return real_get(sandbox_id, *args, **kwargs)
+
+    monkeypatch.setattr(client, "get_sandbox", get_sandbox)
+    with client.create_sandbox() as victim:  # someone else's, not the pool's
+        with SandboxPool(client, size=0, max_size=1, name=name, store=store(redis_server)) as pool:
+            r = redis_server.client()
+            failing.add(victim.id)
+            r.zadd(key(name, "idle"), {victim.id: "+inf"})  # a Redis writer
+            assert wait_for(lambda: victim.id not in failing)  # the leader's upkeep asked
+            assert wait_for(lambda: r.zscore(key(name, "idle"), victim.id) is None)
+            assert client.get_sandbox(victim.id).state == "Running"  # not deleted
+            failing.add(victim.id)
+            r.zadd(key(name, "idle"), {victim.id: "+inf"})
+            with pool.sandbox(timeout=30) as lent:  # (or the upkeep, if it asks first)
+                assert lent.id != victim.id and victim.id not in failing
+            assert client.get_sandbox(victim.id).state == "Running"
+    logged = [r.getMessage() for r in caplog.records if victim.id in r.getMessage()]
+    assert logged and not any("deleting" in line for line in logged), logged
+
+
+def test_two_pools_of_one_name_keep_to_their_own(
+    client: Client, redis_server: RedisServer, name: str
+) -> None:
+    """Two deployments, each its own Redis (here its own prefix), name their pools alike on one
+    server: each pool has an id of its own in its Redis, tags its sandboxes with it, and lends,
+    keeps or deletes only those; neither's leader deletes the other's, which its Redis never
+    knew, and a writer of one's Redis cannot lend it the other's."""
+    short = {"leader_lease": 0.6, "borrow_lease": 1.2}  # the reconcile's wait, shortened
+    one = SandboxPool(client, size=1, max_size=2, name=name, store=store(redis_server, **short))
+    other_store = store(redis_server, prefix="other:", **short)
+    other = SandboxPool(client, size=1, name=name, store=other_store)
+    try:
+        r = redis_server.client()
+        idle = {p: f"{p}{{{name}}}:idle" for p in ("osb_sync:pool:", "other:")}
+        assert wait_for(lambda: all(r.zcard(k) == 1 for k in idle.values()))
+        first = {p: r.zrange(k, 0, -1)[0] for p, k in idle.items()}
+        time.sleep(3 * short["borrow_lease"])  # several reconciles of each leader
+        assert set(first.values()) <= tagged(client, name)
+        ids = {p: r.get(f"{p}{{{name}}}:id") for p in idle}
+        assert None not in ids.values() and ids["osb_sync:pool:"] != ids["other:"]
+        infos = {i.id: i for i in client.list_sandboxes(metadata={POOL_KEY: name})}
+        for prefix, sandbox_id in first.items():
+            assert infos[sandbox_id].metadata["osb_sync.pool-id"] == ids[prefix]
+        r.zadd(idle["osb_sync:pool:"], {first["other:"]: "+inf"})  # a writer of one's Redis
+        lent = [one.acquire(timeout=30) for _ in range(2)]
+        assert first["other:"] not in {sandbox.id for sandbox in lent}
+        for sandbox in lent:
+            one.release(sandbox)
+        assert first["other:"] in tagged(client, name)
+    finally:
+        one.close()
+        other.close()
+    assert wait_for(lambda: tagged(client, name) == set())

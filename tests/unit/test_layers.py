@@ -47,6 +47,9 @@ LONG_MODULES: dict[str, str] = {
     "_pool": "SandboxPool and the lenders that live in this process (its own idle queue, a "
     "server's pool) share its checks and errors; a server-pool lender apart would import the "
     "facade that constructs it (a cycle). The Redis store, which needs none of that, is apart.",
+    "_pool_redis": "one process's part in a Redis-shared pool: lending, the leader's round and "
+    "what either trusts of Redis are one protocol over the same keys; the Lua scripts that "
+    "change the keys are apart (_pool_scripts).",
 }
 CLIENT_MODULES = {"_client"}
 CONSUMERS = {

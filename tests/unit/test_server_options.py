@@ -66,6 +66,7 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "host": "127.0.0.1",
         "port": 8080,
         "api_key": "k",
+        "allow_no_api_key": False,
         "min_timeout": 60,
         "pending_seconds": 0.0,
         "unenforced_network_policy": "refuse",
@@ -77,6 +78,8 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "jupyter": None,
         "execd_image": None,
         "spare_containers": 1,
+        "container_log_size": 16 << 20,
+        "container_logs_total": 256 << 20,
         "isolation": None,
         "image_store": None,
         "image_store_size": 10 << 30,
@@ -97,12 +100,14 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     argv += ["--no-isolation", "--image-store", "s", "--image-store-size", "7"]
     argv += ["--image-size-limit", "6"]
     argv += ["--insecure-registry", "r:5000", "--registry-auth-file", "a.json"]
-    argv += ["--allow-image-path", "/i", "--host-image", "h:1"]
+    argv += ["--allow-image-path", "/i", "--host-image", "h:1", "--allow-no-api-key"]
+    argv += ["--container-log-size", "65536", "--container-logs-total", "1048576"]
     found = options.keywords(build_parser().parse_args(argv), api_key=None)
     assert found == {
         "host": "::1",
         "port": 0,
         "api_key": None,
+        "allow_no_api_key": True,
         "min_timeout": 5,
         "pending_seconds": 0.5,
         "unenforced_network_policy": "accept",
@@ -114,6 +119,8 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "jupyter": "j",
         "execd_image": "x:1",
         "spare_containers": 0,
+        "container_log_size": 65536,
+        "container_logs_total": 1 << 20,
         "isolation": False,
         "image_store": "s",
         "image_store_size": 7,
@@ -132,6 +139,8 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     [
         ({"spare_containers": -1}, "spare_containers must be 0 or more"),
         ({"image_size_limit": 0}, "image_size_limit must be 1 or more"),
+        ({"container_log_size": 100}, "container_log_size must be 4096 or more"),
+        ({"container_logs_total": 100}, "container_logs_total must be 4096 or more"),
         ({"unenforced_network_policy": "maybe"}, "unenforced_network_policy must be one of"),
         ({"execd": "/bin/sh", "execd_image": "x:1"}, "execd and execd_image both name"),
         (
@@ -154,3 +163,23 @@ def test_serve_checks_a_flag_with_the_options_check(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--port", "x"])
     assert "argument --port: invalid int value: 'x'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "192.0.2.7", "fd00::2", "::ffff:10.0.0.1"])
+def test_a_server_other_machines_reach_needs_a_key(host: str) -> None:
+    with pytest.raises(ValueError, match="OPEN_SANDBOX_API_KEY or --api-key-file") as refused:
+        LocalServer(host=host)
+    assert "allow_no_api_key" in str(refused.value)
+    LocalServer(host=host, api_key="k")
+    LocalServer(host=host, allow_no_api_key=True)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"])
+def test_a_loopback_server_needs_no_key(host: str) -> None:
+    LocalServer(host=host)
+
+
+@pytest.mark.parametrize("host", ["localhost", "sandbox.lan"])
+def test_a_name_is_judged_once_bound(host: str) -> None:
+    assert options.is_name(host) and not options.loopback(host)
+    LocalServer(host=host)  # its address is known once bound (tests/local/test_hardening.py)

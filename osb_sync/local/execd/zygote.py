@@ -11,7 +11,8 @@ CONTROL_FD, a SOCK_SEQPACKET socket to the server, the first message is the set-
 later one a request, answered in order: `{"init": PID}` with six descriptors (init's pidfd,
 then execd's standard input, its standard error, the relay socket, the ready pipe and the exit
 pipe, all write or read ends as `main.py` and the placeholder use them), answered `{"pid": N}`
-(the execd's host pid) or `{"error": "..."}`. EOF on it ends the template.
+(the execd's host pid) with a pidfd of the execd, or `{"error": "..."}`. EOF on it ends the
+template.
 
 For a request the template forks a child that keeps only that request's descriptors, joins
 every namespace of init (bwrap's child) at once through its pidfd (setns(2), Linux 5.8),
@@ -24,6 +25,7 @@ working directory; default signal handling; and the seccomp filter, loaded last.
 `main.main` and exits with its code. The template is its subreaper (the middle child's exit
 hands the execd to it): it reaps it and writes its exit status (128+N for signal N, as bwrap
 reports one) to the exit pipe, where the container's placeholder reads it and exits with it.
+Once the template is gone nobody writes it: the server sees the execd's end on its pidfd.
 
 Nothing of the server crosses: the template is its own process, started clean, holding only
 these modules and, while it forks, one request's descriptors. The execds forked from it share
@@ -299,7 +301,12 @@ def serve(control: socket.socket) -> None:
                     # never blocking: a sandbox may fill its placeholder's pipe
                     os.set_blocking(fds[-1], False)
                     exits[int(answer["pid"])] = fds[-1]
-                control.send(json.dumps(answer).encode())
+                    # not reaped before `_reap`: the pid is still the execd's
+                    execd = os.pidfd_open(int(answer["pid"]))
+                    socket.send_fds(control, [json.dumps(answer).encode()], [execd])
+                    os.close(execd)
+                else:
+                    control.send(json.dumps(answer).encode())
             _reap(exits)
 
 

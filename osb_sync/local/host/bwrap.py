@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..http.exchange import error
-from . import cgroup, identity, seccomp
+from . import cgroup, firewall, identity, seccomp
 
 SANDBOX_HOME = "/home/sandbox"
 EXECD_STATE_DIR = "/run/osb-execd"
@@ -118,7 +118,9 @@ class Support:
     """What this host allows: bwrap (None: no isolation, see `problem`), slirp4netns, freezer.
 
     `seccomp` is the filter program bwrap loads (`seccomp.py`), None on an architecture
-    without a table; `ids` the host ids a sandbox's root and users are (`identity.py`).
+    without a table; `ids` the host ids a sandbox's root and users are (`identity.py`);
+    `firewall` the tools that keep a sandbox with internet access from the host's addresses
+    (`firewall.py`), None where one is missing (such a sandbox is refused).
     """
 
     bwrap: str | None
@@ -127,6 +129,7 @@ class Support:
     freezer: bool
     seccomp: bytes | None = None
     ids: identity.IdRange | None = None
+    firewall: firewall.Tools | None = None
 
 
 def refusal(problem: str) -> str:
@@ -174,7 +177,8 @@ def probe() -> Support:
     ids = identity.host_range()
     if isinstance(ids, str):
         return Support(None, ids, None, False)
-    return Support(bwrap, "", slirp, freezer, seccomp.host_program(), ids)
+    tools = firewall.find_tools() if slirp is not None else None
+    return Support(bwrap, "", slirp, freezer, seccomp.host_program(), ids, tools)
 
 
 def package_dir() -> str:
@@ -465,23 +469,28 @@ def network_plan(needs: str, support: Support, accept_unenforced: bool) -> tuple
         accept_unenforced: create the sandbox anyway when the policy cannot be enforced.
 
     Raises:
-        HttpError: 400 when the policy cannot be enforced and that is not accepted.
+        HttpError: 400 when the policy cannot be enforced and that is not accepted; 503 when
+            the sandbox would reach the internet through slirp4netns where the tools that
+            keep it from the host's addresses are missing (`firewall.INSTALL`).
     """
-    if needs == "nothing":
-        return True, ""
     if needs == "deny-all" and support.bwrap is not None:
         return False, " Network policy enforced: private network namespace, loopback only."
-    why = (
-        "per-host egress rules are not supported by the local server"
-        if needs == "rules"
-        else f"sandboxes are not isolated here: {support.problem}"
-    )
-    if not accept_unenforced:
-        raise error(
-            400,
-            "SANDBOX::INVALID_PARAMETER",
-            f"networkPolicy cannot be enforced: {why}. Hint: only a deny-all policy "
-            "can be enforced, where sandboxes are isolated; start the local "
-            "server with unenforced_network_policy='accept' to run without it.",
+    note = ""
+    if needs != "nothing":
+        why = (
+            "per-host egress rules are not supported by the local server"
+            if needs == "rules"
+            else f"sandboxes are not isolated here: {support.problem}"
         )
-    return True, f" WARNING: networkPolicy is NOT enforced ({why})."
+        if not accept_unenforced:
+            raise error(
+                400,
+                "SANDBOX::INVALID_PARAMETER",
+                f"networkPolicy cannot be enforced: {why}. Hint: only a deny-all policy "
+                "can be enforced, where sandboxes are isolated; start the local "
+                "server with unenforced_network_policy='accept' to run without it.",
+            )
+        note = f" WARNING: networkPolicy is NOT enforced ({why})."
+    if support.bwrap is not None and support.slirp is not None and support.firewall is None:
+        raise error(503, "SANDBOX::INTERNET_UNAVAILABLE", f"{firewall.INSTALL}.")
+    return True, note

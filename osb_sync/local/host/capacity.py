@@ -1,12 +1,13 @@
 """How many sandboxes the server can still hold: descriptors and memory, checked before a create.
 
-Each live sandbox keeps about `FDS_PER_SANDBOX` of the server's descriptors open (its relay
-socket, its run directory, its init's pidfd, its main process's stdin, execd's own where the
-execd template forked it, slirp4netns's exit pipe), and a create in progress holds a few more
-for a moment (pipes, its log, the spawn's error pipe). A create that would push the open
-descriptors past the RLIMIT_NOFILE soft limit, less `FD_RESERVE` for connections and proxied
-streams, is refused with 503 naming the limit before anything starts, so nothing half-made is
-left and the sandboxes already running keep working. So is a create while less than
+Each live sandbox keeps fewer than `FDS_PER_SANDBOX` of the server's descriptors open (its
+relay socket, its run directory, its init's pidfd, its network namespace, its main process's
+stdin, its log's read end, execd's stdin and pidfd where the execd template forked it,
+slirp4netns's exit pipe: 8 to 9), and a create in progress holds a few more for a moment
+(pipes, the spawn's error pipe). A create that would push the open descriptors past the
+RLIMIT_NOFILE soft limit, less `FD_RESERVE` for connections and proxied streams, is refused
+with 503 naming the limit before anything starts, so nothing half-made is left and the
+sandboxes already running keep working. So is a create while less than
 `MEMORY_RESERVE` of memory is available: with 1,000 idle sandboxes memory, not descriptors,
 should be what runs out.
 
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 from ..http.exchange import HttpError, error
 
-FDS_PER_SANDBOX = 8  # measured: 5 to 7 (see the module docstring), with room to spare
+FDS_PER_SANDBOX = 11  # measured: 8 to 9 (see the module docstring), with room to spare
 FDS_PER_CREATE = 16  # held for a moment by a create in progress, on top of the sandbox's own
 FD_RESERVE = 128  # connections, proxied streams and logs of the server itself
 MEMORY_RESERVE = 512 << 20  # bytes of MemAvailable a create leaves to what already runs

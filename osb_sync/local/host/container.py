@@ -13,7 +13,8 @@ container starts from one long-lived spawner thread, never from a request's hand
 Deleting a container kills the init process of its PID namespace (every process in it dies with
 it, whatever it did to escape its group); pause freezes its freezer cgroup where one can be made,
 else stops every process of the namespace. A sandbox that may reach the internet gets
-`slirp4netns` (host loopback disabled); a deny-all one keeps loopback only.
+`slirp4netns`, behind nftables tables in its own network namespace that keep it from every
+address of this host (`firewall.py`); a deny-all one keeps loopback only.
 
 A root server's sandbox writes on one tmpfs of its own (`disk.py`), mounted at `disk/` of its
 run directory: its writable directories, its home (the `<id>` directory of the server's root is
@@ -23,6 +24,7 @@ writable layer. Deleting the sandbox detaches the tmpfs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import bwrap, disk, identity, spawn, staging, zygote
+from . import bwrap, disk, firewall, identity, logs, spawn, staging, zygote
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
@@ -89,22 +91,16 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def _open_log(run_dir: Path) -> int:
-    """The descriptor the container's standard error goes to (read back on failure).
-
-    A memfd where the system has them: the sandbox sees its descriptors' targets
-    (`/proc/1/fd/2`), and a memfd's names no host path. Elsewhere (no isolation) a file in the
-    sandbox's run directory.
-    """
-    if hasattr(os, "memfd_create"):
-        return os.memfd_create("container.log", 0)
-    return os.open(run_dir / "container.log", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-
-
 class SandboxContainer:
     """The container (or, without isolation, the process) that runs one sandbox's execd."""
 
-    def __init__(self, sandbox_id: str, root: Path, support: bwrap.Support) -> None:
+    def __init__(
+        self,
+        sandbox_id: str,
+        root: Path,
+        support: bwrap.Support,
+        log_budget: logs.LogBudget | None = None,
+    ) -> None:
         self.home = root / sandbox_id
         self.run_dir = root / f"{sandbox_id}.run"
         self.support = support
@@ -134,22 +130,26 @@ class SandboxContainer:
         self.network = "none"
         self.init_pid: int | None = None
         self._init_fd = -1  # a pidfd of init: a pid can be reused once its process is gone
+        self._netns = -1  # its network namespace, which the firewall and slirp4netns enter
         self._proc: subprocess.Popen[bytes] | None = None
         self._slirp: subprocess.Popen[bytes] | None = None
         self._slirp_exit = -1
+        self._wall: firewall.Wall | None = None  # its tables, once it had internet access
         self._cgroup: Cgroup | None = None
         self._limits = Plan()
         self._settings = Launch()
         self._frozen = False
         self._closed = False
         self._ready_r = -1
-        self._log_fd = -1  # the container's standard error (see `_open_log`)
+        self._log_budget = log_budget  # its server's, for every container's log
+        self._log: logs.ContainerLog | None = None  # its processes' standard error
         self._seccomp_fd = -1  # the filter bwrap reads while it starts
         self._layer: rootfs.Layer | None = None  # the writable root over an image
         self._image_fd = -1  # holds the image against the store's eviction
         self._staging = staging.Staging(self.ids)  # host binds while bwrap starts
         self.launched_at = 0.0  # time.monotonic() when its main process started
         self._execd_in: BinaryIO | None = None  # execd's stdin where the template forked it
+        self._forked: zygote.Forked | None = None  # that execd
         self._held_template = False
         self._lock = threading.Lock()
 
@@ -206,7 +206,7 @@ class SandboxContainer:
         deadline = time.monotonic() + START_TIMEOUT
         templated = zygote.usable(self.support, settings.image, settings.binary)
         try:
-            self._log_fd = _open_log(self.run_dir)
+            log = self._log = logs.ContainerLog(self._log_budget)
             command = [str(self._relay.fileno()), str(ready_w)]
             if templated:
                 zygote.TEMPLATE.hold()
@@ -242,7 +242,7 @@ class SandboxContainer:
                     argv,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE if templated else subprocess.DEVNULL,
-                    stderr=self._log_fd,
+                    stderr=log.writer,
                     pass_fds=kept,
                     cwd=self.home,
                     env=dict(bwrap.BWRAP_ENV) if self.isolated else self._plain_env(),
@@ -263,6 +263,7 @@ class SandboxContainer:
                 info = read_until(info_r, b"}", deadline)
                 self.init_pid = int(json.loads(info)["child-pid"])
                 self._init_fd = pidfd(self.init_pid)
+                self._netns = spawn.namespace(self._init_fd, self.init_pid, "net")
                 # Nothing of the sandbox's runs before this write: bwrap and its child (the
                 # only processes yet) join the groups, then the namespace gets its ids.
                 if self._cgroup is not None:
@@ -290,6 +291,8 @@ class SandboxContainer:
                 os.close(self._seccomp_fd)
             self._staging.release()  # bwrap has its copies (or failed)
             self._seccomp_fd = -1
+            if self._log is not None:
+                self._log.release_writer()  # its processes (and the template) hold theirs
 
     def _fork_execd(self, ready_w: int, execd_r: int, deadline: float) -> None:
         """Once the placeholder is up, have the template fork execd into the namespaces."""
@@ -300,12 +303,13 @@ class SandboxContainer:
                 raise RuntimeError(f"the sandbox's container did not start: {self._log_tail()}")
         if self._init_fd < 0:
             raise RuntimeError("the sandbox's init has no pidfd: the template cannot join it")
-        fds = (self._init_fd, execd_r, self._log_fd, self._relay.fileno(), ready_w)
-        pid = zygote.TEMPLATE.fork(
+        assert self._log is not None
+        fds = (self._init_fd, execd_r, self._log.writer, self._relay.fileno(), ready_w)
+        self._forked = zygote.TEMPLATE.fork(
             self.init_pid, (*fds, self._proc.stdin.fileno()), self.support.seccomp
         )
         if self._cgroup is not None:
-            self._cgroup.join(pid)
+            self._cgroup.join(self._forked.pid)
 
     def claim(self, config: dict[str, Any], internet: bool) -> None:
         """Make a launched container the sandbox's: network, env and token; then it serves.
@@ -322,10 +326,7 @@ class SandboxContainer:
         deadline = time.monotonic() + START_TIMEOUT + (BINARY_START_TIMEOUT if binary else 0)
         try:
             if internet and self.support.slirp and self.init_pid is not None:
-                self._slirp, self._slirp_exit = start_slirp(
-                    self.support.slirp, self.init_pid, deadline
-                )
-                self.network = "slirp4netns"
+                self._connect(deadline)
             line = {"token": config["token"], "env": self._env(config["env"])}
             line["entrypoint"] = config.get("entrypoint")  # started once execd serves
             self._send({**line, "address_space_limit": self._limits.address_space})
@@ -347,24 +348,49 @@ class SandboxContainer:
         now (False where slirp4netns is missing or the container is not isolated).
 
         Raises:
+            ProcessLookupError: the container has exited (its network is nobody's business).
             RuntimeError, OSError: slirp4netns did not start.
         """
         with self._lock:
             if self._closed or self.init_pid is None:
                 return False
+            if not self.alive() or (self._init_fd >= 0 and spawn.exited(self._init_fd)):
+                raise ProcessLookupError("the sandbox's container has exited")
             if internet and self._slirp is None and self.support.slirp:
-                deadline = time.monotonic() + START_TIMEOUT
-                self._slirp, self._slirp_exit = start_slirp(
-                    self.support.slirp, self.init_pid, deadline
-                )
-                self.network = "slirp4netns"
+                self._connect(time.monotonic() + START_TIMEOUT)
             elif not internet and self._slirp is not None:
                 os.close(self._slirp_exit)
                 self._slirp.kill()
                 self._slirp.wait()
                 self._slirp, self._slirp_exit = None, -1
                 self.network = "none"
+                if self._wall is not None:
+                    self._wall.down()
             return self._slirp is not None
+
+    def _connect(self, deadline: float) -> None:
+        """Load the firewall into the namespace, then attach slirp4netns (its way out).
+
+        Raises:
+            RuntimeError: the firewall's tools are missing or failed, or slirp4netns did not
+                configure the network.
+        """
+        assert self.support.slirp is not None and self._netns >= 0 and self.ids is not None
+        if self.support.firewall is None:
+            raise RuntimeError(firewall.INSTALL)
+        joins = self.ids.helpers is not None  # not root: privileged in its user namespace only
+        if self._wall is None:
+            self._wall = firewall.Wall(self.support.firewall, self._netns, joins)
+        self._wall.up()
+        try:
+            self._slirp, self._slirp_exit = start_slirp(
+                self.support.slirp, self._netns, joins, deadline
+            )
+        except BaseException:
+            with contextlib.suppress(RuntimeError):
+                self._wall.down()  # the next attempt makes the tap device again
+            raise
+        self.network = "slirp4netns"
 
     def apply_limits(self, plan: Plan) -> None:
         """Write `plan`'s cgroup limits into a launched spare's (unconfigured) groups.
@@ -412,6 +438,19 @@ class SandboxContainer:
     def exit_code(self) -> int | None:
         """The main process's exit code once it ended (bwrap: 128+N for signal N), else None."""
         return self._proc.poll() if self._proc is not None else None
+
+    def execd_lost(self) -> bool:
+        """Whether the template's execd ended after the template did, its exit reported to
+        nobody (bwrap's placeholder waits on): the container is dead all the same."""
+        with self._lock:  # close() closes the pidfd after it marked the container closed
+            if self._closed or self._forked is None or not self._forked.lost():
+                return False
+        assert self._proc is not None
+        try:  # a status the template wrote just before it ended is on its way
+            self._proc.wait(0.2)
+        except subprocess.TimeoutExpired:
+            return True
+        return False
 
     def group(self, controller: str) -> Path | None:
         """The sandbox's group of `controller`, if it has one."""
@@ -560,9 +599,9 @@ class SandboxContainer:
         """The container's standard error from the first whole line of its last `limit` bytes
         ("" once it is closed)."""
         with self._lock:  # close() marks it closed under the lock before the descriptor goes
-            if self._closed or self._log_fd < 0:
+            if self._closed or self._log is None:
                 return ""
-            return spawn.log_tail(self._log_fd, limit)
+            return self._log.tail(limit)
 
     def status_note(self, internet: bool) -> str:
         """What this sandbox's isolation and network are, for its status message."""
@@ -595,7 +634,11 @@ class SandboxContainer:
             python = image.python or "no python3: the server's interpreter runs its main process"
             note += f" Image: {image.pinned} ({python}), writable layer: {self._layer.kind}."
         if internet and self.network == "slirp4netns":
-            note += " Network: outbound through slirp4netns; host loopback is not reachable."
+            note += (
+                " Network: outbound through slirp4netns; no address of this host (its loopback,"
+                " its interfaces'), link-local, metadata, multicast or broadcast address is"
+                " reachable (nftables in the sandbox's own network namespace)."
+            )
         elif internet:
             note += (
                 " Network: NONE (loopback only): slirp4netns is not installed"
@@ -681,11 +724,17 @@ class SandboxContainer:
                 pass  # execd died with unread lines
         if self._held_template:
             zygote.TEMPLATE.release()
+        if self._forked is not None:
+            os.close(self._forked.pidfd)
         if self._slirp_exit >= 0:
             os.close(self._slirp_exit)
         if self._slirp is not None:
             self._slirp.kill()
             self._slirp.wait()
+        if self._wall is not None:
+            self._wall.forget()
+        if self._netns >= 0:
+            os.close(self._netns)
         if self._cgroup is not None:
             # What the namespace's init did not take with it: an inner bwrap still setting up
             # (it has no init yet), or a container whose main process was never told its init.
@@ -697,9 +746,8 @@ class SandboxContainer:
             self._ready_r = -1
         os.close(self._dir_fd)
         self._staging.release()  # before the removal below, which must not reach a bind's files
-        if self._log_fd >= 0:
-            os.close(self._log_fd)
-            self._log_fd = -1
+        if self._log is not None:
+            self._log.close()
         if self._layer is not None:  # on a tmpfs, its unmount below takes the files
             self._layer.close() if self._disk == "tmpfs" else self._layer.remove()
         if self._image_fd >= 0:

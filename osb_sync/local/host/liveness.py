@@ -7,8 +7,10 @@ for a relay that nobody serves.
 
 The main process is execd, or the entrypoint's end ends it (`execd/main.py` exits with the
 entrypoint's code): as the Docker runtime reports a container, one that exited 0 reads
-`Terminated`, any other end `Failed`. A program that could not be run (126, 127) is named with
-the reason execd logged (the last line of the container log, `osb-sync:` or the shell's).
+`Terminated`, any other end `Failed`, and so does an execd the template forked that ended
+after the template did (nobody told bwrap's placeholder its status: `zygote.Forked.lost`).
+A program that could not be run (126, 127) is named with the reason execd logged (the last
+line of the container log, `osb-sync:` or the shell's).
 """
 
 from __future__ import annotations
@@ -41,15 +43,23 @@ def oom_kills(group: Path | None) -> int:
 def death(container: SandboxContainer) -> str | None:
     """What ended the container, as a sentence ("...exited with code 3."), or None if it runs."""
     code = container.exit_code()
+    oom = (
+        "Sandbox container was killed by the out-of-memory killer (SIGKILL): it reached its"
+        " memory limit."
+    )
     if code is None:
-        return None
+        if not container.execd_lost():
+            return None
+        if oom_kills(container.group("memory")):
+            return oom
+        return (
+            "Sandbox container's execd exited after the execd template, which reports its"
+            " exit, had ended: its exit status is unknown (see the server's log)."
+        )
     if code > 128 and code - 128 in signal.valid_signals():
         name = signal.Signals(code - 128).name
         if code - 128 == signal.SIGKILL and oom_kills(container.group("memory")):
-            return (
-                "Sandbox container was killed by the out-of-memory killer (SIGKILL): it reached"
-                " its memory limit."
-            )
+            return oom
         return f"Sandbox container was killed by {name} (exit code {code})."
     if code < 0:
         return f"Sandbox container was killed by {signal.Signals(-code).name}."

@@ -2,7 +2,8 @@
 sidecar's `/policy` (`egress-api.yaml`), one logic for both.
 
 The local server enforces what a network namespace can: deny-all (loopback only) and
-allow-all (slirp4netns), switched on a running sandbox (`SandboxContainer.set_internet`).
+allow-all (slirp4netns, never to the host's own addresses: `firewall.py`), switched on a
+running sandbox (`SandboxContainer.set_internet`).
 Per-host rules are refused with the create's 400 (`bwrap.network_plan`), whatever the route.
 
 The sidecar's API is served by the server, on the host, for the proxy route of port 18080,
@@ -42,7 +43,7 @@ def status(policy: dict[str, Any]) -> dict[str, Any]:
         "mode": mode,
         "enforcementMode": "namespace",
         "reason": "deny-all is a private network namespace (loopback only); allow-all is "
-        "slirp4netns",
+        "slirp4netns, without this host's own addresses (nftables)",
         "policy": policy,
     }
 

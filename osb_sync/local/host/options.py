@@ -15,6 +15,7 @@ builds its parser, for every command.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import textwrap
 from collections.abc import Callable, Iterable
@@ -87,9 +88,10 @@ HOST = Option(
     "host",
     "127.0.0.1",
     "address to bind; keep the loopback default (anyone who reaches the port can run code in"
-    " sandboxes).",
+    " sandboxes): any other needs `api_key` (or `allow_no_api_key`). An IPv6 address binds"
+    " IPv6; `::` takes IPv4 too (dual-stack).",
     flag="--host",
-    help="address to bind (keep loopback)",
+    help="address to bind (keep loopback; any other needs an API key; :: is IPv6 and IPv4)",
 )
 PORT = Option(
     "port",
@@ -108,6 +110,17 @@ API_KEY: Option[str | None] = Option(
     help="read the API key from this file (first line)",
     metavar="PATH",
     from_flag=None,  # serve reads the file, else --api-key, else the environment
+)
+ALLOW_NO_API_KEY = Option(
+    "allow_no_api_key",
+    False,
+    "serve on a `host` other machines reach without `api_key`: anyone who reaches the port"
+    " can create sandboxes and run code in them (without it, such a server refuses to start).",
+    flag="--allow-no-api-key",
+    help="serve on a non-loopback --host without an API key: anyone who reaches the port runs "
+    "code in sandboxes (default: refuse to start)",
+    action="store_true",
+    flag_default=False,
 )
 MIN_TIMEOUT = Option(
     "min_timeout",
@@ -261,6 +274,30 @@ SPARE_CONTAINERS = Option(
     parse=int,
     metavar="N",
 )
+CONTAINER_LOG_SIZE = Option(
+    "container_log_size",
+    16 << 20,
+    "bytes of each sandbox's container log the server keeps, in its own memory (the oldest"
+    " are dropped first, the drop noted; see `logs.py`).",
+    flag="--container-log-size",
+    help="bytes of each sandbox's container log kept in the server's memory, the oldest "
+    "dropped first (default 16 MiB)",
+    check=lambda value: None if value >= 4096 else "must be 4096 or more",
+    parse=int,
+    metavar="BYTES",
+)
+CONTAINER_LOGS_TOTAL = Option(
+    "container_logs_total",
+    256 << 20,
+    "bytes all sandboxes' container logs keep together, in the server's memory: once more"
+    " sandboxes would pass it, each log keeps an even share (64 KiB at least; see `logs.py`).",
+    flag="--container-logs-total",
+    help="bytes all container logs keep together in the server's memory, shared evenly "
+    "(default 256 MiB)",
+    check=lambda value: None if value >= 4096 else "must be 4096 or more",
+    parse=int,
+    metavar="BYTES",
+)
 
 IMAGE_STORE: Option[str | Path | None] = Option(
     "image_store",
@@ -343,6 +380,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     HOST,
     PORT,
     API_KEY,
+    ALLOW_NO_API_KEY,
     MIN_TIMEOUT,
     MAX_TIMEOUT,
     PENDING_SECONDS,
@@ -359,6 +397,8 @@ OPTIONS: tuple[Option[Any], ...] = (
     JUPYTER,
     EXECD_IMAGE,
     SPARE_CONTAINERS,
+    CONTAINER_LOG_SIZE,
+    CONTAINER_LOGS_TOTAL,
     IMAGE_STORE,
     IMAGE_STORE_SIZE,
     IMAGE_SIZE_LIMIT,
@@ -369,17 +409,54 @@ OPTIONS: tuple[Option[Any], ...] = (
 )
 
 
+def loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (IPv4-mapped too): a server bound there is this
+    machine's alone. Not a name, `localhost` included: a name is judged by the address it
+    bound (`LocalServer.start`)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
+
+
+def is_name(host: str) -> bool:
+    """Whether `host` names a host rather than being an address ("" is every address)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host != ""
+    return False
+
+
+def needs_a_key(host: str, bound: str) -> str:
+    """The refusal of a server other machines reach (bound to `bound`) without a key."""
+    where = f"host {host!r}" + (f" (bound to {bound!r})" if bound != host else "")
+    return (
+        f"{where} is not loopback: anyone who reaches the port could run code in sandboxes, so"
+        " the server needs an API key: OPEN_SANDBOX_API_KEY or --api-key-file (osb-sync"
+        " serve), api_key= (LocalServer); to serve without one anyway, and let them, pass"
+        " allow_no_api_key=True"
+    )
+
+
 def check(given: dict[str, Any]) -> None:
     """Check LocalServer's keywords `given` (every option by name).
 
     Raises:
-        ValueError: a value's problem, naming its keyword; `jupyter` without `execd` or
+        ValueError: a value's problem, naming its keyword; a `host` address other machines
+            reach without `api_key` or `allow_no_api_key`; `jupyter` without `execd` or
             `execd_image`; both of those.
     """
     for option in OPTIONS:
         problem = option.problem(given[option.name])
         if problem is not None:
             raise ValueError(f"{option.name} {problem}")
+    host = given["host"]
+    keyless = given["api_key"] is None and not given["allow_no_api_key"]
+    if keyless and not loopback(host) and not is_name(host):  # a name: once bound
+        raise ValueError(needs_a_key(host, host))
     if given["execd"] is not None and given["execd_image"] is not None:
         raise ValueError("execd and execd_image both name an execd binary: pass one of them")
     if given["jupyter"] is not None and given["execd"] is None and not given["execd_image"]:

@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, unquote
 
 from ..http.bodies import rfc3339
 from ..http.exchange import Exchange, HttpError, error
-from . import diagnostics, disk, limits, liveness, network, volumes
+from . import diagnostics, disk, limits, liveness, logs, network, volumes
 from .bwrap import Support, network_plan
 from .capacity import Capacity
 from .container import OOM_CONTROL, Launch, SandboxContainer
@@ -87,6 +87,7 @@ class Config:
     volume_places: tuple[tuple[Path, ...], Path] = ((), Path())  # host trees allowed, pvc root
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours
     spare_containers: int = 0
+    log_budget: logs.LogBudget = field(default_factory=logs.LogBudget)  # of containers' logs
     refusal: str = ""  # non-empty: every create answers 503 with it (fail closed)
     images: ImageService | None = None  # what a create's image becomes (None: the host's view)
 
@@ -188,7 +189,12 @@ class Registry:
         timing = (config.ping_interval, config.command_grace)
         spare_settings = Launch(binary=config.binary, controllers=config.limit_controllers)
         self.containers = ContainerSource(
-            config.root, config.support, timing, config.spare_containers, spare_settings
+            config.root,
+            config.support,
+            timing,
+            config.spare_containers,
+            spare_settings,
+            config.log_budget,
         )
         self.spares = self.containers.pool
         self.capacity = Capacity(lambda: len(self._sandboxes) + self.spares.count)
@@ -733,6 +739,9 @@ class Registry:
             )
             try:
                 sandbox.container.set_internet(internet)
+            except ProcessLookupError as exc:
+                message = f"Sandbox {sandbox.id}'s network cannot change: {exc}."
+                raise error(409, "DOCKER::SANDBOX_NOT_RUNNING", message) from None
             except (OSError, RuntimeError) as exc:
                 raise error(
                     500, "DOCKER::NETWORK_POLICY_FAILED", f"The network could not change: {exc}"

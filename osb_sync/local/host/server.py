@@ -10,6 +10,7 @@ lists what is not served yet.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hmac
 import logging
 import os
@@ -23,7 +24,7 @@ from types import FrameType, TracebackType
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
-from . import capacity, identity, options, proxy, recovery, staging
+from . import capacity, firewall, identity, logs, options, proxy, recovery, staging
 from . import limits as resource_limits
 from .bwrap import FIX, Support, compile_package, probe, refusal
 from .execd_binary import ExecdBinary, checked_jupyter
@@ -72,6 +73,7 @@ class LocalServer:
         port: int = options.PORT.default,
         *,
         api_key: str | None = options.API_KEY.default,
+        allow_no_api_key: bool = options.ALLOW_NO_API_KEY.default,
         min_timeout: int = options.MIN_TIMEOUT.default,
         max_timeout: int = options.MAX_TIMEOUT.default,
         pending_seconds: float = options.PENDING_SECONDS.default,
@@ -88,6 +90,8 @@ class LocalServer:
         jupyter: str | os.PathLike[str] | None = options.JUPYTER.default,
         execd_image: str | None = options.EXECD_IMAGE.default,
         spare_containers: int = options.SPARE_CONTAINERS.default,
+        container_log_size: int = options.CONTAINER_LOG_SIZE.default,
+        container_logs_total: int = options.CONTAINER_LOGS_TOTAL.default,
         image_store: str | Path | None = options.IMAGE_STORE.default,
         image_store_size: int = options.IMAGE_STORE_SIZE.default,
         image_size_limit: int | None = options.IMAGE_SIZE_LIMIT.default,
@@ -106,6 +110,7 @@ class LocalServer:
         self.host = host
         self.port = port
         self.api_key = api_key
+        self.allow_no_api_key = allow_no_api_key
         self.min_timeout = min_timeout
         self.max_timeout = max_timeout
         self.pending_seconds = pending_seconds
@@ -117,6 +122,8 @@ class LocalServer:
         self.allowed_host_paths = tuple(Path(p).resolve() for p in allowed_host_paths)
         self.volume_root = Path(volume_root) if volume_root is not None else None
         self.spare_containers = spare_containers
+        self.container_log_size = container_log_size
+        self.container_logs_total = container_logs_total
         self.image_settings = ImageSettings(
             store=Path(image_store) if image_store is not None else None,
             cap=image_store_size,
@@ -142,11 +149,16 @@ class LocalServer:
         self._threads: list[threading.Thread] = []
         self._catches_sigterm = False
         self._lock_fd = -1  # held for the server's life: the state directory is its (recovery.py)
+        self._watching = False  # holds firewall.WATCH
 
     @property
     def base_url(self) -> str:
-        """``http://host:port``, without ``/v1``."""
-        return f"http://{self.host}:{self.port}"
+        """``http://host:port`` (an IPv6 address in brackets), without ``/v1``."""
+        return f"http://{self._netloc}"
+
+    @property
+    def _netloc(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     @property
     def api_base(self) -> str:
@@ -178,6 +190,8 @@ class LocalServer:
 
         Raises:
             OSError: the address cannot be bound (nothing is left behind).
+            ValueError: `host` is a name bound to an address other machines reach, and the
+                server has no `api_key` (nor `allow_no_api_key`); it serves nothing.
             RuntimeError: `isolation=True`, or `execd`, where sandboxes cannot be isolated;
                 or (an ``ExecdImageError``) `execd_image` cannot be pulled or holds no execd
                 binary.
@@ -196,6 +210,11 @@ class LocalServer:
             hosts = host_names(self.host, self.allowed_hosts)
             self._httpd = HTTPServer((self.host, self.port), self.route, self.limits, hosts)
             self.port = self._httpd.server_address[1]
+            bound = str(self._httpd.server_address[0])
+            exposed = self.api_key is None and not options.loopback(bound)
+            if exposed and not self.allow_no_api_key:  # a name, judged by where it bound
+                self._httpd.server_close()
+                raise ValueError(options.needs_a_key(self.host, bound))
             self.root_dir = self._make_root()
             self._lock_fd = recovery.claim(self.root_dir)
             recovery.reap(self.root_dir)
@@ -218,6 +237,8 @@ class LocalServer:
                     self._httpd.server_close()
                     self._release_root()
                     raise
+            support = self._watch_addresses(support)
+            logs.READER.hold()
             self._registry = Registry(
                 Config(
                     root=self.root_dir,
@@ -228,7 +249,7 @@ class LocalServer:
                     command_grace=self.command_grace,
                     unenforced_network_policy=self.unenforced_network_policy,
                     support=support,
-                    address=f"{self.host}:{self.port}",
+                    address=self._netloc,
                     limit_controllers=resource_limits.writable_controllers()
                     if self.isolated
                     else frozenset(),
@@ -238,6 +259,7 @@ class LocalServer:
                     ),
                     binary=self.execd_binary,
                     spare_containers=self.spare_containers,
+                    log_budget=logs.LogBudget(self.container_log_size, self.container_logs_total),
                     refusal=self.refusal,
                     images=images,
                 )
@@ -266,6 +288,13 @@ class LocalServer:
             self._started = True
             atexit.register(self.stop)
             self._catches_sigterm = _catch_sigterm()
+            if exposed:
+                logger.warning(
+                    "local OpenSandbox server on %s has no API key (allow_no_api_key=True):"
+                    " anyone who reaches port %d can create sandboxes and run code in them",
+                    self.api_base,
+                    self.port,
+                )
         if self.isolated:
             logger.info("local OpenSandbox server on %s (sandboxes isolated)", self.api_base)
         elif self.refusal:
@@ -283,6 +312,23 @@ class LocalServer:
                 fix,
             )
         return self
+
+    def _watch_addresses(self, support: Support) -> Support:
+        """Follow the host's addresses for the sandboxes' firewalls (`firewall.py`); where
+        they cannot be read, `support` without the firewall: internet access is refused."""
+        if support.bwrap is None or support.slirp is None or support.firewall is None:
+            return support
+        try:
+            firewall.WATCH.hold()
+        except OSError as exc:
+            logger.error(
+                "local server: the host's addresses cannot be read (%s): sandboxes with"
+                " internet access are refused",
+                exc,
+            )
+            return dataclasses.replace(support, firewall=None)
+        self._watching = True
+        return support
 
     def _make_root(self) -> Path:
         if self._root_dir is None:
@@ -332,6 +378,9 @@ class LocalServer:
         for thread in self._threads:
             thread.join()
         self._registry.close_all()
+        logs.READER.release()
+        if self._watching:
+            firewall.WATCH.release()
         self._httpd.close_connections()
         if self._root_dir is None and self.root_dir is not None:
             recovery.unmount_below(self.root_dir)

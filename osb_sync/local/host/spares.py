@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import entrypoint
+from . import entrypoint, logs
 from .bwrap import Support
 from .container import START_ATTEMPTS, Launch, SandboxContainer
 from .volumes import Bind
@@ -59,6 +59,7 @@ def launch_container(
     support: Support,
     timing: tuple[float, float],
     settings: Launch,
+    log_budget: logs.LogBudget | None = None,
 ) -> SandboxContainer:
     """A launched container (see `SandboxContainer.launch`); nothing is left behind on failure.
 
@@ -66,7 +67,7 @@ def launch_container(
     Failed RTM_NEWADDR"): a failure of bwrap itself is retried a few times.
     """
     for attempt in range(1, START_ATTEMPTS + 1):
-        container = SandboxContainer(sandbox_id, root, support)
+        container = SandboxContainer(sandbox_id, root, support, log_budget)
         try:
             container.launch(*timing, settings)
             return container
@@ -182,6 +183,8 @@ class ContainerSource:
         support: what this host allows; spares only where containers are isolated.
         timing: execd's heartbeat interval and /command grace, seconds.
         spares: how many spares to keep.
+        spare_settings: what every spare starts with.
+        log_budget: what the containers' logs keep (`logs.LogBudget`).
     """
 
     def __init__(
@@ -191,8 +194,10 @@ class ContainerSource:
         timing: tuple[float, float],
         spares: int,
         spare_settings: Launch | None = None,
+        log_budget: logs.LogBudget | None = None,
     ) -> None:
         self.root, self.support, self.timing = root, support, timing
+        self.log_budget = log_budget or logs.LogBudget()
         self.spare_settings = spare_settings or Launch()
         self.pool = SparePool(spares if support.bwrap is not None else 0, self._launch_spare)
 
@@ -203,7 +208,9 @@ class ContainerSource:
 
     def _launch_spare(self, sandbox_id: str) -> SandboxContainer:
         root = self.root / SPARES_DIR
-        return launch_container(sandbox_id, root, self.support, self.timing, self.spare_settings)
+        return launch_container(
+            sandbox_id, root, self.support, self.timing, self.spare_settings, self.log_budget
+        )
 
     def claimed(
         self,
@@ -243,7 +250,9 @@ class ContainerSource:
             settings = replace(
                 settings, binary=image.binary, image=image.image, image_ids=image.image_ids
             )
-        cold = launch_container(str(uuid.uuid4()), self.root, self.support, self.timing, settings)
+        cold = launch_container(
+            str(uuid.uuid4()), self.root, self.support, self.timing, settings, self.log_budget
+        )
         return self._claim(cold, config, internet)
 
     def _claim(

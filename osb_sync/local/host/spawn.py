@@ -4,6 +4,7 @@ and the processes of a PID namespace or of a process tree.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
 import selectors
@@ -51,6 +52,55 @@ class _Spawner:
 
 
 SPAWNER = _Spawner()
+
+
+class HeldThread:
+    """A daemon thread that runs while a server holds it (`hold` / `release`, counted).
+
+    The first `hold` calls `start()`, which prepares what the thread needs (its error: not
+    held) and returns the thread's body; the body runs with the read end of a stop pipe, which
+    reads EOF once the last `release` closed the write end, and returns then; that release
+    waits for it.
+    """
+
+    def __init__(self, name: str, start: Callable[[], Callable[[int], None]]) -> None:
+        self._name, self._start = name, start
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._stop = -1  # the write end
+        self._thread: threading.Thread | None = None
+
+    def hold(self) -> None:
+        """Count one more holder; the first starts the thread."""
+        with self._lock:
+            if self._holders == 0:
+                body = self._start()
+                stop, self._stop = os.pipe()
+                self._thread = threading.Thread(
+                    target=_until_stopped, args=(body, stop), name=self._name, daemon=True
+                )
+                self._thread.start()
+            self._holders += 1
+
+    def release(self) -> None:
+        """Count one holder fewer; the last one's release stops the thread."""
+        with self._lock:
+            self._holders -= 1
+            if self._holders > 0:
+                return
+            self._holders = 0
+            thread, stop, self._thread, self._stop = self._thread, self._stop, None, -1
+        if stop >= 0:
+            os.close(stop)
+        if thread is not None:
+            thread.join()
+
+
+def _until_stopped(body: Callable[[int], None], stop: int) -> None:
+    try:
+        body(stop)
+    finally:
+        os.close(stop)
 
 
 def read_until(fd: int, end: bytes, deadline: float) -> bytes:
@@ -127,6 +177,35 @@ def pidfd(pid: int) -> int:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return -1
+
+
+def exited(pid_fd: int) -> bool:
+    """Whether the process of pidfd `pid_fd` has ended (a pidfd reads ready then)."""
+    with selectors.DefaultSelector() as waiter:
+        waiter.register(pid_fd, selectors.EVENT_READ)
+        return bool(waiter.select(0))
+
+
+def namespace(pid_fd: int, pid: int, kind: str) -> int:
+    """A descriptor of the `kind` namespace ("net") of process `pid`, which pidfd `pid_fd`
+    names: it stays that namespace's, whatever process later has the pid.
+
+    Raises:
+        ProcessLookupError: the process has ended (the pid may name another already).
+    """
+    fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+    if pid_fd >= 0 and exited(pid_fd):  # still running after the open: it was its
+        os.close(fd)
+        raise ProcessLookupError(f"process {pid} has ended")
+    return fd
+
+
+NS_GET_USERNS = 0xB701  # linux/nsfs.h: _IO(0xb7, 0x1)
+
+
+def owning_user_namespace(ns_fd: int) -> int:
+    """A new descriptor of the user namespace that owns namespace `ns_fd`."""
+    return fcntl.ioctl(ns_fd, NS_GET_USERNS)
 
 
 def signal_pids(pids: list[int], sig: int) -> None:

@@ -8,8 +8,10 @@ dropped to the sandbox's root), the container asks the template for its execd (`
 which it then drives exactly as one bwrap started: the start and claim lines on its standard
 input, `ready` and `serving` on the ready pipe, the relay socket. The template writes the
 execd's exit status to the placeholder's standard input when it ends, and the placeholder exits
-with it: bwrap's exit is the execd's, as before. Deleting the sandbox kills the namespace's
-init, and the execd with it.
+with it: bwrap's exit is the execd's, as before. A template that died reports nothing more:
+the container holds a pidfd of its execd (`Forked`), and an execd that ended after its
+template did reads `Failed`, its status unknown (`liveness.py`). Deleting the sandbox kills
+the namespace's init, and the execd with it.
 
 Where it cannot be used (an image, whose execd runs the image's Python; an execd binary; a
 server that is not root; a kernel before 5.8, without setns(2) on a pidfd; a machine without
@@ -26,10 +28,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import bwrap
-from .spawn import SPAWNER, log_tail
+from .spawn import SPAWNER, exited, log_tail
 
 # Run by path, never imported here: execd/ is the sandbox side of the security line.
 ZYGOTE_SCRIPT = str(Path(__file__).parents[1] / "execd" / "zygote.py")
@@ -91,6 +94,20 @@ def capability_mask(names: Sequence[str] = bwrap.CAPABILITIES) -> int:
     return mask
 
 
+@dataclass(frozen=True)
+class Forked:
+    """An execd the template forked: its host pid, a pidfd of it (the caller's to close), and
+    the template process that reaps it and reports its exit to the placeholder."""
+
+    pid: int
+    pidfd: int
+    template: subprocess.Popen[bytes]
+
+    def lost(self) -> bool:
+        """Whether the execd has ended after its template did: nobody reported its exit."""
+        return self.template.poll() is not None and exited(self.pidfd)
+
+
 class Template:
     """The template process: started on demand, shared by the containers that hold it."""
 
@@ -114,8 +131,8 @@ class Template:
                 self._holders = 0
                 self._stop()
 
-    def fork(self, init_pid: int, fds: Sequence[int], seccomp: bytes | None) -> int:
-        """Fork an execd into the namespaces of `init_pid`; its host pid.
+    def fork(self, init_pid: int, fds: Sequence[int], seccomp: bytes | None) -> Forked:
+        """Fork an execd into the namespaces of `init_pid` (see `Forked`).
 
         Args:
             init_pid: the container's init (bwrap's child).
@@ -134,7 +151,7 @@ class Template:
                         self._start(seccomp)
                     assert self._socket is not None
                     socket.send_fds(self._socket, [request], list(fds))
-                    answer = self._socket.recv(MESSAGE_SIZE)
+                    answer, given, _, _ = socket.recv_fds(self._socket, MESSAGE_SIZE, 1)
                     if not answer:
                         raise ConnectionResetError("the execd template exited")
                 except OSError as exc:
@@ -147,12 +164,15 @@ class Template:
                         ) from None
                     continue
                 reply = json.loads(answer)
-                if "pid" not in reply:
+                if "pid" not in reply or len(given) != 1:
+                    for fd in given:
+                        os.close(fd)
                     raise RuntimeError(
                         f"the sandbox's execd did not start: the execd template refused: "
                         f"{reply.get('error')}"
                     )
-                return int(reply["pid"])
+                assert self._proc is not None
+                return Forked(int(reply["pid"]), given[0], self._proc)
         raise AssertionError("unreachable")
 
     def _start(self, seccomp: bytes | None) -> None:

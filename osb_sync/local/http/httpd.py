@@ -31,6 +31,7 @@ import os
 import re
 import resource
 import socket
+import socketserver
 import sys
 import threading
 import time
@@ -168,7 +169,18 @@ class HTTPServer(ThreadingHTTPServer):
             self.max_connections = max(1, min(limits.max_connections, soft_files // 2))
         self._connections: dict[socket.socket, Connection] = {}
         self._lock = threading.Lock()
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
+
+    def server_bind(self) -> None:
+        """Bind; an IPv6 socket takes IPv4 too (`::` is every address of both families,
+        whatever the host's `net.ipv6.bindv6only`). No name lookup of the address (which
+        `http.server` does for `server_name`, nothing here reads)."""
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Serve the connection in a thread; at the cap, make room or answer 503 at once."""

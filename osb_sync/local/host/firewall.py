@@ -1,0 +1,453 @@
+"""The host is not the internet: nftables tables in each internet-enabled sandbox's own network
+namespace keep it from every address of the machine that runs the server.
+
+slirp4netns, a sandbox's way out, connects from the server's network namespace: to it, any
+address of this host is local, so a sandbox with internet access would reach every host service
+bound to `0.0.0.0` through the host's own addresses (and, with a frame its root writes itself
+on the tap device, as Docker's CAP_NET_RAW allows, the host's loopback too: slirp4netns's
+`--disable-host-loopback` only covers its alias 10.0.2.2). So before slirp4netns attaches, the
+server makes the namespace's tap device itself (down and without carrier until slirp4netns
+takes it: nothing leaves by it before the tables are in) and loads one nft transaction there,
+never in the host's ruleset (`ruleset`):
+
+- `table netdev osb_sync`, the boundary: chain `egress`, hooked on the tap device's egress,
+  sees every frame that leaves the namespace, a socket's or one written with AF_PACKET (which
+  the inet hooks never see, PACKET_QDISC_BYPASS included). It drops all but what it accepts:
+  ARP (slirp4netns answers it for its own addresses and forwards none) and IPv4 to an address
+  outside the set `host4`, each only where the ethertype in the frame's bytes, which
+  slirp4netns reads, and the kernel's protocol for it (`meta protocol`, which a packet
+  socket's sender chooses, and by which nft finds the IPv4 header) agree: a frame claiming to
+  be ARP, IPv6 or anything else while its bytes say IPv4 is dropped. IPv6 has no way out
+  (slirp4netns runs without it), and is dropped.
+- `table inet osb_sync`: chain `output` rejects an ordinary socket's packet to the same sets
+  at once (admin-prohibited), so a connect fails instead of waiting for its timeout.
+
+The sets hold the host's own destinations (every interface's addresses, and every network of
+a route whose packets the host takes itself: local, broadcast and anycast routes, of any
+table, as AnyIP's `ip route add local 198.51.100.0/24 dev lo` makes a whole range the
+host's; read from the kernel by netlink, `host_addresses`) and the ranges no sandbox has
+business with: `FIXED_V4` and `FIXED_V6` (this host's loopback and "this network",
+link-local and the cloud metadata addresses in it, multicast and broadcast, which the host's
+own listeners receive; IPv4-mapped IPv6, by which a dual-stack socket reaches IPv4). They
+follow the host: `AddressWatch` listens for the kernel's address and route changes and
+rewrites every such sandbox's sets (`Wall.follow`), one sandbox after another; an address the
+host gains is reachable from sandboxes for the moment between the kernel's notice and the
+update (milliseconds per sandbox). Other machines, the LAN and containers the host routes to,
+are the internet to a sandbox; so is the machine a server in a container runs on (its gateway
+is no address of the server's namespace). slirp4netns's DNS address (10.0.2.3), which
+forwards to the host's resolver, is turned off (`slirp.start_slirp`), and its network is in
+the sets too.
+
+Nobody inside changes them: the namespace belongs to the sandbox's user namespace, whose root
+has Docker's capabilities, not CAP_NET_ADMIN, and the seccomp filter refuses new user
+namespaces (the root of a nested one would own only namespaces it made, not this one). The
+server loads them with `nsenter` (util-linux), `ip` (iproute2) and `nft` (nftables); where one
+is missing, a create that would reach the internet is refused (`INSTALL`): fail closed.
+
+Issue 44 (egress by name) extends these tables: its sets of allowed addresses (`flags timeout`)
+narrow the netdev chain's IPv4 accept (`... ip daddr != @host4 ip daddr @allowed4 accept`),
+and its inet rules go after the host's; the policy drops everything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import selectors
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from .spawn import HeldThread, owning_user_namespace
+
+logger = logging.getLogger("osb_sync.local")
+
+TABLE = "osb_sync"
+FAMILIES = ("netdev", "inet")  # its two tables', one name
+DEVICE = "tap0"  # slirp4netns's, as `slirp.start_slirp` names it
+# The ethertype as the frame's bytes say (what slirp4netns reads), beside `meta protocol`, the
+# kernel's, which a packet socket's sender chooses (its sll_protocol)
+ETHERTYPE = "@ll,96,16"
+ETH_P_IP, ETH_P_ARP = 0x0800, 0x0806
+FIXED_V4 = (
+    "0.0.0.0/8",  # "this network": a connect to 0.0.0.0 reaches the host's own listeners
+    # slirp4netns's own: its aliases of the host (10.0.2.2) and of the host's resolver
+    # (10.0.2.3, which with --disable-dns is passed on as any address is); none other answers
+    "10.0.2.0/24",
+    "127.0.0.0/8",
+    "169.254.0.0/16",  # link-local; the cloud metadata service, 169.254.169.254
+    "224.0.0.0/4",
+    "255.255.255.255/32",
+)
+FIXED_V6 = (
+    "::/127",  # unspecified and loopback
+    "fe80::/10",
+    "fd00:ec2::254/128",  # EC2's metadata service over IPv6
+    "ff00::/8",
+    "::ffff:0:0/96",  # IPv4-mapped: a dual-stack socket reaches IPv4 (127.0.0.1 too) by it
+)
+TOOLS = ("nsenter", "ip", "nft")
+PACKAGES = "apt-get install nftables iproute2 util-linux"
+INSTALL = (
+    f"a sandbox with internet access needs nftables here ({', '.join(TOOLS)}: the server keeps"
+    f" it from this host's own addresses with them), and they are not all installed: {PACKAGES};"
+    " or create it with a deny-all networkPolicy"
+)
+SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")  # an ordinary user's PATH has no sbin
+COMMAND_TIMEOUT = 20.0
+# netlink (linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h)
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
+RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST = 1, 2, 4
+RTA_DST = 1
+RTN_LOCAL, RTN_BROADCAST, RTN_ANYCAST = 2, 3, 4  # the routes whose packets the host takes
+NOTICES = 0x10 | 0x40 | 0x100 | 0x400  # RTMGRP_IPV4_IFADDR, _IPV4_ROUTE, _IPV6_IFADDR, _IPV6_ROUTE
+HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, pid
+IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
+RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst and src length, tos, table, protocol,
+#                                      scope, type, flags
+RTATTR = struct.Struct("=HH")  # length, type
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The paths of `nsenter`, `ip` and `nft`."""
+
+    nsenter: str
+    ip: str
+    nft: str
+
+
+def find_tools() -> Tools | None:
+    """`nsenter`, `ip` and `nft` on PATH or in the system's sbin and bin; None if one is missing."""
+    found = []
+    for name in TOOLS:
+        path = shutil.which(name) or shutil.which(name, path=os.pathsep.join(SBIN))
+        if path is None:
+            return None
+        found.append(path)
+    return Tools(*found)
+
+
+def parse_destinations(data: bytes) -> tuple[set[str], bool]:
+    """The host's own destinations in netlink messages `data`, and whether a dump ended
+    (NLMSG_DONE): an address message's local, address and broadcast addresses, and a route's
+    destination network where the host takes its packets itself (local, broadcast and anycast
+    routes, of any table: `ip route add local 198.51.100.0/24 dev lo`, AnyIP, makes a whole
+    range the host's, with no interface holding an address of it). New and removed alike.
+
+    Raises:
+        OSError: the kernel answered an error.
+    """
+    found: set[str] = set()
+    offset = 0
+    wanted: tuple[int, ...]
+    while offset + HEADER.size <= len(data):
+        length, kind, _, _, _ = HEADER.unpack_from(data, offset)
+        if length < HEADER.size:
+            break
+        body = data[offset + HEADER.size : offset + length]
+        offset += (length + 3) & ~3
+        if kind == NLMSG_DONE:
+            return found, True
+        if kind == NLMSG_ERROR:
+            (code,) = struct.unpack_from("=i", body)
+            if code:
+                raise OSError(-code, f"netlink: {os.strerror(-code)}")
+            continue
+        if kind in (RTM_NEWADDR, RTM_DELADDR) and len(body) >= IFADDRMSG.size:
+            wanted, at, prefix = (IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST), IFADDRMSG.size, None
+        elif kind in (RTM_NEWROUTE, RTM_DELROUTE) and len(body) >= RTMSG.size:
+            if body[7] not in (RTN_LOCAL, RTN_BROADCAST, RTN_ANYCAST):
+                continue
+            wanted, at, prefix = (RTA_DST,), RTMSG.size, body[1]
+        else:
+            continue
+        family = body[0]
+        size = 4 if family == socket.AF_INET else 16 if family == socket.AF_INET6 else 0
+        if not size:
+            continue
+        values = [bytes(size)] if prefix == 0 else []  # no destination: the whole family
+        while at + RTATTR.size <= len(body):
+            attr_length, attr_type = RTATTR.unpack_from(body, at)
+            if attr_length < RTATTR.size:
+                break
+            value = body[at + RTATTR.size : at + attr_length]
+            if attr_type in wanted and len(value) == size:
+                values.append(value)
+            at += (attr_length + 3) & ~3
+        for value in values:
+            network = ipaddress.ip_network((value, size * 8 if prefix is None else prefix), False)
+            whole = network.prefixlen == network.max_prefixlen
+            found.add(str(network.network_address) if whole else str(network))
+    return found, False
+
+
+def host_addresses() -> set[str]:
+    """The server's network namespace's own destinations (IPv4 and IPv6): every interface's
+    addresses and every local route's network, as the kernel lists them (RTM_GETADDR and
+    RTM_GETROUTE dumps).
+
+    Raises:
+        OSError: netlink refused or failed.
+    """
+    requests = (
+        (RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)),
+        (RTM_GETROUTE, RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)),
+    )
+    found: set[str] = set()
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        sock.settimeout(COMMAND_TIMEOUT)
+        for sequence, (kind, request) in enumerate(requests, 1):
+            header = HEADER.pack(
+                HEADER.size + len(request), kind, NLM_F_REQUEST | NLM_F_DUMP, sequence, 0
+            )
+            sock.send(header + request)
+            done = False
+            while not done:
+                part, done = parse_destinations(sock.recv(1 << 16))
+                found |= part
+    return found
+
+
+def blocked(addresses: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The IPv4 and IPv6 networks of the sets: `addresses` and the fixed ranges, merged (an
+    interval set refuses overlapping elements)."""
+    networks = [ipaddress.ip_network(a, strict=False) for a in (*FIXED_V4, *FIXED_V6, *addresses)]
+    v4 = [n for n in networks if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in networks if isinstance(n, ipaddress.IPv6Network)]
+    return (
+        [str(n) for n in ipaddress.collapse_addresses(v4)],
+        [str(n) for n in ipaddress.collapse_addresses(v6)],
+    )
+
+
+def _elements(networks: Sequence[str]) -> str:
+    return ", ".join(networks)
+
+
+def ruleset(v4: Sequence[str], v6: Sequence[str], replace: bool = False) -> str:
+    """The nft transaction that makes both tables with these sets (see the module docstring);
+    with `replace` (a load after `Wall.down`), it deletes them first: deleting costs about
+    10 ms, which a namespace's first load, with no tables yet, is spared."""
+    host4 = f"  set host4 {{ type ipv4_addr; flags interval; elements = {{ {_elements(v4)} }}; }}\n"
+    host6 = f"  set host6 {{ type ipv6_addr; flags interval; elements = {{ {_elements(v6)} }}; }}\n"
+    delete = "".join(f"table {f} {TABLE} {{}}\ndelete table {f} {TABLE}\n" for f in FAMILIES)
+    return (
+        (delete if replace else "") + f"table netdev {TABLE} {{\n{host4}"
+        f"  chain egress {{\n"
+        f'    type filter hook egress device "{DEVICE}" priority 0; policy drop;\n'
+        f"    {ETHERTYPE} {ETH_P_ARP:#06x} meta protocol arp accept\n"
+        f"    {ETHERTYPE} {ETH_P_IP:#06x} meta protocol ip ip daddr != @host4 accept\n"
+        f"  }}\n}}\n"
+        f"table inet {TABLE} {{\n{host4}{host6}"
+        f"  chain output {{\n"
+        f"    type filter hook output priority 0; policy accept;\n"
+        f'    oifname "{DEVICE}" ip daddr @host4 reject with icmpx admin-prohibited\n'
+        f'    oifname "{DEVICE}" ip6 daddr @host6 reject with icmpx admin-prohibited\n'
+        f"  }}\n}}\n"
+    )
+
+
+def set_update(v4: Sequence[str], v6: Sequence[str]) -> str:
+    """The nft transaction that replaces the sets' elements in both tables (atomically)."""
+    lines = []
+    for family, name, networks in (
+        ("netdev", "host4", v4),
+        ("inet", "host4", v4),
+        ("inet", "host6", v6),
+    ):
+        lines.append(f"flush set {family} {TABLE} {name}")
+        lines.append(f"add element {family} {TABLE} {name} {{ {_elements(networks)} }}")
+    return "\n".join(lines) + "\n"
+
+
+class Wall:
+    """One sandbox's tables: loaded before its internet is turned on, following the host.
+
+    Args:
+        tools: `find_tools`'s.
+        netns: a descriptor of the sandbox's network namespace (the container's, which keeps
+            it open: never a pid, which a later process may have).
+        join_user: enter its user namespace too (a server that is not root has no privilege
+            over the network namespace otherwise); as its root, mapped to the range's first id.
+    """
+
+    def __init__(self, tools: Tools, netns: int, join_user: bool) -> None:
+        self._tools = tools
+        self._netns, self._join_user = netns, join_user
+        self._lock = threading.Lock()
+        self._device = False  # the tap device is made
+        self._tables = False  # the tables were loaded once (a next load replaces them)
+        self._loaded = False  # the tables are in, following the host
+
+    def up(self) -> None:
+        """Make the tap device (down) and load the tables with the host's addresses now;
+        they follow the host's until `down`.
+
+        Raises:
+            RuntimeError: a command failed (its message says which and why); nothing of it
+                is left (a next `up` starts afresh).
+        """
+        with self._lock:
+            WATCH.subscribe(self)  # first: an address change from now on is not missed
+            try:
+                self._run([self._tools.ip, "tuntap", "add", "dev", DEVICE, "mode", "tap"])
+                self._device = True
+                script = ruleset(*blocked(WATCH.addresses()), replace=self._tables)
+                self._run([self._tools.nft, "-f", "-"], script)
+                self._tables = True
+            except BaseException:
+                with contextlib.suppress(RuntimeError):
+                    self._down()
+                raise
+            self._loaded = True
+
+    def down(self) -> None:
+        """Remove the tap device (slirp4netns has left it); the tables stay until the next
+        `up` replaces them. Idempotent.
+
+        Raises:
+            RuntimeError: `ip` failed.
+        """
+        with self._lock:
+            self._down()
+
+    def _down(self) -> None:
+        WATCH.unsubscribe(self)
+        self._loaded = False
+        if self._device:
+            self._device = False
+            self._run([self._tools.ip, "link", "del", DEVICE])
+
+    def forget(self) -> None:
+        """Stop following the host (the container is gone with its namespace)."""
+        with self._lock:
+            WATCH.unsubscribe(self)
+            self._loaded = self._device = False
+
+    def follow(self, addresses: set[str]) -> None:
+        """Give the sets the host's `addresses` (the watch calls it on a change)."""
+        with self._lock:
+            if self._loaded:
+                self._run([self._tools.nft, "-f", "-"], set_update(*blocked(addresses)))
+
+    def _run(self, argv: list[str], script: str | None = None) -> None:
+        user = -1
+        try:
+            enter = [self._tools.nsenter, f"--net=/proc/self/fd/{self._netns}"]
+            if self._join_user:
+                user = owning_user_namespace(self._netns)
+                enter.insert(1, f"--user=/proc/self/fd/{user}")
+            done = subprocess.run(
+                [*enter, "--", *argv],
+                pass_fds=(self._netns, *([user] if user >= 0 else [])),
+                input=script,
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT,
+                env={"PATH": os.pathsep.join(SBIN), "LC_ALL": "C"},
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise RuntimeError(f"the sandbox's firewall could not be set up ({exc})") from None
+        finally:
+            if user >= 0:
+                os.close(user)
+        if done.returncode != 0:
+            said = done.stderr.strip()[-500:] or f"exit {done.returncode}"
+            raise RuntimeError(
+                f"the sandbox's firewall could not be set up ({os.path.basename(argv[0])}: {said})"
+            )
+
+
+class AddressWatch:
+    """The host's addresses, followed: a thread reads the kernel's address notices (netlink)
+    while a server that gives sandboxes internet access runs (`hold` / `release`), and hands
+    every change to each subscribed `Wall`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._walls: set[Wall] = set()
+        self._known: set[str] = set()
+        self._socket: socket.socket | None = None  # while the thread runs
+        self._thread = HeldThread("osb-local-addresses", self._open)
+
+    def hold(self) -> None:
+        """Count one more server; the first starts the watch.
+
+        Raises:
+            OSError: netlink refused (the addresses could not be read).
+        """
+        self._thread.hold()
+
+    def release(self) -> None:
+        """Count one server fewer; the last one's release stops the watch."""
+        self._thread.release()
+
+    def _open(self) -> Callable[[int], None]:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        try:
+            sock.bind((0, NOTICES))
+            known = host_addresses()  # after the bind: no change is missed
+        except BaseException:
+            sock.close()
+            raise
+        with self._lock:
+            self._socket, self._known = sock, known
+        return lambda stop: self._watch(sock, stop)
+
+    def addresses(self) -> set[str]:
+        """The host's addresses as last seen (read afresh where no server holds the watch)."""
+        with self._lock:
+            return set(self._known) if self._socket is not None else host_addresses()
+
+    def subscribe(self, wall: Wall) -> None:
+        """Hand `wall` every change from now on."""
+        with self._lock:
+            self._walls.add(wall)
+
+    def unsubscribe(self, wall: Wall) -> None:
+        """Stop handing `wall` changes."""
+        with self._lock:
+            self._walls.discard(wall)
+
+    def _watch(self, sock: socket.socket, stop: int) -> None:
+        with sock, selectors.DefaultSelector() as waiter:
+            waiter.register(sock, selectors.EVENT_READ)
+            waiter.register(stop, selectors.EVENT_READ)
+            while stop not in {key.fd for key, _ in waiter.select()}:
+                try:  # any change of the host's destinations: all is read again
+                    if parse_destinations(sock.recv(1 << 16))[0]:
+                        self._changed()
+                except OSError as exc:  # ENOBUFS: notices were lost
+                    logger.debug("local server: address notices lost (%s): reading all", exc)
+                    self._changed()
+            with self._lock:
+                self._socket = None
+
+    def _changed(self) -> None:
+        try:
+            now = host_addresses()
+        except OSError as exc:
+            logger.error("local server: the host's addresses could not be read: %s", exc)
+            return
+        with self._lock:
+            changed, self._known = now != self._known, now
+            walls = list(self._walls)
+        if changed:
+            for wall in walls:
+                try:
+                    wall.follow(now)
+                except RuntimeError as exc:  # a container that is ending, most likely
+                    logger.warning("local server: a sandbox's firewall: %s", exc)
+
+
+WATCH = AddressWatch()

@@ -1,0 +1,129 @@
+"""The sandboxes' firewall (`osb_sync/local/host/firewall.py`): the host's addresses as netlink
+gives them, the sets, and the refusal where its tools are missing (the tables themselves are
+tested loaded, in tests/local/test_host_firewall.py)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+
+import pytest
+
+from osb_sync.local.host import bwrap, firewall
+from osb_sync.local.host.identity import IdRange
+from osb_sync.local.http.exchange import HttpError
+
+
+def attribute(kind: int, value: bytes) -> bytes:
+    data = struct.pack("=HH", 4 + len(value), kind) + value
+    return data + b"\0" * (-len(data) % 4)
+
+
+def message(kind: int, body: bytes) -> bytes:
+    return struct.pack("=IHHII", 16 + len(body), kind, 2, 1, 0) + body
+
+
+def new_address(family: int, *attributes: bytes) -> bytes:
+    return message(
+        firewall.RTM_NEWADDR, struct.pack("=BBBBI", family, 24, 0, 0, 2) + b"".join(attributes)
+    )
+
+
+def route(kind: int, family: int, prefix: int, route_type: int, *attributes: bytes) -> bytes:
+    rtmsg = struct.pack("=BBBBBBBBI", family, prefix, 0, 0, 255, 2, 254, route_type, 0)
+    return message(kind, rtmsg + b"".join(attributes))
+
+
+def test_netlink_destinations_are_read_from_a_dump() -> None:
+    v4 = socket.inet_pton(socket.AF_INET, "192.0.2.7")
+    broadcast = socket.inet_pton(socket.AF_INET, "192.0.2.255")
+    v6 = socket.inet_pton(socket.AF_INET6, "2001:db8::7")
+    anyip = socket.inet_pton(socket.AF_INET, "198.51.100.0")
+    data = (
+        new_address(
+            socket.AF_INET,
+            attribute(firewall.IFA_ADDRESS, v4),
+            attribute(firewall.IFA_LOCAL, v4),
+            attribute(firewall.IFA_BROADCAST, broadcast),
+            attribute(3, b"eth0\0"),
+        )
+        + new_address(socket.AF_INET6, attribute(firewall.IFA_ADDRESS, v6))
+        + new_address(socket.AF_PACKET, attribute(firewall.IFA_ADDRESS, b"\1" * 6))
+        # a local route (AnyIP), the host's; a unicast one (type 1), which is not
+        + route(firewall.RTM_NEWROUTE, socket.AF_INET, 24, firewall.RTN_LOCAL,
+                attribute(firewall.RTA_DST, anyip), attribute(4, b"\1\0\0\0"))
+        + route(firewall.RTM_NEWROUTE, socket.AF_INET, 24, 1,
+                attribute(firewall.RTA_DST, socket.inet_pton(socket.AF_INET, "203.0.113.0")))
+    )  # fmt: skip
+    found = {"192.0.2.7", "192.0.2.255", "2001:db8::7", "198.51.100.0/24"}
+    assert firewall.parse_destinations(data) == (found, False)
+    assert firewall.parse_destinations(data + message(firewall.NLMSG_DONE, b"\0" * 4))[1]
+    # `ip route add local default`: every address is the host's; a removal is a change too
+    everything = route(firewall.RTM_NEWROUTE, socket.AF_INET6, 0, firewall.RTN_LOCAL)
+    assert firewall.parse_destinations(everything)[0] == {"::/0"}
+    gone = route(firewall.RTM_DELROUTE, socket.AF_INET, 24, firewall.RTN_LOCAL,
+                 attribute(firewall.RTA_DST, anyip))  # fmt: skip
+    assert firewall.parse_destinations(gone)[0] == {"198.51.100.0/24"}
+    with pytest.raises(OSError, match="Operation not permitted"):
+        firewall.parse_destinations(
+            message(firewall.NLMSG_ERROR, struct.pack("=i", -1) + b"\0" * 16)
+        )
+
+
+def test_this_host_s_addresses_include_its_loopback() -> None:
+    assert {"127.0.0.1", "::1"} <= firewall.host_addresses()
+
+
+def test_the_sets_hold_the_host_and_the_fixed_ranges_merged() -> None:
+    given = ["127.0.0.1", "192.0.2.7", "192.0.2.6", "198.51.100.0/24", "fd00::2", "fe80::1"]
+    v4, v6 = firewall.blocked(given)
+    assert v4 == [
+        "0.0.0.0/8",
+        "10.0.2.0/24",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "192.0.2.6/31",
+        "198.51.100.0/24",
+        "224.0.0.0/4",
+        "255.255.255.255/32",
+    ]
+    wanted = [
+        "::/127",
+        "::ffff:0:0/96",
+        "fd00::2/128",
+        "fd00:ec2::254/128",
+        "fe80::/10",
+        "ff00::/8",
+    ]
+    assert [ipaddress.ip_network(n) for n in v6] == [ipaddress.ip_network(n) for n in wanted]
+    script = firewall.ruleset(v4, v6)
+    assert "delete" not in script and "192.0.2.6/31" in script
+    assert 'hook egress device "tap0"' in script and "hook output" in script
+    # Frames leave only where the bytes' ethertype and the kernel's protocol agree.
+    egress = script[script.index("chain egress") : script.index("table inet")]
+    assert "policy drop;" in egress and egress.count(" accept") == 2
+    assert "@ll,96,16 0x0806 meta protocol arp accept" in egress
+    assert "@ll,96,16 0x0800 meta protocol ip ip daddr != @host4 accept" in egress
+    again = firewall.ruleset(v4, v6, replace=True)  # both tables replaced, in one transaction
+    assert again.count("delete table") == 2 and again.endswith(script)
+    update = firewall.set_update(v4, v6)
+    assert update.count("flush set") == 3 and "table" not in update.replace(" osb_sync ", " ")
+
+
+def test_a_sandbox_with_internet_is_refused_where_the_firewall_s_tools_are_missing() -> None:
+    ids = IdRange(100000, 100000)
+    missing = bwrap.Support("bwrap", "", "slirp4netns", False, None, ids, None)
+    with pytest.raises(HttpError) as refused:
+        bwrap.network_plan("nothing", missing, accept_unenforced=False)
+    assert refused.value.status == 503
+    assert "apt-get install nftables" in refused.value.body["message"]
+    with pytest.raises(HttpError) as refused:  # rules accepted unenforced: internet all the same
+        bwrap.network_plan("rules", missing, accept_unenforced=True)
+    assert refused.value.status == 503
+    assert bwrap.network_plan("deny-all", missing, accept_unenforced=False)[0] is False
+    no_way_out = bwrap.Support("bwrap", "", None, False, None, ids, None)
+    assert bwrap.network_plan("nothing", no_way_out, accept_unenforced=False) == (True, "")
+    tools = firewall.Tools("/usr/bin/nsenter", "/usr/sbin/ip", "/usr/sbin/nft")
+    complete = bwrap.Support("bwrap", "", "slirp4netns", False, None, ids, tools)
+    assert bwrap.network_plan("nothing", complete, accept_unenforced=False) == (True, "")
