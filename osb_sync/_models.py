@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from ._errors import CommandFailed, ConfigurationError, OpenSandboxError
+from ._errors import CommandFailed, ConfigurationError
 from ._validators import whole
 
 
@@ -234,10 +234,10 @@ class CodeContext:
         """Build from execd's ``{"id", "language"}``; ``language`` fills a missing one.
 
         Raises:
-            OpenSandboxError: the answer has no id.
+            ConfigurationError: ``data`` is not a mapping with a str ``id``.
         """
         if not isinstance(data, dict) or not isinstance(data.get("id"), str):
-            raise OpenSandboxError("execd described a code context without an id")
+            raise ConfigurationError(f"a code context needs an id (a str), got {data!r:.60}")
         return cls(id=data["id"], language=str(data.get("language") or language))
 
 

@@ -31,11 +31,13 @@ from ._errors import (
     NotFoundError,
     NotSupportedError,
     OpenSandboxError,
+    PoolClosedError,
     SandboxTimeoutError,
 )
 from ._hooks import at_exit, in_forked_child
 from ._options import CreateOptions, check_options, lifetime_seconds
 from ._transport import backoff_seconds
+from ._validators import whole
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -66,17 +68,16 @@ def checked_pool_arguments(
     Raises:
         ConfigurationError: naming the first bad argument.
     """
-    if not isinstance(size, int) or size < 0:
-        raise ConfigurationError("size must be an int >= 0")
-    max_size = max(size, 1) if max_size is None else max_size
-    if not isinstance(max_size, int) or max_size < max(size, 1):
-        raise ConfigurationError("max_size must be an int >= size and >= 1")
+    least = max(whole("size", size, 0), 1)
+    most = whole(
+        "max_size", least if max_size is None else max_size, least, what="an int >= size and >= 1"
+    )
     if reuse not in REUSE_MODES:
         raise ConfigurationError(f"reuse must be one of {REUSE_MODES}")
     name = name or f"pool-{secrets.token_hex(4)}"
     if not _LABEL.match(name):
         raise ConfigurationError("name must be label-safe: letters, digits, '-', '_', '.'")
-    return max_size, name
+    return most, name
 
 
 class Order:
@@ -377,7 +378,8 @@ class SandboxPool:
             ApiError: a create was refused with a 4xx status (waiting would not help).
             ConfigurationError: the store refused the pool (see :class:`~osb_sync.RedisStore`).
             TransportError: the store cannot be reached and is configured to raise then.
-            OpenSandboxError: the pool is closed, or (without ``timeout``) a create failed.
+            PoolClosedError: the pool is closed (or, shared, destroyed).
+            OpenSandboxError: (without ``timeout``) the error of a failed create.
         """
         return self._lender.acquire(timeout)
 
@@ -424,9 +426,9 @@ def server_pool_store(
         )
     if isinstance(options, dict) and options.get("pool") is not None:
         raise ConfigurationError("pass the server's pool as server_pool, not pool")
-    if max_size is not None and (not isinstance(max_size, int) or max_size < 1):
-        raise ConfigurationError("max_size must be an int >= 1")
-    return ServerPoolStore(server_pool, max_lent=max_size)
+    return ServerPoolStore(
+        server_pool, max_lent=None if max_size is None else whole("max_size", max_size, 1)
+    )
 
 
 class ServerPoolStore:
@@ -525,7 +527,7 @@ class ServerPoolLender:
                     self._lent[sandbox.id] = sandbox
             if closed:
                 self.spec.client.delete_quietly(sandbox.id)
-                raise OpenSandboxError(f"{self!r} is closed")
+                raise PoolClosedError(f"{self!r} is closed")
             return sandbox
 
     def _wait_for_room(self, deadline: float | None, timeout: float | None) -> None:
@@ -533,7 +535,7 @@ class ServerPoolLender:
         with self._cond:
             while True:
                 if self._closed:
-                    raise OpenSandboxError(f"{self!r} is closed")
+                    raise PoolClosedError(f"{self!r} is closed")
                 if self.max_lent is None or len(self._lent) + self._creating < self.max_lent:
                     self._creating += 1
                     return
@@ -629,7 +631,7 @@ class InProcessLender:
                 self._in_flight -= 1
                 if self._closed:
                     self._doomed.append(sandbox)
-                    raise OpenSandboxError(f"{self!r} is closed")
+                    raise PoolClosedError(f"{self!r} is closed")
                 self._lent[sandbox.id] = sandbox
             return sandbox
 
@@ -685,7 +687,7 @@ class InProcessLender:
             try:
                 while True:
                     if self._closed:
-                        raise OpenSandboxError(f"{self!r} is closed")
+                        raise PoolClosedError(f"{self!r} is closed")
                     if order is not None and order.done:
                         if order.sandbox is not None:
                             sandbox, order = order.sandbox, None

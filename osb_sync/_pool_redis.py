@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from ._errors import ConfigurationError, OpenSandboxError, TransportError
+from ._errors import ConfigurationError, OpenSandboxError, PoolClosedError, TransportError
 from ._pool import (
     CLOSE_WAIT,
     MAX_CREATE_BACKOFF,
@@ -81,6 +81,7 @@ from ._pool import (
 )
 from ._pool_scripts import KEY_NAMES, PREAMBLE, SCRIPTS
 from ._transport import backoff_seconds
+from ._validators import positive_seconds
 
 if TYPE_CHECKING:
     from ._models import SandboxInfo
@@ -154,9 +155,7 @@ class RedisStore:
         if not isinstance(self.prefix, str):
             raise ConfigurationError("prefix must be a str")
         for name in ("leader_lease", "borrow_lease", "redis_timeout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigurationError(f"{name} must be a number of seconds > 0")
+            positive_seconds(name, getattr(self, name))
         if self.on_redis_down not in ON_REDIS_DOWN:
             raise ConfigurationError(f"on_redis_down must be one of {ON_REDIS_DOWN}")
 
@@ -353,7 +352,7 @@ class RedisLender:
                 return self._acquire_outside(exc, deadline, timeout)
             self._redis_back()
             if answer[0] == "closed":
-                self._refused = OpenSandboxError(f"{self!r} was destroyed")
+                self._refused = PoolClosedError(f"{self!r} was destroyed")
                 continue
             if answer[0] == "lent":
                 sandbox = self._reach(answer[1], number(answer[2]) - number(answer[3]), deadline)
@@ -389,7 +388,7 @@ class RedisLender:
 
     def _check_usable(self) -> None:
         if self._closed:
-            raise OpenSandboxError(f"{self!r} is closed")
+            raise PoolClosedError(f"{self!r} is closed")
         if self._refused is not None:
             raise type(self._refused)(str(self._refused))
 
@@ -756,7 +755,7 @@ class RedisLender:
         """Take or keep the leader's lease; `_epoch` is the epoch if this process leads."""
         answer = self._run("lead", self._owner, int(self.store.leader_lease * 1000))
         if answer == "closed":
-            self._refused = OpenSandboxError(f"{self!r} was destroyed")
+            self._refused = PoolClosedError(f"{self!r} was destroyed")
         if answer != self._epoch and answer not in ("", "closed"):
             logger.info("pool %s: %s leads (epoch %s)", self.spec.name, self._owner, answer)
         self._epoch = "" if answer == "closed" else answer

@@ -25,7 +25,7 @@ import pytest
 from osb_sync import (
     Client,
     ConfigurationError,
-    OpenSandboxError,
+    PoolClosedError,
     RedisStore,
     SandboxPool,
     TransportError,
@@ -195,7 +195,7 @@ def test_destroy_ends_the_pool_everywhere(
     assert tagged(client, name) == set()
     time.sleep(1.0)
     assert tagged(client, name) == set()  # nobody refilled
-    with pytest.raises(OpenSandboxError, match="destroyed"):
+    with pytest.raises(PoolClosedError, match="destroyed"):
         two.acquire(timeout=5)
     two.close()
 

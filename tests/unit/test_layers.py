@@ -25,7 +25,9 @@ Rules:
    ``local/execd`` (it starts it as a program), and ``local/http`` (both sides) imports
    neither. This is the security line, as a test.
 4. The import graph of the package has no cycle (imports inside functions included).
-5. Cohesion decides a module's size, not a count: the ceiling ``MAX_LINES`` is high, and a
+5. The root of the error tree, ``OpenSandboxError``, is never raised (nor built to be raised
+   later): each failure raises a class below it, which callers can catch apart.
+6. Cohesion decides a module's size, not a count: the ceiling ``MAX_LINES`` is high, and a
    module past it is named in ``LONG_MODULES`` with why it is one idea.
 
 ``osb_sync.local`` is checked by the same rules; the cases it breaks are listed in
@@ -145,9 +147,28 @@ def violations(name: str, path: Path) -> Iterator[str]:
             side = local_side(target if target in known else target.rsplit(".", 1)[0])
             if side in FORBIDDEN.get(local_side(name), ()):
                 yield f"imports {target}: local/{local_side(name)} never imports local/{side}"
+    for line in root_errors_built(tree):
+        yield f"line {line}: builds {ROOT_ERROR}, the root of the errors: raise a class below it"
     lines = len(path.read_text().splitlines())
     if lines > MAX_LINES and name not in LONG_MODULES:
         yield f"has {lines} lines (at most {MAX_LINES}, or a reason in LONG_MODULES)"
+
+
+ROOT_ERROR = "OpenSandboxError"
+
+
+def root_errors_built(tree: ast.AST) -> list[int]:
+    """The lines that call the root error class (``raise OpenSandboxError(...)``, or one kept
+    to raise later) or raise the class itself."""
+    lines = set()
+    for node in ast.walk(tree):
+        target = node.func if isinstance(node, ast.Call) else None
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            target = node.exc
+        name = getattr(target, "id", None) or getattr(target, "attr", None)
+        if name == ROOT_ERROR:
+            lines.add(node.lineno)
+    return sorted(lines)
 
 
 # local/<side> -> the sides it must never import
@@ -221,13 +242,27 @@ def test_module_keeps_to_its_layer(name: str) -> None:
 
 def test_the_checks_catch_what_they_forbid(tmp_path: Path) -> None:
     source = tmp_path / "bad.py"
-    source.write_text(
-        "from ._client import Client\nfrom ._constants import _hidden\nhandle._execd.base_url\n"
-        + "x = 1\n" * MAX_LINES
-    )
+    bad = [
+        "from ._client import Client",
+        "from ._constants import _hidden",
+        "handle._execd.base_url",
+        "raise OpenSandboxError('x')",
+        "later = errors.OpenSandboxError",  # a name, not a call: allowed
+        "raise OpenSandboxError",
+        "raise ConfigurationError('a leaf')",
+        "caught = isinstance(exc, OpenSandboxError)",
+    ]
+    source.write_text("\n".join(bad) + "\n" + "x = 1\n" * MAX_LINES)
     found = list(violations("_sandbox", source))
-    assert len(found) == 4, found
-    assert [v.split(" ")[0] for v in found] == ["imports", "imports", "line", "has"]
+    assert len(found) == 6, found
+    assert [v.split(" ")[:2] for v in found] == [
+        ["imports", "_client:"],
+        ["imports", "the"],  # ... private name _hidden
+        ["line", "3:"],
+        ["line", "4:"],  # raise OpenSandboxError('x')
+        ["line", "6:"],  # raise OpenSandboxError
+        ["has", str(MAX_LINES + 8)],
+    ], found
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,12 @@ from typing import Any, Callable
 
 import pytest
 
-from osb_sync import ConfigurationError, PoolCapacity
+from osb_sync import ConfigurationError, PoolCapacity, RedisStore
 from osb_sync._command_stream import command_body, timeout_ms
 from osb_sync._config import ClientSettings, check_run_arguments
 from osb_sync._models import mode_to_wire
 from osb_sync._options import Reach, build_create_body
+from osb_sync._pool import checked_pool_arguments, server_pool_store
 from osb_sync._validators import is_number, non_empty, positive_seconds, seconds, whole
 
 NOT_NUMBERS = [True, False, math.nan, math.inf, -math.inf, "1", None, [1]]
@@ -85,6 +86,12 @@ ENTRY_POINTS: list[tuple[str, Callable[[Any], object]]] = [
     ("ready_timeout", lambda v: Reach(ready_timeout=v)),
     ("poll_interval", lambda v: Reach(poll_interval=v)),
     ("the sandbox lifetime", lambda v: build_create_body({"timeout": v}, {})),
+    ("size", lambda v: checked_pool_arguments(v, None, "never", "p")),
+    ("max_size", lambda v: checked_pool_arguments(1, v, "never", "p")),
+    ("max_size", lambda v: server_pool_store("p", None, "never", v, {})),
+    ("leader_lease", lambda v: RedisStore(url="redis://x", leader_lease=v)),
+    ("borrow_lease", lambda v: RedisStore(url="redis://x", borrow_lease=v)),
+    ("redis_timeout", lambda v: RedisStore(url="redis://x", redis_timeout=v)),
     ("pool_min", lambda v: PoolCapacity(pool_min=v)),
     ("a file mode", mode_to_wire),
 ]
