@@ -2,7 +2,7 @@
 
 The layers, top to bottom::
 
-    consumers   osb_sync (the table of contents), _functions, _provider, _pool,
+    consumers   osb_sync (the table of contents), _functions, _provider, _pool*,
                 _cli*, testing, integrations.*      (they hold or build a Client)
     Client      _client                              (Client and the handles it keeps)
     Sandbox     _sandbox, _commands, _contexts, _files
@@ -52,7 +52,7 @@ MAX_LINES = 1000
 LONG_MODULES: dict[str, str] = {}
 CLIENT_MODULES = {"_client"}
 CONSUMERS = {
-    "__init__", "__main__", "_functions", "_provider", "_pool",
+    "__init__", "__main__", "_functions", "_provider", "_pool", "_pool_contract",
     "_cli", "_cli_commands", "_cli_images", "_cli_output", "testing",
 }  # fmt: skip
 

@@ -13,7 +13,8 @@ from osb_sync._command_stream import command_body, timeout_ms
 from osb_sync._config import ClientSettings, check_run_arguments
 from osb_sync._models import mode_to_wire
 from osb_sync._options import Reach, build_create_body
-from osb_sync._pool import checked_pool_arguments, server_pool_store
+from osb_sync._pool import checked_pool_arguments
+from osb_sync._pool_server import server_pool_store
 from osb_sync._validators import is_number, non_empty, positive_seconds, seconds, whole
 
 NOT_NUMBERS = [True, False, math.nan, math.inf, -math.inf, "1", None, [1]]
