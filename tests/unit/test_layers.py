@@ -53,7 +53,7 @@ LONG_MODULES: dict[str, str] = {}
 CLIENT_MODULES = {"_client"}
 CONSUMERS = {
     "__init__", "__main__", "_functions", "_provider", "_pool", "_pool_contract",
-    "_cli", "_cli_commands", "_cli_images", "_cli_output", "testing",
+    "_cli", "_cli_options", "_cli_run", "_cli_sandboxes", "_cli_exec", "testing",
 }  # fmt: skip
 
 # osb_sync.local's cases, left for the local-server work (it owns those modules), as
