@@ -13,7 +13,6 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +25,14 @@ from tests.fakeserver import FakeServer
 from tests.sockets.test_cli import OWN_ERROR, one_line, osb, osb_process
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[LocalServer]:
-    with LocalServer(unenforced_network_policy="accept", command_grace=0) as srv:
-        yield srv
+@pytest.fixture
+def server(shared_server: LocalServer) -> LocalServer:
+    return shared_server
 
 
-@pytest.fixture(scope="module")
-def sid(server: LocalServer) -> Iterator[str]:
-    with Client(server.api_base) as client, client.create_sandbox() as sandbox:
-        yield sandbox.id
+@pytest.fixture
+def sid(shared_sandbox: Sandbox) -> str:
+    return shared_sandbox.id
 
 
 def api(server: LocalServer) -> tuple[str, str]:
