@@ -217,13 +217,8 @@ def test_interpreter_exit_gives_the_lookup_a_last_chance(
     server: ServerProcess, observer: Client
 ) -> None:
     server.stop()
-    # Ten seconds for the last chance, not three: four suites on two cores once kept the lookup
-    # of a just-resumed server past three (the bound itself is the next test's).
-    script = EXIT_SCRIPT.replace(
-        "orphans.backoff_seconds", "orphans.EXIT_WAIT = 10.0\norphans.backoff_seconds"
-    )
     child = subprocess.Popen(
-        [sys.executable, "-c", script, server.api_base],
+        [sys.executable, "-c", EXIT_SCRIPT, server.api_base],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -246,7 +241,7 @@ def test_interpreter_exit_gives_the_lookup_a_last_chance(
             child.wait(5)
     assert "left by a failed create" in stderr, stderr
     assert tagged(observer, "test", "exit-lookup") == []
-    assert exited < 15, f"exit took {exited:.1f} s"
+    assert exited < 8, f"exit took {exited:.1f} s"
 
 
 def test_exit_waits_a_short_bound_for_a_lookup_on_a_stalled_server(server: ServerProcess) -> None:
