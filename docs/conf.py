@@ -56,9 +56,9 @@ nitpick_ignore = [
         "HttpRequest",
         # private: the create keywords' TypedDict, internals a constructor takes, type variables
         "CreateOptions",
-        "PoolStore",  # the store protocol (osb_sync._pool): InProcessStore and RedisStore
-        "osb_sync._pool.PoolSpec",
-        "osb_sync._pool.Lender",
+        "PoolStore",  # the store protocol (osb_sync._pool_contract): InProcessStore, RedisStore
+        "osb_sync._pool_contract.PoolSpec",
+        "osb_sync._pool_contract.Lender",
         "Lifecycle",
         "Execd",
         "Folder",

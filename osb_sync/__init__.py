@@ -60,6 +60,7 @@ if _TYPE_CHECKING:  # what a type checker sees; at run time each name loads on f
         NotSupportedError,
         OpenSandboxError,
         OutputLimitExceeded,
+        PoolClosedError,
         SandboxStateError,
         SandboxTimeoutError,
         StreamError,
@@ -87,7 +88,8 @@ if _TYPE_CHECKING:  # what a type checker sees; at run time each name loads on f
         Snapshot,
         Template,
     )
-    from ._pool import InProcessStore, SandboxPool
+    from ._pool import SandboxPool
+    from ._pool_in_process import InProcessStore
     from ._pool_redis import RedisStore
     from ._provider import OpenSandboxProvider, discover_providers
     from ._resources import Diagnostics, Network, Pools, Snapshots, Templates
@@ -130,6 +132,7 @@ _LAZY = {
     "NotFoundError": "._errors",
     "OpenSandboxError": "._errors",
     "OutputLimitExceeded": "._errors",
+    "PoolClosedError": "._errors",
     "Sandbox": "._sandbox",
     "SandboxInfo": "._models",
     "SandboxStateError": "._errors",
@@ -153,7 +156,7 @@ _LAZY = {
     "parse_execution": "._stream",
     "Files": "._files",
     "SandboxPool": "._pool",
-    "InProcessStore": "._pool",
+    "InProcessStore": "._pool_in_process",
     "RedisStore": "._pool_redis",
     "OpenSandboxProvider": "._provider",
     "discover_providers": "._provider",
@@ -223,6 +226,7 @@ __all__ = [
     "OutputLimitExceeded",
     "Pool",
     "PoolCapacity",
+    "PoolClosedError",
     "Pools",
     "RedisStore",
     "Sandbox",

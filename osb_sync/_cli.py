@@ -1,15 +1,19 @@
 """The ``osb-sync`` command line: run code in a sandbox, serve the local server, manage sandboxes.
 
-The exit statuses are one table, ``EXIT_STATUSES`` in ``_cli_output`` (``osb-sync help
-exit-codes`` prints it). This module imports only the standard library and the light modules
-(constants, the server's option declarations, the output table): ``--version``, ``--help`` and
-usage errors never load requests or the client; the verbs (``_cli_commands``) load on first use.
+This module is the parser and the dispatch: each verb's handler gets the options every verb
+takes and its own, typed (``_cli_options``: what each verb is given, and where its handler
+lives), and every failure becomes one line on stderr and an exit status. The exit statuses are
+one table, ``EXIT_STATUSES`` in ``_cli_output`` (``osb-sync help exit-codes`` prints it). This
+module imports only the standard library and the light modules (constants, the server's
+option declarations, the typed options, the output table): ``--version``, ``--help`` and usage
+errors never load requests or the client; a verb's module loads on first use.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import os
 import signal
 import sys
@@ -17,6 +21,16 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from ._cli_options import (
+    VERBS,
+    CompletionOptions,
+    GlobalOptions,
+    HelpOptions,
+    Refused,
+    RunTimedOut,
+    Stopped,
+    UsageError,
+)
 from ._cli_output import (
     EXIT_BROKEN_PIPE,
     EXIT_NOT_FOUND,
@@ -36,20 +50,9 @@ from .local.host import options as server_options
 PROG = "osb-sync"
 TEMPLATE_HELP = "image of the sandbox (default: the server's); --image is the same flag"
 STATES = ["Pending", "Running", "Paused", "Stopping", "Terminated", "Failed"]
-# Verbs that run something: their own failures take 125, as `docker run` (a missing sandbox
-# included); every other verb exits 1 for something not found.
-RUNNING_VERBS = frozenset({"run", "exec"})
 ALIASES = {"ls": "list", "rm": "delete"}
 SHELLS = ("bash", "zsh", "fish")
 HELP_TOPICS = {"exit-codes": EXIT_STATUSES}
-
-
-class _Interrupted(KeyboardInterrupt):
-    """SIGTERM (or SIGINT), unwinding like Ctrl-C; remembers the signal for the exit status."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,38 +105,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the verb; every failure becomes one line on stderr and its exit status."""
-    if args.handler in ("cmd_help", "cmd_completion"):
-        return int(globals()[args.handler](args))
-    from . import _cli_commands as commands  # the client and requests: only for a verb
+    verb = VERBS[args.command]
+    cli = GlobalOptions.of(args)
+    if verb.module == "_cli":  # help and completion: nothing more to load
+        return int(globals()[verb.handler](cli, verb.options.of(args)))
+    from ._cli_logging import configure_logging  # the client and requests: only for a verb
     from ._errors import NotFoundError, OpenSandboxError, OutputLimitExceeded
 
-    commands.configure_logging(args)
-
-    module: Any = commands
-    if getattr(args, "module", None):
-        import importlib
-
-        module = importlib.import_module(f".{args.module}", __package__)
+    configure_logging(cli.debug)
+    handler = getattr(importlib.import_module(f".{verb.module}", __package__), verb.handler)
     try:
-        return int(getattr(module, args.handler)(args))
+        return int(handler(cli, verb.options.of(args)))
     except KeyboardInterrupt as exc:
-        note = getattr(args, "interrupt_note", "")
-        print(f"{PROG}: interrupted{note}", file=sys.stderr)
+        print(f"{PROG}: interrupted{getattr(exc, 'note', '')}", file=sys.stderr)
         return EXIT_SIGNAL_BASE + getattr(exc, "signum", signal.SIGINT)
     except BrokenPipeError:
         return _quiet_broken_pipe()
-    except commands.RunTimedOut as exc:
-        return _report(args, exc, EXIT_TIMED_OUT)
-    except commands.Refused as exc:
-        return _report(args, exc, EXIT_REFUSED)
+    except RunTimedOut as exc:
+        return _report(cli, exc, EXIT_TIMED_OUT)
+    except Refused as exc:
+        return _report(cli, exc, EXIT_REFUSED)
     except OutputLimitExceeded as exc:
-        return _report(args, exc, EXIT_OWN_ERROR)
+        return _report(cli, exc, EXIT_OWN_ERROR)
     except NotFoundError as exc:
-        running = args.command in RUNNING_VERBS
-        missing = names_missing_thing(exc) and not running
-        return _report(args, exc, EXIT_NOT_FOUND if missing else EXIT_OWN_ERROR)
-    except (commands.UsageError, OpenSandboxError, OSError) as exc:
-        return _report(args, exc, None)
+        missing = names_missing_thing(exc) and not verb.runs
+        return _report(cli, exc, EXIT_NOT_FOUND if missing else EXIT_OWN_ERROR)
+    except (UsageError, OpenSandboxError, OSError) as exc:
+        return _report(cli, exc, None)
 
 
 def _quiet_broken_pipe() -> int:
@@ -160,23 +158,23 @@ def _interrupt_on_sigterm() -> Any:
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise _Interrupted(signum)
+    raise Stopped(signum)
 
 
-def _report(args: argparse.Namespace, exc: BaseException, status: int | None) -> int:
+def _report(cli: GlobalOptions, exc: BaseException, status: int | None) -> int:
     """One line on stderr (and, with --json, an error object on stdout); the exit status."""
     import json
     import traceback
 
     status = EXIT_OWN_ERROR if status is None else status
-    if args.debug:
+    if cli.debug:
         print(printable(traceback.format_exc(), keep="\n"), end="", file=sys.stderr)
-    message = printable(cli_terms(str(exc), args.command))
+    message = printable(cli_terms(str(exc)))
     if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
         return _quiet_broken_pipe()
     print(f"{PROG}: error: {message}", file=sys.stderr)
-    if args.json:
-        cause = exc.__cause__ if type(exc).__name__ == "RunTimedOut" else None
+    if cli.json:
+        cause = exc.__cause__ if isinstance(exc, RunTimedOut) else None
         print(json.dumps(error_json(cause or exc, status, message)))
     return status
 
@@ -184,30 +182,31 @@ def _report(args: argparse.Namespace, exc: BaseException, status: int | None) ->
 # -- the two verbs that need no server ------------------------------------------------------
 
 
-def cmd_help(args: argparse.Namespace) -> int:
+def cmd_help(cli: GlobalOptions, wanted: HelpOptions) -> int:
     """``osb-sync help [TOPIC | COMMAND]``: a topic (exit-codes), a command's help, or all."""
     import difflib
 
     parser = build_parser()
-    if args.topic is None:
+    topic = wanted.topic
+    if topic is None:
         parser.print_help()
         return 0
-    if args.topic in HELP_TOPICS:
-        print(HELP_TOPICS[args.topic])
+    if topic in HELP_TOPICS:
+        print(HELP_TOPICS[topic])
         return 0
     verbs = _verbs(parser)
-    name = ALIASES.get(args.topic, args.topic)
+    name = ALIASES.get(topic, topic)
     if name in verbs:
         verbs[name].print_help()
         return 0
-    close = difflib.get_close_matches(args.topic, [*HELP_TOPICS, *verbs], n=1, cutoff=0.5)
+    close = difflib.get_close_matches(topic, [*HELP_TOPICS, *verbs], n=1, cutoff=0.5)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     topics = ", ".join([*HELP_TOPICS, *verbs])
-    print(f"{PROG}: error: no help on {args.topic!r}{hint}; topics: {topics}", file=sys.stderr)
+    print(f"{PROG}: error: no help on {topic!r}{hint}; topics: {topics}", file=sys.stderr)
     return EXIT_OWN_ERROR
 
 
-def cmd_completion(args: argparse.Namespace) -> int:
+def cmd_completion(cli: GlobalOptions, wanted: CompletionOptions) -> int:
     """``osb-sync completion SHELL``: a static completion script, generated by shtab."""
     try:
         import shtab
@@ -218,7 +217,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_OWN_ERROR
-    print(shtab.complete(build_parser(), shell=args.shell))
+    print(shtab.complete(build_parser(), shell=wanted.shell))
     return 0
 
 
@@ -413,7 +412,6 @@ def _add_run(command: Any) -> None:
         help="where sandboxes cannot be isolated, run the code on this machine as your user "
         "anyway (the embedded server; default: refuse)",
     )
-    run.set_defaults(handler="cmd_run")
 
 
 def _add_serve(command: Any) -> None:
@@ -427,7 +425,6 @@ def _add_serve(command: Any) -> None:
         "start-up line on stdout.",
     )
     server_options.add_flags(serve)  # one per LocalServer option that has a flag
-    serve.set_defaults(handler="cmd_serve")
 
 
 def _add_manage(command: Any) -> None:
@@ -447,7 +444,6 @@ def _add_manage(command: Any) -> None:
         "--env", action="append", default=[], metavar="KEY=VALUE", help="variable (repeatable)"
     )
     create.add_argument("--allow-internet", action="store_true", help="no deny-all network policy")
-    create.set_defaults(handler="cmd_create")
 
     listing = command("list", "list the sandboxes of a server", aliases=["ls"])
     listing.add_argument(
@@ -462,15 +458,12 @@ def _add_manage(command: Any) -> None:
         "--metadata", action="append", default=[], metavar="KEY=VALUE", help="keep this label"
     )
     listing.add_argument("-q", "--quiet", action="store_true", help="print only the ids")
-    listing.set_defaults(handler="cmd_list")
 
     get = command("get", "describe sandboxes (exit 1 if one was not found)")
     get.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
-    get.set_defaults(handler="cmd_get")
 
     inspect = command("inspect", "print sandboxes as a JSON array (exit 1 if one was not found)")
     inspect.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
-    inspect.set_defaults(handler="cmd_inspect")
 
     delete = command("delete", "delete sandboxes (exit 1 if one was not found)", aliases=["rm"])
     delete.add_argument("ids", nargs="*", metavar="ID", help="sandbox ids")
@@ -482,7 +475,6 @@ def _add_manage(command: Any) -> None:
         metavar="KEY=VALUE",
         help="every sandbox with this label (repeatable: all of them)",
     )
-    delete.set_defaults(handler="cmd_delete")
 
     for verb, summary in (
         ("pause", "pause sandboxes (wait until Paused)"),
@@ -490,7 +482,6 @@ def _add_manage(command: Any) -> None:
     ):
         action = command(verb, f"{summary}; exit 1 if one was not found")
         action.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
-        action.set_defaults(handler=f"cmd_{verb}")
 
     renew = command("renew", "push back the expiry of sandboxes; exit 1 if one was not found")
     renew.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
@@ -501,11 +492,9 @@ def _add_manage(command: Any) -> None:
         metavar="SECONDS",
         help="expire this many seconds from now",
     )
-    renew.set_defaults(handler="cmd_renew")
 
     stats = command("stats", "one CPU and memory sample of sandboxes")
     stats.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
-    stats.set_defaults(handler="cmd_stats")
 
 
 def _add_exec(command: Any) -> None:
@@ -549,7 +538,6 @@ def _add_exec(command: Any) -> None:
     execute.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments"
     )
-    execute.set_defaults(handler="cmd_exec")
 
 
 def _add_files_and_logs(command: Any) -> None:
@@ -567,7 +555,6 @@ def _add_files_and_logs(command: Any) -> None:
     )
     copy.add_argument("src", metavar="SRC", help="a local path, SANDBOX:PATH, or -")
     copy.add_argument("dest", metavar="DEST", help="a local path, SANDBOX:PATH, or -")
-    copy.set_defaults(handler="cmd_cp", module="_cli_copy")
 
     logs = command(
         "logs",
@@ -593,7 +580,6 @@ def _add_files_and_logs(command: Any) -> None:
         help="a sandbox's log: its last N lines (1 to 10000; default: all the server "
         "returns, at most 10000)",
     )
-    logs.set_defaults(handler="cmd_logs")
 
 
 def _add_images(command: Any) -> None:
@@ -615,7 +601,6 @@ def _add_images(command: Any) -> None:
     )
     _global_options(prune, suppress=True)
     server_options.add_flags(prune, store_flags)
-    images.set_defaults(handler="cmd_images", module="_cli_images")
     pull = command(
         "pull",
         "fetch an image into the local image store ahead of time",
@@ -635,13 +620,11 @@ def _add_images(command: Any) -> None:
             server_options.LOCAL_IMAGE_PATHS,
         ),
     )
-    pull.set_defaults(handler="cmd_pull", module="_cli_images")
 
 
 def _add_help(command: Any) -> None:
     helper = command("help", "help on a command or a topic (exit-codes)")
     helper.add_argument("topic", nargs="?", metavar="TOPIC", help="exit-codes, or a command")
-    helper.set_defaults(handler="cmd_help")
 
     completion = command(
         "completion",
@@ -652,4 +635,3 @@ def _add_help(command: Any) -> None:
         "$fpath as _osb-sync; fish: > ~/.config/fish/completions/osb-sync.fish.",
     )
     completion.add_argument("shell", choices=SHELLS, help="the shell")
-    completion.set_defaults(handler="cmd_completion")

@@ -38,7 +38,6 @@ that stay beneath the destination.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import os
@@ -50,7 +49,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from ._cli_commands import Refused, UsageError, remote_client
+from ._cli_options import CopyOptions, GlobalOptions, Refused, UsageError
 from ._cli_output import EXIT_NOT_FOUND
 from ._errors import ApiError, NotFoundError
 from ._models import FileInfo
@@ -63,26 +62,26 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def cmd_cp(args: argparse.Namespace) -> int:
+def cmd_cp(cli: GlobalOptions, copy: CopyOptions) -> int:
     """``osb-sync cp SRC DEST``: one side is ``SANDBOX:PATH``; ``-`` is a tar stream."""
-    src, dest = _split_remote(args.src), _split_remote(args.dest)
+    src, dest = _split_remote(copy.src), _split_remote(copy.dest)
     if (src is None) == (dest is None):
         raise UsageError(
             "cp copies between this machine and a sandbox: exactly one of SRC and DEST is "
-            f"SANDBOX:PATH (got {args.src!r} and {args.dest!r})"
+            f"SANDBOX:PATH (got {copy.src!r} and {copy.dest!r})"
         )
-    with remote_client(args) as client:
+    with cli.client() as client:
         if src is not None:
             sandbox = client.connect(src[0])
             try:
-                return _copy_out(sandbox, src[1], args.dest)
+                return _copy_out(sandbox, src[1], copy.dest)
             except ApiError as exc:
                 if exc.code == "INVALID_RESPONSE":
                     raise Refused(str(exc)) from None
                 raise
         assert dest is not None
         sandbox = client.connect(dest[0])
-        return _copy_in(sandbox, args.src, dest[1])
+        return _copy_in(sandbox, copy.src, dest[1])
 
 
 def _split_remote(spec: str) -> tuple[str, str] | None:

@@ -14,14 +14,13 @@ its own /dev); ``images --json`` lists them (`skipped`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from ._cli_commands import UsageError
+from ._cli_options import GlobalOptions, ImagesOptions, PullOptions, StoreOptions, UsageError
 from ._cli_output import print_table
 
 BAR_WIDTH = 30
@@ -41,11 +40,12 @@ def _size_text(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _store(args: argparse.Namespace, for_pull: bool = False) -> Any:
+def _store(options: StoreOptions, for_pull: bool = False) -> Any:
     """The image store the flags name (its directory made if missing)."""
     from .local.host.images import pull, store, unpack
 
-    root = Path(args.image_store) if args.image_store else store.default_root()
+    given = options.keywords
+    root = Path(given["image_store"]) if given.get("image_store") else store.default_root()
     owner: unpack.OwnerMap = unpack.server_owned
     if for_pull:
         from .local.host import bwrap
@@ -54,15 +54,16 @@ def _store(args: argparse.Namespace, for_pull: bool = False) -> Any:
         ids = support.ids
         if support.bwrap is not None and ids is not None:
             owner = unpack.in_range(ids.uid, ids.gid, ids.count)
+    auth_file = given.get("registry_auth_file")
     puller = pull.Puller(
         root / "scratch",
-        tuple(getattr(args, "insecure_registry", None) or ()),
-        Path(args.registry_auth_file) if getattr(args, "registry_auth_file", None) else None,
-        tuple(Path(p).resolve() for p in getattr(args, "allow_image_path", None) or ()),
+        tuple(given.get("insecure_registries") or ()),
+        Path(auth_file) if auth_file else None,
+        tuple(Path(p).resolve() for p in given.get("local_image_paths") or ()),
     )
     try:
         return store.ImageStore(
-            root, puller, args.image_store_size, owner, getattr(args, "image_size_limit", None)
+            root, puller, given["image_store_size"], owner, given.get("image_size_limit")
         )
     except OSError as exc:
         raise ImageCommandError(
@@ -71,24 +72,24 @@ def _store(args: argparse.Namespace, for_pull: bool = False) -> Any:
         ) from None
 
 
-def cmd_images(args: argparse.Namespace) -> int:
+def cmd_images(cli: GlobalOptions, images: ImagesOptions) -> int:
     """``osb-sync images``: the store's images (reference, digest, size, last used);
     ``images prune``: remove those no sandbox runs."""
     from .local.host.images.store import describe_age
 
-    image_store = _store(args)
-    if args.images_action == "prune":
+    image_store = _store(images.store)
+    if images.images_action == "prune":
         gone = image_store.prune()
-        if args.json:
+        if cli.json:
             print(json.dumps({"removed": gone}))
         else:
             for digest in gone:
                 print(f"removed {digest}")
             print(f"{len(gone)} image{'s' if len(gone) != 1 else ''} removed", file=sys.stderr)
         return 0
-    images = image_store.images()
-    if args.json:
-        print(json.dumps(images))
+    found = image_store.images()
+    if cli.json:
+        print(json.dumps(found))
         return 0
     rows = [
         {
@@ -97,7 +98,7 @@ def cmd_images(args: argparse.Namespace) -> int:
             "size": _size_text(i["size"]),
             "last used": describe_age(i["last_used"]) + (" (in use)" if i["in_use"] else ""),
         }
-        for i in sorted(images, key=lambda i: -i["last_used"])
+        for i in sorted(found, key=lambda i: -i["last_used"])
     ]
     print_table(rows, ["reference", "digest", "size", "last used"])
     return 0
@@ -153,28 +154,29 @@ class PullProgress:
             self.stream.flush()
 
 
-def cmd_pull(args: argparse.Namespace) -> int:
+def cmd_pull(cli: GlobalOptions, wanted: PullOptions) -> int:
     """``osb-sync pull IMAGE``: fetch it into the store now (asking its registry again)."""
     from .local.host.images import pull
     from .local.host.images.store import skipped_note
 
-    image_store = _store(args, for_pull=True)
+    image_store = _store(wanted.store, for_pull=True)
     platform = pull.host_platform()
-    if args.platform:
-        os_name, _, arch = args.platform.partition("/")
+    if wanted.platform:
+        os_name, _, arch = wanted.platform.partition("/")
         if not os_name or not arch:
-            raise UsageError(f"--platform takes OS/ARCH (linux/amd64), not {args.platform!r}")
+            raise UsageError(f"--platform takes OS/ARCH (linux/amd64), not {wanted.platform!r}")
         platform = {"os": os_name, "arch": arch}
-    shown = PullProgress(args.image, sys.stderr, sys.stderr.isatty() and not args.json)
+    shown = PullProgress(wanted.image, sys.stderr, sys.stderr.isatty() and not cli.json)
     started = time.monotonic()
     try:
-        image, _ = image_store.get(args.image, platform, None, refresh=True, progress=shown)
+        image, _ = image_store.get(wanted.image, platform, None, refresh=True, progress=shown)
     except pull.PullError as exc:
-        raise ImageCommandError(f"{exc.reason}: cannot pull {args.image}: {_fix(exc)}") from None
+        reason = f"{exc.reason}: cannot pull {wanted.image}: {_fix(exc)}"
+        raise ImageCommandError(reason) from None
     finally:
         shown.end()
     seconds = time.monotonic() - started
-    if args.json:
+    if cli.json:
         found = {"reference": image.reference, "digest": image.digest, "size": image.size}
         found.update(python=image.python, skipped=list(image.skipped))
         print(json.dumps({**found, "seconds": round(seconds, 3)}))

@@ -145,15 +145,10 @@ def names_missing_thing(exc: BaseException) -> bool:
     return any(thing in code for thing in ("SANDBOX", "FILE", "COMMAND", "CONTEXT"))
 
 
-def cli_terms(text: str, command: str = "") -> str:
-    """A message of the client or the server, in the command line's terms (flags, not keywords).
-
-    ``command`` (the verb) adds what a field of the request body is called on its command line.
-    """
+def cli_terms(text: str) -> str:
+    """A message of the client or the server, in the command line's terms (flags, not keywords)."""
     for keyword, flag in _CLI_TERMS:
         text = text.replace(keyword, flag)
-    if command == "create" and "body.timeout" in text:
-        text += " (body.timeout is --lifetime: the server sets its range)"
     return text
 
 
@@ -183,6 +178,13 @@ def status_summary(message: str | None, verbose: bool, said_unisolated: bool = F
             return None
         return "; ".join(gaps) + " (-v: the server's whole status message)"
     return text  # another server's message: it is not routine, so it is shown
+
+
+def print_status(message: str | None, verbose: bool, said_unisolated: bool = False) -> None:
+    """A server's status message on stderr, as :func:`status_summary` shortens it."""
+    line = status_summary(message, verbose, said_unisolated)
+    if line:
+        print("osb-sync: server: " + printable(line, keep="\n"), file=sys.stderr)
 
 
 def command_status(result: CommandResult) -> int:

@@ -61,6 +61,7 @@ from ._options import (
 from ._resources import Diagnostics, Pools, Snapshots, Templates
 from ._sandbox import Sandbox, start_code
 from ._transport import Transport
+from ._validators import is_number, whole
 from ._wait import Wait
 
 if TYPE_CHECKING:
@@ -371,8 +372,7 @@ class Client:
             ApiError: an error status.
             TransportError: the server could not be reached.
         """
-        if not isinstance(page_size, int) or not 1 <= page_size <= MAX_PAGE_SIZE:
-            raise ConfigurationError(f"page_size must be an int from 1 to {MAX_PAGE_SIZE}")
+        whole("page_size", page_size, 1, MAX_PAGE_SIZE)
         for item in self._lifecycle.iter_sandboxes(states, metadata, page_size):
             yield SandboxInfo.from_dict(item)
 
@@ -594,7 +594,7 @@ class Client:
             SandboxTimeoutError: the run's time ran out while the handle was being reached.
         """
         wait = None
-        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+        if is_number(timeout) and timeout > 0:
             wait = Wait("the run did not finish", timeout)  # a bad timeout: the run refuses it
         deadline = None if wait is None else wait.deadline
         if isinstance(sandbox, Sandbox):

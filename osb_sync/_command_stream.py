@@ -10,6 +10,7 @@ from ._errors import ConfigurationError, SandboxTimeoutError
 from ._execution import ExecutionStream
 from ._models import CommandResult, Event, ExecutionError
 from ._stream import cut_output, error_of, utf8_len
+from ._validators import non_empty, positive_seconds, whole
 
 if TYPE_CHECKING:
     pass
@@ -82,9 +83,7 @@ def timeout_ms(timeout: float | None) -> int | None:
     """Seconds (our API) to execd's milliseconds, at least 1."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ConfigurationError("timeout must be a positive number of seconds, or None")
-    return max(1, math.ceil(timeout * 1000))
+    return max(1, math.ceil(positive_seconds("timeout", timeout, "or None: no deadline") * 1000))
 
 
 def line_callbacks(
@@ -136,14 +135,10 @@ def command_body(
     Raises:
         ConfigurationError: an empty command, a bad timeout, or a ``gid`` without ``uid``.
     """
-    if not isinstance(command, str) or not command.strip():
-        raise ConfigurationError("command must be a non-empty str")
-    body: dict[str, Any] = {"command": command}
+    body: dict[str, Any] = {"command": non_empty("command", command)}
     for name, number in (("uid", uid), ("gid", gid)):
         if number is not None:
-            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
-                raise ConfigurationError(f"{name} must be an int of 0 or more")
-            body[name] = number
+            body[name] = whole(name, number, 0)
     if gid is not None and uid is None:
         raise ConfigurationError("gid needs uid (execd sets the group only with the user)")
     if cwd is not None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 from . import _answers as answers
 from ._command_stream import CommandFolder, client_deadline, collect, command_body, line_callbacks
 from ._constants import DEFAULT_POLL_INTERVAL, MAX_OUTPUT_BYTES
-from ._errors import NotFoundError, OpenSandboxError, SandboxTimeoutError
+from ._errors import CommandFailed, NotFoundError, SandboxTimeoutError
 from ._execd import LOGS_BYTES
 from ._models import CommandResult, CommandStatus, Event
 
@@ -115,11 +115,12 @@ class Commands:
         """Start a command in the background and return at once (``uid``/``gid`` as in run).
 
         Raises:
-            ApiError: execd refused the command, or named it with an id that cannot stand in a
-                URL (``code`` ``INVALID_RESPONSE``).
+            ApiError: execd refused the command, or named it with no id or one that cannot
+                stand in a URL (``code`` ``INVALID_RESPONSE``).
+            CommandFailed: execd said the command did not start.
             SandboxTimeoutError: execd did not answer that it started within the client's
-                ``call_timeout`` (its answer is a stream, which execd ends at once).
-            OpenSandboxError: execd gave the command no id.
+                ``call_timeout`` (its answer is a stream, which execd ends at once), or did
+                not know the command it started within ``REGISTRATION_WAIT`` seconds.
         """
         options = command_body(command, cwd, dict(env) if env else None, None, uid, gid)
         body = {**options, "background": True}
@@ -136,11 +137,16 @@ class Commands:
                 if event.type in ("execution_complete", "error"):
                     break
             result = stream.partial()
-        if result.id is None or result.error is not None:
-            reason = result.error.value if result.error else "no command id"
-            raise OpenSandboxError(f"the background command did not start: {reason}")
+        if result.error is not None:
+            raise CommandFailed(
+                f"the background command did not start: {result.error.value}",
+                exit_code=result.exit_code,
+                stderr=result.stderr,
+            )
         try:
             named = "the init event's text (the command id)"
+            if result.id is None:
+                raise answers.BadAnswer(named, "is missing: the stream named no command")
             answers.a_segment(result.id, named, self._execd.secrets)
         except answers.BadAnswer as exc:
             raise self._execd.invalid(stream.response, exc) from None
@@ -226,7 +232,7 @@ class BackgroundCommand:
                 return
             except NotFoundError:
                 if time.monotonic() + pause > deadline:
-                    raise OpenSandboxError(
+                    raise SandboxTimeoutError(
                         f"execd started background command {self.id} but did not know it "
                         f"{seconds:g} s later"
                     ) from None

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from ._constants import API_BASE_ENV, DOMAIN_ENV, LANGUAGES
 from ._errors import ConfigurationError
+from ._validators import non_empty, positive_seconds, whole
 
 
 def resolve_api_base(api_base: str | None) -> str:
@@ -83,17 +84,11 @@ class ClientSettings:
             value = getattr(self, name)
             if name == "call_timeout" and value is None:
                 value = 2 * self.read_timeout  # checked the line before
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigurationError(f"{name} must be a positive number of seconds")
-            object.__setattr__(self, name, float(value))  # frozen: set once, here
-        size = self.pool_maxsize
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ConfigurationError("pool_maxsize must be a positive int")
+            object.__setattr__(self, name, positive_seconds(name, value))  # frozen: set once
+        whole("pool_maxsize", self.pool_maxsize, 1)
         if not isinstance(self.pool_block, bool):
-            raise ConfigurationError("pool_block must be True or False")
-        retries = self.max_retries
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ConfigurationError("max_retries must be an int >= 0")
+            raise ConfigurationError(f"pool_block must be True or False, got {self.pool_block!r}")
+        whole("max_retries", self.max_retries, 0)
 
 
 DEFAULT_SETTINGS = ClientSettings()
@@ -109,9 +104,7 @@ def execd_url(endpoint: str, scheme: str) -> str:
 
 def check_id(sandbox_id: object) -> str:
     """A sandbox id, checked to be a non-empty str."""
-    if not isinstance(sandbox_id, str) or not sandbox_id.strip():
-        raise ConfigurationError("a sandbox id must be a non-empty str")
-    return sandbox_id
+    return non_empty("a sandbox id", sandbox_id)
 
 
 def check_run_arguments(
@@ -128,7 +121,6 @@ def check_run_arguments(
             f"unknown language {language!r}: execd runs {', '.join(LANGUAGES)} "
             "(which ones depend on the image)"
         )
-    if not isinstance(max_output_bytes, int) or max_output_bytes <= 0:
-        raise ConfigurationError("max_output_bytes must be a positive int")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-        raise ConfigurationError("timeout must be a positive number of seconds, or None")
+    whole("max_output_bytes", max_output_bytes, 1)
+    if timeout is not None:
+        positive_seconds("timeout", timeout, "or None: no deadline")

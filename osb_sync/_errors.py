@@ -9,13 +9,22 @@ The tree::
     ├── SandboxTimeoutError     (also TimeoutError)   not ready in time, or a run past its deadline
     ├── OutputLimitExceeded     (also ValueError)     a run's output passed max_output_bytes
     │                                                 (or a file read its max_bytes)
-    ├── CommandFailed                                  CommandResult.check() on a failed command
+    ├── CommandFailed                                  CommandResult.check() on a failed command,
+    │                                                  or a background command that did not start
+    ├── PoolClosedError                                a SandboxPool closed, or destroyed by any
+    │                                                  process that shares it
     ├── ApiError                (also requests.HTTPError)  the server answered with an error status
     │   ├── NotFoundError                              404
     │   └── NotSupportedError                          the server does not serve the feature
     │                                                  (404 for the route itself, 405, 501)
     └── TransportError          (also requests.ConnectionError)  no usable response
         └── StreamError                                a stream broke, stalled or ended truncated
+
+``OpenSandboxError`` itself is never raised, only the classes below it
+(``tests/unit/test_layers.py`` checks the source): ``except OpenSandboxError`` catches
+everything the package raises, and each failure has a class of its own to catch. An answer
+that breaks the protocol (a success whose body is unusable) is an ``ApiError`` with ``code``
+``INVALID_RESPONSE`` (:func:`invalid_response`).
 
 Every message names what happened and, where known, the request id; none contains an API key
 or an execd token.
@@ -35,7 +44,7 @@ _MAX_BODY_EXCERPT = 300
 
 
 class OpenSandboxError(Exception):
-    """Root of every error raised by osb_sync."""
+    """Root of every error raised by osb_sync (never raised itself: catch it, raise a leaf)."""
 
 
 class ConfigurationError(OpenSandboxError, ValueError):
@@ -83,12 +92,18 @@ class OutputLimitExceeded(OpenSandboxError, ValueError):
 
 
 class CommandFailed(OpenSandboxError):
-    """A command exited non-zero (raised by ``CommandResult.check()``)."""
+    """A command exited non-zero (raised by ``CommandResult.check()``), or a background command
+    did not start (``commands.start``)."""
 
     def __init__(self, message: str, *, exit_code: int | None, stderr: str):
         super().__init__(message)
         self.exit_code = exit_code
         self.stderr = stderr
+
+
+class PoolClosedError(OpenSandboxError):
+    """A :class:`~osb_sync.SandboxPool` was closed, or destroyed (by any process sharing it):
+    it lends nothing more."""
 
 
 class ApiError(OpenSandboxError, requests.HTTPError):

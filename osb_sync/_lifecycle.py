@@ -34,6 +34,7 @@ from ._errors import (
 from ._failures import V1_HINT
 from ._models import Endpoint, SandboxInfo, parse_time
 from ._transport import Transport, never_sent, response_json
+from ._validators import positive_seconds, whole
 from ._wait import Wait
 
 logger = logging.getLogger("osb_sync")
@@ -344,8 +345,7 @@ class Lifecycle:
             ConfigurationError: a port outside 1..65535, or an ``expires`` in the past.
             The errors of :meth:`resolve_endpoint`.
         """
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise ConfigurationError("port must be an int from 1 to 65535")
+        whole("port", port, 1, 65535)
         endpoint, headers = self.resolve_endpoint(
             sandbox_id, port, use_server_proxy, ready_timeout, poll_interval, epoch(expires)
         )
@@ -364,9 +364,8 @@ class Lifecycle:
             ConfigurationError: ``seconds`` is not a positive number.
             ApiError: e.g. a sandbox without expiry.
         """
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-            raise ConfigurationError("seconds must be a positive number")
-        expires = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+        lifetime = timedelta(seconds=positive_seconds("seconds", seconds))
+        expires = datetime.now(timezone.utc) + lifetime
         body = {"expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
         path = f"{sandbox_path(sandbox_id)}/renew-expiration"
         data = response_json(self.request("POST", path, json=body, read_timeout=read_timeout))
@@ -622,8 +621,7 @@ class Lifecycle:
             ApiError: an error status.
             TransportError: no usable response.
         """
-        if type(page_size) is not int or not 1 <= page_size <= MAX_PAGE_SIZE:
-            raise ConfigurationError(f"page_size must be an int from 1 to {MAX_PAGE_SIZE}")
+        whole("page_size", page_size, 1, MAX_PAGE_SIZE)
         page = 1
         while True:
             query = {"pageSize": page_size, **params, "page": page}

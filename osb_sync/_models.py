@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from ._errors import CommandFailed, ConfigurationError, OpenSandboxError
+from ._errors import CommandFailed, ConfigurationError
+from ._validators import whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,10 +234,10 @@ class CodeContext:
         """Build from execd's ``{"id", "language"}``; ``language`` fills a missing one.
 
         Raises:
-            OpenSandboxError: the answer has no id.
+            ConfigurationError: ``data`` is not a mapping with a str ``id``.
         """
         if not isinstance(data, dict) or not isinstance(data.get("id"), str):
-            raise OpenSandboxError("execd described a code context without an id")
+            raise ConfigurationError(f"a code context needs an id (a str), got {data!r:.60}")
         return cls(id=data["id"], language=str(data.get("language") or language))
 
 
@@ -315,10 +316,7 @@ def mode_to_wire(mode: int) -> int:
     Raises:
         ConfigurationError: not an int from 0 to 0o7777.
     """
-    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
-        raise ConfigurationError(
-            f"a file mode must be an int from 0 to 0o7777 such as 0o644, got {mode!r}"
-        )
+    whole("a file mode", mode, 0, 0o7777, what="an int from 0 to 0o7777 such as 0o644")
     return int(format(mode, "o"))
 
 
@@ -408,9 +406,7 @@ class PoolCapacity:
 
     def __post_init__(self) -> None:
         for name in ("pool_min", "pool_max", "buffer_min", "buffer_max"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 0:
-                raise ConfigurationError(f"{name} must be an int >= 0, got {value!r}")
+            whole(name, getattr(self, name), 0)
         for low, high in (("pool_min", "pool_max"), ("buffer_min", "buffer_max")):
             if getattr(self, low) > getattr(self, high):
                 raise ConfigurationError(f"{low} must not exceed {high}")

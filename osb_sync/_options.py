@@ -37,6 +37,7 @@ from ._constants import (
 )
 from ._errors import ConfigurationError
 from ._models import CodeContext, Event
+from ._validators import non_empty, seconds, whole
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -115,10 +116,7 @@ class Reach:
 
     def __post_init__(self) -> None:
         for name in ("ready_timeout", "poll_interval"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ConfigurationError(f"{name} must be a number of seconds >= 0")
-            object.__setattr__(self, name, float(value))  # frozen: set once, here
+            object.__setattr__(self, name, seconds(name, getattr(self, name)))  # frozen: once
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> Reach:
@@ -243,11 +241,11 @@ def build_create_body(options: Mapping[str, Any], metadata: Mapping[str, str]) -
             )
         if timeout is NO_TIMEOUT:
             raise ConfigurationError("a sandbox from template_id needs a timeout (its lifetime)")
-        body["templateId"] = _non_empty(get("template_id"), "template_id")
+        body["templateId"] = non_empty("template_id", get("template_id"))
     elif get("snapshot_id") is not None:
         if get("template") is not None or get("image_auth") is not None:
             raise ConfigurationError("pass either template (with image_auth) or snapshot_id")
-        body["snapshotId"] = _non_empty(get("snapshot_id"), "snapshot_id")
+        body["snapshotId"] = non_empty("snapshot_id", get("snapshot_id"))
         if entrypoint:
             body["entrypoint"] = list(entrypoint)
     else:
@@ -287,19 +285,13 @@ def build_create_body(options: Mapping[str, Any], metadata: Mapping[str, str]) -
         body["volumes"] = [dict(volume) for volume in get("volumes")]
     extensions = dict(get("extensions") or {})
     if get("pool") is not None:
-        pool = _non_empty(get("pool"), "pool")
+        pool = non_empty("pool", get("pool"))
         if extensions.get("poolRef", pool) != pool:
             raise ConfigurationError("pool and extensions['poolRef'] name different pools")
         extensions["poolRef"] = pool
     if extensions:
         body["extensions"] = extensions
     return body
-
-
-def _non_empty(value: object, name: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigurationError(f"{name} must be a non-empty str")
-    return value
 
 
 def lifetime_seconds(options: Mapping[str, Any]) -> float | None:
@@ -311,8 +303,10 @@ def lifetime_seconds(options: Mapping[str, Any]) -> float | None:
 def _check_lifetime(timeout: object) -> None:
     if timeout is None or timeout is NO_TIMEOUT:
         return
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
-        raise ConfigurationError(
-            f"timeout (the sandbox lifetime) must be a positive int of seconds, got {timeout!r}: "
-            f"None for the default ({DEFAULT_TIMEOUT} s), osb_sync.NO_TIMEOUT for no expiry"
-        )
+    whole(
+        "timeout (the sandbox lifetime)",
+        timeout,
+        1,
+        what="a positive int of seconds",
+        fix=f"None for the default ({DEFAULT_TIMEOUT} s), osb_sync.NO_TIMEOUT for no expiry",
+    )

@@ -1,46 +1,59 @@
-"""The client's own session: built once, requests sent without requests' per-call work.
+"""The client's own session: built once, each request prepared here and sent by its adapter.
 
 ``Session.request`` does per call what a client that never changes its session need only do
 once: it scans the environment for proxies (twice), the CA bundle variables and ``~/.netrc``,
 and merges the session's cookies, params and auth into each request. Here the settings
 ``Session.merge_environment_settings`` gives are read once per origin, and again when a variable
-of ``ENVIRONMENT_VARIABLES`` changes or the client is told to (``Client.reload_environment()``).
-A request then takes the direct path (below): the adapter's own steps and urllib3's
-``urlopen``, without ``Request.prepare`` and ``Session.send``; one the direct path does not
-take (a patched adapter, a body it would not send as is) is built with
-``Request(...).prepare()`` and sent with ``Session.send``. The session's params, auth, hooks
-and cookies are requests' defaults and never change (cookies are refused), so what reaches the
-wire, and what a failure raises, is what ``Session.request`` would send and raise (pinned by
-tests/sockets/test_own_session.py).
+of ``ENVIRONMENT_VARIABLES`` changes or the client is told to (``Client.reload_environment()``);
+a request's URL is prepared once per URL and query (cached), its headers merged and its body
+encoded as ``Request.prepare`` would (a body it would not send as is, a URL with credentials, a
+header requests would refuse: ``Request.prepare`` itself). The prepared request goes to the
+session's adapter through ``HTTPAdapter.send``, the adapter's documented entry: requests'
+own steps (its connection and TLS hooks, the proxy, the headers) and its mapping of urllib3's
+errors, called from inside the adapter. ``Session.send`` is not taken: what it adds (response
+hooks, cookies, the next request of a redirect, ``elapsed``) does nothing for a session whose
+hooks and cookies are requests' defaults and never change (cookies are refused) and whose
+redirects are the transport's. So what reaches the wire, and what a failure raises, is what
+``Session.request`` would send and raise (pinned by tests/sockets/test_own_session.py), and
+``responses`` (which patches ``HTTPAdapter.send``) sees every request.
 
-Its connections start the whole-call bound of the request being sent (``sending``) when they
-begin to read its answer: the bound then covers the headers too, which for a caller's session
-it can cover only once they are in (``Transport``).
+What this relies on beyond requests' ``Session`` API: the subclass hooks of ``HTTPAdapter``
+(``send``, ``proxy_manager_for``, ``close``; its ``poolmanager``), ``PreparedRequest``'s
+documented attributes and ``prepare_url``/``prepare_auth``; of urllib3, the pool classes a
+``PoolManager`` makes (``pool_classes_by_scheme``), a pool's ``ConnectionCls`` and ``urlopen``,
+and a connection's ``getresponse``.
+
+Its adapter remembers each connection an answer came on, weakly, and closes those still alive
+on ``close()``: urllib3 2.x drops its pools on ``PoolManager.clear()`` without closing them
+(their sockets would wait for garbage collection). Its connections start the whole-call bound
+of the request being sent (``sending``) when they begin to read its answer: the bound then
+covers the headers too, which for a caller's session it can cover only once they are in
+(``Transport``).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
+import weakref
 from http.cookiejar import DefaultCookiePolicy
 from typing import Any, Mapping, NamedTuple
 from urllib.parse import urlsplit
 
 import requests
-import urllib3
 from requests.adapters import HTTPAdapter
 from requests.models import PreparedRequest
 from requests.structures import CaseInsensitiveDict
-from requests.utils import get_encoding_from_headers, get_netrc_auth
+from requests.utils import get_netrc_auth
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import LocationValueError
-from urllib3.util import Timeout
 
 from ._constants import VERSION
 from ._watchdog import Cutoff
 
+logger = logging.getLogger("osb_sync")
 # The variables requests documents for proxies, CA bundles and netrc (urllib reads both cases).
 ENVIRONMENT_VARIABLES = (
     "HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy",
@@ -115,7 +128,44 @@ _WAITING = {"http": _WaitingPool, "https": _WaitingHTTPSPool}
 
 class _Adapter(HTTPAdapter):
     """requests' adapter, whose pools (through a proxy too) have the connections above, and
-    wait within the connect timeout when ``pool_block`` is set."""
+    wait within the connect timeout when ``pool_block`` is set; it remembers the connections
+    its answers came on, and closes them on ``close()``."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._connections_lock = threading.Lock()
+
+    def send(  # type: ignore[override]  # requests' inline and types-requests' signatures differ
+        self,
+        request: PreparedRequest,
+        stream: bool = False,
+        timeout: Any = None,
+        verify: Any = True,
+        cert: Any = None,
+        proxies: Any = None,
+    ) -> requests.Response:
+        """``HTTPAdapter.send``; the connection of the answer is remembered for ``close()``."""
+        response = super().send(
+            request, stream=stream, timeout=timeout, verify=verify, cert=cert, proxies=proxies
+        )
+        connection = getattr(response.raw, "connection", None)  # urllib3's public property
+        if connection is not None:
+            with self._connections_lock:
+                self._connections.add(connection)
+        return response
+
+    def close(self) -> None:
+        """Close the pools and every connection an answer came on that is still alive."""
+        super().close()
+        with self._connections_lock:
+            connections = list(self._connections)
+            self._connections.clear()
+        for connection in connections:
+            try:
+                connection.close()
+            except OSError:
+                logger.debug("closing a pooled connection failed", exc_info=True)
 
     def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
         manager = super().proxy_manager_for(proxy, **proxy_kwargs)
@@ -196,35 +246,53 @@ def send_prepared(
     Raises:
         requests.RequestException: as ``Session.request`` would.
     """
-    adapter = _direct_adapter(session, url)
-    if adapter is not None:
-        response = _send_direct(
-            session, adapter, environment.settings(url), method, url,
-            headers=headers, json=json, params=params, data=data, timeout=timeout,
-        )  # fmt: skip
-        if response is not None:
-            return response
-    prepared = requests.Request(
-        method.upper(),
-        url,
-        headers=_merged_headers(session.headers, headers),
-        data=data or {},
-        json=json,
-        # b"" is requests' documented "no query" without its Protocol isinstance checks.
-        params=params or b"",
-    ).prepare()
-    settings = environment.settings(prepared.url or url)
+    request = _prepared(session, method, url, headers, json, params, data)
+    assert request.url is not None  # prepared
+    settings = environment.settings(request.url)
     if settings.auth is not None:
-        prepared.prepare_auth(settings.auth)
-    return session.send(
-        prepared,
-        timeout=timeout,
-        allow_redirects=False,
+        request.prepare_auth(settings.auth)
+    return session.get_adapter(request.url).send(
+        request,
         stream=True,
+        timeout=timeout,
         verify=settings.verify,
         cert=settings.cert,
         proxies=dict(settings.proxies),
     )
+
+
+def _prepared(
+    session: requests.Session,
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    json: Any,
+    params: Any,
+    data: Any,
+) -> PreparedRequest:
+    """The request ``Request(...).prepare()`` would make: built here from its parts (the URL
+    prepared once per URL and query), or by ``prepare()`` itself when it is unusual."""
+    merged = _merged_headers(session.headers, headers)
+    full_url, has_credentials = _url_of(url, params)
+    method = method.upper()
+    body = _SLOW
+    if not has_credentials and all(_valid_header(k, v) for k, v in merged.items()):
+        body = _body(method, json, data, merged)
+    if body is _SLOW:
+        return requests.Request(
+            method,
+            url,
+            headers=_merged_headers(session.headers, headers),
+            data=data or {},
+            json=json,
+            # b"" is requests' documented "no query" without its Protocol isinstance checks.
+            params=params or b"",
+        ).prepare()
+    request = PreparedRequest()
+    # requests' inline annotations and types-requests type these attributes differently.
+    prepared: Any = request
+    prepared.method, prepared.url, prepared.headers, prepared.body = method, full_url, merged, body
+    return request
 
 
 def _merged_headers(
@@ -237,43 +305,6 @@ def _merged_headers(
     for name in [name for name, value in merged.items() if value is None]:
         del merged[name]
     return merged
-
-
-# --- The direct path -------------------------------------------------------------------------
-# What ``Session.send`` -> ``HTTPAdapter.send`` do for one of our requests, in the adapter's
-# own documented steps (``get_connection_with_tls_context``, ``cert_verify``, ``request_url``,
-# ``add_headers``, then urllib3's ``urlopen`` with the arguments the adapter passes), minus what
-# a session that never changes costs per call: preparing a URL it has seen (cached), merging
-# and storing cookies (refused: there are none), its hooks (none) and the next request of a
-# redirect prepared for ``Response.next`` (redirects are the transport's). Taken
-# only when the session and its adapter are requests' own (not one patched by ``responses`` or
-# a test double) and the body is one the adapter would send with a Content-Length; any other
-# request goes through ``Session.send``, so the wire and the errors are the same either way
-# (pinned by tests/sockets/test_own_session.py).
-
-_SEND_FUNCTIONS = {("requests.adapters", "HTTPAdapter.send"), ("requests.sessions", "Session.send")}
-
-
-def _is_requests_own(function: Any) -> bool:
-    names = (getattr(function, "__module__", None), getattr(function, "__qualname__", None))
-    return names in _SEND_FUNCTIONS
-
-
-def _direct_adapter(session: requests.Session, url: str) -> HTTPAdapter | None:
-    """The session's adapter for ``url`` when the direct path may bypass ``Session.send``."""
-    try:
-        adapter = session.get_adapter(url)
-    except requests.RequestException:
-        return None  # no adapter (a bad scheme): Session.send says so
-    if (
-        not isinstance(adapter, _Adapter)
-        or not hasattr(adapter, "get_connection_with_tls_context")  # requests < 2.32.2
-        or not _is_requests_own(type(adapter).send)
-        or not _is_requests_own(type(session).send)
-        or any(session.hooks.get("response", ()))
-    ):
-        return None
-    return adapter
 
 
 def _prepare_url(url: str, params: Any) -> tuple[str, bool]:
@@ -341,105 +372,3 @@ def _body(method: str, json: Any, data: Any, headers: CaseInsensitiveDict[Any]) 
 _SLOW = object()
 # The json module requests encodes bodies with (simplejson when installed).
 _JSON: Any = vars(requests.compat)["json"]
-
-
-def _send_direct(
-    session: requests.Session,
-    adapter: HTTPAdapter,
-    settings: Settings,
-    method: str,
-    url: str,
-    *,
-    headers: Mapping[str, str],
-    json: Any,
-    params: Any,
-    data: Any,
-    timeout: tuple[float, float],
-) -> requests.Response | None:
-    """Send as ``Session.send`` would, or None when this request needs requests' own path."""
-    full_url, has_credentials = _url_of(url, params)
-    merged = _merged_headers(session.headers, headers)
-    if has_credentials or not all(_valid_header(k, v) for k, v in merged.items()):
-        return None
-    method = method.upper()
-    body = _body(method, json, data, merged)
-    if body is _SLOW:
-        return None
-    request = PreparedRequest()
-    # requests' inline annotations and types-requests type these hooks differently: Any here.
-    prepared: Any = request
-    steps: Any = adapter
-    prepared.method, prepared.url, prepared.headers, prepared.body = method, full_url, merged, body
-    if settings.auth is not None:
-        request.prepare_auth(settings.auth)
-    proxies = dict(settings.proxies)
-    try:
-        pool: Any = steps.get_connection_with_tls_context(
-            request, settings.verify, proxies=proxies, cert=settings.cert
-        )
-    except LocationValueError as exc:
-        raise requests.exceptions.InvalidURL(exc, request=request) from exc
-    steps.cert_verify(pool, full_url, settings.verify, settings.cert)
-    path = steps.request_url(request, proxies)
-    steps.add_headers(request, stream=True, timeout=timeout, verify=settings.verify,
-                      cert=settings.cert, proxies=proxies)  # fmt: skip
-    try:
-        raw: Any = pool.urlopen(
-            method=method,
-            url=path,
-            body=body,
-            headers=request.headers,
-            redirect=False,
-            assert_same_host=False,
-            preload_content=False,
-            decode_content=False,
-            retries=adapter.max_retries,
-            timeout=Timeout(connect=timeout[0], read=timeout[1]),
-            chunked=False,
-        )
-    except Exception as exc:  # mapped as the adapter maps them, or raised as it is
-        error = _as_requests_error(exc, request)
-        if error is exc:
-            raise
-        raise error from exc
-    response = requests.Response()
-    response.status_code = raw.status
-    response.headers = CaseInsensitiveDict(raw.headers)
-    response.encoding = get_encoding_from_headers(response.headers)
-    response.raw = raw
-    response.reason = raw.reason
-    response.url = full_url
-    response.request = request
-    response.connection = adapter
-    return response
-
-
-def _as_requests_error(exc: Exception, request: PreparedRequest) -> Exception:
-    """The exception ``HTTPAdapter.send`` raises for what urllib3's ``urlopen`` raised."""
-    errors = requests.exceptions
-    if isinstance(exc, (urllib3.exceptions.ProtocolError, OSError)):
-        return errors.ConnectionError(exc, request=request)
-    if isinstance(exc, urllib3.exceptions.MaxRetryError):
-        reason = exc.reason
-        if isinstance(reason, urllib3.exceptions.ConnectTimeoutError) and not isinstance(
-            reason, urllib3.exceptions.NewConnectionError
-        ):
-            return errors.ConnectTimeout(exc, request=request)
-        if isinstance(reason, urllib3.exceptions.ResponseError):
-            return errors.RetryError(exc, request=request)
-        if isinstance(reason, urllib3.exceptions.ProxyError):
-            return errors.ProxyError(exc, request=request)
-        if isinstance(reason, urllib3.exceptions.SSLError):
-            return errors.SSLError(exc, request=request)
-        return errors.ConnectionError(exc, request=request)
-    if isinstance(exc, urllib3.exceptions.ClosedPoolError):
-        return errors.ConnectionError(exc, request=request)
-    if isinstance(exc, urllib3.exceptions.ProxyError):
-        return errors.ProxyError(exc)
-    if isinstance(exc, urllib3.exceptions.SSLError):
-        return errors.SSLError(exc, request=request)
-    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
-        return errors.ReadTimeout(exc, request=request)
-    if isinstance(exc, urllib3.exceptions.InvalidHeader):
-        return errors.InvalidHeader(exc, request=request)
-    return exc

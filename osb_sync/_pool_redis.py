@@ -25,8 +25,8 @@ Rules:
 - Every process takes idle sandboxes, creates when the pool may grow, and renews its borrow
   leases and its heartbeat every third of ``borrow_lease`` (registering them again if Redis
   lost them). Owner ids are per process (a fork gets a new one).
-- One leader at a time (a lease renewed every third of ``leader_lease``, between the slow
-  steps of its round too: each ping and list) refills to ``size``;
+- One leader at a time (``_pool_leader``: a part each process's lender holds; a lease renewed
+  every third of ``leader_lease``, between the slow steps of its round too) refills to ``size``;
   its creates are committed only if its epoch is still the leader's, so a paused and resumed
   old leader's sandbox is deleted, not pooled. It deletes the sandboxes whose borrow lease
   ran out (crashed borrowers), renews idle sandboxes before they expire and pings them
@@ -66,8 +66,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from ._errors import ConfigurationError, OpenSandboxError, TransportError
-from ._pool import (
+from ._errors import ConfigurationError, OpenSandboxError, PoolClosedError, TransportError
+from ._pool_contract import (
     CLOSE_WAIT,
     MAX_CREATE_BACKOFF,
     POOL_KEY,
@@ -75,12 +75,15 @@ from ._pool import (
     Order,
     PoolSpec,
     answers_ping,
+    call_timeout,
     hopeless,
     reset_for_next_user,
     timeout_error,
 )
-from ._pool_scripts import KEY_NAMES, PREAMBLE, SCRIPTS
+from ._pool_leader import RedisLeader
+from ._pool_scripts import KEY_NAMES, PREAMBLE, SCRIPTS, number, text
 from ._transport import backoff_seconds
+from ._validators import positive_seconds
 
 if TYPE_CHECKING:
     from ._models import SandboxInfo
@@ -93,8 +96,6 @@ OWNER_KEY = "osb_sync.pool-owner"
 ID_KEY = "osb_sync.pool-id"
 ON_REDIS_DOWN = ("create", "raise")
 URL_SCHEMES = ("redis", "rediss", "unix")
-REFILL_PARALLEL = 2  # the leader's creates at once: enough to keep up, not a stampede
-UPKEEP_INTERVAL = 10.0  # seconds between two health checks of the idle sandboxes
 POLL_FIRST, POLL_MAX = 0.02, 0.2  # acquire's waits for a sandbox another process returns
 
 
@@ -154,9 +155,7 @@ class RedisStore:
         if not isinstance(self.prefix, str):
             raise ConfigurationError("prefix must be a str")
         for name in ("leader_lease", "borrow_lease", "redis_timeout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigurationError(f"{name} must be a number of seconds > 0")
+            positive_seconds(name, getattr(self, name))
         if self.on_redis_down not in ON_REDIS_DOWN:
             raise ConfigurationError(f"on_redis_down must be one of {ON_REDIS_DOWN}")
 
@@ -212,43 +211,129 @@ def fingerprint(spec: PoolSpec) -> str:
     )
 
 
-def text(value: Any) -> Any:
-    """A Redis answer with bytes decoded (a caller's client may not decode)."""
-    if isinstance(value, bytes):
-        return value.decode()
-    if isinstance(value, list):
-        return [text(item) for item in value]
-    return value
+class RedisBooks:
+    """The pool's books in Redis and what is trusted of them: the scripts, run on the pool's
+    keys, and the server's word on each sandbox Redis names (the module's rules). The lender and
+    its leader share one.
 
-
-def number(value: str) -> float:
-    """A score as Redis writes it (``inf`` included)."""
-    return float(value)
-
-
-class RedisLender:
-    """A process's part in a Redis-shared pool: lends, takes back, and may lead."""
+    Attributes:
+        id: the pool's id, from Redis (the ``options`` script); kept by a forked child.
+        error: redis-py's ``RedisError``, which every script call may raise.
+    """
 
     def __init__(self, store: RedisStore, spec: PoolSpec):
         self.store, self.spec = store, spec
         self._client = spec.client
-        self._redis = store.connection()
+        connection = store.connection()
         import redis.exceptions
 
-        self._redis_error: type[Exception] = redis.exceptions.RedisError
-        self._scripts = {name: self._redis.register_script(PREAMBLE + body)
+        self.error: type[Exception] = redis.exceptions.RedisError
+        self._scripts = {name: connection.register_script(PREAMBLE + body)
                          for name, body in SCRIPTS.items()}  # fmt: skip
         self._keys = store.keys(spec.name)
+        self.id = ""
+        self.down = False  # Redis did not answer the last call (logged once)
+
+    def run(self, script: str, *args: object) -> Any:
+        """Run one of SCRIPTS on the pool's keys. Raises redis-py's RedisError."""
+        return text(self._scripts[script](keys=self._keys, args=[str(a) for a in args]))
+
+    def quietly(self, script: str, *args: object) -> Any:
+        """A script whose failure the next renewal or reconcile mends; logged, not raised."""
+        try:
+            return self.run(script, *args)
+        except self.error as exc:
+            self.lost(exc)
+            return None
+
+    def lost(self, exc: BaseException) -> None:
+        """Redis did not answer: logged once, until it answers again (:meth:`back`)."""
+        if not self.down:
+            self.down = True
+            logger.warning(
+                "pool %s: Redis (%r) does not answer (%s); %s",
+                self.spec.name,
+                self.store,
+                exc,
+                "acquire creates sandboxes outside the pool"
+                if self.store.on_redis_down == "create"
+                else "acquire raises",
+            )
+
+    def back(self) -> None:
+        """Redis answered: logged once after it did not."""
+        if self.down:
+            self.down = False
+            logger.warning("pool %s: Redis answers again", self.spec.name)
+
+    def checked(self, sandbox_id: str, doing: str) -> SandboxInfo | None:
+        """The server's record of a sandbox Redis named, if it is this pool's (`_ours`), before
+        it is `doing`; else None, logged. A failed GET proves nothing about whose it is: None
+        too, and it is never deleted on that (the leader's reconcile deletes a sandbox of the
+        pool that Redis dropped, once Redis has not known it for a borrow lease)."""
+        try:
+            info = self._client.get_sandbox(sandbox_id)
+        except OpenSandboxError as exc:
+            logger.info("pool %s: sandbox %s not %s: the server did not say whose it is (%s)",
+                        self.spec.name, sandbox_id, doing, exc)  # fmt: skip
+            return None
+        return info if self._ours(sandbox_id, info.metadata, doing) else None
+
+    def _ours(self, sandbox_id: str, metadata: dict[str, str], doing: str) -> bool:
+        """Whether a sandbox Redis named is this pool's (its metadata names the pool), before
+        it is `doing` ("lent", "deleted"); one that is not is logged and left alone.
+
+        Redis holds ids only: whoever can write to it could name any sandbox of the server,
+        another user's, for the next borrower to read or for the leader to delete.
+        """
+        if self.id and metadata.get(ID_KEY) == self.id and metadata.get(POOL_KEY) == self.spec.name:
+            return True
+        logger.warning(
+            "pool %s: Redis named sandbox %s, which is not the pool's (%s=%r, %s=%r; the pool's"
+            " id is %r): not %s (whoever can write to this Redis named it)",
+            self.spec.name,
+            sandbox_id,
+            POOL_KEY,
+            metadata.get(POOL_KEY),
+            ID_KEY,
+            metadata.get(ID_KEY),
+            self.id,
+            doing,
+        )
+        return False
+
+    def tagged(self) -> list[SandboxInfo]:
+        """The server's sandboxes tagged with the pool: its name and its id."""
+        if not self.id:
+            return []
+        return list(
+            self._client.list_sandboxes(metadata={POOL_KEY: self.spec.name, ID_KEY: self.id})
+        )
+
+    def delete_pooled(self, sandbox_id: str) -> None:
+        """Delete a sandbox Redis named, if it is this pool's (:meth:`checked`); quietly."""
+        if self.checked(sandbox_id, "deleted") is not None:
+            self._client.delete_quietly(sandbox_id)
+
+
+class RedisLender:
+    """A process's part in a Redis-shared pool: lends and takes back. It holds the pool's books
+    and a leader (``_pool_leader``), which keeps the pool while this process holds the lease."""
+
+    def __init__(self, store: RedisStore, spec: PoolSpec):
+        self.store, self.spec = store, spec
+        self._client = spec.client
+        self._books = RedisBooks(store, spec)
+        self._redis_error = self._books.error
         self._fingerprint = fingerprint(spec)
         self._renew_every = store.borrow_lease / 3
         self._tick = min(1.0, store.leader_lease / 5)
-        self._id = ""  # the pool's, from Redis (the `options` script), kept by a forked child
         self._reset_state()
         try:
             self._check_options()
-            self._run("renew", self._owner, store.borrow_lease, 0)  # a member before any create
-        except self._redis_error as exc:
-            self._redis_lost(exc)  # checked again by the worker once Redis answers
+            self._books.run("renew", self._owner, store.borrow_lease, 0)  # a member before any
+        except self._redis_error as exc:  # create
+            self._books.lost(exc)  # checked again by the worker once Redis answers
         self._start_worker()
 
     def __repr__(self) -> str:
@@ -270,40 +355,22 @@ class RedisLender:
         self._closed = False
         self._stop = threading.Event()
         self._refused: OpenSandboxError | None = None  # raised again by every acquire
-        self._epoch = ""
-        self._refilling = 0
         self._failures = 0
-        self._unknown_since: dict[str, float] = {}
-        self._redis_down = False
-        self._next_renew = self._next_lead = self._next_upkeep = self._next_reconcile = 0.0
+        self._books.down = False
+        self._next_renew = 0.0
+        self._leader = RedisLeader(
+            self._books,
+            self.spec,
+            self._owner,
+            (self.store.leader_lease, self.store.borrow_lease),
+            self._start_refill,
+            self._lent_ids,
+            self._stop,
+        )
 
     def after_fork(self) -> None:
         """In a forked child: a new owner, no sandboxes, the worker started on first use."""
         self._reset_state()
-
-    # -- Redis ----------------------------------------------------------------------------
-
-    def _run(self, script: str, *args: object) -> Any:
-        """Run one of SCRIPTS on the pool's keys. Raises redis-py's RedisError."""
-        return text(self._scripts[script](keys=self._keys, args=[str(a) for a in args]))
-
-    def _redis_lost(self, exc: BaseException) -> None:
-        if not self._redis_down:
-            self._redis_down = True
-            logger.warning(
-                "pool %s: Redis (%r) does not answer (%s); %s",
-                self.spec.name,
-                self.store,
-                exc,
-                "acquire creates sandboxes outside the pool"
-                if self.store.on_redis_down == "create"
-                else "acquire raises",
-            )
-
-    def _redis_back(self) -> None:
-        if self._redis_down:
-            self._redis_down = False
-            logger.warning("pool %s: Redis answers again", self.spec.name)
 
     def _check_options(self) -> None:
         """Redis's record of the pool's options against this pool's (the first one sets it).
@@ -311,8 +378,12 @@ class RedisLender:
         Raises:
             ConfigurationError: they differ, or the pool is being destroyed.
         """
-        answer, pool_id = self._run("options", self._fingerprint, self._id or secrets.token_hex(8))
-        self._id = self._id or pool_id  # its own for good: Redis's may change, not the pool's
+        answer, pool_id = self._books.run(
+            "options", self._fingerprint, self._books.id or secrets.token_hex(8)
+        )
+        self._books.id = (
+            self._books.id or pool_id
+        )  # its own for good: Redis's may change, not the pool's
         if answer == "closed":
             self._refused = ConfigurationError(
                 f"pool {self.spec.name!r} was destroyed (for {self.store.borrow_lease * 2:g} s "
@@ -341,7 +412,7 @@ class RedisLender:
             self._check_usable()
             token = secrets.token_hex(8)
             try:
-                answer = self._run(
+                answer = self._books.run(
                     "take",
                     self._owner,
                     self.store.borrow_lease,
@@ -351,9 +422,9 @@ class RedisLender:
                 )
             except self._redis_error as exc:
                 return self._acquire_outside(exc, deadline, timeout)
-            self._redis_back()
+            self._books.back()
             if answer[0] == "closed":
-                self._refused = OpenSandboxError(f"{self!r} was destroyed")
+                self._refused = PoolClosedError(f"{self!r} was destroyed")
                 continue
             if answer[0] == "lent":
                 sandbox = self._reach(answer[1], number(answer[2]) - number(answer[3]), deadline)
@@ -389,7 +460,7 @@ class RedisLender:
 
     def _check_usable(self) -> None:
         if self._closed:
-            raise OpenSandboxError(f"{self!r} is closed")
+            raise PoolClosedError(f"{self!r} is closed")
         if self._refused is not None:
             raise type(self._refused)(str(self._refused))
 
@@ -398,30 +469,31 @@ class RedisLender:
     ) -> Sandbox | None:
         """The taken sandbox, checked (the pool's, Running, answering /ping) and renewed if
         close to expiry; None if it is not fit to lend: the pool's is deleted, any other, and
-        one the server could not say whose it is, only dropped from Redis (`_checked`)."""
-        call_timeout = self._call_timeout(deadline)
+        one the server could not say whose it is, only dropped from Redis (the books'
+        ``checked``)."""
+        timeout = call_timeout(self._client.read_timeout, deadline)
         lifetime = self.spec.lifetime
-        info = self._checked(sandbox_id, "lent")
+        info = self._books.checked(sandbox_id, "lent")
         if info is None:
-            self._quietly("give_back", sandbox_id, "drop", "")
+            self._books.quietly("give_back", sandbox_id, "drop", "")
             return None
         try:
             fit = info.state == "Running"
             if fit:
                 sandbox = self._client.connect(
-                    sandbox_id, health_check=False, ready_timeout=call_timeout
+                    sandbox_id, health_check=False, ready_timeout=timeout
                 )
                 sandbox.delete_on_exit = False
-                fit = answers_ping(sandbox, call_timeout)
+                fit = answers_ping(sandbox, timeout)
             if fit and lifetime is not None and seconds_left < lifetime / 2:
-                sandbox.renew(lifetime, timeout=call_timeout)
+                sandbox.renew(lifetime, timeout=timeout)
                 seconds_left = lifetime
         except OpenSandboxError as exc:
             logger.info("pooled sandbox %s cannot be reached (%s); replacing it", sandbox_id, exc)
             fit = False
         if not fit:
             self._client.delete_quietly(sandbox_id)
-            self._quietly("give_back", sandbox_id, "drop", "")
+            self._books.quietly("give_back", sandbox_id, "drop", "")
             return None
         with self._cond:
             self._lent[sandbox_id] = sandbox
@@ -429,70 +501,11 @@ class RedisLender:
                 self._expires[sandbox_id] = time.monotonic() + seconds_left
         return sandbox
 
-    def _checked(self, sandbox_id: str, doing: str) -> SandboxInfo | None:
-        """The server's record of a sandbox Redis named, if it is this pool's (`_ours`), before
-        it is `doing`; else None, logged. A failed GET proves nothing about whose it is: None
-        too, and it is never deleted on that (the leader's reconcile deletes a sandbox of the
-        pool that Redis dropped, once Redis has not known it for a borrow lease)."""
-        try:
-            info = self._client.get_sandbox(sandbox_id)
-        except OpenSandboxError as exc:
-            logger.info("pool %s: sandbox %s not %s: the server did not say whose it is (%s)",
-                        self.spec.name, sandbox_id, doing, exc)  # fmt: skip
-            return None
-        return info if self._ours(sandbox_id, info.metadata, doing) else None
-
-    def _ours(self, sandbox_id: str, metadata: dict[str, str], doing: str) -> bool:
-        """Whether a sandbox Redis named is this pool's (its metadata names the pool), before
-        it is `doing` ("lent", "deleted"); one that is not is logged and left alone.
-
-        Redis holds ids only: whoever can write to it could name any sandbox of the server,
-        another user's, for the next borrower to read or for the leader to delete.
-        """
-        if (
-            self._id
-            and metadata.get(ID_KEY) == self._id
-            and metadata.get(POOL_KEY) == self.spec.name
-        ):
-            return True
-        logger.warning(
-            "pool %s: Redis named sandbox %s, which is not the pool's (%s=%r, %s=%r; the pool's"
-            " id is %r): not %s (whoever can write to this Redis named it)",
-            self.spec.name,
-            sandbox_id,
-            POOL_KEY,
-            metadata.get(POOL_KEY),
-            ID_KEY,
-            metadata.get(ID_KEY),
-            self._id,
-            doing,
-        )
-        return False
-
-    def _tagged(self) -> list[SandboxInfo]:
-        """The server's sandboxes tagged with the pool: its name and its id."""
-        if not self._id:
-            return []
-        return list(
-            self._client.list_sandboxes(metadata={POOL_KEY: self.spec.name, ID_KEY: self._id})
-        )
-
-    def _delete_pooled(self, sandbox_id: str) -> None:
-        """Delete a sandbox Redis named, if it is this pool's (`_checked`); quietly."""
-        if self._checked(sandbox_id, "deleted") is not None:
-            self._client.delete_quietly(sandbox_id)
-
-    def _call_timeout(self, deadline: float | None) -> float:
-        read_timeout = self._client.read_timeout
-        if deadline is None:
-            return read_timeout
-        return min(read_timeout, max(deadline - time.monotonic(), 1.0))
-
     def _acquire_outside(
         self, exc: BaseException, deadline: float | None, timeout: float | None
     ) -> Sandbox:
         """Redis is down: a sandbox outside the pool, or TransportError, as configured."""
-        self._redis_lost(exc)
+        self._books.lost(exc)
         if self.store.on_redis_down == "raise":
             raise TransportError(
                 f"{self!r}: Redis ({self.store!r}) does not answer ({exc}). To fix: check "
@@ -529,7 +542,7 @@ class RedisLender:
         assert order.sandbox is not None
         self._failures = 0
         if token is not None:
-            self._quietly(
+            self._books.quietly(
                 "commit", token, order.sandbox.id, "lent", self._owner, self.store.borrow_lease,
                 "", "",
             )  # fmt: skip
@@ -552,18 +565,18 @@ class RedisLender:
     def _create_and_hand_over(self, order: Order, token: str | None, epoch: str) -> None:
         try:
             metadata = {**(self.spec.create_kwargs.get("metadata") or {}), OWNER_KEY: self._owner}
-            if self._id:  # unknown only while Redis has not answered: such a one stays outside
-                metadata[ID_KEY] = self._id
+            if (
+                self._books.id
+            ):  # unknown only while Redis has not answered: such a one stays outside
+                metadata[ID_KEY] = self._books.id
             options: CreateOptions = {**self.spec.create_kwargs, "metadata": metadata}
             sandbox = self._client.create_sandbox(**options)
         except Exception as exc:  # noqa: BLE001 - handed to the waiting caller, or logged
             if token is not None:
-                self._quietly("unreserve", token)
+                self._books.quietly("unreserve", token)
             with self._cond:
                 order.error, order.done = exc, True
                 abandoned = order.abandoned
-                if epoch:
-                    self._refilling -= 1
                 self._cond.notify_all()
             if abandoned:
                 logger.warning("pool %s could not create a sandbox (%s)", self.spec.name, exc)
@@ -572,8 +585,6 @@ class RedisLender:
         with self._cond:
             order.done = True
             closed, abandoned = self._closed, order.abandoned
-            if epoch:
-                self._refilling -= 1
             if not closed and not abandoned:
                 order.sandbox = sandbox
                 self._lent[sandbox.id] = sandbox  # before any commit: never untracked
@@ -587,16 +598,32 @@ class RedisLender:
         elif abandoned:
             lifetime = "" if self.spec.lifetime is None else self.spec.lifetime
             try:
-                answer = self._run(
+                answer = self._books.run(
                     "commit", token, sandbox.id, "idle", self._owner, "", lifetime, epoch
                 )
             except self._redis_error as exc:
-                self._redis_lost(exc)
+                self._books.lost(exc)
                 answer = "unreachable"
             if answer != "idle":
                 logger.info("pool %s: sandbox %s not pooled (%s); deleting it",
                             self.spec.name, sandbox.id, answer)  # fmt: skip
                 self._client.delete_quietly(sandbox.id)
+
+    def _start_refill(self, token: str, epoch: str, done: Callable[[], None]) -> None:
+        """The leader's create, reserved under ``token``: committed idle with ``epoch``, then
+        ``done()``."""
+
+        def refill() -> None:
+            try:
+                self._fulfil(Order(for_caller=False), token, epoch)
+            finally:
+                done()
+
+        self._spawn(refill)
+
+    def _lent_ids(self) -> set[str]:
+        with self._cond:
+            return set(self._lent)
 
     def release(self, sandbox: Sandbox) -> None:
         """See SandboxPool.release."""
@@ -626,9 +653,9 @@ class RedisLender:
         left = "" if expires is None else max(1.0, expires - time.monotonic())
         with self._registry:
             try:
-                answer = self._run("give_back", sandbox.id, "idle" if keep else "drop", left)
+                answer = self._books.run("give_back", sandbox.id, "idle" if keep else "drop", left)
             except self._redis_error as exc:
-                self._redis_lost(exc)
+                self._books.lost(exc)
                 answer = "unreachable"
             with self._cond:
                 # Once idle in Redis, another thread of this process may already have taken it
@@ -641,14 +668,6 @@ class RedisLender:
                 self._cond.notify_all()
         if keep and answer != "idle":
             self._client.delete_quietly(sandbox.id)  # closed, or Redis cannot take it back
-
-    def _quietly(self, script: str, *args: object) -> Any:
-        """A script whose failure the next renewal or reconcile mends; logged, not raised."""
-        try:
-            return self._run(script, *args)
-        except self._redis_error as exc:
-            self._redis_lost(exc)
-            return None
 
     def _spawn(self, target: Callable[..., None], *args: object) -> None:
         def run() -> None:
@@ -683,8 +702,8 @@ class RedisLender:
         for sandbox_id in mine:
             self._client.delete_quietly(sandbox_id)
         if mine:
-            self._quietly("forget", *mine)
-        answer = self._quietly("leave", self._owner) or ["stay"]
+            self._books.quietly("forget", *mine)
+        answer = self._books.quietly("leave", self._owner) or ["stay"]
         if answer[0] == "last":
             self._turn_off_the_light(answer[1:])
 
@@ -693,10 +712,10 @@ class RedisLender:
         pool whose creator is not a member (one that died before committing it); a process
         that joined meanwhile is a member, and its sandboxes are spared."""
         for sandbox_id in known:
-            self._delete_pooled(sandbox_id)
+            self._books.delete_pooled(sandbox_id)
         try:
-            members = set(self._run("members"))
-            tagged = self._tagged()
+            members = set(self._books.run("members"))
+            tagged = self._books.tagged()
         except (OpenSandboxError, self._redis_error) as exc:
             logger.info("pool %s: not searched for leftovers (%s)", self.spec.name, exc)
             return
@@ -706,9 +725,9 @@ class RedisLender:
 
     def destroy(self) -> None:
         """See SandboxPool.destroy: closed everywhere, idle sandboxes deleted."""
-        ids = self._run("destroy", int(self.store.borrow_lease * 2000))
+        ids = self._books.run("destroy", int(self.store.borrow_lease * 2000))
         for sandbox_id in ids:
-            self._delete_pooled(sandbox_id)
+            self._books.delete_pooled(sandbox_id)
 
     # -- the worker -----------------------------------------------------------------------
 
@@ -726,7 +745,7 @@ class RedisLender:
         return not self._stop.wait(self._tick)
 
     def _work_once(self) -> None:
-        """One round: renewals for everyone, then the leader's work if this process leads."""
+        """One round: renewals for everyone, then the leader's round if this process leads."""
         now = time.monotonic()
         try:
             if now >= self._next_renew:
@@ -736,112 +755,20 @@ class RedisLender:
                         lent = [i for i in self._lent if i not in busy]
                         tokens = list(self._tokens)
                     lease = self.store.borrow_lease
-                    self._run("renew", self._owner, lease, len(lent), *lent, *tokens)
+                    self._books.run("renew", self._owner, lease, len(lent), *lent, *tokens)
                 if self._refused is None:
                     try:
                         self._check_options()
                     except ConfigurationError as exc:
                         logger.error("%s", exc)
                 self._next_renew = now + self._renew_every
-            if now >= self._next_lead or not self._epoch:
-                self._renew_lead(now)
-            if self._epoch:
-                self._lead(now)
-            self._redis_back()
+            self._leader.round(now)
+            if self._leader.destroyed:
+                self._refused = PoolClosedError(f"{self!r} was destroyed")
+            self._books.back()
         except self._redis_error as exc:
-            self._redis_lost(exc)
-            self._epoch = ""
-
-    def _renew_lead(self, now: float) -> None:
-        """Take or keep the leader's lease; `_epoch` is the epoch if this process leads."""
-        answer = self._run("lead", self._owner, int(self.store.leader_lease * 1000))
-        if answer == "closed":
-            self._refused = OpenSandboxError(f"{self!r} was destroyed")
-        if answer != self._epoch and answer not in ("", "closed"):
-            logger.info("pool %s: %s leads (epoch %s)", self.spec.name, self._owner, answer)
-        self._epoch = "" if answer == "closed" else answer
-        self._next_lead = now + self.store.leader_lease / 3
-
-    def _still_leading(self) -> bool:
-        """Renew the lease if it is due, between the slow steps of a round (a ping or a list
-        can take seconds on a loaded server: the lease must not lapse behind them, or another
-        process takes over and refills beside this one's creates); False once it is lost."""
-        now = time.monotonic()
-        if now >= self._next_lead:
-            self._renew_lead(now)
-        return bool(self._epoch)
-
-    def _lead(self, now: float) -> None:
-        """The leader's round: expired borrows, refill, idle upkeep, reconcile."""
-        for sandbox_id in self._run("expired", self._owner, self._epoch):
-            logger.info(
-                "pool %s: the borrow of %s ran out; deleting it", self.spec.name, sandbox_id
-            )
-            self._delete_pooled(sandbox_id)
-            self._still_leading()  # the script took them all: delete them all the same
-        with self._cond:
-            refilling = self._refilling
-        while refilling < REFILL_PARALLEL and not self._closed:
-            token = secrets.token_hex(8)
-            args = (self.spec.size, self.spec.max_size, token, self.store.borrow_lease, refilling)
-            if not self._run("reserve", self._owner, self._epoch, *args):
-                break
-            with self._cond:
-                self._refilling += 1
-                refilling = self._refilling
-            self._spawn(self._fulfil, Order(for_caller=False), token, self._epoch)
-        if now >= self._next_upkeep and self._still_leading():
-            self._next_upkeep = now + min(UPKEEP_INTERVAL, self.store.leader_lease)
-            self._upkeep()
-        if now >= self._next_reconcile and self._still_leading():
-            self._next_reconcile = now + self._renew_every
-            self._reconcile(now)
-
-    def _upkeep(self) -> None:
-        """Ping every idle sandbox (a dead one leaves the pool) and renew those close to expiry."""
-        answer = self._run("idle")
-        redis_now, pairs = number(answer[0]), answer[1:]
-        lifetime = self.spec.lifetime
-        for sandbox_id, score in zip(pairs[::2], pairs[1::2], strict=False):
-            if not self._still_leading():
-                return
-            if self._checked(sandbox_id, "kept idle") is None:
-                self._run("drop_idle", sandbox_id)
-                continue
-            try:
-                sandbox = self._client.connect(sandbox_id, health_check=False)
-                alive = answers_ping(sandbox, self._client.read_timeout)
-                if alive and lifetime is not None and number(score) - redis_now < lifetime / 2:
-                    sandbox.renew(lifetime)
-                    self._run("renewed", sandbox_id, lifetime)
-            except OpenSandboxError as exc:
-                logger.info("idle sandbox %s of pool %s: %s", sandbox_id, self.spec.name, exc)
-                alive = False
-            if not alive and self._run("drop_idle", sandbox_id):
-                logger.info("idle sandbox %s of pool %s is dead; replacing it",
-                            sandbox_id, self.spec.name)  # fmt: skip
-                self._client.delete_quietly(sandbox_id)
-
-    def _reconcile(self, now: float) -> None:
-        """The server's tagged sandboxes against Redis's (see the module's rules)."""
-        before = set(self._run("known"))
-        listed = {info.id for info in self._tagged()}
-        if not self._still_leading():
-            return
-        after = set(self._run("known"))
-        gone = sorted((before & after) - listed)
-        if gone:
-            self._run("forget", *gone)
-        with self._cond:
-            mine = set(self._lent)
-        unknown = listed - before - after - mine
-        self._unknown_since = {i: self._unknown_since.get(i, now) for i in unknown}
-        for sandbox_id, since in list(self._unknown_since.items()):
-            if now - since >= self.store.borrow_lease:
-                logger.info("pool %s: sandbox %s is unknown to Redis; deleting it",
-                            self.spec.name, sandbox_id)  # fmt: skip
-                self._client.delete_quietly(sandbox_id)
-                del self._unknown_since[sandbox_id]
+            self._books.lost(exc)
+            self._leader.step_down()
 
 
 def _maintain(lender_ref: weakref.ref[RedisLender]) -> None:

@@ -4,10 +4,13 @@ Each script runs atomically in Redis (no other command runs between its steps), 
 makes a take, a commit or a lease check safe across processes and hosts. Every script gets
 the pool's keys in ``KEY_NAMES`` order (named by ``PREAMBLE``) and reads Redis's own clock
 (``now``, in seconds), so the hosts' clocks need not agree. What the keys hold is in
-``_pool_redis``'s docstring; the arguments of each script are in the comment above it.
+``_pool_redis``'s docstring; the arguments of each script are in the comment above it, and
+its answer is read with :func:`text` and :func:`number`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 KEY_NAMES = (
     "options",
@@ -179,3 +182,17 @@ redis.call('DEL', idle, leader, options, creating)
 return ids
 """,
 }
+
+
+def text(value: Any) -> Any:
+    """A script's answer with bytes decoded (a caller's client may not decode)."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list):
+        return [text(item) for item in value]
+    return value
+
+
+def number(value: str) -> float:
+    """A score as Redis writes it (``inf`` included)."""
+    return float(value)

@@ -25,6 +25,7 @@ from ._models import (
     Snapshot,
     Template,
 )
+from ._validators import non_empty, whole
 from ._wait import Wait
 
 if TYPE_CHECKING:
@@ -38,9 +39,7 @@ POOL_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def _escaped(value: str, what: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigurationError(f"{what} must be a non-empty str")
-    return quote(value, safe="")
+    return quote(non_empty(what, value), safe="")
 
 
 def check_pool_name(name: object) -> str:
@@ -85,8 +84,8 @@ class Snapshots:
             ApiError: e.g. 409 when the sandbox is not running.
             TransportError: the server could not be reached.
         """
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ConfigurationError("a snapshot name must be a non-empty str, or None")
+        if name is not None:
+            non_empty("a snapshot name", name)
         path = f"{sandbox_path(check_id(sandbox_id))}/snapshots"
         body = {"name": name} if name is not None else {}
         return Snapshot.from_dict(self._lifecycle.call_object("POST", path, "snapshots", json=body))
@@ -287,8 +286,8 @@ class Templates:
             NotSupportedError: the server has no templates.
             ApiError: e.g. 409 for a template of that name.
         """
-        if not isinstance(image, str) or not image or not isinstance(publish, str) or not publish:
-            raise ConfigurationError("image and publish must be non-empty strs")
+        non_empty("image", image)
+        non_empty("publish", publish)
         if format not in (None, "native", "overlaybd"):
             raise ConfigurationError(f"format must be 'native' or 'overlaybd', got {format!r}")
         body: dict[str, Any] = {"image": image, "publish": publish}
@@ -348,9 +347,7 @@ class Templates:
 
 
 def _positive(name: str, value: int | None, maximum: int) -> int | None:
-    if value is not None and (type(value) is not int or not 1 <= value <= maximum):
-        raise ConfigurationError(f"{name} must be an int from 1 to {maximum}, or None")
-    return value
+    return None if value is None else whole(name, value, 1, maximum, fix="or None")
 
 
 class Diagnostics:
@@ -372,8 +369,7 @@ class Diagnostics:
         if scope is None:
             text = self._lifecycle.text(path, "diagnostics", params or None)
             return DiagnosticContent(sandbox_id=self._sandbox_id, kind=kind, content=text)
-        if not isinstance(scope, str) or not scope:
-            raise ConfigurationError("scope must be a non-empty str (e.g. 'container'), or None")
+        non_empty("scope (e.g. 'container', or None)", scope)
         if params:
             raise ConfigurationError(
                 f"{', '.join(params)} apply to the plain-text {kind} only: pass scope=None"

@@ -22,9 +22,9 @@ Rules that every request follows, whatever session it goes through:
   environment, as requests does, but reads them once per origin through
   ``Session.merge_environment_settings`` (requests would scan the environment on every call),
   and again when one of the variables that requests documents changes or
-  ``Client.reload_environment()`` is called. Its requests go straight to the adapter's
-  connection pool (``_own_session``: the same bytes, without requests' per-call preparation);
-  a caller's session goes through ``Session.request``, untouched.
+  ``Client.reload_environment()`` is called. Its requests are prepared once and handed to its
+  adapter (``_own_session``: the same bytes, without requests' per-call session work); a
+  caller's session goes through ``Session.request``, untouched.
 - **Retries.** Only calls marked idempotent (lifecycle GET and DELETE) are retried, on
   connection errors (not on a failed certificate check or TLS spoken to plain HTTP: those
   are permanent) and on 429/502/503/504, with capped exponential backoff that honours a
@@ -43,10 +43,8 @@ Rules that every request follows, whatever session it goes through:
   bounded by its ``timeout``, a download's by its own). Through a caller's session the
   headers cannot be cut (its connections are not the client's): the bound starts once they
   are in.
-- **Close.** ``close()`` closes the client's own session and every connection it opened:
-  urllib3 2.x drops its pools on ``PoolManager.clear()`` without closing them (their sockets
-  would wait for garbage collection), so the transport remembers each connection a response
-  came on (``HTTPResponse.connection``, weakly) and closes the ones still alive.
+- **Close.** ``close()`` closes the client's own session and every connection it opened
+  (its adapter remembers each connection an answer came on: ``_own_session``).
 """
 
 from __future__ import annotations
@@ -56,9 +54,7 @@ import io
 import logging
 import math
 import os
-import threading
 import time
-import weakref
 from typing import Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urljoin, urlsplit
 
@@ -140,9 +136,6 @@ class Transport:
         self._session = session if session is not None else self._new_session()
         self._environment = Environment(self._session)
         self._pid = os.getpid()
-        # Every connection a response of the own session came on, while it lives (see close).
-        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._connections_lock = threading.Lock()
 
     def reload_environment(self) -> None:
         """Read proxy, CA bundle and netrc settings again before the next request."""
@@ -170,17 +163,8 @@ class Transport:
         A caller's session is theirs: it is left as it is. A request after ``close()`` opens
         new connections.
         """
-        if not self._owns_session:
-            return
-        self._session.close()
-        with self._connections_lock:
-            connections = list(self._connections)
-            self._connections.clear()
-        for connection in connections:
-            try:
-                connection.close()
-            except OSError:
-                logger.debug("closing a pooled connection failed", exc_info=True)
+        if self._owns_session:
+            self._session.close()
 
     def request(
         self,
@@ -290,7 +274,6 @@ class Transport:
                     response = self._send_own(call)
                 finally:
                     sending(None)
-                self._remember(response)
             else:
                 response = self._send_theirs(call)
             if cutoff is not None:
@@ -333,13 +316,6 @@ class Transport:
         )
         return response
 
-    def _remember(self, response: requests.Response) -> None:
-        """Note the connection ``response`` came on, for :meth:`close`."""
-        connection = getattr(response.raw, "connection", None)  # urllib3's public property
-        if connection is not None:
-            with self._connections_lock:
-                self._connections.add(connection)
-
     def _send_theirs(self, call: _Call) -> requests.Response:
         """Through a caller's session: ``Session.request``, with whatever it configured."""
         return self.session.request(
@@ -347,8 +323,8 @@ class Transport:
         )
 
     def _send_own(self, call: _Call) -> requests.Response:
-        """Through the client's own session (``_own_session``: documented steps, the
-        environment read once per origin)."""
+        """Through the client's own session (``_own_session``: prepared once, sent by its
+        adapter, the environment read once per origin)."""
         return send_prepared(
             self.session, self._environment, call.method, call.url, **call.send_arguments()
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .._errors import ConfigurationError
-from .._pool import PoolStore
+from .._pool_contract import PoolStore
 
 PREFIX, OTHER_PREFIX = "OPENSANDBOX", "OPEN_SANDBOX"
 _MISSING = object()

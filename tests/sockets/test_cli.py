@@ -13,7 +13,6 @@ import select
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from osb_sync import ApiError, Client
+from osb_sync import ApiError, Client, Sandbox
 from osb_sync._cli import build_parser, main
 from osb_sync.local import LocalServer
 from osb_sync.local.host.bwrap import probe
@@ -81,16 +80,14 @@ def one_line(proc: Ran) -> str:
     return lines[0]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[LocalServer]:
-    with LocalServer(unenforced_network_policy="accept", command_grace=0) as srv:
-        yield srv
+@pytest.fixture
+def server(shared_server: LocalServer) -> LocalServer:
+    return shared_server
 
 
-@pytest.fixture(scope="module")
-def sandbox_id(server: LocalServer) -> Iterator[str]:
-    with Client(server.api_base) as client, client.create_sandbox() as sandbox:
-        yield sandbox.id
+@pytest.fixture
+def sandbox_id(shared_sandbox: Sandbox) -> str:
+    return shared_sandbox.id
 
 
 def count(server: LocalServer) -> int:

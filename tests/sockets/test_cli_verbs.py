@@ -13,7 +13,6 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +25,14 @@ from tests.fakeserver import FakeServer
 from tests.sockets.test_cli import OWN_ERROR, one_line, osb, osb_process
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[LocalServer]:
-    with LocalServer(unenforced_network_policy="accept", command_grace=0) as srv:
-        yield srv
+@pytest.fixture
+def server(shared_server: LocalServer) -> LocalServer:
+    return shared_server
 
 
-@pytest.fixture(scope="module")
-def sid(server: LocalServer) -> Iterator[str]:
-    with Client(server.api_base) as client, client.create_sandbox() as sandbox:
-        yield sandbox.id
+@pytest.fixture
+def sid(shared_sandbox: Sandbox) -> str:
+    return shared_sandbox.id
 
 
 def api(server: LocalServer) -> tuple[str, str]:
@@ -323,14 +320,17 @@ def test_status_summary_is_silent_when_all_is_enforced_and_one_line_when_not() -
 def test_log_lines_carry_the_program_name_and_a_moot_busy_line_is_dropped(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from osb_sync import _cli_commands
-    from osb_sync._cli import build_parser
+    from osb_sync._cli_logging import configure_logging, dropped_log_lines
+    from osb_sync._cli_run import MOOT_AFTER_INTERRUPT
 
-    args = build_parser().parse_args(["run", "print(1)"])
-    _cli_commands.configure_logging(args)
-    logging.getLogger("osb_sync.x").warning("could not delete sandbox %s", "s1")
-    logging.getLogger("osb_sync.x").warning("interrupting it failed: its context may still be busy")
+    busy = "interrupting it failed: its context may still be busy"
+    configure_logging(debug=False)
+    with dropped_log_lines(MOOT_AFTER_INTERRUPT):  # what run does, unless --keep
+        logging.getLogger("osb_sync.x").warning("could not delete sandbox %s", "s1")
+        logging.getLogger("osb_sync.x").warning(busy)
     assert capsys.readouterr().err == "osb-sync: warning: could not delete sandbox s1\n"
+    logging.getLogger("osb_sync.x").warning(busy)  # elsewhere it is not moot
+    assert capsys.readouterr().err == f"osb-sync: warning: {busy}\n"
 
 
 def test_cli_messages_name_flags_not_keywords() -> None:

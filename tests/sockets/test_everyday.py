@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,16 +17,14 @@ from osb_sync.local import LocalServer
 from tests.helpers import API
 
 
-@pytest.fixture(scope="module")
-def local() -> Iterator[LocalServer]:
-    with LocalServer(unenforced_network_policy="accept", command_grace=0) as srv:
-        yield srv
+@pytest.fixture
+def local(shared_server: LocalServer) -> LocalServer:
+    return shared_server
 
 
-@pytest.fixture(scope="module")
-def sandbox(local: LocalServer) -> Iterator[Sandbox]:
-    with Client(local.api_base) as client, client.create_sandbox() as sb:
-        yield sb
+@pytest.fixture
+def sandbox(shared_sandbox: Sandbox) -> Sandbox:
+    return shared_sandbox
 
 
 def test_osb_sync_local_after_import_osb_sync_and_the_import_stays_light() -> None:

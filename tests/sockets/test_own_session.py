@@ -1,6 +1,7 @@
-"""The client's own session (``_own_session``: the direct path to the adapter's pool, the
-environment read once per origin) sends what a caller's session sends through
-``Session.request``: the same bytes, redirects, proxies and errors; ``responses`` still works.
+"""The client's own session (``_own_session``: requests prepared once and handed to the
+adapter's ``send``, the environment read once per origin) sends what a caller's session sends
+through ``Session.request``: the same bytes, redirects, proxies and errors; ``responses`` still
+works.
 
 The caller's session in these tests is configured exactly as the client's own (``new_session``),
 so any difference comes from the path, not the configuration.
@@ -129,21 +130,36 @@ def test_the_same_bytes_reach_the_wire_through_both_paths(capture: Capture) -> N
 def test_the_own_session_sends_without_preparing_a_request_per_call(
     capture: Capture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its calls take the direct path (no ``Request.prepare``, no ``Session.send``); a
-    caller's session goes through both."""
+    """Its calls are prepared here and sent by the adapter (no ``Request.prepare``, no
+    ``Session.send``); a caller's session goes through both. Both go through the adapter's
+    ``send``."""
     prepared: list[str] = []
+    sessions: list[str] = []
+    adapters: list[str] = []
     prepare = requests.PreparedRequest.prepare
+    session_send = requests.Session.send
+    adapter_send = requests.adapters.HTTPAdapter.send
 
     def counting(self: requests.PreparedRequest, *args: Any, **kwargs: Any) -> None:
         prepared.append(str(kwargs.get("url") or args[1]))
         prepare(self, *args, **kwargs)
 
+    def counted_session(self: requests.Session, request: Any, **kwargs: Any) -> Any:
+        sessions.append(request.url)
+        return session_send(self, request, **kwargs)
+
+    def counted_adapter(self: Any, request: Any, **kwargs: Any) -> Any:
+        adapters.append(request.url)
+        return adapter_send(self, request, **kwargs)
+
     monkeypatch.setattr(requests.PreparedRequest, "prepare", counting)
+    monkeypatch.setattr(requests.Session, "send", counted_session)
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", counted_adapter)
     own, callers = transports().values()
     send_all(own, capture.url)
-    assert prepared == []
+    assert (prepared, sessions, len(adapters)) == ([], [], len(CALLS))
     send_all(callers, capture.url)
-    assert len(prepared) == len(CALLS)
+    assert (len(prepared), len(sessions), len(adapters)) == (len(CALLS),) * 2 + (2 * len(CALLS),)
 
 
 def test_a_proxy_from_the_environment_is_used_alike_and_a_change_is_noticed(

@@ -16,7 +16,7 @@ from osb_sync import (
     ApiError,
     Client,
     ConfigurationError,
-    OpenSandboxError,
+    PoolClosedError,
     SandboxPool,
     SandboxTimeoutError,
 )
@@ -153,7 +153,7 @@ def test_close_while_in_use_deletes_everything(client: Client) -> None:
     pool.close()
     assert tagged(client, pool) == set()
     pool.release(held)  # quiet: close() already deleted it
-    with pytest.raises(OpenSandboxError, match="closed"):
+    with pytest.raises(PoolClosedError, match="closed"):
         pool.acquire()
 
 

@@ -25,11 +25,11 @@ import pytest
 from osb_sync import (
     Client,
     ConfigurationError,
-    OpenSandboxError,
+    PoolClosedError,
     RedisStore,
     SandboxPool,
     TransportError,
-    _pool_redis,
+    _pool_leader,
 )
 from osb_sync.local import LocalServer
 from tests.redisserver import RedisServer, own_redis, redis_server
@@ -140,7 +140,7 @@ def test_slow_pings_do_not_cost_the_leader_its_lease(
     """The leader's upkeep pings each idle sandbox; three pings of 0.8 s take longer than the
     1.5 s lease. The lease is renewed between them, so the other member never takes over (it
     did: a flake hunt's copy saw three sandboxes of a size-2 pool after such a takeover)."""
-    real_ping = _pool_redis.answers_ping
+    real_ping = _pool_leader.answers_ping
     pings: list[float] = []
 
     def slow_ping(sandbox: Any, read_timeout: float) -> bool:
@@ -152,7 +152,7 @@ def test_slow_pings_do_not_cost_the_leader_its_lease(
     with SandboxPool(client, size=3, max_size=3, name=name, store=shared):
         r = redis_server.client()
         assert wait_for(lambda: r.zcard(key(name, "idle")) == 3)
-        monkeypatch.setattr(_pool_redis, "answers_ping", slow_ping)
+        monkeypatch.setattr(_pool_leader, "answers_ping", slow_ping)
         leader, epoch = r.get(key(name, "leader")), r.get(key(name, "epoch"))
         with SandboxPool(client, size=3, max_size=3, name=name, store=shared):
             assert wait_for(lambda: len(pings) >= 6, timeout=60)  # two upkeeps at least
@@ -195,7 +195,7 @@ def test_destroy_ends_the_pool_everywhere(
     assert tagged(client, name) == set()
     time.sleep(1.0)
     assert tagged(client, name) == set()  # nobody refilled
-    with pytest.raises(OpenSandboxError, match="destroyed"):
+    with pytest.raises(PoolClosedError, match="destroyed"):
         two.acquire(timeout=5)
     two.close()
 
@@ -249,14 +249,14 @@ def test_a_fenced_old_leader_cannot_pool_its_create(
         old = one._lender
         # Redis names the leader inside the script; the epoch reaches the
         # attribute a moment later, so wait for both.
-        assert wait_for(lambda: r.get(key(name, "leader")) == old._owner and old._epoch)
-        epoch = old._epoch
+        assert wait_for(lambda: r.get(key(name, "leader")) == old._owner and old._leader.epoch)
+        epoch = old._leader.epoch
         r.delete(key(name, "leader"))  # as if its lease ran out while it was paused
         with SandboxPool(client, size=0, name=name, store=shared) as two:
             assert wait_for(lambda: r.get(key(name, "leader")) == two._lender._owner)
             args = ("tok", "stale-id", "idle", old._owner, "", "", epoch)
-            assert old._run("commit", *args) == "fenced"
-            assert old._run("reserve", old._owner, epoch, 1, 1, "tok", 5, 0) == 0
+            assert old._books.run("commit", *args) == "fenced"
+            assert old._books.run("reserve", old._owner, epoch, 1, 1, "tok", 5, 0) == 0
             assert r.zcard(key(name, "idle")) == 0
 
 
@@ -412,7 +412,7 @@ def test_a_sandbox_taken_again_mid_give_back_can_be_released(
     pool = SandboxPool(client, size=0, max_size=1, reuse="reset", name=name,
                        store=store(redis_server))  # fmt: skip
     lender: Any = pool._lender
-    real_run, seen = lender._run, []
+    real_run, seen = lender._books.run, []
 
     def run(script: str, *args: object) -> Any:
         answer = real_run(script, *args)
@@ -425,7 +425,7 @@ def test_a_sandbox_taken_again_mid_give_back_can_be_released(
                 seen.append(exc)
         return answer
 
-    lender._run = run
+    lender._books.run = run
     try:
         first = pool.acquire(timeout=30)
         pool.release(first)

@@ -14,8 +14,8 @@ from osb_sync import (
     Client,
     ConfigurationError,
     NotFoundError,
-    OpenSandboxError,
     PoolCapacity,
+    PoolClosedError,
     RedisStore,
     SandboxPool,
     SandboxTimeoutError,
@@ -88,7 +88,7 @@ def test_an_exhausted_server_pool_is_waited_for_then_a_timeout_naming_the_fix(
         pool.release(held.pop())
         held.append(pool.acquire(timeout=30))
     assert alive(client, "full") == set()  # close() deleted what it held
-    with pytest.raises(OpenSandboxError, match="closed"):
+    with pytest.raises(PoolClosedError, match="closed"):
         pool.acquire()
 
 

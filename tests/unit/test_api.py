@@ -84,6 +84,8 @@ def test_constants() -> None:
         (osb_sync.SandboxStateError, (ValueError,)),
         (osb_sync.SandboxTimeoutError, (TimeoutError,)),
         (osb_sync.OutputLimitExceeded, (ValueError,)),
+        (osb_sync.CommandFailed, ()),
+        (osb_sync.PoolClosedError, ()),
         (osb_sync.ApiError, (requests.HTTPError,)),
         (osb_sync.NotFoundError, (osb_sync.ApiError, requests.HTTPError)),
         (osb_sync.NotSupportedError, (osb_sync.ApiError, requests.HTTPError)),

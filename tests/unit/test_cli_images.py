@@ -8,6 +8,7 @@ import pytest
 
 from osb_sync._cli import build_parser
 from osb_sync._cli_images import PullProgress
+from osb_sync._cli_options import VERBS, ImagesOptions, PullOptions
 
 
 @pytest.mark.parametrize("verb", [["run", "print(1)"], ["create"]])
@@ -21,17 +22,18 @@ def test_image_is_the_same_flag_as_template(verb: list[str]) -> None:
 def test_images_prune_and_pull_parse_with_the_stores_flags() -> None:
     parser = build_parser()
     listing = parser.parse_args(["images", "--image-store", "/s"])
-    assert (listing.handler, listing.images_action, listing.image_store) == (
-        "cmd_images",
-        None,
-        "/s",
-    )
-    prune = parser.parse_args(["images", "prune", "--image-store", "/s"])
-    assert prune.images_action == "prune" and prune.image_store == "/s"
-    got = parser.parse_args(
-        ["pull", "x:1", "--insecure-registry", "r:5000", "--platform", "linux/arm64"]
-    )
-    assert (got.handler, got.image, got.insecure_registry) == ("cmd_pull", "x:1", ["r:5000"])
+    assert VERBS[listing.command].handler == "cmd_images"
+    images = ImagesOptions.of(listing)
+    assert images.images_action is None and images.store.keywords["image_store"] == "/s"
+    assert "registry_auth_file" not in images.store.keywords  # not a flag of images
+    prune = ImagesOptions.of(parser.parse_args(["images", "prune", "--image-store", "/s"]))
+    assert prune.images_action == "prune" and prune.store.keywords["image_store"] == "/s"
+    args = ["pull", "x:1", "--insecure-registry", "r:5000", "--platform", "linux/arm64"]
+    got = parser.parse_args(args)
+    assert VERBS[got.command].handler == "cmd_pull"
+    pull = PullOptions.of(got)
+    assert (pull.image, pull.platform) == ("x:1", "linux/arm64")
+    assert list(pull.store.keywords["insecure_registries"]) == ["r:5000"]
 
 
 def test_a_terminal_gets_a_bar_redrawn_in_place() -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import configparser
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -200,3 +203,111 @@ def test_pyenv_versions_prefer_cis_and_else_the_newest_patch(
 def test_pyenv_is_left_alone_where_there_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(run.shutil, "which", lambda name: None)
     assert run.pyenv_version(None) is None
+
+
+# The markers that decide where a suite runs (setup.cfg; tests/conftest.py marks two folders).
+PLACE_MARKERS = ("slow", "local", "conformance", "httpfuzz")
+FOLDER_MARKERS = {"local": "local", "conformance": "conformance"}
+
+
+def suite_markers(path: Path) -> set[frozenset[str]]:
+    """The sets of PLACE_MARKERS the tests of one file carry (by its folder, its
+    ``pytestmark`` and its tests' decorators)."""
+    tree = ast.parse(path.read_text())
+    base = {FOLDER_MARKERS[path.parent.name]} if path.parent.name in FOLDER_MARKERS else set()
+    decorated = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in PLACE_MARKERS:
+            inner = node.value
+            if isinstance(inner, ast.Attribute) and inner.attr == "mark":
+                decorated.add(node.attr)
+    module_level = {
+        node.value.attr
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(getattr(t, "id", None) == "pytestmark" for t in node.targets)
+        and isinstance(node.value, ast.Attribute)
+    }
+    base |= module_level
+    return {frozenset(base)} | {frozenset(base | {m}) for m in decorated - module_level}
+
+
+def env_selections(ini: Path) -> dict[str, list[tuple[str, list[str], list[str]]]]:
+    """Per env of the envlist: each pytest command's ``-m`` expression, paths and ignores."""
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ini)
+    envlist = [e for e in re.split(r"[,\s]+", config.get("tox", "envlist")) if e]
+    found: dict[str, list[tuple[str, list[str], list[str]]]] = {}
+    for env in envlist:
+        section = f"testenv:{env}"
+        if not config.has_option(section, "commands"):
+            section = "testenv"
+        commands = config.get(section, "commands", fallback="")
+        for line in commands.splitlines():
+            if "pytest" not in line:
+                continue
+            words = shlex.split(re.sub(r"\{posargs:([^}]*)\}", r"\1", line).replace("{", "_"))
+            expression, paths, ignored = "", [], []
+            for i, word in enumerate(words):
+                if word == "-m" and words[i + 1] not in ("pytest", "coverage"):
+                    expression = words[i + 1]
+                elif word.startswith("--ignore="):
+                    ignored.append(word.split("=", 1)[1])
+                elif word.startswith("tests/"):
+                    paths.append(word)
+            found.setdefault(env, []).append((expression, paths, ignored))
+    return found
+
+
+def selects(
+    selection: tuple[str, list[str], list[str]], path: str, markers: frozenset[str]
+) -> bool:
+    expression, paths, ignored = selection
+
+    def under(root: str) -> bool:
+        return path == root or path.startswith(root.rstrip("/") + "/")
+
+    if paths and not any(under(p) for p in paths):
+        return False
+    if any(under(p) for p in ignored):
+        return False
+    names = {m: m in markers for m in PLACE_MARKERS}
+    return not expression or bool(eval(expression, {"__builtins__": {}}, names))
+
+
+def test_every_suite_runs_in_some_env_that_ci_runs() -> None:
+    """Each test file's tests, with each set of the markers that place them, are selected by
+    an env of the envlist (what .ci/run runs): a suite moved out of the interpreter envs (the
+    local server's, into its own) must land somewhere."""
+    root = Path(run.__file__).resolve().parents[1]
+    selections = env_selections(root / "tox.ini")
+    files = sorted((root / "tests").rglob("test_*.py"))
+    assert len(files) > 50
+    missing = [
+        (str(f.relative_to(root)), sorted(markers))
+        for f in files
+        for markers in suite_markers(f)
+        if not any(
+            selects(sel, str(f.relative_to(root)), markers)
+            for sels in selections.values()
+            for sel in sels
+        )
+    ]
+    assert missing == []
+    assert selects(selections["local"][0], "tests/local/test_isolation.py", frozenset({"local"}))
+    assert not selects(
+        selections["py310"][0], "tests/local/test_isolation.py", frozenset({"local"})
+    )
+
+
+def test_the_suite_check_finds_a_suite_no_env_runs(tmp_path: Path) -> None:
+    ini = tmp_path / "tox.ini"
+    ini.write_text(
+        "[tox]\nenvlist = py311\n[testenv]\n"
+        'commands = python -m pytest --ignore=tests/local -m "not conformance" {posargs:-q}\n'
+    )
+    (sel,) = env_selections(ini)["py311"]
+    assert sel == ("not conformance", [], ["tests/local"])
+    assert not selects(sel, "tests/local/test_x.py", frozenset({"local"}))
+    assert not selects(sel, "tests/conformance/test_c.py", frozenset({"conformance"}))
+    assert selects(sel, "tests/faults/test_f.py", frozenset({"slow"}))

@@ -114,8 +114,32 @@ def test_start_fails_clearly_when_execd_never_knows_the_command(
         content_type="text/event-stream",
     )
     rsps.get(f"{EXECD}/command/status/bg-3", status=404, json={"code": "X", "message": "no"})
-    with pytest.raises(osb_sync.OpenSandboxError, match="bg-3 but did not know it"):
+    with pytest.raises(osb_sync.SandboxTimeoutError, match="bg-3 but did not know it"):
         sandbox.commands.start("serve")
+    assert sandbox.commands.started == ()
+
+
+def test_start_without_an_init_event_is_an_invalid_answer_and_a_refused_start_fails(
+    rsps: responses.RequestsMock, sandbox: Sandbox
+) -> None:
+    rsps.post(
+        f"{EXECD}/command",
+        body=stream_body({"type": "execution_complete"}),
+        content_type="text/event-stream",
+    )
+    with pytest.raises(osb_sync.ApiError, match=r"init event's text .* is missing") as info:
+        sandbox.commands.start("serve")
+    assert info.value.code == "INVALID_RESPONSE"
+    error = {"ename": "CommandExecError", "evalue": "126", "traceback": ["no such dir"]}
+    rsps.replace(
+        responses.POST,
+        f"{EXECD}/command",
+        body=stream_body({"type": "init", "text": "bg-4"}, {"type": "error", "error": error}),
+        content_type="text/event-stream",
+    )
+    with pytest.raises(osb_sync.CommandFailed, match="did not start: 126") as failed:
+        sandbox.commands.start("serve", cwd="/nope")
+    assert failed.value.exit_code == 126
     assert sandbox.commands.started == ()
 
 

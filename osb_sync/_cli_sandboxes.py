@@ -1,0 +1,219 @@
+"""The sandbox verbs of ``osb-sync``: create, list, get, inspect, delete, pause, resume, renew
+and stats, each against the server the command line or the environment names.
+
+A verb given several ids acts on each, prints one line (or, with ``--json``, one object) per
+id, and exits 1 when one was not found, as ``docker inspect`` does; a 404 about the route
+itself (a wrong API base) is osb-sync's own failure, 125.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Callable
+
+from ._cli_options import (
+    DeleteOptions,
+    GlobalOptions,
+    IdsOptions,
+    ListOptions,
+    NewSandboxOptions,
+    RenewOptions,
+    UsageError,
+)
+from ._cli_output import (
+    EXIT_NOT_FOUND,
+    names_missing_thing,
+    print_status,
+    print_table,
+    progress,
+    sandbox_json,
+    sandbox_row,
+)
+from ._client import Client
+from ._errors import ApiError, NotFoundError, with_suffix
+from ._models import SandboxInfo
+
+
+def cmd_create(cli: GlobalOptions, new: NewSandboxOptions) -> int:
+    """``osb-sync create``: print the new sandbox's id (it is not deleted)."""
+    with cli.client() as client:
+        with progress("creating a sandbox"):
+            try:
+                sandbox = client.create_sandbox(
+                    template=new.template,
+                    timeout=new.lifetime,
+                    metadata=new.metadata,
+                    env_vars=new.env,
+                    allow_internet_access=new.allow_internet or None,
+                )
+            except ApiError as exc:
+                if "body.timeout" not in str(exc):
+                    raise
+                suffix = "(body.timeout is --lifetime: the server sets its range)"
+                raise with_suffix(exc, suffix) from exc
+        info = client.get_sandbox(sandbox.id)
+    if cli.json:
+        print(json.dumps(sandbox_json(info)))
+    else:
+        print_status(info.message, cli.verbose)
+        print(sandbox.id)
+    return 0
+
+
+def cmd_list(cli: GlobalOptions, listing: ListOptions) -> int:
+    """``osb-sync list``: a table (or a JSON array, or with -q the ids) of sandboxes."""
+    with cli.client() as client:
+        states = listing.state or None
+        infos = list(client.list_sandboxes(states=states, metadata=listing.metadata))
+    if cli.json:
+        print(json.dumps([sandbox_json(info) for info in infos]))
+    elif listing.quiet:
+        for info in infos:
+            print(info.id)
+    else:
+        rows = [sandbox_row(info) for info in infos]
+        print_table(rows, ["id", "state", "created_at", "expires_at", "metadata"])
+    return 0
+
+
+def cmd_get(cli: GlobalOptions, given: IdsOptions) -> int:
+    """``osb-sync get ID...``: each sandbox's description; exit 1 if one was not found."""
+    found = []
+    with cli.client() as client:
+        for sandbox_id in given.ids:
+            info = _info_or_none(client, sandbox_id)
+            if info is None:
+                continue
+            found.append(info)
+            if not cli.json:
+                if len(found) > 1:
+                    print()
+                for key, value in sandbox_row(info).items():
+                    print(f"{key + ':':<12} {value}")
+    if cli.json:
+        shapes = [sandbox_json(info) for info in found]
+        print(json.dumps(shapes[0] if len(given.ids) == 1 and shapes else shapes))
+    return 0 if len(found) == len(given.ids) else EXIT_NOT_FOUND
+
+
+def cmd_inspect(cli: GlobalOptions, given: IdsOptions) -> int:
+    """``osb-sync inspect ID...``: a JSON array of sandboxes (as ``docker inspect``)."""
+    with cli.client() as client:
+        found = [info for info in (_info_or_none(client, i) for i in given.ids) if info]
+    print(json.dumps([sandbox_json(info) for info in found], indent=2))
+    return 0 if len(found) == len(given.ids) else EXIT_NOT_FOUND
+
+
+def _info_or_none(client: Client, sandbox_id: str) -> SandboxInfo | None:
+    try:
+        return client.get_sandbox(sandbox_id)
+    except NotFoundError as exc:
+        if not names_missing_thing(exc):
+            raise  # a 404 about the route: a wrong API base, not a missing sandbox
+        print(f"osb-sync: error: no sandbox {sandbox_id}", file=sys.stderr)
+        return None
+
+
+def cmd_delete(cli: GlobalOptions, delete: DeleteOptions) -> int:
+    """``osb-sync delete ID... | --all | --metadata K=V``: exit 1 if an id was not found."""
+    if bool(delete.ids) + bool(delete.all) + bool(delete.metadata) != 1:
+        raise UsageError("delete takes sandbox ids, --all, or --metadata KEY=VALUE (one of them)")
+    outcomes = []
+    with cli.client() as client:
+        ids = list(delete.ids)
+        if delete.all or delete.metadata:
+            ids = [info.id for info in client.list_sandboxes(metadata=delete.metadata)]
+        for sandbox_id in ids:
+            deleted = client.delete_sandbox(sandbox_id)
+            outcomes.append({"id": sandbox_id, "deleted": deleted})
+            if not cli.json:
+                print(f"{'deleted' if deleted else 'not found'} {sandbox_id}")
+    if cli.json:
+        print(json.dumps(outcomes))
+    # Under --all or --metadata a sandbox gone between the listing and its deletion is not
+    # an error: the command's goal (none left) is met.
+    missing = delete.ids and not all(o["deleted"] for o in outcomes)
+    return EXIT_NOT_FOUND if missing else 0
+
+
+def cmd_pause(cli: GlobalOptions, given: IdsOptions) -> int:
+    """``osb-sync pause ID...``."""
+    return _each(cli, given.ids, "paused", lambda client, sandbox_id: client.pause(sandbox_id))
+
+
+def cmd_resume(cli: GlobalOptions, given: IdsOptions) -> int:
+    """``osb-sync resume ID...``."""
+    return _each(cli, given.ids, "resumed", lambda client, sandbox_id: client.resume(sandbox_id))
+
+
+def cmd_renew(cli: GlobalOptions, renew: RenewOptions) -> int:
+    """``osb-sync renew ID... [--lifetime SECONDS]``: print each new expiry."""
+
+    def push_back(client: Client, sandbox_id: str) -> object:
+        expires = client.renew(sandbox_id, renew.lifetime)
+        return expires.isoformat() if expires else None
+
+    return _each(cli, renew.ids, "renewed", push_back, "expires_at")
+
+
+def cmd_stats(cli: GlobalOptions, given: IdsOptions) -> int:
+    """``osb-sync stats ID...``: one CPU and memory sample of each sandbox."""
+    rows: list[dict[str, str]] = []
+    shapes = []
+    with cli.client() as client:
+        for sandbox_id in given.ids:
+            try:
+                metrics = client.connect(sandbox_id).metrics()
+            except NotFoundError as exc:
+                if not names_missing_thing(exc):
+                    raise
+                print(f"osb-sync: error: no sandbox {sandbox_id}", file=sys.stderr)
+                continue
+            shape = {"id": sandbox_id, **vars(metrics)}
+            shapes.append(shape)
+            rows.append(
+                {
+                    "id": sandbox_id,
+                    "cpus": f"{metrics.cpu_count:g}",
+                    "cpu%": f"{metrics.cpu_used_pct:.1f}",
+                    "mem_used": f"{metrics.mem_used_mib:.1f}MiB",
+                    "mem_total": f"{metrics.mem_total_mib:.1f}MiB",
+                }
+            )
+    if cli.json:
+        print(json.dumps(shapes))
+    else:
+        print_table(rows, ["id", "cpus", "cpu%", "mem_used", "mem_total"])
+    return 0 if len(shapes) == len(given.ids) else EXIT_NOT_FOUND
+
+
+def _each(
+    cli: GlobalOptions,
+    ids: list[str],
+    done: str,
+    call: Callable[[Client, str], object],
+    field: str = "",
+) -> int:
+    """Apply ``call`` to each id; a line (or a JSON object) each; exit 1 if one was missing."""
+    outcomes = []
+    with cli.client() as client:
+        for sandbox_id in ids:
+            try:
+                value = call(client, sandbox_id)
+            except NotFoundError as exc:
+                if not names_missing_thing(exc):
+                    raise
+                outcomes.append({"id": sandbox_id, "found": False})
+                if not cli.json:
+                    print(f"not found {sandbox_id}")
+                continue
+            outcome: dict[str, object] = {"id": sandbox_id, "found": True}
+            if field:
+                outcome[field] = value
+            outcomes.append(outcome)
+            if not cli.json:
+                print(f"{done} {sandbox_id}" + (f" {field}={value}" if field else ""))
+    if cli.json:
+        print(json.dumps(outcomes))
+    return 0 if all(o["found"] for o in outcomes) else EXIT_NOT_FOUND
