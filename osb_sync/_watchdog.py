@@ -17,6 +17,7 @@ import heapq
 import itertools
 import math
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -71,8 +72,11 @@ class Watchdog:
             self._drop_cancelled()
             heapq.heappush(self._heap, (entry.when, next(self._order), entry))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                if _started(thread):
+                    self._thread = thread
+                # else the interpreter is exiting: the entry waits, never fired, and the call
+                # is bounded by its read timeout alone
             elif entry.when < self._wakes_at:
                 self._cond.notify()
         return entry
@@ -105,7 +109,9 @@ class Watchdog:
             with self._cond:
                 due = self._take_due()
             for entry in due:
-                threading.Thread(target=entry.callback, name=self._name, daemon=True).start()
+                thread = threading.Thread(target=entry.callback, name=self._name, daemon=True)
+                if not _started(thread):
+                    entry.callback()  # the interpreter is exiting: fired here, late or not
 
     def _take_due(self) -> list[Scheduled]:
         """Wait (holding the condition) until something is due; return it, cancelled dropped."""
@@ -128,6 +134,19 @@ class Watchdog:
 
 def _nothing() -> None:
     return None
+
+
+def _started(thread: threading.Thread) -> bool:
+    """Start ``thread``; False when the interpreter is exiting and Python 3.12 refuses a new
+    thread ("can't create new thread at interpreter shutdown"): the last lookup at exit for a
+    failed create's sandbox is made then, and must not die of it."""
+    try:
+        thread.start()
+    except RuntimeError:
+        if not sys.is_finalizing() and threading.main_thread().is_alive():
+            raise
+        return False
+    return True
 
 
 WATCHDOG = Watchdog()

@@ -475,8 +475,14 @@ def test_a_sandbox_redis_names_is_not_deleted_when_the_server_cannot_say_whose_i
             raise TransportError(f"GET /sandboxes/{sandbox_id} timed out (simulated)")
         return real_get(sandbox_id, *args, **kwargs)
 
+    def list_sandboxes(*args: Any, **kwargs: Any) -> Any:
+        # The leader's reconcile would forget the untagged id (dropped, not deleted: right too)
+        # before the upkeep or the borrower asks about it; its list fails, so only they can.
+        raise TransportError("GET /sandboxes timed out (simulated)")
+
     monkeypatch.setattr(client, "get_sandbox", get_sandbox)
     with client.create_sandbox() as victim:  # someone else's, not the pool's
+        monkeypatch.setattr(client, "list_sandboxes", list_sandboxes)
         with SandboxPool(client, size=0, max_size=1, name=name, store=store(redis_server)) as pool:
             r = redis_server.client()
             failing.add(victim.id)

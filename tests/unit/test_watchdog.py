@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -101,3 +103,45 @@ def test_a_later_deadline_does_not_wake_the_thread() -> None:
     watchdog.schedule(0.05, fired.set)
     assert woken == [1] and fired.wait(10)
     keep.cancel()
+
+
+AT_EXIT = """
+import atexit, sys, threading
+from osb_sync._watchdog import Watchdog
+started, fresh = Watchdog(), Watchdog()
+started.schedule(0, lambda: None)  # its thread runs before the interpreter exits
+go, done, results = threading.Event(), threading.Event(), []
+
+def at_exit_in_a_thread():  # as the last lookup for a failed create's sandbox is made
+    go.wait()
+    try:
+        fired = threading.Event()
+        started.schedule(0.05, fired.set)
+        results.append("fired" if fired.wait(5) else "not fired")
+        fresh.schedule(0.05, lambda: None)  # its thread would be the first
+        results.append("scheduled")
+    except BaseException as exc:
+        results.append(repr(exc))
+    done.set()
+
+threading.Thread(target=at_exit_in_a_thread, daemon=True).start()
+
+def last_chance():
+    go.set()
+    done.wait(10)
+    print(" ".join(results), flush=True)
+
+atexit.register(last_chance)
+"""
+
+
+def test_a_deadline_at_interpreter_exit_still_fires_and_scheduling_never_raises() -> None:
+    """Python 3.12 refuses a new thread once the interpreter exits, where the last lookup for a
+    failed create's sandbox runs: a due callback then fires on the watchdog's own thread, and a
+    watchdog whose thread never started schedules without raising (the call keeps its read
+    timeout)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", AT_EXIT], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["fired", "scheduled"], (proc.stdout, proc.stderr)
