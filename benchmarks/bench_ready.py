@@ -29,6 +29,7 @@ min / median / max of ``--rounds``:
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -78,15 +79,15 @@ def _instrument() -> dict[str, list[float]]:
     box.claim = timed("claim (env, token, serving)", box.claim)  # type: ignore[method-assign]
     identity.write_maps = timed("id mapping (uid/gid maps)", identity.write_maps)
     cgroup.Cgroup.join = timed("cgroups joined", cgroup.Cgroup.join)  # type: ignore[method-assign]
-    try:  # a tree with the execd template
-        from osb_sync.local.host import zygote
-
-        template = zygote.TEMPLATE
+    for name in ("execd_template", "zygote"):  # a tree with the execd template (zygote: before 40)
+        try:
+            template = importlib.import_module(f"osb_sync.local.host.{name}").TEMPLATE
+        except ImportError:
+            continue
         template.fork = timed(
             "template: fork into the namespaces, until execd's pid", template.fork
         )
-    except ImportError:
-        pass
+        break
     spawner = container.SPAWNER
     spawner.run = timed("fork + exec of bwrap (spawner)", spawner.run)  # type: ignore[method-assign]
     read_until = container.read_until

@@ -25,6 +25,9 @@ html_theme = "alabaster"
 # whole (checked by looking at every page in headless Chromium).
 html_theme_options = {"page_width": "1160px", "body_max_width": "none", "code_font_size": "0.8em"}
 
+# One docstring dialect: a name in backticks is code, in single backticks (`x`, as
+# osb_sync/local writes it) as in double (``x``, reStructuredText's literal); never italics.
+default_role = "literal"
 autodoc_default_options = {"members": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"

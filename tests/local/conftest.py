@@ -1,135 +1,22 @@
-"""Fixtures for the local server tests: a server on 127.0.0.1 port 0 and sandbox handles.
-
-Every test talks to a real server over loopback with `requests` or `http.client`.
-"""
+"""Fixtures for the local server tests: a server on 127.0.0.1 port 0 and sandbox handles,
+made from `support.py`."""
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
 from osb_sync.local import LocalServer
-from osb_sync.local.host.bwrap import SANDBOX_HOME, probe
-
-# OSB_REQUIRE_ISOLATION=1 (CI): a test that needs isolated sandboxes fails instead of skipping.
-REQUIRE_ISOLATION = os.environ.get("OSB_REQUIRE_ISOLATION") == "1"
-
-CREATE_BODY: dict[str, Any] = {
-    "image": {"uri": "opensandbox/code-interpreter:v1.1.0"},
-    "entrypoint": ["/bin/sh"],
-    "resourceLimits": {"cpu": "500m", "memory": "512Mi"},
-}
-
-
-def parse_events(raw: bytes) -> list[dict[str, Any]]:
-    """Split an execd stream into objects: `{...}\\n\\n` frames plus a bare trailing error."""
-    return [json.loads(block) for block in raw.split(b"\n\n") if block.strip()]
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def host_pids_with(marker: str) -> list[int]:
-    """The host pids whose command line holds `marker`, read from the host's /proc.
-
-    How a test finds a sandbox's processes: a pid printed inside a sandbox numbers its own PID
-    namespace, and the same number on the host is any process (a kernel thread, say).
-    """
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    if marker.encode() in cmdline.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-def sleep_marker(seconds: int) -> str:
-    """A `sleep` argument of about `seconds` that no other process has (`602.0417395`): the
-    test suite may run in several copies at once on one host."""
-    return f"{seconds}.{secrets.randbelow(10**7):07d}"
-
-
-def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
-    """Poll `predicate` until it is true or `timeout` seconds passed; its last value."""
-    deadline = time.monotonic() + timeout
-    while not (result := predicate()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return bool(result)
-
-
-class Box:
-    """A sandbox on a LocalServer, with helpers for its execd."""
-
-    def __init__(self, server: LocalServer, http: requests.Session, body: dict[str, Any]) -> None:
-        self.server = server
-        self.http = http
-        created = http.post(f"{server.api_base}/sandboxes", json=body)
-        assert created.status_code == 202, created.text
-        self.id: str = created.json()["id"]
-        self.created = created.json()
-        endpoint = http.get(f"{server.api_base}/sandboxes/{self.id}/endpoints/44772").json()
-        self.base = f"http://{endpoint['endpoint']}"
-        self.headers: dict[str, str] = endpoint["headers"]
-
-    @property
-    def dir(self) -> str:
-        """The sandbox directory on disk."""
-        assert self.server.root_dir is not None
-        return os.path.join(self.server.root_dir, self.id)
-
-    @property
-    def home(self) -> str:
-        """The sandbox directory as the sandbox's own processes see it."""
-        return SANDBOX_HOME if self.server.isolated else self.dir
-
-    def call(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        """One execd request with the sandbox's token."""
-        headers = {**self.headers, **kwargs.pop("headers", {})}
-        return self.http.request(method, self.base + path, headers=headers, **kwargs)
-
-    def stream(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-        """POST a streaming execd route and return its events."""
-        response = self.call("POST", path, json=body)
-        assert response.status_code == 200, response.text
-        assert response.headers["Content-Type"] == "text/event-stream"
-        return parse_events(response.content)
-
-    def code(self, code: str, **context: Any) -> list[dict[str, Any]]:
-        """Run `code` through /code (python unless `language` is given)."""
-        return self.stream("/code", {"code": code, "context": {"language": "python", **context}})
-
-    def command(self, command: str, **extra: Any) -> list[dict[str, Any]]:
-        """Run `command` through /command."""
-        return self.stream("/command", {"command": command, **extra})
-
-
-def texts(events: list[dict[str, Any]], kind: str = "stdout") -> list[str]:
-    """The texts of the events of type `kind`."""
-    return [e["text"] for e in events if e.get("type") == kind]
+from tests.local.support import CREATE_BODY, Box, local_server, require_isolation
 
 
 @pytest.fixture
 def local() -> Iterator[LocalServer]:
-    """A started server with fast heartbeats, no /command grace and a 1 s minimum TTL."""
-    with LocalServer(ping_interval=0.2, command_grace=0, min_timeout=1) as srv:
+    """A started server of the suite (`support.local_server`)."""
+    with local_server() as srv:
         yield srv
 
 
@@ -137,48 +24,15 @@ def local() -> Iterator[LocalServer]:
 def client_server() -> Iterator[LocalServer]:
     """A server for `osb_sync.Client` sandboxes: it accepts their default deny-all policy also
     where it cannot enforce it (without bubblewrap), as the client suites' servers do."""
-    with LocalServer(command_grace=0, unenforced_network_policy="accept") as srv:
+    with local_server(command_grace=0, unenforced_network_policy="accept") as srv:
         yield srv
-
-
-def require_isolation() -> None:
-    """Skip the test where sandboxes cannot be isolated (fail under OSB_REQUIRE_ISOLATION=1)."""
-    problem = probe().problem
-    if problem:
-        if REQUIRE_ISOLATION:
-            pytest.fail(f"OSB_REQUIRE_ISOLATION=1 but sandboxes cannot be isolated: {problem}")
-        pytest.skip(f"sandboxes cannot be isolated here: {problem}")
-
-
-def volume_server(tree: Path) -> LocalServer:
-    """An isolated server for the volume tests (not started): host paths allowed under
-    `tree/allowed`, pvcs under `tree/volumes`."""
-    require_isolation()
-    return LocalServer(
-        ping_interval=0.2,
-        command_grace=0,
-        min_timeout=1,
-        isolation=True,
-        allowed_host_paths=[tree / "allowed"],
-        volume_root=tree / "volumes",
-    )
-
-
-def require_slirp() -> None:
-    """Skip the test where sandboxes get no network through slirp4netns (fail under
-    OSB_REQUIRE_ISOLATION=1)."""
-    if probe().slirp is None:
-        reason = "slirp4netns is not installed (apt-get install slirp4netns)"
-        if REQUIRE_ISOLATION:
-            pytest.fail(f"OSB_REQUIRE_ISOLATION=1 but {reason}")
-        pytest.skip(reason)
 
 
 @pytest.fixture
 def isolated_server() -> Iterator[LocalServer]:
     """Like `local`, but sure to isolate its sandboxes (else skip, or fail in CI)."""
     require_isolation()
-    with LocalServer(ping_interval=0.2, command_grace=0, min_timeout=1, isolation=True) as srv:
+    with local_server(isolation=True) as srv:
         yield srv
 
 

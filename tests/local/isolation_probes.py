@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import host_pids_with
 
 from osb_sync import OpenSandboxError, Sandbox
 from osb_sync.local import LocalServer
+from tests.local.support import host_pids_with, local_server
 
 RUN_TIMEOUT = 120.0
 PROBE_MARK = "OSB-PROBE "
@@ -140,7 +140,7 @@ def isolating_server(**options: Any) -> LocalServer:
     """A started LocalServer that isolates its sandboxes (skips or fails where impossible)."""
     reason = _why_bwrap_cannot_isolate()
     try:
-        return LocalServer(isolation=True, **options).start()
+        return local_server(isolation=True, **options).start()
     except Exception as exc:
         if reason is None:  # this machine's bwrap works: the server is at fault
             raise

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, parse_events
 
 from osb_sync.local import LocalServer
 from osb_sync.local.host.recovery import LOCK_NAME
 from osb_sync.local.host.spares import SPARES_DIR
 from tests.leftovers import processes_under
+from tests.local.support import CREATE_BODY, Box, parse_events
 
 JSON = {"Content-Type": "application/json"}
 PYTHON_NAMES = ("Traceback", "Error:", "Exception", "embedded null")

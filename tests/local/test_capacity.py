@@ -8,12 +8,11 @@ import time
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, require_isolation, require_slirp
-from serverproc import ServerProcess, descendants
 
-from osb_sync.local import LocalServer
 from osb_sync.local.host import capacity
 from osb_sync.local.host.spawn import read_until
+from tests.local.serverproc import ServerProcess, descendants
+from tests.local.support import CREATE_BODY, Box, local_server, require_isolation, require_slirp
 
 
 def test_read_until_watches_a_descriptor_above_fd_setsize() -> None:
@@ -48,7 +47,7 @@ def test_a_sandbox_holds_fewer_descriptors_than_the_capacity_counts(
     room to spare (2), for one with internet access, which holds the most."""
     require_isolation()
     require_slirp()
-    with LocalServer(command_grace=0, spare_containers=0, isolation=True) as server:
+    with local_server(command_grace=0, spare_containers=0, isolation=True) as server:
         Box(server, http, CREATE_BODY)  # the first starts the execd template
         before = len(os.listdir("/proc/self/fd"))
         for _ in range(3):
@@ -72,7 +71,7 @@ def test_a_create_past_the_descriptor_limit_is_refused_with_503_and_leaks_nothin
             created.append(answer.json()["id"])
         assert refusal is not None, f"{len(created)} sandboxes and no refusal"
         assert refusal.status_code == 503, refusal.text
-        assert refusal.json()["code"] == capacity.CODE
+        assert refusal.json()["code"] == "SANDBOX::CAPACITY_EXCEEDED"
         assert "capacity" in refusal.json()["message"]
         assert "RLIMIT_NOFILE" in refusal.json()["message"]
         assert len(created) >= 5

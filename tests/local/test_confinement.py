@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from isolation_probes import assert_all_failed, isolating_server, probe, unique
 
 from osb_sync import Client, Sandbox
 from osb_sync.local import LocalServer
 from osb_sync.local.host import bwrap
+from tests.local.isolation_probes import assert_all_failed, isolating_server, probe, unique
 
 CANARY_VARIABLE = "OSB_TEST_SERVER_SECRET"
 # Docker's default read-only and masked /proc entries (those this kernel has are tried).

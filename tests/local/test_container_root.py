@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from isolation_probes import isolating_server, probe
 
 from osb_sync import Client, Sandbox
 from osb_sync.local import LocalServer
+from tests.local.isolation_probes import isolating_server, probe
 
 USUAL = ("/var", "/srv", "/mnt", "/opt", "/home", "/tmp")
 

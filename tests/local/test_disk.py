@@ -20,12 +20,21 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, REQUIRE_ISOLATION, Box, require_isolation, texts, wait_for
 
 from osb_sync import Client
 from osb_sync.local import LocalServer
 from osb_sync.local.host import container, disk, recovery
 from osb_sync.local.host.bwrap import probe
+from tests.local.support import (
+    CREATE_BODY,
+    REQUIRE_ISOLATION,
+    Box,
+    local_server,
+    registry_of,
+    require_isolation,
+    texts,
+    wait_for,
+)
 
 SIZE = 8 << 20
 SMALL = {**CREATE_BODY["resourceLimits"], "ephemeral-storage": "8Mi"}
@@ -43,7 +52,7 @@ def require_disk() -> None:
 @pytest.fixture(scope="module")
 def disk_server() -> Iterator[LocalServer]:
     require_disk()
-    with LocalServer(command_grace=0, spare_containers=0) as server:
+    with local_server(command_grace=0, spare_containers=0) as server:
         yield server
 
 
@@ -135,10 +144,10 @@ def test_the_default_disk_is_1gib_and_100000_inodes_and_the_status_says_so(
 
 def test_a_spare_gets_the_disk_its_create_asks_for(make_box: Any) -> None:
     require_disk()
-    with LocalServer(command_grace=0, spare_containers=1) as server:
-        assert wait_for(lambda: server._registry.spares.ready(), 60)
+    with local_server(command_grace=0, spare_containers=1) as server:
+        assert wait_for(lambda: registry_of(server).spares.ready(), 60)
         box = small_box(server, make_box, **{"ephemeral-storage": "24Mi"}, inodes="3000")
-        assert server._registry.spares.claimed == 1
+        assert registry_of(server).spares.claimed == 1
         events = box.command("df -k --output=size,itotal ~ | tail -1")
         assert texts(events)[0].split() == [str(24 << 10), "3000"]
 
@@ -181,7 +190,7 @@ def test_a_stopping_server_detaches_a_mount_left_below_its_directory(
     """Whatever leaves one (a container that lost track of its disk): the server's stop
     detaches it before it removes its directory, and says so."""
     require_disk()
-    server = LocalServer(spare_containers=0).start()
+    server = local_server(spare_containers=0).start()
     assert server.root_dir is not None
     left = server.root_dir / f"{uuid.uuid4()}.run" / disk.MOUNT_DIR
     left.mkdir(parents=True)

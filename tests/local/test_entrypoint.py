@@ -12,9 +12,17 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, host_pids_with, require_isolation, wait_for
 
 from osb_sync.local import LocalServer
+from tests.local.support import (
+    CREATE_BODY,
+    Box,
+    host_pids_with,
+    local_server,
+    require_isolation,
+    sandbox_of,
+    wait_for,
+)
 
 
 @pytest.fixture(params=["cold", "spare"])
@@ -22,7 +30,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[LocalServer]:
     """An isolating server, without spares and with one (a spare starts its claim's entrypoint)."""
     require_isolation()
     spares = 1 if request.param == "spare" else 0
-    with LocalServer(
+    with local_server(
         ping_interval=0.2, command_grace=0, min_timeout=1, isolation=True, spare_containers=spares
     ) as srv:
         yield srv
@@ -139,8 +147,7 @@ def test_the_host_views_own_entrypoints_start_no_process(
 
 def _cmdlines(server: LocalServer, box: Box) -> list[str]:
     """The command lines of the sandbox's processes but bwrap's (its container's members)."""
-    assert server._registry is not None
-    sandbox = server._registry.find(box.id)
+    sandbox = sandbox_of(server, box.id)
     assert sandbox is not None
     found = []
     for pid in sandbox.container.members():

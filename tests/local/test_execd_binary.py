@@ -13,13 +13,21 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, alive, require_isolation, wait_for
 
 from osb_sync._cli import main as cli_main
-from osb_sync.local import LocalServer
 from osb_sync.local.host.execd_binary import ExecdBinary
 from osb_sync.local.host.recovery import LOCK_NAME
 from osb_sync.local.host.spares import SPARES_DIR
+from tests.local.support import (
+    CREATE_BODY,
+    Box,
+    alive,
+    local_server,
+    registry_of,
+    require_isolation,
+    sandbox_of,
+    wait_for,
+)
 
 # Answers every GET with what it was started with; /ping needs EXECD_ACCESS_TOKEN's token.
 FAKE_EXECD = """
@@ -110,7 +118,7 @@ def test_paths_are_checked_and_the_venvs_interpreter_is_bound(tmp_path: Path, ex
     home_prefix = str(Path(sys.executable).parent.resolve().parent)
     assert binary.read_only_paths() == [execd, str(tmp_path / "venv"), home_prefix]
     with pytest.raises(ValueError, match=r"pass execd \(or execd_image\) too"):
-        LocalServer(jupyter=binary.jupyter)
+        local_server(jupyter=binary.jupyter)
 
 
 @pytest.mark.parametrize("spares", [1, 0])  # a claimed spare starts the binary at its claim
@@ -123,11 +131,11 @@ def test_the_binary_runs_on_44772_with_the_token_and_jupyter_behind_it(
 ) -> None:
     require_isolation()
     jupyter = fake_venv(tmp_path / "venv")
-    with LocalServer(
+    with local_server(
         execd=execd, jupyter=jupyter, min_timeout=1, spare_containers=spares
     ) as server:
         box = Box(server, http, {**CREATE_BODY, "env": {"GREETING": "hello"}})
-        assert server._registry.spares.claimed == spares  # type: ignore[union-attr]
+        assert registry_of(server).spares.claimed == spares  # type: ignore[union-attr]
         assert f"execd: {execd}, Jupyter {jupyter}." in box.created["status"]["message"]
         seen = box.call("GET", "/ping").json()  # the proxy passed the token on
         assert seen["argv"] == ["--port", "44772"]
@@ -141,7 +149,7 @@ def test_the_binary_runs_on_44772_with_the_token_and_jupyter_behind_it(
             with pytest.raises(requests.exceptions.ChunkedEncodingError):
                 broken.content  # noqa: B018 (the proxy cut its answer off too)
         assert caplog.records == []  # an upstream that broke off is no server error
-        sandbox = server._registry.find(box.id)  # type: ignore[union-attr]
+        sandbox = sandbox_of(server, box.id)  # type: ignore[union-attr]
         assert sandbox is not None
         members = sandbox.container.members()
         assert len(members) >= 4  # init, main, jupyter, execd
@@ -153,7 +161,7 @@ def test_a_binary_that_fails_is_a_500_with_its_log_and_leaves_nothing(
     execd: str, http: requests.Session
 ) -> None:
     require_isolation()
-    with LocalServer(execd=execd) as server:
+    with local_server(execd=execd) as server:
         created = http.post(
             f"{server.api_base}/sandboxes", json={**CREATE_BODY, "env": {"FAIL": "1"}}
         )
@@ -171,7 +179,7 @@ def test_a_binary_that_fails_is_a_500_with_its_log_and_leaves_nothing(
 
 def test_without_isolation_a_binary_is_refused(execd: str) -> None:
     with pytest.raises(RuntimeError, match="needs isolated sandboxes"):
-        LocalServer(execd=execd, isolation=False).start()
+        local_server(execd=execd, isolation=False).start()
 
 
 def test_serve_names_a_bad_execd_path_in_one_line(

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rawhttp import read_answer
 
 from osb_sync.local import LocalServer
+from tests.local.rawhttp import read_answer
+from tests.local.support import CREATE_BODY, local_server
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TOKEN_CHARS = st.characters(min_codepoint=33, max_codepoint=126, exclude_characters=":")
@@ -139,7 +139,7 @@ def requests_bytes(draw: st.DrawFn, sandbox_id: str, token: str, port: int) -> b
 
 @pytest.fixture(scope="module")
 def fuzzed() -> Iterator[tuple[LocalServer, str, str]]:
-    with LocalServer(command_grace=0, unenforced_network_policy="accept") as server:
+    with local_server(command_grace=0, unenforced_network_policy="accept") as server:
         created = requests.post(f"{server.api_base}/sandboxes", json=CREATE_BODY, timeout=30)
         sandbox_id = created.json()["id"]
         endpoint = requests.get(

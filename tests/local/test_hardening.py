@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, wait_for
-from rawhttp import exchange, read_answer, request
 
 from osb_sync.local import LocalServer
 from osb_sync.local.host.recovery import LOCK_NAME
+from tests.local.rawhttp import exchange, read_answer, request
+from tests.local.support import CREATE_BODY, Box, local_server, wait_for
 
 JSON = {"Content-Type": "application/json"}
 
@@ -104,7 +104,7 @@ def quick_limits() -> Iterator[LocalServer]:
     from osb_sync.local.http.httpd import Limits
 
     limits = Limits(header_timeout=1.0, idle_timeout=1.0, io_timeout=5.0)
-    with LocalServer(limits=limits, command_grace=0) as server:
+    with local_server(limits=limits, command_grace=0) as server:
         yield server
 
 
@@ -184,7 +184,7 @@ def test_loopback_names_are_served(local: LocalServer, host: str) -> None:
 
 
 def test_allowed_host_names_the_server(http: requests.Session) -> None:
-    with LocalServer(allowed_hosts=["sandbox.internal"]) as server:
+    with local_server(allowed_hosts=["sandbox.internal"]) as server:
         headers = {"Host": "sandbox.internal:9000"}
         created = http.post(f"{server.api_base}/sandboxes", json=CREATE_BODY, headers=headers)
         assert created.status_code == 202
@@ -199,7 +199,7 @@ def test_allowed_host_names_the_server(http: requests.Session) -> None:
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "LOCALHOST:1", None])
 def test_with_a_key_a_request_without_it_is_401_whatever_its_host(host: str | None) -> None:
-    with LocalServer(api_key="k-" + os.urandom(8).hex(), spare_containers=0) as server:
+    with local_server(api_key="k-" + os.urandom(8).hex(), spare_containers=0) as server:
         headers = {"Host": host} if host is not None else {}
         for method, path in (("GET", "/v1/sandboxes"), ("POST", "/sandboxes"), ("GET", "/x")):
             answer = requests.request(method, server.base_url + path, headers=headers, timeout=10)
@@ -207,11 +207,11 @@ def test_with_a_key_a_request_without_it_is_401_whatever_its_host(host: str | No
 
 
 def test_an_ipv6_address_binds_and_all_of_them_take_ipv4_too() -> None:
-    with LocalServer(host="::1", spare_containers=0) as server:  # loopback: no key needed
+    with local_server(host="::1", spare_containers=0) as server:  # loopback: no key needed
         assert server.base_url == f"http://[::1]:{server.port}"
         assert requests.get(f"{server.api_base}/sandboxes", timeout=10).status_code == 200
     key = {"OPEN-SANDBOX-API-KEY": "k-" + os.urandom(8).hex()}
-    with LocalServer(host="::", api_key=key["OPEN-SANDBOX-API-KEY"], spare_containers=0) as server:
+    with local_server(host="::", api_key=key["OPEN-SANDBOX-API-KEY"], spare_containers=0) as server:
         for base in (f"http://[::1]:{server.port}", f"http://127.0.0.1:{server.port}"):
             assert requests.get(f"{base}/v1/sandboxes", timeout=10).status_code == 401
             answer = requests.get(f"{base}/v1/sandboxes", headers=key, timeout=10)

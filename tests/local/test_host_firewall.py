@@ -24,12 +24,22 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, require_isolation, require_slirp, texts, wait_for
 
 from osb_sync.local import LocalServer
+from tests.local.support import (
+    CREATE_BODY,
+    Box,
+    local_server,
+    require_isolation,
+    require_slirp,
+    sandbox_of,
+    texts,
+    wait_for,
+)
 
 DENY_ALL = {"defaultAction": "deny", "egress": []}
 CAP_NET_ADMIN = 12
@@ -119,8 +129,7 @@ OWN_NAMESPACE = r"""
 import json, socket, subprocess, sys, threading
 import requests
 sys.path.insert(0, sys.argv[1])
-from conftest import CREATE_BODY, Box, texts, wait_for
-from osb_sync.local import LocalServer
+from tests.local.support import CREATE_BODY, Box, local_server, sandbox_of, texts, wait_for
 
 heard = []
 def serve(family, kind, address):
@@ -163,13 +172,13 @@ for target, port in TARGETS:
         said[f"udp {target}"] = errno.errorcode.get(exc.errno, str(exc))
 print(json.dumps(said))
 '''
-with LocalServer(command_grace=0, spare_containers=0, isolation=True) as server:
+with local_server(spare_containers=0, isolation=True) as server:
     with requests.Session() as http:
         box = Box(server, http, CREATE_BODY)
         anyip = sys.argv[2]  # a /28, which no interface has an address of
         subprocess.run(["ip", "route", "add", "local", anyip, "dev", "lo"], check=True)
         first = anyip.split("/")[0]
-        init = server._registry.find(box.id).container.init_pid
+        init = sandbox_of(server, box.id).container.init_pid
         element = ["nft", "get", "element", "netdev", "osb_sync", "host4", "{ %s }" % first]
         enter = ["nsenter", "-t", str(init), "-n", "--"]
         held = lambda: subprocess.run([*enter, *element], capture_output=True).returncode == 0
@@ -294,8 +303,7 @@ def control(host_listener: tuple[int, list[str]]) -> Iterator[Control]:
 
 def blocked_in(server: LocalServer, box: Box, address: str) -> bool:
     """Whether the sandbox's firewall holds `address` (read from the host, as root)."""
-    assert server._registry is not None
-    sandbox = server._registry.find(box.id)
+    sandbox = sandbox_of(server, box.id)
     assert sandbox is not None and sandbox.container.init_pid is not None
     element = ["nft", "get", "element", "netdev", "osb_sync", "host4", f"{{ {address} }}"]
     enter = ["nsenter", "-t", str(sandbox.container.init_pid), "-n", "--"]
@@ -356,7 +364,7 @@ def probe(box: Box, targets: list[str], port: int) -> dict[str, str]:
 def server() -> Iterator[LocalServer]:
     require_isolation()
     require_slirp()
-    with LocalServer(command_grace=0, spare_containers=0, isolation=True) as srv:
+    with local_server(command_grace=0, spare_containers=0, isolation=True) as srv:
         yield srv
 
 
@@ -423,8 +431,7 @@ def test_a_dead_sandbox_s_policy_change_touches_no_namespace_of_its_recycled_pid
     if os.geteuid() != 0:
         pytest.skip("taking a given pid needs root (ns_last_pid)")
     box = Box(server, http, CREATE_BODY)
-    assert server._registry is not None
-    sandbox = server._registry.find(box.id)
+    sandbox = sandbox_of(server, box.id)
     assert sandbox is not None and sandbox.container.init_pid is not None
     init = sandbox.container.init_pid
     name = f"osbt{secrets.token_hex(3)}"
@@ -480,7 +487,8 @@ def test_a_local_route_and_the_host_s_resolver_are_the_host_too() -> None:
             resolv.write("nameserver 127.0.0.1\n")
             resolv.flush()
             bind = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
-            argv = [sys.executable, "-c", OWN_NAMESPACE, os.path.dirname(__file__), f"{anyip}/28"]
+            repo = str(Path(__file__).resolve().parents[2])  # where `tests` is a package
+            argv = [sys.executable, "-c", OWN_NAMESPACE, repo, f"{anyip}/28"]
             done = subprocess.run(
                 ["ip", "netns", "exec", name, "sh", "-c", bind, resolv.name, *argv],
                 capture_output=True,

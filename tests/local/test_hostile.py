@@ -13,23 +13,24 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from rawhttp import exchange, read_answer, request
 
 from osb_sync.local import LocalServer
 from osb_sync.local.http.httpd import Limits
+from tests.local.rawhttp import exchange, read_answer, request
+from tests.local.support import local_server
 
 
 @pytest.fixture
 def capped() -> Iterator[LocalServer]:
     """A server with a small connection cap (defaults otherwise)."""
-    with LocalServer(limits=Limits(max_connections=16), command_grace=0) as server:
+    with local_server(limits=Limits(max_connections=16), command_grace=0) as server:
         yield server
 
 
 @pytest.fixture
 def quick_bodies() -> Iterator[LocalServer]:
     """A server that judges a body's rate after 1 s (defaults otherwise)."""
-    with LocalServer(limits=Limits(body_grace=1.0), command_grace=0) as server:
+    with local_server(limits=Limits(body_grace=1.0), command_grace=0) as server:
         yield server
 
 
@@ -117,7 +118,7 @@ def test_a_head_just_under_the_cap_is_served(local: LocalServer) -> None:
 
 
 def test_a_head_cut_short_by_its_deadline_is_408() -> None:
-    with LocalServer(limits=Limits(header_timeout=1.0), command_grace=0) as server:
+    with local_server(limits=Limits(header_timeout=1.0), command_grace=0) as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=20) as sock:
             started = time.monotonic()
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
@@ -135,7 +136,7 @@ def test_idle_keep_alive_connections_close_after_30_s_by_default() -> None:
 
 def test_a_keyed_route_answers_401_before_asking_for_the_body() -> None:
     # With Expect: 100-continue, the 100 would invite the body; a key check comes first.
-    with LocalServer(api_key="k", command_grace=0) as server:
+    with local_server(api_key="k", command_grace=0) as server:
         raw = request(
             "POST",
             "/v1/sandboxes",

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box
-from rawhttp import exchange, request
-from test_bad_input import entries, multipart, refused
 
 from osb_sync.local import LocalServer
+from tests.local.rawhttp import exchange, request
+from tests.local.support import CREATE_BODY, Box
+from tests.local.test_bad_input import entries, multipart, refused
 
 JSON = {"Content-Type": "application/json"}
 

@@ -28,6 +28,7 @@ from osb_sync.local.host.images.execd_image import ExecdImageError
 from tests import imagekit
 from tests.conformance.execds import real_execd_dir, skip_or_fail
 from tests.imagekit import Entry, Image, LoopbackRegistry, layer_bytes, write_layout
+from tests.local.support import local_server, registry_of
 
 MISSING = imagekit.missing_tools() + [
     tool for tool in ("mmdebstrap", "busybox") if not shutil.which(tool)
@@ -93,7 +94,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def real_server(store: Path, execd: Path) -> Iterator[LocalServer]:
-    with LocalServer(image_store=store, execd=execd, spare_containers=0) as server:
+    with local_server(image_store=store, execd=execd, spare_containers=0) as server:
         yield server
 
 
@@ -130,7 +131,7 @@ def test_run_code_in_a_code_interpreter_image_goes_through_its_jupyter(
         # 37): skipped, and listed in the store; the sandbox has bwrap's /dev
         assert sandbox.commands.run("cat /etc/debian_version").stdout.startswith("12.")
         assert sandbox.commands.run("cat /dev/null && echo ok").stdout == "ok\n"
-        stored = real_server._registry.config.images.store.images()  # type: ignore[union-attr]
+        stored = registry_of(real_server).config.images.store.images()  # type: ignore[union-attr]
         image = next(i for i in stored if any("interpreter" in r for r in i["references"]))
         assert "dev/console" in image["skipped"], image
         code = (
@@ -192,7 +193,7 @@ def test_an_image_without_python_runs_commands_and_files_through_the_real_execd(
 def test_execd_image_gives_every_sandbox_its_binary(
     store: Path, registry: dict[str, Any], execd: Path, image: str, rule: str
 ) -> None:
-    with LocalServer(image_store=store, execd_image=registry[image], spare_containers=0) as server:
+    with local_server(image_store=store, execd_image=registry[image], spare_containers=0) as server:
         client = _client(server)
         with client.create_sandbox() as sandbox:  # the host's view: the binary at its path
             message = client.get_sandbox(sandbox.id).message
@@ -206,10 +207,10 @@ def test_execd_image_gives_every_sandbox_its_binary(
 def test_an_execd_image_without_an_elf_binary_fails_the_start(
     store: Path, registry: dict[str, Any]
 ) -> None:
-    server = LocalServer(image_store=store, execd_image=registry["script"], spare_containers=0)
+    server = local_server(image_store=store, execd_image=registry["script"], spare_containers=0)
     with pytest.raises(ExecdImageError, match="not an ELF executable"):
         server.start()
-    missing = LocalServer(
+    missing = local_server(
         image_store=store, execd_image=registry["script"] + "-gone", spare_containers=0
     )
     with pytest.raises(ExecdImageError, match="IMAGE_NOT_FOUND"):

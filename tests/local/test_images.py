@@ -22,6 +22,7 @@ from osb_sync.local import LocalServer
 from osb_sync.local.host import bwrap, recovery
 from tests import imagekit
 from tests.imagekit import Entry, Image, LoopbackRegistry, layer_bytes, write_layout
+from tests.local.support import local_server, registry_of
 
 MISSING = imagekit.missing_tools() + (["mmdebstrap"] if not shutil.which("mmdebstrap") else [])
 if MISSING and not imagekit.REQUIRE_IMAGES:
@@ -153,7 +154,7 @@ def registries(tmp_path_factory: pytest.TempPathFactory, decoy: Path) -> Iterato
 @pytest.fixture(scope="module")
 def image_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     store = tmp_path_factory.mktemp("store")
-    with LocalServer(image_store=store, spare_containers=0, ping_interval=0.5) as server:
+    with local_server(image_store=store, spare_containers=0, ping_interval=0.5) as server:
         yield server
 
 
@@ -194,7 +195,7 @@ def test_a_second_sandbox_starts_without_pulling(
     client = _client(image_server)
     with client.create_sandbox(template=registries["bullseye"]):
         pass
-    store = image_server._registry.config.images.store  # type: ignore[union-attr]
+    store = registry_of(image_server).config.images.store  # type: ignore[union-attr]
     pulls = store.pulls
     with client.create_sandbox(template=registries["bullseye"]) as sandbox:
         assert sandbox.commands.run("ls /srv/app").stdout == ""  # not the first one's layer

@@ -21,8 +21,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import host_pids_with, wait_for
-from isolation_probes import (
+
+import osb_sync
+from osb_sync import Client, Sandbox
+from osb_sync.local import LocalServer
+from tests.local.isolation_probes import (
     ESCAPES,
     LISTENER,
     assert_all_failed,
@@ -41,10 +44,7 @@ from isolation_probes import (
     unique,
     where,
 )
-
-import osb_sync
-from osb_sync import Client, Sandbox
-from osb_sync.local import LocalServer
+from tests.local.support import host_pids_with, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,20 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, REQUIRE_ISOLATION, Box, require_isolation, texts, wait_for
 
 from osb_sync.local import LocalServer
 from osb_sync.local.host import cgroup, limits
+from tests.local.support import (
+    CREATE_BODY,
+    REQUIRE_ISOLATION,
+    Box,
+    local_server,
+    registry_of,
+    require_isolation,
+    sandbox_of,
+    texts,
+    wait_for,
+)
 
 LIMITED = {"memory": "128Mi", "cpu": "0.5", "pids": "64"}
 ALLOCATE_256M = 'python3 -c \'b = b"x" * (256 << 20); print("allocated", len(b))\''
@@ -213,7 +223,7 @@ def test_without_controllers_memory_falls_back_to_rlimit_as_and_says_so(
 
     require_isolation()
     monkeypatch.setattr(limits, "writable_controllers", frozenset)
-    with LocalServer(ping_interval=0.2, command_grace=0, min_timeout=1, isolation=True) as srv:
+    with local_server(ping_interval=0.2, command_grace=0, min_timeout=1, isolation=True) as srv:
         box = limited_box(srv, http)
         message = box.created["status"]["message"]
         assert "Limits enforced: memory=128Mi (RLIMIT_AS, per process), ephemeral-storage=1Gi" in (
@@ -245,15 +255,13 @@ def test_leftover_groups_of_a_killed_server_are_swept(limited_server: LocalServe
 
 
 def ready_spare(server: LocalServer) -> Any:
-    assert server._registry is not None
-    spares = server._registry.spares
+    spares = registry_of(server).spares
     assert wait_for(lambda: spares.ready(), 60), "no spare became ready"
     return spares.ready()[0]
 
 
 def container_of(server: LocalServer, box: Box) -> Any:
-    assert server._registry is not None
-    sandbox = server._registry.find(box.id)
+    sandbox = sandbox_of(server, box.id)
     assert sandbox is not None
     return sandbox.container
 

@@ -7,22 +7,21 @@ import signal
 import time
 
 import requests
-from conftest import CREATE_BODY, Box, wait_for
 
 from osb_sync.local import LocalServer
-from osb_sync.local.host import cgroup, zygote
+from osb_sync.local.host import cgroup, execd_template
+from tests.local.support import CREATE_BODY, Box, sandbox_of, wait_for
 
 
 def execd_pid(server: LocalServer, box: Box) -> int:
     """The host pid of the sandbox's execd (its container's main.py, or forked from the
     template: its command line)."""
-    assert server._registry is not None
-    sandbox = server._registry.find(box.id)
+    sandbox = sandbox_of(server, box.id)
     assert sandbox is not None
     for pid in sandbox.container.members():
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
             line = cmdline.read()
-            if b"main.py" in line or zygote.BOOTSTRAP.encode() in line:
+            if b"main.py" in line or execd_template.BOOTSTRAP.encode() in line:
                 return pid
     raise AssertionError("no execd process")
 
@@ -96,8 +95,7 @@ def test_a_flooded_container_log_keeps_its_last_16_mib(
 ) -> None:
     flood = "yes 0123456789abcdef | head -c 41943040 >&2; echo flood-done >&2; sleep 600"
     box = Box(isolated_server, http, {**CREATE_BODY, "entrypoint": ["/bin/sh", "-c", flood]})
-    assert isolated_server._registry is not None
-    sandbox = isolated_server._registry.find(box.id)
+    sandbox = sandbox_of(isolated_server, box.id)
     assert sandbox is not None
     assert wait_for(lambda: "flood-done" in sandbox.container.log_tail(4096), 60)
     kept = sandbox.container.log_tail(1 << 30)

@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 import pytest
-from conftest import Box, parse_events, texts, wait_for
 
 from osb_sync import Client
 from osb_sync.local import LocalServer
 from osb_sync.local.http.exchange import EventStream
+from tests.local.support import Box, local_server, parse_events, texts, wait_for
 
 
 def raw_stream(box: Box, path: str, body: dict[str, Any]) -> tuple[list[bytes], list[float]]:
@@ -217,7 +217,7 @@ def test_command_timeout(box: Box) -> None:
 
 
 def test_command_grace_keeps_stream_open(make_box: Any) -> None:
-    with LocalServer(command_grace=3.0) as graceful:
+    with local_server(command_grace=3.0) as graceful:
         box = make_box(graceful)
         started = time.monotonic()
         chunks, times = raw_stream(box, "/command", {"command": "true"})

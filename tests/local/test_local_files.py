@@ -8,7 +8,7 @@ import os
 import uuid
 from pathlib import Path
 
-from conftest import Box
+from tests.local.support import Box
 
 
 def upload(box: Box, path: str, data: bytes, mode: int | None = None) -> int:

@@ -15,9 +15,16 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, host_pids_with, sleep_marker, wait_for
 
 from osb_sync.local import LocalServer
+from tests.local.support import (
+    CREATE_BODY,
+    Box,
+    host_pids_with,
+    local_server,
+    sleep_marker,
+    wait_for,
+)
 
 JSON_TYPE = {"Content-Type": "application/json"}
 
@@ -149,7 +156,7 @@ def test_list_filters_and_pagination(local: LocalServer, http: requests.Session)
 
 
 def test_api_key(http: requests.Session) -> None:
-    with LocalServer(api_key="s3cret") as srv:
+    with local_server(api_key="s3cret") as srv:
         missing = http.get(f"{srv.api_base}/sandboxes")
         assert missing.status_code == 401
         assert missing.json() == {
@@ -270,7 +277,7 @@ def test_ttl_expiry_reaps_sandbox(local: LocalServer, http: requests.Session) ->
 
 
 def test_pending_then_running(http: requests.Session) -> None:
-    with LocalServer(pending_seconds=0.5, ping_interval=0.2) as srv:
+    with local_server(pending_seconds=0.5, ping_interval=0.2) as srv:
         created = http.post(f"{srv.api_base}/sandboxes", json=CREATE_BODY)
         assert created.status_code == 202
         assert created.json()["status"]["state"] == "Pending"

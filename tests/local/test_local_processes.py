@@ -15,23 +15,25 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import (
+
+from osb_sync.local import LocalServer
+from osb_sync.local.host import bwrap, cgroup, execd_template
+from osb_sync.local.host.container import MAIN_SCRIPT
+from osb_sync.local.host.recovery import LOCK_NAME
+from tests.local.isolation_probes import unique
+from tests.local.rawhttp import exchange, read_answer, request
+from tests.local.support import (
     CREATE_BODY,
     Box,
     host_pids_with,
+    local_server,
     require_isolation,
     require_slirp,
+    sandbox_of,
     sleep_marker,
     texts,
     wait_for,
 )
-from isolation_probes import unique
-from rawhttp import exchange, read_answer, request
-
-from osb_sync.local import LocalServer
-from osb_sync.local.host import bwrap, cgroup, zygote
-from osb_sync.local.host.container import MAIN_SCRIPT
-from osb_sync.local.host.recovery import LOCK_NAME
 
 DENY_ALL = {"defaultAction": "deny", "egress": []}
 INTERFACES = "python -c 'import socket; print(*sorted(n for _, n in socket.if_nameindex()))'"
@@ -80,7 +82,7 @@ def test_delete_kills_every_process(box: Box, http: requests.Session) -> None:
 
 
 def test_stop_kills_everything_and_is_idempotent(make_box: Any) -> None:
-    server = LocalServer(ping_interval=0.2, command_grace=0).start()
+    server = local_server(ping_interval=0.2, command_grace=0).start()
     box = make_box(server)
     marker = sleep_marker(602)
     box.command(f"sleep {marker} &", background=False)
@@ -142,7 +144,7 @@ def test_jupyter_port_accepts_connections(box: Box) -> None:
 
 
 def test_network_policy_refused_without_isolation(http: requests.Session) -> None:
-    with LocalServer(isolation=False) as srv:
+    with local_server(isolation=False) as srv:
         assert srv.network_policy_enforced is False
         body = {**CREATE_BODY, "networkPolicy": DENY_ALL}
         refused = http.post(f"{srv.api_base}/sandboxes", json=body)
@@ -156,7 +158,7 @@ def test_network_policy_refused_without_isolation(http: requests.Session) -> Non
 
 
 def test_network_policy_accepted_but_flagged(http: requests.Session) -> None:
-    with LocalServer(isolation=False, unenforced_network_policy="accept") as srv:
+    with local_server(isolation=False, unenforced_network_policy="accept") as srv:
         created = http.post(
             f"{srv.api_base}/sandboxes", json={**CREATE_BODY, "networkPolicy": DENY_ALL}
         )
@@ -166,7 +168,7 @@ def test_network_policy_accepted_but_flagged(http: requests.Session) -> None:
 
 def test_per_host_rules_are_never_enforced(http: requests.Session) -> None:
     rules = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "pypi.org"}]}
-    with LocalServer() as srv:
+    with local_server() as srv:
         refused = http.post(
             f"{srv.api_base}/sandboxes", json={**CREATE_BODY, "networkPolicy": rules}
         )
@@ -174,7 +176,7 @@ def test_per_host_rules_are_never_enforced(http: requests.Session) -> None:
 
 
 def test_unisolated_sandboxes_say_so(make_box: Any, caplog: Any) -> None:
-    with LocalServer(isolation=False, command_grace=0) as srv:
+    with local_server(isolation=False, command_grace=0) as srv:
         assert srv.isolated is False and srv.isolation_problem
         started = [r.getMessage() for r in caplog.records if r.name == "osb_sync.local"]
         assert len(started) == 1 and "sandboxes are NOT isolated" in started[0]
@@ -188,26 +190,27 @@ def test_unisolated_sandboxes_say_so(make_box: Any, caplog: Any) -> None:
 def test_isolation_true_refuses_to_start_without_support(monkeypatch: Any) -> None:
     missing = bwrap.Support(None, "bubblewrap (bwrap) is not installed", None, False)
     monkeypatch.setattr("osb_sync.local.host.server.probe", lambda: missing)
-    server = LocalServer(isolation=True)
+    server = local_server(isolation=True)
     with pytest.raises(RuntimeError, match=r"bwrap.*install bubblewrap"):
         server.start()
     assert server.root_dir is None
 
 
-@pytest.mark.parametrize("main", ["main.py", "zygote.py"])
+@pytest.mark.parametrize("main", ["main.py", "template.py"])
 def test_a_container_that_does_not_start_leaves_nothing(
     http: requests.Session, monkeypatch: Any, tmp_path: Path, main: str
 ) -> None:
     # A main that cannot even be opened (tmp_path is not in the container's view either):
     # bwrap's, or the execd template's (a root server's default sandbox).
     if main == "main.py":
-        monkeypatch.setattr("osb_sync.local.host.zygote.usable", lambda *_: False)
+        monkeypatch.setattr("osb_sync.local.host.execd_template.usable", lambda *_: False)
         monkeypatch.setattr("osb_sync.local.host.container.MAIN_SCRIPT", str(tmp_path / main))
-    elif zygote.usable(bwrap.probe(), None, None):
-        monkeypatch.setattr("osb_sync.local.host.zygote.ZYGOTE_SCRIPT", str(tmp_path / main))
+    elif execd_template.usable(bwrap.probe(), None):
+        script = str(tmp_path / main)
+        monkeypatch.setattr("osb_sync.local.host.execd_template.TEMPLATE_SCRIPT", script)
     else:
         pytest.skip("the execd template needs a root server on Linux 5.8 or later")
-    with LocalServer() as srv:
+    with local_server() as srv:
         failed = http.post(f"{srv.api_base}/sandboxes", json=CREATE_BODY)
         assert (failed.status_code, failed.json()["code"]) == (500, "DOCKER::SANDBOX_START_FAILED")
         assert "did not start" in failed.json()["message"]
@@ -251,8 +254,7 @@ def test_delete_ends_the_pid_namespace(isolated_server: LocalServer, make_box: A
     box = make_box(isolated_server)
     assert texts(box.command("echo $$")) != ["1"]
     markers = start_sleepers(box)
-    assert isolated_server._registry is not None
-    sandbox = isolated_server._registry.find(box.id)
+    sandbox = sandbox_of(isolated_server, box.id)
     assert sandbox is not None
     init = sandbox.container.init_pid
     assert init is not None and os.path.exists(f"/proc/{init}")
@@ -325,7 +327,7 @@ def test_internet_sandbox_has_tap0_but_not_host_loopback(
 def test_isolation_works_under_a_long_temporary_directory(tmp_path: Path) -> None:
     # A Unix socket path holds about 107 bytes; the relay's must not depend on it.
     root = tmp_path / ("long-directory-name-" * 5)
-    with LocalServer(root_dir=root, command_grace=0) as server, requests.Session() as http:
+    with local_server(root_dir=root, command_grace=0) as server, requests.Session() as http:
         box = Box(server, http, {**CREATE_BODY, "networkPolicy": {}})
         assert len(str(root / f"{box.id}.run" / "relay.sock")) > 110
         assert texts(box.command("echo inside")) == ["inside"]
@@ -372,7 +374,7 @@ def test_default_server_answers_creates_503_where_isolation_is_impossible(
 ) -> None:
     missing = bwrap.Support(None, "bubblewrap (bwrap) is not installed", None, False)
     monkeypatch.setattr("osb_sync.local.host.server.probe", lambda: missing)
-    with LocalServer() as srv:
+    with local_server() as srv:
         assert srv.refusal and not srv.isolated
         refused = http.post(f"{srv.api_base}/sandboxes", json=CREATE_BODY)
         assert (refused.status_code, refused.json()["code"]) == (

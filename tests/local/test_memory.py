@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import requests
-from conftest import Box, texts, wait_for
-from rawhttp import read_answer
 
 from osb_sync.local import LocalServer
 from osb_sync.local.execd.output import LOG_LIMIT, dropped_marker
 from osb_sync.local.host import bwrap
+from tests.local.rawhttp import read_answer
+from tests.local.support import Box, texts, wait_for
 
 MB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import CREATE_BODY, alive, require_isolation, wait_for
-from serverproc import ServerProcess
 
 from osb_sync._cli import build_parser
-from osb_sync.local import LocalServer
 from osb_sync.local.host import cgroup, container, options, recovery
 from osb_sync.local.host.bwrap import probe
 from osb_sync.local.host.container import Launch, SandboxContainer
+from tests.local.serverproc import ServerProcess
+from tests.local.support import CREATE_BODY, alive, local_server, require_isolation, wait_for
 
 
 def needs_cgroups() -> None:
@@ -137,9 +136,9 @@ def test_a_start_on_a_state_directory_reaps_what_a_killed_server_left(tmp_path: 
 
 
 def test_a_second_server_cannot_take_a_live_servers_state_directory(tmp_path: Path) -> None:
-    with LocalServer(root_dir=tmp_path, isolation=False):
+    with local_server(root_dir=tmp_path, isolation=False):
         with pytest.raises(recovery.StateDirBusy, match="another local server"):
-            LocalServer(root_dir=tmp_path, isolation=False).start()
+            local_server(root_dir=tmp_path, isolation=False).start()
 
 
 def test_serve_takes_a_state_dir(tmp_path: Path) -> None:
@@ -179,7 +178,7 @@ def test_a_start_removes_osb_local_directories_of_servers_that_are_gone(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     try:
         assert dead_root.is_dir()
-        with LocalServer(isolation=False) as server:
+        with local_server(isolation=False) as server:
             assert server.root_dir is not None and server.root_dir.parent == tmp_path
             assert not dead_root.exists()
             assert held.is_dir() and unknown.is_dir()

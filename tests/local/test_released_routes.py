@@ -9,7 +9,6 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from conftest import require_isolation, wait_for
 
 import osb_sync
 from osb_sync import (
@@ -21,6 +20,7 @@ from osb_sync import (
     PoolCapacity,
 )
 from osb_sync.local import LocalServer
+from tests.local.support import require_isolation, wait_for
 
 # A short sandbox body for the client: the local server needs no real image.
 FAST = {"template": DEFAULT_TEMPLATE, "entrypoint": ["/bin/sh"], "resource_limits": {"cpu": "1"}}

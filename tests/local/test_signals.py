@@ -19,9 +19,9 @@ from typing import IO
 
 import pytest
 import requests
-from conftest import CREATE_BODY
 
 from tests.leftovers import free_port, local_dirs, processes_under, wait_until
+from tests.local.support import CREATE_BODY
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT]
 

@@ -11,13 +11,24 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, alive, parse_events, require_isolation, texts, wait_for
 
 from osb_sync.local import LocalServer
 from osb_sync.local.host import spares
 from osb_sync.local.host.container import SandboxContainer
 from osb_sync.local.host.spares import SparePool
 from tests.leftovers import processes_under
+from tests.local.support import (
+    CREATE_BODY,
+    Box,
+    alive,
+    local_server,
+    parse_events,
+    registry_of,
+    require_isolation,
+    sandbox_of,
+    texts,
+    wait_for,
+)
 
 START_WAIT = 60.0
 
@@ -26,15 +37,14 @@ START_WAIT = 60.0
 def spare_server() -> Iterator[LocalServer]:
     """An isolating server that keeps one spare container."""
     require_isolation()
-    with LocalServer(
+    with local_server(
         ping_interval=0.2, command_grace=0, min_timeout=1, isolation=True, spare_containers=1
     ) as srv:
         yield srv
 
 
 def pool(server: LocalServer) -> SparePool:
-    assert server._registry is not None
-    return server._registry.spares
+    return registry_of(server).spares
 
 
 def ready_spare(server: LocalServer) -> SandboxContainer:
@@ -44,8 +54,7 @@ def ready_spare(server: LocalServer) -> SandboxContainer:
 
 
 def container_of(server: LocalServer, box: Box) -> SandboxContainer:
-    assert server._registry is not None
-    sandbox = server._registry.find(box.id)
+    sandbox = sandbox_of(server, box.id)
     assert sandbox is not None
     return sandbox.container
 
@@ -108,7 +117,7 @@ def test_spares_are_not_listed(spare_server: LocalServer, make_box: Any) -> None
 
 def test_server_stop_leaves_no_spare_process(make_box: Any) -> None:
     require_isolation()
-    with LocalServer(isolation=True, spare_containers=2) as server:
+    with local_server(isolation=True, spare_containers=2) as server:
         make_box(server)
         assert wait_for(lambda: len(pool(server).ready()) == 2, START_WAIT)
         assert server.root_dir is not None
@@ -147,7 +156,7 @@ def test_a_create_that_needs_a_start_setting_cold_starts(
 
 def test_no_spares_with_zero(make_box: Any) -> None:
     require_isolation()
-    with LocalServer(isolation=True, spare_containers=0) as server:
+    with local_server(isolation=True, spare_containers=0) as server:
         asked_at = time.monotonic()
         box = make_box(server)
         assert container_of(server, box).launched_at > asked_at

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from conftest import require_isolation
+from tests.local.support import require_isolation
 
 REPO = Path(__file__).resolve().parents[2]
 # A venv made by a venv's python on 3.10 links its python to that venv (not bound in the

@@ -24,7 +24,12 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import (
+
+from osb_sync.local import LocalServer
+from osb_sync.local.host import bwrap, staging, volumes
+from osb_sync.local.host.errors import VolumeError
+from osb_sync.local.host.server import answer
+from tests.local.support import (
     CREATE_BODY,
     Box,
     parse_events,
@@ -33,10 +38,6 @@ from conftest import (
     volume_server,
     wait_for,
 )
-
-from osb_sync.local import LocalServer
-from osb_sync.local.host import bwrap, staging, volumes
-from osb_sync.local.http.exchange import HttpError
 
 pytestmark = pytest.mark.local
 
@@ -153,8 +154,8 @@ def test_row4_the_checked_directory_is_the_one_bound(
     for _ in range(OPEN_TRIES):
         try:
             binds = volumes.mounts([pvc("race", subPath="sub")], (), tree / "volumes", True)
-        except HttpError as exc:
-            assert exc.body["code"] == "VOLUME::INVALID_SUB_PATH", exc.body
+        except VolumeError as exc:
+            assert answer(exc).body["code"] == "VOLUME::INVALID_SUB_PATH", exc
             refused += 1
             continue
         try:

@@ -13,10 +13,17 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, require_isolation, texts, volume_server
 
 from osb_sync.local import LocalServer
 from osb_sync.local.host import bwrap
+from tests.local.support import (
+    CREATE_BODY,
+    Box,
+    local_server,
+    require_isolation,
+    texts,
+    volume_server,
+)
 
 
 @pytest.fixture
@@ -135,7 +142,7 @@ def test_pvc_sub_path_through_a_symlink_is_refused(
 
 def test_host_volumes_need_an_allowed_directory(http: requests.Session, tree: Path) -> None:
     require_isolation()
-    with LocalServer(min_timeout=1, isolation=True) as bare:
+    with local_server(min_timeout=1, isolation=True) as bare:
         answer = create(bare, http, host(tree / "allowed"))
         assert answer.status_code == 400
         assert answer.json()["code"] == "VOLUME::HOST_PATH_NOT_ALLOWED"
@@ -191,7 +198,7 @@ def test_malformed_volumes_answer_422(
 
 
 def test_volumes_without_isolation_answer_400(http: requests.Session, tmp_path: Path) -> None:
-    with LocalServer(min_timeout=1, isolation=False, volume_root=tmp_path) as plain:
+    with local_server(min_timeout=1, isolation=False, volume_root=tmp_path) as plain:
         answer = create(plain, http, pvc("c"))
         assert answer.status_code == 400
         assert "volumes need isolated sandboxes" in answer.json()["message"]

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 
 from osb_sync.local.host import entrypoint
-from osb_sync.local.host.container import Launch
 from osb_sync.local.host.images.config import ImageConfig
+from osb_sync.local.host.images.rootfs import ImageView
 from osb_sync.local.host.images.store import StoredImage
 
 
-def _image(entry: tuple[str, ...], cmd: tuple[str, ...]) -> Launch:
+def _image(entry: tuple[str, ...], cmd: tuple[str, ...]) -> ImageView:
     config = ImageConfig(entrypoint=entry, cmd=cmd)
     stored = StoredImage("sha256:0", "x/y:1", Path("/nonexistent"), config, "/usr/bin/python3", 0)
-    return Launch(image=stored)
+    return ImageView(stored)
 
 
 def test_the_creates_entrypoint_replaces_the_images_entrypoint_and_cmd() -> None:

@@ -11,8 +11,9 @@ import struct
 import pytest
 
 from osb_sync.local.host import bwrap, firewall
+from osb_sync.local.host.errors import InternetError
 from osb_sync.local.host.identity import IdRange
-from osb_sync.local.http.exchange import HttpError
+from osb_sync.local.host.server import answer
 
 
 def attribute(kind: int, value: bytes) -> bytes:
@@ -114,13 +115,13 @@ def test_the_sets_hold_the_host_and_the_fixed_ranges_merged() -> None:
 def test_a_sandbox_with_internet_is_refused_where_the_firewall_s_tools_are_missing() -> None:
     ids = IdRange(100000, 100000)
     missing = bwrap.Support("bwrap", "", "slirp4netns", False, None, ids, None)
-    with pytest.raises(HttpError) as refused:
+    with pytest.raises(InternetError) as raised:
         bwrap.network_plan("nothing", missing, accept_unenforced=False)
-    assert refused.value.status == 503
-    assert "apt-get install nftables" in refused.value.body["message"]
-    with pytest.raises(HttpError) as refused:  # rules accepted unenforced: internet all the same
+    assert answer(raised.value).status == 503  # what the create answers
+    assert "apt-get install nftables" in answer(raised.value).body["message"]
+    with pytest.raises(InternetError) as raised:  # rules accepted unenforced: internet all the same
         bwrap.network_plan("rules", missing, accept_unenforced=True)
-    assert refused.value.status == 503
+    assert answer(raised.value).status == 503
     assert bwrap.network_plan("deny-all", missing, accept_unenforced=False)[0] is False
     no_way_out = bwrap.Support("bwrap", "", None, False, None, ids, None)
     assert bwrap.network_plan("nothing", no_way_out, accept_unenforced=False) == (True, "")

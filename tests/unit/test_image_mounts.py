@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from osb_sync.local.host import bwrap, volumes
+from osb_sync.local.host.errors import VolumeError
 from osb_sync.local.host.images.config import ConfigError, ImageConfig
 from osb_sync.local.host.images.rootfs import image_options
 from osb_sync.local.host.images.store import StoredImage
-from osb_sync.local.http.exchange import HttpError
+from osb_sync.local.host.server import answer
 
 OOM = ["--ro-bind-try", "/sys/fs/cgroup/memory/x/memory.oom_control", "/run/osb-oom-control"]
 EXECD = ["--ro-bind", "/srv/execd", "/opt/opensandbox/execd"]
@@ -102,13 +103,14 @@ def test_a_volume_lands_nowhere_the_server_or_another_volume_mounts(
     root = _root(tmp_path / "root", links)
     binds = [_bind(tmp_path / f"v{i}", t, "ab"[i]) for i, t in enumerate(targets)]
     try:
-        with pytest.raises(HttpError) as refused:
+        with pytest.raises(VolumeError) as raised:
             _options(root, binds=binds)
     finally:
         volumes.close(binds)
-    assert refused.value.status == 400
-    assert refused.value.body["code"] == "VOLUME::INVALID_MOUNT_PATH"
-    assert says in refused.value.body["message"], refused.value.body["message"]
+    refused = answer(raised.value)  # what the create answers
+    assert refused.status == 400
+    assert refused.body["code"] == "VOLUME::INVALID_MOUNT_PATH"
+    assert says in refused.body["message"], refused.body["message"]
 
 
 def test_the_servers_mounts_and_the_working_dir_come_before_the_volumes(tmp_path: Path) -> None:
@@ -161,12 +163,13 @@ def test_a_working_dir_is_never_made_through_a_volumes_link(tmp_path: Path) -> N
 def test_a_working_dir_missing_in_a_read_only_volume_is_refused(tmp_path: Path) -> None:
     binds = [_bind(tmp_path / "v", "/workspace", "ws", read_only=True)]
     try:
-        with pytest.raises(HttpError) as refused:
+        with pytest.raises(VolumeError) as raised:
             _options(_root(tmp_path / "root", {}), workdir="/workspace/app", binds=binds)
     finally:
         volumes.close(binds)
-    assert refused.value.body["code"] == "VOLUME::SUB_PATH_NOT_FOUND"
-    assert "WorkingDir '/workspace/app' is not in the read-only volume 'ws'" in str(refused.value)
+    refused = answer(raised.value)
+    assert refused.body["code"] == "VOLUME::SUB_PATH_NOT_FOUND"
+    assert "WorkingDir '/workspace/app' is not in the read-only volume 'ws'" in str(refused)
     assert os.listdir(tmp_path / "v") == []
 
 
@@ -184,10 +187,11 @@ def test_a_volume_in_another_is_refused_before_any_is_opened(
         {"name": name, "pvc": {"claimName": name}, "mountPath": path}
         for name, path in (("a", first), ("b", second))
     ]
-    with pytest.raises(HttpError) as refused:
+    with pytest.raises(VolumeError) as raised:
         volumes.mounts(claims, (), tmp_path / "volumes", isolated=True)
-    assert refused.value.body["code"] == "VOLUME::INVALID_MOUNT_PATH"
-    message = refused.value.body["message"]
+    refused = answer(raised.value)
+    assert refused.body["code"] == "VOLUME::INVALID_MOUNT_PATH"
+    message = refused.body["message"]
     assert (
         f"mountPath {second!r} of volume 'b' is {where} the mountPath {first!r} of volume 'a'"
         in message
@@ -199,5 +203,5 @@ def test_a_volume_in_another_is_refused_before_any_is_opened(
 def test_no_volume_covers_what_the_server_mounts(tmp_path: Path, path: str) -> None:
     claim = {"name": "a", "pvc": {"claimName": "a"}, "mountPath": path}
     own = ("/run/osb-oom-control", "/opt/opensandbox/execd")
-    with pytest.raises(HttpError, match="which the container needs"):
+    with pytest.raises(VolumeError, match="which the container needs"):
         volumes.mounts([claim], (), tmp_path, isolated=True, protected=own)

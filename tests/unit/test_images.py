@@ -16,6 +16,7 @@ import pytest
 
 from osb_sync._constants import DEFAULT_TEMPLATE
 from osb_sync.local.host import options
+from osb_sync.local.host.errors import ImageError
 from osb_sync.local.host.images import pull
 from osb_sync.local.host.images.config import (
     ConfigError,
@@ -37,7 +38,7 @@ from osb_sync.local.host.images.unpack import (
     server_owned,
     unpack,
 )
-from osb_sync.local.http.exchange import HttpError
+from osb_sync.local.host.server import answer
 from tests.imagekit import Entry, Image, layer_bytes, snapshot, write_dir_layout
 
 
@@ -302,16 +303,17 @@ def test_device_nodes_are_skipped_and_listed(
     service._store = ImageStore(tmp_path / "store", puller)
     body = {"image": {"uri": "reg.example/debian:12"}}
     with caplog.at_level(logging.WARNING, logger="osb_sync.local"):
-        launch = service.launch(body)
+        run = service.launch(body)
         service.launch(body)  # cached: no second line
-    assert launch is not None and launch.image is not None
-    assert launch.image.skipped == ("dev/console", "dev/null", "dev/x\nFORGED log line")
-    assert os.listdir(launch.image.rootfs / "dev") == []
+    assert run is not None
+    image = run.view.image
+    assert image.skipped == ("dev/console", "dev/null", "dev/x\nFORGED log line")
+    assert os.listdir(image.rootfs / "dev") == []
     (line,) = [r.getMessage() for r in caplog.records]
     assert "reg.example/debian:12@sha256:" in line and "3 device nodes skipped" in line, line
     assert "'dev/console', 'dev/null', 'dev/x\\nFORGED" in line and "its own /dev" in line
     assert "\n" not in line  # an image's names, escaped: no line of the log is the image's
-    assert service.store.images()[0]["skipped"] == list(launch.image.skipped)
+    assert service.store.images()[0]["skipped"] == list(image.skipped)
 
 
 @pytest.mark.parametrize("floor", [64 << 10, 1 << 30])
@@ -341,11 +343,12 @@ def test_an_image_past_the_limit_answers_413_with_how_to_raise_it(tmp_path: Path
     settings = ImageSettings(store=tmp_path / "store", limit=1 << 20)
     service = ImageService(settings, isolated=True, binary=None)
     service._store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "s", bomb), limit=1 << 20)
-    with pytest.raises(HttpError) as refused:
+    with pytest.raises(ImageError) as raised:
         service.launch({"image": {"uri": "reg.example/bomb:1"}})
-    assert refused.value.status == 413
-    assert refused.value.body["code"] == "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
-    message = refused.value.body["message"]
+    refused = answer(raised.value)  # what the create answers
+    assert refused.status == 413
+    assert refused.body["code"] == "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
+    message = refused.body["message"]
     assert message.startswith("IMAGE_TOO_LARGE: Failed to pull image reg.example/bomb:1: ")
     assert "limit of 1.0 MiB (1048576 bytes)" in message and "compressed" in message
     assert "--image-size-limit BYTES" in message and "image_size_limit=BYTES" in message

@@ -22,8 +22,10 @@ Rules:
    kind are public API despite their underscore.
 3. ``osb_sync.local`` is split along its process boundary: ``local/execd`` (inside each
    sandbox) never imports ``local/host`` (the server process), ``local/host`` never imports
-   ``local/execd`` (it starts it as a program), and ``local/http`` (both sides) imports
-   neither. This is the security line, as a test.
+   ``local/execd`` (it starts it as a program), and the two places both sides share import
+   neither: ``local/http`` (the HTTP layer) and ``local/protocol.py`` (the messages between
+   the server and execd, which imports nothing but the standard library: an image's python3
+   runs it). This is the security line, as a test.
 4. The import graph of the package has no cycle (imports inside functions included).
 5. The root of the error tree, ``OpenSandboxError``, is never raised (nor built to be raised
    later): each failure raises a class below it, which callers can catch apart.
@@ -33,6 +35,13 @@ Rules:
    At 800 the ceiling fired on modules that were one idea and was met by trimming comments;
    at 1,000 it still catches a module that grows unnoticed. A reason for a module under the
    ceiling is stale, and fails.
+7. Each folder of ``osb_sync.local`` (and ``local`` itself) lists its modules in its
+   ``__init__`` docstring, one ``- `name`:`` line each (a folder as ``name/``): exactly the
+   files there, so the list cannot drift.
+8. In ``osb_sync.local`` only the modules that answer HTTP (``HTTP_ANSWERS``: the routes and
+   request checks, and the HTTP layer) build an HTTP error (``HttpError``, ``error``) or use
+   the request checks (``local/host/validation``, ``local/http/bodies``); the mechanics raise
+   their own errors (``local/host/errors.py``), which the server maps to answers in one place.
 
 ``osb_sync.local`` is checked by the same rules; the cases it breaks are listed in
 ``LOCAL_ALLOWED`` with why (none today).
@@ -41,6 +50,8 @@ Rules:
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,6 +70,18 @@ CONSUMERS = {
 # osb_sync.local's cases, left for the local-server work (it owns those modules), as
 # (module, violation) pairs; none today.
 LOCAL_ALLOWED: set[tuple[str, str]] = set()
+# The modules of osb_sync.local that answer HTTP (rule 8): the server's routes, beside their
+# stores, and its request checks; execd's routes; the HTTP layer (local/http/*) besides.
+HTTP_ANSWERS = {
+    *(f"local.host.{name}" for name in (
+        "server", "registry", "sandboxes", "snapshots", "pools", "diagnostics", "network",
+        "proxy", "validation",
+    )),
+    *(f"local.execd.{name}" for name in (
+        "main", "router", "code_interpreting", "command", "filesystem", "uploads", "metrics",
+    )),
+}  # fmt: skip
+HTTP_ERRORS = {"HttpError", "error", "bad_body"}  # what local/http/exchange.py answers with
 
 
 def modules() -> Iterator[tuple[str, Path]]:
@@ -144,6 +167,10 @@ def violations(name: str, path: Path) -> Iterator[str]:
                 yield f"imports {target}: local/{local_side(name)} never imports local/{side}"
     for line in root_errors_built(tree):
         yield f"line {line}: builds {ROOT_ERROR}, the root of the errors: raise a class below it"
+    if local_side(name) == "protocol":
+        yield from foreign_imports(tree)
+    if name.startswith("local.") and local_side(name) != "http" and name not in HTTP_ANSWERS:
+        yield from http_answers(tree, name)
     lines = len(path.read_text().splitlines())
     if lines > MAX_LINES and name not in LONG_MODULES:
         yield f"has {lines} lines (at most {MAX_LINES}, or a reason in LONG_MODULES)"
@@ -167,13 +194,52 @@ def root_errors_built(tree: ast.AST) -> list[int]:
 
 
 # local/<side> -> the sides it must never import
-FORBIDDEN = {"execd": ("host",), "host": ("execd",), "http": ("host", "execd")}
+FORBIDDEN = {
+    "execd": ("host",),
+    "host": ("execd",),
+    "http": ("host", "execd"),
+    "protocol": ("host", "execd", "http"),
+}
 
 
 def local_side(module: str) -> str | None:
-    """``host``, ``execd`` or ``http`` for a module in that folder of ``local``, else None."""
+    """``host``, ``execd`` or ``http`` for a module in that folder of ``local``, ``protocol``
+    for ``local/protocol.py``, else None."""
     parts = module.split(".")
+    if parts[:2] == ["local", "protocol"]:
+        return "protocol"
     return parts[1] if len(parts) > 2 and parts[0] == "local" else None
+
+
+def foreign_imports(tree: ast.AST) -> Iterator[str]:
+    """An import of anything but the standard library (the protocol's rule)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found = ["." * node.level + (node.module or "")]
+        else:
+            continue
+        for module in found:
+            if module != "__future__" and module.split(".")[0] not in sys.stdlib_module_names:
+                yield f"imports {module}: the protocol imports the standard library only"
+
+
+def http_answers(tree: ast.AST, name: str) -> Iterator[str]:
+    """What builds an HTTP answer outside `HTTP_ANSWERS` (rule 8)."""
+    for target, names in imported_modules(tree, name):
+        if target == "local.http.exchange" and HTTP_ERRORS & set(names):
+            yield f"imports {', '.join(sorted(HTTP_ERRORS & set(names)))}: only {HTTP_NOTE}"
+        if target == "local.host.validation" and names:
+            yield f"imports the request checks of validation: only {HTTP_NOTE}"
+        if target == "local.http.bodies" and set(names) - {"rfc3339"}:
+            yield f"imports the request checks of http/bodies: only {HTTP_NOTE}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "HttpError":
+            yield f"line {node.lineno}: reads HttpError: only {HTTP_NOTE}"
+
+
+HTTP_NOTE = "HTTP_ANSWERS build HTTP answers (raise an error of local/host/errors.py)"
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -217,6 +283,43 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return found
+
+
+LISTED = re.compile(r"^- `([A-Za-z_]\w*/?)`", re.MULTILINE)
+
+
+def listing_gaps(folder: Path) -> list[str]:
+    """How the module list of `folder/__init__.py`'s docstring differs from its files."""
+    docstring = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+    listed = LISTED.findall(docstring)
+    files = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    files |= {p.parent.name + "/" for p in folder.glob("*/__init__.py")}
+    gaps = [f"{name} is not listed" for name in sorted(files - set(listed))]
+    gaps += [f"{name} is listed but no file" for name in sorted(set(listed) - files)]
+    gaps += [
+        f"{name} is listed twice" for name in sorted({n for n in listed if listed.count(n) > 1})
+    ]
+    return gaps
+
+
+@pytest.mark.parametrize(
+    "folder", sorted({p.parent for p in (PACKAGE / "local").rglob("__init__.py")})
+)
+def test_each_local_folder_lists_its_modules(folder: Path) -> None:
+    assert listing_gaps(folder) == [], folder
+
+
+def test_the_listing_check_finds_a_gap(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "__init__.py").write_text("")
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.py").write_text("")
+    (tmp_path / "__init__.py").write_text(
+        '"""Doc.\n\n- `a`: one.\n- `gone`: two.\n- `a`: again.\n"""\n'
+    )
+    assert listing_gaps(tmp_path) == [
+        "b is not listed", "sub/ is not listed", "gone is listed but no file", "a is listed twice",
+    ]  # fmt: skip
 
 
 def test_the_import_graph_has_no_cycle() -> None:
@@ -292,3 +395,57 @@ def test_the_security_line_is_checked(tmp_path: Path, name: str, source: str, si
     path.write_text(source)
     found = [v for v in violations(name, path) if "never imports" in v]
     assert found and found[0].endswith(f"never imports local/{side}"), found
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("import requests\n", "imports requests"),
+        ("from osb_sync.local.http import exchange\n", "imports osb_sync.local.http"),
+        ("from .host import bwrap\n", "imports .host"),
+    ],
+)
+def test_the_protocol_imports_the_standard_library_only(
+    tmp_path: Path, source: str, says: str
+) -> None:
+    path = tmp_path / "protocol.py"
+    path.write_text("from __future__ import annotations\nimport json\n" + source)
+    found = [v for v in violations("local.protocol", path) if "standard library" in v]
+    assert found and found[0].startswith(says), found
+    path.write_text("from __future__ import annotations\nimport json\n")
+    assert list(violations("local.protocol", path)) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "source"),
+    [
+        ("local.execd.command", "from ..protocol import Claim\n"),
+        ("local.host.container", "from ..protocol import Start\n"),
+    ],
+)
+def test_both_sides_may_import_the_protocol(tmp_path: Path, name: str, source: str) -> None:
+    path = tmp_path / "module.py"
+    path.write_text(source)
+    assert list(violations(name, path)) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "source"),
+    [
+        ("local.host.limits", "from ..http.exchange import HttpError\n"),
+        ("local.host.volumes", "from ..http.exchange import Exchange, error\n"),
+        ("local.host.capacity", "from .validation import bad_parameter\n"),
+        ("local.host.images.service", "from ...http import exchange\nexchange.HttpError(1, 2)\n"),
+        ("local.execd.runner", "from ..http.exchange import error\n"),
+        ("local.execd.runner", "from ..http.bodies import bad_request\n"),
+    ],
+)
+def test_http_answers_are_built_only_where_errors_are_mapped(
+    tmp_path: Path, name: str, source: str
+) -> None:
+    path = tmp_path / "module.py"
+    path.write_text(source)
+    found = [v for v in violations(name, path) if "HTTP_ANSWERS" in v]
+    assert found, found
+    allowed = "local.host.registry" if name.startswith("local.host") else "local.execd.command"
+    assert [v for v in violations(allowed, path) if "HTTP_ANSWERS" in v] == []

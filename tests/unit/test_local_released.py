@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from osb_sync.local.host import network
-from osb_sync.local.host.pools import check_capacity
+from osb_sync.local.host.pools import PoolStore, check_capacity
+from osb_sync.local.host.registry import check_local_fields
 from osb_sync.local.host.snapshots import SnapshotStore
-from osb_sync.local.host.validation import check_local_fields, policy_needs
 from osb_sync.local.http.exchange import HttpError
 
 
@@ -29,9 +29,9 @@ def test_patch_merges_by_target_and_the_first_of_two_wins() -> None:
         {"action": "allow", "target": "a.test"},
         {"action": "deny", "target": "b.test"},
     ]
-    assert policy_needs(merged) == "rules"  # an exception to deny-all: refused by the server
+    assert network.needs(merged) == "rules"  # an exception to deny-all: refused by the server
     assert network.without(merged, ["a.test"])["egress"] == [{"action": "deny", "target": "b.test"}]
-    assert policy_needs(network.without(merged, ["a.test"])) == "deny-all"
+    assert network.needs(network.without(merged, ["a.test"])) == "deny-all"
 
 
 def test_status_modes() -> None:
@@ -107,3 +107,33 @@ def test_create_fields_the_local_server_cannot_honour(field: str, value: object)
         check_local_fields({field: value})
     assert info.value.status == 400 and field in info.value.body["message"]
     check_local_fields({"secureAccess": False, "credentialProxy": {"enabled": False}})
+
+
+def test_a_pool_counts_the_sandboxes_creates_reserved_against_its_pool_max() -> None:
+    class Spares:  # a SparePool's part the store uses, without containers
+        count = 0
+
+        def fill(self) -> None:
+            pass
+
+        def ready(self) -> list[object]:
+            return []
+
+        def close(self) -> None:
+            pass
+
+    store = PoolStore(lambda count: Spares())  # type: ignore[arg-type,return-value]
+    capacity = {"bufferMax": 1, "bufferMin": 0, "poolMax": 2, "poolMin": 0}
+    store.create("p", {}, capacity)
+    first, second = store.reserve("p"), store.reserve("p")  # two creates under way
+    with pytest.raises(HttpError) as exhausted:
+        store.reserve("p")  # a third, concurrent: poolMax counts the two reservations
+    assert (exhausted.value.status, exhausted.value.body["code"]) == (409, "POOL::EXHAUSTED")
+    store.cancel(second)  # its create failed: the reservation is given back
+    store.allocate(first, "sbx-1")  # the other's sandbox is made
+    third = store.reserve("p")
+    assert store.get("p").view()["status"]["allocated"] == 1 and third.reserved == 1
+    with pytest.raises(HttpError):
+        store.reserve("p")
+    store.release("sbx-1")  # the sandbox is gone
+    store.reserve("p")

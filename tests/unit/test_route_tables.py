@@ -32,7 +32,8 @@ import pytest
 from osb_sync.local.execd.router import ExecdApp
 from osb_sync.local.execd.runner import SandboxRuntime
 from osb_sync.local.host.bwrap import Support
-from osb_sync.local.host.registry import Config, Registry
+from osb_sync.local.host.registry import Registry
+from osb_sync.local.host.sandboxes import Config
 from osb_sync.local.host.server import LocalServer
 from osb_sync.local.http.exchange import Router
 

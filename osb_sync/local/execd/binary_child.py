@@ -16,7 +16,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+
+from ..protocol import Claim, Start
 
 JUPYTER_START_TIMEOUT = 60.0
 EXECD_START_TIMEOUT = 20.0
@@ -31,13 +32,13 @@ class ExecdStartError(RuntimeError):
 class ExecdChildren:
     """The Jupyter server (optional) and the execd binary of one container."""
 
-    def __init__(self, config: dict[str, Any], jupyter_port: int) -> None:
-        self.home = config["home"]
-        self.state = Path(config["run_dir"])
-        self.env = {**config["env"], "JUPYTER_PORT": str(jupyter_port)}
-        self.execd_token = str(config["token"])
+    def __init__(self, start: Start, claim: Claim) -> None:
+        self.home = start.home
+        self.state = Path(start.run_dir)
+        self.jupyter_port = start.jupyter_port
+        self.env = {**claim.env, "JUPYTER_PORT": str(self.jupyter_port)}
+        self.execd_token = claim.token
         self.jupyter_token = secrets.token_hex(16)
-        self.jupyter_port = jupyter_port
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, execd: str, jupyter: str | None, execd_port: int) -> None:

@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..http.bodies import bad_request, read_object
+from ..http.bodies import bad_request, read_object, working_dir
 from ..http.exchange import Exchange, error
 from .command import Commands, CommandSpec, run_shell
 from .pyworker import DEAD_WORKER, PythonWorker
-from .runner import SandboxRuntime, kill_group, resolve_cwd
+from .runner import SandboxRuntime, kill_group
 from .workers import Emit, complete, failure, run_error
 
 LANGUAGES = ("python", "bash")
@@ -106,7 +106,7 @@ class CodeInterpreter:
         body = read_object(ex)
         if not body.get("language") or not isinstance(body["language"], str):
             raise bad_request("language is required")
-        cwd = resolve_cwd(self.runtime, body.get("cwd"))
+        cwd = working_dir(body.get("cwd"), self.runtime.dir, self.runtime.resolve)
         ex.send_json(200, self._new_context(str(body["language"]), cwd).describe())
 
     def list_contexts(self, ex: Exchange) -> None:

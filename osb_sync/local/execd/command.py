@@ -29,10 +29,11 @@ from ..http.bodies import (
     read_object,
     text,
     timeout_ms,
+    working_dir,
 )
 from ..http.exchange import EventStream, Exchange, error
 from .output import LogBudget
-from .runner import SandboxRuntime, resolve_cwd
+from .runner import SandboxRuntime
 from .workers import (
     CommandRecord,
     LineSplitter,
@@ -136,6 +137,10 @@ class Commands:
         for session in sessions:
             session.kill()
 
+    def _cwd(self, cwd: object) -> Path:
+        """A body's `cwd` (`bodies.working_dir`), default the sandbox's directory."""
+        return working_dir(cwd, self.runtime.dir, self.runtime.resolve)
+
     def stream(self, ex: Exchange, init_text: str) -> EventStream:
         """Start an event stream with its `init` event."""
         stream = EventStream(ex, self.ping_interval)
@@ -152,7 +157,7 @@ class Commands:
             raise bad_request("gid requires uid")
         spec = CommandSpec(
             command,
-            resolve_cwd(self.runtime, body.get("cwd")),
+            self._cwd(body.get("cwd")),
             environment(body.get("envs")),
             None if timeout is None else time.monotonic() + timeout / 1000,
             uid,
@@ -298,7 +303,7 @@ class Commands:
         """POST /session: start a persistent bash."""
         body = read_object(ex, empty={})
         try:
-            session = ShellSession(self.runtime, resolve_cwd(self.runtime, body.get("cwd")))
+            session = ShellSession(self.runtime, self._cwd(body.get("cwd")))
         except OSError as exc:
             raise error(500, "RUNTIME_ERROR", f"error creating session: {exc}") from None
         with self._lock:
@@ -318,7 +323,7 @@ class Commands:
         body = read_object(ex)
         command = text(body, "command")
         timeout = timeout_ms(body)
-        cwd = str(resolve_cwd(self.runtime, body["cwd"])) if body.get("cwd") else None
+        cwd = str(self._cwd(body["cwd"])) if body.get("cwd") else None
         stream = self.stream(ex, session.id)
         if not session.lock.acquire(blocking=False):
             stream.bare_error("RUNTIME_ERROR", "error running in session. session is busy")

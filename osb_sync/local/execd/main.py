@@ -2,12 +2,11 @@
 
 Run as a script by path (`python -I -S execd/main.py RELAY_FD READY_FD`), inside the
 sandbox's bubblewrap container or, where isolation is impossible, as a plain subprocess; or,
-in a root server's default sandbox, forked from the execd template (`zygote.py`), which calls
-`main` with descriptors 3 and 4 once it has entered the container. Its
-first line of standard input is the start line (the working and state directories, the ports,
-heartbeat and grace seconds, the file size limit, an execd binary), the second the claim line
-(the execd token, the sandbox's environment, an address space limit). Between them the
-container is a warm spare: imported, sockets bound, serving nothing. The token never appears in
+in a root server's default sandbox, forked from the execd template (`template.py`), which calls
+`main` with descriptors 3 and 4 once it has entered the container. Its first line of standard
+input is the start line, the second the claim line (`protocol.Start` and `protocol.Claim`,
+declared in `local/protocol.py`, which the server imports too). Between them the container is
+a warm spare: imported, sockets bound, serving nothing. The token never appears in
 an environment or a command line the sandbox could read (except an execd binary's environment:
 it takes the token in EXECD_ACCESS_TOKEN, as in OpenSandbox). Once claimed it
 
@@ -39,7 +38,6 @@ from __future__ import annotations
 
 import ctypes
 import hmac
-import json
 import os
 import resource
 import selectors
@@ -52,11 +50,6 @@ import types
 from pathlib import Path
 from typing import Any
 
-EXECD_PORT = 44772
-TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"  # noqa: S105 (a header name)
-UNAUTHORIZED = {"error": f"Unauthorized: invalid or missing header {TOKEN_HEADER}"}
-PR_SET_DUMPABLE = 4
-
 
 def load_package() -> None:
     """Make `osb_sync.local` importable without importing `osb_sync` itself (the client)."""
@@ -66,6 +59,15 @@ def load_package() -> None:
             package = types.ModuleType(name)
             package.__path__ = [path]
             sys.modules[name] = package
+
+
+load_package()  # run by path, this directory is not a package yet
+from osb_sync.local.protocol import Claim, Start  # noqa: E402
+
+EXECD_PORT = 44772
+TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"  # noqa: S105 (a header name)
+UNAUTHORIZED = {"error": f"Unauthorized: invalid or missing header {TOKEN_HEADER}"}
+PR_SET_DUMPABLE = 4
 
 
 def pump(source: socket.socket, target: socket.socket) -> None:
@@ -131,18 +133,18 @@ def hide_memory() -> None:
         pass  # not Linux: there is no container to hide from either
 
 
-def wait_for_claim(ready_fd: int) -> dict[str, Any] | None:
+def wait_for_claim(ready_fd: int) -> Claim | None:
     """Report ready, then read the claim line (None: stdin closed, the spare was not needed)."""
     os.write(ready_fd, b"ready\n")
-    claim: dict[str, Any] | None = json.loads(sys.stdin.buffer.readline() or b"null")
-    return claim
+    line = sys.stdin.buffer.readline()
+    return Claim.decode(line) if line else None
 
 
 class Entrypoint:
     """The sandbox's main process, started after execd (see the module docstring)."""
 
-    def __init__(self, argv: list[str] | None) -> None:
-        self.argv = argv
+    def __init__(self, argv: tuple[str, ...] | None) -> None:
+        self.argv = list(argv) if argv else None
         self.proc: subprocess.Popen[bytes] | None = None
         self.failure = ""  # why it could not be started
         self._stdin_w = -1  # held open: a shell as entrypoint waits on it, never sees EOF
@@ -199,34 +201,33 @@ class Entrypoint:
             self._stdin_w = -1
 
 
-def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> int | None:
+def serve(start: Start, relay_server: socket.socket, ready_fd: int) -> int | None:
     """Start up, report ready, wait for the claim line, then serve until stdin EOF (None) or
     the entrypoint's end (its exit code)."""
-    load_package()
-    if config.get("execd_binary"):
-        return serve_binary(config, relay_server, ready_fd)
+    if start.execd_binary:
+        return serve_binary(start, relay_server, ready_fd)
     from osb_sync.local.execd import router, runner
     from osb_sync.local.http import exchange, httpd
 
-    jupyter = socket.create_server(("127.0.0.1", config["jupyter_port"]))
+    jupyter = socket.create_server(("127.0.0.1", start.jupyter_port))
     hosts = httpd.host_names("127.0.0.1", ())
     server = httpd.HTTPServer(
-        ("127.0.0.1", config["execd_port"]), lambda ex: None, httpd.Limits(), hosts
+        ("127.0.0.1", start.execd_port), lambda ex: None, httpd.Limits(), hosts
     )
     claim = wait_for_claim(ready_fd)
     if claim is None:
         return None  # a spare the server never claimed
-    env = {**claim["env"], "JUPYTER_PORT": str(jupyter.getsockname()[1])}
+    env = {**claim.env, "JUPYTER_PORT": str(jupyter.getsockname()[1])}
     runtime = runner.SandboxRuntime(
-        Path(config["home"]),
-        Path(config["run_dir"]),
+        Path(start.home),
+        Path(start.run_dir),
         env,
-        claim.get("address_space_limit"),
-        Path(config["oom_control"]) if config.get("oom_control") else None,
-        tuple(config["user"]) if config.get("user") else None,  # type: ignore[arg-type]
+        claim.address_space_limit,
+        Path(start.oom_control) if start.oom_control else None,
+        start.user,
     )
-    app = router.ExecdApp(runtime, config["ping_interval"], config["command_grace"])
-    token = str(claim["token"]).encode()
+    app = router.ExecdApp(runtime, start.ping_interval, start.command_grace)
+    token = claim.token.encode()
 
     def route(ex: exchange.Exchange) -> None:
         given = (ex.headers.get(TOKEN_HEADER) or "").encode()
@@ -244,7 +245,7 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
         (accept_forever, (relay_server, ports)),
     ):
         threading.Thread(target=target, args=args, daemon=True).start()
-    entrypoint = Entrypoint(claim.get("entrypoint"))
+    entrypoint = Entrypoint(claim.entrypoint)
     entrypoint.start(lambda argv, stdin: runtime.spawn(argv, stdin=stdin, stdout=2, stderr=2))
     os.write(ready_fd, b"serving\n")
     os.close(ready_fd)
@@ -256,31 +257,31 @@ def serve(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) ->
     return code
 
 
-def serve_binary(config: dict[str, Any], relay_server: socket.socket, ready_fd: int) -> int | None:
+def serve_binary(start: Start, relay_server: socket.socket, ready_fd: int) -> int | None:
     """Like `serve`, with an execd binary (and a Jupyter server) as children instead of ours."""
     from osb_sync.local.execd.binary_child import ExecdChildren, ExecdStartError
 
     claim = wait_for_claim(ready_fd)
     if claim is None:
         return None  # a spare the server never claimed
-    jupyter = config.get("jupyter")
-    children = ExecdChildren({**config, **claim}, config["jupyter_port"])
-    if jupyter is None:  # nothing else listens on JUPYTER_PORT: the sink does
-        sink = socket.create_server(("127.0.0.1", config["jupyter_port"]))
+    children = ExecdChildren(start, claim)
+    if start.jupyter is None:  # nothing else listens on JUPYTER_PORT: the sink does
+        sink = socket.create_server(("127.0.0.1", start.jupyter_port))
         threading.Thread(target=accept_forever, args=(sink, None), daemon=True).start()
     try:
-        children.start(config["execd_binary"], jupyter, config["execd_port"])
+        assert start.execd_binary is not None
+        children.start(start.execd_binary, start.jupyter, start.execd_port)
     except ExecdStartError as exc:
         print(f"the execd binary did not start: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
     threading.Thread(target=accept_forever, args=(relay_server, {}), daemon=True).start()
-    entrypoint = Entrypoint(claim.get("entrypoint"))
-    uid, gid = config.get("user") or (None, None)
+    entrypoint = Entrypoint(claim.entrypoint)
+    uid, gid = start.user or (None, None)
     entrypoint.start(
         lambda argv, stdin: subprocess.Popen(
             argv,
-            cwd=config["home"],
-            env=claim["env"],
+            cwd=start.home,
+            env=claim.env,
             stdin=stdin,
             stdout=2,
             stderr=2,
@@ -303,11 +304,11 @@ def main(argv: list[str]) -> int:
     the entrypoint ends; the exit code is the entrypoint's, else 0."""
     hide_memory()
     relay_server = socket.socket(fileno=int(argv[1]))
-    config = json.loads(sys.stdin.buffer.readline())
-    if config.get("file_size_limit"):
-        limit = int(config["file_size_limit"])
+    start = Start.decode(sys.stdin.buffer.readline())
+    if start.file_size_limit:
+        limit = start.file_size_limit
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    code = serve(config, relay_server, int(argv[2]))
+    code = serve(start, relay_server, int(argv[2]))
     return code or 0
 
 

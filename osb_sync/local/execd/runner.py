@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ..http.bodies import bad_request
-
 KILL_WAIT_TIMEOUT = 5.0
 # sh: cap the address space (KiB, soft and hard) of what it then runs. Not set on execd itself:
 # its threads' reserved stacks and arenas would not fit a small cap.
@@ -146,15 +144,3 @@ class SandboxRuntime:
                 proc.wait(KILL_WAIT_TIMEOUT)
             except subprocess.TimeoutExpired:
                 pass
-
-
-def resolve_cwd(runtime: SandboxRuntime, cwd: Any) -> Path:
-    """The directory `cwd` names (env variables expanded), default the sandbox directory."""
-    if cwd in (None, ""):
-        return runtime.dir
-    if not isinstance(cwd, str) or "\0" in cwd:
-        raise bad_request("cwd must be a path without NUL characters")
-    path = runtime.resolve(os.path.expandvars(cwd))
-    if not path.is_dir():
-        raise bad_request(f"cwd {cwd!r} is not a directory")
-    return path

@@ -1,15 +1,48 @@
 """The local server's process on the host: the trusted side of the security line.
 
-`server` (LocalServer: start, stop, its route table, auth, reaper), `options` (its options,
-declared once; `osb-sync serve` builds its flags from them), `registry` (sandboxes, the
-lifecycle routes' handlers), `validation` (422/400 rules), `proxy` (port proxy), `spares` (warm
-containers), `pools` (named warm spares), `snapshots`, `diagnostics` (events and logs),
-`network` (policy changes, the egress API), `container` (start, reach, pause, delete a
-container), `bwrap` (what the host allows, the container's command line), `identity` (the
-sandboxes' host id range), `staging` (host binds of what bwrap cannot reach by name),
-`seccomp`, `cgroup`, `limits` (resource limits), `volumes`, `slirp` (outbound network),
-`spawn` (the spawner thread, host process helpers), `capacity` (refusing creates before
-descriptors or memory run out), `liveness` (containers that died), `recovery` (what a killed
-server left), `images/` (pull, store, unpack, writable root), `execd_binary` (bring your own
-execd). It never imports `execd/`: it starts `execd/main.py` as a program inside the container.
+It never imports `execd/`: it starts `execd/main.py` as a program inside the container.
+
+The server and its resources, each module a resource's routes beside its store:
+
+- `server`: LocalServer (start, stop, its one route table, auth, the reaper), and the one
+  place where the mechanics' errors become HTTP answers.
+- `options`: its options, declared once (`osb-sync serve` builds its flags from them).
+- `registry`: the resources composed, and the create (planned whole, then carried out).
+- `sandboxes`: the sandboxes' table and their lifecycle routes.
+- `journal`: each sandbox's events, which every resource writes.
+- `snapshots`: snapshots' routes and store.
+- `diagnostics`: the diagnostics routes (the journal is their store).
+- `pools`: named pools' routes and store.
+- `network`: what a network policy asks for, and the routes that change it.
+- `validation`: the lifecycle API's request checks (FastAPI's 422s, the 400s).
+- `proxy`: the proxy to ports inside a sandbox.
+- `errors`: what the mechanics below refuse, before any HTTP answer.
+
+Its containers:
+
+- `container`: start, reach, pause and delete one container.
+- `rootview`: what differs between a sandbox on the host's view and one on an image's root.
+- `spares`: warm containers, and where a create's container comes from.
+- `execd_template`: the execd template that forks a root server's execds.
+- `entrypoint`: what a sandbox runs as its entrypoint.
+- `execd_binary`: bring your own execd.
+- `liveness`: why a container ended.
+- `logs`: the containers' logs, bounded.
+- `recovery`: what a killed server left, reaped at start.
+- `capacity`: refusing creates before descriptors or memory run out.
+- `images/`: images: pull, store, unpack, a sandbox's root over one.
+
+Their confinement and limits:
+
+- `bwrap`: what isolation the host allows, and bubblewrap's command line.
+- `identity`: the sandboxes' host id range.
+- `staging`: host binds of what bwrap cannot reach by name.
+- `seccomp`: the sandboxes' seccomp filter.
+- `firewall`: nftables in a sandbox's namespace, keeping it from this host.
+- `slirp`: outbound network through slirp4netns.
+- `volumes`: a create's volumes, checked, opened and bound by descriptor.
+- `limits`: resource limits, and how each is enforced.
+- `cgroup`: the sandboxes' cgroups.
+- `disk`: each sandbox's disk, one size- and inode-limited tmpfs.
+- `spawn`: the spawner thread, and host process helpers.
 """

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..http.exchange import error
 from . import cgroup, firewall, identity, seccomp
+from .errors import InternetError, PolicyError
 
 SANDBOX_HOME = "/home/sandbox"
 EXECD_STATE_DIR = "/run/osb-execd"
@@ -187,7 +187,8 @@ def package_dir() -> str:
 
 
 def compile_package() -> None:
-    """Write the bytecode of `osb_sync.local`'s modules where it is missing or stale.
+    """Write the bytecode of the modules a container imports where it is missing or stale
+    (`http/`, `execd/` and the protocol between the server and execd).
 
     Containers see the package read-only, so they cannot cache what they compile: in a checkout
     whose execd modules the host never imported, every container would compile them again
@@ -195,9 +196,11 @@ def compile_package() -> None:
     """
     import compileall
 
+    local = Path(__file__).parents[1]
     try:
         for side in ("http", "execd"):
-            compileall.compile_dir(Path(__file__).parents[1] / side, maxlevels=0, quiet=2)
+            compileall.compile_dir(local / side, maxlevels=0, quiet=2)
+        compileall.compile_file(local / "protocol.py", quiet=2)
     except OSError:
         pass
 
@@ -332,27 +335,28 @@ def identity_options(block_fd: int, passwd_fd: int, group_fd: int) -> list[str]:
     ]
 
 
-def container_options(
-    writable: Sequence[str],
+def confined(
     info_fd: int,
     ident: Sequence[str],
-    mounts: Sequence[str] = (),
-    extra: Sequence[str] = (),
+    env: dict[str, str],
+    root: Sequence[str],
+    rest: Sequence[str],
 ) -> list[str]:
-    """The bwrap options of a sandbox.
+    """The bwrap options every sandbox's container has, whatever its root: new namespaces,
+    `--die-with-parent`, a new session, its identity, its host name, an environment of `env`
+    only; `root` (what makes its `/`), then /proc masked (`proc_view`) and its own /dev; then
+    `rest`.
 
     They hold host paths, so the container passes them in a descriptor (`--args`), never on
     bwrap's command line, which the sandbox reads as `/proc/1/cmdline`.
 
     Args:
-        writable: what mounts its `WRITABLE` directories (`writable_binds` or
-            `writable_tmpfs`).
         info_fd: where bwrap writes its child's pid.
         ident: `identity_options`.
-        mounts: its volumes' binds, last (after /tmp: a venv under the host's /tmp stays
-            visible): bwrap makes nothing of the server's in what a sandbox may have written.
-        extra: read-only binds of an execd binary, and the like.
     """
+    environment: list[str] = []
+    for name, value in env.items():
+        environment += ["--setenv", name, value]
     return [
         *NAMESPACES,
         "--die-with-parent",
@@ -363,27 +367,40 @@ def container_options(
         "--info-fd",
         str(info_fd),
         "--clearenv",
-        "--setenv",
-        "PATH",
-        SANDBOX_PATH,
-        "--setenv",
-        "HOME",
-        SANDBOX_HOME,
-        *root_view(),
+        *environment,
+        *root,
         "--proc",
         "/proc",
         *proc_view(),
         "--dev",
         "/dev",
-        *writable,
-        *interpreter_view(),
-        *extra,
-        *mounts,
-        "--remount-ro",
-        "/",
-        "--chdir",
-        SANDBOX_HOME,
+        *rest,
     ]
+
+
+def container_options(
+    writable: Sequence[str],
+    info_fd: int,
+    ident: Sequence[str],
+    mounts: Sequence[str] = (),
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The bwrap options of a sandbox on the host's view (`confined`, `HostView`).
+
+    Args:
+        writable: what mounts its `WRITABLE` directories (`writable_binds` or
+            `writable_tmpfs`).
+        info_fd: where bwrap writes its child's pid.
+        ident: `identity_options`.
+        mounts: its volumes' binds, last (after /tmp: a venv under the host's /tmp stays
+            visible): bwrap makes nothing of the server's in what a sandbox may have written.
+        extra: read-only binds of an execd binary, and the like.
+    """
+    env = {"PATH": SANDBOX_PATH, "HOME": SANDBOX_HOME}
+    rest = [*writable, *interpreter_view(), *extra, *mounts]
+    return confined(
+        info_fd, ident, env, root_view(), [*rest, "--remount-ro", "/", "--chdir", SANDBOX_HOME]
+    )
 
 
 _BINDS = ("--bind", "--ro-bind", "--ro-bind-try")
@@ -469,9 +486,9 @@ def network_plan(needs: str, support: Support, accept_unenforced: bool) -> tuple
         accept_unenforced: create the sandbox anyway when the policy cannot be enforced.
 
     Raises:
-        HttpError: 400 when the policy cannot be enforced and that is not accepted; 503 when
-            the sandbox would reach the internet through slirp4netns where the tools that
-            keep it from the host's addresses are missing (`firewall.INSTALL`).
+        PolicyError: the policy cannot be enforced, and that is not accepted.
+        InternetError: the sandbox would reach the internet through slirp4netns where the
+            tools that keep it from the host's addresses are missing (`firewall.INSTALL`).
     """
     if needs == "deny-all" and support.bwrap is not None:
         return False, " Network policy enforced: private network namespace, loopback only."
@@ -483,14 +500,12 @@ def network_plan(needs: str, support: Support, accept_unenforced: bool) -> tuple
             else f"sandboxes are not isolated here: {support.problem}"
         )
         if not accept_unenforced:
-            raise error(
-                400,
-                "SANDBOX::INVALID_PARAMETER",
+            raise PolicyError(
                 f"networkPolicy cannot be enforced: {why}. Hint: only a deny-all policy "
                 "can be enforced, where sandboxes are isolated; start the local "
                 "server with unenforced_network_policy='accept' to run without it.",
             )
         note = f" WARNING: networkPolicy is NOT enforced ({why})."
     if support.bwrap is not None and support.slirp is not None and support.firewall is None:
-        raise error(503, "SANDBOX::INTERNET_UNAVAILABLE", f"{firewall.INSTALL}.")
+        raise InternetError(f"{firewall.INSTALL}.")
     return True, note

@@ -6,10 +6,10 @@ stdin, its log's read end, execd's stdin and pidfd where the execd template fork
 slirp4netns's exit pipe: 8 to 9), and a create in progress holds a few more for a moment
 (pipes, the spawn's error pipe). A create that would push the open descriptors past the
 RLIMIT_NOFILE soft limit, less `FD_RESERVE` for connections and proxied streams, is refused
-with 503 naming the limit before anything starts, so nothing half-made is left and the
-sandboxes already running keep working. So is a create while less than
-`MEMORY_RESERVE` of memory is available: with 1,000 idle sandboxes memory, not descriptors,
-should be what runs out.
+(`CapacityError`: the released server's 503) naming the limit before anything starts, so
+nothing half-made is left and the sandboxes already running keep working. So is a create
+while less than `MEMORY_RESERVE` of memory is available: with 1,000 idle sandboxes memory,
+not descriptors, should be what runs out.
 
 At start the server raises its own soft descriptor limit to the hard limit
 (`raise_descriptor_limit`): a default soft limit of 1024 would hold some 150 sandboxes.
@@ -23,13 +23,12 @@ import resource
 import threading
 from collections.abc import Callable, Iterator
 
-from ..http.exchange import HttpError, error
+from .errors import CapacityError
 
 FDS_PER_SANDBOX = 11  # measured: 8 to 9 (see the module docstring), with room to spare
 FDS_PER_CREATE = 16  # held for a moment by a create in progress, on top of the sandbox's own
 FD_RESERVE = 128  # connections, proxied streams and logs of the server itself
 MEMORY_RESERVE = 512 << 20  # bytes of MemAvailable a create leaves to what already runs
-CODE = "SANDBOX::CAPACITY_EXCEEDED"
 
 
 def raise_descriptor_limit() -> int:
@@ -97,7 +96,7 @@ class Capacity:
         """Hold a create's share while it starts.
 
         Raises:
-            HttpError: 503 naming the limit (descriptors or memory) the create would cross.
+            CapacityError: naming the limit (descriptors or memory) the create would cross.
         """
         with self._lock:
             self._check()
@@ -130,6 +129,6 @@ class Capacity:
             )
 
 
-def refused(why: str) -> HttpError:
-    """The 503 of a create the server has no capacity for."""
-    return error(503, CODE, f"No capacity for another sandbox: {why}.")
+def refused(why: str) -> CapacityError:
+    """The refusal of a create the server has no capacity for."""
+    return CapacityError(f"No capacity for another sandbox: {why}.")

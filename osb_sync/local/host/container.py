@@ -4,7 +4,7 @@ The container's main process is `execd/main.py` (our execd, JUPYTER_PORT and a r
 the sandbox's entrypoint, whose end ends it: `entrypoint.py`), started under bubblewrap
 (`bwrap.py`), or as a plain subprocess where isolation is impossible; in a root server's
 default sandbox, bwrap runs a placeholder and the execd template forks execd into the
-container's namespaces (`zygote.py`: a new Python per sandbox costs ~80 ms and ~12 MiB).
+container's namespaces (`execd_template.py`: a new Python per sandbox costs ~80 ms and ~12 MiB).
 The server reaches the container only through a listening Unix socket it makes in a host
 directory the sandbox cannot see and hands to the main process as an inherited descriptor.
 
@@ -35,18 +35,18 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
-from . import bwrap, disk, firewall, identity, logs, spawn, staging, zygote
+from ..protocol import Claim, Start
+from . import bwrap, disk, execd_template, firewall, identity, logs, spawn, staging
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
-from .images import rootfs
 from .images.config import ConfigError
-from .images.store import StoredImage, hold
 from .limits import Plan
+from .rootview import HostView, Places, RootView
 from .slirp import start_slirp
 from .spawn import SPAWNER, pidfd, read_until, signal_pids
 from .volumes import Bind
@@ -75,19 +75,27 @@ class Launch:
     mounts: tuple[Bind, ...] = ()  # its volumes, opened (see `volumes.py`)
     plan: Plan | None = None
     controllers: frozenset[str] = frozenset()
-    image: StoredImage | None = None  # its root instead of the host's view (`images/`)
-    image_ids: tuple[int, int] = (0, 0)  # the image's User, as (uid, gid)
+    view: RootView = field(default_factory=HostView)  # the host's view, or an image's
 
 
-def _memfd(name: str, data: bytes) -> int:
-    """A descriptor holding `data`, read from 0 (inherited only through pass_fds)."""
+@dataclass(frozen=True)
+class Assignment:
+    """What a create gives a launched container at its claim (a spare's, or a cold start's)."""
+
+    token: str = field(repr=False)  # execd's access token
+    env: dict[str, str] = field(repr=False)  # the sandbox's variables
+    entrypoint: tuple[str, ...] | None = None  # started once execd serves (`entrypoint.py`)
+    limits: Plan = field(default_factory=Plan)  # a spare writes them at claim
+    internet: bool = False  # outbound access (slirp4netns) instead of loopback only
+
+
+def _memfd(fds: contextlib.ExitStack, name: str, data: bytes) -> int:
+    """A descriptor holding `data`, read from 0 (inherited only through pass_fds), closed
+    with `fds`."""
     fd = os.memfd_create(name, 0)
-    try:
-        os.write(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
+    fds.callback(os.close, fd)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
 
@@ -143,13 +151,12 @@ class SandboxContainer:
         self._ready_r = -1
         self._log_budget = log_budget  # its server's, for every container's log
         self._log: logs.ContainerLog | None = None  # its processes' standard error
-        self._seccomp_fd = -1  # the filter bwrap reads while it starts
-        self._layer: rootfs.Layer | None = None  # the writable root over an image
-        self._image_fd = -1  # holds the image against the store's eviction
+        self._held = contextlib.ExitStack()  # what its root view keeps while it lives
+        self._root_note = ""  # what the status says of its root (an image's)
         self._staging = staging.Staging(self.ids)  # host binds while bwrap starts
         self.launched_at = 0.0  # time.monotonic() when its main process started
         self._execd_in: BinaryIO | None = None  # execd's stdin where the template forked it
-        self._forked: zygote.Forked | None = None  # that execd
+        self._forked: execd_template.Forked | None = None  # that execd
         self._held_template = False
         self._lock = threading.Lock()
 
@@ -187,7 +194,8 @@ class SandboxContainer:
         Args:
             ping: execd's heartbeat interval, seconds.
             grace: seconds /command keeps its stream open after the terminal event.
-            settings: what is fixed when bwrap starts (binds, execd binary, limit groups).
+            settings: what is fixed when bwrap starts (binds, execd binary, limit groups, the
+                root view).
         """
         self._settings = settings
         self._limits = settings.plan or Plan()
@@ -198,101 +206,116 @@ class SandboxContainer:
         self._relay.bind(self._relay_path)
         os.chmod(self._relay_path, 0o600)
         self._relay.listen(128)
-        ready_r, ready_w = os.pipe()
-        info_r, info_w = os.pipe()
-        block_r, block_w = os.pipe()  # bwrap waits on it for its namespace's id maps
-        options = passwd = group = execd_r = -1
-        self._ready_r = ready_r
+        self._ready_r, ready_w = os.pipe()  # its read end is the container's (claim, close)
         deadline = time.monotonic() + START_TIMEOUT
-        templated = zygote.usable(self.support, settings.image, settings.binary)
+        view = settings.view
+        templated = view.template and execd_template.usable(self.support, settings.binary)
         try:
-            log = self._log = logs.ContainerLog(self._log_budget)
-            command = [str(self._relay.fileno()), str(ready_w)]
-            if templated:
-                zygote.TEMPLATE.hold()
-                self._held_template = True
-                execd_r, execd_w = os.pipe()
-                self._execd_in = os.fdopen(execd_w, "wb")
-            # As the range's root where the server writes the maps (root): bwrap refuses,
-            # as uid 0, to map ids other than its own.
-            as_range = self.ids is not None and self.ids.helpers is None
-            if self.isolated:
-                if settings.image is None:  # an image keeps its own passwd and group
-                    passwd = _memfd("passwd", identity.passwd_file(bwrap.SANDBOX_HOME))
-                    group = _memfd("group", identity.group_file())
-                ident = bwrap.identity_options(block_r, passwd, group)
-                options = self._options(info_w, ident)
-                main = bwrap.main_command(MAIN_SCRIPT)
-                if settings.image is not None:
-                    main[:1] = rootfs.main_interpreter(settings.image)
-                if templated:  # the template forks execd; bwrap runs the placeholder
-                    main, command = list(zygote.PLACEHOLDER), []
-                argv = [self.support.bwrap or "bwrap", "--args", str(options), *main, *command]
-                self._make_cgroups()
-            else:
-                argv = [sys.executable, "-I", "-S", MAIN_SCRIPT, *command]
-            extra_fds = [fd for fd in (options, self._seccomp_fd, passwd, group) if fd >= 0]
-            if self.isolated and not staging.available():
-                extra_fds += [bind.fd for bind in settings.mounts]  # bwrap's --bind-fd
-            kept = (info_w, block_r, *extra_fds)
-            if not templated:
-                kept = (self._relay.fileno(), ready_w, *kept)
-            self._proc = SPAWNER.run(
-                lambda: subprocess.Popen(
-                    argv,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE if templated else subprocess.DEVNULL,
-                    stderr=log.writer,
-                    pass_fds=kept,
-                    cwd=self.home,
-                    env=dict(bwrap.BWRAP_ENV) if self.isolated else self._plain_env(),
-                    start_new_session=True,
-                    user=self.ids.uid if as_range and self.ids else None,
-                    group=self.ids.gid if as_range and self.ids else None,
-                    extra_groups=[] if as_range else None,
-                )
-            )
-            self.launched_at = time.monotonic()
-            for fd in (info_w, block_r) if templated else (ready_w, info_w, block_r):
-                os.close(fd)
-            info_w = block_r = -1
-            if not templated:
-                ready_w = -1
-                self._send(self._start_line(ping, grace))
-            if self.isolated and self.ids is not None:
-                info = read_until(info_r, b"}", deadline)
-                self.init_pid = int(json.loads(info)["child-pid"])
-                self._init_fd = pidfd(self.init_pid)
-                self._netns = spawn.namespace(self._init_fd, self.init_pid, "net")
-                # Nothing of the sandbox's runs before this write: bwrap and its child (the
-                # only processes yet) join the groups, then the namespace gets its ids.
-                if self._cgroup is not None:
-                    self._cgroup.join(self._proc.pid)
-                    self._cgroup.join(self.init_pid)
-                identity.write_maps(self.init_pid, self.ids)
-                os.write(block_w, b"1")
-            if templated:
-                self._fork_execd(ready_w, execd_r, deadline)
-                self._send(self._start_line(ping, grace))
-            if read_until(ready_r, b"\n", deadline) != b"ready\n":
-                raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
+            with contextlib.ExitStack() as fds:  # every descriptor of this start
+                fds.callback(self._started)
+                child = fds.enter_context(contextlib.ExitStack())  # the ends it inherits
+                (fds if templated else child).callback(os.close, ready_w)
+                info_r, info_w = os.pipe()
+                fds.callback(os.close, info_r)
+                child.callback(os.close, info_w)
+                block_r, block_w = os.pipe()  # bwrap waits on it for its namespace's id maps
+                child.callback(os.close, block_r)
+                fds.callback(os.close, block_w)
+                execd_r = self._spawn(fds, templated, (ready_w, info_w, block_r))
+                child.close()  # the child has its copies: their ends read EOF once it is gone
+                if not templated:
+                    self._send(self._start(ping, grace))
+                if self.isolated and self.ids is not None:
+                    self._map_ids(info_r, block_w, deadline)
+                if templated:
+                    self._fork_execd(ready_w, execd_r, deadline)
+                    self._send(self._start(ping, grace))
+                if read_until(self._ready_r, b"\n", deadline) != b"ready\n":
+                    raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
         except ConfigError:
             raise  # the image's: the create names it (`registry.py`)
         except (OSError, ValueError, KeyError) as exc:
             raise RuntimeError(
                 f"the sandbox's container did not start ({exc}): {self._log_tail()}"
             ) from None
-        finally:
-            fds = (ready_w, info_r, info_w, block_r, block_w, options, passwd, group, execd_r)
-            for fd in fds:
-                if fd >= 0:
-                    os.close(fd)
-            if self._seccomp_fd >= 0:
-                os.close(self._seccomp_fd)
-            self._staging.release()  # bwrap has its copies (or failed)
-            self._seccomp_fd = -1
-            if self._log is not None:
-                self._log.release_writer()  # its processes (and the template) hold theirs
+
+    def _spawn(self, fds: contextlib.ExitStack, templated: bool, ends: tuple[int, int, int]) -> int:
+        """Start the main process: bwrap (the template forks execd into it later), or, where
+        nothing is isolated, execd itself; `ends` are the child's ready, info and block ends.
+        Returns the read end of execd's standard input where the template forks it, else -1."""
+        ready_w, info_w, block_r = ends
+        view = self._settings.view
+        log = self._log = logs.ContainerLog(self._log_budget)
+        command = [str(self._relay.fileno()), str(ready_w)]
+        passed: list[int] = [info_w, block_r]  # what the child inherits
+        execd_r = -1
+        if templated:
+            execd_template.TEMPLATE.hold()
+            self._held_template = True
+            execd_r, execd_w = os.pipe()
+            fds.callback(os.close, execd_r)
+            self._execd_in = os.fdopen(execd_w, "wb")
+        else:
+            passed = [self._relay.fileno(), ready_w, *passed]
+        # As the range's root where the server writes the maps (root): bwrap refuses,
+        # as uid 0, to map ids other than its own.
+        as_range = self.ids is not None and self.ids.helpers is None
+        if self.isolated:
+            files = view.identity_files()
+            passwd = _memfd(fds, "passwd", files[0]) if files else -1
+            group = _memfd(fds, "group", files[1]) if files else -1
+            ident = bwrap.identity_options(block_r, passwd, group)
+            options = self._options(fds, info_w, ident)
+            main = view.main_command(MAIN_SCRIPT)
+            if templated:  # the template forks execd; bwrap runs the placeholder
+                main, command = list(execd_template.PLACEHOLDER), []
+            argv = [self.support.bwrap or "bwrap", "--args", str(options[0]), *main, *command]
+            passed += [*options, *(fd for fd in (passwd, group) if fd >= 0)]
+            if not staging.available():
+                passed += [bind.fd for bind in self._settings.mounts]  # bwrap's --bind-fd
+            self._make_cgroups()
+        else:
+            argv = [sys.executable, "-I", "-S", MAIN_SCRIPT, *command]
+        self._proc = SPAWNER.run(
+            lambda: subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE if templated else subprocess.DEVNULL,
+                stderr=log.writer,
+                pass_fds=passed,
+                cwd=self.home,
+                env=dict(bwrap.BWRAP_ENV) if self.isolated else self._plain_env(),
+                start_new_session=True,
+                user=self.ids.uid if as_range and self.ids else None,
+                group=self.ids.gid if as_range and self.ids else None,
+                extra_groups=[] if as_range else None,
+            )
+        )
+        self.launched_at = time.monotonic()
+        return execd_r
+
+    def _map_ids(self, info_r: int, block_w: int, deadline: float) -> None:
+        """Once bwrap made its namespaces: put it and its child in the sandbox's groups, write
+        the namespace's id maps, and let it go on."""
+        assert self._proc is not None and self.ids is not None
+        info = read_until(info_r, b"}", deadline)
+        self.init_pid = int(json.loads(info)["child-pid"])
+        self._init_fd = pidfd(self.init_pid)
+        self._netns = spawn.namespace(self._init_fd, self.init_pid, "net")
+        # Nothing of the sandbox's runs before this write: bwrap and its child (the only
+        # processes yet) join the groups, then the namespace gets its ids.
+        if self._cgroup is not None:
+            self._cgroup.join(self._proc.pid)
+            self._cgroup.join(self.init_pid)
+        identity.write_maps(self.init_pid, self.ids)
+        os.write(block_w, b"1")
+
+    def _started(self) -> None:
+        """What a start holds only until bwrap has its copies (or failed): the staged binds,
+        the log's write end (its processes, and the template, hold theirs)."""
+        self._staging.release()
+        if self._log is not None:
+            self._log.release_writer()
 
     def _fork_execd(self, ready_w: int, execd_r: int, deadline: float) -> None:
         """Once the placeholder is up, have the template fork execd into the namespaces."""
@@ -305,19 +328,14 @@ class SandboxContainer:
             raise RuntimeError("the sandbox's init has no pidfd: the template cannot join it")
         assert self._log is not None
         fds = (self._init_fd, execd_r, self._log.writer, self._relay.fileno(), ready_w)
-        self._forked = zygote.TEMPLATE.fork(
+        self._forked = execd_template.TEMPLATE.fork(
             self.init_pid, (*fds, self._proc.stdin.fileno()), self.support.seccomp
         )
         if self._cgroup is not None:
             self._cgroup.join(self._forked.pid)
 
-    def claim(self, config: dict[str, Any], internet: bool) -> None:
+    def claim(self, assignment: Assignment) -> None:
         """Make a launched container the sandbox's: network, env and token; then it serves.
-
-        Args:
-            config: `env` (the sandbox's variables), `token` (execd's access token) and
-                `entrypoint` (an argv execd starts after itself, or None: `entrypoint.py`).
-            internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
 
         Raises:
             RuntimeError: the container died, or its execd did not start serving.
@@ -325,11 +343,15 @@ class SandboxContainer:
         binary = self._settings.binary
         deadline = time.monotonic() + START_TIMEOUT + (BINARY_START_TIMEOUT if binary else 0)
         try:
-            if internet and self.support.slirp and self.init_pid is not None:
+            if assignment.internet and self.support.slirp and self.init_pid is not None:
                 self._connect(deadline)
-            line = {"token": config["token"], "env": self._env(config["env"])}
-            line["entrypoint"] = config.get("entrypoint")  # started once execd serves
-            self._send({**line, "address_space_limit": self._limits.address_space})
+            claim = Claim(
+                assignment.token,
+                self._settings.view.environment(assignment.env, self._plain_home),
+                assignment.entrypoint,
+                self._limits.address_space,
+            )
+            self._send(claim)
             if read_until(self._ready_r, b"\n", deadline) != b"serving\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
         except (OSError, ValueError) as exc:
@@ -456,11 +478,11 @@ class SandboxContainer:
         """The sandbox's group of `controller`, if it has one."""
         return self._cgroup.dirs.get(controller) if self._cgroup is not None else None
 
-    def _send(self, line: dict[str, Any]) -> None:
+    def _send(self, message: Start | Claim) -> None:
         """Write one line to execd's standard input (bwrap's, unless the template forked it)."""
         assert self._proc is not None and self._proc.stdin is not None
         target = self._execd_in or self._proc.stdin
-        target.write(json.dumps(line).encode() + b"\n")
+        target.write(message.encode())
         target.flush()
 
     @property
@@ -480,33 +502,35 @@ class SandboxContainer:
         """The sandbox's writable host directories a snapshot copies: home and /tmp."""
         return {"home": self._writable(bwrap.SANDBOX_HOME), "tmp": self._writable("/tmp")}  # noqa: S108
 
-    def _options(self, info_fd: int, ident: list[str]) -> int:
-        """A descriptor (for `--args`) holding bwrap's options, NUL-terminated, read from 0."""
+    def _options(self, fds: contextlib.ExitStack, info_fd: int, ident: list[str]) -> list[int]:
+        """bwrap's options, NUL-terminated in a descriptor (for `--args`, read from 0), and the
+        seccomp filter's: the descriptors bwrap reads, the first for `--args`, closed with
+        `fds`."""
         if self.ids is not None and self.ids.helpers is None:
             writable = bwrap.writable_binds([(self._writable(p), p) for p in bwrap.WRITABLE])
         else:
             size = self._disk_size[0] if self._disk == "per-directory" else None
             writable = bwrap.writable_tmpfs(bwrap.WRITABLE, size)
+        places = Places(
+            tuple(writable),
+            self._data,
+            self._writable(bwrap.EXECD_STATE_DIR),
+            self._disk == "tmpfs",
+        )
         binary, mounts = self._settings.binary, self._volume_binds()
-        extra = binary.bwrap_args() if binary else []
-        extra = [*extra, *self._oom_bind()]
-        filtered = self.support.seccomp is not None
-        if filtered:
-            self._seccomp_fd = _memfd("seccomp", self.support.seccomp or b"")
-            extra = ["--seccomp", str(self._seccomp_fd), *extra]
-        image = self._settings.image
-        if image is not None:
-            self._image_fd = hold(image)
-            self._layer = rootfs.Layer(image, self._data)
-            state = self._writable(bwrap.EXECD_STATE_DIR)
-            options = rootfs.image_options(
-                self._layer, image, state, info_fd, mounts, [*ident, *extra], self._settings.mounts
-            )
-        else:
-            options = bwrap.container_options(writable, info_fd, ident, mounts, extra)
+        extra = [*(binary.bwrap_args() if binary else []), *self._oom_bind()]
+        passed: list[int] = []
+        if self.support.seccomp is not None:
+            passed.append(_memfd(fds, "seccomp", self.support.seccomp))
+            extra = ["--seccomp", str(passed[0]), *extra]
+        view = self._settings.view
+        options, self._root_note = view.options(
+            places, info_fd, ident, extra, mounts, self._settings.mounts, self._held
+        )
         if staging.available():
             options = bwrap.staged(options, self._staging.add, self.ids)
-        return _memfd("bwrap-options", b"".join(os.fsencode(a) + b"\0" for a in options))
+        data = b"".join(os.fsencode(a) + b"\0" for a in options)
+        return [_memfd(fds, "bwrap-options", data), *passed]
 
     def _volume_binds(self) -> list[str]:
         """bwrap arguments that mount the sandbox's volumes from their descriptors.
@@ -548,49 +572,26 @@ class SandboxContainer:
     def _plain_env(self) -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
 
-    def _env(self, sandbox_env: dict[str, str]) -> dict[str, str]:
-        image = self._settings.image
-        if image is not None:
-            # the image's Env, as Docker gives it (HOME: root's, unless the image sets it)
-            home = "/root" if self._settings.image_ids[0] == 0 else "/"
-            workdir = image.config.working_dir or "/"
-            return {"HOME": home, **image.config.environment, "PWD": workdir, **sandbox_env}
-        home = bwrap.SANDBOX_HOME if self.isolated else str(self.home)
-        return {
-            "PATH": bwrap.SANDBOX_PATH
-            if self.isolated
-            else os.environ.get("PATH", "/usr/bin:/bin"),
-            **{k: os.environ[k] for k in ("LANG", "LC_ALL", "TZ") if k in os.environ},
-            "HOME": home,
-            "SHELL": "/bin/bash",
-            "PWD": home,
-            **sandbox_env,
-        }
+    @property
+    def _plain_home(self) -> str | None:
+        """Its host directory where it is a plain process (no isolation), else None."""
+        return None if self.isolated else str(self.home)
 
-    def _start_line(self, ping: float, grace: float) -> dict[str, Any]:
+    def _start(self, ping: float, grace: float) -> Start:
         binary = self._settings.binary
-        return {
-            "execd_binary": binary.command if binary else None,
-            "jupyter": binary.jupyter if binary else None,
-            "home": self._home_inside(),
-            "run_dir": bwrap.EXECD_STATE_DIR if self.isolated else str(self.run_dir / "execd"),
-            "execd_port": IN_CONTAINER_EXECD_PORT if self.isolated else 0,
-            "jupyter_port": IN_CONTAINER_JUPYTER_PORT if self.isolated else 0,
-            "ping_interval": ping,
-            "command_grace": grace,
-            "file_size_limit": bwrap.FILE_SIZE_LIMIT if self.isolated else 0,
-            "oom_control": OOM_CONTROL if self._oom_bind() else None,
-            # the image's User (none: root), for the processes execd starts
-            "user": list(self._settings.image_ids)
-            if self._settings.image is not None and any(self._settings.image_ids)
-            else None,
-        }
-
-    def _home_inside(self) -> str:
-        """Where execd runs commands by default: the image's WorkingDir, else the home."""
-        if self._settings.image is not None:
-            return self._settings.image.config.working_dir or "/"
-        return bwrap.SANDBOX_HOME if self.isolated else str(self.home)
+        return Start(
+            home=self._settings.view.home(self._plain_home),
+            run_dir=bwrap.EXECD_STATE_DIR if self.isolated else str(self.run_dir / "execd"),
+            execd_port=IN_CONTAINER_EXECD_PORT if self.isolated else 0,
+            jupyter_port=IN_CONTAINER_JUPYTER_PORT if self.isolated else 0,
+            ping_interval=ping,
+            command_grace=grace,
+            file_size_limit=bwrap.FILE_SIZE_LIMIT if self.isolated else 0,
+            oom_control=OOM_CONTROL if self._oom_bind() else None,
+            user=self._settings.view.user,
+            execd_binary=binary.command if binary else None,
+            jupyter=binary.jupyter if binary else None,
+        )
 
     def _log_tail(self) -> str:
         return self.log_tail(2000).strip()[-500:] or "no output"
@@ -621,7 +622,7 @@ class SandboxContainer:
             seccomp_note = f"NO seccomp filter ({platform.machine()} has no table)"
         ids = self.ids
         assert ids is not None
-        system = "a writable image root" if self._settings.image else "read-only system directories"
+        system = self._settings.view.system
         note = (
             " Isolation: bubblewrap container with private user, PID, mount, network, IPC and"
             f" UTS namespaces, its ids 0-{ids.count - 1} mapped to unprivileged host ids"
@@ -629,10 +630,7 @@ class SandboxContainer:
             f" Docker's default capabilities inside its user namespace only, {system},"
             f" /proc masked, {seccomp_note}; pause by {pause}."
         )
-        image = self._settings.image
-        if image is not None and self._layer is not None:
-            python = image.python or "no python3: the server's interpreter runs its main process"
-            note += f" Image: {image.pinned} ({python}), writable layer: {self._layer.kind}."
+        note += self._root_note
         if internet and self.network == "slirp4netns":
             note += (
                 " Network: outbound through slirp4netns; no address of this host (its loopback,"
@@ -723,7 +721,7 @@ class SandboxContainer:
             except OSError:
                 pass  # execd died with unread lines
         if self._held_template:
-            zygote.TEMPLATE.release()
+            execd_template.TEMPLATE.release()
         if self._forked is not None:
             os.close(self._forked.pidfd)
         if self._slirp_exit >= 0:
@@ -748,11 +746,7 @@ class SandboxContainer:
         self._staging.release()  # before the removal below, which must not reach a bind's files
         if self._log is not None:
             self._log.close()
-        if self._layer is not None:  # on a tmpfs, its unmount below takes the files
-            self._layer.close() if self._disk == "tmpfs" else self._layer.remove()
-        if self._image_fd >= 0:
-            os.close(self._image_fd)
-            self._image_fd = -1
+        self._held.close()  # an image's layer and hold (a tmpfs's unmount takes its files)
         self._remove_dirs()
 
     def _stop_main(self, proc: subprocess.Popen[bytes]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from .container import Launch
+from .rootview import RootView
 
 IDLE = ("tail", "-f", "/dev/null")
 # What our execd already does in their place (see the module docstring).
@@ -32,17 +32,18 @@ BUILT_IN = (
 )
 
 
-def command(body: dict[str, Any], image: Launch | None) -> list[str] | None:
+def command(body: dict[str, Any], view: RootView | None) -> list[str] | None:
     """The argv the sandbox's execd starts after itself, or None for no process.
 
     Args:
         body: the checked create request (its `entrypoint`, a non-empty list of strings, or
             none).
-        image: the create's image `Launch` (None: the host's view).
+        view: the create's root view (an image's adds its Entrypoint and Cmd; None: the host's
+            view).
     """
     given = [str(a) for a in body.get("entrypoint") or ()]
     if len(given) == 1 and " " in given[0]:
         given = shlex.split(given[0])
-    if image is not None and image.image is not None:
-        given = image.image.config.effective_entrypoint(given)
+    if view is not None:
+        given = view.entrypoint(given)
     return None if not given or tuple(given) in BUILT_IN else given

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
 from . import cgroup, disk
-from .validation import bad_parameter
+from .errors import LimitError
 
 DEFAULT_PIDS = 512
 MIN_MEMORY = 32 << 20
@@ -56,18 +56,18 @@ def quantity(name: str, text: str) -> Decimal:
     """The value of a Kubernetes quantity (`128Mi`, `1Gi`, `512M`, `500m`, `0.5`, `2`).
 
     Raises:
-        HttpError: 400 naming the limit when `text` is not a quantity.
+        LimitError: naming the limit, when `text` is not a quantity.
     """
     match = _QUANTITY.fullmatch(text.strip())
     if match is None or match.group(2) not in _SUFFIXES:
-        raise bad_parameter(
+        raise LimitError(
             f"resourceLimits.{name} {text[:40]!r} is not a quantity: use a number with an "
             "optional suffix (m, k, M, G, Ki, Mi, Gi, ...), e.g. 128Mi, 1Gi, 500m, 0.5, 2"
         )
     try:
         return Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
     except InvalidOperation:
-        raise bad_parameter(f"resourceLimits.{name} {text[:40]!r} is out of range") from None
+        raise LimitError(f"resourceLimits.{name} {text[:40]!r} is out of range") from None
 
 
 @dataclass(frozen=True)
@@ -86,14 +86,14 @@ def parse(limits: dict[str, str]) -> Requested:
     """Check and convert a create's `resourceLimits`.
 
     Raises:
-        HttpError: 400 for a malformed or unusable value.
+        LimitError: a malformed or unusable value, named.
     """
     texts = {k: str(v) for k, v in limits.items()}
     memory = cpu = None
     if "memory" in texts:
         value = quantity("memory", texts["memory"])
         if not MIN_MEMORY <= value <= MAX_MEMORY or value != int(value):
-            raise bad_parameter(
+            raise LimitError(
                 f"resourceLimits.memory {texts['memory'][:40]!r} must be a whole number of "
                 f"bytes of at least {MIN_MEMORY >> 20}Mi and below 8Ei (2^63, past what the "
                 "kernel and Kubernetes take)"
@@ -102,7 +102,7 @@ def parse(limits: dict[str, str]) -> Requested:
     if "cpu" in texts:
         cpu = quantity("cpu", texts["cpu"])
         if not MIN_CPU <= cpu <= MAX_CPU:
-            raise bad_parameter(
+            raise LimitError(
                 f"resourceLimits.cpu {texts['cpu'][:40]!r} must be between 10m (0.01 cores) and "
                 f"{MAX_CPU}"
             )
@@ -115,10 +115,10 @@ def parse(limits: dict[str, str]) -> Requested:
 
 
 def _whole_number(key: str, text: str, low: int, high: int) -> int:
-    """`resourceLimits[key]` (`text`) as a whole number from `low` to `high`, else a 400."""
+    """`resourceLimits[key]` (`text`) as a whole number from `low` to `high` (LimitError)."""
     value = quantity(key, text)
     if value != int(value) or not low <= value <= high:
-        raise bad_parameter(
+        raise LimitError(
             f"resourceLimits.{key} {text[:40]!r} must be a whole number from {low} to {high}"
         )
     return int(value)
@@ -131,7 +131,7 @@ def _disk(texts: dict[str, str]) -> tuple[int, int]:
         text = texts["ephemeral-storage"]
         value = quantity("ephemeral-storage", text)
         if not MIN_DISK <= value <= MAX_MEMORY or value != int(value):
-            raise bad_parameter(
+            raise LimitError(
                 f"resourceLimits.ephemeral-storage {text[:40]!r} must be a whole number of "
                 f"bytes of at least {MIN_DISK >> 20}Mi and below 8Ei, e.g. 1Gi"
             )

@@ -8,7 +8,7 @@ for a relay that nobody serves.
 The main process is execd, or the entrypoint's end ends it (`execd/main.py` exits with the
 entrypoint's code): as the Docker runtime reports a container, one that exited 0 reads
 `Terminated`, any other end `Failed`, and so does an execd the template forked that ended
-after the template did (nobody told bwrap's placeholder its status: `zygote.Forked.lost`).
+after the template did (nobody told bwrap's placeholder its status: `execd_template.Forked.lost`).
 A program that could not be run (126, 127) is named with the reason execd logged (the last
 line of the container log, `osb-sync:` or the shell's).
 """

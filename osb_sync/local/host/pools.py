@@ -8,9 +8,11 @@ the released server, since the pods exist already) and claims one of its spares.
 
 The `capacitySpec` counts: the pool keeps `bufferMin` idle spares, raised to reach `poolMin`
 sandboxes in all, and never more than `bufferMax` idle nor `poolMax` in all; a create past
-`poolMax` allocated sandboxes gets 409. Spares need isolation (bubblewrap): without it a
-pool's creates are cold starts, and its status says so. `status.revision` counts the pool's
-capacity changes.
+`poolMax` sandboxes gets 409: a create reserves its sandbox while it starts (`reserve`), and
+`poolMax` counts the reservations too, so concurrent creates cannot pass it. Spares need
+isolation (bubblewrap): without it a pool's creates are cold starts, and its status says so.
+`status.revision` counts the pool's capacity changes. The store (`PoolStore`) and the routes
+(`Pools`) are here; the registry takes a create's sandbox from one (`registry.py`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..http.bodies import rfc3339
-from ..http.exchange import HttpError, error
+from ..http.exchange import Exchange, HttpError, error
+from . import network
+from .sandboxes import Config
 from .spares import SparePool
-from .validation import issue, unprocessable
+from .validation import check_create, issue, read_json, unprocessable, unprocessable_body
 
 POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 CAPACITY_FIELDS = ("bufferMax", "bufferMin", "poolMax", "poolMin")
@@ -117,6 +121,7 @@ class LocalPool:
     capacity: dict[str, int]
     spares: SparePool
     allocated: set[str] = field(default_factory=set)
+    reserved: int = 0  # creates that took one and are starting
     revision: int = 1
     created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
@@ -196,23 +201,31 @@ class PoolStore:
         pool.spares.close()
 
     def reserve(self, name: str) -> LocalPool:
-        """The pool a create takes a sandbox from; 409 when `poolMax` are given out already."""
+        """Reserve a sandbox of the pool `name` for a create (`allocate` or `cancel` it once the
+        create is done); 409 when `poolMax` are given out or reserved already."""
         pool = self.get(name)
         with self._lock:
-            if len(pool.allocated) >= pool.capacity["poolMax"]:
+            if len(pool.allocated) + pool.reserved >= pool.capacity["poolMax"]:
                 raise error(
                     409,
                     "POOL::EXHAUSTED",
                     f"Pool {name} has given out its poolMax of {pool.capacity['poolMax']} "
                     "sandboxes; delete one or raise capacitySpec.poolMax.",
                 )
+            pool.reserved += 1
         return pool
 
     def allocate(self, pool: LocalPool, sandbox_id: str) -> None:
-        """Count a sandbox made from the pool."""
+        """Count a sandbox made from the pool, in place of its reservation."""
         with self._lock:
+            pool.reserved -= 1
             pool.allocated.add(sandbox_id)
         pool.resize()
+
+    def cancel(self, pool: LocalPool) -> None:
+        """Drop a reservation of a create that failed."""
+        with self._lock:
+            pool.reserved -= 1
 
     def release(self, sandbox_id: str) -> None:
         """A sandbox is gone: the pool it came from (if any) counts it no more."""
@@ -263,3 +276,44 @@ def template_body(template: dict[str, Any]) -> dict[str, Any]:
     body = {"resourceLimits": {}, "image": {"uri": "osb-sync/pool"}, **template}
     body.setdefault("entrypoint", ["tail", "-f", "/dev/null"])
     return body
+
+
+class Pools:
+    """The handlers of the pool routes, a store of their own."""
+
+    def __init__(self, config: Config, new_spares: Callable[[int], SparePool]) -> None:
+        self.config = config
+        self.store = PoolStore(new_spares)
+
+    def create(self, ex: Exchange) -> None:
+        """POST /pools: a named pool of warm spares with its capacitySpec; 201."""
+        body = read_json(ex)
+        if not isinstance(body, dict):
+            raise unprocessable_body("a CreatePoolRequest object", body)
+        name = check_name(body.get("name"))
+        template = check_template(body.get("template"))
+        capacity = check_capacity(body.get("capacitySpec"))
+        check_create(template_body(template), self.config.min_timeout, self.config.max_timeout)
+        network.plan(template.get("networkPolicy"), self.config)
+        ex.send_json(201, self.store.create(name, template, capacity).view())
+
+    def list(self, ex: Exchange) -> None:
+        """GET /pools."""
+        ex.send_json(200, {"items": [pool.view() for pool in self.store.all()]})
+
+    def show(self, ex: Exchange) -> None:
+        """GET /pools/{name}."""
+        ex.send_json(200, self.store.get(ex.params["name"]).view())
+
+    def update(self, ex: Exchange) -> None:
+        """PUT /pools/{name}: a new capacitySpec."""
+        body = read_json(ex)
+        if not isinstance(body, dict):
+            raise unprocessable_body("an UpdatePoolRequest object", body)
+        capacity = check_capacity(body.get("capacitySpec"))
+        ex.send_json(200, self.store.update(ex.params["name"], capacity).view())
+
+    def delete(self, ex: Exchange) -> None:
+        """DELETE /pools/{name}: 204 (its sandboxes keep running)."""
+        self.store.delete(ex.params["name"])
+        ex.send(204)

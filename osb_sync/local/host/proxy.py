@@ -17,6 +17,10 @@ from ..http.exchange import Exchange, HttpError, error
 from .container import SandboxContainer
 from .validation import issue, unprocessable
 
+EXECD_PORT = 44772  # execd's in every sandbox: the proxy passes the sandbox's token on there
+# The egress sidecar's API: served by the server itself (`network.py`), behind its own token.
+EGRESS_PORT = 18080
+EGRESS_HEADER = "OPENSANDBOX-EGRESS-AUTH"
 PIECE = 1 << 16
 UPSTREAM_TIMEOUT = 180.0
 NOT_FORWARDED = {

@@ -27,11 +27,25 @@ from ..http.httpd import HTTPServer, Limits, host_names
 from . import capacity, firewall, identity, logs, options, proxy, recovery, staging
 from . import limits as resource_limits
 from .bwrap import FIX, Support, compile_package, probe, refusal
+from .errors import (
+    CapacityError,
+    FieldError,
+    ImageError,
+    InternetError,
+    IsolationError,
+    LimitError,
+    LocalError,
+    PolicyError,
+    VolumeError,
+)
 from .execd_binary import ExecdBinary, checked_jupyter
+from .images.pull import TOO_LARGE
 from .images.service import ImageService, ImageSettings
 from .images.unpack import in_range, server_owned
-from .network import EGRESS_HEADER, EGRESS_PORT
-from .registry import EXECD_PORT, Config, Registry, not_found, templates_not_supported
+from .proxy import EGRESS_HEADER, EGRESS_PORT, EXECD_PORT
+from .registry import Registry
+from .sandboxes import Config, not_found
+from .validation import bad_parameter, issue, unprocessable
 
 logger = logging.getLogger("osb_sync.local")
 
@@ -357,8 +371,7 @@ class LocalServer:
         while not self._stopped.wait(REAP_INTERVAL):
             assert self._registry is not None
             try:
-                self._registry.reap_expired()
-                self._registry.spares.replace_dead()
+                self._registry.reap()
             except Exception:
                 logger.exception("local server: reaping expired sandboxes failed")
 
@@ -422,39 +435,40 @@ class LocalServer:
         diagnostics = "/sandboxes/{id}/diagnostics"
         policy = "/sandboxes/{id}/networkpolicy"
         no_templates = keyed(templates_not_supported)
+        sandboxes, snapshots, pools = registry.sandboxes, registry.snapshots, registry.pools
         return [
             ("POST", "/sandboxes", keyed(registry.create)),
-            ("GET", "/sandboxes", keyed(registry.list)),
-            ("GET", "/sandboxes/{id}", keyed(registry.show)),
-            ("DELETE", "/sandboxes/{id}", keyed(registry.delete)),
-            ("PATCH", "/sandboxes/{id}/metadata", keyed(registry.patch_metadata)),
-            ("POST", "/sandboxes/{id}/pause", keyed(registry.pause)),
-            ("POST", "/sandboxes/{id}/resume", keyed(registry.resume)),
-            ("POST", "/sandboxes/{id}/renew-expiration", keyed(registry.renew)),
-            ("POST", "/sandboxes/{id}/snapshots", keyed(registry.create_snapshot)),
-            ("GET", "/snapshots", keyed(registry.list_snapshots)),
-            ("GET", "/snapshots/{id}", keyed(registry.get_snapshot)),
-            ("DELETE", "/snapshots/{id}", keyed(registry.delete_snapshot)),
-            ("GET", "/sandboxes/{id}/endpoints/{port}", keyed(registry.endpoint)),
-            ("GET", diagnostics + "/logs", keyed(registry.diagnostics_logs)),
-            ("GET", diagnostics + "/inspect", keyed(registry.diagnostics_inspect)),
-            ("GET", diagnostics + "/events", keyed(registry.diagnostics_events)),
-            ("GET", diagnostics + "/summary", keyed(registry.diagnostics_summary)),
-            ("POST", "/pools", keyed(registry.create_pool)),
-            ("GET", "/pools", keyed(registry.list_pools)),
-            ("GET", "/pools/{name}", keyed(registry.get_pool)),
-            ("PUT", "/pools/{name}", keyed(registry.update_pool)),
-            ("DELETE", "/pools/{name}", keyed(registry.delete_pool)),
+            ("GET", "/sandboxes", keyed(sandboxes.list)),
+            ("GET", "/sandboxes/{id}", keyed(sandboxes.show)),
+            ("DELETE", "/sandboxes/{id}", keyed(sandboxes.delete)),
+            ("PATCH", "/sandboxes/{id}/metadata", keyed(sandboxes.patch_metadata)),
+            ("POST", "/sandboxes/{id}/pause", keyed(sandboxes.pause)),
+            ("POST", "/sandboxes/{id}/resume", keyed(sandboxes.resume)),
+            ("POST", "/sandboxes/{id}/renew-expiration", keyed(sandboxes.renew)),
+            ("POST", "/sandboxes/{id}/snapshots", keyed(snapshots.create)),
+            ("GET", "/snapshots", keyed(snapshots.list)),
+            ("GET", "/snapshots/{id}", keyed(snapshots.show)),
+            ("DELETE", "/snapshots/{id}", keyed(snapshots.delete)),
+            ("GET", "/sandboxes/{id}/endpoints/{port}", keyed(sandboxes.endpoint)),
+            ("GET", diagnostics + "/logs", keyed(registry.diagnostics.logs)),
+            ("GET", diagnostics + "/inspect", keyed(registry.diagnostics.inspect)),
+            ("GET", diagnostics + "/events", keyed(registry.diagnostics.events)),
+            ("GET", diagnostics + "/summary", keyed(registry.diagnostics.summary)),
+            ("POST", "/pools", keyed(pools.create)),
+            ("GET", "/pools", keyed(pools.list)),
+            ("GET", "/pools/{name}", keyed(pools.show)),
+            ("PUT", "/pools/{name}", keyed(pools.update)),
+            ("DELETE", "/pools/{name}", keyed(pools.delete)),
             ("POST", "/templates", no_templates),
             ("GET", "/templates", no_templates),
             ("GET", "/templates/{id}", no_templates),
             ("DELETE", "/templates/{id}", no_templates),
             *[(method, proxy_root, self._proxy) for method in PROXY_METHODS],
             *[(method, proxy_root + "/{rest:path}", self._proxy) for method in PROXY_METHODS],
-            ("GET", policy, keyed(registry.network_policy_get)),
-            ("PUT", policy, keyed(registry.network_policy_put)),
-            ("PATCH", policy, keyed(registry.network_policy_patch)),
-            ("DELETE", policy, keyed(registry.network_policy_delete)),
+            ("GET", policy, keyed(registry.network.get)),
+            ("PUT", policy, keyed(registry.network.put)),
+            ("PATCH", policy, keyed(registry.network.patch)),
+            ("DELETE", policy, keyed(registry.network.delete)),
             ("POST", "/metrics/events", report_metrics_event),
             ("GET", "/health", health),
             ("GET", "/version", version),
@@ -471,7 +485,10 @@ class LocalServer:
                 matched, {"detail": "Not Found" if matched == 404 else "Method Not Allowed"}
             )
         route, ex.params = matched
-        route(ex)
+        try:
+            route(ex)
+        except LocalError as exc:
+            raise answer(exc) from None
 
     def _keyed(self, route: Route) -> Route:
         """`route`, behind the API key."""
@@ -496,7 +513,7 @@ class LocalServer:
         sandbox_id = ex.params["id"]
         rest = "/" + ex.params.get("rest", "")
         assert self._registry is not None
-        sandbox = self._registry.find(sandbox_id)
+        sandbox = self._registry.sandboxes.find(sandbox_id)
         if sandbox is None:
             raise not_found(sandbox_id)
         if port == EGRESS_PORT:
@@ -505,7 +522,7 @@ class LocalServer:
             token = ex.headers.get(EGRESS_HEADER) or ""
             if not hmac.compare_digest(token.encode(), sandbox.egress_token.encode()):
                 raise HttpError(401, BAD_EGRESS_TOKEN)
-            self._registry.egress_policy(ex, sandbox, rest)
+            self._registry.network.egress(ex, sandbox, rest)
             return
         token = ex.headers.get("X-EXECD-ACCESS-TOKEN") or ""
         if not hmac.compare_digest(token.encode(), sandbox.token.encode()):
@@ -532,6 +549,40 @@ def _with_args(doc: str) -> str:
 
 
 LocalServer.__doc__ = _with_args(LocalServer.__doc__ or "")
+
+
+def answer(exc: LocalError) -> HttpError:
+    """The released server's answer to what a mechanic refused (`errors.py`): the one place
+    where the local server's own errors become HTTP."""
+    if isinstance(exc, (LimitError, PolicyError)):
+        return bad_parameter(str(exc))
+    if isinstance(exc, FieldError):
+        return unprocessable([issue(exc.kind, exc.loc, exc.msg, exc.value)])
+    if isinstance(exc, VolumeError):
+        status = 500 if exc.code == "CREATE_FAILED" else 400  # the server's disk, not the input
+        return error(status, f"VOLUME::{exc.code}", exc.message)
+    if isinstance(exc, ImageError):
+        status = 413 if exc.reason == TOO_LARGE else 500  # only another image or limit helps
+        message = f"{exc.reason}: Failed to pull image {exc.uri}: {exc.message}"
+        return error(status, "DOCKER::SANDBOX_IMAGE_PULL_FAILED", message)
+    unavailable = {
+        CapacityError: "SANDBOX::CAPACITY_EXCEEDED",
+        InternetError: "SANDBOX::INTERNET_UNAVAILABLE",
+        IsolationError: "SANDBOX::ISOLATION_UNAVAILABLE",
+    }
+    return error(503, unavailable[type(exc)], str(exc))
+
+
+def templates_not_supported(ex: Exchange) -> None:
+    """/templates: the released server's answer without its Kubernetes fsb runtime."""
+    if ex.method in ("POST", "PUT", "PATCH"):
+        ex.read_body()
+    raise error(
+        501,
+        "SANDBOX::API_NOT_SUPPORTED",
+        "Template management is not supported in this runtime: templates need OpenSandbox's "
+        "Kubernetes runtime (fsb templates); the local server has none.",
+    )
 
 
 def health(ex: Exchange) -> None:

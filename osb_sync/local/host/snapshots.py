@@ -1,15 +1,18 @@
 """Snapshots of the local server: a sandbox's writable directories, copied, restorable by id.
 
-A local sandbox has no image layer of its own: its root view is the host's, read-only
+A sandbox of the host's view has no image layer of its own: its root is the host's, read-only
 (`bwrap.py`). What it changed lives in its writable directories, its home and its `/tmp`:
 a snapshot is a copy of both (`cp -a`: modes, owners, links and times kept), taken with the
 sandbox frozen so the copy is of one moment (as `docker commit` pauses a container), plus the
-create fields a restore starts from (its image URI, entrypoint and resource limits, recorded,
-not a digest: the local server pulls no image). A create with `snapshotId` gets a new
-container whose directories are filled from the copy before the create answers.
+create fields a restore starts from (its image URI as asked, entrypoint and resource limits).
+A create with `snapshotId` gets a new container whose directories are filled from the copy
+before the create answers. (A sandbox of an image writes in its own writable layer instead,
+which a snapshot does not copy.)
 
 States follow the released server: `Creating` (the copy runs in the background), `Ready`,
-`Failed`; a snapshot still `Creating` cannot be deleted (409).
+`Failed`; a snapshot still `Creating` cannot be deleted (409). The store (`SnapshotStore`) and
+the routes (`Snapshots`, which hold the sandboxes' table) are here; the registry restores one
+into a create (`registry.py`).
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ..http.bodies import rfc3339
-from ..http.exchange import HttpError, error
+from ..http.exchange import Exchange, HttpError, error
+from .sandboxes import Sandboxes, paginated
+from .validation import query_int, read_json, unprocessable_body
 
 logger = logging.getLogger("osb_sync.local")
 
@@ -205,3 +211,67 @@ class SnapshotStore:
     def close(self) -> None:
         """Remove every copy (server stop)."""
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Snapshots:
+    """The handlers of the snapshot routes: a store of their own, the sandboxes they copy."""
+
+    def __init__(self, sandboxes: Sandboxes, root: Path) -> None:
+        self.sandboxes = sandboxes
+        self.store = SnapshotStore(root)
+
+    def create(self, ex: Exchange) -> None:
+        """POST /sandboxes/{id}/snapshots: copy its writable directories (frozen); 202."""
+        body = read_json(ex) if ex.declared_length or ex.headers.get("Transfer-Encoding") else None
+        name = body.get("name") if isinstance(body, dict) else None
+        if body is not None and not isinstance(body, dict):
+            raise unprocessable_body("a CreateSnapshotRequest object or nothing", body)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise unprocessable_body("name: a non-empty string", name)
+        sandbox = self.sandboxes.get(ex.params["id"])
+        if sandbox.state != "Running":
+            raise error(
+                409,
+                "DOCKER::SANDBOX_NOT_RUNNING",
+                f"Sandbox {sandbox.id} is {sandbox.state}: only a Running sandbox is snapshotted.",
+            )
+        lock = self.sandboxes.lock
+
+        def frozen(copy: Callable[[], None]) -> None:
+            # one moment, as docker commit pauses the container (unless it is paused already)
+            with lock:
+                freeze = sandbox.state == "Running" and not sandbox.removing
+                if freeze:
+                    sandbox.container.pause()
+            try:
+                copy()
+            finally:
+                # thawed unless paused by its owner meanwhile (then it stays paused)
+                with lock, suppress(OSError):
+                    if freeze and sandbox.state == "Running" and not sandbox.removing:
+                        sandbox.container.resume()
+
+        snapshot = self.store.take(
+            sandbox.id, name, sandbox.body, sandbox.container.snapshot_dirs(), frozen
+        )
+        self.sandboxes.journal.record(sandbox.id, f"snapshot {snapshot.id} started")
+        ex.send_json(202, snapshot.view(), {"Location": f"/v1/snapshots/{snapshot.id}"})
+
+    def list(self, ex: Exchange) -> None:
+        """GET /snapshots: `sandboxId`, `name` and `state` filters, pagination, newest first."""
+        states = {s.lower() for s in ex.query.get("state", []) if s}
+        chosen = self.store.matching(ex.arg("sandboxId"), ex.arg("name"), states)
+        page = query_int(ex.arg("page"), "page", 1, 1, None)
+        size = query_int(ex.arg("pageSize"), "pageSize", 20, 1, 200)
+        ex.send_json(
+            200, paginated(chosen[(page - 1) * size : page * size], len(chosen), page, size)
+        )
+
+    def show(self, ex: Exchange) -> None:
+        """GET /snapshots/{id}."""
+        ex.send_json(200, self.store.get(ex.params["id"]).view())
+
+    def delete(self, ex: Exchange) -> None:
+        """DELETE /snapshots/{id}: 204; 409 while it is still Creating."""
+        self.store.delete(ex.params["id"])
+        ex.send(204)

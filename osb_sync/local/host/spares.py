@@ -22,17 +22,16 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import entrypoint, logs
+from . import logs
 from .bwrap import Support
-from .container import START_ATTEMPTS, Launch, SandboxContainer
-from .volumes import Bind
+from .container import START_ATTEMPTS, Assignment, Launch, SandboxContainer
 
 logger = logging.getLogger("osb_sync.local")
 
@@ -215,61 +214,46 @@ class ContainerSource:
     def claimed(
         self,
         body: dict[str, Any],
-        config: dict[str, Any],
-        internet: bool,
-        mounts: Sequence[Bind],
+        assignment: Assignment,
+        launch: Launch,
         spares: SparePool | None = None,
-        image: Launch | None = None,
     ) -> SandboxContainer:
         """A container serving the sandbox `body` asks for; nothing is left on failure.
 
         Args:
-            body: the create request.
-            config: `env` (the sandbox's variables), `token` (execd's access token) and
-                `limits` (a `limits.Plan`).
-            internet: give the sandbox outbound access (slirp4netns) instead of loopback only.
-            mounts: its volumes, opened (given only with `volumes`: a cold start); the
-                caller closes them once this returns.
+            body: the checked create request.
+            assignment: what the sandbox gives its container at claim.
+            launch: what its container starts with; a spare serves only where that is what
+                every spare starts with, but for the limits (they are written at claim).
             spares: the SparePool to claim from (a named pool's); default the server's.
-            image: the `image`, `image_ids` and `binary` of a sandbox that runs an image (a cold
-                start).
 
         Raises:
             RuntimeError, OSError: no container could be started.
         """
-        config = {**config, "entrypoint": entrypoint.command(body, image)}
-        spare = None if mounts or image else (spares or self.pool).claim(body)
+        spare = None
+        if replace(launch, plan=None) == self.spare_settings:
+            spare = (spares or self.pool).claim(body)
         if spare is not None:
             try:
                 spare.move_to(self.root)
-                return self._claim(spare, config, internet)
+                return self._claim(spare, assignment)
             except (OSError, RuntimeError) as exc:  # a cold start, as without spares
                 logger.info("local server: a claimed spare failed (%s): cold start", exc)
-        settings = replace(self.spare_settings, mounts=tuple(mounts), plan=config["limits"])
-        if image is not None:
-            settings = replace(
-                settings, binary=image.binary, image=image.image, image_ids=image.image_ids
-            )
         cold = launch_container(
-            str(uuid.uuid4()), self.root, self.support, self.timing, settings, self.log_budget
+            str(uuid.uuid4()), self.root, self.support, self.timing, launch, self.log_budget
         )
-        return self._claim(cold, config, internet)
+        return self._claim(cold, assignment)
 
-    def _claim(
-        self,
-        container: SandboxContainer,
-        config: dict[str, Any],
-        internet: bool,
-    ) -> SandboxContainer:
+    def _claim(self, container: SandboxContainer, assignment: Assignment) -> SandboxContainer:
         try:
-            self.on_claim(container, config)
-            container.claim(config, internet)
+            self.on_claim(container, assignment)
+            container.claim(assignment)
         except BaseException:
             container.close()
             raise
         return container
 
-    def on_claim(self, container: SandboxContainer, config: dict[str, Any]) -> None:
+    def on_claim(self, container: SandboxContainer, assignment: Assignment) -> None:
         """Apply what a running container can still take, before its execd serves.
 
         Runs for spares and cold starts alike, between launch and claim: a spare's cgroup
@@ -278,4 +262,4 @@ class ContainerSource:
         Raises:
             RuntimeError: the limits could not be written (see `apply_limits`).
         """
-        container.apply_limits(config["limits"])
+        container.apply_limits(assignment.limits)

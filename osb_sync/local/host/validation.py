@@ -8,7 +8,6 @@ wording); rule errors the server checks itself (metadata labels, network policy)
 from __future__ import annotations
 
 import json
-import platform as host_platform
 import re
 from datetime import datetime, timezone
 from typing import Any
@@ -262,41 +261,13 @@ def check_create(body: Any, min_timeout: int, max_timeout: int) -> None:
             raise bad_parameter(f"env name {key[:100]!r} or its value is not a valid variable")
 
 
-# Machine names of `platform.machine()` by the released server's `arch` values.
-ARCHES = {"amd64": ("x86_64", "amd64"), "arm64": ("aarch64", "arm64")}
-
-
-def check_local_fields(body: dict[str, Any]) -> None:
-    """400 naming each create field the local server cannot honour, never a silent accept.
-
-    `secureAccess`, `credentialProxy` and `lifecycle` hooks need parts of the real server it
-    does not have; `templateId` needs its Kubernetes runtime; a `platform` must be this host's.
-    """
-    refused = {
-        "secureAccess": "secured endpoint access needs an ingress gateway (Kubernetes)",
-        "credentialProxy": "the Credential Vault proxy needs the egress sidecar",
-        "lifecycle": "lifecycle hooks are run by the real execd, not the local server's",
-        "templateId": "templates need OpenSandbox's Kubernetes runtime (fsb templates)",
-    }
-    for field, why in refused.items():
-        value = body.get(field)
-        if field == "credentialProxy" and isinstance(value, dict):
-            value = value.get("enabled")
-        if value:
-            raise bad_parameter(f"{field} is not supported by the local server: {why}")
-    wanted = body.get("platform")
-    if wanted is None:
-        return
-    machine = host_platform.machine().lower()
-    if (
-        not isinstance(wanted, dict)
-        or wanted.get("os") != "linux"
-        or machine not in ARCHES.get(str(wanted.get("arch")), ())
-    ):
-        raise bad_parameter(
-            f"platform {wanted!r} cannot be satisfied here: the local server runs linux on "
-            f"{machine} (pass platform={{'os': 'linux', 'arch': ...}} of this host, or none)"
-        )
+def check_sandbox(body: Any, min_timeout: int, max_timeout: int) -> dict[str, Any]:
+    """A create's body (its pool's template and its snapshot's fields in it), checked whole:
+    `check_create`, then its metadata's labels (`check_labels`); the body."""
+    check_create(body, min_timeout, max_timeout)
+    check_labels(body.get("metadata") or {})
+    checked: dict[str, Any] = body
+    return checked
 
 
 def check_network_policy(value: Any) -> dict[str, Any]:
@@ -352,17 +323,6 @@ def check_labels(metadata: dict[str, Any]) -> None:
         else:
             continue
         raise error(400, "SANDBOX::INVALID_METADATA_LABEL", problem)
-
-
-def policy_needs(policy: dict[str, Any] | None) -> str:
-    """What a network policy asks of us: "nothing", "deny-all" or "rules" (per-host egress)."""
-    if not policy:
-        return "nothing"  # the spec: an empty object or null means allow-all
-    default = policy.get("defaultAction") or "deny"
-    exceptions = [r for r in policy.get("egress") or [] if r.get("action") != default]
-    if exceptions:
-        return "rules"
-    return "deny-all" if default == "deny" else "nothing"
 
 
 def parse_time(value: Any) -> datetime | None:

@@ -6,9 +6,9 @@
   first use unless `createIfNotExists` is false; it outlives the sandboxes that mount it.
 
 `subPath` (relative, no `..`) selects a directory inside either. `readOnly` binds it read-only:
-writes fail with EROFS. Other backends (`ossfs`) answer 400. Every volume is mounted
-`nosuid,nodev`. A mountPath at, above or inside another's is refused (400
-`VOLUME::INVALID_MOUNT_PATH`, naming both; unlike Docker): bwrap makes a mount point with
+writes fail with EROFS. Other backends (`ossfs`) are refused. Every volume is mounted
+`nosuid,nodev`. A mountPath at, above or inside another's is refused (`INVALID_MOUNT_PATH`,
+naming both; unlike Docker): bwrap makes a mount point with
 `mkdir -p` by name, following links, while the host is its `/oldroot`, so in an outer volume a
 sandbox had replaced a directory by a link to `/oldroot/...`, it made the inner one on the host
 (runc's CVE-2021-30465 shape; bwrap 0.8 cannot mount on a descriptor). Volumes are mounted last,
@@ -20,8 +20,8 @@ to anywhere, in a loop (`renameat2(RENAME_EXCHANGE)`): a path checked here and b
 name may by then name a directory outside. So each source is resolved once (symlinks that stay
 inside its volume are followed, as Kubernetes does for `subPath`), then opened from `/`
 component by component with `O_PATH | O_NOFOLLOW | O_DIRECTORY`, each component under the
-descriptor of its parent: a symlink met there (a swap since the check) refuses the create (400
-`VOLUME::INVALID_SUB_PATH`, try again) instead of being followed. The descriptor is checked
+descriptor of its parent: a symlink met there (a swap since the check) refuses the create
+(`INVALID_SUB_PATH`, try again) instead of being followed. The descriptor is checked
 itself (a directory, and the path the kernel names for it still inside its volume), and what is
 mounted is that descriptor (`Bind`): on a root server, `staging.Staging.add_fd` bind-mounts its
 `/proc/self/fd/N` (a kernel reference to that very directory, not a path looked up again) onto
@@ -32,8 +32,11 @@ fails, nothing outside is mounted. Directories the server makes (a claim, a miss
 are made the same way, under their parent's descriptor, and given to the range through their
 own descriptor, so no swap redirects a `chown`.
 
-The descriptors live from the check until bwrap has mounted them: the caller closes them
-(`close`) once the create is done, whether it succeeded or not.
+A create's volumes are checked first, all of them and without a change to any file system
+(`checked`), then opened (`opened`: claims and missing `subPath`s made); the descriptors live
+until bwrap has mounted them: the caller closes them (`close`) once the create is done,
+whether it succeeded or not. What is refused is a `VolumeError` naming its rule (its `code`:
+the released server's `VOLUME::<code>`), or a `FieldError` for an entry of the wrong shape.
 """
 
 from __future__ import annotations
@@ -49,11 +52,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..http.exchange import HttpError, error
 from . import bwrap
-from .validation import issue, unprocessable
+from .errors import FieldError, VolumeError
 
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+PATTERN = "String should match pattern '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'"
 NAME_MAX = 255
 PATH_MAX = 4096
 # No volume at or under these (the container's system and our own directories) ...
@@ -74,10 +77,6 @@ PROTECTED_OWN = (bwrap.EXECD_STATE_DIR, bwrap.OWN_DIR)
 HIDDEN_BY_PARENT = ("/tmp", bwrap.SANDBOX_HOME)  # noqa: S108 (the container's own /tmp)
 
 
-def _bad(code: str, message: str) -> HttpError:
-    return error(400, f"VOLUME::{code}", message)
-
-
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -85,31 +84,15 @@ def _within(path: str, root: str) -> bool:
 def _check_shape(index: int, volume: Any) -> None:
     loc = ["body", "volumes", index]
     if not isinstance(volume, dict):
-        raise unprocessable([issue("dict_type", loc, "Input should be a valid dictionary", volume)])
+        raise FieldError("dict_type", loc, "Input should be a valid dictionary", volume)
     for key in ("name", "mountPath"):
         if not isinstance(volume.get(key), str):
-            raise unprocessable([issue("missing", [*loc, key], "Field required", volume)])
+            raise FieldError("missing", [*loc, key], "Field required", volume)
     if not NAME.fullmatch(volume["name"]) or len(volume["name"]) > 63:
-        raise unprocessable(
-            [
-                issue(
-                    "string_pattern_mismatch",
-                    [*loc, "name"],
-                    "String should match pattern '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'",
-                    volume["name"],
-                )
-            ]
-        )
+        raise FieldError("string_pattern_mismatch", [*loc, "name"], PATTERN, volume["name"])
     if not isinstance(volume.get("readOnly", False), bool):
-        raise unprocessable(
-            [
-                issue(
-                    "bool_type",
-                    [*loc, "readOnly"],
-                    "Input should be a valid boolean",
-                    volume["readOnly"],
-                )
-            ]
+        raise FieldError(
+            "bool_type", [*loc, "readOnly"], "Input should be a valid boolean", volume["readOnly"]
         )
 
 
@@ -129,21 +112,21 @@ def _mount_path(volume: dict[str, Any], protected: tuple[str, ...]) -> str:
     raw = volume["mountPath"]
     # What the kernel takes (NAME_MAX, PATH_MAX), checked before bwrap fails on it.
     if len(raw.encode()) >= PATH_MAX or any(len(p.encode()) > NAME_MAX for p in raw.split("/")):
-        raise _bad(
+        raise VolumeError(
             "INVALID_MOUNT_PATH",
             f"mountPath {raw[:100]!r}... is too long: at most {NAME_MAX} bytes a component "
             f"and {PATH_MAX - 1} in all",
         )
     path = posixpath.normpath(raw) if raw.startswith("/") else ""
     if not path or ".." in raw.split("/") or "\0" in raw:
-        raise _bad(
+        raise VolumeError(
             "INVALID_MOUNT_PATH", f"mountPath {raw[:200]!r} must be an absolute path without '..'"
         )
     if path == "/" or path.startswith("//"):
-        raise _bad("INVALID_MOUNT_PATH", "mountPath '/' would hide the whole container")
+        raise VolumeError("INVALID_MOUNT_PATH", "mountPath '/' would hide the whole container")
     why = clash(path, protected)
     if why:
-        raise _bad(
+        raise VolumeError(
             "INVALID_MOUNT_PATH",
             f"mountPath {path!r} {why}; choose a path such as /data or /mnt/NAME",
         )
@@ -174,8 +157,8 @@ def close(binds: Iterable[Bind]) -> None:
 _DIR = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def _changed(what: str) -> HttpError:
-    return _bad(
+def _changed(what: str) -> VolumeError:
+    return VolumeError(
         "INVALID_SUB_PATH",
         f"{what} changed while it was checked (a symlink took a directory's place); "
         "symlinks out of a volume are never followed: retry, or stop whatever swaps it",
@@ -186,9 +169,9 @@ def _step(parent: int, name: str, create: bool, what: str) -> int:
     """The descriptor of directory `name` under `parent`, never through a symlink.
 
     Made (and given to the sandboxes' root on a root server) when missing and `create`.
-    Raises HttpError 400: missing, not a directory, or a symlink (a swap since the check).
+    Raises VolumeError: missing, not a directory, or a symlink (a swap since the check).
     """
-    missing = _bad("SUB_PATH_NOT_FOUND", f"{what} is not a directory of its volume")
+    missing = VolumeError("SUB_PATH_NOT_FOUND", f"{what} is not a directory of its volume")
     try:
         return os.open(name, _DIR, dir_fd=parent)
     except FileNotFoundError:
@@ -225,7 +208,7 @@ def _open(path: str, base: str, what: str, create_below: str | None = None) -> i
     following a symlink, each directory missing below `create_below` made; checked through it.
 
     Raises:
-        HttpError: 400 when it is missing, not a directory, or changed since the check.
+        VolumeError: it is missing, not a directory, or changed since the check.
     """
     fd = os.open("/", _DIR)
     try:
@@ -252,13 +235,15 @@ def _sub_path(volume: dict[str, Any], base: str, create: bool) -> int:
     if sub is None or sub == "":
         return _open(base, base, f"volume {volume['name']!r}")
     if not isinstance(sub, str) or sub.startswith("/") or ".." in sub.split("/") or "\0" in sub:
-        raise _bad("INVALID_SUB_PATH", f"subPath {str(sub)[:200]!r} must be relative, without '..'")
+        raise VolumeError(
+            "INVALID_SUB_PATH", f"subPath {str(sub)[:200]!r} must be relative, without '..'"
+        )
     try:
         resolved = os.path.realpath(os.path.join(base, sub))
     except OSError:  # a symlink became a directory while realpath read it (EINVAL)
         raise _changed(f"subPath {sub[:200]!r}") from None
     if not _within(resolved, base):
-        raise _bad("INVALID_SUB_PATH", f"subPath {sub[:200]!r} leads outside its volume")
+        raise VolumeError("INVALID_SUB_PATH", f"subPath {sub[:200]!r} leads outside its volume")
     return _open(resolved, base, f"subPath {sub[:200]!r}", base if create else None)
 
 
@@ -266,9 +251,9 @@ def _host_source(volume: dict[str, Any], allowed: tuple[Path, ...]) -> int:
     host = volume["host"]
     path = host.get("path") if isinstance(host, dict) else None
     if not isinstance(path, str) or not path.startswith("/"):
-        raise _bad("INVALID_HOST_PATH", "host.path must be an absolute path")
+        raise VolumeError("INVALID_HOST_PATH", "host.path must be an absolute path")
     if not allowed:
-        raise _bad(
+        raise VolumeError(
             "HOST_PATH_NOT_ALLOWED",
             f"host path {path[:200]!r} is not allowed: this server allows no host paths. "
             "Start it with --allow-host-path DIR (osb-sync serve) or "
@@ -280,13 +265,13 @@ def _host_source(volume: dict[str, Any], allowed: tuple[Path, ...]) -> int:
         raise _changed(f"host path {path[:200]!r}") from None
     roots = [os.path.realpath(root) for root in allowed]
     if not any(_within(resolved, root) for root in roots):
-        raise _bad(
+        raise VolumeError(
             "HOST_PATH_NOT_ALLOWED",
             f"host path {path[:200]!r} is not under an allowed directory ({', '.join(roots)}); "
             "allow its directory with --allow-host-path DIR",
         )
     if not os.path.isdir(resolved):
-        raise _bad("HOST_PATH_NOT_FOUND", f"host path {path[:200]!r} is not a directory")
+        raise VolumeError("HOST_PATH_NOT_FOUND", f"host path {path[:200]!r} is not a directory")
     return _sub_path(volume, resolved, create=False)
 
 
@@ -294,21 +279,13 @@ def _pvc_source(volume: dict[str, Any], volume_root: Path) -> int:
     pvc = volume["pvc"]
     claim = pvc.get("claimName") if isinstance(pvc, dict) else None
     if not isinstance(claim, str) or not NAME.fullmatch(claim) or len(claim) > 253:
-        raise unprocessable(
-            [
-                issue(
-                    "string_pattern_mismatch",
-                    ["body", "volumes", "pvc", "claimName"],
-                    "String should match pattern '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'",
-                    claim,
-                )
-            ]
-        )
+        loc = ["body", "volumes", "pvc", "claimName"]
+        raise FieldError("string_pattern_mismatch", loc, PATTERN, claim)
     root = os.path.realpath(volume_root)
     directory = os.path.join(root, claim)
     if not os.path.isdir(directory):
         if pvc.get("createIfNotExists", True) is False:
-            raise _bad(
+            raise VolumeError(
                 "PVC_NOT_FOUND",
                 f"volume {claim!r} does not exist and createIfNotExists is false",
             )
@@ -316,10 +293,19 @@ def _pvc_source(volume: dict[str, Any], volume_root: Path) -> int:
             os.makedirs(root, exist_ok=True)  # the server's: only claims are the range's
             os.close(_open(directory, directory, f"volume {claim!r}", create_below=root))
         except OSError as exc:
-            raise error(
-                500, "VOLUME::CREATE_FAILED", f"volume {claim!r} could not be made: {exc}"
+            raise VolumeError(
+                "CREATE_FAILED", f"volume {claim!r} could not be made: {exc}"
             ) from None
     return _sub_path(volume, directory, create=True)
+
+
+@dataclass(frozen=True)
+class Volume:
+    """One entry of a create's `volumes`, checked (`checked`), not opened yet."""
+
+    spec: dict[str, Any]  # as the request gives it
+    target: str  # its mountPath, normalized
+    backend: str  # "host" or "pvc"
 
 
 def mounts(
@@ -329,65 +315,88 @@ def mounts(
     isolated: bool,
     protected: tuple[str, ...] = (),
 ) -> list[Bind]:
-    """A create's `volumes`, checked and opened (empty for none); the caller `close`s them.
+    """A create's `volumes`, `checked` and `opened` (empty for none); the caller `close`s them.
 
-    Every entry is checked before any source is opened (a refused create makes no claim).
+    Raises:
+        The errors of `checked` and `opened`.
+    """
+    return opened(checked(volumes, isolated, protected), allowed, volume_root)
+
+
+def checked(volumes: Any, isolated: bool, protected: tuple[str, ...] = ()) -> tuple[Volume, ...]:
+    """A create's `volumes`, every entry checked, nothing opened or made (empty for none).
 
     Args:
         volumes: the request's `volumes` (None or a list).
-        allowed: host directories whose trees `host` volumes may mount.
-        volume_root: the directory of `pvc` volumes.
         isolated: whether sandboxes are containers (volumes need one).
         protected: container paths of the server's own a volume may neither cover nor lie in,
             besides `PROTECTED` and `PROTECTED_OWN` (an execd binary's, the OOM counter).
 
     Raises:
-        HttpError: 422 for a malformed entry, 400 for a refused one (nothing is left open).
+        FieldError: a malformed entry.
+        VolumeError: a refused one.
     """
     if volumes is None or volumes == []:
-        return []
+        return ()
     if not isinstance(volumes, list):
-        raise unprocessable(
-            [issue("list_type", ["body", "volumes"], "Input should be a valid list", volumes)]
-        )
+        raise FieldError("list_type", ["body", "volumes"], "Input should be a valid list", volumes)
     if not isolated:
-        raise _bad(
+        raise VolumeError(
             "UNSUPPORTED",
             f"volumes need isolated sandboxes, and these are not; to isolate them, {bwrap.FIX}",
         )
     own = (sys.base_prefix, sys.prefix, bwrap.package_dir(), *protected)
-    checked: list[tuple[dict[str, Any], str, str]] = []  # each volume, its mountPath, backend
+    found: list[Volume] = []
     for index, volume in enumerate(volumes):
         _check_shape(index, volume)
         target = _mount_path(volume, own)
-        for other, path, _ in checked:
-            if volume["name"] == other["name"] or target == path:
-                raise _bad(
+        for other in found:
+            path = other.target
+            if volume["name"] == other.spec["name"] or target == path:
+                raise VolumeError(
                     "DUPLICATE", f"volume name {volume['name']!r} or mountPath {target!r} repeats"
                 )
             where = relation(target, path)
             if where:
-                raise _bad(
+                raise VolumeError(
                     "INVALID_MOUNT_PATH",
                     f"mountPath {target!r} of volume {volume['name']!r} is {where} the mountPath"
-                    f" {path!r} of volume {other['name']!r}: {NOT_NESTED}",
+                    f" {path!r} of volume {other.spec['name']!r}: {NOT_NESTED}",
                 )
         backends = [k for k in ("host", "pvc", "ossfs") if volume.get(k) is not None]
         if len(backends) != 1:
-            raise _bad(
+            raise VolumeError(
                 "INVALID_BACKEND", f"volume {volume['name']!r} needs exactly one of host or pvc"
             )
         if backends[0] == "ossfs":
-            raise _bad("INVALID_BACKEND", "ossfs volumes (Alibaba OSS) are not supported locally")
-        checked.append((volume, target, backends[0]))
+            raise VolumeError(
+                "INVALID_BACKEND", "ossfs volumes (Alibaba OSS) are not supported locally"
+            )
+        found.append(Volume(volume, target, backends[0]))
+    return tuple(found)
+
+
+def opened(volumes: Sequence[Volume], allowed: tuple[Path, ...], volume_root: Path) -> list[Bind]:
+    """The `checked` volumes' sources, opened (a claim or a `subPath` made where missing); the
+    caller `close`s them.
+
+    Args:
+        allowed: host directories whose trees `host` volumes may mount.
+        volume_root: the directory of `pvc` volumes.
+
+    Raises:
+        VolumeError: a source refused or missing (nothing is left open).
+        FieldError: a claim name of the wrong shape.
+    """
     binds: list[Bind] = []
     try:
-        for volume, target, backend in checked:
-            if backend == "host":
-                fd = _host_source(volume, allowed)
+        for volume in volumes:
+            spec = volume.spec
+            if volume.backend == "host":
+                fd = _host_source(spec, allowed)
             else:
-                fd = _pvc_source(volume, volume_root)
-            binds.append(Bind(fd, bool(volume.get("readOnly")), target, volume["name"]))
+                fd = _pvc_source(spec, volume_root)
+            binds.append(Bind(fd, bool(spec.get("readOnly")), volume.target, spec["name"]))
     except BaseException:
         close(binds)
         raise
@@ -401,9 +410,9 @@ def relation(path: str, other: str) -> str:
     return "above" if _within(other, path) else "inside" if _within(path, other) else ""
 
 
-def invalid_mount_path(message: str) -> HttpError:
-    """400 `VOLUME::INVALID_MOUNT_PATH` with `message` (`rootfs.confine` says it too)."""
-    return _bad("INVALID_MOUNT_PATH", message)
+def invalid_mount_path(message: str) -> VolumeError:
+    """`INVALID_MOUNT_PATH` with `message` (`rootfs.confine` says it too)."""
+    return VolumeError("INVALID_MOUNT_PATH", message)
 
 
 NOT_NESTED = (
@@ -418,7 +427,7 @@ def make_inside(bind: Bind, parts: Sequence[str], what: str) -> None:
     anything else (a link, a file: what the container makes of it is its own view's).
 
     Raises:
-        HttpError: 400 when one is missing in a read-only volume, or was swapped meanwhile.
+        VolumeError: one is missing in a read-only volume, or was swapped meanwhile.
     """
     fd = os.dup(bind.fd)
     try:
@@ -427,7 +436,7 @@ def make_inside(bind: Bind, parts: Sequence[str], what: str) -> None:
                 child = os.open(name, _DIR, dir_fd=fd)
             except FileNotFoundError:
                 if bind.read_only:
-                    raise _bad(
+                    raise VolumeError(
                         "SUB_PATH_NOT_FOUND", f"{what} is not in the read-only volume {bind.name!r}"
                     ) from None
                 child = _step(fd, name, True, what)

@@ -6,7 +6,10 @@ answers with a stream, so bad input is a 400, never a broken stream.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from .exchange import Exchange, HttpError, error
@@ -72,3 +75,16 @@ def environment(envs: Any) -> dict[str, str]:
         if not key or "=" in key or "\0" in key or "\0" in value:
             raise bad_request(f"envs: {key[:100]!r} is not a valid variable")
     return found
+
+
+def working_dir(cwd: Any, default: Path, resolve: Callable[[str], Path]) -> Path:
+    """The directory a body's `cwd` names (variables expanded, then `resolve`d: relative to
+    the sandbox's directory), else `default`; 400 unless it is a directory."""
+    if cwd in (None, ""):
+        return default
+    if not isinstance(cwd, str) or "\0" in cwd:
+        raise bad_request("cwd must be a path without NUL characters")
+    path = resolve(os.path.expandvars(cwd))
+    if not path.is_dir():
+        raise bad_request(f"cwd {cwd!r} is not a directory")
+    return path

@@ -36,7 +36,7 @@ what a sandbox may write. So:
   the WorkingDir's `--dir`, and one lands neither on `/`, nor at, above or below a mount made
   before it (the server's, or another volume: `volumes.py` refuses nested mountPaths as
   written; here, where the image's links lead them), nor where `volumes.clash` says no volume
-  may be: 400 `VOLUME::INVALID_MOUNT_PATH`, naming both.
+  may be: `INVALID_MOUNT_PATH` (a `VolumeError`), naming both.
 - A WorkingDir in a volume, as the container sees it, is made in the volume by descriptor
   (`volumes.make_inside`) instead of by bwrap; `--chdir` is not resolved here at all: bwrap
   changes directory after `pivot_root`, with the host detached, in the container's own view.
@@ -52,6 +52,7 @@ sandbox has, under another path.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -62,11 +63,14 @@ import struct
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from .. import bwrap, volumes
+from ..rootview import Places
 from .config import ConfigError, Located, locate, resolve_in_root
-from .store import StoredImage
+from .store import StoredImage, hold
 
 HOST_VIEW = f"{bwrap.OWN_DIR}/host"  # the server's interpreter, for images without python3
 PT_INTERP = 3
@@ -129,6 +133,74 @@ class Layer:
                 shutil.rmtree(path, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class ImageView:
+    """The root of a sandbox that runs `image`: a writable layer over it (`Layer`) and its view
+    (`image_options`); what execd starts runs as the image's User, `ids` (uid, gid).
+
+    One of the two root views (`rootview.RootView`), `rootview.HostView` the other.
+    """
+
+    image: StoredImage
+    ids: tuple[int, int] = (0, 0)
+    system: ClassVar[str] = "a writable image root"
+    template: ClassVar[bool] = False  # its execd runs on the image's python3, never forked
+
+    @property
+    def user(self) -> tuple[int, int] | None:
+        """The image's User, for what execd starts (None: root)."""
+        return self.ids if any(self.ids) else None
+
+    def identity_files(self) -> tuple[bytes, bytes] | None:
+        """None: the image keeps its own /etc/passwd and /etc/group."""
+        return None
+
+    def options(
+        self,
+        places: Places,
+        info_fd: int,
+        ident: Sequence[str],
+        extra: Sequence[str],
+        mounts: Sequence[str],
+        binds: Sequence[volumes.Bind],
+        held: contextlib.ExitStack,
+    ) -> tuple[list[str], str]:
+        """bwrap's options (`image_options`) over a layer made in `places.data`, and what the
+        status says of the image; the image's hold and the layer go with `held`.
+
+        Raises:
+            OSError: the layer could not be made.
+            The errors of `image_options`.
+        """
+        held.callback(os.close, hold(self.image))  # against the store's eviction
+        layer = Layer(self.image, places.data)
+        held.callback(layer.close if places.tmpfs else layer.remove)  # a tmpfs takes the files
+        options = image_options(
+            layer, self.image, places.state, info_fd, mounts, extra, binds, ident
+        )
+        python = self.image.python or "no python3: the server's interpreter runs its main process"
+        return options, f" Image: {self.image.pinned} ({python}), writable layer: {layer.kind}."
+
+    def home(self, plain_home: str | None) -> str:
+        """Where execd runs commands by default: the image's WorkingDir."""
+        return self.image.config.working_dir or "/"
+
+    def environment(self, sandbox_env: dict[str, str], plain_home: str | None) -> dict[str, str]:
+        """The image's Env, as Docker gives it (HOME: root's, unless the image sets it), then
+        the sandbox's own."""
+        home = "/root" if self.ids[0] == 0 else "/"
+        config = self.image.config
+        return {"HOME": home, **config.environment, "PWD": self.home(None), **sandbox_env}
+
+    def main_command(self, script: str) -> list[str]:
+        """The container's main process: `script` on the image's python3 (`main_interpreter`)."""
+        return [*main_interpreter(self.image), "-I", "-S", bwrap.in_container(script)]
+
+    def entrypoint(self, given: list[str]) -> list[str]:
+        """The entrypoint a sandbox runs: the create's, else the image's Entrypoint + Cmd."""
+        return self.image.config.effective_entrypoint(given)
+
+
 def image_options(
     layer: Layer,
     image: StoredImage,
@@ -137,42 +209,24 @@ def image_options(
     mounts: Sequence[str] = (),
     extra: Sequence[str] = (),
     binds: Sequence[volumes.Bind] = (),
+    ident: Sequence[str] = ("--cap-drop", "ALL"),
 ) -> list[str]:
-    """The bwrap options of a sandbox running `image` in `layer` (see the module docstring).
+    """The bwrap options of a sandbox running `image` in `layer` (see the module docstring):
+    `bwrap.confined`'s, with the image's root as `/`.
 
     Args:
         mounts: the sandbox's volumes' options, one for each of `binds`, in their order.
         extra: options of the server's own (an execd binary's binds, the OOM counter's).
+        ident: `bwrap.identity_options`.
 
     Raises:
         ConfigError: a destination the image's root makes impossible (`confine`).
-        HttpError: 400, a volume the image's links lead where no volume may be (`confine`),
+        VolumeError: a volume the image's links lead where no volume may be (`confine`),
             or its WorkingDir missing in a read-only volume.
     """
     root = layer.root
-    options = [
-        *bwrap.NAMESPACES,
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--hostname",
-        "sandbox",
-        "--info-fd",
-        str(info_fd),
-        "--clearenv",
-        "--setenv",
-        "PATH",
-        image.config.environment.get("PATH", ""),
-        "--bind",
-        str(root),
-        "/",
-        "--proc",
-        "/proc",
-        *bwrap.proc_view(),
-        "--dev",
-        "/dev",
-    ]
+    path = {"PATH": image.config.environment.get("PATH", "")}
+    options = bwrap.confined(info_fd, ident, path, ["--bind", str(root), "/"], [])
     etc = resolve_in_root(root, "/etc")
     if etc is not None and root.joinpath(*etc.parts[1:]).is_dir():  # (no link left in `etc`)
         for name in ("resolv.conf", "hosts"):
@@ -219,8 +273,8 @@ def confine(root: Path, options: Sequence[str], names: Sequence[str] = ()) -> li
 
     Raises:
         ConfigError: a destination the image makes impossible, named.
-        HttpError: 400 `VOLUME::INVALID_MOUNT_PATH`, a volume the image's links lead at,
-            above or below another mount, or onto what no volume may cover.
+        VolumeError: `INVALID_MOUNT_PATH`, a volume the image's links lead at, above or below
+            another mount, or onto what no volume may cover.
         ValueError: an option bwrap 0.8 does not have, or `--symlink` (a link made there
             would be followed by what comes after it, unseen here).
     """

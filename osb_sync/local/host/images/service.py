@@ -3,11 +3,11 @@
 The host's view (today's root: the host's `/usr`, the server's interpreter) stays what a
 create without an image, or with one of `host_images` (by default the client's default
 template), gets: no download. Any other image is pulled into the store (`store.py`) and run
-with its own root; an image create answers as the real server's Docker runtime does when the
-image cannot be had: `DOCKER::SANDBOX_IMAGE_PULL_FAILED` with the reason first in its message
-(`pull.PullError`), nothing left behind. It answers 500, as that runtime does, except for an
-image past the image size limit (`IMAGE_TOO_LARGE`): 413, since only another image or a larger
-limit helps, and retrying does not (the client raises `ApiError` with that status and code).
+with its own root (`rootfs.ImageView`); an image that cannot be had or run is an `ImageError`
+with the reason first (`pull.PullError`'s), nothing left behind, which a create answers as the
+real server's Docker runtime does (`DOCKER::SANDBOX_IMAGE_PULL_FAILED`, 500; 413 for an image
+past the image size limit, `IMAGE_TOO_LARGE`, since only another image or a larger limit
+helps, and retrying does not: the client raises `ApiError` with that status and code).
 Device nodes skipped in an image's layers are logged (a warning, once per pull; their names
 escaped, as an image's names are in every message: no line of the log is the image's).
 
@@ -31,18 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...http.exchange import HttpError, error
-from ..container import Launch
+from ..errors import ImageError, IsolationError
 from ..execd_binary import ExecdBinary
 from ..options import DEFAULT_HOST_IMAGES
 from .config import CONFIG_INVALID, ConfigError, find_jupyter
 from .execd_image import execd_from_image
 from .pull import TOO_LARGE, Puller, PullError, host_platform
+from .rootfs import ImageView
 from .store import DEFAULT_CAP, ImageStore, default_root, skipped_note
 from .unpack import OwnerMap, server_owned
 
 logger = logging.getLogger("osb_sync.local")
-PULL_FAILED = "DOCKER::SANDBOX_IMAGE_PULL_FAILED"
 RAISE_LIMIT = (
     "; the server's image size limit is LocalServer(image_size_limit=BYTES), osb-sync serve"
     " --image-size-limit BYTES (default: the image store's size)"
@@ -68,8 +67,16 @@ class ImageSettings:
     host_images: tuple[str, ...] = DEFAULT_HOST_IMAGES
 
 
+@dataclass(frozen=True)
+class ImageRun:
+    """How a sandbox runs its image: its root view, and the execd binary it runs (None: ours)."""
+
+    view: ImageView
+    binary: ExecdBinary | None = None
+
+
 class ImageService:
-    """Turns a create's image into a `Launch` (or None: the host's view)."""
+    """Turns a create's image into an `ImageRun` (or None: the host's view)."""
 
     def __init__(
         self,
@@ -107,36 +114,34 @@ class ImageService:
         image = body.get("image") or {}
         return not image.get("uri") or image["uri"] in self.settings.host_images
 
-    def launch(self, body: dict[str, Any]) -> Launch | None:
-        """The image part of a create's `Launch`, pulling it first if needed.
+    def launch(self, body: dict[str, Any]) -> ImageRun | None:
+        """How the create `body` runs its image, pulling it first if needed (None: the host's
+        view).
 
         Raises:
-            HttpError: 500 `DOCKER::SANDBOX_IMAGE_PULL_FAILED` (the reason first in the
-                message) when it cannot be had or run, 413 with that code when it is larger
-                than the image size limit; 503 where sandboxes are not isolated.
+            ImageError: it cannot be had or run (`reason`: `IMAGE_TOO_LARGE` past the image
+                size limit).
+            IsolationError: sandboxes are not isolated here.
         """
         if self.host_view(body):
             return None
         uri = str(body["image"]["uri"])
         if not self.isolated:
-            raise error(
-                503,
-                "SANDBOX::ISOLATION_UNAVAILABLE",
+            raise IsolationError(
                 f"the image {uri} needs isolated sandboxes (its root is mounted in a"
-                " container); this server runs them unisolated",
+                " container); this server runs them unisolated"
             )
         platform = body.get("platform") or host_platform()
         try:
             image, pulled = self.store.get(uri, platform, body["image"].get("auth"))
             ids = image.config.ids(image.rootfs)
         except PullError as exc:
-            if exc.reason == TOO_LARGE:
-                raise failed(uri, exc.reason, exc.message + RAISE_LIMIT, 413) from None
-            raise failed(uri, exc.reason, exc.message) from None
+            hint = RAISE_LIMIT if exc.reason == TOO_LARGE else ""
+            raise ImageError(uri, exc.reason, exc.message + hint) from None
         except ConfigError as exc:
-            raise failed(uri, CONFIG_INVALID, str(exc)) from None
+            raise ImageError(uri, CONFIG_INVALID, str(exc)) from None
         except OSError as exc:
-            raise failed(uri, "IMAGE_PULL_FAILED", f"the store said: {exc}") from None
+            raise ImageError(uri, "IMAGE_PULL_FAILED", f"the store said: {exc}") from None
         if pulled and image.skipped:
             logger.warning(
                 "local server: image %s: %s (%s): bwrap gives each sandbox its own /dev",
@@ -147,10 +152,10 @@ class ImageService:
             )
         if self.binary is None:
             if image.python is None:
-                raise failed(uri, "IMAGE_NO_EXECD", NO_EXECD.format(uri=uri))
-            return Launch(image=image, image_ids=ids)
+                raise ImageError(uri, "IMAGE_NO_EXECD", NO_EXECD.format(uri=uri))
+            return ImageRun(ImageView(image, ids))
         binary = self.binary.for_image(find_jupyter(image.rootfs, image.config))
-        return Launch(binary=binary, image=image, image_ids=ids)
+        return ImageRun(ImageView(image, ids), binary)
 
     def execd_binary(self, reference: str, target: Path) -> tuple[Path, str]:
         """The execd binary of the image `reference` (`execd_image.py`), linked at `target`
@@ -169,8 +174,3 @@ class ImageService:
         except OSError:  # another file system
             shutil.copy2(found.path, target)
         return target, f"{found.pinned} ({found.found_at})"
-
-
-def failed(uri: str, reason: str, message: str, status: int = 500) -> HttpError:
-    """The create's answer when the image `uri` cannot be had or run (`reason` first)."""
-    return error(status, PULL_FAILED, f"{reason}: Failed to pull image {uri}: {message}")

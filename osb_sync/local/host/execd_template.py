@@ -1,4 +1,4 @@
-"""The server's side of the execd template (`execd/zygote.py`): one per process, started at a
+"""The server's side of the execd template (`execd/template.py`): one per process, started at a
 container's first need of it and stopped when no container holds it.
 
 A container that can use it (`usable`: a root server's, with the host's own root view and our
@@ -20,7 +20,6 @@ a seccomp table for bwrap), containers start as before.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import socket
@@ -31,11 +30,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..protocol import Fork, ForkAnswer, TemplateSetup
 from . import bwrap
 from .spawn import SPAWNER, exited, log_tail
 
 # Run by path, never imported here: execd/ is the sandbox side of the security line.
-ZYGOTE_SCRIPT = str(Path(__file__).parents[1] / "execd" / "zygote.py")
+TEMPLATE_SCRIPT = str(Path(__file__).parents[1] / "execd" / "template.py")
 # The template's command line names no host path (a sandbox reads it: its execds share it).
 BOOTSTRAP = "import runpy, sys; runpy.run_path(sys.stdin.readline()[:-1], run_name='__main__')"
 # bwrap's child in a container whose execd the template forks: PID 2 of its namespace.
@@ -72,14 +72,14 @@ def kernel_joins_by_pidfd(release: str | None = None) -> bool:
         return False
 
 
-def usable(support: bwrap.Support, image: object, binary: object) -> bool:
-    """Whether a container with these settings gets its execd from the template."""
+def usable(support: bwrap.Support, binary: object) -> bool:
+    """Whether a container of the host's view (`bwrap.HostView.template`) with this execd
+    `binary` (None: ours) gets its execd from the template."""
     return (
         support.bwrap is not None
         and support.ids is not None
         and support.ids.helpers is None
         and support.seccomp is not None
-        and image is None
         and binary is None
         and hasattr(os, "pidfd_open")
         and kernel_joins_by_pidfd()
@@ -143,7 +143,7 @@ class Template:
         Raises:
             RuntimeError: the template refused (why), or died twice.
         """
-        request = json.dumps({"init": init_pid}).encode()
+        request = Fork(init_pid).encode()
         with self._lock:
             for attempt in (1, 2):
                 try:
@@ -163,16 +163,19 @@ class Template:
                             f" ({exc}): {said}"
                         ) from None
                     continue
-                reply = json.loads(answer)
-                if "pid" not in reply or len(given) != 1:
+                try:
+                    reply = ForkAnswer.decode(answer)
+                except ValueError as exc:
+                    reply = ForkAnswer(error=str(exc))
+                if reply.pid is None or len(given) != 1:
                     for fd in given:
                         os.close(fd)
                     raise RuntimeError(
                         f"the sandbox's execd did not start: the execd template refused: "
-                        f"{reply.get('error')}"
+                        f"{reply.error}"
                     )
                 assert self._proc is not None
-                return Forked(int(reply["pid"]), given[0], self._proc)
+                return Forked(reply.pid, given[0], self._proc)
         raise AssertionError("unreachable")
 
     def _start(self, seccomp: bytes | None) -> None:
@@ -193,7 +196,7 @@ class Template:
             )
             assert self._proc.stdin is not None
             with self._proc.stdin:
-                self._proc.stdin.write(ZYGOTE_SCRIPT.encode() + b"\n")
+                self._proc.stdin.write(TEMPLATE_SCRIPT.encode() + b"\n")
         except BaseException:
             mine.close()
             raise
@@ -201,13 +204,8 @@ class Template:
             theirs.close()
         mine.settimeout(ANSWER_TIMEOUT)
         self._socket = mine
-        setup = {
-            "capabilities": capability_mask(),
-            "seccomp": seccomp.hex() if seccomp else None,
-            "home": bwrap.SANDBOX_HOME,
-            "package_view": bwrap.PACKAGE_VIEW,
-        }
-        mine.send(json.dumps(setup).encode())
+        setup = TemplateSetup(capability_mask(), seccomp, bwrap.SANDBOX_HOME, bwrap.PACKAGE_VIEW)
+        mine.send(setup.encode())
 
     def _log_tail(self, size: int = 2000) -> str:
         """The end of the template's standard error (its traceback, if it failed)."""

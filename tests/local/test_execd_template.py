@@ -1,5 +1,6 @@
-"""The execd template (`host/zygote.py`, `execd/zygote.py`): a root server forks each default
-sandbox's execd into the namespaces bwrap made, with what bwrap gives the process it starts.
+"""The execd template (`host/execd_template.py`, `execd/template.py`): a root server forks each
+default sandbox's execd into the namespaces bwrap made, with what bwrap gives the process it
+starts.
 
 Every figure is read from the host's /proc, by host pid: the placeholder (bwrap's child, PID 2
 of the sandbox) is the reference for what bwrap gives.
@@ -13,10 +14,19 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from conftest import CREATE_BODY, Box, alive, require_isolation, texts, wait_for
 
 from osb_sync.local import LocalServer
-from osb_sync.local.host import bwrap, zygote
+from osb_sync.local.host import bwrap, execd_template
+from tests.local.support import (
+    CREATE_BODY,
+    Box,
+    alive,
+    local_server,
+    require_isolation,
+    sandbox_of,
+    texts,
+    wait_for,
+)
 
 CONFINEMENT = (
     "Uid",
@@ -38,7 +48,7 @@ def require_template() -> None:
     """Skip where default sandboxes do not get their execd from the template (not root, an
     old kernel); fail where they cannot be isolated under OSB_REQUIRE_ISOLATION=1."""
     require_isolation()
-    if not zygote.usable(bwrap.probe(), None, None):
+    if not execd_template.usable(bwrap.probe(), None):
         pytest.skip("the execd template needs a root server on Linux 5.8 or later")
 
 
@@ -46,7 +56,7 @@ def require_template() -> None:
 def server() -> Iterator[LocalServer]:
     """An isolating root server, whose default sandboxes get their execd from the template."""
     require_template()
-    with LocalServer(command_grace=0, spare_containers=0, isolation=True) as srv:
+    with local_server(command_grace=0, spare_containers=0, isolation=True) as srv:
         yield srv
 
 
@@ -72,16 +82,15 @@ def fd_targets(pid: int) -> dict[int, str]:
 
 def processes(server: LocalServer, box: Box) -> dict[str, int]:
     """The host pids of the box's init, placeholder and execd, and of the template."""
-    assert server._registry is not None
-    sandbox = server._registry.find(box.id)
+    sandbox = sandbox_of(server, box.id)
     assert sandbox is not None
     init = sandbox.container.init_pid
     assert init is not None
     found = {"init": init}
     for pid in sandbox.container.members():
-        if cmdline(pid).startswith(" ".join(zygote.PLACEHOLDER[:2])):
+        if cmdline(pid).startswith(" ".join(execd_template.PLACEHOLDER[:2])):
             found["placeholder"] = pid
-        elif zygote.BOOTSTRAP in cmdline(pid) and pid != init:
+        elif execd_template.BOOTSTRAP in cmdline(pid) and pid != init:
             found["execd"] = pid
     found["template"] = int(status(found["execd"])["PPid"])
     return found
@@ -93,7 +102,7 @@ def test_a_default_sandbox_s_execd_is_forked_from_the_template_confined_as_bwrap
     box = Box(server, http, CREATE_BODY)
     pids = processes(server, box)
     execd, placeholder, template = pids["execd"], pids["placeholder"], pids["template"]
-    assert zygote.BOOTSTRAP in cmdline(template)
+    assert execd_template.BOOTSTRAP in cmdline(template)
     assert os.readlink(f"/proc/{template}/ns/pid") == os.readlink("/proc/self/ns/pid")
     for name in NAMESPACES:
         assert os.readlink(f"/proc/{execd}/ns/{name}") == os.readlink(
@@ -102,7 +111,7 @@ def test_a_default_sandbox_s_execd_is_forked_from_the_template_confined_as_bwrap
     mine, reference = status(execd), status(placeholder)
     assert {k: mine[k] for k in CONFINEMENT} == {k: reference[k] for k in CONFINEMENT}
     assert reference["Seccomp"] == "2" and reference["NoNewPrivs"] == "1"
-    assert int(mine["CapBnd"], 16) == zygote.capability_mask()
+    assert int(mine["CapBnd"], 16) == execd_template.capability_mask()
     assert os.getsid(execd) == execd  # a session of its own, as bwrap's --new-session
     with open(f"/proc/{execd}/environ", "rb") as environ:
         assert sorted(environ.read().split(b"\0")[:-1]) == [
@@ -144,8 +153,7 @@ def test_the_execd_s_exit_status_is_the_container_s(
     server: LocalServer, http: requests.Session
 ) -> None:
     box = Box(server, http, {**CREATE_BODY, "entrypoint": ["/bin/sh", "-c", "sleep 0.5; exit 7"]})
-    assert server._registry is not None
-    sandbox = server._registry.find(box.id)
+    sandbox = sandbox_of(server, box.id)
     assert sandbox is not None
     assert wait_for(lambda: sandbox.container.exit_code() is not None, timeout=30)
     assert sandbox.container.exit_code() == 7
@@ -166,7 +174,7 @@ def test_a_killed_template_is_started_again_and_its_sandboxes_keep_running(
 
 def test_the_template_ends_with_the_server_s_last_container(http: requests.Session) -> None:
     require_template()
-    with LocalServer(command_grace=0, spare_containers=0, isolation=True) as srv:
+    with local_server(command_grace=0, spare_containers=0, isolation=True) as srv:
         box = Box(srv, http, CREATE_BODY)
         template = processes(srv, box)["template"]
         assert http.delete(f"{srv.api_base}/sandboxes/{box.id}").status_code == 204
@@ -177,11 +185,11 @@ def test_the_template_ends_with_the_server_s_last_container(http: requests.Sessi
 
 
 def test_the_kernel_release_decides_whether_setns_takes_a_pidfd() -> None:
-    assert zygote.kernel_joins_by_pidfd("5.8.0")
-    assert zygote.kernel_joins_by_pidfd("6.18.44-fc-v1147")
-    assert not zygote.kernel_joins_by_pidfd("5.7.19")
-    assert not zygote.kernel_joins_by_pidfd("4.19.0-26-amd64")
-    assert not zygote.kernel_joins_by_pidfd("not-a-release")
+    assert execd_template.kernel_joins_by_pidfd("5.8.0")
+    assert execd_template.kernel_joins_by_pidfd("6.18.44-fc-v1147")
+    assert not execd_template.kernel_joins_by_pidfd("5.7.19")
+    assert not execd_template.kernel_joins_by_pidfd("4.19.0-26-amd64")
+    assert not execd_template.kernel_joins_by_pidfd("not-a-release")
 
 
 def test_an_execd_that_exits_after_its_template_died_makes_the_sandbox_failed(

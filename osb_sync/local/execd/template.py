@@ -3,16 +3,16 @@ each sandbox's execd into the namespaces bubblewrap made for it.
 
 Why: every other execd is a new interpreter that imports its HTTP stack (~80 ms of CPU) and
 keeps a private copy of it (~12 MiB); a forked one shares the template's pages until it writes
-them. Run by the server (`host/zygote.py`) as `python -I -S zygote.py CONTROL_FD`, outside
-every sandbox, as root, in `/`, with the environment a sandbox's execd has (bwrap's
+them. Run by the server (`host/execd_template.py`) as `python -I -S template.py CONTROL_FD`,
+outside every sandbox, as root, in `/`, with the environment a sandbox's execd has (bwrap's
 `--clearenv --setenv`: what `/proc/<pid>/environ` shows of its execd is this process's). On
-CONTROL_FD, a SOCK_SEQPACKET socket to the server, the first message is the set-up,
-`{"capabilities": MASK, "seccomp": HEX | null, "home": PATH, "package_view": PATH}`; every
-later one a request, answered in order: `{"init": PID}` with six descriptors (init's pidfd,
-then execd's standard input, its standard error, the relay socket, the ready pipe and the exit
-pipe, all write or read ends as `main.py` and the placeholder use them), answered `{"pid": N}`
-(the execd's host pid) with a pidfd of the execd, or `{"error": "..."}`. EOF on it ends the
-template.
+CONTROL_FD, a SOCK_SEQPACKET socket to the server, the first message is the set-up
+(`protocol.TemplateSetup`: the capabilities MASK, the seccomp filter, the home, the package's
+view); every later one a request, answered in order: a `protocol.Fork` of init's pid with
+`protocol.FORK_FDS` descriptors (init's pidfd, then execd's standard input, its standard
+error, the relay socket, the ready pipe and the exit pipe, all write or read ends as `main.py`
+and the placeholder use them), answered `protocol.ForkAnswer` (the execd's host pid, with a pidfd
+of the execd; or why not). EOF on it ends the template.
 
 For a request the template forks a child that keeps only that request's descriptors, joins
 every namespace of init (bwrap's child) at once through its pidfd (setns(2), Linux 5.8),
@@ -37,14 +37,13 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import gc
-import json
 import os
 import selectors
 import signal
 import socket
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from osb_sync.local.execd import main
@@ -53,6 +52,8 @@ else:  # run by path with -I: this directory is not on sys.path
     import main
 
     del sys.path[0]
+# importable once `main` is (it loads the package without the client)
+from osb_sync.local.protocol import FORK_FDS, Fork, ForkAnswer, TemplateSetup
 
 PR_SET_PDEATHSIG = 1
 PR_SET_SECCOMP = 22
@@ -74,7 +75,6 @@ NAMESPACES = (
     ("uts", 0x04000000),
     ("cgroup", 0x02000000),
 )
-REQUEST_FDS = 6
 MESSAGE_SIZE = 1 << 16
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -179,7 +179,7 @@ def _place(fds: list[int]) -> None:
     _close_all_but({0, 1, 2, 3, 4})
 
 
-def _execd(setup: dict[str, Any], fds: list[int]) -> NoReturn:
+def _execd(setup: TemplateSetup, fds: list[int]) -> NoReturn:
     """The execd: take bwrap's confinement (see the module docstring), then serve."""
     code = 1
     try:
@@ -188,16 +188,16 @@ def _execd(setup: dict[str, Any], fds: list[int]) -> NoReturn:
         os.setgroups([])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
-        set_capabilities(int(setup["capabilities"]))
+        set_capabilities(setup.capabilities)
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the rest as Python set them at start
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        os.chdir(setup["home"])
-        view_package(setup["package_view"])
+        os.chdir(setup.home)
+        view_package(setup.package_view)
         if "random" in sys.modules:
             sys.modules["random"].seed()
-        if setup.get("seccomp"):
-            load_seccomp(bytes.fromhex(setup["seccomp"]))
+        if setup.seccomp:
+            load_seccomp(setup.seccomp)
         code = main.main(["main.py", "3", "4"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -211,7 +211,7 @@ def _execd(setup: dict[str, Any], fds: list[int]) -> NoReturn:
     os._exit(code)
 
 
-def _middle(setup: dict[str, Any], init: int, fds: list[int], report: int) -> NoReturn:
+def _middle(setup: TemplateSetup, init: int, fds: list[int], report: int) -> NoReturn:
     """The child between the template and the execd: enter init's namespaces, fork, report."""
     try:
         signal.set_wakeup_fd(-1)  # its descriptor is closed next, its number reused later
@@ -222,20 +222,20 @@ def _middle(setup: dict[str, Any], init: int, fds: list[int], report: int) -> No
         if pid == 0:
             os.close(report)
             _execd(setup, fds[1:5])
-        os.write(report, json.dumps({"pid": pid}).encode())
+        os.write(report, ForkAnswer(pid=pid).encode())
     except BaseException as exc:  # noqa: BLE001 (answered to the server)
-        os.write(report, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+        os.write(report, ForkAnswer(error=f"{type(exc).__name__}: {exc}").encode())
     os._exit(0)
 
 
-def fork_execd(setup: dict[str, Any], request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+def fork_execd(setup: TemplateSetup, request: Fork, fds: list[int]) -> ForkAnswer:
     """Fork one sandbox's execd for `request` (see the module docstring); the answer."""
     report_r, report_w = os.pipe()
     try:
         middle = os.fork()
         if middle == 0:
             os.close(report_r)
-            _middle(setup, int(request["init"]), fds, report_w)
+            _middle(setup, request.init, fds, report_w)
         os.close(report_w)
         report_w = -1
         answer = b""
@@ -246,8 +246,7 @@ def fork_execd(setup: dict[str, Any], request: dict[str, Any], fds: list[int]) -
         os.close(report_r)
         if report_w >= 0:
             os.close(report_w)
-    reply: dict[str, Any] = json.loads(answer or b'{"error": "the forking child died"}')
-    return reply
+    return ForkAnswer.decode(answer) if answer else ForkAnswer(error="the forking child died")
 
 
 def _reap(exits: dict[int, int]) -> None:
@@ -271,7 +270,7 @@ def _reap(exits: dict[int, int]) -> None:
 
 def serve(control: socket.socket) -> None:
     """Answer the server's requests until it closes the socket."""
-    setup = json.loads(control.recv(MESSAGE_SIZE))
+    setup = TemplateSetup.decode(control.recv(MESSAGE_SIZE))
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -287,26 +286,28 @@ def serve(control: socket.socket) -> None:
                 if key.fileobj == wake_r:
                     os.read(wake_r, 4096)
                     continue
-                message, fds, _, _ = socket.recv_fds(control, MESSAGE_SIZE, REQUEST_FDS)
+                message, fds, _, _ = socket.recv_fds(control, MESSAGE_SIZE, FORK_FDS)
                 if not message:
                     return
-                answer: dict[str, Any] = {"error": "a request needs its six descriptors"}
+                answer = ForkAnswer(error=f"a request needs its {FORK_FDS} descriptors")
                 try:
-                    if len(fds) == REQUEST_FDS:
-                        answer = fork_execd(setup, json.loads(message), fds)
+                    if len(fds) == FORK_FDS:
+                        answer = fork_execd(setup, Fork.decode(message), fds)
+                except ValueError as exc:  # a request of another shape
+                    answer = ForkAnswer(error=str(exc))
                 finally:
-                    for fd in fds[:-1] if "pid" in answer else fds:
+                    for fd in fds[:-1] if answer.pid is not None else fds:
                         os.close(fd)
-                if "pid" in answer:
+                if answer.pid is not None:
                     # never blocking: a sandbox may fill its placeholder's pipe
                     os.set_blocking(fds[-1], False)
-                    exits[int(answer["pid"])] = fds[-1]
+                    exits[answer.pid] = fds[-1]
                     # not reaped before `_reap`: the pid is still the execd's
-                    execd = os.pidfd_open(int(answer["pid"]))
-                    socket.send_fds(control, [json.dumps(answer).encode()], [execd])
+                    execd = os.pidfd_open(answer.pid)
+                    socket.send_fds(control, [answer.encode()], [execd])
                     os.close(execd)
                 else:
-                    control.send(json.dumps(answer).encode())
+                    control.send(answer.encode())
             _reap(exits)
 
 
