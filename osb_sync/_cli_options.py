@@ -77,7 +77,7 @@ class GlobalOptions(Options):
     """The options every verb takes, before or after its name."""
 
     api_base: str | None = None
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # a secret: never in a repr
     json: bool = False
     verbose: bool = False
     debug: bool = False

@@ -155,6 +155,14 @@ class _Adapter(HTTPAdapter):
                 self._connections.add(connection)
         return response
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """An unpickled copy: requests keeps only its ``__attrs__`` (and makes a new pool
+        manager), so this adapter's own state and pool classes are made again here."""
+        super().__setstate__(state)  # type: ignore[misc]  # not in types-requests
+        self._connections = weakref.WeakSet()
+        self._connections_lock = threading.Lock()
+        self.poolmanager.pool_classes_by_scheme = _WAITING if self._pool_block else _POOLS  # type: ignore[attr-defined,assignment]
+
     def close(self) -> None:
         """Close the pools and every connection an answer came on that is still alive."""
         super().close()

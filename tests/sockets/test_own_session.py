@@ -315,3 +315,22 @@ def test_every_pool_has_the_connections_that_start_the_call_bound(pool_block: bo
             assert pool.ConnectionCls.getresponse is not kind.getresponse
             assert pool.scheme == scheme
             assert pool.block == pool_block
+
+
+@pytest.mark.parametrize("pool_block", [False, True])
+def test_a_pickled_session_keeps_its_adapter_whole(pool_block: bool, capture: Capture) -> None:
+    """requests' sessions and adapters pickle (``HTTPAdapter.__setstate__`` keeps only its
+    ``__attrs__``): the own adapter's copy still remembers and closes its connections, and its
+    pools still have the connections that start the call bound."""
+    import pickle
+
+    session = pickle.loads(pickle.dumps(new_session(2, pool_block)))
+    adapter = session.get_adapter("http://x")
+    pool = adapter.poolmanager.connection_from_url(capture.url)
+    assert pool.ConnectionCls.getresponse is not HTTPConnection.getresponse
+    assert pool.block == pool_block
+    response = session.get(capture.url + "/x", stream=True)
+    connection = response.raw.connection
+    assert connection is not None and connection.sock is not None
+    adapter.close()  # raised AttributeError ('_connections_lock') on the copy
+    assert connection.sock is None

@@ -99,3 +99,9 @@ def test_no_handler_module_sees_the_namespace_or_the_calling_verb(module: str) -
     }
     assert "argparse" not in names | imported and "Namespace" not in attributes
     assert "command" not in attributes  # args.command: which verb called
+
+
+def test_the_api_key_stays_out_of_the_global_options_repr() -> None:
+    cli = GlobalOptions.of(build_parser().parse_args(["ls", "--api-key", "sk-do-not-show-1234"]))
+    assert cli.api_key == "sk-do-not-show-1234"  # still given to the client
+    assert "sk-do-not-show-1234" not in repr(cli) and "sk-do-not-show" not in str(cli)

@@ -311,3 +311,20 @@ def test_the_suite_check_finds_a_suite_no_env_runs(tmp_path: Path) -> None:
     assert not selects(sel, "tests/local/test_x.py", frozenset({"local"}))
     assert not selects(sel, "tests/conformance/test_c.py", frozenset({"conformance"}))
     assert selects(sel, "tests/faults/test_f.py", frozenset({"slow"}))
+
+
+def test_the_envs_that_wait_for_the_interpreter_envs_wait_for_local_too() -> None:
+    """conformance and realexecd start after the interpreter envs, out of their load (real
+    execd's Jupyter now and then never ends a run under it); tests/local was part of that load
+    and now runs in 'local', so they wait for it as well."""
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(Path(run.__file__).resolve().parents[1] / "tox.ini")
+    waiting = {}
+    for section in config.sections():
+        depends = config[section].get("depends")
+        if depends:
+            waiting[section] = {name.strip() for name in depends.split(",")}
+    assert waiting, "no env waits for another: the check would pass on nothing"
+    for section, names in waiting.items():
+        if {"py310", "py311", "py312", "py313"} <= names:
+            assert "local" in names, section

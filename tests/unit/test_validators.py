@@ -20,7 +20,7 @@ from osb_sync._validators import is_number, non_empty, positive_seconds, seconds
 NOT_NUMBERS = [True, False, math.nan, math.inf, -math.inf, "1", None, [1]]
 
 
-@pytest.mark.parametrize("value", [1, 0.5, 2**40, 1e-9])
+@pytest.mark.parametrize("value", [1, 0.5, 10**9, 1e-9])
 def test_positive_seconds_takes_finite_numbers_above_zero_as_floats(value: float) -> None:
     taken = positive_seconds("t", value)
     assert taken == value and type(taken) is float
@@ -33,6 +33,20 @@ def test_positive_seconds_refuses_what_is_not_and_names_the_argument(value: obje
     assert str(info.value) == (
         f"read_timeout must be a positive number of seconds, got {value!r} (or None)"
     )
+
+
+@pytest.mark.parametrize("value", [10**9 + 1, 2**40, 1e300])
+def test_seconds_past_any_wait_python_can_make_are_refused(value: float) -> None:
+    # 2**40 s as a read timeout passed the check and then broke the first request with a bare
+    # OverflowError (socket.settimeout takes at most ~9.2e9 s); a lifetime past year 9999 too.
+    for check in (positive_seconds, seconds):
+        with pytest.raises(ConfigurationError, match=r"^t must be .*seconds up to 1e\+09, got"):
+            check("t", value)
+
+
+def test_a_huge_read_timeout_is_refused_up_front_not_at_the_first_request() -> None:
+    with pytest.raises(ConfigurationError, match="read_timeout"):
+        ClientSettings(read_timeout=2**40)
 
 
 def test_seconds_takes_zero_and_refuses_the_rest() -> None:
