@@ -48,7 +48,10 @@ class Commands:
 
         A non-zero exit is data (``exit_code``); ``result.check()`` raises for it. ``timeout``
         (seconds) is enforced by execd and bounds the client's wait; expiry gives
-        ``timed_out=True``. ``on_stdout``/``on_stderr`` receive each line as it arrives.
+        ``timed_out=True``. ``on_stdout``/``on_stderr`` receive the output as it arrives, in
+        pieces that join to ``stdout``/``stderr`` (lines, parts of lines; a ``\\r`` ends a
+        line). June's execd and execd 1.1.1 give the same text (one exception: see
+        ``osb_sync/_command_stream.py``).
         ``uid``/``gid`` run it as that numeric user and group (``gid`` needs ``uid``).
 
         Raises:
@@ -84,7 +87,10 @@ class Commands:
     ) -> ExecutionStream[CommandResult]:
         """Start a command and return its live events; ``stream.result()`` is a CommandResult.
 
-        The stream ends at the terminal event; leaving it early interrupts the command.
+        The events are execd's, as sent: their texts are lines without terminators from a June
+        execd, pieces of the exact output from execd 1.1.1; ``stream.result()`` joins either
+        into the same text. The stream ends at the terminal event; leaving it early interrupts
+        the command.
 
         Raises:
             ConfigurationError: an empty command or a bad timeout.
