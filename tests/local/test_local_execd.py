@@ -172,7 +172,7 @@ def test_bash_language_and_languageless_code(box: Box) -> None:
     failed = box.code("exit 4", language="bash")
     assert [e["error"]["evalue"] for e in failed if e["type"] == "error"] == ["4"]
     shell = box.stream("/code", {"code": "printf 'a\\nb\\n'"})
-    assert texts(shell) == ["a", "b"]
+    assert texts(shell) == ["a\n", "b\n"]  # a command's events: execd 1.1.1's form
     assert len(shell[0]["text"]) == 32
 
 
@@ -180,6 +180,10 @@ def test_command_lines_and_exit(box: Box) -> None:
     events = box.command("printf 'a\\n\\nb\\n'; echo oops >&2")
     assert events[0]["type"] == "init" and len(events[0]["text"]) == 32
     assert texts(events) == ["a", "\n", "b"]
+    # execd 1.1.1's form (#2033): each line with its terminator, CR ending one too
+    assert [e["text"] for e in events if e["type"] == "stdout"] == ["a\n", "\n", "b\n"]
+    crlf = box.command("printf 'x\\r\\ny\\rz'")
+    assert [e["text"] for e in crlf if e["type"] == "stdout"] == ["x\r\n", "y\r", "z"]
     assert texts(events, "stderr") == ["oops"]
     assert events[-1]["type"] == "execution_complete"
     failed = box.command("echo partial; exit 7")

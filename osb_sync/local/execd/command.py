@@ -2,8 +2,11 @@
 interrupt, and persistent bash sessions (`/session`), plus helpers shared by the execd routes.
 
 A command writes to pipes (real execd tails files; pipes need no free disk, so a full disk
-does not silence it). A foreground command is reported one line per event; its stream stays
-open `command_grace` seconds after the terminal event. A background command's stdout and
+does not silence it). A foreground command's output is sent as execd 1.1.1 sends it (#2033):
+texts that join to the exact output, each line with its terminator (a lone CR ends one too,
+so a progress line goes out at once; `OutputPieces`); its stream stays open `command_grace`
+seconds after the terminal event. Sessions keep June's form (one line per event, terminator
+stripped: `workers.LineSplitter`); the client reads both. A background command's stdout and
 stderr share one pipe, which a thread of its own reads into the command's bounded in-memory
 `OutputLog` (`output.py`: the newest 4 MiB per command, 32 MiB per sandbox); the logs route
 reads it by byte offset, and the status says done only once the pipe was read to the exit.
@@ -11,6 +14,7 @@ reads it by byte offset, and the status says done only once the pipe was read to
 
 from __future__ import annotations
 
+import re
 import secrets
 import shutil
 import subprocess
@@ -34,8 +38,8 @@ from ..http.exchange import EventStream, Exchange, error
 from .output import LogBudget
 from .runner import SandboxRuntime, resolve_cwd
 from .workers import (
+    LINE_LIMIT,
     CommandRecord,
-    LineSplitter,
     ShellSession,
     collect_output,
     complete,
@@ -46,6 +50,41 @@ from .workers import (
 )
 
 SHELL = shutil.which("bash") or "/bin/sh"
+LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class OutputPieces:
+    """Cuts a byte stream into execd 1.1.1's output texts: each line with its terminator (LF,
+    CR, or CRLF when both arrive together), a longer run without one in pieces of LINE_LIMIT
+    bytes, so memory stays bounded; the texts join to the output (bytes that are not UTF-8
+    replaced, as execd does)."""
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        """The texts `data` completes, with what was held before it."""
+        data = self._rest + data
+        pieces = []
+        start = 0
+        for end in _line_ends(data):
+            pieces.append(data[start:end])
+            start = end
+        self._rest = data[start:]
+        while len(self._rest) >= LINE_LIMIT:
+            pieces.append(self._rest[:LINE_LIMIT])
+            self._rest = self._rest[LINE_LIMIT:]
+        return [piece.decode("utf-8", "replace") for piece in pieces]
+
+    def flush(self) -> list[str]:
+        """The last text, a line without a terminator, if any."""
+        rest, self._rest = self._rest, b""
+        return [rest.decode("utf-8", "replace")] if rest else []
+
+
+def _line_ends(data: bytes) -> list[int]:
+    """Where each line of `data` ends (after its LF, CR, or CRLF)."""
+    return [found.end() for found in LINE_END.finditer(data)]
 
 
 @dataclass
@@ -201,7 +240,7 @@ class Commands:
         self._remember(record)
         stream = self._started_stream(ex, command_id)
         try:
-            splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
+            splitters = {"stdout": OutputPieces(), "stderr": OutputPieces()}
 
             def sink(name: str, data: bytes) -> None:
                 for line in splitters[name].feed(data):
