@@ -24,8 +24,9 @@ from June's; all output that ends with a newline is the same from both.
 from __future__ import annotations
 
 import math
+import shlex
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ._errors import ConfigurationError, SandboxTimeoutError
 from ._execution import ExecutionStream
@@ -239,22 +240,30 @@ def client_deadline(timeout: float | None) -> float | None:
     return None if timeout is None else timeout + DEADLINE_SLACK
 
 
+Command = str | Sequence[str]  # a shell command line, or an argv (execd 1.1.0+)
+
+
 def command_body(
-    command: str,
+    command: Command,
     cwd: str | None,
     env: dict[str, str] | None,
     timeout: float | None,
     uid: int | None = None,
     gid: int | None = None,
 ) -> dict[str, Any]:
-    """The ``POST /command`` body.
+    """The ``POST /command`` body: ``command`` for a string, ``argv`` for a list or tuple.
 
     Raises:
-        ConfigurationError: an empty command, a bad timeout, or a ``gid`` without ``uid``.
+        ConfigurationError: an empty command, an argv that is not strings, has an empty first
+            element or a NUL, a bad timeout, or a ``gid`` without ``uid``.
     """
-    if not isinstance(command, str) or not command.strip():
-        raise ConfigurationError("command must be a non-empty str")
-    body: dict[str, Any] = {"command": command}
+    body: dict[str, Any]
+    if isinstance(command, (list, tuple)):
+        body = {"argv": checked_argv(command)}
+    elif not isinstance(command, str) or not command.strip():
+        raise ConfigurationError("command must be a non-empty str, or an argv (a list of str)")
+    else:
+        body = {"command": command}
     for name, number in (("uid", uid), ("gid", gid)):
         if number is not None:
             if isinstance(number, bool) or not isinstance(number, int) or number < 0:
@@ -270,3 +279,43 @@ def command_body(
     if ms is not None:
         body["timeout"] = ms
     return body
+
+
+def checked_argv(argv: Sequence[object]) -> list[str]:
+    """``argv`` as execd 1.1.0 takes it (#1760): strings, the first not empty, no NUL.
+
+    Raises:
+        ConfigurationError: it is not.
+    """
+    if not argv or not all(isinstance(arg, str) for arg in argv):
+        raise ConfigurationError("argv must be a non-empty list of str")
+    args = [str(arg) for arg in argv]
+    if not args[0]:
+        raise ConfigurationError("argv[0] (the program) must not be empty")
+    if any("\0" in arg for arg in args):
+        raise ConfigurationError("argv must not contain a NUL character")
+    return args
+
+
+# June's execd, given argv, answers 400 with the validator's message for the missing command
+# (reference/opensandbox-1.1.1.md 3.1: usable as a capability probe).
+_JUNE_ARGV_REFUSAL = ("RunCommandRequest.Command", "required")
+
+
+def refused_argv(body: dict[str, Any], status: int, message: str) -> bool:
+    """Whether an answer to ``body`` is June's execd refusing ``argv`` (it needs ``command``)."""
+    return "argv" in body and status == 400 and all(w in message for w in _JUNE_ARGV_REFUSAL)
+
+
+def as_shell_command(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with its ``argv`` as a bash command that runs exactly that argv.
+
+    ``exec --`` makes bash run the program itself (never a builtin, function or alias of the
+    same name) with the arguments unchanged: each is single-quoted (``shlex.quote``), so
+    nothing in them is expanded. What differs from execd's own argv: bash searches every
+    ``PATH`` entry (execd only the absolute ones), and a program that cannot start exits 127
+    with bash's message on stderr instead of an ``error`` event.
+    """
+    shell = {k: v for k, v in body.items() if k != "argv"}
+    shell["command"] = "exec -- " + shlex.join(body["argv"])
+    return shell

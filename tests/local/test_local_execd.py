@@ -370,3 +370,32 @@ def test_results_carry_rich_forms_and_input_is_refused_as_by_a_kernel(
         "StdinNotImplementedError",
         "raw_input was called, but this frontend does not support input requests.",
     )
+
+
+def test_command_argv_as_execd_1_1_1(box: Box) -> None:
+    """Issue 45: `argv` runs without a shell, arguments unchanged; the 400s of #1760."""
+    code = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    args = ["a b", "$HOME", "", "*"]
+    events = box.stream("/command", {"argv": ["python3", "-c", code, *args]})
+    assert "".join(e["text"] for e in events if e["type"] == "stdout") == json.dumps(args) + "\n"
+    status = box.call("GET", f"/command/status/{events[0]['text']}").json()
+    assert json.loads(status["content"]) == ["python3", "-c", code, *args]
+    missing = box.stream("/command", {"argv": ["no-such-program-xyz"]})
+    assert [e["type"] for e in missing if e["type"] != "ping"] == ["init", "error"]
+    assert "executable file not found" in missing[-1]["error"]["evalue"]
+    for body, message in (
+        ({"command": "true", "argv": ["true"]}, "exactly one of"),
+        ({}, "exactly one of"),
+        ({"command": ""}, "exactly one of"),
+        ({"argv": "true"}, "exactly one of"),
+        ({"argv": ["true", None]}, "argv elements must be strings"),
+        ({"argv": []}, "non-empty executable"),
+        ({"argv": [""]}, "non-empty executable"),
+        ({"argv": ["true", "a\0b"]}, "must not contain NUL"),
+        ({"argv": ["true"], "gid": 1}, "uid is required when gid is provided"),
+    ):
+        answer = box.call("POST", "/command", json=body)
+        assert answer.status_code == 400, body
+        assert (
+            answer.json()["code"] == "INVALID_REQUEST_BODY" and message in answer.json()["message"]
+        )

@@ -14,6 +14,8 @@ reads it by byte offset, and the status says done only once the pipe was read to
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import secrets
 import shutil
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ..http.bodies import (
     MAX_ID,
@@ -97,6 +99,47 @@ class CommandSpec:
     deadline: float | None = None
     user: int | None = None
     group: int | None = None
+    argv: list[str] | None = None  # run without a shell (execd 1.1.0's argv, #1760)
+
+
+PARSE_ERROR = "error parsing request, MAYBE invalid body format."
+ONE_OF = f"{PARSE_ERROR} exactly one of non-empty command or argv is required"
+
+
+def command_or_argv(body: dict[str, Any]) -> tuple[str, list[str] | None]:
+    """A /command body's `command`, or its `argv` (and the JSON text its status shows), with
+    execd 1.1.1's answers to each bad shape (reference 3.1); 400 otherwise."""
+    command, argv = body.get("command"), body.get("argv")
+    if (command not in (None, "")) == (argv is not None):
+        raise error(400, "INVALID_REQUEST_BODY", ONE_OF)
+    if argv is None:
+        return text(body, "command"), None
+    if not isinstance(argv, list):
+        raise error(400, "INVALID_REQUEST_BODY", ONE_OF)
+    if not all(isinstance(arg, str) for arg in argv):
+        raise error(400, "INVALID_REQUEST_BODY", f"{PARSE_ERROR} argv elements must be strings")
+    if not argv or not argv[0]:
+        raise bad_request("argv must contain a non-empty executable")
+    if any("\0" in arg for arg in argv):
+        raise bad_request("argv must not contain NUL")
+    return json.dumps(argv, separators=(",", ":")), argv
+
+
+def find_program(name: str, cwd: Path, env: dict[str, str]) -> str:
+    """Where execd 1.1.1 finds `argv[0]`: a name with a `/` against `cwd`; a bare name in
+    the absolute entries of the command's `PATH`, a regular file with an execute bit.
+    OSError (Go's message) if none."""
+    if "/" in name:
+        path = cwd / name
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+        raise OSError(f"fork/exec {name}: no such file or directory")
+    for entry in env.get("PATH", "").split(os.pathsep):
+        if os.path.isabs(entry):
+            path = Path(entry, name)
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
+    raise OSError(f'exec: "{name}": executable file not found in $PATH')
 
 
 def spawn_shell(
@@ -105,9 +148,14 @@ def spawn_shell(
     stdout: int | IO[bytes],
     stderr: int | IO[bytes],
 ) -> subprocess.Popen[bytes]:
-    """Start `spec` with the shell, in the sandbox, writing to the given files or pipes."""
+    """Start `spec` with the shell (its argv without one), in the sandbox, writing to the
+    given files or pipes."""
+    argv = [SHELL, "-c", spec.command]
+    if spec.argv is not None:
+        env = {**runtime.env, **spec.envs}
+        argv = [find_program(spec.argv[0], spec.cwd, env), *spec.argv[1:]]
     return runtime.spawn(
-        [SHELL, "-c", spec.command],
+        argv,
         cwd=spec.cwd,
         env=spec.envs,
         stdout=stdout,
@@ -184,11 +232,11 @@ class Commands:
     def run_command(self, ex: Exchange) -> None:
         """POST /command."""
         body = read_object(ex)
-        command = text(body, "command")
+        command, argv = command_or_argv(body)
         timeout = timeout_ms(body)
         uid, gid = bounded_int(body, "uid", 0, MAX_ID), bounded_int(body, "gid", 0, MAX_ID)
         if gid is not None and uid is None:
-            raise bad_request("gid requires uid")
+            raise bad_request("uid is required when gid is provided")
         spec = CommandSpec(
             command,
             resolve_cwd(self.runtime, body.get("cwd")),
@@ -196,6 +244,7 @@ class Commands:
             None if timeout is None else time.monotonic() + timeout / 1000,
             uid,
             gid,
+            argv,
         )
         self.execute(ex, spec, background=bool(body.get("background")))
 

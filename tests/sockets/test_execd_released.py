@@ -1,0 +1,76 @@
+"""Issue 45: what execd 1.1.1 added, against a fake of each generation (tests/fake_execd.py):
+argv commands (and June's execd refusing them)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from osb_sync import ApiError, Sandbox
+from tests.fake_execd import EXECD_PATH, TOKEN, FakeExecd, serve_execd
+from tests.fakeserver import FakeServer
+
+CODE = "import json, sys; print(json.dumps(sys.argv[1:]))"
+ARGS = ["a b", "$HOME", "", "it's", "`id`", "\\n", "-c"]
+
+
+def fake(form: str, root: Path) -> Iterator[tuple[FakeExecd, Sandbox]]:
+    with FakeServer() as server:
+        execd = serve_execd(server, form, root)
+        url = f"http://127.0.0.1:{server.server_address[1]}{EXECD_PATH}"
+        with Sandbox.from_execd(url, headers={"X-EXECD-ACCESS-TOKEN": TOKEN}) as sandbox:
+            yield execd, sandbox
+
+
+@pytest.fixture
+def released(tmp_path: Path) -> Iterator[tuple[FakeExecd, Sandbox]]:
+    yield from fake("released", tmp_path)
+
+
+@pytest.fixture
+def june(tmp_path: Path) -> Iterator[tuple[FakeExecd, Sandbox]]:
+    yield from fake("june", tmp_path)
+
+
+def test_an_argv_goes_as_argv_to_a_released_execd(released: tuple[FakeExecd, Sandbox]) -> None:
+    execd, sandbox = released
+    result = sandbox.commands.run(["python3", "-c", CODE, *ARGS], cwd=".", env={"K": "v"})
+    assert (result.exit_code, result.stdout) == (0, json.dumps(ARGS) + "\n")
+    assert execd.bodies == [
+        {"argv": ["python3", "-c", CODE, *ARGS], "cwd": ".", "envs": {"K": "v"}}
+    ]
+
+
+def test_june_refuses_argv_once_then_gets_the_quoted_command(
+    june: tuple[FakeExecd, Sandbox],
+) -> None:
+    execd, sandbox = june
+    first = sandbox.commands.run(["python3", "-c", CODE, *ARGS])
+    second = sandbox.commands.run(["python3", "-c", CODE, "x"])
+    assert first.stdout == json.dumps(ARGS) + "\n" and second.stdout == '["x"]\n'
+    assert [sorted(body) for body in execd.bodies] == [["argv"], ["command"], ["command"]]
+    assert execd.bodies[1]["command"].startswith("exec -- python3 -c ")
+    started = sandbox.commands.start(["sh", "-c", 'echo "$1"', "-", "a  b"])
+    assert started.logs()[0] == "a  b\n" and "argv" not in execd.bodies[-1]
+
+
+def test_exec_runs_the_program_not_a_builtin_of_its_name(june: tuple[FakeExecd, Sandbox]) -> None:
+    """``exec --``: ``["echo", "-n", "x"]`` runs /bin/echo as an argv would; a missing program
+    exits 127 (the one difference: execd 1.1.1 fails it with an ``error`` event)."""
+    _, sandbox = june
+    assert sandbox.commands.run(["type", "echo"]).exit_code == 127  # a builtin only
+    missing = sandbox.commands.run(["no-such-program-xyz"])
+    assert missing.exit_code == 127 and "not found" in missing.stderr
+
+
+def test_other_refusals_are_not_retried(released: tuple[FakeExecd, Sandbox]) -> None:
+    execd, sandbox = released
+    execd.server.routes[("POST", f"{EXECD_PATH}/command")] = lambda req: req.send_json(
+        400, {"code": "INVALID_REQUEST_BODY", "message": "argv must contain a non-empty executable"}
+    )
+    with pytest.raises(ApiError, match="non-empty executable"):
+        sandbox.commands.run(["true"])
+    assert len(execd.server.seen("POST", f"{EXECD_PATH}/command")) == 1
