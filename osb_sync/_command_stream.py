@@ -24,6 +24,7 @@ from June's; all output that ends with a newline is the same from both.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -319,3 +320,24 @@ def as_shell_command(body: dict[str, Any]) -> dict[str, Any]:
     shell = {k: v for k, v in body.items() if k != "argv"}
     shell["command"] = "exec -- " + shlex.join(body["argv"])
     return shell
+
+
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def env_line(key: str, value: str) -> str:
+    """The line ``commands.set_env`` appends to execd's ``EXECD_ENVS`` file: ``KEY='value'``,
+    or ``KEY="..."`` (backslash, quote, LF, CR and tab escaped) when the value holds a ``'``.
+
+    Raises:
+        ConfigurationError: a key that is not ``[A-Za-z_][A-Za-z0-9_]*``, or a value that is
+            not a str or holds a NUL.
+    """
+    if not isinstance(key, str) or not ENV_KEY.fullmatch(key):
+        raise ConfigurationError("key must match [A-Za-z_][A-Za-z0-9_]*")
+    if not isinstance(value, str) or "\0" in value:
+        raise ConfigurationError("value must be a str without NUL characters")
+    if "'" not in value:
+        return f"{key}='{value}'"
+    return f'{key}="{"".join(_ESCAPES.get(char, char) for char in value)}"'

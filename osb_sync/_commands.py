@@ -13,11 +13,18 @@ from ._command_stream import (
     client_deadline,
     collect,
     command_body,
+    env_line,
     line_callbacks,
     refused_argv,
 )
 from ._constants import DEFAULT_POLL_INTERVAL, MAX_OUTPUT_BYTES
-from ._errors import ApiError, NotFoundError, OpenSandboxError, SandboxTimeoutError
+from ._errors import (
+    ApiError,
+    CommandFailed,
+    NotFoundError,
+    OpenSandboxError,
+    SandboxTimeoutError,
+)
 from ._execd import LOGS_BYTES
 from ._models import CommandResult, CommandStatus, Event
 
@@ -33,6 +40,7 @@ LOGS_CURSOR_HEADER = "EXECD-COMMANDS-TAIL-CURSOR"
 # Real execd records a background command in a goroutine of its own and may send
 # `execution_complete` first: status, logs and kill then fail for a moment (seen in CI).
 REGISTRATION_WAIT = 10.0
+SET_ENV_LINE = "OSB_SET_ENV_LINE"  # the variable that carries set_env's line to its script
 
 
 class Commands:
@@ -187,6 +195,38 @@ class Commands:
         handle._await_registration(REGISTRATION_WAIT)
         self._started.append(handle)
         return handle
+
+    def set_env(self, key: str, value: str, *, timeout: float | None = 30.0) -> None:
+        """Set ``key`` to ``value`` for every later command (execd 1.1.1's ``commands.set_env``).
+
+        execd rereads the file named by ``$EXECD_ENVS`` for every command; this appends
+        ``KEY='value'`` to it (``KEY="..."``, backslash, double quote, LF, CR and tab escaped,
+        when the value holds a single quote: execd then expands ``$NAME`` in it). A command's
+        own ``env`` still wins. The line reaches the sandbox in the command's environment,
+        never in its command line, so execd's record of the command does not show the value.
+
+        Raises:
+            ConfigurationError: ``key`` is not ``[A-Za-z_][A-Za-z0-9_]*``, or ``value`` is not
+                a str or holds a NUL.
+            CommandFailed: the sandbox has no ``EXECD_ENVS`` (an older execd), or the file
+                could not be written (the message has the script's stderr).
+        """
+        line = env_line(key, value)
+        script = (
+            'if [ -z "${EXECD_ENVS:-}" ]; then echo "EXECD_ENVS is not set: this execd reads '
+            'no environment file (execd 1.1.1 or later)" >&2; exit 3; fi; '
+            'mkdir -p -- "$(dirname -- "$EXECD_ENVS")" && '
+            'printf \'%s\\n\' "$OSB_SET_ENV_LINE" >> "$EXECD_ENVS"'
+        )
+        result = self.run(script, env={SET_ENV_LINE: line}, timeout=timeout)
+        try:
+            result.check()
+        except CommandFailed as exc:
+            raise CommandFailed(
+                f"commands.set_env failed for {key!r}: {result.stderr.strip()[-500:]}",
+                exit_code=exc.exit_code,
+                stderr=exc.stderr,
+            ) from None
 
     @property
     def started(self) -> tuple[BackgroundCommand, ...]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from osb_sync.local.execd import envs_file
 from tests.fakeserver import FakeServer, Request
 
 SID = "sbx-forms"
@@ -65,7 +66,12 @@ class FakeExecd:
         return released_texts(output, self.split_crlf)
 
     def run(self, body: dict[str, Any]) -> tuple[bytes, bytes, int]:
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.root), **body.get("envs", {})}
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.root)}
+        if self.form == "released":  # 1.1.1 rereads its EXECD_ENVS file for every command
+            path = self.root / ".execd-envs"
+            text = path.read_text() if path.exists() else ""
+            env = {**env, "EXECD_ENVS": str(path), **envs_file.parse(text, env)}
+        env.update(body.get("envs", {}))
         argv = body["argv"] if "argv" in body else ["bash", "-c", body["command"]]
         ran = subprocess.run(
             argv, cwd=self.root, env=env, capture_output=True, timeout=30, check=False

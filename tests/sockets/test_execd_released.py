@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from osb_sync import ApiError, Sandbox
+from osb_sync import ApiError, CommandFailed, Sandbox
 from tests.fake_execd import EXECD_PATH, TOKEN, FakeExecd, serve_execd
 from tests.fakeserver import FakeServer
 
@@ -74,3 +74,21 @@ def test_other_refusals_are_not_retried(released: tuple[FakeExecd, Sandbox]) -> 
     with pytest.raises(ApiError, match="non-empty executable"):
         sandbox.commands.run(["true"])
     assert len(execd.server.seen("POST", f"{EXECD_PATH}/command")) == 1
+
+
+def test_set_env_on_a_released_execd(released: tuple[FakeExecd, Sandbox]) -> None:
+    execd, sandbox = released
+    sandbox.commands.set_env("TOKENISH", "s3cret value")
+    sandbox.commands.set_env("QUOTED", "it's")
+    assert sandbox.commands.run('echo "$TOKENISH|$QUOTED"').stdout == "s3cret value|it's\n"
+    body = execd.bodies[0]
+    assert "s3cret" not in body["command"]  # the line travels in envs, not the command line
+    assert body["envs"] == {"OSB_SET_ENV_LINE": "TOKENISH='s3cret value'"}
+    assert execd.bodies[1]["envs"] == {"OSB_SET_ENV_LINE": 'QUOTED="it\'s"'}
+    assert (execd.root / ".execd-envs").read_text() == "TOKENISH='s3cret value'\nQUOTED=\"it's\"\n"
+
+
+def test_set_env_on_june_says_execd_has_no_envs_file(june: tuple[FakeExecd, Sandbox]) -> None:
+    _, sandbox = june
+    with pytest.raises(CommandFailed, match="set_env failed for 'K': EXECD_ENVS is not set"):
+        sandbox.commands.set_env("K", "v")

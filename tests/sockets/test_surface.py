@@ -333,3 +333,23 @@ def test_renew_expiry_is_rfc3339_utc(client: Client, sandbox: Sandbox) -> None:
     assert expiry is not None
     remaining = (expiry - datetime.now(timezone.utc)).total_seconds()
     assert 100 < remaining <= 121
+
+
+def test_set_env_reaches_every_later_command(sandbox: Sandbox) -> None:
+    """Issue 45: commands.set_env appends to the EXECD_ENVS file, which execd rereads for
+    every command; a command's own env still wins."""
+    if realexecd.in_use():
+        pytest.skip("June's execd does not reread EXECD_ENVS for each command")
+    sandbox.commands.set_env("OSB_GREETING", "hello world")
+    sandbox.commands.set_env("OSB_QUOTED", 'it\'s $HOME \\ "q"')
+    result = sandbox.commands.run('echo "$OSB_GREETING"; echo "$OSB_QUOTED"')
+    home = sandbox.commands.run('echo "$HOME"').stdout.strip()
+    assert result.stdout == f'hello world\nit\'s {home} \\ "q"\n'
+    own = sandbox.commands.run('echo "$OSB_GREETING"', env={"OSB_GREETING": "mine"})
+    assert own.stdout == "mine\n"
+    argv = sandbox.commands.run(["sh", "-c", 'echo "$OSB_GREETING"'])
+    assert argv.stdout == "hello world\n"
+    with pytest.raises(ConfigurationError, match="key must match"):
+        sandbox.commands.set_env("1BAD", "x")
+    with pytest.raises(ConfigurationError, match="NUL"):
+        sandbox.commands.set_env("OK", "a\0b")

@@ -5,11 +5,14 @@ A command writes to pipes (real execd tails files; pipes need no free disk, so a
 does not silence it). A foreground command's output is sent as execd 1.1.1 sends it (#2033):
 texts that join to the exact output, each line with its terminator (a lone CR ends one too,
 so a progress line goes out at once; `OutputPieces`); its stream stays open `command_grace`
-seconds after the terminal event. Sessions keep June's form (one line per event, terminator
-stripped: `workers.LineSplitter`); the client reads both. A background command's stdout and
-stderr share one pipe, which a thread of its own reads into the command's bounded in-memory
-`OutputLog` (`output.py`: the newest 4 MiB per command, 32 MiB per sandbox); the logs route
-reads it by byte offset, and the status says done only once the pipe was read to the exit.
+seconds after the terminal event. Every command reads the `EXECD_ENVS` file afresh
+(`envs_file.py`, execd 1.1.1's `commands.set_env`). Sessions keep June's form (one line per
+event, terminator stripped: `workers.LineSplitter`); the client reads both.
+
+A background command's stdout and stderr share one pipe, which a thread of its own reads
+into the command's bounded in-memory `OutputLog` (`output.py`: the newest 4 MiB per command,
+32 MiB per sandbox); the logs route reads it by byte offset, and the status says done only
+once the pipe was read to the exit.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from ..http.bodies import (
     timeout_ms,
 )
 from ..http.exchange import EventStream, Exchange, error
+from . import envs_file
 from .output import LogBudget
 from .runner import SandboxRuntime, resolve_cwd
 from .workers import (
@@ -53,6 +57,7 @@ from .workers import (
 
 SHELL = shutil.which("bash") or "/bin/sh"
 LINE_END = re.compile(rb"\r\n|\r|\n")
+ENVS_FILE = ".opensandbox/envs"  # EXECD_ENVS when the sandbox's environment names none
 
 
 class OutputPieces:
@@ -142,6 +147,18 @@ def find_program(name: str, cwd: Path, env: dict[str, str]) -> str:
     raise OSError(f'exec: "{name}": executable file not found in $PATH')
 
 
+def command_env(runtime: SandboxRuntime, spec: CommandSpec) -> dict[str, str]:
+    """A command's environment over the sandbox's: `EXECD_ENVS` (the file's path, by default
+    `ENVS_FILE` under the sandbox directory), the file's variables, read afresh, then the
+    request's `envs` (`envs_file.py`)."""
+    path = runtime.env.get("EXECD_ENVS") or str(runtime.dir / ENVS_FILE)
+    owners = {os.getuid()}
+    for user in (runtime.user[0] if runtime.user else None, spec.user):
+        if user is not None:
+            owners.add(user)
+    return {"EXECD_ENVS": path, **envs_file.read(path, owners, runtime.env), **spec.envs}
+
+
 def spawn_shell(
     runtime: SandboxRuntime,
     spec: CommandSpec,
@@ -151,13 +168,13 @@ def spawn_shell(
     """Start `spec` with the shell (its argv without one), in the sandbox, writing to the
     given files or pipes."""
     argv = [SHELL, "-c", spec.command]
+    env = command_env(runtime, spec)
     if spec.argv is not None:
-        env = {**runtime.env, **spec.envs}
-        argv = [find_program(spec.argv[0], spec.cwd, env), *spec.argv[1:]]
+        argv = [find_program(spec.argv[0], spec.cwd, {**runtime.env, **env}), *spec.argv[1:]]
     return runtime.spawn(
         argv,
         cwd=spec.cwd,
-        env=spec.envs,
+        env=env,
         stdout=stdout,
         stderr=stderr,
         user=spec.user,
