@@ -7,7 +7,17 @@ import json
 import os
 import secrets
 from contextlib import nullcontext
-from typing import IO, TYPE_CHECKING, Any, Generator, Iterable, Iterator, Mapping, TypeAlias
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    TypeAlias,
+)
 
 import requests
 import urllib3
@@ -231,16 +241,34 @@ class Files:
             pieces.append(chunk)
         return b"".join(pieces)
 
-    def read_text(self, path: str, encoding: str = "utf-8", *, timeout: float | None = None) -> str:
-        """A whole file decoded as text (capped and bounded like :meth:`read_bytes`).
+    def read_text(
+        self,
+        path: str,
+        encoding: str = "utf-8",
+        *,
+        timeout: float | None = None,
+        offset: int | None = None,
+        limit: int | None = None,
+    ) -> str:
+        """A whole file decoded as text (capped and bounded like :meth:`read_bytes`), or with
+        ``offset`` and/or ``limit`` some of its lines (execd 1.1.1's line download, #1030).
+
+        ``offset`` is the first line (1-based, default 1), ``limit`` the number of lines
+        (default: all the rest); the lines come without their line ends (LF or CRLF), joined by
+        ``"\\n"``, without a final one (``""`` past the end), decoded as UTF-8. A June execd
+        ignores the two and sends the whole file: the lines are then picked here, the same way,
+        from the file read up to the cap.
 
         Raises:
+            ConfigurationError: ``offset`` or ``limit`` is not an int of 1 or more.
             NotFoundError: no such file.
-            OutputLimitExceeded: the file is larger than the cap.
+            OutputLimitExceeded: the file (or the lines) is larger than the cap.
             SandboxTimeoutError: not read within ``timeout``.
             StreamError: the download broke, or its body took longer than ``call_timeout``.
             UnicodeDecodeError: the file is not text in ``encoding`` (the message names it).
         """
+        if offset is not None or limit is not None:
+            return self._read_lines(path, offset, limit, timeout)
         data = self.read_bytes(path, timeout=timeout)
         try:
             return data.decode(encoding)
@@ -249,6 +277,30 @@ class Files:
                 f"{exc.reason}: {path!r} is not {encoding} text (read_bytes reads any file)"
             )
             raise
+
+    def _read_lines(
+        self, path: str, offset: int | None, limit: int | None, timeout: float | None
+    ) -> str:
+        query: dict[str, int] = {}
+        for name, value in (("offset", offset), ("limit", limit)):
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ConfigurationError(f"{name} must be an int of 1 or more, or None")
+                query[name] = value
+        kinds: list[str] = []
+        pieces: list[bytes] = []
+        total = 0
+        body = self._execd.call_timeout if timeout is None else None
+        chunks = self._download(path, CHUNK_SIZE, 0, timeout, body, query, kinds.append)
+        for chunk in chunks:
+            total += len(chunk)
+            if total > MAX_OUTPUT_BYTES:
+                raise _too_large(path, MAX_OUTPUT_BYTES)
+            pieces.append(chunk)
+        text = b"".join(pieces).decode("utf-8", "replace")
+        if kinds and kinds[0].split(";")[0].strip().lower() == "text/plain":
+            return text  # execd picked the lines
+        return pick_lines(text, offset or 1, limit)  # June's execd sent the whole file
 
     def iter_bytes(
         self,
@@ -275,10 +327,18 @@ class Files:
         return self._download(path, chunk_size, start, timeout, None)
 
     def _download(
-        self, path: str, chunk_size: int, start: int, timeout: float | None, body: float | None
+        self,
+        path: str,
+        chunk_size: int,
+        start: int,
+        timeout: float | None,
+        body: float | None,
+        query: Mapping[str, int] | None = None,
+        content_type: Callable[[str], object] | None = None,
     ) -> Generator[bytes, None, None]:
         """:meth:`iter_bytes`, whose body (once its headers are in) is also cut ``body``
-        seconds on (StreamError)."""
+        seconds on (StreamError); ``query`` adds parameters, ``content_type`` is told the
+        answer's."""
         headers = {"Range": f"bytes={start}-"} if start else None
         wait = None if timeout is None else Wait(f"the download of {path!r} did not end", timeout)
         try:
@@ -286,13 +346,15 @@ class Files:
                 response = self._execd.request(
                     "GET",
                     "/files/download",
-                    params={"path": path},
+                    params={"path": path, **(query or {})},
                     headers=headers,
                     stream=True,
                     deadline=None if wait is None else wait.deadline,
                 )
         except NotFoundError as exc:
             raise with_suffix(exc, f"(path {path!r})") from None
+        if content_type is not None:
+            content_type(response.headers.get("Content-Type", ""))
         cutoff = None
         if wait is not None or body is not None:
             cutoff = Cutoff(None if wait is None else wait.deadline, body)
@@ -487,6 +549,16 @@ class Files:
             params={"verbose": "true"},
             json={path: {"old": old, "new": new}},
         )
+
+
+def pick_lines(text: str, offset: int, limit: int | None) -> str:
+    """Lines ``offset`` to ``offset + limit - 1`` (1-based) of ``text``, without their LF or
+    CRLF, joined by LF: what execd 1.1.1 answers a line download."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the last line's newline ends it; it starts none
+    chosen = lines[offset - 1 :] if limit is None else lines[offset - 1 : offset - 1 + limit]
+    return "\n".join(line[:-1] if line.endswith("\r") else line for line in chosen)
 
 
 def _too_large(path: str, max_bytes: int) -> OutputLimitExceeded:

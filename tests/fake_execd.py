@@ -143,9 +143,27 @@ def serve_execd(server: FakeServer, form: str, root: Path, split_crlf: bool = Fa
     return fake
 
 
+def download(fake: FakeExecd, req: Request) -> None:
+    """June's: the whole file, whatever the query; 1.1.1's: lines with offset/limit (#1030)."""
+    data = (fake.root / req.query["path"][0]).read_bytes()
+    offset, limit = req.query.get("offset"), req.query.get("limit")
+    if fake.form == "june" or (offset is None and limit is None):
+        req.send_raw(200, data, {"Content-Type": "application/octet-stream"})
+        return
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    first = int(offset[0]) if offset else 1
+    chosen = lines[first - 1 :][: int(limit[0]) if limit else None]
+    text = b"\n".join(line.removesuffix(b"\r") for line in chosen)
+    req.send_raw(200, text, {"Content-Type": "text/plain; charset=utf-8"})
+
+
 def _get(fake: FakeExecd, req: Request) -> None:
     path = req.route_path
-    if path.startswith(f"{EXECD_PATH}/command/status/"):
+    if path == f"{EXECD_PATH}/files/download":
+        download(fake, req)
+    elif path.startswith(f"{EXECD_PATH}/command/status/"):
         fake.status(req)
     elif path.startswith(f"{EXECD_PATH}/command/") and path.endswith("/logs"):
         fake.logs(req)

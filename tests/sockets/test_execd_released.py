@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from osb_sync import ApiError, CommandFailed, Sandbox
+from osb_sync import ApiError, CommandFailed, ConfigurationError, Sandbox
 from tests.fake_execd import EXECD_PATH, TOKEN, FakeExecd, serve_execd
 from tests.fakeserver import FakeServer
 
@@ -92,3 +92,29 @@ def test_set_env_on_june_says_execd_has_no_envs_file(june: tuple[FakeExecd, Sand
     _, sandbox = june
     with pytest.raises(CommandFailed, match="set_env failed for 'K': EXECD_ENVS is not set"):
         sandbox.commands.set_env("K", "v")
+
+
+LINES = "first\r\nsecond line\n\nfourth\nlast, no newline"
+PICKS = {
+    (None, None): LINES,
+    (2, 1): "second line",
+    (2, None): "second line\n\nfourth\nlast, no newline",
+    (None, 2): "first\nsecond line",
+    (3, 1): "",
+    (5, 9): "last, no newline",
+    (9, None): "",
+}
+
+
+@pytest.mark.parametrize("form", ["released", "june"])
+def test_line_downloads(form: str, tmp_path: Path) -> None:
+    """1.1.1 picks the lines; June sends the whole file, and the client picks them."""
+    (tmp_path / "f.txt").write_bytes(LINES.encode())
+    for execd, sandbox in fake(form, tmp_path):
+        for (offset, limit), want in PICKS.items():
+            assert sandbox.files.read_text("f.txt", offset=offset, limit=limit) == want
+        seen = execd.server.seen("GET", f"{EXECD_PATH}/files/download")
+        assert seen[1].query == {"path": ["f.txt"], "offset": ["2"], "limit": ["1"]}
+        for bad in (0, -1, True, "2", 1.5):
+            with pytest.raises(ConfigurationError, match="offset must be an int"):
+                sandbox.files.read_text("f.txt", offset=bad)  # type: ignore[arg-type]

@@ -353,3 +353,13 @@ def test_set_env_reaches_every_later_command(sandbox: Sandbox) -> None:
         sandbox.commands.set_env("1BAD", "x")
     with pytest.raises(ConfigurationError, match="NUL"):
         sandbox.commands.set_env("OK", "a\0b")
+
+
+def test_read_text_picks_lines(sandbox: Sandbox) -> None:
+    """Issue 45: line downloads (execd 1.1.1; June's execd sends the whole file and the client
+    picks the lines: tox -e realexecd)."""
+    sandbox.files.write("lines.txt", "first\r\nsecond line\n\nfourth\n")
+    assert sandbox.files.read_text("lines.txt", offset=2, limit=1) == "second line"
+    assert sandbox.files.read_text("lines.txt", offset=2) == "second line\n\nfourth"
+    assert sandbox.files.read_text("lines.txt", limit=1) == "first"
+    assert sandbox.files.read_text("lines.txt", offset=10) == ""
