@@ -6,7 +6,7 @@ import builtins
 import json
 import os
 import secrets
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import (
     IO,
     TYPE_CHECKING,
@@ -17,6 +17,7 @@ from typing import (
     Iterator,
     Mapping,
     TypeAlias,
+    TypeVar,
 )
 
 import requests
@@ -27,6 +28,7 @@ from ._constants import CHUNK_SIZE, MAX_OUTPUT_BYTES
 from ._errors import (
     ConfigurationError,
     NotFoundError,
+    NotSupportedError,
     OutputLimitExceeded,
     StreamError,
     redact,
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from ._execd import Execd
 
 Data: TypeAlias = str | bytes | IO[bytes]
+T = TypeVar("T")
 
 
 class _Part:
@@ -151,8 +154,45 @@ class Files:
     its ``max_bytes`` when given (a hostile execd can send bytes forever).
     """
 
-    def __init__(self, execd: Execd):
+    def __init__(self, execd: Execd, identity: tuple[int, int] | None = None):
         self._execd = execd
+        # files as a user (execd 1.1.1, #2070): every route under /v1/filesystem/{uid}/{gid}
+        self.identity = identity
+        self._prefix = "" if identity is None else "/v1/filesystem/{}/{}".format(*identity)
+
+    def __repr__(self) -> str:
+        if self.identity is None:
+            return "Files()"
+        return "Files(uid={}, gid={})".format(*self.identity)
+
+    def _request(self, method: str, path: str, **options: Any) -> requests.Response:
+        """execd's answer to ``path`` (under the identity's prefix)."""
+        with self._route_known():
+            return self._execd.request(method, self._prefix + path, **options)
+
+    def _answer(self, method: str, path: str, read: Callable[[Any], T], **options: Any) -> T:
+        """execd's JSON answer to ``path`` (under the identity's prefix), read by ``read``."""
+        with self._route_known():
+            return self._execd.answer(method, self._prefix + path, read, **options)
+
+    @contextmanager
+    def _route_known(self) -> Iterator[None]:
+        """A 404 that names no file, under the identity's prefix, is an execd without it."""
+        try:
+            yield
+        except NotFoundError as exc:
+            if self.identity is None or "FILE" in str(exc.code or ""):
+                raise
+            raise NotSupportedError(
+                f"execd does not serve files as a user (/v1/filesystem/..., execd 1.1.1 and "
+                f"later): {exc}",
+                feature="files as a user",
+                status_code=exc.status_code,
+                code=exc.code,
+                message=exc.message,
+                request_id=exc.request_id,
+                response=exc.response,
+            ) from None
 
     def write(
         self,
@@ -210,7 +250,7 @@ class Files:
 
     def _upload(self, parts: list[_Part]) -> None:
         body = MultipartBody(parts)
-        self._execd.request(
+        self._request(
             "POST",
             "/files/upload",
             data=body.whole() or body,
@@ -343,7 +383,7 @@ class Files:
         wait = None if timeout is None else Wait(f"the download of {path!r} did not end", timeout)
         try:
             with wait.bounding() if wait is not None else nullcontext():
-                response = self._execd.request(
+                response = self._request(
                     "GET",
                     "/files/download",
                     params={"path": path, **(query or {})},
@@ -422,7 +462,7 @@ class Files:
                 class).
         """
         try:
-            return self._execd.answer(
+            return self._answer(
                 "GET",
                 "/files/info",
                 lambda data: answers.file_infos_by_path(data, paths),
@@ -452,7 +492,7 @@ class Files:
                 (``code`` ``INVALID_RESPONSE``; see the class).
             TransportError: execd could not be reached.
         """
-        return self._execd.answer(
+        return self._answer(
             "GET",
             "/directories/list",
             lambda data: answers.file_infos(data, path),
@@ -469,7 +509,7 @@ class Files:
                 (``code`` ``INVALID_RESPONSE``; see the class).
             TransportError: execd could not be reached.
         """
-        return self._execd.answer(
+        return self._answer(
             "GET",
             "/files/search",
             lambda data: answers.file_infos(data, path),
@@ -484,7 +524,7 @@ class Files:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("DELETE", "/files", params={"path": list(paths)})
+        self._request("DELETE", "/files", params={"path": list(paths)})
 
     def mkdir(self, path: str, *, mode: int = 0o755) -> None:
         """Create a directory and its parents.
@@ -493,7 +533,7 @@ class Files:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("POST", "/directories", json={path: {"mode": mode_to_wire(mode)}})
+        self._request("POST", "/directories", json={path: {"mode": mode_to_wire(mode)}})
 
     def rmtree(self, path: str) -> None:
         """Delete a directory and everything in it.
@@ -502,7 +542,7 @@ class Files:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("DELETE", "/directories", params={"path": path})
+        self._request("DELETE", "/directories", params={"path": path})
 
     def move(self, src: str, dest: str) -> None:
         """Move or rename.
@@ -512,7 +552,7 @@ class Files:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("POST", "/files/mv", json=[{"src": src, "dest": dest}])
+        self._request("POST", "/files/mv", json=[{"src": src, "dest": dest}])
 
     def chmod(
         self, path: str, mode: int, owner: str | None = None, group: str | None = None
@@ -528,7 +568,7 @@ class Files:
             entry["owner"] = owner
         if group is not None:
             entry["group"] = group
-        self._execd.request("POST", "/files/permissions", json={path: entry})
+        self._request("POST", "/files/permissions", json={path: entry})
 
     def replace(self, path: str, old: str, new: str) -> int:
         """Replace every ``old`` with ``new`` in a file; returns how many were replaced.
@@ -542,7 +582,7 @@ class Files:
         """
         if not old:
             raise ConfigurationError("replace needs a non-empty old text")
-        return self._execd.answer(
+        return self._answer(
             "POST",
             "/files/replace",
             lambda data: answers.replaced_count(data, path),

@@ -59,6 +59,7 @@ class FakeExecd:
     split_crlf: bool = False
     bodies: list[dict[str, Any]] = field(default_factory=list)
     background: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    identities: list[tuple[int, int]] = field(default_factory=list)  # files as a user
 
     def texts(self, output: bytes) -> list[str]:
         if self.form == "june":
@@ -143,9 +144,16 @@ def serve_execd(server: FakeServer, form: str, root: Path, split_crlf: bool = Fa
     return fake
 
 
+AS_USER = re.compile(r"/v1/filesystem/(\d+)/(\d+)(/.*)")
+
+
 def download(fake: FakeExecd, req: Request) -> None:
     """June's: the whole file, whatever the query; 1.1.1's: lines with offset/limit (#1030)."""
-    data = (fake.root / req.query["path"][0]).read_bytes()
+    target = fake.root / req.query["path"][0]
+    if not target.is_file():
+        req.send_json(404, {"code": "FILE_NOT_FOUND", "message": f"file not found: {target.name}"})
+        return
+    data = target.read_bytes()
     offset, limit = req.query.get("offset"), req.query.get("limit")
     if fake.form == "june" or (offset is None and limit is None):
         req.send_raw(200, data, {"Content-Type": "application/octet-stream"})
@@ -161,6 +169,10 @@ def download(fake: FakeExecd, req: Request) -> None:
 
 def _get(fake: FakeExecd, req: Request) -> None:
     path = req.route_path
+    as_user = AS_USER.fullmatch(path.removeprefix(EXECD_PATH))
+    if as_user and fake.form == "released":  # 1.1.1's files as a user (#2070)
+        fake.identities.append((int(as_user[1]), int(as_user[2])))
+        path = EXECD_PATH + as_user[3]
     if path == f"{EXECD_PATH}/files/download":
         download(fake, req)
     elif path.startswith(f"{EXECD_PATH}/command/status/"):

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from osb_sync import ApiError, CommandFailed, ConfigurationError, Sandbox
+from osb_sync import (
+    ApiError,
+    CommandFailed,
+    ConfigurationError,
+    NotFoundError,
+    NotSupportedError,
+    Sandbox,
+)
 from tests.fake_execd import EXECD_PATH, TOKEN, FakeExecd, serve_execd
 from tests.fakeserver import FakeServer
 
@@ -118,3 +125,21 @@ def test_line_downloads(form: str, tmp_path: Path) -> None:
         for bad in (0, -1, True, "2", 1.5):
             with pytest.raises(ConfigurationError, match="offset must be an int"):
                 sandbox.files.read_text("f.txt", offset=bad)  # type: ignore[arg-type]
+
+
+def test_files_as_a_user_use_the_identity_routes(released: tuple[FakeExecd, Sandbox]) -> None:
+    execd, sandbox = released
+    (execd.root / "f.txt").write_text("a\nb\n")
+    assert sandbox.files_as(1000, 100).read_text("f.txt", offset=2) == "b"
+    seen = execd.server.seen("GET", f"{EXECD_PATH}/v1/filesystem/1000/100/files/download")
+    assert execd.identities == [(1000, 100)] and seen[0].query["path"] == ["f.txt"]
+
+
+def test_files_as_a_user_on_june_say_it_is_not_served(june: tuple[FakeExecd, Sandbox]) -> None:
+    """June's execd has no such route (a plain-text 404): never a fallback to the daemon's."""
+    execd, sandbox = june
+    (execd.root / "f.txt").write_text("a\n")
+    with pytest.raises(NotSupportedError, match="files as a user"):
+        sandbox.files_as(0, 0).read_text("f.txt")
+    with pytest.raises(NotFoundError):  # a missing file is still that
+        sandbox.files.read_text("missing.txt")
