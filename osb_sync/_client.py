@@ -500,8 +500,8 @@ class Client:
             on_event: called with each Event as it arrives, on the calling thread.
 
         Raises:
-            OutputLimitExceeded: the output passed ``max_output_bytes``, or one line of the
-                stream its guard, 4 x the cap + 1 MiB (the run is interrupted).
+            OutputLimitExceeded: the output passed ``max_output_bytes``, with what is not
+                decoded yet counted by its size on the wire (the run is interrupted).
             SandboxTimeoutError: ``timeout`` expired (the run is interrupted if it had started).
             StreamError: the stream broke, stalled past ``read_timeout`` or ended truncated.
             ApiError: execd refused the request.

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from . import _answers as answers
-from ._command_stream import CommandFolder, client_deadline, collect, command_body, line_callbacks
+from ._command_stream import (
+    CommandFolder,
+    as_shell_command,
+    client_deadline,
+    collect,
+    command_body,
+    env_line,
+    line_callbacks,
+    refused_argv,
+)
 from ._constants import DEFAULT_POLL_INTERVAL, MAX_OUTPUT_BYTES
-from ._errors import CommandFailed, NotFoundError, SandboxTimeoutError
+from ._errors import (
+    ApiError,
+    CommandFailed,
+    NotFoundError,
+    SandboxTimeoutError,
+)
 from ._execd import LOGS_BYTES
 from ._models import CommandResult, CommandStatus, Event
 
@@ -18,22 +33,42 @@ if TYPE_CHECKING:
     from ._execd import Execd
     from ._execution import ExecutionStream
 
+logger = logging.getLogger("osb_sync")
+
 LOGS_CURSOR_HEADER = "EXECD-COMMANDS-TAIL-CURSOR"
 # Real execd records a background command in a goroutine of its own and may send
 # `execution_complete` first: status, logs and kill then fail for a moment (seen in CI).
 REGISTRATION_WAIT = 10.0
+SET_ENV_LINE = "OSB_SET_ENV_LINE"  # the variable that carries set_env's line to its script
 
 
 class Commands:
-    """``sandbox.commands``: run shell commands (``bash -c``) in the sandbox through execd."""
+    """``sandbox.commands``: run commands in the sandbox through execd: a shell command line
+    (``bash -c``), or an argv (a list: the program and its arguments, passed unchanged)."""
 
     def __init__(self, execd: Execd):
         self._execd = execd
         self._started: list[BackgroundCommand] = []
+        self._argv_refused = False  # execd is June's: argv goes as a quoted shell command
+
+    def _post(self, body: dict[str, Any], **stream: Any) -> ExecutionStream[CommandResult]:
+        """POST ``/command``; an argv that June's execd refuses is sent again as a shell
+        command that runs exactly that argv (``as_shell_command``), and later ones at once."""
+        if "argv" in body and self._argv_refused:
+            body = as_shell_command(body)
+        try:
+            return self._execd.stream("/command", body, folder=CommandFolder(), **stream)
+        except ApiError as exc:
+            if not refused_argv(body, exc.status_code, exc.message):
+                raise
+        logger.debug("execd refused argv (June's execd): sending it as a quoted shell command")
+        self._argv_refused = True
+        shell = as_shell_command(body)
+        return self._execd.stream("/command", shell, folder=CommandFolder(), **stream)
 
     def run(
         self,
-        command: str,
+        command: str | Sequence[str],
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
@@ -44,12 +79,21 @@ class Commands:
         uid: int | None = None,
         gid: int | None = None,
     ) -> CommandResult:
-        """Run a shell command (``bash -c``) and wait for it.
+        """Run a command and wait for it: a string runs with ``bash -c``; a list (or tuple) is an
+        argv, run without a shell, each argument passed unchanged (``["python3", "-c", code]``).
+
+        An argv needs execd 1.1.0 or later; June's execd refuses it (400), and the argv is sent
+        again as ``exec -- <each argument single-quoted>`` through bash, which runs the same
+        program with the same arguments (bash searches every ``PATH`` entry, and a program that
+        cannot start exits 127 instead of failing with an ``error``).
 
         A non-zero exit is data (``exit_code``); ``result.check()`` raises for it. ``timeout``
         (seconds) is enforced by execd and bounds the client's wait; expiry gives
-        ``timed_out=True``. ``on_stdout``/``on_stderr`` receive each line as it arrives.
-        ``uid``/``gid`` run it as that numeric user and group (``gid`` needs ``uid``).
+        ``timed_out=True``. ``on_stdout``/``on_stderr`` receive the output as it arrives, in
+        pieces that join to ``stdout``/``stderr`` (lines, parts of lines; a ``\\r`` ends a
+        line). June's execd and execd 1.1.1 give the same text (one exception: see
+        ``osb_sync/_command_stream.py``). ``uid``/``gid`` run it as that numeric user and
+        group (``gid`` needs ``uid``).
 
         Raises:
             OutputLimitExceeded: the output passed ``max_output_bytes``.
@@ -72,7 +116,7 @@ class Commands:
 
     def stream(
         self,
-        command: str,
+        command: str | Sequence[str],
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
@@ -84,18 +128,21 @@ class Commands:
     ) -> ExecutionStream[CommandResult]:
         """Start a command and return its live events; ``stream.result()`` is a CommandResult.
 
-        The stream ends at the terminal event; leaving it early interrupts the command.
+        The events are execd's, as sent: their texts are lines without terminators from a June
+        execd, pieces of the exact output from execd 1.1.1; ``stream.result()`` joins either
+        into the same text. The stream ends at the terminal event; leaving it early interrupts
+        the command.
+
+        ``command`` is a shell command line or an argv, as in :meth:`run`.
 
         Raises:
-            ConfigurationError: an empty command or a bad timeout.
+            ConfigurationError: an empty command or argv, or a bad timeout.
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
         body = command_body(command, cwd, dict(env) if env else None, timeout, uid, gid)
-        return self._execd.stream(
-            "/command",
+        return self._post(
             body,
-            folder=CommandFolder(),
             max_output_bytes=max_output_bytes,
             timeout=client_deadline(timeout),
             on_event=on_event,
@@ -105,14 +152,15 @@ class Commands:
 
     def start(
         self,
-        command: str,
+        command: str | Sequence[str],
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         uid: int | None = None,
         gid: int | None = None,
     ) -> BackgroundCommand:
-        """Start a command in the background and return at once (``uid``/``gid`` as in run).
+        """Start a command in the background and return at once (``command``, an argv too,
+        and ``uid``/``gid`` as in :meth:`run`).
 
         Raises:
             ApiError: execd refused the command, or named it with no id or one that cannot
@@ -124,10 +172,8 @@ class Commands:
         """
         options = command_body(command, cwd, dict(env) if env else None, None, uid, gid)
         body = {**options, "background": True}
-        stream = self._execd.stream(
-            "/command",
+        stream = self._post(
             body,
-            folder=CommandFolder(),
             max_output_bytes=MAX_OUTPUT_BYTES,
             timeout=self._execd.call_timeout,
             stop_at_terminal=True,
@@ -154,6 +200,38 @@ class Commands:
         handle._await_registration(REGISTRATION_WAIT)
         self._started.append(handle)
         return handle
+
+    def set_env(self, key: str, value: str, *, timeout: float | None = 30.0) -> None:
+        """Set ``key`` to ``value`` for every later command (execd 1.1.1's ``commands.set_env``).
+
+        execd rereads the file named by ``$EXECD_ENVS`` for every command; this appends
+        ``KEY='value'`` to it (``KEY="..."``, backslash, double quote, LF, CR and tab escaped,
+        when the value holds a single quote: execd then expands ``$NAME`` in it). A command's
+        own ``env`` still wins. The line reaches the sandbox in the command's environment,
+        never in its command line, so execd's record of the command does not show the value.
+
+        Raises:
+            ConfigurationError: ``key`` is not ``[A-Za-z_][A-Za-z0-9_]*``, or ``value`` is not
+                a str or holds a NUL.
+            CommandFailed: the sandbox has no ``EXECD_ENVS`` (an older execd), or the file
+                could not be written (the message has the script's stderr).
+        """
+        line = env_line(key, value)
+        script = (
+            'if [ -z "${EXECD_ENVS:-}" ]; then echo "EXECD_ENVS is not set: this execd reads '
+            'no environment file (execd 1.1.1 or later)" >&2; exit 3; fi; '
+            'mkdir -p -- "$(dirname -- "$EXECD_ENVS")" && '
+            'printf \'%s\\n\' "$OSB_SET_ENV_LINE" >> "$EXECD_ENVS"'
+        )
+        result = self.run(script, env={SET_ENV_LINE: line}, timeout=timeout)
+        try:
+            result.check()
+        except CommandFailed as exc:
+            raise CommandFailed(
+                f"commands.set_env failed for {key!r}: {result.stderr.strip()[-500:]}",
+                exit_code=exc.exit_code,
+                stderr=exc.stderr,
+            ) from None
 
     @property
     def started(self) -> tuple[BackgroundCommand, ...]:

@@ -18,6 +18,8 @@ DEFAULT_TIMEOUT = 300
 # Read-only so that no caller can change the default for everybody; each create sends a copy.
 DEFAULT_RESOURCE_LIMITS: Mapping[str, str] = MappingProxyType({"cpu": "1", "memory": "2Gi"})
 EXECD_PORT = 44772
+# One past the largest uid or gid of files as a user (4294967295 is reserved; execd 1.1.1).
+MAX_ID = 4294967295
 DEFAULT_POLL_INTERVAL = 0.2
 DEFAULT_READY_TIMEOUT = 30.0
 DEFAULT_LANGUAGE = "python"

@@ -60,10 +60,11 @@ class SandboxTimeoutError(OpenSandboxError, TimeoutError):
 
 
 class OutputLimitExceeded(OpenSandboxError, ValueError):
-    """A run's output passed ``max_output_bytes`` (or one line of its stream the wire guard,
-    4 x the cap + 1 MiB), or a file read its ``max_bytes``: the stream was closed and the run
-    interrupted. ``limit`` is the limit that was passed (the cap, the guard or ``max_bytes``);
-    ``partial`` the result so far (at most the cap's worth of output).
+    """A run's output passed ``max_output_bytes`` (bytes not decoded yet, a line that is not an
+    event or one still being read, count by their size on the wire), or a file read its
+    ``max_bytes``: the stream was closed and the run interrupted. ``limit`` is the limit that
+    was passed (the cap or ``max_bytes``); ``partial`` the result so far (at most the cap's
+    worth of output).
 
     A run's ``partial`` is built when first read, not when the run stops: joining the kept
     output into one string costs as much memory again, so a caller that does not read it never

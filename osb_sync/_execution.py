@@ -45,7 +45,15 @@ from ._errors import (
     redact,
 )
 from ._models import Event
-from ._stream import ExecutionFolder, guard_lines, iter_events, output_exceeded, wire_guard
+from ._stream import (
+    FRAME_ALLOWANCE,
+    ExecutionFolder,
+    guard_lines,
+    held_exceeded,
+    iter_events,
+    not_an_event_exceeded,
+    output_exceeded,
+)
 from ._watchdog import WATCHDOG, Scheduled
 
 if TYPE_CHECKING:
@@ -230,11 +238,13 @@ class ExecutionStream(Generic[R]):
     which happened. A stream that stalled past the read timeout is not waited for again: its
     interrupt goes in the background.
 
-    ``max_output_bytes`` caps the output as a user reads it (the folder's ``output_bytes``:
-    stdout and stderr text, result payloads); past it the output is cut to exactly the cap
-    (``partial``) and the run stopped as above. Framing is not counted; one line of the stream
-    may be at most ``wire_guard(max_output_bytes)`` bytes (4 x the cap + 1 MiB), which keeps
-    the memory of a line that never ends bounded.
+    ``max_output_bytes`` caps every byte the client holds of the run: the output as a user
+    reads it (the folder's ``output_bytes``: stdout and stderr text, result payloads), and
+    what is not decoded yet by its size on the wire, as it arrives: the line being read may
+    hold the room the output left plus ``FRAME_ALLOWANCE`` (its framing), and a line that is
+    not an event (with or without its newline) the room the output left. Past the cap the
+    output is cut to exactly the cap (``partial``) and the run stopped as above. Decoded
+    framing is not counted; memory stays bounded by the cap, however long a line.
 
     ``timeout`` is an overall deadline, checked on every chunk (execd pings every 3 s); it
     runs from ``deadline`` minus ``timeout`` (the instant the run's request was sent, given by
@@ -280,8 +290,8 @@ class ExecutionStream(Generic[R]):
         chunks: Iterable[bytes] = self._body.chunks
         if self._deadline is not None:
             chunks = self._within_deadline(chunks)
-        chunks = guard_lines(chunks, wire_guard(max_output_bytes))
-        self._events = iter_events(chunks)
+        chunks = guard_lines(chunks, self._line_room, self._held_too_much)
+        self._events = iter_events(chunks, self._skipped_line)
         self._watchdog: Scheduled | None = None
         if deadline is not None and hasattr(response.raw, "shutdown"):
             self._watchdog = WATCHDOG.schedule(max(0.0, deadline - time.monotonic()), self._expire)
@@ -345,6 +355,18 @@ class ExecutionStream(Generic[R]):
         # Outside the except: chained, the wire's error would show the secret the peer sent
         # (urllib3 quotes a bad chunk-size line).
         raise error
+
+    def _line_room(self) -> int:
+        """What the line being read may hold: the room the output left, and its framing."""
+        return max(0, self._max_output - self._folder.output_bytes) + FRAME_ALLOWANCE
+
+    def _held_too_much(self, limit: int) -> OutputLimitExceeded:
+        return held_exceeded(self._max_output, self._folder.output_bytes)
+
+    def _skipped_line(self, size: int) -> None:
+        """A line that is not an event counts by its size on the wire while it is held."""
+        if self._folder.output_bytes + size > self._max_output:
+            raise not_an_event_exceeded(self._max_output, size, self._folder.output_bytes)
 
     def __enter__(self) -> ExecutionStream[R]:
         return self

@@ -6,8 +6,19 @@ import builtins
 import json
 import os
 import secrets
-from contextlib import nullcontext
-from typing import IO, TYPE_CHECKING, Any, Generator, Iterable, Iterator, Mapping, TypeAlias
+from contextlib import contextmanager, nullcontext
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    TypeAlias,
+    TypeVar,
+)
 
 import requests
 import urllib3
@@ -17,6 +28,7 @@ from ._constants import CHUNK_SIZE, MAX_OUTPUT_BYTES
 from ._errors import (
     ConfigurationError,
     NotFoundError,
+    NotSupportedError,
     OutputLimitExceeded,
     StreamError,
     redact,
@@ -32,6 +44,7 @@ if TYPE_CHECKING:
     from ._execd import Execd
 
 Data: TypeAlias = str | bytes | IO[bytes]
+T = TypeVar("T")
 
 
 class _Part:
@@ -141,8 +154,45 @@ class Files:
     its ``max_bytes`` when given (a hostile execd can send bytes forever).
     """
 
-    def __init__(self, execd: Execd):
+    def __init__(self, execd: Execd, identity: tuple[int, int] | None = None):
         self._execd = execd
+        # files as a user (execd 1.1.1, #2070): every route under /v1/filesystem/{uid}/{gid}
+        self.identity = identity
+        self._prefix = "" if identity is None else "/v1/filesystem/{}/{}".format(*identity)
+
+    def __repr__(self) -> str:
+        if self.identity is None:
+            return "Files()"
+        return "Files(uid={}, gid={})".format(*self.identity)
+
+    def _request(self, method: str, path: str, **options: Any) -> requests.Response:
+        """execd's answer to ``path`` (under the identity's prefix)."""
+        with self._route_known():
+            return self._execd.request(method, self._prefix + path, **options)
+
+    def _answer(self, method: str, path: str, read: Callable[[Any], T], **options: Any) -> T:
+        """execd's JSON answer to ``path`` (under the identity's prefix), read by ``read``."""
+        with self._route_known():
+            return self._execd.answer(method, self._prefix + path, read, **options)
+
+    @contextmanager
+    def _route_known(self) -> Iterator[None]:
+        """A 404 that names no file, under the identity's prefix, is an execd without it."""
+        try:
+            yield
+        except NotFoundError as exc:
+            if self.identity is None or "FILE" in str(exc.code or ""):
+                raise
+            raise NotSupportedError(
+                f"execd does not serve files as a user (/v1/filesystem/..., execd 1.1.1 and "
+                f"later): {exc}",
+                feature="files as a user",
+                status_code=exc.status_code,
+                code=exc.code,
+                message=exc.message,
+                request_id=exc.request_id,
+                response=exc.response,
+            ) from None
 
     def write(
         self,
@@ -200,7 +250,7 @@ class Files:
 
     def _upload(self, parts: list[_Part]) -> None:
         body = MultipartBody(parts)
-        self._execd.request(
+        self._request(
             "POST",
             "/files/upload",
             data=body.whole() or body,
@@ -231,16 +281,34 @@ class Files:
             pieces.append(chunk)
         return b"".join(pieces)
 
-    def read_text(self, path: str, encoding: str = "utf-8", *, timeout: float | None = None) -> str:
-        """A whole file decoded as text (capped and bounded like :meth:`read_bytes`).
+    def read_text(
+        self,
+        path: str,
+        encoding: str = "utf-8",
+        *,
+        timeout: float | None = None,
+        offset: int | None = None,
+        limit: int | None = None,
+    ) -> str:
+        """A whole file decoded as text (capped and bounded like :meth:`read_bytes`), or with
+        ``offset`` and/or ``limit`` some of its lines (execd 1.1.1's line download, #1030).
+
+        ``offset`` is the first line (1-based, default 1), ``limit`` the number of lines
+        (default: all the rest); the lines come without their line ends (LF or CRLF), joined by
+        ``"\\n"``, without a final one (``""`` past the end), decoded as UTF-8. A June execd
+        ignores the two and sends the whole file: the lines are then picked here, the same way,
+        from the file read up to the cap.
 
         Raises:
+            ConfigurationError: ``offset`` or ``limit`` is not an int of 1 or more.
             NotFoundError: no such file.
-            OutputLimitExceeded: the file is larger than the cap.
+            OutputLimitExceeded: the file (or the lines) is larger than the cap.
             SandboxTimeoutError: not read within ``timeout``.
             StreamError: the download broke, or its body took longer than ``call_timeout``.
             UnicodeDecodeError: the file is not text in ``encoding`` (the message names it).
         """
+        if offset is not None or limit is not None:
+            return self._read_lines(path, offset, limit, timeout)
         data = self.read_bytes(path, timeout=timeout)
         try:
             return data.decode(encoding)
@@ -249,6 +317,30 @@ class Files:
                 f"{exc.reason}: {path!r} is not {encoding} text (read_bytes reads any file)"
             )
             raise
+
+    def _read_lines(
+        self, path: str, offset: int | None, limit: int | None, timeout: float | None
+    ) -> str:
+        query: dict[str, int] = {}
+        for name, value in (("offset", offset), ("limit", limit)):
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ConfigurationError(f"{name} must be an int of 1 or more, or None")
+                query[name] = value
+        kinds: list[str] = []
+        pieces: list[bytes] = []
+        total = 0
+        body = self._execd.call_timeout if timeout is None else None
+        chunks = self._download(path, CHUNK_SIZE, 0, timeout, body, query, kinds.append)
+        for chunk in chunks:
+            total += len(chunk)
+            if total > MAX_OUTPUT_BYTES:
+                raise _too_large(path, MAX_OUTPUT_BYTES)
+            pieces.append(chunk)
+        text = b"".join(pieces).decode("utf-8", "replace")
+        if kinds and kinds[0].split(";")[0].strip().lower() == "text/plain":
+            return text  # execd picked the lines
+        return pick_lines(text, offset or 1, limit)  # June's execd sent the whole file
 
     def iter_bytes(
         self,
@@ -275,24 +367,34 @@ class Files:
         return self._download(path, chunk_size, start, timeout, None)
 
     def _download(
-        self, path: str, chunk_size: int, start: int, timeout: float | None, body: float | None
+        self,
+        path: str,
+        chunk_size: int,
+        start: int,
+        timeout: float | None,
+        body: float | None,
+        query: Mapping[str, int] | None = None,
+        content_type: Callable[[str], object] | None = None,
     ) -> Generator[bytes, None, None]:
         """:meth:`iter_bytes`, whose body (once its headers are in) is also cut ``body``
-        seconds on (StreamError)."""
+        seconds on (StreamError); ``query`` adds parameters, ``content_type`` is told the
+        answer's."""
         headers = {"Range": f"bytes={start}-"} if start else None
         wait = None if timeout is None else Wait(f"the download of {path!r} did not end", timeout)
         try:
             with wait.bounding() if wait is not None else nullcontext():
-                response = self._execd.request(
+                response = self._request(
                     "GET",
                     "/files/download",
-                    params={"path": path},
+                    params={"path": path, **(query or {})},
                     headers=headers,
                     stream=True,
                     deadline=None if wait is None else wait.deadline,
                 )
         except NotFoundError as exc:
             raise with_suffix(exc, f"(path {path!r})") from None
+        if content_type is not None:
+            content_type(response.headers.get("Content-Type", ""))
         cutoff = None
         if wait is not None or body is not None:
             cutoff = Cutoff(None if wait is None else wait.deadline, body)
@@ -360,7 +462,7 @@ class Files:
                 class).
         """
         try:
-            return self._execd.answer(
+            return self._answer(
                 "GET",
                 "/files/info",
                 lambda data: answers.file_infos_by_path(data, paths),
@@ -390,7 +492,7 @@ class Files:
                 (``code`` ``INVALID_RESPONSE``; see the class).
             TransportError: execd could not be reached.
         """
-        return self._execd.answer(
+        return self._answer(
             "GET",
             "/directories/list",
             lambda data: answers.file_infos(data, path),
@@ -407,7 +509,7 @@ class Files:
                 (``code`` ``INVALID_RESPONSE``; see the class).
             TransportError: execd could not be reached.
         """
-        return self._execd.answer(
+        return self._answer(
             "GET",
             "/files/search",
             lambda data: answers.file_infos(data, path),
@@ -422,7 +524,7 @@ class Files:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("DELETE", "/files", params={"path": list(paths)})
+        self._request("DELETE", "/files", params={"path": list(paths)})
 
     def mkdir(self, path: str, *, mode: int = 0o755) -> None:
         """Create a directory and its parents.
@@ -431,7 +533,7 @@ class Files:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("POST", "/directories", json={path: {"mode": mode_to_wire(mode)}})
+        self._request("POST", "/directories", json={path: {"mode": mode_to_wire(mode)}})
 
     def rmtree(self, path: str) -> None:
         """Delete a directory and everything in it.
@@ -440,7 +542,7 @@ class Files:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("DELETE", "/directories", params={"path": path})
+        self._request("DELETE", "/directories", params={"path": path})
 
     def move(self, src: str, dest: str) -> None:
         """Move or rename.
@@ -450,7 +552,7 @@ class Files:
             ApiError: execd refused the call.
             TransportError: execd could not be reached.
         """
-        self._execd.request("POST", "/files/mv", json=[{"src": src, "dest": dest}])
+        self._request("POST", "/files/mv", json=[{"src": src, "dest": dest}])
 
     def chmod(
         self, path: str, mode: int, owner: str | None = None, group: str | None = None
@@ -466,7 +568,7 @@ class Files:
             entry["owner"] = owner
         if group is not None:
             entry["group"] = group
-        self._execd.request("POST", "/files/permissions", json={path: entry})
+        self._request("POST", "/files/permissions", json={path: entry})
 
     def replace(self, path: str, old: str, new: str) -> int:
         """Replace every ``old`` with ``new`` in a file; returns how many were replaced.
@@ -480,13 +582,23 @@ class Files:
         """
         if not old:
             raise ConfigurationError("replace needs a non-empty old text")
-        return self._execd.answer(
+        return self._answer(
             "POST",
             "/files/replace",
             lambda data: answers.replaced_count(data, path),
             params={"verbose": "true"},
             json={path: {"old": old, "new": new}},
         )
+
+
+def pick_lines(text: str, offset: int, limit: int | None) -> str:
+    """Lines ``offset`` to ``offset + limit - 1`` (1-based) of ``text``, without their LF or
+    CRLF, joined by LF: what execd 1.1.1 answers a line download."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the last line's newline ends it; it starts none
+    chosen = lines[offset - 1 :] if limit is None else lines[offset - 1 : offset - 1 + limit]
+    return "\n".join(line[:-1] if line.endswith("\r") else line for line in chosen)
 
 
 def _too_large(path: str, max_bytes: int) -> OutputLimitExceeded:

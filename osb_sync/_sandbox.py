@@ -12,7 +12,7 @@ import requests
 from . import _answers as answers
 from ._commands import Commands
 from ._config import DEFAULT_SETTINGS, ClientSettings, check_run_arguments
-from ._constants import EXECD_PORT
+from ._constants import EXECD_PORT, MAX_ID
 from ._contexts import Contexts
 from ._errors import (
     ConfigurationError,
@@ -213,6 +213,26 @@ class Sandbox:
 
             self._files = Files(self._execd)
         return self._files
+
+    def files_as(self, uid: int, gid: int) -> Files:
+        """The file system as the numeric user ``uid`` and group ``gid`` (execd 1.1.1, #2070):
+        the same calls as :attr:`files`, each served by execd as that user, so the kernel
+        checks every path and link as that user and new files are theirs.
+
+        execd switches identity per request (it must run as root); it enforces file
+        permissions, not a tenant boundary. Nothing falls back to :attr:`files`: an execd
+        older than 1.1.1 raises ``NotSupportedError`` (its 404), one that cannot switch
+        ``ApiError`` (503 ``FILESYSTEM_IDENTITY_UNAVAILABLE``).
+
+        Raises:
+            ConfigurationError: ``uid`` or ``gid`` is not an int from 0 to 4294967294.
+        """
+        from ._files import Files
+
+        for name, number in (("uid", uid), ("gid", gid)):
+            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < MAX_ID:
+                raise ConfigurationError(f"{name} must be an int from 0 to {MAX_ID - 1}")
+        return Files(self._execd, (uid, gid))
 
     @property
     def execd_url(self) -> str:

@@ -4,16 +4,18 @@ Pipeline, one stage per function::
 
     raw chunks -> guard_lines() -> iter_events() -> decode_event() -> ExecutionFolder
 
-Two limits, kept apart. ``max_output_bytes`` counts the output as a user reads it: the UTF-8
-bytes of the stdout and stderr text a folder keeps (a command's lines with their newlines) and
-of each result's payload; the folder counts (``output_bytes``), the stream compares. Framing is
-not output: execd sends each line of a command as one event of about 55 bytes, so ``"y\n"``
-costs 28 times its size on the wire. The wire has a guard of its own, on one line as read
-(``wire_guard``: 4 x ``max_output_bytes`` + 1 MiB, room for JSON escaping and framing): a
-line without its newline can never grow the parser's buffer past it. What the client holds of
-one run is therefore bounded by the cap (what the folder keeps) plus one line; a stream of
-events that carry no output (pings, empty text) costs time, not memory, and its bound is the
-run's ``timeout``.
+One cap, on every byte the client holds of a run (``max_output_bytes``). Decoded output counts
+by its size: the UTF-8 bytes of the stdout and stderr text a folder keeps and of each result's
+payload (the folder counts, ``output_bytes``; the stream compares). Bytes not yet decoded count
+by their size on the wire, as they arrive: the line being read (a partial frame) may hold at
+most what the output left of the cap plus ``FRAME_ALLOWANCE`` (64 KiB, one event's framing;
+``guard_lines``), and a whole line that is not an event (``iter_events``'s ``skipped``) at most
+what the output left of the cap, with or without its final newline. A line that is not an event
+is dropped once read: it counts while held, never after. Framing that is decoded is not output
+(execd sends each line of a command as one event of about 55 bytes, so ``"y\n"`` costs 28
+times its size on the wire), so what the client holds of one run is bounded by the cap plus
+one frame's allowance and a chunk; a stream of events that carry no output (pings, empty text)
+costs time, not memory, and its bound is the run's ``timeout``.
 
 Like the official SDKs, every line is one event. ``iter_events`` picks the parser per stream
 from its first non-blank byte: real execd's bare ``{...}`` lines are decoded directly (one
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import sseclient
 
@@ -54,36 +56,41 @@ def _require_sseclient_py() -> None:
 _require_sseclient_py()
 
 
-# The guard on one line of the event stream: a multiple of the output cap, plus a floor.
-WIRE_GUARD_FACTOR = 4
-WIRE_GUARD_FLOOR = 1 << 20
+# What the line being read may hold past the room the output left under the cap: one event's
+# framing (an event's JSON around its text), so that a run at its cap still reads its pings.
+FRAME_ALLOWANCE = 64 * 1024
 
 
-def wire_guard(max_output_bytes: int) -> int:
-    """The longest line of the event stream a run capped at ``max_output_bytes`` may send."""
-    return WIRE_GUARD_FACTOR * max_output_bytes + WIRE_GUARD_FLOOR
-
-
-def guard_lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes]:
+def guard_lines(
+    chunks: Iterable[bytes],
+    limit: int | Callable[[], int],
+    too_long: Callable[[int], OutputLimitExceeded] | None = None,
+) -> Iterator[bytes]:
     """Yield the chunks; raise OutputLimitExceeded once one line passes ``limit`` bytes.
 
-    A line is counted without its newline, across chunks. Every whole line before the one that
-    passed is yielded first, so that the events they complete (``init`` above all, which names
-    the run to interrupt) are not lost. execd's usual chunk (whole lines, shorter than the
-    limit) costs three checks: only a line that crosses a chunk's edge can be longer than its
-    chunk, so only such chunks (and any chunk longer than ``limit``) are measured.
+    ``limit`` is a number, or a function asked before each chunk (the room the output left,
+    which shrinks as the run's output grows). A line is counted without its newline, across
+    chunks, as it arrives. Every whole line before the one that passed is yielded first, so
+    that the events they complete (``init`` above all, which names the run to interrupt) are
+    not lost. execd's usual chunk (whole lines, shorter than the limit) costs three checks:
+    only a line that crosses a chunk's edge can be longer than its chunk, so only such chunks
+    (and any chunk longer than ``limit``) are measured.
 
     Raises:
-        OutputLimitExceeded: a line passed ``limit`` (``exc.limit`` is ``limit``).
+        OutputLimitExceeded: a line passed the limit: ``too_long(limit)``, by default an
+            error whose ``limit`` is ``limit``.
     """
+    room = limit if callable(limit) else (lambda: limit)
+    error = too_long or _line_too_long
     open_line = 0  # bytes of the line the last chunk left unfinished
     for chunk in chunks:
-        if open_line or chunk[-1:] != b"\n" or len(chunk) > limit:
-            open_line, whole = _measure(chunk, open_line, limit)
+        now = room()
+        if open_line or chunk[-1:] != b"\n" or len(chunk) > now:
+            open_line, whole = _measure(chunk, open_line, now)
             if whole is not None:
                 if whole:
                     yield whole
-                raise _line_too_long(limit)
+                raise error(now)
         yield chunk
 
 
@@ -107,9 +114,31 @@ def _measure(chunk: bytes, open_line: int, limit: int) -> tuple[int, bytes | Non
 
 def _line_too_long(limit: int) -> OutputLimitExceeded:
     return OutputLimitExceeded(
-        f"a line of the event stream exceeded {limit} bytes (the guard on one line as read "
-        f"from the wire: {WIRE_GUARD_FACTOR} x the output cap + 1 MiB); the stream was closed "
+        f"a line of the event stream exceeded {limit} bytes; the stream was closed "
         "(raise max_output_bytes to allow more)",
+        limit=limit,
+    )
+
+
+def held_exceeded(limit: int, output_bytes: int) -> OutputLimitExceeded:
+    """The error for a run whose line being read (not yet an event), with the output kept,
+    passed ``limit`` bytes (the cap) plus one frame's allowance."""
+    return OutputLimitExceeded(
+        f"the run's output exceeded {limit} bytes: past the {output_bytes} bytes of output "
+        f"kept, one line of the event stream passed the rest of the cap (plus "
+        f"{FRAME_ALLOWANCE} bytes for its framing) before it ended (bytes not yet decoded "
+        "count by their size on the wire); the stream was closed (raise max_output_bytes to "
+        "allow more)",
+        limit=limit,
+    )
+
+
+def not_an_event_exceeded(limit: int, size: int, output_bytes: int) -> OutputLimitExceeded:
+    """The error for a line that is not an event and would pass ``limit`` (the cap)."""
+    return OutputLimitExceeded(
+        f"the run's output exceeded {limit} bytes: a line of the event stream that is not an "
+        f"event ({size} bytes on the wire, counted by that size) came after {output_bytes} "
+        "bytes of output; the stream was closed (raise max_output_bytes to allow more)",
         limit=limit,
     )
 
@@ -167,8 +196,14 @@ def _frame(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
-def frame_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+Skipped = Callable[[int], None]  # told the size of each line that is not an event
+
+
+def frame_lines(chunks: Iterable[bytes], skipped: Skipped | None = None) -> Iterator[bytes]:
     """Turn arbitrary byte chunks into whole ``data:`` frames, one per event line.
+
+    ``skipped`` is told the size (stripped, as read) of each non-blank line that carries no
+    event; it may raise.
 
     Raises:
         StreamError: the stream ended in the middle of a line that is not a JSON object.
@@ -178,11 +213,17 @@ def frame_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
         if not pending and chunk[:1] == b"{" and chunk.count(b"\n") == 2 and chunk[-3:] == b"}\n\n":
             yield b"data: " + chunk  # execd's usual chunk: exactly one bare event, nothing to strip
             continue
-        frames = [_frame(p) for p in map(_payload, _whole_lines(chunk, pending)) if p is not None]
+        frames = []
+        for line in _whole_lines(chunk, pending):
+            payload = _payload(line)
+            if payload is not None:
+                frames.append(_frame(payload))
+            elif skipped is not None and line.strip():
+                skipped(len(line.strip()))
         if frames:
             yield b"".join(frames)
     if pending:
-        yield _final_frame(b"".join(pending))
+        yield _final_frame(b"".join(pending), skipped)
 
 
 def _whole_lines(chunk: bytes, pending: list[bytes]) -> list[bytes]:
@@ -203,13 +244,14 @@ def _whole_lines(chunk: bytes, pending: list[bytes]) -> list[bytes]:
     return lines
 
 
-def _final_frame(tail: bytes) -> bytes:
-    payload = _final_payload(tail)
+def _final_frame(tail: bytes, skipped: Skipped | None) -> bytes:
+    payload = _final_payload(tail, skipped)
     return b"" if payload is None else _frame(payload)
 
 
-def _final_payload(tail: bytes) -> bytes | None:
-    """A last line without a newline is an event only if it is a whole JSON object."""
+def _final_payload(tail: bytes, skipped: Skipped | None) -> bytes | None:
+    """A last line without a newline is an event only if it is a whole JSON object (else
+    ``skipped`` is told its size, then the stream is truncated)."""
     if not tail.strip():
         return None
     payload = _payload(tail)
@@ -219,6 +261,8 @@ def _final_payload(tail: bytes) -> bytes | None:
                 return payload
         except (ValueError, RecursionError):
             pass
+    if skipped is not None:
+        skipped(len(tail.strip()))
     raise StreamError(f"the event stream ended in the middle of an event ({len(tail)} bytes cut)")
 
 
@@ -269,8 +313,12 @@ def event_from_object(obj: dict[str, Any]) -> Event | None:
     )
 
 
-def iter_events(chunks: Iterable[bytes]) -> Iterator[Event]:
+def iter_events(chunks: Iterable[bytes], skipped: Skipped | None = None) -> Iterator[Event]:
     """Decode the events of a byte stream.
+
+    ``skipped`` is told the size of each non-blank line that is not an event (as read, without
+    its line break and surrounding whitespace; a final line without a newline too), before
+    the next event is decoded; it may raise, to end the stream.
 
     Raises:
         StreamError: truncated stream or bytes that are not UTF-8.
@@ -278,9 +326,9 @@ def iter_events(chunks: Iterable[bytes]) -> Iterator[Event]:
     try:
         seen, bare = _sniff(iter(chunks))
         if bare:
-            yield from _bare_events(seen)
+            yield from _bare_events(seen, skipped)
         else:
-            yield from _sse_events(seen)
+            yield from _sse_events(seen, skipped)
     except UnicodeDecodeError as exc:
         raise StreamError(f"the event stream is not valid UTF-8 ({exc.reason})") from None
 
@@ -296,15 +344,18 @@ def _sniff(chunks: Iterator[bytes]) -> tuple[Iterator[bytes], bool]:
     return iter(head), False
 
 
-def _sse_events(chunks: Iterable[bytes]) -> Iterator[Event]:
+def _sse_events(chunks: Iterable[bytes], skipped: Skipped | None) -> Iterator[Event]:
     """sseclient-py's events of ``data:`` frames, one per line (see ``frame_lines``)."""
-    for sse in sseclient.SSEClient(frame_lines(chunks)).events():  # type: ignore[arg-type]
+    frames = frame_lines(chunks, skipped)
+    for sse in sseclient.SSEClient(frames).events():  # type: ignore[arg-type]
         event = decode_event(sse.data)
         if event is not None:
             yield event
+        elif skipped is not None:
+            skipped(utf8_len(sse.data))
 
 
-def _bare_events(chunks: Iterable[bytes]) -> Iterator[Event]:
+def _bare_events(chunks: Iterable[bytes], skipped: Skipped | None) -> Iterator[Event]:
     """The events of bare JSON lines, decoded directly; other lines go through sseclient-py."""
     pending: list[bytes] = []
     for chunk in chunks:
@@ -318,24 +369,28 @@ def _bare_events(chunks: Iterable[bytes]) -> Iterator[Event]:
             event = _single_event(chunk)  # execd's usual chunk: exactly one event line
             if event is not None:
                 yield event
+            elif skipped is not None:
+                skipped(len(chunk) - 2)
             continue
         for line in _whole_lines(chunk, pending):
-            yield from _line_events(line)
+            yield from _line_events(line, skipped)
     if pending:
-        payload = _final_payload(b"".join(pending))
+        payload = _final_payload(b"".join(pending), skipped)
         if payload is not None:
-            yield from _line_events(payload)
+            yield from _line_events(payload, skipped)
 
 
-def _line_events(line: bytes) -> Iterator[Event]:
+def _line_events(line: bytes, skipped: Skipped | None) -> Iterator[Event]:
     """The event of one line of a bare stream (none for blank and SSE field lines)."""
     line = line.strip()
     if line[:1] == b"{" and b"\r" not in line:
         event = decode_event(line.decode("utf-8"))
         if event is not None:
             yield event
+        elif skipped is not None:
+            skipped(len(line))
     elif line:
-        yield from _sse_events([line + b"\n"])
+        yield from _sse_events([line + b"\n"], skipped)
 
 
 def _first_not_none(*values: Any) -> Any:

@@ -389,6 +389,11 @@ CAP = 64 * 1024
 BOUND = 3.0
 
 
+# Methods that forward their caller's route to execd (``Files`` adds the files-as-a-user prefix):
+# their callers' literals are read instead.
+FORWARDERS = {("_files.py", "_request"), ("_files.py", "_answer")}
+
+
 def _template(node: ast.expr, where: str) -> str:
     """A call's path: a str, or an f-string whose fields become ``{id}``."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -404,13 +409,24 @@ def client_routes() -> set[tuple[str, str]]:
     DELETE) and ``interrupt`` (DELETE) on an ``_execd``."""
     found: set[tuple[str, str]] = set()
     for path in sorted(PACKAGE.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        inside_forwarders = {
+            id(inner)
+            for function in ast.walk(tree)
+            if isinstance(function, ast.FunctionDef) and (path.name, function.name) in FORWARDERS
+            for inner in ast.walk(function)
+        }
+        for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
-            receiver, verb = node.func.value, node.func.attr
-            if not (isinstance(receiver, ast.Attribute) and receiver.attr == "_execd"):
+            if id(node) in inside_forwarders:
                 continue
+            receiver, verb = node.func.value, node.func.attr
             where = f"{path.name}:{node.lineno}"
+            if isinstance(receiver, ast.Name) and (path.name, verb) in FORWARDERS:
+                verb = verb.lstrip("_")  # self._request(...): read as execd.request(...)
+            elif not (isinstance(receiver, ast.Attribute) and receiver.attr == "_execd"):
+                continue
             if verb in ("request", "answer"):
                 method = node.args[0]
                 assert isinstance(method, ast.Constant), f"{where}: a method that is no literal"

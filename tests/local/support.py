@@ -121,13 +121,22 @@ class Box:
         return self.stream("/code", {"code": code, "context": {"language": "python", **context}})
 
     def command(self, command: str, **extra: Any) -> list[dict[str, Any]]:
-        """Run `command` through /command."""
-        return self.stream("/command", {"command": command, **extra})
+        """Run `command` through /command (its events texts keep their line ends: see
+        `texts`)."""
+        return CommandEvents(self.stream("/command", {"command": command, **extra}))
+
+
+class CommandEvents(list):  # type: ignore[type-arg]
+    """A /command run's events: `texts` reads them line by line."""
 
 
 def texts(events: list[dict[str, Any]], kind: str = "stdout") -> list[str]:
-    """The texts of the events of type `kind`."""
-    return [e["text"] for e in events if e.get("type") == kind]
+    """The texts of the events of type `kind`; of a /command run (`Box.command`), its output
+    line by line without line ends (a blank line as "\\n"), whatever the events' split."""
+    found = [e["text"] for e in events if e.get("type") == kind]
+    if not isinstance(events, CommandEvents):
+        return found
+    return [line or "\n" for line in "".join(found).splitlines()]
 
 
 def require_isolation() -> None:

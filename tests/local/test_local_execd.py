@@ -172,7 +172,7 @@ def test_bash_language_and_languageless_code(box: Box) -> None:
     failed = box.code("exit 4", language="bash")
     assert [e["error"]["evalue"] for e in failed if e["type"] == "error"] == ["4"]
     shell = box.stream("/code", {"code": "printf 'a\\nb\\n'"})
-    assert texts(shell) == ["a", "b"]
+    assert texts(shell) == ["a\n", "b\n"]  # a command's events: execd 1.1.1's form
     assert len(shell[0]["text"]) == 32
 
 
@@ -180,6 +180,10 @@ def test_command_lines_and_exit(box: Box) -> None:
     events = box.command("printf 'a\\n\\nb\\n'; echo oops >&2")
     assert events[0]["type"] == "init" and len(events[0]["text"]) == 32
     assert texts(events) == ["a", "\n", "b"]
+    # execd 1.1.1's form (#2033): each line with its terminator, CR ending one too
+    assert [e["text"] for e in events if e["type"] == "stdout"] == ["a\n", "\n", "b\n"]
+    crlf = box.command("printf 'x\\r\\ny\\rz'")
+    assert [e["text"] for e in crlf if e["type"] == "stdout"] == ["x\r\n", "y\r", "z"]
     assert texts(events, "stderr") == ["oops"]
     assert events[-1]["type"] == "execution_complete"
     failed = box.command("echo partial; exit 7")
@@ -366,3 +370,32 @@ def test_results_carry_rich_forms_and_input_is_refused_as_by_a_kernel(
         "StdinNotImplementedError",
         "raw_input was called, but this frontend does not support input requests.",
     )
+
+
+def test_command_argv_as_execd_1_1_1(box: Box) -> None:
+    """Issue 45: `argv` runs without a shell, arguments unchanged; the 400s of #1760."""
+    code = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    args = ["a b", "$HOME", "", "*"]
+    events = box.stream("/command", {"argv": ["python3", "-c", code, *args]})
+    assert "".join(e["text"] for e in events if e["type"] == "stdout") == json.dumps(args) + "\n"
+    status = box.call("GET", f"/command/status/{events[0]['text']}").json()
+    assert json.loads(status["content"]) == ["python3", "-c", code, *args]
+    missing = box.stream("/command", {"argv": ["no-such-program-xyz"]})
+    assert [e["type"] for e in missing if e["type"] != "ping"] == ["init", "error"]
+    assert "executable file not found" in missing[-1]["error"]["evalue"]
+    for body, message in (
+        ({"command": "true", "argv": ["true"]}, "exactly one of"),
+        ({}, "exactly one of"),
+        ({"command": ""}, "exactly one of"),
+        ({"argv": "true"}, "exactly one of"),
+        ({"argv": ["true", None]}, "argv elements must be strings"),
+        ({"argv": []}, "non-empty executable"),
+        ({"argv": [""]}, "non-empty executable"),
+        ({"argv": ["true", "a\0b"]}, "must not contain NUL"),
+        ({"argv": ["true"], "gid": 1}, "uid is required when gid is provided"),
+    ):
+        answer = box.call("POST", "/command", json=body)
+        assert answer.status_code == 400, body
+        assert (
+            answer.json()["code"] == "INVALID_REQUEST_BODY" and message in answer.json()["message"]
+        )

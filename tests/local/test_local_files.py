@@ -170,3 +170,34 @@ def test_os_errors_become_runtime_errors(box: Box) -> None:
     answer = box.call("POST", "/directories", json={"plain.txt/sub": {}})
     assert (answer.status_code, answer.json()["code"]) == (500, "RUNTIME_ERROR")
     assert box.call("GET", "/ping").status_code == 200  # the connection is still usable
+
+
+def test_line_download_as_execd_1_1_1(box: Box) -> None:
+    """Issue 45 (#1030): offset/limit pick lines, ends stripped, joined by LF; hostile values
+    are 400s naming the parameter; a line longer than a read is never held whole."""
+    assert upload(box, "lines.txt", b"original\r\nsecond line\n\nfourth\nlast") == 200
+    long_line = b"y" * 300_000 + b"\r" + b"z" * 70_000 + b"\r\n"
+    assert upload(box, "long.txt", long_line + b"after\n") == 200
+
+    def lines(path: str, **query: object) -> tuple[int, str]:
+        answer = box.call("GET", "/files/download", params={"path": path, **query})
+        return answer.status_code, answer.text
+
+    assert lines("lines.txt", offset=2, limit=1) == (200, "second line")
+    assert lines("lines.txt", offset=1) == (200, "original\nsecond line\n\nfourth\nlast")
+    assert lines("lines.txt", limit=1) == (200, "original")
+    assert lines("lines.txt", offset=99) == (200, "")
+    assert lines("long.txt", limit=1) == (200, long_line[:-2].decode())
+    assert lines("long.txt", offset=2) == (200, "after")
+    typed = box.call("GET", "/files/download", params={"path": "lines.txt", "offset": 1})
+    assert typed.headers["Content-Type"] == "text/plain; charset=utf-8"
+    for name, value in (("offset", "0"), ("limit", "-1"), ("offset", "x"), ("limit", "9" * 30)):
+        status, text = lines("lines.txt", **{name: value})
+        assert status == 400 and f"invalid query parameter '{name}'" in text, text
+    ranged = box.call(
+        "GET",
+        "/files/download",
+        params={"path": "lines.txt", "offset": 1},
+        headers={"Range": "bytes=0-1"},
+    )
+    assert ranged.status_code == 400 and "mutually exclusive" in ranged.text

@@ -32,6 +32,7 @@ from osb_sync.local.host.server import answer
 from tests.local.support import (
     CREATE_BODY,
     Box,
+    CommandEvents,
     parse_events,
     require_isolation,
     texts,
@@ -127,7 +128,7 @@ def test_row4_a_swapped_sub_path_never_mounts_the_host_directory_into_b(
             headers=endpoint["headers"],
             json={"command": f"ls /data; echo {made} > /data/from-b-{made}"},
         )
-        seen = texts(parse_events(ran.content))
+        seen = texts(CommandEvents(parse_events(ran.content)))  # line by line
         assert http.delete(f"{server.api_base}/sandboxes/{sandbox_id}").status_code == 204
         assert "secret.txt" not in seen, f"B mounted the host directory (create {made})"
         assert "inside.txt" in seen, seen

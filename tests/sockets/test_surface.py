@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -72,17 +73,40 @@ def test_non_zero_exit_is_data_and_check_raises(sandbox: Sandbox) -> None:
 
 def test_command_cwd_env_and_live_lines(sandbox: Sandbox) -> None:
     sandbox.files.mkdir("work")
-    lines: list[str] = []
+    out: list[str] = []
+    err: list[str] = []
     result = sandbox.commands.run(
         "pwd; echo $GREETING; echo err >&2",
         cwd="work",
         env={"GREETING": "hi"},
-        on_stdout=lines.append,
-        on_stderr=lines.append,
+        on_stdout=out.append,
+        on_stderr=err.append,
     )
     assert result.stdout.endswith("/work\nhi\n")
-    # every line, once, through its callback; stdout and stderr may interleave either way
-    assert sorted(lines) == sorted([*result.stdout.splitlines(keepends=True), "err\n"])
+    # all the output, once, through its callback, in pieces (lines, or parts of lines)
+    assert ("".join(out), "".join(err)) == (result.stdout, "err\n")
+
+
+ARGV_CODE = "import json, sys; print(json.dumps(sys.argv[1:]))"
+
+
+def test_an_argv_passes_each_argument_unchanged(sandbox: Sandbox) -> None:
+    """Issue 45: an argv runs without a shell (execd 1.1.0+; on June's execd, tox -e
+    realexecd, as a quoted shell command after its 400)."""
+    args = ["a b", "$HOME", "", "it's", '"q"', "*", "; echo no"]
+    result = sandbox.commands.run(["python3", "-c", ARGV_CODE, *args])
+    assert (result.exit_code, result.stdout) == (0, json.dumps(args) + "\n"), result.stderr
+    again = sandbox.commands.run(("python3", "-c", ARGV_CODE, "x"), env={"A": "1"})
+    assert again.stdout == '["x"]\n'
+    background = sandbox.commands.start(["sh", "-c", "echo $0 $1", "zero", "one two"])
+    assert background.wait(timeout=10).exit_code == 0
+    assert background.logs()[0] == "zero one two\n"
+
+
+@pytest.mark.parametrize("argv", [[], [""], ["ls", 3], ["ls", "a\0b"], "  "])
+def test_a_bad_argv_is_refused_before_any_request(sandbox: Sandbox, argv: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"argv|command"):
+        sandbox.commands.run(argv)  # type: ignore[arg-type]
 
 
 def test_command_timeout_is_a_result(sandbox: Sandbox) -> None:
@@ -309,3 +333,33 @@ def test_renew_expiry_is_rfc3339_utc(client: Client, sandbox: Sandbox) -> None:
     assert expiry is not None
     remaining = (expiry - datetime.now(timezone.utc)).total_seconds()
     assert 100 < remaining <= 121
+
+
+def test_set_env_reaches_every_later_command(sandbox: Sandbox) -> None:
+    """Issue 45: commands.set_env appends to the EXECD_ENVS file, which execd rereads for
+    every command; a command's own env still wins."""
+    if realexecd.in_use():
+        pytest.skip("June's execd does not reread EXECD_ENVS for each command")
+    sandbox.commands.set_env("OSB_GREETING", "hello world")
+    sandbox.commands.set_env("OSB_QUOTED", 'it\'s $HOME \\ "q"')
+    result = sandbox.commands.run('echo "$OSB_GREETING"; echo "$OSB_QUOTED"')
+    home = sandbox.commands.run('echo "$HOME"').stdout.strip()
+    assert result.stdout == f'hello world\nit\'s {home} \\ "q"\n'
+    own = sandbox.commands.run('echo "$OSB_GREETING"', env={"OSB_GREETING": "mine"})
+    assert own.stdout == "mine\n"
+    argv = sandbox.commands.run(["sh", "-c", 'echo "$OSB_GREETING"'])
+    assert argv.stdout == "hello world\n"
+    with pytest.raises(ConfigurationError, match="key must match"):
+        sandbox.commands.set_env("1BAD", "x")
+    with pytest.raises(ConfigurationError, match="NUL"):
+        sandbox.commands.set_env("OK", "a\0b")
+
+
+def test_read_text_picks_lines(sandbox: Sandbox) -> None:
+    """Issue 45: line downloads (execd 1.1.1; June's execd sends the whole file and the client
+    picks the lines: tox -e realexecd)."""
+    sandbox.files.write("lines.txt", "first\r\nsecond line\n\nfourth\n")
+    assert sandbox.files.read_text("lines.txt", offset=2, limit=1) == "second line"
+    assert sandbox.files.read_text("lines.txt", offset=2) == "second line\n\nfourth"
+    assert sandbox.files.read_text("lines.txt", limit=1) == "first"
+    assert sandbox.files.read_text("lines.txt", offset=10) == ""

@@ -1,7 +1,9 @@
 """Each server's one route table, checked against its spec (copies in ``tests/data/specs/``).
 
 execd's table (``ExecdApp.routes``, ``osb_sync/local/execd/router.py``) against
-``execd-api.yaml``; the lifecycle server's (``LocalServer.routes``,
+``execd-api.yaml`` (June's) followed by ``EXECD_RELEASED``, the routes the released execd (1.1.1)
+added, transcribed by hand from ``shared/reference/opensandbox-1.1.1.md`` sections 1-5 (no execd
+spec of the release could be read); the lifecycle server's (``LocalServer.routes``,
 ``osb_sync/local/host/server.py``) against the released server's
 ``opensandbox-server-1.1.1-openapi.json``, where each route appears with and without ``/v1``
 (one route here, as our server serves both too). Path parameters compare by position, not
@@ -44,8 +46,33 @@ HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "tra
 
 Route = tuple[str, str]  # (method, path with every parameter written {})
 
+# Transcribed, not read from a spec file: (method, path as the reference writes it, where).
+_AS_USER = "/v1/filesystem/{uid}/{gid}"
+EXECD_RELEASED: list[tuple[str, str, str]] = [
+    *(
+        (method, _AS_USER + path, "1.1.1, #2070: reference 4.1")
+        for method, path in (
+            ("GET", "/files/info"),
+            ("DELETE", "/files"),
+            ("POST", "/files/permissions"),  # the plain routes' order (June's spec)
+            ("POST", "/files/mv"),
+            ("GET", "/files/search"),
+            ("POST", "/files/replace"),
+            ("POST", "/files/upload"),
+            ("GET", "/files/download"),
+            ("GET", "/directories/list"),
+            ("POST", "/directories"),
+            ("DELETE", "/directories"),
+        )
+    ),
+    ("POST", "/init", "1.1.0, #1871: reference 5 (path unconfirmed: /init or /internal/init)"),
+    ("GET", "/ready", "1.1.0, #1871: reference 5"),
+]
+
 EXECD_NOT_SERVED: set[Route] = {
     ("GET", "/metrics/watch"),  # the metrics stream (SSE)
+    ("POST", "/init"),  # runtime init: a control plane's call (fast-sandbox), not a client's
+    ("GET", "/ready"),  # its readiness route; clients probe GET /ping
 }
 EXECD_OURS_ONLY: dict[Route, str] = {}
 
@@ -104,7 +131,9 @@ def spec_names(operations: list[tuple[str, str]]) -> dict[Route, str]:
 
 
 def execd_spec() -> dict[Route, str]:
-    return spec_names(yaml_operations(EXECD_SPEC.read_text()))
+    """June's spec, then the released execd's routes (``EXECD_RELEASED``)."""
+    released = [(method, path) for method, path, _ in EXECD_RELEASED]
+    return spec_names([*yaml_operations(EXECD_SPEC.read_text()), *released])
 
 
 def lifecycle_spec() -> dict[Route, str]:

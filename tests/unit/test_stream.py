@@ -15,7 +15,6 @@ from osb_sync._stream import (
     iter_events,
     payload_bytes,
     utf8_prefix,
-    wire_guard,
 )
 
 
@@ -162,9 +161,13 @@ def test_line_guard_delivers_the_whole_lines_before_the_long_one() -> None:
     assert seen == [b'{"type":"init","text":"r"}\n\n']
 
 
-def test_wire_guard_is_four_times_the_cap_plus_a_mebibyte() -> None:
-    assert wire_guard(1) == 4 + (1 << 20)
-    assert wire_guard(10 << 20) == (41 << 20)
+def test_line_guard_asks_a_changing_limit_before_each_chunk() -> None:
+    rooms = iter([100, 100, 10])
+    seen: list[bytes] = []
+    with pytest.raises(OutputLimitExceeded, match="exceeded 10 bytes"):
+        for chunk in guard_lines([b"a" * 50, b"b" * 5, b"c"], lambda: next(rooms)):
+            seen.append(chunk)
+    assert seen == [b"a" * 50, b"b" * 5]
 
 
 def test_folders_count_the_output_as_read_not_the_framing() -> None:

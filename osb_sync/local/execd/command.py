@@ -2,15 +2,24 @@
 interrupt, and persistent bash sessions (`/session`), plus helpers shared by the execd routes.
 
 A command writes to pipes (real execd tails files; pipes need no free disk, so a full disk
-does not silence it). A foreground command is reported one line per event; its stream stays
-open `command_grace` seconds after the terminal event. A background command's stdout and
-stderr share one pipe, which a thread of its own reads into the command's bounded in-memory
-`OutputLog` (`output.py`: the newest 4 MiB per command, 32 MiB per sandbox); the logs route
-reads it by byte offset, and the status says done only once the pipe was read to the exit.
+does not silence it). A foreground command's output is sent as execd 1.1.1 sends it (#2033):
+texts that join to the exact output, each line with its terminator (a lone CR ends one too,
+so a progress line goes out at once; `OutputPieces`); its stream stays open `command_grace`
+seconds after the terminal event. Every command reads the `EXECD_ENVS` file afresh
+(`envs_file.py`, execd 1.1.1's `commands.set_env`). Sessions keep June's form (one line per
+event, terminator stripped: `workers.LineSplitter`); the client reads both.
+
+A background command's stdout and stderr share one pipe, which a thread of its own reads
+into the command's bounded in-memory `OutputLog` (`output.py`: the newest 4 MiB per command,
+32 MiB per sandbox); the logs route reads it by byte offset, and the status says done only
+once the pipe was read to the exit.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -19,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ..http.bodies import (
     MAX_ID,
@@ -32,11 +41,12 @@ from ..http.bodies import (
     working_dir,
 )
 from ..http.exchange import EventStream, Exchange, error
+from . import envs_file
 from .output import LogBudget
 from .runner import SandboxRuntime
 from .workers import (
+    LINE_LIMIT,
     CommandRecord,
-    LineSplitter,
     ShellSession,
     collect_output,
     complete,
@@ -47,6 +57,42 @@ from .workers import (
 )
 
 SHELL = shutil.which("bash") or "/bin/sh"
+LINE_END = re.compile(rb"\r\n|\r|\n")
+ENVS_FILE = ".opensandbox/envs"  # EXECD_ENVS when the sandbox's environment names none
+
+
+class OutputPieces:
+    """Cuts a byte stream into execd 1.1.1's output texts: each line with its terminator (LF,
+    CR, or CRLF when both arrive together), a longer run without one in pieces of LINE_LIMIT
+    bytes, so memory stays bounded; the texts join to the output (bytes that are not UTF-8
+    replaced, as execd does)."""
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        """The texts `data` completes, with what was held before it."""
+        data = self._rest + data
+        pieces = []
+        start = 0
+        for end in _line_ends(data):
+            pieces.append(data[start:end])
+            start = end
+        self._rest = data[start:]
+        while len(self._rest) >= LINE_LIMIT:
+            pieces.append(self._rest[:LINE_LIMIT])
+            self._rest = self._rest[LINE_LIMIT:]
+        return [piece.decode("utf-8", "replace") for piece in pieces]
+
+    def flush(self) -> list[str]:
+        """The last text, a line without a terminator, if any."""
+        rest, self._rest = self._rest, b""
+        return [rest.decode("utf-8", "replace")] if rest else []
+
+
+def _line_ends(data: bytes) -> list[int]:
+    """Where each line of `data` ends (after its LF, CR, or CRLF)."""
+    return [found.end() for found in LINE_END.finditer(data)]
 
 
 @dataclass
@@ -59,6 +105,59 @@ class CommandSpec:
     deadline: float | None = None
     user: int | None = None
     group: int | None = None
+    argv: list[str] | None = None  # run without a shell (execd 1.1.0's argv, #1760)
+
+
+PARSE_ERROR = "error parsing request, MAYBE invalid body format."
+ONE_OF = f"{PARSE_ERROR} exactly one of non-empty command or argv is required"
+
+
+def command_or_argv(body: dict[str, Any]) -> tuple[str, list[str] | None]:
+    """A /command body's `command`, or its `argv` (and the JSON text its status shows), with
+    execd 1.1.1's answers to each bad shape (reference 3.1); 400 otherwise."""
+    command, argv = body.get("command"), body.get("argv")
+    if (command not in (None, "")) == (argv is not None):
+        raise error(400, "INVALID_REQUEST_BODY", ONE_OF)
+    if argv is None:
+        return text(body, "command"), None
+    if not isinstance(argv, list):
+        raise error(400, "INVALID_REQUEST_BODY", ONE_OF)
+    if not all(isinstance(arg, str) for arg in argv):
+        raise error(400, "INVALID_REQUEST_BODY", f"{PARSE_ERROR} argv elements must be strings")
+    if not argv or not argv[0]:
+        raise bad_request("argv must contain a non-empty executable")
+    if any("\0" in arg for arg in argv):
+        raise bad_request("argv must not contain NUL")
+    return json.dumps(argv, separators=(",", ":")), argv
+
+
+def find_program(name: str, cwd: Path, env: dict[str, str]) -> str:
+    """Where execd 1.1.1 finds `argv[0]`: a name with a `/` against `cwd`; a bare name in
+    the absolute entries of the command's `PATH`, a regular file with an execute bit.
+    OSError (Go's message) if none."""
+    if "/" in name:
+        path = cwd / name
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+        raise OSError(f"fork/exec {name}: no such file or directory")
+    for entry in env.get("PATH", "").split(os.pathsep):
+        if os.path.isabs(entry):
+            path = Path(entry, name)
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
+    raise OSError(f'exec: "{name}": executable file not found in $PATH')
+
+
+def command_env(runtime: SandboxRuntime, spec: CommandSpec) -> dict[str, str]:
+    """A command's environment over the sandbox's: `EXECD_ENVS` (the file's path, by default
+    `ENVS_FILE` under the sandbox directory), the file's variables, read afresh, then the
+    request's `envs` (`envs_file.py`)."""
+    path = runtime.env.get("EXECD_ENVS") or str(runtime.dir / ENVS_FILE)
+    owners = {os.getuid()}
+    for user in (runtime.user[0] if runtime.user else None, spec.user):
+        if user is not None:
+            owners.add(user)
+    return {"EXECD_ENVS": path, **envs_file.read(path, owners, runtime.env), **spec.envs}
 
 
 def spawn_shell(
@@ -67,11 +166,16 @@ def spawn_shell(
     stdout: int | IO[bytes],
     stderr: int | IO[bytes],
 ) -> subprocess.Popen[bytes]:
-    """Start `spec` with the shell, in the sandbox, writing to the given files or pipes."""
+    """Start `spec` with the shell (its argv without one), in the sandbox, writing to the
+    given files or pipes."""
+    argv = [SHELL, "-c", spec.command]
+    env = command_env(runtime, spec)
+    if spec.argv is not None:
+        argv = [find_program(spec.argv[0], spec.cwd, {**runtime.env, **env}), *spec.argv[1:]]
     return runtime.spawn(
-        [SHELL, "-c", spec.command],
+        argv,
         cwd=spec.cwd,
-        env=spec.envs,
+        env=env,
         stdout=stdout,
         stderr=stderr,
         user=spec.user,
@@ -150,11 +254,11 @@ class Commands:
     def run_command(self, ex: Exchange) -> None:
         """POST /command."""
         body = read_object(ex)
-        command = text(body, "command")
+        command, argv = command_or_argv(body)
         timeout = timeout_ms(body)
         uid, gid = bounded_int(body, "uid", 0, MAX_ID), bounded_int(body, "gid", 0, MAX_ID)
         if gid is not None and uid is None:
-            raise bad_request("gid requires uid")
+            raise bad_request("uid is required when gid is provided")
         spec = CommandSpec(
             command,
             self._cwd(body.get("cwd")),
@@ -162,6 +266,7 @@ class Commands:
             None if timeout is None else time.monotonic() + timeout / 1000,
             uid,
             gid,
+            argv,
         )
         self.execute(ex, spec, background=bool(body.get("background")))
 
@@ -206,7 +311,7 @@ class Commands:
         self._remember(record)
         stream = self._started_stream(ex, command_id)
         try:
-            splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
+            splitters = {"stdout": OutputPieces(), "stderr": OutputPieces()}
 
             def sink(name: str, data: bytes) -> None:
                 for line in splitters[name].feed(data):

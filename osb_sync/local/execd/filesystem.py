@@ -14,9 +14,10 @@ import pwd
 import re
 import shutil
 import stat
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..http.bodies import rfc3339
 from ..http.exchange import Exchange, error
@@ -104,14 +105,75 @@ def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
     return start, end
 
 
+def _line_number(ex: Exchange, name: str) -> int | None:
+    """The `offset` or `limit` of a line download: a decimal integer of 1 or more; 400 else."""
+    raw = ex.arg(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18 or int(raw) < 1:
+        shown = raw[:40].encode("ascii", "backslashreplace").decode()
+        raise error(400, "INVALID_REQUEST_BODY", f"invalid query parameter '{name}': {shown}")
+    return int(raw)
+
+
+def _selected_lines(source: BinaryIO, first: int, count: int | None) -> Iterator[bytes]:
+    """Lines `first` to `first + count - 1` (1-based) of `source`, without their LF or CRLF,
+    joined by LF, in pieces of at most PIECE bytes (a line longer than that is never held)."""
+    number, at_start, started, held_cr = 1, True, False, b""
+    while count is None or number < first + count:
+        piece = source.readline(PIECE)
+        if not piece:
+            break
+        whole = piece.endswith(b"\n")
+        if number >= first:
+            text = piece[:-1] if whole else piece
+            if whole and text.endswith(b"\r"):
+                text = text[:-1]
+            if held_cr and piece != b"\n":
+                text = held_cr + text  # a CR before a piece's end, not a CRLF's
+            held_cr = b""
+            if not whole and text.endswith(b"\r"):
+                held_cr, text = b"\r", text[:-1]
+            if at_start and started:
+                yield b"\n"
+            started = True
+            if text:
+                yield text
+        at_start = whole
+        number += whole
+    if held_cr:
+        yield held_cr
+
+
+def _download_lines(ex: Exchange, path: Path, first: int, count: int | None) -> None:
+    """Answer a line download (execd 1.1.1, #1030): text/plain, chunked, streamed."""
+    if ex.headers.get("Range"):
+        message = "offset/limit and Range are mutually exclusive"
+        raise error(400, "INVALID_REQUEST_BODY", message)
+    with open(path, "rb") as source:
+        writer = ex.start_chunked(200, {"Content-Type": "text/plain; charset=utf-8"})
+        batch = bytearray()
+        for piece in _selected_lines(source, first, count):
+            batch += piece
+            if len(batch) >= PIECE:
+                writer.write(bytes(batch))
+                batch.clear()
+        writer.write(bytes(batch))
+        writer.end()
+
+
 def download(runtime: SandboxRuntime, ex: Exchange) -> None:
-    """GET /files/download?path=, with single-range support."""
+    """GET /files/download?path=, with single-range support, or lines (`offset`, `limit`)."""
     raw = ex.arg("path") or ""
     if not raw:
         raise error(400, "MISSING_QUERY", "missing query parameter: path")
+    first, count = _line_number(ex, "offset"), _line_number(ex, "limit")
     path = sandbox_path(runtime, raw)
     if not path.is_file():
         raise error(404, "FILE_NOT_FOUND", f"file not found: {raw}")
+    if first is not None or count is not None:
+        _download_lines(ex, path, first or 1, count)
+        return
     with open(path, "rb") as source:
         size = os.fstat(source.fileno()).st_size
         try:

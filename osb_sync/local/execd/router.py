@@ -4,7 +4,8 @@ The table follows real execd's router (`components/execd/pkg/web/router.go`) and
 (`execd-api.yaml`), group by group: Health, CodeInterpreting (`code_interpreting.py`),
 Command (`command.py`), Filesystem (`filesystem.py`, uploads in `uploads.py`) and Metric
 (`metrics.py`). `tests/unit/test_route_tables.py` checks it against the spec and lists what
-is not served yet.
+is not served yet. After them, execd 1.1.1's files as a user (`identity.py`): every file route
+again under `/v1/filesystem/{uid}/{gid}`, served as that user.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import functools
 from collections.abc import Callable
 
 from ..http.exchange import Exchange, Route, Router
-from . import filesystem, metrics, uploads
+from . import filesystem, identity, metrics, uploads
 from .code_interpreting import CodeInterpreter
 from .command import Commands
 from .runner import SandboxRuntime
@@ -42,7 +43,7 @@ class ExecdApp:
         def files(handler: Callable[[SandboxRuntime, Exchange], None]) -> Route:
             return functools.partial(handler, self.runtime)
 
-        return [
+        table: list[tuple[str, str, Route]] = [
             ("GET", "/ping", ping),
             ("GET", "/code/contexts", code.list_contexts),
             ("DELETE", "/code/contexts", code.delete_contexts),
@@ -71,6 +72,13 @@ class ExecdApp:
             ("DELETE", "/directories", files(filesystem.delete_directories)),
             ("GET", "/metrics", metrics.get_metrics),
         ]
+        # execd 1.1.1 (#2070): the file routes again, as a user
+        file_routes = [r for r in table if r[1].startswith(("/files", "/directories"))]
+        for method, pattern, route in file_routes:
+            handler = route.func  # type: ignore[attr-defined]
+            served = identity.served_as_user(self.runtime, handler)
+            table.append((method, identity.PREFIX + pattern, served))
+        return table
 
     def close(self) -> None:
         """Kill every worker and session (the sandbox is going away)."""
