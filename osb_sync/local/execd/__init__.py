@@ -10,6 +10,7 @@ Its route modules follow real execd's route groups, so the two read side by side
 - `filesystem`: the file routes.
 - `uploads`: upload, replace, permissions.
 - `metrics`: `/metrics`.
+- `identity`: files as a user, `/v1/filesystem/{uid}/{gid}/...` (execd 1.1.1).
 
 Beneath them:
 
@@ -21,4 +22,5 @@ Beneath them:
 - `pyworker`: the Python worker of a code context.
 - `_worker`: that worker's own process (run as a script).
 - `runner`: the sandbox's processes: environment, process groups, clean-up.
+- `envs_file`: the `EXECD_ENVS` file every command rereads (`commands.set_env`).
 """
