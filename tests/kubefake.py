@@ -12,7 +12,8 @@ What it plays (reference: ../shared/reference/opensandbox-1.1.1.md §6 and §7):
   e.g. ``Pending`` -> ``Allocated`` -> ``Running``.
 - ``GET /v1/sandboxes/{id}/endpoints/{port}``: ``not_ready`` times 404
   ``KUBERNETES::POD_IP_NOT_AVAILABLE``, then the server-proxy endpoint.
-- ``GET /v1/sandboxes`` with a ``metadata`` filter (the orphan search) and ``DELETE``.
+- ``GET /v1/sandboxes`` with ``metadata`` and ``state`` filters (the orphan search, the CLI's
+  list: each sandbox in its current state, not moving it on), and ``DELETE``.
 - ``/v1/sandboxes/{id}/proxy/44772/...``: execd behind the server proxy: ``/ping``, and
   ``POST /command`` as a healthy ``echo ok`` run unless ``proxy_faults`` names an answer for
   it (502 ``BACKEND_*``, 504 ``BACKEND_TIMEOUT``).
@@ -155,11 +156,14 @@ class KubeFake:
 
     def _list(self, req: Request) -> None:
         wanted = {k: v[0] for k, v in parse_qs((req.query.get("metadata") or [""])[0]).items()}
+        states = req.query.get("state") or []
         with self._lock:
             items = [
-                {"id": b.id, "status": {"state": "Running"}, "metadata": b.metadata}
+                {"id": b.id, "status": {"state": b.states[0]}, "metadata": b.metadata}
                 for b in self.boxes.values()
-                if not b.deleted and all(b.metadata.get(k) == v for k, v in wanted.items())
+                if not b.deleted
+                and all(b.metadata.get(k) == v for k, v in wanted.items())
+                and (not states or b.states[0] in states)
             ]
         pagination = {"page": 1, "pageSize": 200, "totalItems": len(items), "hasNextPage": False}
         req.send_json(200, {"items": items, "pagination": pagination})

@@ -27,6 +27,7 @@ from osb_sync import (
 )
 from tests.fakeserver import FakeServer
 from tests.kubefake import CREATE_ID_KEY, Accept, KubeFake, Refuse, capacity_exhausted
+from tests.sockets.test_cli import osb
 
 POOL_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "pool-template.json"
 FAST = {"poll_interval": 0.02, "ready_timeout": 5}
@@ -145,6 +146,16 @@ def test_allocated_past_ready_timeout_names_it(kube: KubeFake) -> None:
         client.create_sandbox(poll_interval=0.05, ready_timeout=0.5)
     assert "Allocated" in str(info.value) and "IP_ASSIGNED" in str(info.value)
     assert kube.live() == []  # deleted before the error
+
+
+def test_the_cli_lists_allocated_sandboxes(kube: KubeFake) -> None:
+    kube.states = ["Allocated"]  # the create answers Running; the list shows Allocated
+    with Client(kube.api_base) as client, client.create_sandbox(**FAST) as sandbox:  # type: ignore[arg-type]
+        ran = osb("list", "--api-base", kube.api_base, "--state", "allocated")
+        assert ran.returncode == 0, ran.stderr
+        assert sandbox.id in ran.stdout and "Allocated" in ran.stdout
+        running = osb("list", "--api-base", kube.api_base, "--state", "running")
+        assert sandbox.id not in running.stdout
 
 
 def test_an_address_that_never_comes_names_the_last_answer(kube: KubeFake) -> None:
