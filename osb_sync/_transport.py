@@ -29,7 +29,9 @@ Rules that every request follows, whatever session it goes through:
   connection errors (not on a failed certificate check or TLS spoken to plain HTTP: those
   are permanent) and on 429/502/503/504, with capped exponential backoff that honours a
   capped ``Retry-After``. Other calls are retried only when the connection could not be
-  opened (nothing was sent). The loop is ours, not urllib3's, so it works with any session.
+  opened (nothing was sent). (The one POST sent again after an answer, a create answered 429,
+  is re-sent by ``_lifecycle.Lifecycle.create``, which argues why; never here.) The loop is
+  ours, not urllib3's, so it works with any session.
 - **Deadlines.** A call made inside a wait (``ready_timeout``, a run's ``timeout``) passes
   that wait's ``deadline``: its connect and read timeouts are at most the time left, and no
   retry is made whose backoff would pass it. The connect and read timeouts stay what they
