@@ -55,6 +55,7 @@ def spec_with(**main: Any) -> dict[str, Any]:
     [
         ({"spec": {}, "kind": "Pod"}, "template.kind"),
         ({"metadata": {"name": "x"}, "spec": {}}, "template.metadata.name"),
+        ({"metadata": [], "spec": {}}, "template.metadata"),
         ({"spec": {"nodeSelector": {"a": "b"}, "containers": []}}, "template.spec.nodeSelector"),
         ({"spec": {"hostNetwork": True}}, "template.spec.hostNetwork"),
         # a host path is never mounted, whatever it is called

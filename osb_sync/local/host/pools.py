@@ -195,7 +195,7 @@ def pod_template_body(template: dict[str, Any]) -> tuple[dict[str, Any], str]:
     if unknown:
         raise _invalid(unknown[0], "a PodTemplateSpec here holds metadata and spec")
     ignored: list[str] = []
-    metadata = _fields(template.get("metadata") or {}, "metadata", ("labels", "annotations"))
+    metadata = _fields(template.get("metadata", {}), "metadata", ("labels", "annotations"))
     for name, value in metadata.items():
         _string_map(value, f"metadata.{name}")
         ignored.append(f"metadata.{name}")
