@@ -49,7 +49,7 @@ from .local.host import options as server_options
 
 PROG = "osb-sync"
 TEMPLATE_HELP = "image of the sandbox (default: the server's); --image is the same flag"
-STATES = ["Pending", "Running", "Paused", "Stopping", "Terminated", "Failed"]
+STATES = ["Pending", "Running", "Paused", "Stopping", "Terminated", "Failed", "Allocated"]
 ALIASES = {"ls": "list", "rm": "delete"}
 SHELLS = ("bash", "zsh", "fish")
 HELP_TOPICS = {"exit-codes": EXIT_STATUSES}

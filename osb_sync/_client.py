@@ -93,7 +93,8 @@ class Client:
         read_timeout: seconds of silence allowed on any response, streams included.
         call_timeout: seconds an execd call may take from its request sent to the end of its
             answer (of a streamed one: to its headers); default: twice ``read_timeout``.
-        create_timeout: seconds allowed for ``POST /sandboxes`` (servers pull images inside it).
+        create_timeout: seconds allowed for ``POST /sandboxes`` (servers pull images inside it),
+            its resends after a 429 (no capacity now) included.
         pool_maxsize: connections kept per host: size it for the number of threads.
         pool_block: when all ``pool_maxsize`` connections to a host are in use, wait for
             one to be free instead of opening one more (which is closed after its call): the

@@ -57,7 +57,7 @@ class ClientSettings:
             answer (of a streamed one: to its headers); None: twice ``read_timeout``. The
             read timeout bounds each silence, this their sum: a byte now and then keeps no
             call alive past it.
-        create_timeout: seconds allowed for ``POST /sandboxes``.
+        create_timeout: seconds allowed for ``POST /sandboxes``, resends after a 429 included.
         pool_maxsize: connections kept per host.
         pool_block: when all ``pool_maxsize`` connections to a host are in use, wait for one
             (at most ``connect_timeout``) instead of opening one more for the call.

@@ -15,8 +15,16 @@ The tree::
     │                                                  process that shares it
     ├── ApiError                (also requests.HTTPError)  the server answered with an error status
     │   ├── NotFoundError                              404
-    │   └── NotSupportedError                          the server does not serve the feature
-    │                                                  (404 for the route itself, 405, 501)
+    │   │   └── EndpointNotReadyError                  404 KUBERNETES::POD_IP_NOT_AVAILABLE
+    │   ├── NotSupportedError                          the server does not serve the feature
+    │   │                                              (404 for the route itself, 405, 501)
+    │   ├── CapacityError                              429: no capacity now (``retry_after``)
+    │   ├── QuotaExceededError                         403 KUBERNETES::QUOTA_EXCEEDED
+    │   ├── StartTimeoutError   (also SandboxTimeoutError)  504 KUBERNETES::POD_READY_TIMEOUT
+    │   └── ProxyError                                 the server's proxy to a sandbox failed
+    │       ├── ProxyConnectError                      502 BACKEND_CONNECTION_FAILED
+    │       ├── ProxyResponseError                     502 BACKEND_RESPONSE_FAILED
+    │       └── ProxyTimeoutError                      504 BACKEND_TIMEOUT
     └── TransportError          (also requests.ConnectionError)  no usable response
         └── StreamError                                a stream broke, stalled or ended truncated
 
@@ -26,13 +34,23 @@ everything the package raises, and each failure has a class of its own to catch.
 that breaks the protocol (a success whose body is unusable) is an ``ApiError`` with ``code``
 ``INVALID_RESPONSE`` (:func:`invalid_response`).
 
+The Kubernetes faults (``KUBERNETES_FAULTS``) are chosen by status and code in the one funnel,
+:func:`error_from_response`, and keep the server's ``code`` and ``message``; a 429 is a
+:class:`CapacityError` whatever its code. None of them makes a call that is not idempotent
+(a ``POST``) retried by the transport; the one call retried on purpose is a create answered
+429, whose sandbox the server deleted before answering (``_lifecycle.Lifecycle.create``).
+
 Every message names what happened and, where known, the request id; none contains an API key
 or an execd token.
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
+import math
+import time
+from datetime import timezone
 from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
@@ -175,6 +193,115 @@ class NotSupportedError(ApiError):
         self.server_version = server_version
 
 
+class EndpointNotReadyError(NotFoundError):
+    """404 ``KUBERNETES::POD_IP_NOT_AVAILABLE``: the sandbox's pod has no address yet (it is
+    starting). Endpoint waits retry it until their ``ready_timeout``."""
+
+
+class CapacityError(ApiError):
+    """429: the server has no capacity now: its pool is full
+    (``KUBERNETES::POOL_CAPACITY_EXHAUSTED``), its fast path is exhausted (``FSB::API_ERROR``),
+    or a gateway limits the rate.
+
+    A create answered 429 is retried within ``create_timeout``; this is raised when the wait
+    the server asks for does not fit in the time left.
+
+    Attributes:
+        retry_after: the seconds the server asked to wait (``Retry-After``), or None when it
+            gave none that could be read (absent, negative, not a number or date).
+    """
+
+    def __init__(self, text: str, *, retry_after: float | None = None, **fields: Any):
+        super().__init__(text, **fields)
+        self.retry_after = retry_after
+
+
+class QuotaExceededError(ApiError):
+    """403 ``KUBERNETES::QUOTA_EXCEEDED``: the namespace's ResourceQuota refused the sandbox
+    (delete sandboxes, ask for less, or raise the quota); the server deleted what it made."""
+
+
+class StartTimeoutError(ApiError, SandboxTimeoutError):
+    """504 ``KUBERNETES::POD_READY_TIMEOUT``: the server gave up waiting for the sandbox's pod
+    to run (its ``sandbox_create_timeout_seconds``); the server deleted what it made."""
+
+
+class ProxyError(ApiError):
+    """The server's proxy could not complete a call to the sandbox (``use_server_proxy``)."""
+
+
+class ProxyConnectError(ProxyError):
+    """502 ``BACKEND_CONNECTION_FAILED``: the proxy could not connect to the sandbox (starting,
+    paused or gone); the request did not reach it."""
+
+
+class ProxyResponseError(ProxyError):
+    """502 ``BACKEND_RESPONSE_FAILED``: the connection to the sandbox broke after connecting;
+    the request may have reached it (a run may have started)."""
+
+
+class ProxyTimeoutError(ProxyError):
+    """504 ``BACKEND_TIMEOUT``: the sandbox did not answer the proxy in time; the request
+    reached it and may still be running."""
+
+
+# (status, code) -> the class of that answer, and what the message adds (the next step)
+KUBERNETES_FAULTS: dict[tuple[int, str], tuple[type[ApiError], str]] = {
+    (404, "KUBERNETES::POD_IP_NOT_AVAILABLE"): (
+        EndpointNotReadyError,
+        "the sandbox is starting: wait, or raise ready_timeout",
+    ),
+    (403, "KUBERNETES::QUOTA_EXCEEDED"): (
+        QuotaExceededError,
+        "delete sandboxes, ask for less resource_limits, or raise the namespace's quota",
+    ),
+    (504, "KUBERNETES::POD_READY_TIMEOUT"): (
+        StartTimeoutError,
+        "the server's sandbox_create_timeout_seconds passed: check the image and the pod's "
+        "events (client diagnostics)",
+    ),
+    (502, "BACKEND_CONNECTION_FAILED"): (
+        ProxyConnectError,
+        "the request did not reach the sandbox: is it running?",
+    ),
+    (502, "BACKEND_RESPONSE_FAILED"): (
+        ProxyResponseError,
+        "the request may have reached the sandbox: not sent again",
+    ),
+    (504, "BACKEND_TIMEOUT"): (
+        ProxyTimeoutError,
+        "the request reached the sandbox and may still run there: not sent again",
+    ),
+}
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` value asks to wait (RFC 9110: delay-seconds or an HTTP date),
+    uncapped; None when absent or unusable: garbage, NaN, infinity, a negative number. A date
+    in the past is 0.0. ``now``: the Unix time to count a date from (default: the clock).
+
+    The one parse of ``Retry-After``: the server's value, which is untrusted; what to do with
+    a value that is too long is its caller's decision (a cap, or a refusal).
+    """
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        delay = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+            if when.tzinfo is None:  # "-0000": RFC 5322's unknown zone; HTTP dates are UTC
+                when = when.replace(tzinfo=timezone.utc)
+            delay = when.timestamp() - (time.time() if now is None else now)
+        except (TypeError, ValueError, OverflowError, IndexError):
+            return None
+        return max(delay, 0.0) if math.isfinite(delay) else None
+    if not math.isfinite(delay) or delay < 0:
+        return None
+    return delay
+
+
 class TransportError(OpenSandboxError, requests.ConnectionError):
     """A request got no usable response: refused, DNS, TLS, timeout, or a refused redirect."""
 
@@ -196,25 +323,11 @@ class StreamError(TransportError):
 
 def with_suffix(exc: ApiError, suffix: str) -> ApiError:
     """The same ApiError (same class and fields) with ``suffix`` added to its message."""
-    if isinstance(exc, NotSupportedError):
-        return NotSupportedError(
-            f"{exc} {suffix}",
-            feature=exc.feature,
-            server_version=exc.server_version,
-            status_code=exc.status_code,
-            code=exc.code,
-            message=exc.message,
-            request_id=exc.request_id,
-            response=exc.response,
-        )
-    return type(exc)(
-        f"{exc} {suffix}",
-        status_code=exc.status_code,
-        code=exc.code,
-        message=exc.message,
-        request_id=exc.request_id,
-        response=exc.response,
-    )
+    text = f"{exc} {suffix}"
+    copy = type(exc).__new__(type(exc), text)
+    copy.__dict__.update(exc.__dict__)
+    copy.args = (text,)
+    return copy
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -237,7 +350,9 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 def error_from_response(
     response: requests.Response, method: str, path: str, secrets: Iterable[str] = ()
 ) -> ApiError:
-    """Build the ApiError (or NotFoundError) that describes an error response."""
+    """Build the ApiError that describes an error response: its class from the status and
+    the server's code (``KUBERNETES_FAULTS``; a 429 is a CapacityError, another 404 a
+    NotFoundError), its message naming what happened and, for a known fault, what to do."""
     code, message = _parse_error_body(response)
     request_id = response.headers.get(REQUEST_ID_HEADER)
     text = f"{method} {path} -> {response.status_code}"
@@ -247,7 +362,17 @@ def error_from_response(
         text += f": {message}"
     if request_id:
         text += f" (request id {request_id})"
-    cls = NotFoundError if response.status_code == 404 else ApiError
+    fields: dict[str, Any] = {}
+    cls: type[ApiError] = NotFoundError if response.status_code == 404 else ApiError
+    fault = KUBERNETES_FAULTS.get((response.status_code, code or ""))
+    if fault is not None:
+        cls, hint = fault
+        text += f" ({hint})"
+    elif response.status_code == 429:
+        cls = CapacityError
+        fields["retry_after"] = parse_retry_after(response.headers.get("Retry-After"))
+        if fields["retry_after"] is not None:
+            text += f" (the server asks to retry after {fields['retry_after']:g} s)"
     return cls(
         redact(text, secrets),
         status_code=response.status_code,
@@ -255,6 +380,7 @@ def error_from_response(
         message=redact(message, secrets),
         request_id=request_id,
         response=response,
+        **fields,
     )
 
 

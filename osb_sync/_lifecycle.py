@@ -10,6 +10,8 @@ funnel from a response to an exception.
 from __future__ import annotations
 
 import logging
+import os
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Mapping, Sequence
 from urllib.parse import quote, urlencode, urlsplit
@@ -20,10 +22,13 @@ from ._config import execd_url
 from ._constants import API_KEY_ENV, API_KEY_HEADER, CREATE_ID_KEY
 from ._errors import (
     ApiError,
+    CapacityError,
     ConfigurationError,
     NotFoundError,
     OpenSandboxError,
+    QuotaExceededError,
     SandboxStateError,
+    StartTimeoutError,
     TransportError,
     error_from_response,
     invalid_response,
@@ -33,7 +38,7 @@ from ._errors import (
 )
 from ._failures import V1_HINT
 from ._models import Endpoint, SandboxInfo, parse_time
-from ._transport import Transport, never_sent, response_json
+from ._transport import Transport, backoff_seconds, never_sent, response_json
 from ._validators import positive_seconds, whole
 from ._wait import Wait
 
@@ -47,6 +52,8 @@ EGRESS_HINT = (
     "allow_internet_access=True or configure egress on the server."
 )
 MAX_PAGE_SIZE = 200
+# A retried create is sent only with at least this long left for its answer.
+MIN_CREATE_ATTEMPT = 1.0
 KEY_HINT = f"set {API_KEY_ENV} or pass api_key= with the server's key"
 
 
@@ -84,6 +91,15 @@ FEATURES = {
     "authorize the call.",
 }
 _UNASKED = object()  # the server's version before anyone asked
+
+
+def _retagged(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with a fresh ``osb-sync/create-id`` tag (when it has one): a retried create's
+    own, so the search for a refused attempt's sandbox can never find the retried one."""
+    metadata = body.get("metadata")
+    if not isinstance(metadata, dict) or CREATE_ID_KEY not in metadata:
+        return body
+    return {**body, "metadata": {**metadata, CREATE_ID_KEY: os.urandom(8).hex()}}
 
 
 def sandbox_path(sandbox_id: str) -> str:
@@ -215,24 +231,65 @@ class Lifecycle:
         return exc
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``POST /sandboxes``; a failure that may have left a sandbox starts a search for it.
+        """``POST /sandboxes``, all within ``create_timeout``; a failure that may have left a
+        sandbox starts a search for it.
+
+        A 429 (no capacity now) is retried after the wait its ``Retry-After`` asks for (at
+        least the transport's backoff), each time with a fresh ``osb-sync/create-id`` tag,
+        while the wait and a second more fit in the time left. Why a POST may be sent again
+        here: the released server deletes the sandbox it made before it answers 429 (its
+        ``create_sandbox`` rolls back on every error of its readiness wait, the pool's 429
+        included), so nothing of the refused attempt is left to duplicate; in case that
+        rollback failed, the refused attempt's own tag is searched for and deleted, and the
+        fresh tag keeps that search off the retried sandbox.
 
         Raises:
-            ApiError: an error status, or a success without an id.
+            CapacityError: 429, and the wait asked for does not fit in ``create_timeout``.
+            ApiError: another error status, or a success without an id.
             TransportError: no usable response.
         """
+        deadline = time.monotonic() + self._create_timeout
+        attempt = 0
+        while True:
+            try:
+                return self._create_once(body, max(deadline - time.monotonic(), 0.001))
+            except CapacityError as exc:
+                delay = max(exc.retry_after or 0.0, backoff_seconds(attempt))
+                left = deadline - time.monotonic()
+                if delay + MIN_CREATE_ATTEMPT > left:
+                    raise with_suffix(
+                        exc,
+                        f"(not retried: the {delay:g} s wait does not fit in the {left:.1f} s "
+                        f"left of create_timeout={self._create_timeout:g}; raise create_timeout "
+                        "or the pool's capacity)",
+                    ) from None
+                logger.info(
+                    "POST /sandboxes -> 429 %s: retrying in %.1f s (attempt %d)",
+                    exc.code,
+                    delay,
+                    attempt + 2,
+                )
+                time.sleep(delay)
+                body = _retagged(body)
+                attempt += 1
+
+    def _create_once(self, body: dict[str, Any], read_timeout: float) -> dict[str, Any]:
+        """One ``POST /sandboxes``; a failure that may have left a sandbox searches for it."""
         auth = body.get("image", {}).get("auth") or {}
         try:
             response = self.request(
                 "POST",
                 "/sandboxes",
                 json=body,
-                read_timeout=self._create_timeout,
+                read_timeout=read_timeout,
                 secrets=tuple(str(v) for v in auth.values()),
             )
         except ApiError as exc:
-            if exc.status_code >= 500:
-                self._search_after_failed_create(body, answered=exc.status_code != 504)
+            if exc.status_code >= 500 or isinstance(exc, (CapacityError, QuotaExceededError)):
+                # The server answered, done with the request, unless a gateway gave up (a
+                # 504 without the server's own code): the server may still be making it.
+                gave_up = exc.status_code == 504 and not isinstance(exc, StartTimeoutError)
+                self._search_after_failed_create(body, answered=not gave_up)
             if exc.code == "SANDBOX::INVALID_PARAMETER" and _names_network_policy(exc):
                 raise with_suffix(exc, EGRESS_HINT) from None
             raise
@@ -397,7 +454,9 @@ class Lifecycle:
         self, sandbox_id: str, data: Any, ready_timeout: float, poll_interval: float
     ) -> None:
         """Poll while the sandbox is not Running: one sleep between two polls, and each poll
-        waits at most the time left of ``ready_timeout``.
+        waits at most the time left of ``ready_timeout``. Any other state is waited through:
+        ``Pending``, and Kubernetes' ``Allocated`` (the pod has an address but is not ready;
+        a create answers ``Running`` for it, a later GET or list may still show it).
 
         Raises:
             SandboxStateError: Failed, Stopping or Terminated.
@@ -413,7 +472,7 @@ class Lifecycle:
                 raise SandboxStateError(
                     f"sandbox {sandbox_id} entered {state}{_describe_state(data)}"
                 )
-            last = f" (last state: {state or 'unknown'})"
+            last = f" (last state: {state or 'unknown'}{_describe_state(data)})"
             if not wait.expired():
                 wait.sleep(poll_interval)
             if wait.expired():
@@ -433,8 +492,9 @@ class Lifecycle:
         """The endpoint and headers of a port; 404s and unusable bodies are retried.
 
         A 404 whose code says the sandbox itself is unknown (``*::SANDBOX_NOT_FOUND``) is not
-        retried: only a 404 for an endpoint that is not ready yet (e.g. Kubernetes'
-        ``POD_IP_NOT_AVAILABLE``) is.
+        retried: only a 404 for an endpoint that is not ready yet (Kubernetes'
+        ``POD_IP_NOT_AVAILABLE``, an EndpointNotReadyError, while the pod starts) is; the
+        timeout names the last answer and is chained from it.
 
         Raises:
             NotFoundError: the sandbox does not exist.
@@ -472,7 +532,7 @@ class Lifecycle:
             if not wait.expired():
                 wait.sleep(poll_interval)
             if wait.expired():
-                raise wait.error(detail) from last_error
+                raise wait.error(f"{detail}; last answer: {last_error}") from last_error
 
     def delete(self, sandbox_id: str) -> bool:
         """``DELETE /sandboxes/{id}``: True if deleted, False on 404.

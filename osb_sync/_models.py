@@ -448,6 +448,8 @@ class Pool:
         available: idle sandboxes ready to hand out, or None.
         revision: the server's revision of the pool, or None.
         created_at: creation time, or None.
+        message: the server's note on the pool (osb-sync serve: what of a Kubernetes pod
+            template it ignored), or None.
     """
 
     name: str
@@ -457,6 +459,7 @@ class Pool:
     available: int | None = None
     revision: str | None = None
     created_at: datetime | None = None
+    message: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Pool:
@@ -478,6 +481,7 @@ class Pool:
             available=_int_or_none(status.get("available")),
             revision=_str_or_none(status.get("revision")),
             created_at=parse_time(data.get("createdAt")),
+            message=_str_or_none(status.get("message")),
         )
 
 

@@ -193,8 +193,11 @@ class Pools:
 
         Args:
             name: the pool's name (lowercase letters, digits, '-').
-            template: what each sandbox is made from, as the server expects it (a pod
-                template on Kubernetes; a ``POST /sandboxes`` body for osb-sync serve).
+            template: what each sandbox is made from: a Kubernetes ``PodTemplateSpec``
+                (``{"metadata": ..., "spec": {"containers": [...]}}``), sent as it is; the
+                server copies it unread into its Pool resource. osb-sync serve takes the
+                same template (honouring the container's image, env and limits, ignoring
+                execd's plumbing with a note in ``Pool.message``), or a create body.
             capacity: how many sandboxes it keeps warm.
 
         Raises:

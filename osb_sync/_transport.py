@@ -29,7 +29,9 @@ Rules that every request follows, whatever session it goes through:
   connection errors (not on a failed certificate check or TLS spoken to plain HTTP: those
   are permanent) and on 429/502/503/504, with capped exponential backoff that honours a
   capped ``Retry-After``. Other calls are retried only when the connection could not be
-  opened (nothing was sent). The loop is ours, not urllib3's, so it works with any session.
+  opened (nothing was sent). (The one POST sent again after an answer, a create answered 429,
+  is re-sent by ``_lifecycle.Lifecycle.create``, which argues why; never here.) The loop is
+  ours, not urllib3's, so it works with any session.
 - **Deadlines.** A call made inside a wait (``ready_timeout``, a run's ``timeout``) passes
   that wait's ``deadline``: its connect and read timeouts are at most the time left, and no
   retry is made whose backoff would pass it. The connect and read timeouts stay what they
@@ -49,10 +51,8 @@ Rules that every request follows, whatever session it goes through:
 
 from __future__ import annotations
 
-import email.utils
 import io
 import logging
-import math
 import os
 import time
 from typing import Any, Iterable, Mapping, NamedTuple
@@ -63,7 +63,7 @@ import urllib3
 
 from . import _failures as failures
 from ._constants import CHUNK_SIZE
-from ._errors import TransportError, redact
+from ._errors import TransportError, parse_retry_after, redact
 from ._own_session import Environment, new_session, origin, send_prepared, sending
 from ._wait import time_left
 from ._watchdog import Cutoff
@@ -82,21 +82,10 @@ _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 
 def retry_after_seconds(response: requests.Response) -> float | None:
-    """Parse ``Retry-After`` (seconds or HTTP-date), capped at RETRY_AFTER_MAX; None if absent."""
-    value = response.headers.get("Retry-After")
-    if not value:
-        return None
-    try:
-        delay = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        delay = float(when.timestamp()) - time.time()
-    if not math.isfinite(delay):
-        return None
-    return min(max(delay, 0.0), RETRY_AFTER_MAX)
+    """``Retry-After`` (seconds or HTTP-date, ``parse_retry_after``), capped at
+    RETRY_AFTER_MAX; None if absent or unusable."""
+    delay = parse_retry_after(response.headers.get("Retry-After"))
+    return None if delay is None else min(delay, RETRY_AFTER_MAX)
 
 
 def response_json(response: requests.Response) -> Any:

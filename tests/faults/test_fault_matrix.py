@@ -150,7 +150,8 @@ def expected(op: Op, fault: str) -> set[str] | None:
     if fault in ("flood", "oversized_event") and kind in ("stream", "bytes"):
         return {"OutputLimitExceeded"}
     if fault.split("_")[0] in ("500", "502", "503", "504", "429") or fault == "html_error":
-        return {"ApiError"} if op.name != "endpoint" else {"ApiError", "SandboxTimeoutError"}
+        error = "CapacityError" if fault.startswith("429") else "ApiError"  # 429: its own class
+        return {error} if op.name != "endpoint" else {error, "SandboxTimeoutError"}
     if kind == "stream" and fault == "invalid_utf8":
         return RAISES_STREAM
     if kind == "stream" and fault == "fin_mid_event":

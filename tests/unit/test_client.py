@@ -651,8 +651,9 @@ def test_a_tls_connection_cut_mid_handshake_is_retried(
     assert clock.sleeps == [0.5]
 
 
+# A 429 create is retried on purpose, with a fresh tag: tests/unit/test_kubernetes_faults.py
 @pytest.mark.parametrize(
-    "failure", [{"status": 503}, {"status": 429}, {"body": requests.ConnectionError("reset")}]
+    "failure", [{"status": 503}, {"status": 403}, {"body": requests.ConnectionError("reset")}]
 )
 def test_create_post_is_never_retried_once_sent(
     client: Client, rsps: responses.RequestsMock, clock: Clock, failure: dict[str, Any]

@@ -1,7 +1,11 @@
 """Named pools of the local server: warm spares (`spares.py`) kept for a template.
 
 The released server's pools are Kubernetes pre-warmed pods; here a pool is a `SparePool`
-of containers launched ahead, and the create body (`template`) its sandboxes are made from.
+of containers launched ahead, and the create body its sandboxes are made from. Its
+`template` is the spec's Kubernetes `PodTemplateSpec` (`pod_template_body`: the main
+container's image, env and limits are honoured, execd's and task-executor's plumbing is
+ignored with a note in the pool's `status.message`, any other field refused by name), or
+our own create body (`TEMPLATE_FIELDS`).
 A create with `extensions.poolRef` takes its workload from the pool's template (the request's
 `metadata`, `env`, `timeout` and `resourceLimits` join it; a `networkPolicy` cannot, as on
 the released server, since the pods exist already) and claims one of its spares.
@@ -37,6 +41,14 @@ CAPACITY_FIELDS = ("bufferMax", "bufferMin", "poolMax", "poolMin")
 REQUEST_FIELDS = ("metadata", "env", "timeout", "resourceLimits")
 # Fields a template may hold: a create body's, less what a started spare cannot take.
 TEMPLATE_FIELDS = ("image", "entrypoint", "env", "resourceLimits", "metadata", "networkPolicy")
+# What of a Kubernetes PodTemplateSpec the local server reads (`pod_template_body`).
+POD_TEMPLATE_FIELDS = ("metadata", "spec")
+POD_SPEC_FIELDS = ("containers", "initContainers", "volumes")
+CONTAINER_FIELDS = ("name", "image", "command", "args", "env", "resources", "volumeMounts")
+INIT_CONTAINER_FIELDS = ("name", "image", "command", "args", "volumeMounts")
+PLUMBING_VOLUME = "opensandbox-bin"  # where the real pool's init containers put execd
+PLUMBING_PATH = "/opt/opensandbox"
+PLUMBING_ENV = ("EXECD", "EXECD_ENVS")
 
 
 def pool_not_found(name: str) -> HttpError:
@@ -94,22 +106,160 @@ def check_capacity(spec: Any) -> dict[str, int]:
     return {name: spec[name] for name in CAPACITY_FIELDS}
 
 
-def check_template(template: Any) -> dict[str, Any]:
-    """A pool's template: create-body fields a spare can take; 400 naming any other field."""
+def check_template(template: Any) -> tuple[dict[str, Any], str]:
+    """A pool's template as the create body its sandboxes are made from, and the note on
+    what of it was ignored (empty for none): the spec's Kubernetes `PodTemplateSpec` (a
+    template with `spec`, `pod_template_body`), or our create body of `TEMPLATE_FIELDS`;
+    400 naming any field neither can take."""
     if not isinstance(template, dict):
         raise unprocessable(
             [issue("dict_type", ["body", "template"], "Input should be a dictionary", template)]
         )
+    if "spec" in template:
+        return pod_template_body(template)
     unknown = sorted(set(template) - set(TEMPLATE_FIELDS))
     if unknown:
         raise error(
             400,
             "POOL::INVALID_TEMPLATE",
             f"template.{unknown[0]} is not supported: the local server's pool template is a "
-            f"create body of {', '.join(TEMPLATE_FIELDS)} (its sandboxes start before their "
-            "create, so nothing fixed at start, such as volumes).",
+            "Kubernetes PodTemplateSpec (metadata, spec), or a create body of "
+            f"{', '.join(TEMPLATE_FIELDS)} (its sandboxes start before their create, so "
+            "nothing fixed at start, such as volumes).",
         )
-    return dict(template)
+    return dict(template), ""
+
+
+def _invalid(where: str, why: str) -> HttpError:
+    return error(400, "POOL::INVALID_TEMPLATE", f"template.{where} is not supported: {why}.")
+
+
+def _fields(value: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """`value` as an object whose keys are all `allowed`; 400 naming the first other."""
+    if not isinstance(value, dict):
+        raise _invalid(where, "it must be an object")
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise _invalid(f"{where}.{unknown[0]}", f"{where} may hold {', '.join(allowed)}")
+    return value
+
+
+def _items(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _invalid(where, "it must be a list")
+    return value
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _invalid(where, "it must be a list of strings")
+    return value
+
+
+def _string_map(value: Any, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise _invalid(where, "it must be an object of strings")
+    return value
+
+
+def _plumbing_mounts(container: dict[str, Any], where: str) -> None:
+    """A container's mounts: only execd's `opensandbox-bin` at /opt/opensandbox."""
+    for index, mount in enumerate(_items(container.get("volumeMounts", []), where)):
+        at = f"{where}[{index}]"
+        mount = _fields(mount, at, ("name", "mountPath", "readOnly"))
+        if (mount.get("name"), mount.get("mountPath")) != (PLUMBING_VOLUME, PLUMBING_PATH):
+            raise _invalid(
+                at,
+                f"only the {PLUMBING_VOLUME} volume at {PLUMBING_PATH} (execd's plumbing, "
+                "not needed here) may be mounted",
+            )
+
+
+def _runs_task_executor(command: list[str]) -> bool:
+    return bool(command) and command[0].rsplit("/", 1)[-1] == "task-executor"
+
+
+def pod_template_body(template: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The create body a Kubernetes `PodTemplateSpec` makes here, and the note on what of it
+    was ignored; 400 (`POOL::INVALID_TEMPLATE`) naming the first field it cannot take.
+
+    Honoured: the main (only) container's `image`, `env` and `resources.limits`. Ignored, as
+    the plumbing of execd and task-executor a local runtime does not need (the reference's
+    pool sample): init containers that only mount `opensandbox-bin`, that `emptyDir` volume
+    and its mounts at /opt/opensandbox, a main `command` (and `args`) that runs
+    task-executor, the env `EXECD` and `EXECD_ENVS`; also the pod's labels and annotations
+    and `resources.requests` (a scheduler's hint). Nothing of it is ever run or mounted: no
+    image of an init container, no command, no host path.
+    """
+    unknown = sorted(set(template) - set(POD_TEMPLATE_FIELDS))
+    if unknown:
+        raise _invalid(unknown[0], "a PodTemplateSpec here holds metadata and spec")
+    ignored: list[str] = []
+    metadata = _fields(template.get("metadata", {}), "metadata", ("labels", "annotations"))
+    for name, value in metadata.items():
+        _string_map(value, f"metadata.{name}")
+        ignored.append(f"metadata.{name}")
+    spec = _fields(template["spec"], "spec", POD_SPEC_FIELDS)
+    for index, volume in enumerate(_items(spec.get("volumes", []), "spec.volumes")):
+        at = f"spec.volumes[{index}]"
+        volume = _fields(volume, at, ("name", "emptyDir"))
+        if volume.get("name") != PLUMBING_VOLUME or not isinstance(volume.get("emptyDir"), dict):
+            raise _invalid(at, f"only the {PLUMBING_VOLUME} emptyDir (execd's plumbing) is")
+        ignored.append(f"volume {PLUMBING_VOLUME}")
+    for index, init in enumerate(_items(spec.get("initContainers", []), "spec.initContainers")):
+        at = f"spec.initContainers[{index}]"
+        init = _fields(init, at, INIT_CONTAINER_FIELDS)
+        _plumbing_mounts(init, f"{at}.volumeMounts")
+        ignored.append(f"init container {init.get('name', index)!s}")
+    containers = _items(spec.get("containers"), "spec.containers")
+    if len(containers) != 1:
+        raise _invalid(
+            "spec.containers", f"exactly one container (the sandbox's) is, not {len(containers)}"
+        )
+    main = _fields(containers[0], "spec.containers[0]", CONTAINER_FIELDS)
+    where = "spec.containers[0]"
+    image = main.get("image")
+    if not isinstance(image, str) or not image:
+        raise _invalid(f"{where}.image", "it must be the sandbox's image")
+    body: dict[str, Any] = {"image": {"uri": image}}
+    command = _strings(main.get("command", []), f"{where}.command")
+    args = _strings(main.get("args", []), f"{where}.args")
+    if command or args:
+        if not _runs_task_executor(command):
+            raise _invalid(
+                f"{where}.command",
+                "only a command that runs task-executor (the pool's plumbing) is; each "
+                "create brings the sandbox's own entrypoint",
+            )
+        ignored.append("the task-executor command")
+    env: dict[str, str] = {}
+    for index, item in enumerate(_items(main.get("env", []), f"{where}.env")):
+        at = f"{where}.env[{index}]"
+        item = _fields(item, at, ("name", "value"))
+        key, value = item.get("name"), item.get("value", "")
+        if not isinstance(key, str) or not key or not isinstance(value, str):
+            raise _invalid(at, "an env entry is a name and a string value")
+        if key in PLUMBING_ENV:
+            ignored.append(f"env {key}")
+        else:
+            env[key] = value
+    if env:
+        body["env"] = env
+    resources = _fields(main.get("resources", {}), f"{where}.resources", ("limits", "requests"))
+    body["resourceLimits"] = dict(
+        _string_map(resources.get("limits", {}), f"{where}.resources.limits")
+    )
+    if "requests" in resources:
+        _string_map(resources["requests"], f"{where}.resources.requests")
+        ignored.append("resources.requests")
+    _plumbing_mounts(main, f"{where}.volumeMounts")
+    note = ""
+    if ignored:
+        note = (
+            "PodTemplateSpec: honoured the container's image, env and resource limits; "
+            f"ignored (execd and task-executor plumbing, pod metadata): {', '.join(ignored)}"
+        )
+    return body, note
 
 
 @dataclass
@@ -123,6 +273,7 @@ class LocalPool:
     allocated: set[str] = field(default_factory=set)
     reserved: int = 0  # creates that took one and are starting
     revision: int = 1
+    note: str = ""  # what of its template was ignored (`pod_template_body`)
     created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
     def resize(self) -> None:
@@ -133,17 +284,21 @@ class LocalPool:
         self.spares.fill()
 
     def view(self) -> dict[str, Any]:
-        """The released server's `PoolResponse`."""
+        """The released server's `PoolResponse`; `status.message`, ours, is the note on what
+        of the template was ignored (when anything was)."""
         available = len(self.spares.ready())
+        status: dict[str, Any] = {
+            "total": len(self.allocated) + available,
+            "allocated": len(self.allocated),
+            "available": available,
+            "revision": str(self.revision),
+        }
+        if self.note:
+            status["message"] = self.note
         return {
             "name": self.name,
             "capacitySpec": dict(self.capacity),
-            "status": {
-                "total": len(self.allocated) + available,
-                "allocated": len(self.allocated),
-                "available": available,
-                "revision": str(self.revision),
-            },
+            "status": status,
             "createdAt": rfc3339(self.created_at),
         }
 
@@ -160,12 +315,14 @@ class PoolStore:
         self._lock = threading.Lock()
         self._pools: dict[str, LocalPool] = {}
 
-    def create(self, name: str, template: dict[str, Any], capacity: dict[str, int]) -> LocalPool:
+    def create(
+        self, name: str, template: dict[str, Any], capacity: dict[str, int], note: str = ""
+    ) -> LocalPool:
         """Add a pool and start its spares; 409 when the name is taken."""
         with self._lock:
             if name in self._pools:
                 raise error(409, "POOL::ALREADY_EXISTS", f"Pool {name} already exists.")
-            pool = LocalPool(name, template, capacity, self._new_spares(0))
+            pool = LocalPool(name, template, capacity, self._new_spares(0), note=note)
             self._pools[name] = pool
         pool.resize()
         return pool
@@ -291,11 +448,11 @@ class Pools:
         if not isinstance(body, dict):
             raise unprocessable_body("a CreatePoolRequest object", body)
         name = check_name(body.get("name"))
-        template = check_template(body.get("template"))
+        template, note = check_template(body.get("template"))
         capacity = check_capacity(body.get("capacitySpec"))
         check_create(template_body(template), self.config.min_timeout, self.config.max_timeout)
         network.plan(template.get("networkPolicy"), self.config)
-        ex.send_json(201, self.store.create(name, template, capacity).view())
+        ex.send_json(201, self.store.create(name, template, capacity, note).view())
 
     def list(self, ex: Exchange) -> None:
         """GET /pools."""
