@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import platform
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..http.exchange import Exchange, error
@@ -59,12 +59,14 @@ REFUSED_FIELDS = {
 class CreatePlan:
     """A create, checked whole; nothing of it started yet (see the module docstring)."""
 
-    body: dict[str, Any]  # the request, with its pool's template and its snapshot's fields
+    # the request, with its pool's template and its snapshot's fields (not in its repr: its
+    # env and its image's registry credentials)
+    body: dict[str, Any] = field(repr=False)
     limits: limits.Plan
     internet: bool  # outbound access (slirp4netns) instead of loopback only
     network_note: str  # what the status says of its network policy
     volumes: tuple[volumes.Volume, ...]
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # the sandbox's variables (its secrets, too)
     entrypoint: tuple[str, ...] | None
     image: ImageRun | None  # None: the host's view
     pool: LocalPool | None  # the pool it takes a sandbox from, one reserved
