@@ -25,6 +25,7 @@ token nor the environment's values (which may hold the sandbox's secrets).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ from typing import Any
 def _object(data: bytes, what: str) -> dict[str, Any]:
     try:
         found = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         raise ValueError(f"{what}: not JSON") from None
     if not isinstance(found, dict):
         raise ValueError(f"{what}: not a JSON object")
@@ -48,8 +49,8 @@ def _int(message: dict[str, Any], name: str, what: str) -> int:
 
 def _number(message: dict[str, Any], name: str, what: str) -> float:
     value = message.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what}: {name} must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{what}: {name} must be a finite number")
     return float(value)
 
 

@@ -58,6 +58,11 @@ def test_the_timeout_maximum_is_stated(local: LocalServer, http: requests.Sessio
         {"env": {"A": "x\u0000y"}},
         {"env": {"A=B": "1"}},
         {"metadata": {"k": "v\u0000"}},
+        {"entrypoint": ["/bin/sh\u0000"]},  # was a 500 with execd's traceback and host paths
+        {"entrypoint": ["/bin/sh", "-c", "a\u0000b"]},
+        {"extensions": "x"},  # was a 500, then (issue 40) accepted
+        {"extensions": ["poolRef"]},
+        {"extensions": {"k": 1}},
     ],
 )
 def test_create_refuses_bad_strings(local: LocalServer, http: requests.Session, body: Any) -> None:

@@ -16,10 +16,12 @@ import requests
 
 from osb_sync.local import LocalServer
 from osb_sync.local.host import bwrap
+from tests.imagekit import Entry, Image, layer_bytes, write_layout
 from tests.local.support import (
     CREATE_BODY,
     Box,
     local_server,
+    registry_of,
     require_isolation,
     texts,
     volume_server,
@@ -138,6 +140,43 @@ def test_pvc_sub_path_through_a_symlink_is_refused(
         assert answer.status_code == 400, answer.text
         assert answer.json()["code"] == "VOLUME::INVALID_SUB_PATH"
     assert not os.path.exists("/nowhere")
+
+
+@pytest.mark.parametrize(
+    ("volume", "code"),
+    [
+        (host(Path("/etc")), "VOLUME::HOST_PATH_NOT_ALLOWED"),
+        (host(Path("/nowhere/x")), "VOLUME::HOST_PATH_NOT_ALLOWED"),
+        ({"name": "d", "host": {"path": "/a\0b"}, "mountPath": "/d"}, "VOLUME::INVALID_HOST_PATH"),
+        (
+            pvc("nope") | {"pvc": {"claimName": "nope", "createIfNotExists": False}},
+            "VOLUME::PVC_NOT_FOUND",
+        ),
+        (pvc("c", subPath="../x"), "VOLUME::INVALID_SUB_PATH"),
+    ],
+)
+def test_a_refused_volume_source_is_refused_before_its_image_is_pulled(
+    http: requests.Session, tree: Path, volume: dict[str, Any], code: str
+) -> None:
+    # Planning a create checks every volume's source before it pulls the image: a request the
+    # server refuses for its volume makes no download (a registry's, of up to the size limit).
+    require_isolation()
+    python3 = Entry("usr/bin/python3", data=b"#!/bin/sh\n", mode=0o755)
+    write_layout(tree / "layouts" / "tiny", "v1", [Image([layer_bytes([python3])])])
+    image = {"uri": f"oci:{tree / 'layouts' / 'tiny'}:v1"}
+    with local_server(
+        isolation=True,
+        allowed_host_paths=[tree / "allowed"],
+        volume_root=tree / "volumes",
+        image_store=tree / "store",
+        local_image_paths=[tree / "layouts"],
+    ) as server:
+        body = {**CREATE_BODY, "image": image, "volumes": [volume]}
+        answer = http.post(f"{server.api_base}/sandboxes", json=body)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["code"] == code, answer.text
+        images = registry_of(server).config.images
+        assert images is not None and images.store.images() == []
 
 
 def test_host_volumes_need_an_allowed_directory(http: requests.Session, tree: Path) -> None:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from osb_sync.local.host import network
+from osb_sync.local.host.limits import Plan
 from osb_sync.local.host.pools import PoolStore, check_capacity
-from osb_sync.local.host.registry import check_local_fields
+from osb_sync.local.host.registry import CreatePlan, check_local_fields
 from osb_sync.local.host.snapshots import SnapshotStore
 from osb_sync.local.http.exchange import HttpError
 
@@ -137,3 +138,15 @@ def test_a_pool_counts_the_sandboxes_creates_reserved_against_its_pool_max() -> 
         store.reserve("p")
     store.release("sbx-1")  # the sandbox is gone
     store.reserve("p")
+
+
+def test_a_create_plans_repr_shows_neither_its_env_nor_its_image_credentials() -> None:
+    secret, password = "value-of-a-secret-variable", "registry-password-never-shown"
+    body = {
+        "image": {"uri": "r.test/x:1", "auth": {"username": "u", "password": password}},
+        "env": {"API_KEY": secret},
+    }
+    plan = CreatePlan(body, Plan(), False, "", (), {"API_KEY": secret}, None, None, None, None)
+    for shown in (repr(plan), str(plan), f"{plan!r}"):
+        assert secret not in shown and password not in shown, shown
+    assert "CreatePlan(" in repr(plan)

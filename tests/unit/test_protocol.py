@@ -69,6 +69,8 @@ def test_a_claims_repr_shows_neither_the_token_nor_the_environments_values(recor
         (Start, {"user": [0]}, "user"),
         (Start, {"user": ["0", 0]}, "user"),
         (Start, {"oom_control": 1}, "oom_control"),
+        (Start, {"ping_interval": float("nan")}, "ping_interval"),
+        (Start, {"command_grace": float("inf")}, "command_grace"),
         (Claim, {"token": None}, "token"),
         (Claim, {"env": {"A": 1}}, "env"),
         (Claim, {"env": []}, "env"),
@@ -90,8 +92,12 @@ def test_a_message_of_another_shape_is_refused_naming_the_field(
     assert TOKEN not in str(refused.value)  # never the value, whatever it was
 
 
-@pytest.mark.parametrize("data", [b"", b"null", b"[1]", b"{", b'"x"'])
+@pytest.mark.parametrize(
+    "data", [b"", b"null", b"[1]", b"{", b'"x"', b"[" * 100_000 + b"]" * 100_000]
+)
 def test_what_is_no_json_object_is_refused(data: bytes) -> None:
+    # the last nests past the parser's depth: a RecursionError, which a caller that catches
+    # the decoder's ValueError would miss
     for record in (Start, Claim, TemplateSetup, Fork, ForkAnswer):
         with pytest.raises(ValueError, match="JSON"):
             record.decode(data)

@@ -9,10 +9,11 @@ starts) and the capacity check; `LocalServer.routes` is the one table of their r
 
 A create (POST /sandboxes) takes two steps. `plan` checks it whole into a frozen `CreatePlan`:
 the request with its pool's template and its snapshot's fields joined in, checked once
-(`validation.check_sandbox`), its limits, network, volumes (checked, not opened), environment,
-entrypoint and image, and the pool and snapshot it takes from. Planning changes two things
-only: an image it pulls stays in the image store (a cache, whatever becomes of the create),
-and a sandbox of its pool is reserved (`poolMax` counts it), which a failed create gives back.
+(`validation.check_sandbox`), its limits, network, volumes (their sources too, before any
+pull; nothing opened), environment, entrypoint and image, and the pool and snapshot it takes
+from. Planning changes two things only: an image it pulls stays in the image store (a cache,
+whatever becomes of the create), and a sandbox of its pool is reserved (`poolMax` counts it),
+which a failed create gives back.
 `create` then carries the plan out: opens the volumes, passes the capacity check, claims a
 container (a warm spare where one fits, else a cold start), restores the snapshot, registers
 the sandbox, and answers 202. Nothing of a create that fails is left: no folder, no process.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import platform
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..http.exchange import Exchange, error
@@ -58,12 +59,14 @@ REFUSED_FIELDS = {
 class CreatePlan:
     """A create, checked whole; nothing of it started yet (see the module docstring)."""
 
-    body: dict[str, Any]  # the request, with its pool's template and its snapshot's fields
+    # the request, with its pool's template and its snapshot's fields (not in its repr: its
+    # env and its image's registry credentials)
+    body: dict[str, Any] = field(repr=False)
     limits: limits.Plan
     internet: bool  # outbound access (slirp4netns) instead of loopback only
     network_note: str  # what the status says of its network policy
     volumes: tuple[volumes.Volume, ...]
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # the sandbox's variables (its secrets, too)
     entrypoint: tuple[str, ...] | None
     image: ImageRun | None  # None: the host's view
     pool: LocalPool | None  # the pool it takes a sandbox from, one reserved
@@ -194,6 +197,7 @@ class Registry:
         own = (OOM_CONTROL, IMAGE_EXECD_PATH, *(binary.read_only_paths() if binary else ()))
         isolated = config.support.bwrap is not None
         checked = volumes.checked(body.get("volumes"), isolated, own)
+        volumes.sources_checked(checked, *config.volume_places)  # before an image's pull
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         image = config.images.launch(body) if config.images is not None else None
         disk_mode = disk.mode(config.support, image is not None)

@@ -223,7 +223,7 @@ def check_create(body: Any, min_timeout: int, max_timeout: int) -> None:
         found.append(issue("missing", ["body", "resourceLimits"], "Field required", body))
     else:
         found += _string_map(body, "resourceLimits")
-    for name, nullable in (("env", True), ("metadata", False)):
+    for name, nullable in (("env", True), ("metadata", False), ("extensions", False)):
         if body.get(name) is not None:
             found += _string_map(body, name, nullable)
     if body.get("networkPolicy") is not None:
@@ -259,6 +259,8 @@ def check_create(body: Any, min_timeout: int, max_timeout: int) -> None:
     for key, value in (body.get("env") or {}).items():
         if not key or "=" in key or "\0" in key or "\0" in (value or ""):
             raise bad_parameter(f"env name {key[:100]!r} or its value is not a valid variable")
+    if any("\0" in argument for argument in body.get("entrypoint") or ()):
+        raise bad_parameter("entrypoint: an argument holds a NUL byte, which no argv can")
 
 
 def check_sandbox(body: Any, min_timeout: int, max_timeout: int) -> dict[str, Any]:

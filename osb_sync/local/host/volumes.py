@@ -228,16 +228,24 @@ def _open(path: str, base: str, what: str, create_below: str | None = None) -> i
     return fd
 
 
-def _sub_path(volume: dict[str, Any], base: str, create: bool) -> int:
-    """The descriptor of `base` joined with `subPath`, resolved, still inside `base` (made
-    where missing when `create`)."""
+def _sub_path_given(volume: dict[str, Any]) -> str | None:
+    """A volume's `subPath` (None for none), relative and without '..'."""
     sub = volume.get("subPath")
     if sub is None or sub == "":
-        return _open(base, base, f"volume {volume['name']!r}")
+        return None
     if not isinstance(sub, str) or sub.startswith("/") or ".." in sub.split("/") or "\0" in sub:
         raise VolumeError(
             "INVALID_SUB_PATH", f"subPath {str(sub)[:200]!r} must be relative, without '..'"
         )
+    return sub
+
+
+def _sub_path(volume: dict[str, Any], base: str, create: bool) -> int:
+    """The descriptor of `base` joined with `subPath`, resolved, still inside `base` (made
+    where missing when `create`)."""
+    sub = _sub_path_given(volume)
+    if sub is None:
+        return _open(base, base, f"volume {volume['name']!r}")
     try:
         resolved = os.path.realpath(os.path.join(base, sub))
     except OSError:  # a symlink became a directory while realpath read it (EINVAL)
@@ -248,9 +256,14 @@ def _sub_path(volume: dict[str, Any], base: str, create: bool) -> int:
 
 
 def _host_source(volume: dict[str, Any], allowed: tuple[Path, ...]) -> int:
+    return _sub_path(volume, _host_path(volume, allowed), create=False)
+
+
+def _host_path(volume: dict[str, Any], allowed: tuple[Path, ...]) -> str:
+    """A `host` volume's directory, resolved, under an allowed one (nothing opened)."""
     host = volume["host"]
     path = host.get("path") if isinstance(host, dict) else None
-    if not isinstance(path, str) or not path.startswith("/"):
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
         raise VolumeError("INVALID_HOST_PATH", "host.path must be an absolute path")
     if not allowed:
         raise VolumeError(
@@ -272,10 +285,12 @@ def _host_source(volume: dict[str, Any], allowed: tuple[Path, ...]) -> int:
         )
     if not os.path.isdir(resolved):
         raise VolumeError("HOST_PATH_NOT_FOUND", f"host path {path[:200]!r} is not a directory")
-    return _sub_path(volume, resolved, create=False)
+    return resolved
 
 
-def _pvc_source(volume: dict[str, Any], volume_root: Path) -> int:
+def _pvc_directory(volume: dict[str, Any], volume_root: Path) -> tuple[str, str]:
+    """A `pvc` volume's (root, directory): its claim name checked, and that it exists unless
+    it may be made (nothing made)."""
     pvc = volume["pvc"]
     claim = pvc.get("claimName") if isinstance(pvc, dict) else None
     if not isinstance(claim, str) or not NAME.fullmatch(claim) or len(claim) > 253:
@@ -283,12 +298,18 @@ def _pvc_source(volume: dict[str, Any], volume_root: Path) -> int:
         raise FieldError("string_pattern_mismatch", loc, PATTERN, claim)
     root = os.path.realpath(volume_root)
     directory = os.path.join(root, claim)
+    if not os.path.isdir(directory) and pvc.get("createIfNotExists", True) is False:
+        raise VolumeError(
+            "PVC_NOT_FOUND",
+            f"volume {claim!r} does not exist and createIfNotExists is false",
+        )
+    return root, directory
+
+
+def _pvc_source(volume: dict[str, Any], volume_root: Path) -> int:
+    root, directory = _pvc_directory(volume, volume_root)
+    claim = volume["pvc"]["claimName"]
     if not os.path.isdir(directory):
-        if pvc.get("createIfNotExists", True) is False:
-            raise VolumeError(
-                "PVC_NOT_FOUND",
-                f"volume {claim!r} does not exist and createIfNotExists is false",
-            )
         try:
             os.makedirs(root, exist_ok=True)  # the server's: only claims are the range's
             os.close(_open(directory, directory, f"volume {claim!r}", create_below=root))
@@ -374,6 +395,25 @@ def checked(volumes: Any, isolated: bool, protected: tuple[str, ...] = ()) -> tu
             )
         found.append(Volume(volume, target, backends[0]))
     return tuple(found)
+
+
+def sources_checked(
+    volumes: Sequence[Volume], allowed: tuple[Path, ...], volume_root: Path
+) -> None:
+    """Refuse, before anything is opened, made or pulled, a `checked` volume whose source
+    `opened` would refuse: a host path not allowed or missing, a claim name of the wrong
+    shape or a claim that must exist and does not, a `subPath` that is absolute or has '..'.
+    `opened` checks them again, by descriptor (the tree may change in between).
+
+    Raises:
+        VolumeError, FieldError: as `opened` does.
+    """
+    for volume in volumes:
+        if volume.backend == "host":
+            _host_path(volume.spec, allowed)
+        else:
+            _pvc_directory(volume.spec, volume_root)
+        _sub_path_given(volume.spec)
 
 
 def opened(volumes: Sequence[Volume], allowed: tuple[Path, ...], volume_root: Path) -> list[Bind]:
