@@ -36,6 +36,7 @@ EXIT_RAISED = 1  # the code raised
 EXIT_NOT_FOUND = 1  # a sandbox (file, command) was not found, as `docker inspect`
 EXIT_REFUSED = 1  # cp: the sandbox named an entry that would land outside DEST
 EXIT_TIMED_OUT = 124  # as timeout(1)
+EXIT_CANNOT_RUN = 126  # exec: the command could not be started as asked (-w), as docker exec
 EXIT_OWN_ERROR = 125  # osb-sync itself failed, as docker run
 EXIT_SIGNAL_BASE = 128
 EXIT_BROKEN_PIPE = EXIT_SIGNAL_BASE + 13  # 141 (SIGPIPE is 13): the reader left (`| head`)
@@ -45,14 +46,16 @@ osb-sync exit statuses (the same for every command):
 
   0      success
   1      run: the Python code raised (sys.exit(n) in the code exits n);
-         get, inspect, delete, pause, resume, renew, stats, logs, cp: a sandbox (or a file,
-         a command) was not found; cp: the sandbox answered what cp refuses (an entry that
-         would land outside DEST, a file longer than listed), and the copy stopped
+         exec, get, inspect, delete, pause, resume, renew, stats, logs, cp: a sandbox (or a
+         file, a command) was not found, or an id prefix matches several sandboxes;
+         cp: the sandbox answered what cp refuses (an entry that would land outside DEST,
+         a file longer than listed), and the copy stopped
   N      exec, run --language bash: the remote command's own status, passed through
          (126 not executable, 127 not found, 128+n killed by signal n, as the shell says)
   124    run or exec passed --timeout (as timeout(1))
   125    osb-sync itself failed, as docker run: bad usage, the server unreachable or
-         refusing, the sandbox of exec not found, or the output passed --max-output
+         refusing, or the output passed --max-output
+  126    exec: the command could not be started as asked (-w names no directory)
   128+n  osb-sync stopped by signal n: 130 for Ctrl-C, 143 for SIGTERM
   141    standard output was closed early (| head): quiet, as a shell tool
 
