@@ -42,6 +42,7 @@ from ._cli_output import (
     EXIT_SIGNAL_BASE,
     EXIT_STATUSES,
     EXIT_TIMED_OUT,
+    JSON_SHAPES,
     cli_terms,
     error_json,
     names_missing_thing,
@@ -77,7 +78,11 @@ DOCKER_VERBS = {
     "rmi": "'images prune' removes the images no sandbox runs",
 }
 SHELLS = ("bash", "zsh", "fish")
-HELP_TOPICS = {"exit-codes": EXIT_STATUSES}
+HELP_TOPICS = {
+    "exit-codes": EXIT_STATUSES,
+    "json": "what --json prints on stdout (one JSON document):\n\n"
+    + "\n".join(f"  {what}:\n    {shape}" for what, shape in JSON_SHAPES),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -729,8 +734,8 @@ def _add_images(command: Any) -> None:
 
 
 def _add_help(command: Any) -> None:
-    helper = command("help", "help on a command or a topic (exit-codes)")
-    helper.add_argument("topic", nargs="?", metavar="TOPIC", help="exit-codes, or a command")
+    helper = command("help", "help on a command or a topic (exit-codes, json)")
+    helper.add_argument("topic", nargs="?", metavar="TOPIC", help="exit-codes, json, or a command")
 
     completion = command(
         "completion",

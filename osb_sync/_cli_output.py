@@ -7,13 +7,8 @@ in ``cp``'s messages are ``repr``'d, which escapes the same characters. A comman
 ``exec``'s, ``run``'s, ``logs``', is passed through as ``docker exec`` does: it is what was
 asked for.)
 
-One JSON shape per object (README.rst, Command line):
-
-- sandbox: ``{"id", "state", "message", "image", "created_at", "expires_at", "metadata"}``
-  (``metadata`` an object, without the internal ``osb-sync/create-id`` tag);
-- code run: ``ExecutionResult.to_dict()``; command (``exec``, ``run --language bash``):
-  ``{"id", "exit_code", "stdout", "stderr", "timed_out", "error"}``;
-- deletion: ``{"id", "deleted"}``; error: ``{"error": {"type", "message", "exit_code"}}``.
+One JSON shape per object, listed in ``JSON_SHAPES`` (``osb-sync help json``, and the CLI
+reference page of the docs).
 """
 
 from __future__ import annotations
@@ -62,6 +57,40 @@ osb-sync exit statuses (the same for every command):
 exec and run keep 125 for their own failures (as docker exec and docker run do), so a
 remote status is never mistaken for one of osb-sync's.
 """
+# What --json prints: one document on stdout, one stable shape per object (`osb-sync help json`).
+JSON_SHAPES = (
+    (
+        "sandbox (create, get; list and inspect: an array)",
+        '{"id", "state", "message", "image", "created_at", "expires_at", "metadata"}: metadata '
+        "an object without the internal osb-sync/create-id tag; times in ISO 8601 or null",
+    ),
+    ("code run (run)", '{"stdout", "stderr", "results", "error", "execution_count"}'),
+    (
+        "command (exec, run --language bash)",
+        '{"id", "exit_code", "stdout", "stderr", "timed_out", "error"}',
+    ),
+    ("background command (exec -d)", '{"id"}'),
+    ("deletion (delete: an array)", '{"id", "deleted"}'),
+    ("pause, resume, renew (an array)", '{"id", "found"} (renew: and "expires_at")'),
+    (
+        "stats (an array)",
+        '{"id", "cpu_count", "cpu_used_pct", "mem_total_mib", "mem_used_mib", "timestamp"}',
+    ),
+    ("logs ID", '{"id", "log"}'),
+    ("logs ID COMMAND_ID", '{"id", "command_id", "output"}'),
+    ("images (an array)", '{"digest", "references", "size", "last_used", "in_use", ...}'),
+    ("images prune", '{"removed"}: the digests removed'),
+    ("pull", '{"reference", "digest", "size"}'),
+    (
+        "serve",
+        'one start-up line {"api_base", "pid", "api_key_required", "network_policy_enforced"}',
+    ),
+    (
+        "a failure once the arguments were parsed",
+        '{"error": {"type", "message", "exit_code"}}; the one-line message is on stderr too '
+        "(a usage error prints only the usage, on stderr)",
+    ),
+)
 # Python keywords (the client's own messages) and what a command-line user types instead.
 _CLI_TERMS = (
     ("unenforced_network_policy='accept'", "osb-sync serve --allow-unenforced-network-policy"),
