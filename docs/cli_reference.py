@@ -37,6 +37,34 @@ echo hi``. An id that exists is taken as it is; a prefix must start one id alone
 several ids, or of none, exits 1 naming them); an empty id is refused. Sandboxes have no names:
 ``create --name web`` is the label ``name=web`` (``ls --metadata name=web`` finds it).
 Sandboxes expire: ``create`` gives one an hour (``--lifetime``), ``renew`` pushes it back.
+``run`` takes code, not a command: the image goes in ``--image`` (``osb-sync run --image
+python:3.12 'print(1)'``; ``--language bash`` for a shell command). ``rm --all`` deletes every
+sandbox of the server, anyone's: on a terminal it asks first, elsewhere it needs ``--yes``.
+
+Images
+------
+
+``--image`` takes a registry reference (``python:3.12``, ``host/name:tag``,
+``name@sha256:...``) or, on a local server, an image on disk: ``oci:/DIR[:TAG]`` (an OCI
+layout directory; an absolute path) or ``docker-archive:/FILE`` (``docker save``'s tar), read
+only under a directory the server allows (``serve --allow-image-path DIR``; ``run
+--allow-image-path DIR`` for the embedded server, as ``pull`` takes it). What ``pull``
+fetched, ``run`` and ``create`` use from the store. A test image needs no docker: skopeo
+copies one into a layout, and umoci adds your files to it (the built-in execd needs
+``python3`` in the image; ``serve --execd PATH`` runs OpenSandbox's execd in any image):
+
+.. skip-block: reaches docker.io, needs skopeo and umoci, and writes ./img and ./files
+
+.. code-block:: shell
+
+    skopeo copy docker://docker.io/library/python:3.12-slim "oci:$PWD/img:py"
+    mkdir -p files/app && echo 'print("hello")' > files/app/hello.py
+    umoci insert --rootless --image "$PWD/img:py" files /      # /app/hello.py in the image
+    osb-sync run --allow-image-path "$PWD" --image "oci:$PWD/img:py" --language bash 'python3 /app/hello.py'
+
+A registry that needs a password: ``--registry-auth-file`` (containers' ``auth.json`` form,
+plain ``auths`` entries) on ``serve``, ``pull`` and ``run``; the operator's
+``~/.docker/config.json`` is not read.
 
 """
 

@@ -99,6 +99,10 @@ _CLI_TERMS = (
     ("pass api_key=", "pass --api-key"),
     ("by isolation=False", "by --no-isolation"),
     ("allow_no_api_key=True", "--allow-no-api-key"),
+    (
+        "(LocalServer(local_image_paths=...), osb-sync serve --allow-image-path DIR)",
+        "(--allow-image-path DIR: of run, or of osb-sync serve)",
+    ),
 )
 # Go's names for signals, as execd reports a command killed by one ("signal: killed"), with
 # Linux's numbers: the command ran in a Linux sandbox, whatever the client runs on (Windows

@@ -284,6 +284,26 @@ def test_9_rm_all_asks_on_a_terminal_and_refuses_without_one(server: LocalServer
         assert list(client.list_sandboxes())  # the shared sandbox is still there
 
 
+# -- 10: what pull reads, run reads --------------------------------------------------------------
+
+
+def test_10_run_reads_an_oci_layout_under_allow_image_path(tmp_path: Path) -> None:
+    from tests.imagekit import busybox_image, write_layout
+
+    layout = write_layout(tmp_path / "img", "box", [busybox_image([])])
+    image = ("--image", f"oci:{layout}:box")
+    refused = osb(None, "run", *image, "print(1)")
+    assert refused.returncode == OWN_ERROR
+    assert "(--allow-image-path DIR: of run, or of osb-sync serve)" in last_line(refused)
+    read = osb(None, "run", "--allow-image-path", str(tmp_path), *image, "print(1)")
+    # read, unpacked and found without python3 (the built-in execd's need): no longer refused
+    assert read.returncode == OWN_ERROR and "has no python3" in last_line(read), read.stderr
+    remote = osb(
+        None, "run", "--api-base", "http://127.0.0.1:9/v1", "--allow-image-path", "/x", "1"
+    )
+    assert remote.returncode == OWN_ERROR and "embedded server's" in last_line(remote)
+
+
 # -- 15: Client() with nothing set ----------------------------------------------------------------
 
 
@@ -296,3 +316,30 @@ def test_15_client_without_settings_says_how_to_start_a_server(
     with pytest.raises(ConfigurationError) as info:
         Client()
     assert "osb-sync serve" in str(info.value) and "LocalServer()" in str(info.value)
+
+
+# -- 13, 16: the README -------------------------------------------------------------------------
+
+
+def test_13_the_readme_example_prints_the_streamed_output_alone(
+    server: LocalServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = (ROOT / "README.rst").read_text(encoding="utf-8")
+    lines = readme.split(".. code-block:: python\n\n", 1)[1].splitlines()
+    block = [line for line in lines[: next(i for i, x in enumerate(lines) if x[:1].isalpha())]]
+    code = "\n".join(line[4:] for line in block)
+    monkeypatch.setenv("OPEN_SANDBOX_API_BASE", server.api_base)
+    exec(compile(code, "README.rst", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.endswith("]\n0\n1\n2\n"), printed  # the loop's lines: no ping, no type names
+    assert f"{sys.version_info[0]}.{sys.version_info[1]}" in printed  # the server's Python
+    assert "3.12..." not in readme
+
+
+def test_16_install_lines_work_from_a_checkout() -> None:
+    documents = [ROOT / "README.rst", *sorted((ROOT / "docs").rglob("*.rst"))]
+    sources = [ROOT / "osb_sync" / "_cli.py", ROOT / "osb_sync" / "_pool_redis.py"]
+    for path in documents + sources:
+        text = path.read_text(encoding="utf-8")
+        assert "install 'osb-sync[" not in text and 'install "osb-sync[' not in text, path
+    assert 'pip install ".[deepagents]"' in (ROOT / "README.rst").read_text(encoding="utf-8")
