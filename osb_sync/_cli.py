@@ -284,7 +284,8 @@ def cmd_completion(cli: GlobalOptions, wanted: CompletionOptions) -> int:
             file=sys.stderr,
         )
         return EXIT_OWN_ERROR
-    print(shtab.complete(build_parser(), shell=wanted.shell))
+    preamble = BASH_IDS_FUNCTION if wanted.shell == "bash" else ""
+    print(shtab.complete(build_parser(), shell=wanted.shell, preamble=preamble))
     return 0
 
 
@@ -550,13 +551,13 @@ def _add_manage(command: Any) -> None:
     listing.add_argument("-q", "--quiet", action="store_true", help="print only the ids")
 
     get = command("get", "describe sandboxes (exit 1 if one was not found)")
-    get.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+    _sandbox_ids(get.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids"))
 
     inspect = command("inspect", "print sandboxes as a JSON array (exit 1 if one was not found)")
-    inspect.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+    _sandbox_ids(inspect.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids"))
 
     delete = command("delete", "delete sandboxes (exit 1 if one was not found)", aliases=["rm"])
-    delete.add_argument("ids", nargs="*", metavar="ID", help="sandbox ids")
+    _sandbox_ids(delete.add_argument("ids", nargs="*", metavar="ID", help="sandbox ids"))
     delete.add_argument(
         "--all",
         action="store_true",
@@ -586,10 +587,10 @@ def _add_manage(command: Any) -> None:
         ("resume", "resume paused sandboxes (wait until Running)", ["unpause"]),
     ):
         action = command(verb, f"{summary}; exit 1 if one was not found", aliases=aliases)
-        action.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+        _sandbox_ids(action.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids"))
 
     renew = command("renew", "push back the expiry of sandboxes; exit 1 if one was not found")
-    renew.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+    _sandbox_ids(renew.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids"))
     renew.add_argument(
         "--lifetime",
         type=_whole_seconds,
@@ -599,9 +600,33 @@ def _add_manage(command: Any) -> None:
     )
 
     stats = command("stats", "one CPU and memory sample of sandboxes")
-    stats.add_argument(
-        "ids", nargs="*", metavar="ID", help="sandbox ids (default: every running sandbox)"
+    _sandbox_ids(
+        stats.add_argument(
+            "ids", nargs="*", metavar="ID", help="sandbox ids (default: every running sandbox)"
+        )
     )
+
+
+# Completion of sandbox ids: `osb-sync ls -q` against the server of the environment
+# ($OPEN_SANDBOX_API_BASE), as shtab's `complete` attribute of an argument says for each shell.
+BASH_IDS = "_osb_sync_sandbox_ids"
+BASH_IDS_FUNCTION = f"""
+# sandbox ids, from the server of $OPEN_SANDBOX_API_BASE
+{BASH_IDS}() {{
+  compgen -W "$(osb-sync ls -q 2>/dev/null)" -- "$1"
+}}
+"""
+ID_COMPLETION = {
+    "bash": BASH_IDS,
+    "zsh": "($(osb-sync ls -q 2>/dev/null))",
+    "fish": "(osb-sync ls -q 2>/dev/null)",
+}
+
+
+def _sandbox_ids(action: argparse.Action) -> argparse.Action:
+    """Mark an argument as sandbox ids, for the completion scripts."""
+    action.complete = ID_COMPLETION  # type: ignore[attr-defined]  # shtab reads it
+    return action
 
 
 def _add_exec(command: Any) -> None:
@@ -641,7 +666,7 @@ def _add_exec(command: Any) -> None:
         help="deadline of the command (exit 124; default: none)",
     )
     _max_output(execute)
-    execute.add_argument("id", help="the sandbox id")
+    _sandbox_ids(execute.add_argument("id", help="the sandbox id"))
     execute.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments"
     )
@@ -671,7 +696,7 @@ def _add_files_and_logs(command: Any) -> None:
         "which keeps it after the sandbox is deleted). With COMMAND_ID, the output (stdout "
         "and stderr together) of a command started with exec -d.",
     )
-    logs.add_argument("id", help="the sandbox id")
+    _sandbox_ids(logs.add_argument("id", help="the sandbox id"))
     logs.add_argument("command_id", nargs="?", metavar="COMMAND_ID", help="from exec -d")
     logs.add_argument(
         "-f",

@@ -343,3 +343,29 @@ def test_16_install_lines_work_from_a_checkout() -> None:
         text = path.read_text(encoding="utf-8")
         assert "install 'osb-sync[" not in text and 'install "osb-sync[' not in text, path
     assert 'pip install ".[deepagents]"' in (ROOT / "README.rst").read_text(encoding="utf-8")
+
+
+def test_3_bash_completes_sandbox_ids_from_the_server(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("shtab")
+    script = osb(None, "completion", "bash")
+    assert script.returncode == 0, script.stderr
+    (tmp_path / "osb-sync.bash").write_text(script.stdout)
+    # osb-sync on PATH as a user has it: this interpreter's module
+    (tmp_path / "osb-sync").write_text(f'#!/bin/sh\nexec {sys.executable} -m osb_sync "$@"\n')
+    (tmp_path / "osb-sync").chmod(0o755)
+    line = f"osb-sync exec {sid[:4]}"
+    probe = (
+        f"source {tmp_path}/osb-sync.bash\n"
+        f"COMP_LINE='{line}'; COMP_POINT={len(line)}\n"
+        f"COMP_WORDS=(osb-sync exec {sid[:4]}); COMP_CWORD=2\n"
+        "_shtab_osb_sync osb-sync " + sid[:4] + " exec\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env["OPEN_SANDBOX_API_BASE"] = server.api_base
+    done = subprocess.run(
+        ["bash", "-c", probe], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert sid in done.stdout.split(), (done.stdout, done.stderr)
