@@ -189,7 +189,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _report(cli, exc, EXIT_REFUSED)
     except CannotRun as exc:
         return _report(cli, exc, EXIT_CANNOT_RUN)
-    except NoSuchSandbox as exc:  # exec and run's too: as docker exec, "no such container" is 1
+    except NoSuchSandbox as exc:  # exec's too: as docker exec, "no such container" is 1
         return _report(cli, exc, EXIT_NOT_FOUND)
     except OutputLimitExceeded as exc:
         return _report(cli, exc, EXIT_OWN_ERROR)

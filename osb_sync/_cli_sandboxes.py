@@ -74,7 +74,9 @@ def resolve_id(client: Client, given: str, missing_ok: bool = False) -> str:
         return matches[0]
     if matches:
         shown = ", ".join(matches[:AMBIGUOUS_SHOWN])
-        more = f" and {len(matches) - AMBIGUOUS_SHOWN} more" if len(matches) > 5 else ""
+        more = (
+            f" and {len(matches) - AMBIGUOUS_SHOWN} more" if len(matches) > AMBIGUOUS_SHOWN else ""
+        )
         raise AmbiguousId(
             f"sandbox id {given!r} is ambiguous: {len(matches)} sandboxes' ids start with "
             f"it ({shown}{more}); give more of the id"
@@ -177,7 +179,7 @@ def cmd_delete(cli: GlobalOptions, delete: DeleteOptions) -> int:
     if bool(delete.ids) + bool(delete.all) + bool(delete.metadata) != 1:
         raise UsageError("delete takes sandbox ids, --all, or --metadata KEY=VALUE (one of them)")
     if delete.all and not delete.yes:
-        _confirm_all(cli)
+        _confirm_all()
     outcomes = []
     with cli.client() as client:
         ids = resolve_ids(client, delete.ids)
@@ -199,7 +201,7 @@ def cmd_delete(cli: GlobalOptions, delete: DeleteOptions) -> int:
     return EXIT_NOT_FOUND if missing else 0
 
 
-def _confirm_all(cli: GlobalOptions) -> None:
+def _confirm_all() -> None:
     """``rm --all`` without ``--yes``: only a person at a terminal may say yes.
 
     Raises:
