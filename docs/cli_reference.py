@@ -62,9 +62,12 @@ copies one into a layout, and umoci adds your files to it (the built-in execd ne
     umoci insert --rootless --image "$PWD/img:py" files /      # /app/hello.py in the image
     osb-sync run --allow-image-path "$PWD" --image "oci:$PWD/img:py" --language bash 'python3 /app/hello.py'
 
-A registry that needs a password: ``--registry-auth-file`` (containers' ``auth.json`` form,
-plain ``auths`` entries) on ``serve``, ``pull`` and ``run``; the operator's
-``~/.docker/config.json`` is not read.
+A registry that needs a password: ``pull`` and ``run --image`` read the credentials docker and
+podman keep (the first of ``$REGISTRY_AUTH_FILE``, ``$XDG_RUNTIME_DIR/containers/auth.json``,
+``~/.config/containers/auth.json``, ``~/.docker/config.json``), its plain ``auths`` entries
+only, each sent only to its registry; credential helpers (``credsStore``, ``credHelpers``) are
+not run, and say so. ``--registry-auth-file FILE`` (the same form) is used instead when given,
+and is the only source of ``serve``, whose server others may use.
 
 """
 

@@ -34,6 +34,7 @@ from ._cli_options import (
     UsageError,
 )
 from ._cli_output import EXIT_RAISED, EXIT_SIGNAL_BASE, print_status, progress
+from ._cli_registry_auth import with_usual_credentials
 from ._client import Client
 from ._config import check_run_arguments
 from ._constants import API_KEY_ENV
@@ -168,12 +169,15 @@ def _client_or_local_server(cli: GlobalOptions, run: RunOptions) -> Iterator[tup
     # The line below says what the server's start-up warning would say, in the CLI's words.
     logging.getLogger("osb_sync.local").setLevel(logging.ERROR)
     # One sandbox per process: a spare would only be started to be killed at exit.
-    with LocalServer(
-        unenforced_network_policy="accept",
-        spare_containers=0,
-        isolation=False if run.no_isolation else None,
-        **run.store.keywords,
-    ) as server:
+    with (
+        with_usual_credentials(run.store.keywords, bool(run.template)) as images,
+        LocalServer(
+            unenforced_network_policy="accept",
+            spare_containers=0,
+            isolation=False if run.no_isolation else None,
+            **images,
+        ) as server,
+    ):
         if server.refusal:  # fails closed: no sandbox is made
             raise UsageError(server.refusal)
         if not server.isolated:
