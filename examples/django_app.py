@@ -5,8 +5,11 @@
 
 With ``OPEN_SANDBOX_API_BASE`` (and ``OPEN_SANDBOX_API_KEY``) set it uses that server; otherwise
 it starts an embedded local server (a development server, not a security boundary). ``PORT``
-(default 8000) and ``POOL_SIZE`` (default 4) are read from the environment. Extra arguments
-go to Django's command line instead of ``runserver`` (``python examples/django_app.py check``).
+(default 8000), ``POOL_SIZE`` (default 4) and ``OPENSANDBOX_POOL_REDIS_URL`` (one pool shared
+by every worker process through Redis; default none) are read from the environment. Extra
+arguments go to Django's command line instead of ``runserver`` (``python examples/django_app.py
+check``). Under a WSGI server, ``application`` configures the project from the environment on
+first use (``OPEN_SANDBOX_API_BASE=... gunicorn --chdir examples django_app:application``).
 
 ``POST /run`` takes the code as the request body and answers
 ``{"stdout", "stderr", "results", "error", "execution_count"}``; a run past ``RUN_TIMEOUT`` or
@@ -51,6 +54,7 @@ def configure(api_base: str | None = None, api_key: str | None = None) -> None:
             "API_BASE": api_base,
             "API_KEY": api_key,
             "POOL_SIZE": int(os.environ.get("POOL_SIZE", "4")),
+            "POOL_REDIS_URL": os.environ.get("OPENSANDBOX_POOL_REDIS_URL") or None,
             "REUSE": "never",  # each submission gets a sandbox no one has used
             "CREATE": {"timeout": 900},  # sandboxes expire if this process dies
             "ACQUIRE_TIMEOUT": 5.0,
@@ -112,6 +116,31 @@ urlpatterns = [path("run", run)]
 handler400 = bad_request
 handler404 = not_found
 handler500 = server_error
+
+
+def __getattr__(name: str) -> Any:
+    """``application``, the WSGI callable of a WSGI server (gunicorn ``django_app:application``),
+    made on first use: the project configured from ``OPEN_SANDBOX_API_BASE``.
+
+    Raises:
+        RuntimeError: ``OPEN_SANDBOX_API_BASE`` is not set (at start-up, not on a request).
+        AttributeError: any other name.
+    """
+    if name != "application":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not settings.configured:
+        api_base = os.environ.get("OPEN_SANDBOX_API_BASE")
+        if not api_base:
+            raise RuntimeError(
+                "application needs an OpenSandbox server: set OPEN_SANDBOX_API_BASE; "
+                "`python examples/django_app.py` starts an embedded local one"
+            )
+        configure(api_base, os.environ.get("OPEN_SANDBOX_API_KEY"))
+    from django.core.wsgi import get_wsgi_application
+
+    handler = get_wsgi_application()
+    globals()["application"] = handler
+    return handler
 
 
 def main(argv: list[str]) -> None:

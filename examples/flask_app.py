@@ -5,7 +5,9 @@
 
 With ``OPEN_SANDBOX_API_BASE`` (and ``OPEN_SANDBOX_API_KEY``) set it uses that server; otherwise
 it starts an embedded local server (a development server, not a security boundary). ``PORT``
-(default 5000) and ``POOL_SIZE`` (default 4) are read from the environment.
+(default 5000), ``POOL_SIZE`` (default 4) and ``OPENSANDBOX_POOL_REDIS_URL`` (one pool shared
+by every worker process through Redis, under gunicorn; default none) are read from the
+environment.
 
 ``POST /run`` takes the code as the request body and answers
 ``{"stdout", "stderr", "results", "error", "execution_count"}``. Code that raises, runs longer
@@ -55,6 +57,7 @@ def create_app(api_base: str | None = None, api_key: str | None = None, **config
         OPENSANDBOX_API_BASE=api_base,
         OPENSANDBOX_API_KEY=api_key,
         OPENSANDBOX_POOL_SIZE=int(os.environ.get("POOL_SIZE", "4")),
+        OPENSANDBOX_POOL_REDIS_URL=os.environ.get("OPENSANDBOX_POOL_REDIS_URL") or None,
         OPENSANDBOX_REUSE="never",  # each submission gets a sandbox no one has used
         OPENSANDBOX_CREATE={"timeout": 900},  # sandboxes expire if this process dies
         OPENSANDBOX_ACQUIRE_TIMEOUT=5.0,

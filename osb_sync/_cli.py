@@ -23,9 +23,11 @@ from typing import Any, NoReturn
 
 from ._cli_options import (
     VERBS,
+    CannotRun,
     CompletionOptions,
     GlobalOptions,
     HelpOptions,
+    NoSuchSandbox,
     Refused,
     RunTimedOut,
     Stopped,
@@ -33,12 +35,14 @@ from ._cli_options import (
 )
 from ._cli_output import (
     EXIT_BROKEN_PIPE,
+    EXIT_CANNOT_RUN,
     EXIT_NOT_FOUND,
     EXIT_OWN_ERROR,
     EXIT_REFUSED,
     EXIT_SIGNAL_BASE,
     EXIT_STATUSES,
     EXIT_TIMED_OUT,
+    JSON_SHAPES,
     cli_terms,
     error_json,
     names_missing_thing,
@@ -48,11 +52,38 @@ from ._constants import API_BASE_ENV, API_KEY_ENV, LANGUAGES, MAX_OUTPUT_BYTES, 
 from .local.host import options as server_options
 
 PROG = "osb-sync"
-TEMPLATE_HELP = "image of the sandbox (default: the server's); --image is the same flag"
+IMAGE_HELP = (
+    "image of the sandbox (default: the server's); --template is the same flag. A registry "
+    "reference (python:3.12, host/name:tag, name@sha256:...) or, on a local server, "
+    "oci:/DIR[:TAG] (an OCI layout directory, an absolute path) or docker-archive:/FILE "
+    "(docker save's tar), under a directory the server allows (serve --allow-image-path; run "
+    "--allow-image-path)"
+)
+# exec's options (each is pinned by a test): given after the sandbox id, they are a mistake
+EXEC_OPTIONS = (
+    *("-i", "--interactive", "-t", "--tty", "-d", "--detach", "-e", "--env", "-w"),
+    *("--workdir", "-u", "--user", "--timeout", "--max-output"),
+)
+CREATE_LIFETIME = 3600  # seconds: `create`'s default lifetime (an hour; see --lifetime's help)
 STATES = ["Pending", "Running", "Paused", "Stopping", "Terminated", "Failed", "Allocated"]
-ALIASES = {"ls": "list", "rm": "delete"}
+ALIASES = {"ls": "list", "ps": "list", "rm": "delete", "unpause": "resume"}
+# docker's verbs that osb-sync has under another name, or has not: what to type instead (a
+# close spelling would suggest the opposite: `stop` is not `list`, `ps` is not `pause`).
+DOCKER_VERBS = {
+    "stop": "'pause' keeps a sandbox, 'rm' deletes it",
+    "kill": "'rm' deletes a sandbox",
+    "start": "'resume' a paused sandbox, or 'create' a new one",
+    "container": "the sandbox verbs are top-level: osb-sync ls, rm, exec ...",
+    "attach": "'logs -f ID' follows a sandbox's log",
+    "image": "'images'",
+    "rmi": "'images prune' removes the images no sandbox runs",
+}
 SHELLS = ("bash", "zsh", "fish")
-HELP_TOPICS = {"exit-codes": EXIT_STATUSES}
+HELP_TOPICS = {
+    "exit-codes": EXIT_STATUSES,
+    "json": "what --json prints on stdout (one JSON document):\n\n"
+    + "\n".join(f"  {what}:\n    {shape}" for what, shape in JSON_SHAPES),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,7 +104,9 @@ class _Parser(argparse.ArgumentParser):
         import difflib
 
         given = message.split("invalid choice: ", 1)[-1].split(" ", 1)[0].strip("'\"")
-        close = difflib.get_close_matches(given, list(verbs), n=1, cutoff=0.5)
+        if given in DOCKER_VERBS:
+            return f" (osb-sync has no {given!r}: {DOCKER_VERBS[given]})"
+        close = difflib.get_close_matches(given, list(verbs), n=1, cutoff=0.6)
         return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -94,13 +127,42 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     previous = _interrupt_on_sigterm()
     try:
         return _dispatch(args)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line parsed; a usage error is the verb's (its usage, and a hint for what
+    a docker user typed: code after ``run``'s image, options after ``exec``'s sandbox id)."""
+    args, extra = parser.parse_known_args(argv)
+    verb = _verbs(parser).get(args.command, parser)
+    if extra:
+        hint = ""
+        if args.command == "run":
+            image = args.code if args.code and ":" in args.code else "IMAGE"
+            hint = (
+                "; run takes the code as one argument (quote it), -f FILE or - (standard "
+                f"input), and the image goes in --image: osb-sync run --image {image} 'CODE'"
+            )
+        verb.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    if args.command == "exec" and args.cmd and _exec_option(args.cmd[0]):
+        verb.error(
+            f"{args.cmd[0]} after the sandbox id is taken as the command: options go before "
+            f"the sandbox id: osb-sync exec {args.cmd[0]} ... {args.id} CMD..."
+        )
+    return args
+
+
+def _exec_option(word: str) -> bool:
+    """Whether ``word`` (the first word of exec's command) is one of exec's own options."""
+    return any(word == flag or word.startswith(flag + "=") for flag in EXEC_OPTIONS) or (
+        len(word) > 2 and word[0] == "-" and word[:2] in EXEC_OPTIONS
+    )
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -125,6 +187,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _report(cli, exc, EXIT_TIMED_OUT)
     except Refused as exc:
         return _report(cli, exc, EXIT_REFUSED)
+    except CannotRun as exc:
+        return _report(cli, exc, EXIT_CANNOT_RUN)
+    except NoSuchSandbox as exc:  # exec's too: as docker exec, "no such container" is 1
+        return _report(cli, exc, EXIT_NOT_FOUND)
     except OutputLimitExceeded as exc:
         return _report(cli, exc, EXIT_OWN_ERROR)
     except NotFoundError as exc:
@@ -213,11 +279,13 @@ def cmd_completion(cli: GlobalOptions, wanted: CompletionOptions) -> int:
     except ImportError:
         print(
             f"{PROG}: error: completion scripts are generated by shtab, which is not "
-            "installed: pip install 'osb-sync[completion]' (or: pip install shtab)",
+            "installed: pip install shtab (from a checkout of osb-sync: pip install "
+            "'.[completion]')",
             file=sys.stderr,
         )
         return EXIT_OWN_ERROR
-    print(shtab.complete(build_parser(), shell=wanted.shell))
+    preamble = BASH_IDS_FUNCTION if wanted.shell == "bash" else ""
+    print(shtab.complete(build_parser(), shell=wanted.shell, preamble=preamble))
     return 0
 
 
@@ -398,12 +466,17 @@ def _add_run(command: Any) -> None:
         "--keep", action="store_true", help="do not delete the sandbox (needs --api-base)"
     )
     run.add_argument(
+        "--rm",
+        action="store_true",
+        help="accepted for docker's habit: run deletes its sandbox anyway (but with --keep)",
+    )
+    run.add_argument(
         "--timeout",
         type=_positive_seconds,
         metavar="SECONDS",
         help="deadline of the run (exit 124 past it; default: none)",
     )
-    run.add_argument("--template", "--image", metavar="IMAGE", help=TEMPLATE_HELP)
+    run.add_argument("--template", "--image", metavar="IMAGE", help=IMAGE_HELP)
     run.add_argument("--allow-internet", action="store_true", help="no deny-all network policy")
     _max_output(run)
     run.add_argument(
@@ -411,6 +484,16 @@ def _add_run(command: Any) -> None:
         action="store_true",
         help="where sandboxes cannot be isolated, run the code on this machine as your user "
         "anyway (the embedded server; default: refuse)",
+    )
+    # The embedded server's image flags, as `pull` and `serve` have them: what pull fetched
+    # (oci:DIR, docker-archive:FILE, a private registry's image), run can use.
+    server_options.add_flags(
+        run,
+        (
+            server_options.IMAGE_STORE,
+            server_options.REGISTRY_AUTH_FILE,
+            server_options.LOCAL_IMAGE_PATHS,
+        ),
     )
 
 
@@ -429,13 +512,21 @@ def _add_serve(command: Any) -> None:
 
 def _add_manage(command: Any) -> None:
     create = command("create", "create a sandbox on a server and print its id (not deleted)")
-    create.add_argument("--template", "--image", metavar="IMAGE", help=TEMPLATE_HELP)
+    create.add_argument("--template", "--image", metavar="IMAGE", help=IMAGE_HELP)
     create.add_argument(
         "--lifetime",
         type=_whole_seconds,
-        default=300,
+        default=CREATE_LIFETIME,
         metavar="SECONDS",
-        help="seconds until it expires (the server sets the range; 60 to 86400 on OpenSandbox)",
+        help="seconds until it expires (default: an hour, for a session at a shell; the "
+        "client's 300 s suit a program that deletes what it made; the server sets the range, "
+        "60 to 86400 on OpenSandbox; renew pushes it back)",
+    )
+    create.add_argument(
+        "--name",
+        metavar="NAME",
+        help="sandboxes have no names (their ids are given by the server): NAME becomes the "
+        "label name=NAME (list --metadata name=NAME finds it)",
     )
     create.add_argument(
         "--metadata", action="append", default=[], metavar="KEY=VALUE", help="label (repeatable)"
@@ -445,7 +536,7 @@ def _add_manage(command: Any) -> None:
     )
     create.add_argument("--allow-internet", action="store_true", help="no deny-all network policy")
 
-    listing = command("list", "list the sandboxes of a server", aliases=["ls"])
+    listing = command("list", "list the sandboxes of a server", aliases=["ls", "ps"])
     listing.add_argument(
         "--state",
         action="append",
@@ -460,14 +551,29 @@ def _add_manage(command: Any) -> None:
     listing.add_argument("-q", "--quiet", action="store_true", help="print only the ids")
 
     get = command("get", "describe sandboxes (exit 1 if one was not found)")
-    get.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+    _sandbox_ids(get.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids"))
 
     inspect = command("inspect", "print sandboxes as a JSON array (exit 1 if one was not found)")
-    inspect.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+    _sandbox_ids(inspect.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids"))
 
     delete = command("delete", "delete sandboxes (exit 1 if one was not found)", aliases=["rm"])
-    delete.add_argument("ids", nargs="*", metavar="ID", help="sandbox ids")
-    delete.add_argument("--all", action="store_true", help="every sandbox of the server")
+    _sandbox_ids(delete.add_argument("ids", nargs="*", metavar="ID", help="sandbox ids"))
+    delete.add_argument(
+        "--all",
+        action="store_true",
+        help="every sandbox of the server, anyone's: asks first on a terminal; elsewhere "
+        "refused without --yes",
+    )
+    delete.add_argument(
+        "-y", "--yes", action="store_true", help="delete --all without asking (for scripts)"
+    )
+    delete.add_argument(
+        "-f",
+        "--force",
+        action="store_true",
+        help="accepted for docker's habit: a running sandbox is deleted anyway (it does not "
+        "answer --all's question: --yes does)",
+    )
     delete.add_argument(
         "--metadata",
         action="append",
@@ -476,15 +582,15 @@ def _add_manage(command: Any) -> None:
         help="every sandbox with this label (repeatable: all of them)",
     )
 
-    for verb, summary in (
-        ("pause", "pause sandboxes (wait until Paused)"),
-        ("resume", "resume paused sandboxes (wait until Running)"),
+    for verb, summary, aliases in (
+        ("pause", "pause sandboxes (wait until Paused)", []),
+        ("resume", "resume paused sandboxes (wait until Running)", ["unpause"]),
     ):
-        action = command(verb, f"{summary}; exit 1 if one was not found")
-        action.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+        action = command(verb, f"{summary}; exit 1 if one was not found", aliases=aliases)
+        _sandbox_ids(action.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids"))
 
     renew = command("renew", "push back the expiry of sandboxes; exit 1 if one was not found")
-    renew.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+    _sandbox_ids(renew.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids"))
     renew.add_argument(
         "--lifetime",
         type=_whole_seconds,
@@ -494,7 +600,33 @@ def _add_manage(command: Any) -> None:
     )
 
     stats = command("stats", "one CPU and memory sample of sandboxes")
-    stats.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids")
+    _sandbox_ids(
+        stats.add_argument(
+            "ids", nargs="*", metavar="ID", help="sandbox ids (default: every running sandbox)"
+        )
+    )
+
+
+# Completion of sandbox ids: `osb-sync ls -q` against the server of the environment
+# ($OPEN_SANDBOX_API_BASE), as shtab's `complete` attribute of an argument says for each shell.
+BASH_IDS = "_osb_sync_sandbox_ids"
+BASH_IDS_FUNCTION = f"""
+# sandbox ids, from the server of $OPEN_SANDBOX_API_BASE
+{BASH_IDS}() {{
+  compgen -W "$(osb-sync ls -q 2>/dev/null)" -- "$1"
+}}
+"""
+ID_COMPLETION = {
+    "bash": BASH_IDS,
+    "zsh": "($(osb-sync ls -q 2>/dev/null))",
+    "fish": "(osb-sync ls -q 2>/dev/null)",
+}
+
+
+def _sandbox_ids(action: argparse.Action) -> argparse.Action:
+    """Mark an argument as sandbox ids, for the completion scripts."""
+    action.complete = ID_COMPLETION  # type: ignore[attr-defined]  # shtab reads it
+    return action
 
 
 def _add_exec(command: Any) -> None:
@@ -534,7 +666,7 @@ def _add_exec(command: Any) -> None:
         help="deadline of the command (exit 124; default: none)",
     )
     _max_output(execute)
-    execute.add_argument("id", help="the sandbox id")
+    _sandbox_ids(execute.add_argument("id", help="the sandbox id"))
     execute.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments"
     )
@@ -564,7 +696,7 @@ def _add_files_and_logs(command: Any) -> None:
         "which keeps it after the sandbox is deleted). With COMMAND_ID, the output (stdout "
         "and stderr together) of a command started with exec -d.",
     )
-    logs.add_argument("id", help="the sandbox id")
+    _sandbox_ids(logs.add_argument("id", help="the sandbox id"))
     logs.add_argument("command_id", nargs="?", metavar="COMMAND_ID", help="from exec -d")
     logs.add_argument(
         "-f",
@@ -593,6 +725,12 @@ def _add_images(command: Any) -> None:
     actions = images.add_subparsers(
         dest="images_action", metavar="ACTION", help="prune: remove every image no sandbox runs"
     )
+    for name in ("ls", "list"):
+        listing = actions.add_parser(
+            name, help="list the images (as without ACTION)", formatter_class=_HelpFormatter
+        )
+        _global_options(listing, suppress=True)
+        server_options.add_flags(listing, store_flags)
     prune = actions.add_parser(
         "prune",
         help="remove every image no sandbox runs",
@@ -623,14 +761,14 @@ def _add_images(command: Any) -> None:
 
 
 def _add_help(command: Any) -> None:
-    helper = command("help", "help on a command or a topic (exit-codes)")
-    helper.add_argument("topic", nargs="?", metavar="TOPIC", help="exit-codes, or a command")
+    helper = command("help", "help on a command or a topic (exit-codes, json)")
+    helper.add_argument("topic", nargs="?", metavar="TOPIC", help="exit-codes, json, or a command")
 
     completion = command(
         "completion",
         "print a shell completion script (bash, zsh, fish)",
         "Print a static completion script, generated by shtab (pip install "
-        "'osb-sync[completion]'). bash: osb-sync completion bash > "
+        "shtab, or from a checkout '.[completion]'). bash: osb-sync completion bash > "
         "~/.local/share/bash-completion/completions/osb-sync; zsh: into a directory of "
         "$fpath as _osb-sync; fish: > ~/.config/fish/completions/osb-sync.fish.",
     )

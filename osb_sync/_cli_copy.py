@@ -51,6 +51,7 @@ from pathlib import Path
 
 from ._cli_options import CopyOptions, GlobalOptions, Refused, UsageError
 from ._cli_output import EXIT_NOT_FOUND
+from ._cli_sandboxes import resolve_id
 from ._errors import ApiError, NotFoundError
 from ._models import FileInfo
 from ._sandbox import Sandbox
@@ -72,7 +73,7 @@ def cmd_cp(cli: GlobalOptions, copy: CopyOptions) -> int:
         )
     with cli.client() as client:
         if src is not None:
-            sandbox = client.connect(src[0])
+            sandbox = client.connect(resolve_id(client, src[0]))
             try:
                 return _copy_out(sandbox, src[1], copy.dest)
             except ApiError as exc:
@@ -80,7 +81,7 @@ def cmd_cp(cli: GlobalOptions, copy: CopyOptions) -> int:
                     raise Refused(str(exc)) from None
                 raise
         assert dest is not None
-        sandbox = client.connect(dest[0])
+        sandbox = client.connect(resolve_id(client, dest[0]))
         return _copy_in(sandbox, copy.src, dest[1])
 
 

@@ -10,6 +10,8 @@ follows either. ``run --language bash`` runs its code through :func:`run_command
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import posixpath
 import secrets
@@ -18,12 +20,21 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any, Callable, TextIO
 
-from ._cli_options import ExecOptions, GlobalOptions, LogsOptions, OutputOptions, UsageError
+from ._cli_options import (
+    CannotRun,
+    ExecOptions,
+    GlobalOptions,
+    LogsOptions,
+    OutputOptions,
+    UsageError,
+)
 from ._cli_output import command_json, command_status, names_missing_thing, new_lines
+from ._cli_sandboxes import resolve_id
 from ._client import Client
-from ._errors import NotFoundError, NotSupportedError
+from ._errors import ApiError, NotFoundError, NotSupportedError
 from ._sandbox import Sandbox
 
 NO_TTY = (
@@ -47,8 +58,8 @@ def cmd_exec(cli: GlobalOptions, execute: ExecOptions) -> int:
         raise UsageError("give -i or -d, not both: a background command reads no input")
     command = execute.cmd[0] if len(execute.cmd) == 1 else shlex.join(execute.cmd)
     options = _command_options(execute)
-    with cli.client() as client:
-        sandbox = client.connect(execute.id)
+    with cli.client() as client, _no_workdir(execute.workdir):
+        sandbox = client.connect(resolve_id(client, execute.id))
         if execute.detach:
             handle = sandbox.commands.start(command, **options)
             print(json.dumps({"id": handle.id}) if cli.json else handle.id)
@@ -56,6 +67,23 @@ def cmd_exec(cli: GlobalOptions, execute: ExecOptions) -> int:
         if execute.interactive:
             command = _with_stdin(sandbox, command)
         return run_command(sandbox, command, execute.output, cli.json, options)
+
+
+@contextlib.contextmanager
+def _no_workdir(workdir: str | None) -> Iterator[None]:
+    """execd's 400 for a ``cwd`` that is no directory, as -w's failure (exit 126).
+
+    Raises:
+        CannotRun: execd refused the command's ``cwd``.
+    """
+    try:
+        yield
+    except ApiError as exc:
+        if workdir is None or exc.status_code != 400 or "cwd" not in str(exc):
+            raise
+        raise CannotRun(
+            f"-w {workdir}: no such directory in the sandbox (execd: HTTP 400)"
+        ) from exc
 
 
 def run_command(
@@ -135,9 +163,13 @@ def _writer(stream: TextIO) -> Callable[[str], None]:
 def cmd_logs(cli: GlobalOptions, logs: LogsOptions) -> int:
     """``osb-sync logs ID [COMMAND_ID] [-f] [--tail N]``: a background command's output, or
     without COMMAND_ID the sandbox's own log (the server's diagnostics route)."""
+    if cli.json and logs.follow:
+        raise UsageError("--json prints one object when the log is read: give -f or --json")
     with cli.client() as client:
+        # a sandbox's log outlives it on osb-sync serve: a gone id is asked for as it is
+        logs = dataclasses.replace(logs, id=resolve_id(client, logs.id, missing_ok=True))
         if logs.command_id is None:
-            return _sandbox_log(client, logs)
+            return _sandbox_log(client, logs, cli.json)
         if logs.tail is not None:
             raise UsageError("--tail is for a sandbox's own log (logs ID, without COMMAND_ID)")
         command = client.connect(logs.id).commands.get(logs.command_id)
@@ -147,11 +179,14 @@ def cmd_logs(cli: GlobalOptions, logs: LogsOptions) -> int:
                 sys.stdout.flush()
         else:
             text, _ = command.logs()
-            sys.stdout.write(text)
+            if cli.json:
+                print(json.dumps({"id": logs.id, "command_id": logs.command_id, "output": text}))
+            else:
+                sys.stdout.write(text)
     return 0
 
 
-def _sandbox_log(client: Client, logs: LogsOptions) -> int:
+def _sandbox_log(client: Client, logs: LogsOptions, as_json: bool = False) -> int:
     """The sandbox's log (its container's output), ``--tail`` lines; with ``-f`` polled every
     ``FOLLOW_INTERVAL`` seconds (the route does not stream) until the sandbox is gone."""
     diagnostics = client.diagnostics(logs.id)
@@ -164,6 +199,10 @@ def _sandbox_log(client: Client, logs: LogsOptions) -> int:
 
     try:
         shown = window()
+        if as_json:
+            tail = shown[-logs.tail :] if logs.tail else shown
+            print(json.dumps({"id": logs.id, "log": "".join(tail)}))
+            return 0
         sys.stdout.writelines(shown[-logs.tail :] if logs.tail else shown)
         while logs.follow:
             sys.stdout.flush()

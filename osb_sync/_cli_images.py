@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 from ._cli_options import GlobalOptions, ImagesOptions, PullOptions, StoreOptions, UsageError
 from ._cli_output import print_table
+from ._cli_registry_auth import with_usual_credentials
 
 BAR_WIDTH = 30
 LINE_EVERY = 5.0  # seconds between two plain progress lines
@@ -156,10 +157,16 @@ class PullProgress:
 
 def cmd_pull(cli: GlobalOptions, wanted: PullOptions) -> int:
     """``osb-sync pull IMAGE``: fetch it into the store now (asking its registry again)."""
+
+    with with_usual_credentials(wanted.store.keywords) as keywords:
+        return _pull(cli, wanted, StoreOptions(keywords))
+
+
+def _pull(cli: GlobalOptions, wanted: PullOptions, store_options: StoreOptions) -> int:
     from .local.host.images import pull
     from .local.host.images.store import skipped_note
 
-    image_store = _store(wanted.store, for_pull=True)
+    image_store = _store(store_options, for_pull=True)
     platform = pull.host_platform()
     if wanted.platform:
         os_name, _, arch = wanted.platform.partition("/")

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 SERVER_HINT = f"pass --api-base or set {API_BASE_ENV} (start a server with: osb-sync serve)"
 OptionsT = TypeVar("OptionsT", bound="Options")
+# run's flags of the embedded server (its other LocalServer keywords are run's own choice)
+RUN_STORE_KEYWORDS = ("image_store", "registry_auth_file", "local_image_paths")
 
 
 class UsageError(Exception):
@@ -39,6 +41,15 @@ class UsageError(Exception):
 
 class RunTimedOut(Exception):
     """The run passed its --timeout (exit 124)."""
+
+
+class NoSuchSandbox(Exception):
+    """No sandbox has this id, nor one alone an id that starts with it (exit 1)."""
+
+
+class CannotRun(Exception):
+    """The command could not be started as asked (exec -w of no directory): exit 126, as
+    ``docker exec``."""
 
 
 class Refused(Exception):
@@ -116,15 +127,27 @@ def pairs(items: list[str], option: str) -> dict[str, str] | None:
 
 @dataclass(frozen=True)
 class RunOptions(Options):
+    """``store``: the embedded server's image keywords (``--image-store``,
+    ``--registry-auth-file``, ``--allow-image-path``)."""
+
     code: str | None
     file: str | None
     language: str
     keep: bool
+    rm: bool
     timeout: float | None
     template: str | None
     allow_internet: bool
     max_output: int
     no_isolation: bool
+    store: StoreOptions
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> RunOptions:
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "store"]
+        embedded = StoreOptions.of(args).keywords
+        store = StoreOptions({k: v for k, v in embedded.items() if k in RUN_STORE_KEYWORDS})
+        return cls(**{name: getattr(args, name) for name in names}, store=store)
 
 
 @dataclass(frozen=True)
@@ -150,10 +173,15 @@ class NewSandboxOptions(Options):
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> NewSandboxOptions:
+        metadata = pairs(args.metadata, "--metadata")
+        if args.name is not None:  # sandboxes have no names: --name is the label name=NAME
+            if metadata and metadata.get("name", args.name) != args.name:
+                raise UsageError("--name NAME is the label name=NAME: give one of them")
+            metadata = {**(metadata or {}), "name": args.name}
         return cls(
             args.template,
             args.lifetime,
-            pairs(args.metadata, "--metadata"),
+            metadata,
             pairs(args.env, "--env"),
             args.allow_internet,
         )
@@ -179,13 +207,16 @@ class IdsOptions(Options):
 
 @dataclass(frozen=True)
 class DeleteOptions(Options):
+    """``yes``: --all without asking; ``force`` (docker's ``rm -f``) changes nothing."""
+
     ids: list[str]
     all: bool
     metadata: dict[str, str] | None
+    yes: bool = False
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> DeleteOptions:
-        return cls(args.ids, args.all, pairs(args.metadata, "--metadata"))
+        return cls(args.ids, args.all, pairs(args.metadata, "--metadata"), args.yes)
 
 
 @dataclass(frozen=True)

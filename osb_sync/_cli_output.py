@@ -7,13 +7,8 @@ in ``cp``'s messages are ``repr``'d, which escapes the same characters. A comman
 ``exec``'s, ``run``'s, ``logs``', is passed through as ``docker exec`` does: it is what was
 asked for.)
 
-One JSON shape per object (README.rst, Command line):
-
-- sandbox: ``{"id", "state", "message", "image", "created_at", "expires_at", "metadata"}``
-  (``metadata`` an object, without the internal ``osb-sync/create-id`` tag);
-- code run: ``ExecutionResult.to_dict()``; command (``exec``, ``run --language bash``):
-  ``{"id", "exit_code", "stdout", "stderr", "timed_out", "error"}``;
-- deletion: ``{"id", "deleted"}``; error: ``{"error": {"type", "message", "exit_code"}}``.
+One JSON shape per object, listed in ``JSON_SHAPES`` (``osb-sync help json``, and the CLI
+reference page of the docs).
 """
 
 from __future__ import annotations
@@ -36,6 +31,7 @@ EXIT_RAISED = 1  # the code raised
 EXIT_NOT_FOUND = 1  # a sandbox (file, command) was not found, as `docker inspect`
 EXIT_REFUSED = 1  # cp: the sandbox named an entry that would land outside DEST
 EXIT_TIMED_OUT = 124  # as timeout(1)
+EXIT_CANNOT_RUN = 126  # exec: the command could not be started as asked (-w), as docker exec
 EXIT_OWN_ERROR = 125  # osb-sync itself failed, as docker run
 EXIT_SIGNAL_BASE = 128
 EXIT_BROKEN_PIPE = EXIT_SIGNAL_BASE + 13  # 141 (SIGPIPE is 13): the reader left (`| head`)
@@ -45,20 +41,56 @@ osb-sync exit statuses (the same for every command):
 
   0      success
   1      run: the Python code raised (sys.exit(n) in the code exits n);
-         get, inspect, delete, pause, resume, renew, stats, logs, cp: a sandbox (or a file,
-         a command) was not found; cp: the sandbox answered what cp refuses (an entry that
-         would land outside DEST, a file longer than listed), and the copy stopped
+         exec, get, inspect, delete, pause, resume, renew, stats, logs, cp: a sandbox (or a
+         file, a command) was not found, or an id prefix matches several sandboxes;
+         cp: the sandbox answered what cp refuses (an entry that would land outside DEST,
+         a file longer than listed), and the copy stopped
   N      exec, run --language bash: the remote command's own status, passed through
          (126 not executable, 127 not found, 128+n killed by signal n, as the shell says)
   124    run or exec passed --timeout (as timeout(1))
   125    osb-sync itself failed, as docker run: bad usage, the server unreachable or
-         refusing, the sandbox of exec not found, or the output passed --max-output
+         refusing, or the output passed --max-output
+  126    exec: the command could not be started as asked (-w names no directory)
   128+n  osb-sync stopped by signal n: 130 for Ctrl-C, 143 for SIGTERM
   141    standard output was closed early (| head): quiet, as a shell tool
 
 exec and run keep 125 for their own failures (as docker exec and docker run do), so a
 remote status is never mistaken for one of osb-sync's.
 """
+# What --json prints: one document on stdout, one stable shape per object (`osb-sync help json`).
+JSON_SHAPES = (
+    (
+        "sandbox (create, get; list and inspect: an array)",
+        '{"id", "state", "message", "image", "created_at", "expires_at", "metadata"}: metadata '
+        "an object without the internal osb-sync/create-id tag; times in ISO 8601 or null",
+    ),
+    ("code run (run)", '{"stdout", "stderr", "results", "error", "execution_count"}'),
+    (
+        "command (exec, run --language bash)",
+        '{"id", "exit_code", "stdout", "stderr", "timed_out", "error"}',
+    ),
+    ("background command (exec -d)", '{"id"}'),
+    ("deletion (delete: an array)", '{"id", "deleted"}'),
+    ("pause, resume, renew (an array)", '{"id", "found"} (renew: and "expires_at")'),
+    (
+        "stats (an array)",
+        '{"id", "cpu_count", "cpu_used_pct", "mem_total_mib", "mem_used_mib", "timestamp"}',
+    ),
+    ("logs ID", '{"id", "log"}'),
+    ("logs ID COMMAND_ID", '{"id", "command_id", "output"}'),
+    ("images (an array)", '{"digest", "references", "size", "last_used", "in_use", ...}'),
+    ("images prune", '{"removed"}: the digests removed'),
+    ("pull", '{"reference", "digest", "size"}'),
+    (
+        "serve",
+        'one start-up line {"api_base", "pid", "api_key_required", "network_policy_enforced"}',
+    ),
+    (
+        "a failure once the arguments were parsed",
+        '{"error": {"type", "message", "exit_code"}}; the one-line message is on stderr too '
+        "(a usage error prints only the usage, on stderr)",
+    ),
+)
 # Python keywords (the client's own messages) and what a command-line user types instead.
 _CLI_TERMS = (
     ("unenforced_network_policy='accept'", "osb-sync serve --allow-unenforced-network-policy"),
@@ -67,6 +99,10 @@ _CLI_TERMS = (
     ("pass api_key=", "pass --api-key"),
     ("by isolation=False", "by --no-isolation"),
     ("allow_no_api_key=True", "--allow-no-api-key"),
+    (
+        "(LocalServer(local_image_paths=...), osb-sync serve --allow-image-path DIR)",
+        "(--allow-image-path DIR: of run, or of osb-sync serve)",
+    ),
 )
 # Go's names for signals, as execd reports a command killed by one ("signal: killed"), with
 # Linux's numbers: the command ran in a Linux sandbox, whatever the client runs on (Windows

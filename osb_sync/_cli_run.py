@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ from ._cli_options import (
     UsageError,
 )
 from ._cli_output import EXIT_RAISED, EXIT_SIGNAL_BASE, print_status, progress
+from ._cli_registry_auth import with_usual_credentials
 from ._client import Client
 from ._config import check_run_arguments
 from ._constants import API_KEY_ENV
@@ -51,12 +53,25 @@ UNENFORCED_POLICY = (
 LOCAL_LANGUAGES = ("python", "bash")
 # An interrupt's "its context may still be busy" is moot in `run`: the sandbox is deleted next.
 MOOT_AFTER_INTERRUPT = "may still be busy"
+IMAGE_NOT_CODE = (
+    "run takes code, not an image: the image goes in --image: "
+    "osb-sync run --image {image} 'CODE' (or --language bash 'COMMAND')"
+)
+# run's flags that only the embedded server takes (LocalServer's keywords)
+EMBEDDED_ONLY = ("local_image_paths", "registry_auth_file")
 
 
 def cmd_run(cli: GlobalOptions, run: RunOptions) -> int:
     """``osb-sync run``: create a sandbox, stream the code's output live, delete the sandbox."""
     code = _read_code(run)
     check_run_arguments(code, run.language, run.max_output, run.timeout)
+    if run.keep and run.rm:
+        raise UsageError("give --keep or --rm, not both (run deletes its sandbox without --keep)")
+    if cli.remote_configured() and any(run.store.keywords.get(k) for k in EMBEDDED_ONLY):
+        raise UsageError(
+            "--allow-image-path and --registry-auth-file are the embedded server's: a server "
+            "named by --api-base reads images as it was started to (osb-sync serve ...)"
+        )
     if run.keep and not cli.remote_configured():
         raise UsageError(
             "--keep needs a server that outlives this command (the embedded one stops with "
@@ -68,7 +83,7 @@ def cmd_run(cli: GlobalOptions, run: RunOptions) -> int:
             f"{run.language}: pass --api-base of an OpenSandbox server whose image runs it"
         )
     moot = contextlib.nullcontext() if run.keep else dropped_log_lines(MOOT_AFTER_INTERRUPT)
-    with moot, _client_or_local_server(cli, run.no_isolation) as (client, said_unisolated):
+    with moot, _client_or_local_server(cli, run) as (client, said_unisolated):
         with progress("creating a sandbox"):
             sandbox = client.create_sandbox(
                 template=run.template, allow_internet_access=run.allow_internet or None
@@ -104,7 +119,19 @@ def _run_code(
         )
     except SandboxTimeoutError as exc:
         raise RunTimedOut(str(exc)) from exc
-    return _print_result(result, as_json)
+    status = _print_result(result, as_json)
+    error = result.error
+    word = code.strip()
+    if error is not None and error.name == "NameError" and f"'{word}'" in error.value:
+        # `run busybox`: a docker habit (the image first); the code was that one name
+        print(f"osb-sync: hint: {IMAGE_NOT_CODE.format(image=word)}", file=sys.stderr)
+    return status
+
+
+def _image_like(code: str) -> bool:
+    """Whether the code is an image reference alone (``python:3.12``, ``ghcr.io/a/b:1``):
+    valid Python (an annotation) that would run and do nothing."""
+    return re.fullmatch(r"[a-z0-9][a-z0-9._/-]*:[A-Za-z0-9_][A-Za-z0-9._-]*", code) is not None
 
 
 def _read_code(run: RunOptions) -> str:
@@ -124,13 +151,13 @@ def _read_code(run: RunOptions) -> str:
         return sys.stdin.read()
     if run.code is None:
         raise UsageError("no code: osb-sync run CODE, run -f FILE, or run - (standard input)")
+    if _image_like(run.code.strip()):
+        raise UsageError(IMAGE_NOT_CODE.format(image=run.code.strip()))
     return str(run.code)
 
 
 @contextlib.contextmanager
-def _client_or_local_server(
-    cli: GlobalOptions, no_isolation: bool
-) -> Iterator[tuple[Client, bool]]:
+def _client_or_local_server(cli: GlobalOptions, run: RunOptions) -> Iterator[tuple[Client, bool]]:
     """A client of the configured server, or of an embedded local server started for the run,
     and whether the CLI has already warned that its sandboxes are not isolated."""
     if cli.remote_configured():
@@ -142,11 +169,15 @@ def _client_or_local_server(
     # The line below says what the server's start-up warning would say, in the CLI's words.
     logging.getLogger("osb_sync.local").setLevel(logging.ERROR)
     # One sandbox per process: a spare would only be started to be killed at exit.
-    with LocalServer(
-        unenforced_network_policy="accept",
-        spare_containers=0,
-        isolation=False if no_isolation else None,
-    ) as server:
+    with (
+        with_usual_credentials(run.store.keywords, bool(run.template)) as images,
+        LocalServer(
+            unenforced_network_policy="accept",
+            spare_containers=0,
+            isolation=False if run.no_isolation else None,
+            **images,
+        ) as server,
+    ):
         if server.refusal:  # fails closed: no sandbox is made
             raise UsageError(server.refusal)
         if not server.isolated:

@@ -1,6 +1,10 @@
 """The sandbox verbs of ``osb-sync``: create, list, get, inspect, delete, pause, resume, renew
 and stats, each against the server the command line or the environment names.
 
+A sandbox is named by its id or, as docker does, by a prefix that only its id starts with
+(:func:`resolve_id`): an id that exists is taken as it is, even when it also starts another;
+an empty id, or a prefix that several ids start with, is refused naming them.
+
 A verb given several ids acts on each, prints one line (or, with ``--json``, one object) per
 id, and exits 1 when one was not found, as ``docker inspect`` does; a 404 about the route
 itself (a wrong API base) is osb-sync's own failure, 125.
@@ -18,6 +22,7 @@ from ._cli_options import (
     IdsOptions,
     ListOptions,
     NewSandboxOptions,
+    NoSuchSandbox,
     RenewOptions,
     UsageError,
 )
@@ -33,6 +38,58 @@ from ._cli_output import (
 from ._client import Client
 from ._errors import ApiError, NotFoundError, with_suffix
 from ._models import SandboxInfo
+
+# What a missing sandbox's message adds: the commonest reason, and what to do about it.
+MAY_HAVE_EXPIRED = (
+    "sandboxes expire; this one may have (create --lifetime SECONDS sets how long, renew "
+    "pushes it back)"
+)
+AMBIGUOUS_SHOWN = 5  # ids named in an ambiguous prefix's message
+
+
+class AmbiguousId(NoSuchSandbox):
+    """A prefix that several sandboxes' ids start with (exit 1)."""
+
+
+def resolve_id(client: Client, given: str, missing_ok: bool = False) -> str:
+    """The id of the sandbox ``given`` names: its whole id, or a prefix of one id alone.
+
+    Args:
+        missing_ok: return ``given`` when nothing matches (the caller reports it per id).
+
+    Raises:
+        UsageError: ``given`` is empty.
+        AmbiguousId: several ids start with ``given`` (none is ``given`` itself).
+        NoSuchSandbox: nothing matches (unless ``missing_ok``).
+    """
+    if not given.strip():
+        raise UsageError("an empty sandbox id: give an id or the start of one")
+    try:
+        if _info_or_none(client, given, quiet=True) is not None:
+            return given
+    except NotFoundError:  # a server without the route (execd alone): ids as they are
+        return given
+    matches = sorted(info.id for info in client.list_sandboxes() if info.id.startswith(given))
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        shown = ", ".join(matches[:AMBIGUOUS_SHOWN])
+        more = (
+            f" and {len(matches) - AMBIGUOUS_SHOWN} more" if len(matches) > AMBIGUOUS_SHOWN else ""
+        )
+        raise AmbiguousId(
+            f"sandbox id {given!r} is ambiguous: {len(matches)} sandboxes' ids start with "
+            f"it ({shown}{more}); give more of the id"
+        )
+    if missing_ok:
+        return given
+    raise NoSuchSandbox(f"no sandbox {given} (nor one whose id starts so): {MAY_HAVE_EXPIRED}")
+
+
+def resolve_ids(client: Client, given: list[str]) -> list[str]:
+    """Each of ``given`` resolved (:func:`resolve_id`); what matches nothing is kept as it is,
+    for the verb to report as not found."""
+    return [resolve_id(client, text, missing_ok=True) for text in given]
 
 
 def cmd_create(cli: GlobalOptions, new: NewSandboxOptions) -> int:
@@ -81,7 +138,7 @@ def cmd_get(cli: GlobalOptions, given: IdsOptions) -> int:
     """``osb-sync get ID...``: each sandbox's description; exit 1 if one was not found."""
     found = []
     with cli.client() as client:
-        for sandbox_id in given.ids:
+        for sandbox_id in resolve_ids(client, given.ids):
             info = _info_or_none(client, sandbox_id)
             if info is None:
                 continue
@@ -100,18 +157,20 @@ def cmd_get(cli: GlobalOptions, given: IdsOptions) -> int:
 def cmd_inspect(cli: GlobalOptions, given: IdsOptions) -> int:
     """``osb-sync inspect ID...``: a JSON array of sandboxes (as ``docker inspect``)."""
     with cli.client() as client:
-        found = [info for info in (_info_or_none(client, i) for i in given.ids) if info]
+        ids = resolve_ids(client, given.ids)
+        found = [info for info in (_info_or_none(client, i) for i in ids) if info]
     print(json.dumps([sandbox_json(info) for info in found], indent=2))
     return 0 if len(found) == len(given.ids) else EXIT_NOT_FOUND
 
 
-def _info_or_none(client: Client, sandbox_id: str) -> SandboxInfo | None:
+def _info_or_none(client: Client, sandbox_id: str, quiet: bool = False) -> SandboxInfo | None:
     try:
         return client.get_sandbox(sandbox_id)
     except NotFoundError as exc:
         if not names_missing_thing(exc):
             raise  # a 404 about the route: a wrong API base, not a missing sandbox
-        print(f"osb-sync: error: no sandbox {sandbox_id}", file=sys.stderr)
+        if not quiet:
+            print(f"osb-sync: error: no sandbox {sandbox_id} ({MAY_HAVE_EXPIRED})", file=sys.stderr)
         return None
 
 
@@ -119,11 +178,16 @@ def cmd_delete(cli: GlobalOptions, delete: DeleteOptions) -> int:
     """``osb-sync delete ID... | --all | --metadata K=V``: exit 1 if an id was not found."""
     if bool(delete.ids) + bool(delete.all) + bool(delete.metadata) != 1:
         raise UsageError("delete takes sandbox ids, --all, or --metadata KEY=VALUE (one of them)")
+    if delete.all and not delete.yes:
+        _confirm_all()
     outcomes = []
     with cli.client() as client:
-        ids = list(delete.ids)
+        ids = resolve_ids(client, delete.ids)
         if delete.all or delete.metadata:
             ids = [info.id for info in client.list_sandboxes(metadata=delete.metadata)]
+        if delete.all and not delete.yes and not _answer_yes(len(ids)):
+            print("osb-sync: nothing deleted", file=sys.stderr)
+            return 0
         for sandbox_id in ids:
             deleted = client.delete_sandbox(sandbox_id)
             outcomes.append({"id": sandbox_id, "deleted": deleted})
@@ -135,6 +199,31 @@ def cmd_delete(cli: GlobalOptions, delete: DeleteOptions) -> int:
     # an error: the command's goal (none left) is met.
     missing = delete.ids and not all(o["deleted"] for o in outcomes)
     return EXIT_NOT_FOUND if missing else 0
+
+
+def _confirm_all() -> None:
+    """``rm --all`` without ``--yes``: only a person at a terminal may say yes.
+
+    Raises:
+        UsageError: standard input is not a terminal (a script: pass --yes).
+    """
+    if not sys.stdin.isatty():
+        raise UsageError(
+            "rm --all deletes every sandbox of the server, anyone's: on a terminal it asks "
+            "first; here pass --yes (or delete by label: rm --metadata KEY=VALUE)"
+        )
+
+
+def _answer_yes(count: int) -> bool:
+    """Ask on the terminal whether to delete ``count`` sandboxes; True for y or yes."""
+    print(
+        f"delete all {count} sandboxes of this server, anyone's? [y/N] ",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in ("y", "yes")
 
 
 def cmd_pause(cli: GlobalOptions, given: IdsOptions) -> int:
@@ -162,13 +251,19 @@ def cmd_stats(cli: GlobalOptions, given: IdsOptions) -> int:
     rows: list[dict[str, str]] = []
     shapes = []
     with cli.client() as client:
-        for sandbox_id in given.ids:
+        ids = resolve_ids(client, given.ids)
+        if not given.ids:  # as docker stats: every running one
+            ids = [info.id for info in client.list_sandboxes(states=["Running"])]
+        for sandbox_id in ids:
             try:
                 metrics = client.connect(sandbox_id).metrics()
             except NotFoundError as exc:
                 if not names_missing_thing(exc):
                     raise
-                print(f"osb-sync: error: no sandbox {sandbox_id}", file=sys.stderr)
+                print(
+                    f"osb-sync: error: no sandbox {sandbox_id} ({MAY_HAVE_EXPIRED})",
+                    file=sys.stderr,
+                )
                 continue
             shape = {"id": sandbox_id, **vars(metrics)}
             shapes.append(shape)
@@ -185,7 +280,7 @@ def cmd_stats(cli: GlobalOptions, given: IdsOptions) -> int:
         print(json.dumps(shapes))
     else:
         print_table(rows, ["id", "cpus", "cpu%", "mem_used", "mem_total"])
-    return 0 if len(shapes) == len(given.ids) else EXIT_NOT_FOUND
+    return 0 if len(shapes) == len(ids) else EXIT_NOT_FOUND
 
 
 def _each(
@@ -198,7 +293,7 @@ def _each(
     """Apply ``call`` to each id; a line (or a JSON object) each; exit 1 if one was missing."""
     outcomes = []
     with cli.client() as client:
-        for sandbox_id in ids:
+        for sandbox_id in resolve_ids(client, ids):
             try:
                 value = call(client, sandbox_id)
             except NotFoundError as exc:

@@ -22,7 +22,9 @@ def resolve_api_base(api_base: str | None) -> str:
     if not api_base:
         raise ConfigurationError(
             f"api_base is required: pass api_base (e.g. 'http://127.0.0.1:8080/v1') "
-            f"or set {API_BASE_ENV} (or {DOMAIN_ENV})"
+            f"or set {API_BASE_ENV} (or {DOMAIN_ENV}); no server yet? start one with "
+            "`osb-sync serve`, or in Python: with osb_sync.local.LocalServer() as server: "
+            "Client(server.api_base)"
         )
     api_base = api_base.strip().rstrip("/")
     parts = urlsplit(api_base)

@@ -115,10 +115,10 @@ def redacted_url(url: str | None) -> str | None:
 class RedisStore:
     """A pool's bookkeeping in Redis, shared by every process and host using the pool's name.
 
-    Needs redis-py (``pip install 'osb-sync[redis]'``). Give ``url`` (``redis://``,
-    ``rediss://`` for TLS, ``unix://``; a password in the URL is sent as AUTH and never
-    shown) or ``client``, a ``redis.Redis`` of your own (its timeouts are then yours: without
-    them a hung Redis can hang ``acquire``).
+    Needs redis-py (``pip install redis``; from a checkout ``pip install '.[redis]'``).
+    Give ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``; a password in the URL is
+    sent as AUTH and never shown) or ``client``, a ``redis.Redis`` of your own (its timeouts
+    are then yours: without them a hung Redis can hang ``acquire``).
 
     Args:
         url: the Redis URL.
@@ -177,7 +177,8 @@ class RedisStore:
             from redis.retry import Retry
         except ImportError as exc:
             raise ConfigurationError(
-                "RedisStore needs redis-py: pip install 'osb-sync[redis]'"
+                "RedisStore needs redis-py: pip install redis (from a checkout of osb-sync: "
+                "pip install '.[redis]')"
             ) from exc
         assert self.url is not None  # __post_init__: url or client
         return redis.Redis.from_url(

@@ -156,3 +156,58 @@ def test_django_example_answers_every_error_with_json() -> None:
     for name, (_, content_type, body) in answers.items():
         assert content_type == "application/json" and "error" in json.loads(body), name
     assert str(64 * 1024) in json.loads(answers["too_big"][2])["error"]
+
+
+def test_django_example_has_a_wsgi_application_read_from_the_environment(
+    tmp_path: Path,
+) -> None:
+    """Issue 48: ``gunicorn django_app:application`` finds a WSGI callable, configured from
+    OPEN_SANDBOX_API_BASE, whose view runs code."""
+    pytest.importorskip("django")
+    from osb_sync.local import LocalServer
+
+    call = (
+        "import io, json, django_app\n"
+        "app = django_app.application\n"
+        "said = []\n"
+        "env = {'REQUEST_METHOD': 'POST', 'PATH_INFO': '/run', 'SERVER_NAME': '127.0.0.1',\n"
+        "       'SERVER_PORT': '80', 'wsgi.input': io.BytesIO(b'print(6 * 7)'),\n"
+        "       'CONTENT_LENGTH': '12', 'wsgi.url_scheme': 'http', 'HTTP_HOST': '127.0.0.1'}\n"
+        "body = b''.join(app(env, lambda status, headers: said.append(status)))\n"
+        "print(said[0], json.loads(body)['stdout'], end='')\n"
+    )
+    with LocalServer(unenforced_network_policy="accept") as server:
+        env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base, "POOL_SIZE": "1"}
+        ran = subprocess.run(
+            [sys.executable, "-c", call],
+            cwd=EXAMPLES,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert (ran.returncode, ran.stdout) == (0, "200 OK 42\n"), ran.stderr
+    unset = {k: v for k, v in os.environ.items() if k != "OPEN_SANDBOX_API_BASE"}
+    refused = subprocess.run(
+        [sys.executable, "-c", "import django_app; django_app.application"],
+        cwd=EXAMPLES,
+        env=unset,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 1 and "set OPEN_SANDBOX_API_BASE" in refused.stderr
+
+
+def test_flask_example_reads_the_pool_redis_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 48: OPENSANDBOX_POOL_REDIS_URL shares the example's pool through Redis."""
+    pytest.importorskip("flask")
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setenv("OPENSANDBOX_POOL_REDIS_URL", "redis://127.0.0.1:1/0")
+    import flask_app
+
+    app = flask_app.create_app("http://127.0.0.1:1/v1")
+    assert app.config["OPENSANDBOX_POOL_REDIS_URL"] == "redis://127.0.0.1:1/0"
+    assert app.extensions["opensandbox"].store is not None

@@ -125,3 +125,34 @@ def test_pull_past_the_size_limit_says_which_flag_raises_it(tmp_path: Path, refe
         os.listdir(where / "tmp") == []
         and osb("images", "--image-store", str(where), "--json")[1] == "[]\n"
     )
+
+
+def test_pull_reads_the_users_docker_config_plain_entries_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 48 row 11: a registry with a password, credentials from ~/.docker/config.json."""
+    import base64
+
+    registry = LoopbackRegistry(tmp_path / "registry", basic_auth=True).start()
+    try:
+        write_layout(tmp_path / "tiny", "v1", [Image([layer_bytes([Entry("etc/a", data=b"a")])])])
+        ref = registry.push(tmp_path / "tiny", "v1", "tiny")
+        for name in ("REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "DOCKER_CONFIG"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        config = tmp_path / "home" / ".docker" / "config.json"
+        config.parent.mkdir(parents=True)
+        store_flag = ("--image-store", str(tmp_path / "store"))
+
+        config.write_text(json.dumps({"auths": {registry.host: {}}, "credsStore": "desktop"}))
+        status, _, err = osb("pull", ref, *store_flag)  # a helper is never run
+        assert status == OWN_ERROR and "IMAGE_UNAUTHORIZED" in err, err
+        assert "credsStore (credential helpers) are not supported" in err
+
+        token = base64.b64encode(f"{imagekit.USER}:{imagekit.PASSWORD}".encode()).decode()
+        config.write_text(json.dumps({"auths": {registry.host: {"auth": token}}}))
+        status, out, err = osb("pull", ref, *store_flag, "--debug")
+        assert status == 0 and out.startswith(f"{ref}@sha256:"), err
+        assert imagekit.PASSWORD not in out + err and token not in out + err
+    finally:
+        registry.stop()

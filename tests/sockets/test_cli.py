@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from osb_sync import ApiError, Client, Sandbox
-from osb_sync._cli import build_parser, main
+from osb_sync._cli import ALIASES, build_parser, main
 from osb_sync.local import LocalServer
 from osb_sync.local.host.bwrap import probe
 from tests.fakeserver import FakeServer
@@ -252,9 +252,12 @@ def test_a_wrong_key_is_one_line() -> None:
 
 def test_runtime_error_is_one_line_with_request_id(server: LocalServer) -> None:
     proc = osb("exec", "--api-base", server.api_base, "no-such-sandbox", "true")
-    assert proc.returncode == OWN_ERROR  # exec keeps 125 for its own failures
-    line = one_line(proc)
-    assert "404" in line and "request id" in line
+    assert proc.returncode == 1  # as docker exec: no such sandbox (issue 48)
+    assert one_line(proc).startswith("osb-sync: error: no sandbox no-such-sandbox")
+    refused = osb("create", "--api-base", server.api_base, "--lifetime", "1")
+    assert refused.returncode == OWN_ERROR
+    line = one_line(refused)
+    assert "422" in line and "request id" in line
     debug = osb("exec", "--api-base", server.api_base, "--debug", "no-such-sandbox", "true")
     assert "Traceback" in debug.stderr
 
@@ -331,7 +334,7 @@ def test_every_subcommand_and_option_has_help() -> None:
         *("logs", "pause", "resume", "renew", "stats", "help", "completion", "images", "pull"),
     }
     for name, child in sub.choices.items():
-        assert summaries[{"ls": "list", "rm": "delete"}.get(name, name)], name
+        assert summaries[ALIASES.get(name, name)], name
         for action in child._actions:
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"
 
@@ -341,7 +344,7 @@ def test_every_subcommand_and_option_has_help() -> None:
     [
         ("run", ["{python,bash,", "(default: python)", "SECONDS"]),
         ("list", ["Pending, Running, Paused,", "any case"]),
-        ("create", ["--lifetime SECONDS", "(default: 300)"]),
+        ("create", ["--lifetime SECONDS", "(default: an hour"]),
         ("serve", ["(default: 8080)", "(default: 127.0.0.1)"]),
         ("exec", ["exit with its status", "--timeout SECONDS"]),
     ],

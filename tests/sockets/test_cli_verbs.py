@@ -249,14 +249,17 @@ def test_rm_all_deletes_every_sandbox() -> None:
     with LocalServer(unenforced_network_policy="accept") as own:
         for _ in range(2):
             osb("create", "--api-base", own.api_base)
-        assert osb("rm", "--all", "--api-base", own.api_base).returncode == 0
+        refused = osb("rm", "--all", "--api-base", own.api_base)  # no terminal: no question
+        assert refused.returncode == OWN_ERROR and "--yes" in one_line(refused)
+        assert len(osb("ls", "-q", "--api-base", own.api_base).stdout.split()) == 2
+        assert osb("rm", "--all", "--yes", "--api-base", own.api_base).returncode == 0
         assert osb("ls", "-q", "--api-base", own.api_base).stdout == ""
 
 
 def test_several_ids_and_not_found_exits_1(server: LocalServer, sid: str) -> None:
     got = osb("get", *api(server), sid, "no-such", "--json")
     assert got.returncode == 1 and [s["id"] for s in json.loads(got.stdout)] == [sid]
-    assert one_line(got) == "osb-sync: error: no sandbox no-such"
+    assert one_line(got).startswith("osb-sync: error: no sandbox no-such (sandboxes expire")
     assert osb("delete", *api(server), "no-such").returncode == 1
 
 
