@@ -4,11 +4,16 @@ unless OSB_REQUIRE_IMAGES=1)."""
 
 from __future__ import annotations
 
+import base64
+import http.client
 import io
 import json
 import os
+import re
+import threading
 from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +136,6 @@ def test_pull_reads_the_users_docker_config_plain_entries_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 48 row 11: a registry with a password, credentials from ~/.docker/config.json."""
-    import base64
-
     registry = LoopbackRegistry(tmp_path / "registry", basic_auth=True).start()
     try:
         write_layout(tmp_path / "tiny", "v1", [Image([layer_bytes([Entry("etc/a", data=b"a")])])])
@@ -155,4 +158,104 @@ def test_pull_reads_the_users_docker_config_plain_entries_only(
         assert status == 0 and out.startswith(f"{ref}@sha256:"), err
         assert imagekit.PASSWORD not in out + err and token not in out + err
     finally:
+        registry.stop()
+
+
+BLOB_GET = re.compile(r"/v2/.+/blobs/(sha256:[0-9a-f]{64})")
+HOP_BY_HOP = {"connection", "transfer-encoding", "content-length", "date", "server"}
+
+
+def _serve(host: str, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """`handler` on HOST, a port from bind(0), in a thread."""
+    server = ThreadingHTTPServer((host, 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_pull_never_sends_the_credentials_where_a_blob_redirect_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 48 row 11: "never sent to another host on a redirect". The registry that holds
+    the credentials (a relay in front of a basic-auth registry) answers each blob GET it has
+    authorized with a 307 to another host, 127.0.0.2, as registries on object storage do;
+    that host serves the blob, sees every request, and must see no credentials."""
+    registry = LoopbackRegistry(tmp_path / "registry", basic_auth=True).start()
+    blobs: dict[str, bytes] = {}  # what the relay redirected, by digest
+    at_relay: list[str] = []  # the Authorization header of each request the relay got
+    elsewhere: list[str] = []  # each request line and its headers, as the other host got them
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            elsewhere.append(f"{self.requestline}\n{self.headers}")
+            data = blobs.get(self.path.split("?")[0].rpartition("/")[2], b"")
+            self.send_response(200 if data else 404)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class Relay(BaseHTTPRequestHandler):
+        def relay(self) -> None:
+            at_relay.append(self.headers.get("Authorization", ""))
+            upstream = http.client.HTTPConnection("127.0.0.1", registry.port, timeout=30)
+            try:  # each header line as sent (skopeo sends several Accept lines)
+                upstream.putrequest(self.command, self.path, skip_accept_encoding=True)
+                for name, value in self.headers.items():
+                    if name.lower() not in ("host", "connection"):
+                        upstream.putheader(name, value)
+                upstream.endheaders()
+                answer = upstream.getresponse()
+                body = answer.read()
+            finally:
+                upstream.close()
+            blob = BLOB_GET.fullmatch(self.path)
+            if blob and self.command == "GET" and answer.status == 200:
+                blobs[blob[1]] = body
+                self.send_response(307)
+                self.send_header("Location", f"http://{other}/blobs/{blob[1]}?expires=60")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(answer.status)
+            for name, value in answer.getheaders():
+                if name.lower() not in HOP_BY_HOP:
+                    self.send_header(name, value)
+            length = str(len(body)) if self.command == "GET" else answer.getheader("Content-Length")
+            self.send_header("Content-Length", length or "0")
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_HEAD = relay
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    far = _serve("127.0.0.2", Elsewhere)  # another host, not only another port
+    other = f"127.0.0.2:{far.server_address[1]}"
+    near = _serve("127.0.0.1", Relay)
+    host = f"127.0.0.1:{near.server_address[1]}"
+    try:
+        write_layout(tmp_path / "tiny", "v1", [Image([layer_bytes([Entry("etc/a", data=b"a")])])])
+        ref = registry.push(tmp_path / "tiny", "v1", "tiny").replace(registry.host, host)
+        for name in ("REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "DOCKER_CONFIG"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        config = tmp_path / "home" / ".docker" / "config.json"
+        config.parent.mkdir(parents=True)
+        token = base64.b64encode(f"{imagekit.USER}:{imagekit.PASSWORD}".encode()).decode()
+        config.write_text(json.dumps({"auths": {host: {"auth": token}}}))
+
+        status, out, err = osb("pull", ref, "--image-store", str(tmp_path / "store"))
+        assert status == 0 and out.startswith(f"{ref}@sha256:"), err
+        assert f"Basic {token}" in at_relay  # the credentials were in play
+        assert len(blobs) >= 2 and len(elsewhere) >= len(blobs)  # config and layer, redirected
+        for request in elsewhere:
+            assert "authorization" not in request.lower(), request
+            assert imagekit.PASSWORD not in request and token not in request, request
+    finally:
+        for server in (near, far):
+            server.shutdown()
+            server.server_close()
         registry.stop()
