@@ -33,7 +33,10 @@ def test_the_kubernetes_pool_sample_runs_unchanged(client: Client) -> None:
         assert sandbox.commands.run("echo ok").stdout == "ok\n"
         env = sandbox.commands.run("env").stdout.splitlines()
         assert "LANG=C.UTF-8" in env  # the container's env, honoured
-        assert not any(line.startswith(("EXECD=", "EXECD_ENVS=")) for line in env)
+        assert not any(line.startswith("EXECD=") for line in env)  # the template's plumbing
+        # EXECD_ENVS names the local execd's own file (issue 45), never the template's
+        assert "EXECD_ENVS=/opt/opensandbox/.env" not in env
+        assert any(line.startswith("EXECD_ENVS=") for line in env)
     assert client.pools.delete("pool-a") is True
 
 
