@@ -375,7 +375,7 @@ def error_from_response(
     return cls(
         redact(text, secrets),
         status_code=response.status_code,
-        code=code,
+        code=None if code is None else redact(code, secrets),
         message=redact(message, secrets),
         request_id=request_id,
         response=response,

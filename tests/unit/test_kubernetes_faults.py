@@ -304,3 +304,19 @@ def test_other_create_faults_are_typed_searched_for_and_not_retried(
     assert info.value.message == failure["json"]["message"]
     assert len(posts(rsps)) == 1
     assert lookups(rsps) == [posts(rsps)[0]["metadata"][CREATE_ID_KEY]]
+
+
+def test_a_429_create_logs_no_secret_the_server_echoes_in_its_code(
+    rsps: responses.RequestsMock, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a hostile (or careless) server echoes the API key in the code of its 429: the retry's
+    # log line and the error's fields must not carry it
+    echoed = {"status": 429, "json": {"code": f"RATE::{KEY}", "message": KEY}}
+    rsps.post(f"{API}/sandboxes", **echoed)
+    rsps.post(f"{API}/sandboxes", **echoed)
+    with caplog.at_level("DEBUG", logger="osb_sync"), Client(API, KEY, create_timeout=3) as client:
+        with pytest.raises(CapacityError) as info:
+            client.create_sandbox()
+    assert len(posts(rsps)) >= 2  # it was retried, so the retry's line was logged
+    assert "retrying" in caplog.text and KEY not in caplog.text
+    assert KEY not in str(info.value) and KEY not in (info.value.code or "")
