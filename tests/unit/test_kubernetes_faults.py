@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -93,6 +94,7 @@ def http_date(unix: float) -> str:
         ("inf", None),
         ("-inf", None),
         ("1e400", None),  # overflows to infinity
+        ("9" * 400, sys.float_info.max),  # valid delay-seconds, too long for a float: huge
         ("1e12", 1e12),  # huge but a number: the caller decides (cap or refusal)
         ("soon", None),
         ("0x1e", None),
@@ -265,7 +267,7 @@ def test_an_unusable_retry_after_waits_the_backoff(
     assert len(posts(rsps)) == 2 and clock.sleeps[0] == first_wait
 
 
-@pytest.mark.parametrize("value", ["1e12", "Fri, 31 Dec 9999 23:59:59 GMT"])
+@pytest.mark.parametrize("value", ["1e12", "9" * 400, "Fri, 31 Dec 9999 23:59:59 GMT"])
 def test_a_huge_retry_after_fails_fast(
     rsps: responses.RequestsMock, clock: Clock, value: str
 ) -> None:
