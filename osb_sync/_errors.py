@@ -49,6 +49,7 @@ from __future__ import annotations
 import email.utils
 import json
 import math
+import sys
 import time
 from datetime import timezone
 from typing import Any, Callable, Iterable
@@ -278,7 +279,8 @@ KUBERNETES_FAULTS: dict[tuple[int, str], tuple[type[ApiError], str]] = {
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
     """Seconds a ``Retry-After`` value asks to wait (RFC 9110: delay-seconds or an HTTP date),
     uncapped; None when absent or unusable: garbage, NaN, infinity, a negative number. A date
-    in the past is 0.0. ``now``: the Unix time to count a date from (default: the clock).
+    in the past is 0.0; digits too many for a float are the largest float. ``now``: the
+    Unix time to count a date from (default: the clock).
 
     The one parse of ``Retry-After``: the server's value, which is untrusted; what to do with
     a value that is too long is its caller's decision (a cap, or a refusal).
@@ -297,6 +299,8 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
         except (TypeError, ValueError, OverflowError, IndexError):
             return None
         return max(delay, 0.0) if math.isfinite(delay) else None
+    if math.isinf(delay) and text.isascii() and text.isdigit():
+        return sys.float_info.max  # a valid delay-seconds too long for a float: "not soon"
     if not math.isfinite(delay) or delay < 0:
         return None
     return delay
@@ -376,7 +380,7 @@ def error_from_response(
     return cls(
         redact(text, secrets),
         status_code=response.status_code,
-        code=code,
+        code=None if code is None else redact(code, secrets),
         message=redact(message, secrets),
         request_id=request_id,
         response=response,

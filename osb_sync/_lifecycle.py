@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Mapping, Sequence
 from urllib.parse import quote, urlencode, urlsplit
@@ -91,6 +93,23 @@ FEATURES = {
     "authorize the call.",
 }
 _UNASKED = object()  # the server's version before anyone asked
+
+
+# A caller's own bound on a create's 429 resends (``resends_by``): a pool's acquire timeout.
+_resend_deadline: ContextVar[float | None] = ContextVar("osb_sync_resend_deadline", default=None)
+
+
+@contextmanager
+def resends_by(deadline: float | None) -> Iterator[None]:
+    """Within the block, a create answered 429 is sent again only while its wait and a
+    second more fit before ``deadline`` (a ``time.monotonic()`` instant; None: no bound but
+    ``create_timeout``), so a caller with a timeout of its own (``SandboxPool.acquire``) is
+    not held past it by resends."""
+    token = _resend_deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _resend_deadline.reset(token)
 
 
 def _retagged(body: dict[str, Any]) -> dict[str, Any]:
@@ -244,24 +263,31 @@ class Lifecycle:
         fresh tag keeps that search off the retried sandbox.
 
         Raises:
-            CapacityError: 429, and the wait asked for does not fit in ``create_timeout``.
+            CapacityError: 429, and the wait asked for does not fit in ``create_timeout`` (or
+                before the deadline of an enclosing ``resends_by``).
             ApiError: another error status, or a success without an id.
             TransportError: no usable response.
         """
         deadline = time.monotonic() + self._create_timeout
+        caller = _resend_deadline.get()  # a caller's own timeout (resends_by), if sooner
+        resend_by = deadline if caller is None else min(deadline, caller)
+        bound = (
+            f"create_timeout={self._create_timeout:g}; raise create_timeout"
+            if resend_by == deadline
+            else "the caller's timeout; pass a longer one"
+        )
         attempt = 0
         while True:
             try:
                 return self._create_once(body, max(deadline - time.monotonic(), 0.001))
             except CapacityError as exc:
                 delay = max(exc.retry_after or 0.0, backoff_seconds(attempt))
-                left = deadline - time.monotonic()
+                left = resend_by - time.monotonic()
                 if delay + MIN_CREATE_ATTEMPT > left:
                     raise with_suffix(
                         exc,
-                        f"(not retried: the {delay:g} s wait does not fit in the {left:.1f} s "
-                        f"left of create_timeout={self._create_timeout:g}; raise create_timeout "
-                        "or the pool's capacity)",
+                        f"(not retried: the {delay:g} s wait does not fit in the "
+                        f"{max(left, 0.0):.1f} s left of {bound} or the pool's capacity)",
                     ) from None
                 logger.info(
                     "POST /sandboxes -> 429 %s: retrying in %.1f s (attempt %d)",

@@ -22,6 +22,7 @@ from ._errors import (
     PoolClosedError,
     SandboxTimeoutError,
 )
+from ._lifecycle import resends_by
 from ._options import CreateOptions
 from ._pool_contract import MAX_CREATE_BACKOFF, Lender, PoolSpec, PoolStore, hopeless
 from ._transport import backoff_seconds
@@ -123,7 +124,8 @@ class ServerPoolLender:
         while True:
             self._wait_for_room(deadline, timeout)
             try:
-                sandbox = self.spec.client.create_sandbox(**self._create_kwargs)
+                with resends_by(deadline):  # a 429's resends end by acquire's timeout
+                    sandbox = self.spec.client.create_sandbox(**self._create_kwargs)
             except Exception as exc:
                 with self._cond:
                     self._creating -= 1

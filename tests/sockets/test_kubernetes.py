@@ -22,6 +22,7 @@ from osb_sync import (
     ProxyResponseError,
     ProxyTimeoutError,
     QuotaExceededError,
+    SandboxPool,
     SandboxTimeoutError,
     StartTimeoutError,
 )
@@ -178,3 +179,21 @@ def test_the_pool_template_is_sent_as_the_spec_shapes_it(kube: KubeFake) -> None
         "template": template,
         "capacitySpec": {"bufferMax": 3, "bufferMin": 1, "poolMax": 5, "poolMin": 0},
     }
+
+
+def test_a_server_pools_acquire_timeout_bounds_the_429_resends(kube: KubeFake) -> None:
+    # SandboxPool(server_pool=...) creates in the caller's thread: a 429's resends must end by
+    # acquire's timeout, not by create_timeout (they held acquire(timeout=1) for ~18 s)
+    full = {"total": 1, "allocated": 1, "available": 0, "revision": "1"}
+    capacity = {"bufferMax": 1, "bufferMin": 0, "poolMax": 1, "poolMin": 0}
+    kube.server.routes[("GET", "/v1/pools/p")] = lambda req: req.send_json(
+        200, {"name": "p", "capacitySpec": capacity, "status": full}
+    )
+    kube.creates.extend(capacity_exhausted("0") for _ in range(50))
+    with Client(kube.api_base, create_timeout=20) as client:
+        with SandboxPool(client, server_pool="p") as pool:
+            started = time.monotonic()
+            with pytest.raises(SandboxTimeoutError, match="within 1 seconds"):
+                pool.acquire(timeout=1)
+            assert time.monotonic() - started < 4  # not the 20 s of create_timeout
+    assert kube.live() == []

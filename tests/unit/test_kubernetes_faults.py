@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -93,6 +94,7 @@ def http_date(unix: float) -> str:
         ("inf", None),
         ("-inf", None),
         ("1e400", None),  # overflows to infinity
+        ("9" * 400, sys.float_info.max),  # valid delay-seconds, too long for a float: huge
         ("1e12", 1e12),  # huge but a number: the caller decides (cap or refusal)
         ("soon", None),
         ("0x1e", None),
@@ -265,7 +267,7 @@ def test_an_unusable_retry_after_waits_the_backoff(
     assert len(posts(rsps)) == 2 and clock.sleeps[0] == first_wait
 
 
-@pytest.mark.parametrize("value", ["1e12", "Fri, 31 Dec 9999 23:59:59 GMT"])
+@pytest.mark.parametrize("value", ["1e12", "9" * 400, "Fri, 31 Dec 9999 23:59:59 GMT"])
 def test_a_huge_retry_after_fails_fast(
     rsps: responses.RequestsMock, clock: Clock, value: str
 ) -> None:
@@ -304,3 +306,19 @@ def test_other_create_faults_are_typed_searched_for_and_not_retried(
     assert info.value.message == failure["json"]["message"]
     assert len(posts(rsps)) == 1
     assert lookups(rsps) == [posts(rsps)[0]["metadata"][CREATE_ID_KEY]]
+
+
+def test_a_429_create_logs_no_secret_the_server_echoes_in_its_code(
+    rsps: responses.RequestsMock, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a hostile (or careless) server echoes the API key in the code of its 429: the retry's
+    # log line and the error's fields must not carry it
+    echoed = {"status": 429, "json": {"code": f"RATE::{KEY}", "message": KEY}}
+    rsps.post(f"{API}/sandboxes", **echoed)
+    rsps.post(f"{API}/sandboxes", **echoed)
+    with caplog.at_level("DEBUG", logger="osb_sync"), Client(API, KEY, create_timeout=3) as client:
+        with pytest.raises(CapacityError) as info:
+            client.create_sandbox()
+    assert len(posts(rsps)) >= 2  # it was retried, so the retry's line was logged
+    assert "retrying" in caplog.text and KEY not in caplog.text
+    assert KEY not in str(info.value) and KEY not in (info.value.code or "")

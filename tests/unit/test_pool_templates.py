@@ -64,6 +64,14 @@ def spec_with(**main: Any) -> dict[str, Any]:
             "template.spec.volumes[0].hostPath",
         ),
         ({"spec": {"volumes": [{"name": "data", "emptyDir": {}}]}}, "template.spec.volumes[0]"),
+        (
+            {"spec": {"volumes": [{"name": "opensandbox-bin", "emptyDir": {"hostPath": "/"}}]}},
+            "template.spec.volumes[0].emptyDir.hostPath",
+        ),
+        (
+            {"spec": {"volumes": [{"name": "opensandbox-bin", "emptyDir": {"medium": {}}}]}},
+            "template.spec.volumes[0].emptyDir",
+        ),
         ({"spec": {"containers": []}}, "template.spec.containers"),
         (
             {"spec": {"containers": [{"image": "a"}, {"image": "b"}]}},

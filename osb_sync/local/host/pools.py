@@ -205,6 +205,10 @@ def pod_template_body(template: dict[str, Any]) -> tuple[dict[str, Any], str]:
         volume = _fields(volume, at, ("name", "emptyDir"))
         if volume.get("name") != PLUMBING_VOLUME or not isinstance(volume.get("emptyDir"), dict):
             raise _invalid(at, f"only the {PLUMBING_VOLUME} emptyDir (execd's plumbing) is")
+        empty_dir = _fields(volume["emptyDir"], f"{at}.emptyDir", ("medium", "sizeLimit"))
+        medium, size = empty_dir.get("medium", ""), empty_dir.get("sizeLimit", "")
+        if not isinstance(medium, str) or type(size) not in (str, int):
+            raise _invalid(f"{at}.emptyDir", "medium is a string, sizeLimit a quantity")
         ignored.append(f"volume {PLUMBING_VOLUME}")
     for index, init in enumerate(_items(spec.get("initContainers", []), "spec.initContainers")):
         at = f"spec.initContainers[{index}]"
