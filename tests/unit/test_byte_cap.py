@@ -154,3 +154,33 @@ def test_a_hundred_mebibyte_line_is_held_up_to_the_cap_only() -> None:
     finally:
         tracemalloc.stop()
     assert peak < 2 * cap + FRAME_ALLOWANCE, f"peak {peak / cap:.2f}x the cap"
+
+
+@pytest.mark.parametrize("start", [INIT, b"data: " + INIT], ids=["bare", "sse"])
+@pytest.mark.parametrize("tail", [b"}\n\n", b""], ids=["line", "last line"])
+def test_a_flood_of_lone_crs_never_reaches_sseclient_in_a_line(
+    monkeypatch: pytest.MonkeyPatch, start: bytes, tail: bytes
+) -> None:
+    """sseclient-py joins a line's CR-ended lines one by one (``data += line``: quadratic):
+    a hostile line of ``"a\\r"`` pairs at the 10 MiB cap held the client's thread for hours,
+    past any timeout (the deadline is checked per chunk). A lone CR ends a line, as in SSE,
+    before sseclient-py sees it."""
+    import sseclient
+
+    frames: list[bytes] = []
+    real = sseclient.SSEClient
+
+    def recording(source: Iterator[bytes]) -> object:
+        def tee() -> Iterator[bytes]:
+            for frame in source:
+                frames.append(frame)
+                yield frame
+
+        return real(tee())
+
+    monkeypatch.setattr(sseclient, "SSEClient", recording)
+    flood = b'{"type":"ping"' + b"a\r" * 200_000 + tail
+    end = ev(type="stdout", text="ok\n") if tail else b""
+    result = run([start, flood, end], cap=1 << 20)
+    assert result.stdout == ("ok\n" if tail else "")  # type: ignore[attr-defined]
+    assert not any(b"\r" in frame for frame in frames)
