@@ -184,3 +184,22 @@ def test_a_flood_of_lone_crs_never_reaches_sseclient_in_a_line(
     result = run([start, flood, end], cap=1 << 20)
     assert result.stdout == ("ok\n" if tail else "")  # type: ignore[attr-defined]
     assert not any(b"\r" in frame for frame in frames)
+
+
+@pytest.mark.parametrize(("offset", "limit"), [(1, 1), (500_000, 2), (2, None)])
+def test_lines_picked_from_a_june_execds_whole_file_cost_about_the_file(
+    offset: int, limit: int | None
+) -> None:
+    """June's execd answers a line download with the whole file (up to the cap): picking the
+    lines must not hold a list of them (a file of 3-byte lines cost 20 times its size)."""
+    from osb_sync._files import pick_lines
+
+    text = "ab\r\n" * 1_000_000
+    tracemalloc.start()
+    try:
+        picked = pick_lines(text, offset, limit)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert picked == "\n".join(["ab"] * (limit or 999_999))
+    assert peak < 3 * len(text)
