@@ -235,6 +235,8 @@ def _frames_of(lines: Iterable[bytes], skipped: Skipped | None) -> list[bytes]:
     """The ``data:`` frames of whole ``lines`` (a lone CR ends a line too, as in SSE)."""
     frames = []
     for line in lines:
+        if not line:
+            continue
         for part in _cr_parts(line):
             payload = _payload(part)
             if payload is not None:
@@ -368,12 +370,18 @@ def iter_events(chunks: Iterable[bytes], skipped: Skipped | None = None) -> Iter
 
 def _sniff(chunks: Iterator[bytes]) -> tuple[Iterator[bytes], bool]:
     """The same chunks, and whether the stream starts with ``{`` (real execd's bare lines)."""
-    head: list[bytes] = []
+    head: list[bytes] = []  # the blank start of the line still open (guard_lines bounds it)
     for chunk in chunks:
-        head.append(chunk)
         start = chunk.lstrip()
         if start:
+            head.append(chunk)
             return itertools.chain(head, chunks), start[:1] == b"{"
+        # Blank lines carry nothing: a stream of them held every chunk (memory without bound).
+        end = chunk.rfind(b"\n")
+        if end >= 0:
+            head.clear()
+        if chunk[end + 1 :]:
+            head.append(chunk[end + 1 :])
     return iter(head), False
 
 
@@ -406,7 +414,8 @@ def _bare_events(chunks: Iterable[bytes], skipped: Skipped | None) -> Iterator[E
                 skipped(len(chunk) - 2)
             continue
         for line in _whole_lines(chunk, pending):
-            yield from _line_events(line, skipped)
+            if line:
+                yield from _line_events(line, skipped)
     if pending:
         head, _, tail = b"".join(pending).rpartition(b"\r")
         yield from _line_events(head, skipped)

@@ -203,3 +203,23 @@ def test_lines_picked_from_a_june_execds_whole_file_cost_about_the_file(
         tracemalloc.stop()
     assert picked == "\n".join(["ab"] * (limit or 999_999))
     assert peak < 3 * len(text)
+
+
+def test_blank_lines_before_the_first_event_are_not_held() -> None:
+    """The parser is chosen by the stream's first non-blank byte: the blank chunks before it
+    were all held (a hostile execd's endless blank lines grew memory without bound)."""
+
+    def blanks() -> Iterator[bytes]:
+        for _ in range(256):  # 16 MiB of blank lines, a cap of 1 MiB
+            yield b"\n" * 65536
+        yield b"  "  # the start of the line the event ends
+        yield INIT + ev(type="stdout", text="ok\n")
+
+    tracemalloc.start()
+    try:
+        result = run(blanks(), cap=1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.stdout == "ok\n"  # type: ignore[attr-defined]
+    assert peak < 4 << 20
