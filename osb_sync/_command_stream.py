@@ -311,8 +311,9 @@ def as_shell_command(body: dict[str, Any]) -> dict[str, Any]:
     ``exec --`` makes bash run the program itself (never a builtin, function or alias of the
     same name) with the arguments unchanged: each is single-quoted (``shlex.quote``), so
     nothing in them is expanded. What differs from execd's own argv: bash searches every
-    ``PATH`` entry (execd only the absolute ones), and a program that cannot start exits 127
-    with bash's message on stderr instead of an ``error`` event.
+    ``PATH`` entry (execd only the absolute ones), a program that cannot start exits 127
+    with bash's message on stderr instead of an ``error`` event, and bash exports ``PWD`` and
+    ``SHLVL`` to the program.
     """
     shell = {k: v for k, v in body.items() if k != "argv"}
     shell["command"] = "exec -- " + shlex.join(body["argv"])

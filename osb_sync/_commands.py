@@ -84,8 +84,9 @@ class Commands:
 
         An argv needs execd 1.1.0 or later; June's execd refuses it (400), and the argv is sent
         again as ``exec -- <each argument single-quoted>`` through bash, which runs the same
-        program with the same arguments (bash searches every ``PATH`` entry, and a program that
-        cannot start exits 127 instead of failing with an ``error``).
+        program with the same arguments (bash searches every ``PATH`` entry, a program that
+        cannot start exits 127 instead of failing with an ``error``, and the program's
+        environment also has bash's ``PWD`` and ``SHLVL``).
 
         A non-zero exit is data (``exit_code``); ``result.check()`` raises for it. ``timeout``
         (seconds) is enforced by execd and bounds the client's wait; expiry gives

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any, Callable, Iterable, Iterator
 
 import sseclient
@@ -210,20 +211,54 @@ def frame_lines(chunks: Iterable[bytes], skipped: Skipped | None = None) -> Iter
     """
     pending: list[bytes] = []
     for chunk in chunks:
-        if not pending and chunk[:1] == b"{" and chunk.count(b"\n") == 2 and chunk[-3:] == b"}\n\n":
+        if (
+            not pending
+            and chunk[:1] == b"{"
+            and chunk.count(b"\n") == 2
+            and chunk[-3:] == b"}\n\n"
+            and b"\r" not in chunk
+        ):
             yield b"data: " + chunk  # execd's usual chunk: exactly one bare event, nothing to strip
             continue
-        frames = []
-        for line in _whole_lines(chunk, pending):
-            payload = _payload(line)
-            if payload is not None:
-                frames.append(_frame(payload))
-            elif skipped is not None and line.strip():
-                skipped(len(line.strip()))
+        frames = _frames_of(_whole_lines(chunk, pending), skipped)
         if frames:
             yield b"".join(frames)
     if pending:
-        yield _final_frame(b"".join(pending), skipped)
+        head, _, tail = b"".join(pending).rpartition(b"\r")
+        frames = _frames_of([head], skipped)
+        if frames:
+            yield b"".join(frames)
+        yield _final_frame(tail, skipped)
+
+
+def _frames_of(lines: Iterable[bytes], skipped: Skipped | None) -> list[bytes]:
+    """The ``data:`` frames of whole ``lines`` (a lone CR ends a line too, as in SSE)."""
+    frames = []
+    for line in lines:
+        if not line:
+            continue
+        for part in _cr_parts(line):
+            payload = _payload(part)
+            if payload is not None:
+                frames.append(_frame(payload))
+            elif skipped is not None and part.strip():
+                skipped(len(part.strip()))
+    return frames
+
+
+_NOT_CR = re.compile(rb"[^\r]+")
+
+
+def _cr_parts(line: bytes) -> Iterator[bytes]:
+    """The lines of ``line`` as SSE reads them (a lone CR ends one), the empty ones left out,
+    one at a time: sseclient-py never sees a CR inside a line, which it would join line by
+    line (quadratic time: a line of ``"a\\r"`` pairs at the cap took hours), and a flood of
+    CRs costs neither time nor memory."""
+    if b"\r" not in line:
+        yield line
+    else:
+        for part in _NOT_CR.finditer(line):
+            yield part.group()
 
 
 def _whole_lines(chunk: bytes, pending: list[bytes]) -> list[bytes]:
@@ -335,12 +370,18 @@ def iter_events(chunks: Iterable[bytes], skipped: Skipped | None = None) -> Iter
 
 def _sniff(chunks: Iterator[bytes]) -> tuple[Iterator[bytes], bool]:
     """The same chunks, and whether the stream starts with ``{`` (real execd's bare lines)."""
-    head: list[bytes] = []
+    head: list[bytes] = []  # the blank start of the line still open (guard_lines bounds it)
     for chunk in chunks:
-        head.append(chunk)
         start = chunk.lstrip()
         if start:
+            head.append(chunk)
             return itertools.chain(head, chunks), start[:1] == b"{"
+        # Blank lines carry nothing: a stream of them held every chunk (memory without bound).
+        end = chunk.rfind(b"\n")
+        if end >= 0:
+            head.clear()
+        if chunk[end + 1 :]:
+            head.append(chunk[end + 1 :])
     return iter(head), False
 
 
@@ -373,24 +414,34 @@ def _bare_events(chunks: Iterable[bytes], skipped: Skipped | None) -> Iterator[E
                 skipped(len(chunk) - 2)
             continue
         for line in _whole_lines(chunk, pending):
-            yield from _line_events(line, skipped)
+            if line:
+                yield from _line_events(line, skipped)
     if pending:
-        payload = _final_payload(b"".join(pending), skipped)
+        head, _, tail = b"".join(pending).rpartition(b"\r")
+        yield from _line_events(head, skipped)
+        payload = _final_payload(tail, skipped)
         if payload is not None:
             yield from _line_events(payload, skipped)
 
 
 def _line_events(line: bytes, skipped: Skipped | None) -> Iterator[Event]:
-    """The event of one line of a bare stream (none for blank and SSE field lines)."""
+    """The event of one line of a bare stream (none for blank and SSE field lines); a line
+    with a lone CR is the lines SSE reads in it. A ``data:`` line's payload is what
+    sseclient-py's event would carry (``frame_lines`` frames it alone), so it is decoded here."""
     line = line.strip()
-    if line[:1] == b"{" and b"\r" not in line:
-        event = decode_event(line.decode("utf-8"))
+    if b"\r" in line:
+        for part in _cr_parts(line):
+            yield from _line_events(part, skipped)
+        return
+    payload = _payload(line)
+    if payload is not None:
+        event = decode_event(payload.decode("utf-8"))
         if event is not None:
             yield event
         elif skipped is not None:
-            skipped(len(line))
-    elif line:
-        yield from _sse_events([line + b"\n"], skipped)
+            skipped(len(payload))
+    elif line and skipped is not None:
+        skipped(len(line))
 
 
 def _first_not_none(*values: Any) -> Any:

@@ -154,3 +154,72 @@ def test_a_hundred_mebibyte_line_is_held_up_to_the_cap_only() -> None:
     finally:
         tracemalloc.stop()
     assert peak < 2 * cap + FRAME_ALLOWANCE, f"peak {peak / cap:.2f}x the cap"
+
+
+@pytest.mark.parametrize("start", [INIT, b"data: " + INIT], ids=["bare", "sse"])
+@pytest.mark.parametrize("tail", [b"}\n\n", b""], ids=["line", "last line"])
+def test_a_flood_of_lone_crs_never_reaches_sseclient_in_a_line(
+    monkeypatch: pytest.MonkeyPatch, start: bytes, tail: bytes
+) -> None:
+    """sseclient-py joins a line's CR-ended lines one by one (``data += line``: quadratic):
+    a hostile line of ``"a\\r"`` pairs at the 10 MiB cap held the client's thread for hours,
+    past any timeout (the deadline is checked per chunk). A lone CR ends a line, as in SSE,
+    before sseclient-py sees it."""
+    import sseclient
+
+    frames: list[bytes] = []
+    real = sseclient.SSEClient
+
+    def recording(source: Iterator[bytes]) -> object:
+        def tee() -> Iterator[bytes]:
+            for frame in source:
+                frames.append(frame)
+                yield frame
+
+        return real(tee())
+
+    monkeypatch.setattr(sseclient, "SSEClient", recording)
+    flood = b'{"type":"ping"' + b"a\r" * 200_000 + tail
+    end = ev(type="stdout", text="ok\n") if tail else b""
+    result = run([start, flood, end], cap=1 << 20)
+    assert result.stdout == ("ok\n" if tail else "")  # type: ignore[attr-defined]
+    assert not any(b"\r" in frame for frame in frames)
+
+
+@pytest.mark.parametrize(("offset", "limit"), [(1, 1), (500_000, 2), (2, None)])
+def test_lines_picked_from_a_june_execds_whole_file_cost_about_the_file(
+    offset: int, limit: int | None
+) -> None:
+    """June's execd answers a line download with the whole file (up to the cap): picking the
+    lines must not hold a list of them (a file of 3-byte lines cost 20 times its size)."""
+    from osb_sync._files import pick_lines
+
+    text = "ab\r\n" * 1_000_000
+    tracemalloc.start()
+    try:
+        picked = pick_lines(text, offset, limit)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert picked == "\n".join(["ab"] * (limit or 999_999))
+    assert peak < 3 * len(text)
+
+
+def test_blank_lines_before_the_first_event_are_not_held() -> None:
+    """The parser is chosen by the stream's first non-blank byte: the blank chunks before it
+    were all held (a hostile execd's endless blank lines grew memory without bound)."""
+
+    def blanks() -> Iterator[bytes]:
+        for _ in range(256):  # 16 MiB of blank lines, a cap of 1 MiB
+            yield b"\n" * 65536
+        yield b"  "  # the start of the line the event ends
+        yield INIT + ev(type="stdout", text="ok\n")
+
+    tracemalloc.start()
+    try:
+        result = run(blanks(), cap=1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.stdout == "ok\n"  # type: ignore[attr-defined]
+    assert peak < 4 << 20
