@@ -15,7 +15,10 @@ is dropped once read: it counts while held, never after. Framing that is decoded
 (execd sends each line of a command as one event of about 55 bytes, so ``"y\n"`` costs 28
 times its size on the wire), so what the client holds of one run is bounded by the cap plus
 one frame's allowance and a chunk; a stream of events that carry no output (pings, empty text)
-costs time, not memory, and its bound is the run's ``timeout``.
+costs time, not memory, and its bound is the run's ``timeout``. Not bounded by the cap: the
+moment ``json`` decodes one line into objects, which can take some 26 times the line's size (a
+hostile line of empty objects; freed once decoded). A heuristic refusing such lines could refuse
+an honest result, so none is applied: a small cap is the bound for untrusted sandboxes.
 
 Like the official SDKs, every line is one event. ``iter_events`` picks the parser per stream
 from its first non-blank byte: real execd's bare ``{...}`` lines are decoded directly (one
