@@ -211,6 +211,27 @@ def test_cp_dash_is_a_tar_stream_both_ways(server: LocalServer, sid: str) -> Non
         assert handle is not None and handle.read() == b"xyz"
 
 
+# Names any file system allows that a header or a path string could get wrong (issue 49).
+ODD_NAMES = ["файл.txt", "文件 名.txt", 'q"uote', "back\\slash", "semi;colon=1", "new\nline"]
+
+
+def test_cp_keeps_any_file_name_both_ways(server: LocalServer, sid: str, tmp_path: Path) -> None:
+    tree = tmp_path / "odd"
+    tree.mkdir()
+    for number, name in enumerate(ODD_NAMES):
+        (tree / name).write_text(f"content {number}")
+    assert osb("cp", *api(server), str(tree), f"{sid}:/tmp/odd").returncode == 0
+    back = tmp_path / "back"
+    out = osb("cp", *api(server), f"{sid}:/tmp/odd", str(back))
+    assert out.returncode == 0, out.stderr
+    assert sorted(os.listdir(back)) == sorted(ODD_NAMES)
+    for number, name in enumerate(ODD_NAMES):
+        assert (back / name).read_text() == f"content {number}"
+    single = tmp_path / "single"
+    one = osb("cp", *api(server), f"{sid}:/tmp/odd/{ODD_NAMES[0]}", str(single))
+    assert one.returncode == 0 and single.read_text() == "content 0"
+
+
 # -- managing sandboxes ---------------------------------------------------------------------
 
 
