@@ -20,7 +20,9 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
   over its name (a rename replaces a symlink, it never writes through one).
 - Each file streams, ``CHUNK_SIZE`` at a time, and must be as long as the listing said: a longer
   one is refused at the first chunk past its size (an endless download ends), a shorter one at
-  its end (a file that changed during the copy: copy it again).
+  its end (a file that changed during the copy: copy it again). It gets the permission bits
+  the listing said, without setuid, setgid or sticky bit. (Empty directories are not copied
+  out: execd's search lists files only.)
 - Disk use is bounded by the listing: each file is exactly as long as it says, and what it says
   adds up to must fit in the space free where DEST is, checked before the first byte is written
   (a sandbox may claim any size, up to 2**63 - 1 bytes a file, and stream zeros to match).
@@ -33,7 +35,8 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
   modes have no setuid, setgid or sticky bit, each file streamed at the size the listing said.
 
 Into a sandbox, paths are the user's own; a tar archive on standard input keeps only members
-that stay beneath the destination.
+that stay beneath the destination. Files keep their permission bits, and directories (empty ones
+too) are made after the files, deepest first, with theirs.
 """
 
 from __future__ import annotations
@@ -132,14 +135,20 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
             target = target / name
         with _Tree(target.parent) as tree, contextlib.closing(_exactly(sandbox, info)) as data:
             tree.check_room(info.size)
-            tree.write(target.name, data, info.path)
+            tree.write(target.name, data, info.path, _file_mode(info))
         return 0
     with _Tree(target / name if target.is_dir() else target) as tree:
         tree.check_room(sum(item.size for _, item in files))
         for rest, item in files:
             with contextlib.closing(_exactly(sandbox, item)) as data:
-                tree.write(rest, data, item.path)
+                tree.write(rest, data, item.path, _file_mode(item))
     return 0
+
+
+def _file_mode(item: FileInfo) -> int:
+    """The permission bits a copied file gets: the listing's, without setuid, setgid or sticky
+    (as the tar stream), 0o644 when the listing has none."""
+    return (item.mode & 0o777) or 0o644
 
 
 def _local_name(path: str) -> str:
@@ -228,8 +237,9 @@ class _Tree:
     def __exit__(self, *exc: object) -> None:
         os.close(self._fd)
 
-    def write(self, relative: str, chunks: Iterator[bytes], entry: str) -> None:
-        """Write ``chunks`` to ``relative`` (a clean relative path) beneath the root.
+    def write(self, relative: str, chunks: Iterator[bytes], entry: str, mode: int) -> None:
+        """Write ``chunks`` to ``relative`` (a clean relative path) beneath the root, with
+        permission bits ``mode``.
 
         Raises:
             Refused: a symlink or a file where a directory of ``relative`` goes, or a
@@ -245,7 +255,7 @@ class _Tree:
                 child = os.open(directory, _DIRECTORY, dir_fd=parent)
                 self._close(parent)  # one descriptor a level would run out at depth 1024
                 parent = child
-            _write_file(parent, name, chunks)
+            _write_file(parent, name, chunks, mode)
         except OSError as exc:
             if exc.errno not in _CONFLICTS:
                 raise
@@ -277,14 +287,16 @@ class _Tree:
             )
 
 
-def _write_file(parent: int, name: str, chunks: Iterator[bytes]) -> None:
-    """``chunks`` to a new file beneath ``parent``, renamed over ``name`` once whole."""
+def _write_file(parent: int, name: str, chunks: Iterator[bytes], mode: int) -> None:
+    """``chunks`` to a new file beneath ``parent``, renamed over ``name`` once whole, with
+    permission bits ``mode``."""
     temporary = f".osb-sync-{secrets.token_hex(8)}.part"
     fd = os.open(temporary, _NEW_FILE, 0o666, dir_fd=parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             for chunk in chunks:
                 handle.write(chunk)
+            os.fchmod(handle.fileno(), mode)
         os.rename(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -340,17 +352,21 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
     """A local file or directory (or a tar archive on stdin) into a sandbox."""
     if src == "-":
         entries: list[tuple[str, bytes, int]] = []
+        directories: list[tuple[str, int]] = []
         with tarfile.open(fileobj=sys.stdin.buffer, mode="r|*") as archive:
             for member in archive:
                 name = posixpath.normpath(member.name)
-                if member.isdir() or name.startswith("..") or posixpath.isabs(name):
-                    continue  # directories come with their files; nothing may climb out
+                if name.startswith("..") or posixpath.isabs(name):
+                    continue  # nothing may climb out
+                if member.isdir():
+                    directories.append((posixpath.join(path, name), member.mode & 0o777))
                 if not member.isfile():
                     continue
                 handle = archive.extractfile(member)
                 data = handle.read() if handle else b""
                 entries.append((posixpath.join(path, name), data, member.mode & 0o777))
         sandbox.files.write_many(entries)
+        _make_directories(sandbox, directories)
         return 0
     local = Path(src)
     if not local.exists():
@@ -366,4 +382,19 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
     for file in sorted(p for p in local.rglob("*") if p.is_file()):
         relative = file.relative_to(local).as_posix()
         sandbox.files.upload(file, posixpath.join(root, relative), mode=file.stat().st_mode & 0o777)
+    found = [local, *(p for p in local.rglob("*") if p.is_dir() and not p.is_symlink())]
+    _make_directories(
+        sandbox,
+        [
+            (posixpath.join(root, p.relative_to(local).as_posix()), p.stat().st_mode & 0o777)
+            for p in found
+        ],
+    )
     return 0
+
+
+def _make_directories(sandbox: Sandbox, directories: list[tuple[str, int]]) -> None:
+    """Make each directory (an empty one too) and give it its mode, after the files: deepest
+    first, so a parent's mode without write permission comes last."""
+    for directory, mode in sorted(directories, reverse=True):
+        sandbox.files.mkdir(directory, mode=mode)

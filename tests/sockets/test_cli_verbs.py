@@ -232,6 +232,56 @@ def test_cp_keeps_any_file_name_both_ways(server: LocalServer, sid: str, tmp_pat
     assert one.returncode == 0 and single.read_text() == "content 0"
 
 
+def test_cp_keeps_modes_and_empty_directories(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    """Issue 49 row 1 (in part): empty directories going in, modes both ways."""
+    tree = tmp_path / "modes"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "empty" / "deeper").mkdir(parents=True)
+    (tree / "run.sh").write_text("#!/bin/sh\n")
+    (tree / "run.sh").chmod(0o755)
+    (tree / "sub" / "private.txt").write_text("p")
+    (tree / "sub" / "private.txt").chmod(0o600)
+    (tree / "empty").chmod(0o750)
+    assert osb("cp", *api(server), str(tree), f"{sid}:/tmp/modes").returncode == 0
+    with Client(server.api_base) as client:
+        files = client.connect(sid).files
+        found = files.info("/tmp/modes/run.sh", "/tmp/modes/sub/private.txt", "/tmp/modes/empty")
+        assert [info.mode for info in found.values()] == [0o755, 0o600, 0o750]
+        assert files.info("/tmp/modes/empty/deeper")["/tmp/modes/empty/deeper"].type == "directory"
+    back = tmp_path / "back"
+    assert osb("cp", *api(server), f"{sid}:/tmp/modes", str(back)).returncode == 0
+    assert (back / "run.sh").stat().st_mode & 0o7777 == 0o755
+    assert (back / "sub" / "private.txt").stat().st_mode & 0o7777 == 0o600
+    single = tmp_path / "single.sh"
+    assert osb("cp", *api(server), f"{sid}:/tmp/modes/run.sh", str(single)).returncode == 0
+    assert single.stat().st_mode & 0o7777 == 0o755
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, mode in [("t/hollow", 0o711), ("t/hollow/in", 0o700)]:
+            member = tarfile.TarInfo(name)
+            member.type, member.mode = tarfile.DIRTYPE, mode
+            archive.addfile(member)
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    up = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", "-", f"{sid}:/tmp/tarmodes"],
+        input=buffer.getvalue(),
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert up.returncode == 0, up.stderr
+    with Client(server.api_base) as client:
+        found = client.connect(sid).files.info(
+            "/tmp/tarmodes/t/hollow", "/tmp/tarmodes/t/hollow/in"
+        )
+        assert [(info.type, info.mode) for info in found.values()] == [
+            ("directory", 0o711),
+            ("directory", 0o700),
+        ]
+
+
 # -- managing sandboxes ---------------------------------------------------------------------
 
 
