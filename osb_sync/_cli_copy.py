@@ -21,8 +21,8 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
 - Each file streams, ``CHUNK_SIZE`` at a time, and must be as long as the listing said: a longer
   one is refused at the first chunk past its size (an endless download ends), a shorter one at
   its end (a file that changed during the copy: copy it again). It gets the permission bits
-  the listing said, without setuid, setgid or sticky bit. (Empty directories are not copied
-  out: execd's search lists files only.)
+  and mtime the listing said, without setuid, setgid or sticky bit (in the tar stream too).
+  (Empty directories are not copied out: execd's search lists files only.)
 - Disk use is bounded by the listing: each file is exactly as long as it says, and what it says
   adds up to must fit in the space free where DEST is, checked before the first byte is written
   (a sandbox may claim any size, up to 2**63 - 1 bytes a file, and stream zeros to match).
@@ -135,20 +135,21 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
             target = target / name
         with _Tree(target.parent) as tree, contextlib.closing(_exactly(sandbox, info)) as data:
             tree.check_room(info.size)
-            tree.write(target.name, data, info.path, _file_mode(info))
+            tree.write(target.name, data, info.path, _stamp(info))
         return 0
     with _Tree(target / name if target.is_dir() else target) as tree:
         tree.check_room(sum(item.size for _, item in files))
         for rest, item in files:
             with contextlib.closing(_exactly(sandbox, item)) as data:
-                tree.write(rest, data, item.path, _file_mode(item))
+                tree.write(rest, data, item.path, _stamp(item))
     return 0
 
 
-def _file_mode(item: FileInfo) -> int:
-    """The permission bits a copied file gets: the listing's, without setuid, setgid or sticky
-    (as the tar stream), 0o644 when the listing has none."""
-    return (item.mode & 0o777) or 0o644
+def _stamp(item: FileInfo) -> tuple[int, int | None]:
+    """The permission bits and mtime (whole seconds) a copied file gets: the listing's, the
+    bits without setuid, setgid or sticky, 0o644 when it has none, no mtime when it has none."""
+    when = item.modified_at
+    return (item.mode & 0o777) or 0o644, None if when is None else max(0, int(when.timestamp()))
 
 
 def _local_name(path: str) -> str:
@@ -237,9 +238,11 @@ class _Tree:
     def __exit__(self, *exc: object) -> None:
         os.close(self._fd)
 
-    def write(self, relative: str, chunks: Iterator[bytes], entry: str, mode: int) -> None:
+    def write(
+        self, relative: str, chunks: Iterator[bytes], entry: str, stamp: tuple[int, int | None]
+    ) -> None:
         """Write ``chunks`` to ``relative`` (a clean relative path) beneath the root, with
-        permission bits ``mode``.
+        ``stamp``'s permission bits and mtime.
 
         Raises:
             Refused: a symlink or a file where a directory of ``relative`` goes, or a
@@ -255,7 +258,7 @@ class _Tree:
                 child = os.open(directory, _DIRECTORY, dir_fd=parent)
                 self._close(parent)  # one descriptor a level would run out at depth 1024
                 parent = child
-            _write_file(parent, name, chunks, mode)
+            _write_file(parent, name, chunks, stamp)
         except OSError as exc:
             if exc.errno not in _CONFLICTS:
                 raise
@@ -287,16 +290,22 @@ class _Tree:
             )
 
 
-def _write_file(parent: int, name: str, chunks: Iterator[bytes], mode: int) -> None:
+def _write_file(
+    parent: int, name: str, chunks: Iterator[bytes], stamp: tuple[int, int | None]
+) -> None:
     """``chunks`` to a new file beneath ``parent``, renamed over ``name`` once whole, with
-    permission bits ``mode``."""
+    ``stamp``'s permission bits and mtime (when it has one)."""
     temporary = f".osb-sync-{secrets.token_hex(8)}.part"
     fd = os.open(temporary, _NEW_FILE, 0o666, dir_fd=parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             for chunk in chunks:
                 handle.write(chunk)
+            handle.flush()
+            mode, mtime = stamp
             os.fchmod(handle.fileno(), mode)
+            if mtime is not None:
+                os.utime(handle.fileno(), (mtime, mtime))
         os.rename(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -310,7 +319,8 @@ def _write_tar(sandbox: Sandbox, files: list[tuple[str, FileInfo]], base: str) -
         for rest, item in files:
             member = tarfile.TarInfo("/".join(p for p in (base, rest) if p))
             member.size = item.size
-            member.mode = (item.mode & 0o777) or 0o644
+            mode, mtime = _stamp(item)
+            member.mode, member.mtime = mode, mtime or 0
             with contextlib.closing(_exactly(sandbox, item)) as data:
                 reader = _Reader(data)
                 archive.addfile(member, reader)

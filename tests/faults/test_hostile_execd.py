@@ -302,9 +302,9 @@ def test_cp_holds_two_descriptors_however_deep_an_entry_is(
     opened: list[int] = []
     write_file = _cli_copy._write_file
 
-    def counting(parent: int, name: str, chunks: Iterator[bytes], mode: int) -> None:
+    def counting(parent: int, name: str, chunks: Iterator[bytes], stamp: Any) -> None:
         opened.append(len(os.listdir("/proc/self/fd")))
-        write_file(parent, name, chunks, mode)
+        write_file(parent, name, chunks, stamp)
 
     monkeypatch.setattr(_cli_copy, "_write_file", counting)
     before = len(os.listdir("/proc/self/fd"))

@@ -250,20 +250,34 @@ def test_cp_keeps_modes_and_empty_directories(
         found = files.info("/tmp/modes/run.sh", "/tmp/modes/sub/private.txt", "/tmp/modes/empty")
         assert [info.mode for info in found.values()] == [0o755, 0o600, 0o750]
         assert files.info("/tmp/modes/empty/deeper")["/tmp/modes/empty/deeper"].type == "directory"
+        # mtimes coming out: the file's own, not the copy's (1e9: 2001-09-09)
+        touched = client.connect(sid).commands.run("touch -d @1000000000 /tmp/modes/run.sh")
+        assert touched.exit_code == 0
     back = tmp_path / "back"
     assert osb("cp", *api(server), f"{sid}:/tmp/modes", str(back)).returncode == 0
     assert (back / "run.sh").stat().st_mode & 0o7777 == 0o755
+    assert (back / "run.sh").stat().st_mtime == 1_000_000_000
     assert (back / "sub" / "private.txt").stat().st_mode & 0o7777 == 0o600
     single = tmp_path / "single.sh"
     assert osb("cp", *api(server), f"{sid}:/tmp/modes/run.sh", str(single)).returncode == 0
     assert single.stat().st_mode & 0o7777 == 0o755
+    assert single.stat().st_mtime == 1_000_000_000
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    down = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", f"{sid}:/tmp/modes", "-"],
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert down.returncode == 0, down.stderr
+    with tarfile.open(fileobj=io.BytesIO(down.stdout)) as archive:
+        assert archive.getmember("modes/run.sh").mtime == 1_000_000_000
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for name, mode in [("t/hollow", 0o711), ("t/hollow/in", 0o700)]:
             member = tarfile.TarInfo(name)
             member.type, member.mode = tarfile.DIRTYPE, mode
             archive.addfile(member)
-    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
     up = subprocess.run(
         [sys.executable, "-m", "osb_sync", "cp", "-", f"{sid}:/tmp/tarmodes"],
         input=buffer.getvalue(),
