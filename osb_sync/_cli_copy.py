@@ -368,6 +368,7 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
                 name = posixpath.normpath(member.name)
                 if name.startswith("..") or posixpath.isabs(name):
                     continue  # nothing may climb out
+                _check_name(member.name)
                 if member.isdir():
                     directories.append((posixpath.join(path, name), member.mode & 0o777))
                 if not member.isfile():
@@ -385,14 +386,19 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
     if local.is_file():
         info = _remote_info(sandbox, path)
         target = posixpath.join(path, local.name) if info and info.type.startswith("dir") else path
+        _check_name(target)
         sandbox.files.upload(local, target, mode=local.stat().st_mode & 0o777)
         return 0
     info = _remote_info(sandbox, path)
     root = posixpath.join(path, local.name) if info is not None else path
-    for file in sorted(p for p in local.rglob("*") if p.is_file()):
+    found = [local, *(p for p in local.rglob("*") if p.is_dir() and not p.is_symlink())]
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+    for entry in [*found[1:], *files]:
+        _check_name(posixpath.join(root, entry.relative_to(local).as_posix()))
+    _check_name(root)
+    for file in files:
         relative = file.relative_to(local).as_posix()
         sandbox.files.upload(file, posixpath.join(root, relative), mode=file.stat().st_mode & 0o777)
-    found = [local, *(p for p in local.rglob("*") if p.is_dir() and not p.is_symlink())]
     _make_directories(
         sandbox,
         [
@@ -401,6 +407,23 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
         ],
     )
     return 0
+
+
+def _check_name(name: str) -> None:
+    """Refuse a local name execd's API cannot carry: names cross it as JSON text (UTF-8), and
+    bytes that are not UTF-8 (decoded with surrogateescape) are none.
+
+    Raises:
+        Refused: ``name`` is such a name.
+    """
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = repr(name.encode("utf-8", "surrogateescape"))[2:-1]
+        raise Refused(
+            f"the name '{shown}' is not UTF-8, and execd's API carries file names as UTF-8 "
+            "text: rename it (or copy it in an archive); nothing was copied"
+        ) from None
 
 
 def _make_directories(sandbox: Sandbox, directories: list[tuple[str, int]]) -> None:

@@ -232,6 +232,23 @@ def test_cp_keeps_any_file_name_both_ways(server: LocalServer, sid: str, tmp_pat
     assert one.returncode == 0 and single.read_text() == "content 0"
 
 
+def test_cp_in_refuses_a_name_that_is_not_utf8_before_copying(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    """execd's API carries names as JSON text: a name of other bytes cannot cross it (it was a
+    400 from execd half-way through the copy, after the files before it)."""
+    tree = tmp_path / "bytes"
+    tree.mkdir()
+    (tree / "a.txt").write_text("a")
+    with open(os.path.join(os.fsencode(tree), b"\xff\xfe.txt"), "wb") as handle:
+        handle.write(b"x")
+    refused = osb("cp", *api(server), str(tree), f"{sid}:/tmp/bytes")
+    assert refused.returncode == 1 and "not UTF-8" in refused.stderr, refused.stderr
+    assert "\\xff\\xfe.txt" in refused.stderr and "nothing was copied" in refused.stderr
+    with Client(server.api_base) as client:
+        assert not client.connect(sid).files.exists("/tmp/bytes")
+
+
 def test_cp_keeps_modes_and_empty_directories(
     server: LocalServer, sid: str, tmp_path: Path
 ) -> None:
