@@ -20,7 +20,9 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
   over its name (a rename replaces a symlink, it never writes through one).
 - Each file streams, ``CHUNK_SIZE`` at a time, and must be as long as the listing said: a longer
   one is refused at the first chunk past its size (an endless download ends), a shorter one at
-  its end (a file that changed during the copy: copy it again).
+  its end (a file that changed during the copy: copy it again). It gets the permission bits
+  and mtime the listing said, without setuid, setgid or sticky bit (in the tar stream too).
+  (Empty directories are not copied out: execd's search lists files only.)
 - Disk use is bounded by the listing: each file is exactly as long as it says, and what it says
   adds up to must fit in the space free where DEST is, checked before the first byte is written
   (a sandbox may claim any size, up to 2**63 - 1 bytes a file, and stream zeros to match).
@@ -33,7 +35,8 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
   modes have no setuid, setgid or sticky bit, each file streamed at the size the listing said.
 
 Into a sandbox, paths are the user's own; a tar archive on standard input keeps only members
-that stay beneath the destination.
+that stay beneath the destination. Files keep their permission bits, and directories (empty ones
+too) are made after the files, deepest first, with theirs.
 """
 
 from __future__ import annotations
@@ -132,14 +135,21 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
             target = target / name
         with _Tree(target.parent) as tree, contextlib.closing(_exactly(sandbox, info)) as data:
             tree.check_room(info.size)
-            tree.write(target.name, data, info.path)
+            tree.write(target.name, data, info.path, _stamp(info))
         return 0
     with _Tree(target / name if target.is_dir() else target) as tree:
         tree.check_room(sum(item.size for _, item in files))
         for rest, item in files:
             with contextlib.closing(_exactly(sandbox, item)) as data:
-                tree.write(rest, data, item.path)
+                tree.write(rest, data, item.path, _stamp(item))
     return 0
+
+
+def _stamp(item: FileInfo) -> tuple[int, int | None]:
+    """The permission bits and mtime (whole seconds) a copied file gets: the listing's, the
+    bits without setuid, setgid or sticky, 0o644 when it has none, no mtime when it has none."""
+    when = item.modified_at
+    return (item.mode & 0o777) or 0o644, None if when is None else max(0, int(when.timestamp()))
 
 
 def _local_name(path: str) -> str:
@@ -228,8 +238,11 @@ class _Tree:
     def __exit__(self, *exc: object) -> None:
         os.close(self._fd)
 
-    def write(self, relative: str, chunks: Iterator[bytes], entry: str) -> None:
-        """Write ``chunks`` to ``relative`` (a clean relative path) beneath the root.
+    def write(
+        self, relative: str, chunks: Iterator[bytes], entry: str, stamp: tuple[int, int | None]
+    ) -> None:
+        """Write ``chunks`` to ``relative`` (a clean relative path) beneath the root, with
+        ``stamp``'s permission bits and mtime.
 
         Raises:
             Refused: a symlink or a file where a directory of ``relative`` goes, or a
@@ -245,7 +258,7 @@ class _Tree:
                 child = os.open(directory, _DIRECTORY, dir_fd=parent)
                 self._close(parent)  # one descriptor a level would run out at depth 1024
                 parent = child
-            _write_file(parent, name, chunks)
+            _write_file(parent, name, chunks, stamp)
         except OSError as exc:
             if exc.errno not in _CONFLICTS:
                 raise
@@ -277,14 +290,22 @@ class _Tree:
             )
 
 
-def _write_file(parent: int, name: str, chunks: Iterator[bytes]) -> None:
-    """``chunks`` to a new file beneath ``parent``, renamed over ``name`` once whole."""
+def _write_file(
+    parent: int, name: str, chunks: Iterator[bytes], stamp: tuple[int, int | None]
+) -> None:
+    """``chunks`` to a new file beneath ``parent``, renamed over ``name`` once whole, with
+    ``stamp``'s permission bits and mtime (when it has one)."""
     temporary = f".osb-sync-{secrets.token_hex(8)}.part"
     fd = os.open(temporary, _NEW_FILE, 0o666, dir_fd=parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             for chunk in chunks:
                 handle.write(chunk)
+            handle.flush()
+            mode, mtime = stamp
+            os.fchmod(handle.fileno(), mode)
+            if mtime is not None:
+                os.utime(handle.fileno(), (mtime, mtime))
         os.rename(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -298,7 +319,8 @@ def _write_tar(sandbox: Sandbox, files: list[tuple[str, FileInfo]], base: str) -
         for rest, item in files:
             member = tarfile.TarInfo("/".join(p for p in (base, rest) if p))
             member.size = item.size
-            member.mode = (item.mode & 0o777) or 0o644
+            mode, mtime = _stamp(item)
+            member.mode, member.mtime = mode, mtime or 0
             with contextlib.closing(_exactly(sandbox, item)) as data:
                 reader = _Reader(data)
                 archive.addfile(member, reader)
@@ -340,17 +362,22 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
     """A local file or directory (or a tar archive on stdin) into a sandbox."""
     if src == "-":
         entries: list[tuple[str, bytes, int]] = []
+        directories: list[tuple[str, int]] = []
         with tarfile.open(fileobj=sys.stdin.buffer, mode="r|*") as archive:
             for member in archive:
                 name = posixpath.normpath(member.name)
-                if member.isdir() or name.startswith("..") or posixpath.isabs(name):
-                    continue  # directories come with their files; nothing may climb out
+                if name.startswith("..") or posixpath.isabs(name):
+                    continue  # nothing may climb out
+                _check_name(member.name)
+                if member.isdir():
+                    directories.append((posixpath.join(path, name), member.mode & 0o777))
                 if not member.isfile():
                     continue
                 handle = archive.extractfile(member)
                 data = handle.read() if handle else b""
                 entries.append((posixpath.join(path, name), data, member.mode & 0o777))
         sandbox.files.write_many(entries)
+        _make_directories(sandbox, directories)
         return 0
     local = Path(src)
     if not local.exists():
@@ -359,11 +386,48 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
     if local.is_file():
         info = _remote_info(sandbox, path)
         target = posixpath.join(path, local.name) if info and info.type.startswith("dir") else path
+        _check_name(target)
         sandbox.files.upload(local, target, mode=local.stat().st_mode & 0o777)
         return 0
     info = _remote_info(sandbox, path)
     root = posixpath.join(path, local.name) if info is not None else path
-    for file in sorted(p for p in local.rglob("*") if p.is_file()):
+    found = [local, *(p for p in local.rglob("*") if p.is_dir() and not p.is_symlink())]
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+    for entry in [*found[1:], *files]:
+        _check_name(posixpath.join(root, entry.relative_to(local).as_posix()))
+    _check_name(root)
+    for file in files:
         relative = file.relative_to(local).as_posix()
         sandbox.files.upload(file, posixpath.join(root, relative), mode=file.stat().st_mode & 0o777)
+    _make_directories(
+        sandbox,
+        [
+            (posixpath.join(root, p.relative_to(local).as_posix()), p.stat().st_mode & 0o777)
+            for p in found
+        ],
+    )
     return 0
+
+
+def _check_name(name: str) -> None:
+    """Refuse a local name execd's API cannot carry: names cross it as JSON text (UTF-8), and
+    bytes that are not UTF-8 (decoded with surrogateescape) are none.
+
+    Raises:
+        Refused: ``name`` is such a name.
+    """
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = repr(name.encode("utf-8", "surrogateescape"))[2:-1]
+        raise Refused(
+            f"the name '{shown}' is not UTF-8, and execd's API carries file names as UTF-8 "
+            "text: rename it (or copy it in an archive); nothing was copied"
+        ) from None
+
+
+def _make_directories(sandbox: Sandbox, directories: list[tuple[str, int]]) -> None:
+    """Make each directory (an empty one too) and give it its mode, after the files: deepest
+    first, so a parent's mode without write permission comes last."""
+    for directory, mode in sorted(directories, reverse=True):
+        sandbox.files.mkdir(directory, mode=mode)

@@ -54,7 +54,7 @@ class CannotRun(Exception):
 
 class Refused(Exception):
     """What a sandbox answered is refused (exit 1): ``cp`` out of it, an entry that would land
-    outside DEST."""
+    outside DEST; or what ``cp`` cannot send it (a name that is not UTF-8)."""
 
 
 class Stopped(KeyboardInterrupt):

@@ -55,6 +55,7 @@ import requests
 
 from osb_sync import ApiError, Client, OpenSandboxError, Sandbox, TransportError, _cli_copy
 from osb_sync._cli import main
+from osb_sync._models import FileInfo
 from tests.faults.faultserver import (
     API_KEY_HEADER,
     FILE_BYTES,
@@ -302,9 +303,9 @@ def test_cp_holds_two_descriptors_however_deep_an_entry_is(
     opened: list[int] = []
     write_file = _cli_copy._write_file
 
-    def counting(parent: int, name: str, chunks: Iterator[bytes]) -> None:
+    def counting(parent: int, name: str, chunks: Iterator[bytes], stamp: Any) -> None:
         opened.append(len(os.listdir("/proc/self/fd")))
-        write_file(parent, name, chunks)
+        write_file(parent, name, chunks, stamp)
 
     monkeypatch.setattr(_cli_copy, "_write_file", counting)
     before = len(os.listdir("/proc/self/fd"))
@@ -810,3 +811,28 @@ def test_the_route_reader_sees_a_new_route(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "_new.py").write_text('def f(self, p):\n    self._execd.request("GET", p)\n')
     with pytest.raises(AssertionError, match="not a literal"):
         client_routes()
+
+
+@pytest.mark.parametrize(
+    ("mode", "when", "stamp"),
+    [
+        (0o4755, "2001-09-09T01:46:40Z", (0o755, 1_000_000_000)),
+        (0o7777, "9999-12-31T23:59:59Z", (0o777, 253402300799)),
+        (0o2644, "1900-01-01T00:00:00Z", (0o644, 0)),
+        ("not a mode", "not a time", (0o644, None)),
+    ],
+)
+def test_cp_gives_a_copy_the_listings_mode_and_mtime_without_special_bits(
+    tmp_path: Path, mode: Any, when: str, stamp: tuple[int, int | None]
+) -> None:
+    """A listing's setuid, setgid or sticky bit never reaches a copied file; an mtime before
+    1970 is 1970, and one execd left out or garbled is the copy's own."""
+    wire = int(oct(mode)[2:]) if isinstance(mode, int) else mode
+    item = FileInfo.from_dict({"path": "/x", "type": "file", "mode": wire, "modified_at": when})
+    assert _cli_copy._stamp(item) == stamp
+    with _cli_copy._Tree(tmp_path) as tree:
+        tree.write("x", iter([b"data"]), "/x", _cli_copy._stamp(item))
+    found = (tmp_path / "x").stat()
+    assert found.st_mode & 0o7777 == stamp[0]
+    if stamp[1] is not None and stamp[1] < 2**31:  # file systems clamp later times
+        assert found.st_mtime == stamp[1]

@@ -7,6 +7,7 @@ import json
 import os
 import uuid
 from pathlib import Path
+from urllib.parse import unquote_to_bytes
 
 from tests.local.support import Box
 
@@ -57,6 +58,23 @@ def test_upload_download_round_trip(box: Box) -> None:
     assert info["mode"] == 600 and info["type"] == "file" and info["size"] == len(data)
     assert info["path"] == f"{box.home}/dir/a.bin"
     assert info["modified_at"].endswith("Z") and info["owner"]
+
+
+def test_download_of_any_name_carries_it_in_filename_star(box: Box) -> None:
+    """Issue 49: a name that is not plain ASCII was a 502 (UnicodeEncodeError in the head),
+    and one with a newline split the answer's head."""
+    for name in ["файл.txt", "文件.txt", 'a"b\\c;d', "new\nline\r\nX-Evil: 1"]:
+        Path(box.dir, name).write_bytes(name.encode())
+        got = box.call("GET", "/files/download", params={"path": name})
+        assert (got.status_code, got.content) == (200, name.encode())
+        assert "x-evil" not in got.headers
+        disposition = got.headers["Content-Disposition"]
+        assert disposition.isascii() and "\n" not in disposition
+        encoded = disposition.split("filename*=UTF-8''", 1)[1]
+        assert unquote_to_bytes(encoded) == name.encode()
+    Path(box.dir, "plain.txt").write_bytes(b"p")
+    plain = box.call("GET", "/files/download", params={"path": "plain.txt"})
+    assert plain.headers["Content-Disposition"] == 'attachment; filename="plain.txt"'
 
 
 def test_upload_several_files_absolute_path(box: Box) -> None:

@@ -211,6 +211,108 @@ def test_cp_dash_is_a_tar_stream_both_ways(server: LocalServer, sid: str) -> Non
         assert handle is not None and handle.read() == b"xyz"
 
 
+# Names any file system allows that a header or a path string could get wrong (issue 49).
+ODD_NAMES = ["файл.txt", "文件 名.txt", 'q"uote', "back\\slash", "semi;colon=1", "new\nline"]
+
+
+def test_cp_keeps_any_file_name_both_ways(server: LocalServer, sid: str, tmp_path: Path) -> None:
+    tree = tmp_path / "odd"
+    tree.mkdir()
+    for number, name in enumerate(ODD_NAMES):
+        (tree / name).write_text(f"content {number}")
+    assert osb("cp", *api(server), str(tree), f"{sid}:/tmp/odd").returncode == 0
+    back = tmp_path / "back"
+    out = osb("cp", *api(server), f"{sid}:/tmp/odd", str(back))
+    assert out.returncode == 0, out.stderr
+    assert sorted(os.listdir(back)) == sorted(ODD_NAMES)
+    for number, name in enumerate(ODD_NAMES):
+        assert (back / name).read_text() == f"content {number}"
+    single = tmp_path / "single"
+    one = osb("cp", *api(server), f"{sid}:/tmp/odd/{ODD_NAMES[0]}", str(single))
+    assert one.returncode == 0 and single.read_text() == "content 0"
+
+
+def test_cp_in_refuses_a_name_that_is_not_utf8_before_copying(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    """execd's API carries names as JSON text: a name of other bytes cannot cross it (it was a
+    400 from execd half-way through the copy, after the files before it)."""
+    tree = tmp_path / "bytes"
+    tree.mkdir()
+    (tree / "a.txt").write_text("a")
+    with open(os.path.join(os.fsencode(tree), b"\xff\xfe.txt"), "wb") as handle:
+        handle.write(b"x")
+    refused = osb("cp", *api(server), str(tree), f"{sid}:/tmp/bytes")
+    assert refused.returncode == 1 and "not UTF-8" in refused.stderr, refused.stderr
+    assert "\\xff\\xfe.txt" in refused.stderr and "nothing was copied" in refused.stderr
+    with Client(server.api_base) as client:
+        assert not client.connect(sid).files.exists("/tmp/bytes")
+
+
+def test_cp_keeps_modes_and_empty_directories(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    """Issue 49 row 1 (in part): empty directories going in, modes both ways."""
+    tree = tmp_path / "modes"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "empty" / "deeper").mkdir(parents=True)
+    (tree / "run.sh").write_text("#!/bin/sh\n")
+    (tree / "run.sh").chmod(0o755)
+    (tree / "sub" / "private.txt").write_text("p")
+    (tree / "sub" / "private.txt").chmod(0o600)
+    (tree / "empty").chmod(0o750)
+    assert osb("cp", *api(server), str(tree), f"{sid}:/tmp/modes").returncode == 0
+    with Client(server.api_base) as client:
+        files = client.connect(sid).files
+        found = files.info("/tmp/modes/run.sh", "/tmp/modes/sub/private.txt", "/tmp/modes/empty")
+        assert [info.mode for info in found.values()] == [0o755, 0o600, 0o750]
+        assert files.info("/tmp/modes/empty/deeper")["/tmp/modes/empty/deeper"].type == "directory"
+        # mtimes coming out: the file's own, not the copy's (1e9: 2001-09-09)
+        touched = client.connect(sid).commands.run("touch -d @1000000000 /tmp/modes/run.sh")
+        assert touched.exit_code == 0
+    back = tmp_path / "back"
+    assert osb("cp", *api(server), f"{sid}:/tmp/modes", str(back)).returncode == 0
+    assert (back / "run.sh").stat().st_mode & 0o7777 == 0o755
+    assert (back / "run.sh").stat().st_mtime == 1_000_000_000
+    assert (back / "sub" / "private.txt").stat().st_mode & 0o7777 == 0o600
+    single = tmp_path / "single.sh"
+    assert osb("cp", *api(server), f"{sid}:/tmp/modes/run.sh", str(single)).returncode == 0
+    assert single.stat().st_mode & 0o7777 == 0o755
+    assert single.stat().st_mtime == 1_000_000_000
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    down = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", f"{sid}:/tmp/modes", "-"],
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert down.returncode == 0, down.stderr
+    with tarfile.open(fileobj=io.BytesIO(down.stdout)) as archive:
+        assert archive.getmember("modes/run.sh").mtime == 1_000_000_000
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, mode in [("t/hollow", 0o711), ("t/hollow/in", 0o700)]:
+            member = tarfile.TarInfo(name)
+            member.type, member.mode = tarfile.DIRTYPE, mode
+            archive.addfile(member)
+    up = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", "-", f"{sid}:/tmp/tarmodes"],
+        input=buffer.getvalue(),
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert up.returncode == 0, up.stderr
+    with Client(server.api_base) as client:
+        found = client.connect(sid).files.info(
+            "/tmp/tarmodes/t/hollow", "/tmp/tarmodes/t/hollow/in"
+        )
+        assert [(info.type, info.mode) for info in found.values()] == [
+            ("directory", 0o711),
+            ("directory", 0o700),
+        ]
+
+
 # -- managing sandboxes ---------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
+from urllib.parse import quote
 
 from ..http.bodies import rfc3339
 from ..http.exchange import Exchange, error
@@ -71,6 +72,21 @@ def file_info(path: Path) -> dict[str, Any]:
         # execd writes the octal digits as a decimal number: 0o644 -> 644.
         "mode": int(oct(stat.S_IMODE(st.st_mode))[2:]),
     }
+
+
+def attachment(name: bytes) -> str:
+    """The `Content-Disposition` of a download of the file named `name` (its bytes on disk).
+
+    A name of visible ASCII and spaces, without `"`, `\\`, `%`, `;` or `,`, keeps execd's
+    `attachment; filename="NAME"`. Any other (non-ASCII, a newline, a quote, bytes that are not
+    UTF-8) gets an ASCII fallback, each other character an `_` (RFC 6266 4.3), then RFC 8187's
+    `filename*=UTF-8''` with the name's exact bytes percent-encoded: never a control character.
+    """
+    text = name.decode("utf-8", "replace")
+    fallback = "".join(c if " " <= c <= "~" and c not in '"\\%;,' else "_" for c in text)
+    if fallback == text:
+        return f'attachment; filename="{text}"'
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
 def _paths(ex: Exchange) -> list[str]:
@@ -186,7 +202,7 @@ def download(runtime: SandboxRuntime, ex: Exchange) -> None:
         headers = {
             "Content-Type": "application/octet-stream",
             "Accept-Ranges": "bytes",
-            "Content-Disposition": f'attachment; filename="{path.name}"',
+            "Content-Disposition": attachment(os.fsencode(path.name)),
             "Content-Length": str(end - start + 1),
         }
         if span:

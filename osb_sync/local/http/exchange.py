@@ -43,6 +43,25 @@ class HttpError(Exception):
         self.headers = headers or {}
 
 
+class UnsafeField(ValueError):
+    """A header an answer must not carry: its name is not a token, or its value holds a
+    control character (CR, LF or NUL would split or end the head) or is not Latin-1."""
+
+
+def check_field(name: str, value: str) -> None:
+    """Refuse a header line an answer cannot send as it is (an answer's head is never split).
+
+    Raises:
+        UnsafeField: `name: value` is not a header line as `head.FIELD_LINE` reads one.
+    """
+    try:
+        found = FIELD_LINE.fullmatch(f"{name}: {value}".encode("latin-1"))
+    except UnicodeEncodeError:
+        found = None
+    if found is None or found["name"] != name.encode("latin-1"):
+        raise UnsafeField(f"refused to send header {name[:40]!r}: {value[:40]!r}")
+
+
 def error(status: int, code: str, message: str) -> HttpError:
     """Build the `{"code","message"}` error shared by the lifecycle API and execd."""
     return HttpError(status, {"code": code, "message": message})
@@ -404,11 +423,19 @@ class Exchange:
 
     def start(self, status: int, headers: dict[str, str] | list[tuple[str, str]]) -> None:
         """Send the status line and headers (plus X-Request-ID, and `Connection: close` when
-        the connection ends after this answer, so no client sends another request on it)."""
+        the connection ends after this answer, so no client sends another request on it).
+
+        Raises:
+            UnsafeField: a header could split the head (checked before anything is sent, so
+                the route's failure is answered with a clean 500).
+        """
+        pairs = list(headers.items()) if isinstance(headers, dict) else headers
+        for name, value in pairs:
+            check_field(name, value)
         self.responded = True
         self.handler.send_response(status)
         self.handler.send_header("X-Request-ID", self.request_id)
-        for name, value in headers.items() if isinstance(headers, dict) else headers:
+        for name, value in pairs:
             self.handler.send_header(name, value)
         if self.handler.close_connection:
             self.handler.send_header("Connection", "close")

@@ -42,7 +42,7 @@ from http.client import HTTPMessage
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .exchange import BodyMeter, Exchange, HttpError, error
+from .exchange import BodyMeter, Exchange, HttpError, check_field, error
 from .head import Head, HeadError, is_complete, parse_head, read_head
 
 logger = logging.getLogger("osb_sync.local")
@@ -400,6 +400,18 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except OSError:
             pass
+
+    def send_header(self, keyword: str, value: str) -> None:
+        """Buffer one header line, refusing one that could split the head (`check_field`):
+        what was buffered of this answer is dropped, never sent (the route's failure is then
+        answered with a 500, and the connection closed)."""
+        try:
+            check_field(keyword, value)
+        except ValueError:
+            self._headers_buffer: list[bytes] = []
+            self.close_connection = True
+            raise
+        super().send_header(keyword, value)
 
     def finish(self) -> None:
         """Flush what is left; a peer that went away is not an error."""
