@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,25 +21,40 @@ print(server.port, server.root_dir, flush=True)
 sys.stdin.read()
 server.stop()
 """
+CHECKOUT = str(Path(__file__).resolve().parents[2])  # the directory of `osb_sync/`
 
 
 class ServerProcess:
-    """`LocalServer(**options)` in a child process; `nofile` caps its RLIMIT_NOFILE (soft, hard)."""
+    """`LocalServer(**options)` in a child process; `nofile` caps its RLIMIT_NOFILE (soft, hard).
+
+    `user` runs it as that user (`runuser`, root only) with `python`, this checkout first on its
+    path, as a user's own interpreter would.
+    """
 
     def __init__(
-        self, nofile: tuple[int, int] | None = None, log: Path | None = None, **options: Any
+        self,
+        nofile: tuple[int, int] | None = None,
+        log: Path | None = None,
+        user: str | None = None,
+        python: str = sys.executable,
+        **options: Any,
     ) -> None:
         def limit() -> None:
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
         self._log = open(log, "ab") if log is not None else subprocess.DEVNULL
+        command = [python, "-c", SCRIPT, json.dumps(options)]
+        if user is not None:
+            command = [shutil.which("runuser") or "runuser", "-u", user, "--", *command]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SCRIPT, json.dumps(options)],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
             preexec_fn=limit,
+            cwd="/" if user is not None else None,
+            env=None if user is None else {"PATH": "/usr/bin:/bin", "PYTHONPATH": CHECKOUT},
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode().split()

@@ -93,6 +93,15 @@ def test_identity_options_block_until_mapped_and_add_dockers_capabilities() -> N
     assert args[args.index("--cap-drop") + 1] == "ALL"
 
 
+def test_a_joined_namespace_replaces_the_new_one_and_its_child_blocks() -> None:
+    args = bwrap.identity_options(7, 8, 9, userns_fd=5)
+    assert args[:8] == ["--userns", "5", "--block-fd", "7", "--uid", "0", "--gid", "0"]
+    made = bwrap.confined(3, bwrap.identity_options(7, -1, -1), {}, [], [])
+    joined = bwrap.confined(3, args, {}, [], [])
+    assert "--unshare-user" in made and "--unshare-user" not in joined  # bwrap refuses both
+    assert "--unshare-pid" in joined and "--unshare-net" in joined
+
+
 def test_servers_starting_together_make_the_user_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

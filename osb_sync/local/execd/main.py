@@ -303,6 +303,10 @@ def main(argv: list[str]) -> int:
     """Read the start line from standard input, then serve (see `serve`) until it closes or
     the entrypoint ends; the exit code is the entrypoint's, else 0."""
     hide_memory()
+    try:  # a server not root: its user's groups, which the sandbox's namespace does not map
+        os.setgroups([])
+    except OSError:
+        pass  # not root, not isolated: its groups are the server's
     relay_server = socket.socket(fileno=int(argv[1]))
     start = Start.decode(sys.stdin.buffer.readline())
     if start.file_size_limit:

@@ -310,18 +310,23 @@ def writable_tmpfs(places: Sequence[str], size: int | None = None) -> list[str]:
     return args
 
 
-def identity_options(block_fd: int, passwd_fd: int, group_fd: int) -> list[str]:
+def identity_options(
+    block_fd: int, passwd_fd: int, group_fd: int, userns_fd: int = -1
+) -> list[str]:
     """bwrap arguments of the sandbox's identity: root mapped by the server, Docker's caps.
 
-    bwrap waits on `block_fd` until the server has written the namespace's maps
-    (`identity.write_maps`); `passwd_fd` and `group_fd` hold its `/etc/passwd` and `/etc/group`
-    (-1: the root's own, as an image's).
+    bwrap makes the user namespace and waits on `block_fd` until the server has written its
+    maps (`identity.write_maps`), or, given `userns_fd` (`identity.user_namespace`), joins that
+    one, mapped already, and its child waits on `block_fd` before it runs anything.
+    `passwd_fd` and `group_fd` hold its `/etc/passwd` and `/etc/group` (-1: the root's own, as
+    an image's).
     """
     caps: list[str] = []
     for cap in CAPABILITIES:
         caps += ["--cap-add", cap]
+    joined = ["--userns", str(userns_fd), "--block-fd"] if userns_fd >= 0 else ["--userns-block-fd"]
     return [
-        "--userns-block-fd",
+        *joined,
         str(block_fd),
         "--uid",
         "0",
@@ -357,8 +362,9 @@ def confined(
     environment: list[str] = []
     for name, value in env.items():
         environment += ["--setenv", name, value]
+    joined = "--userns" in ident  # a namespace made beforehand: no new one
     return [
-        *NAMESPACES,
+        *(n for n in NAMESPACES if not (joined and n == "--unshare-user")),
         "--die-with-parent",
         "--new-session",
         *ident,

@@ -221,7 +221,11 @@ class SandboxContainer:
                 block_r, block_w = os.pipe()  # bwrap waits on it for its namespace's id maps
                 child.callback(os.close, block_r)
                 fds.callback(os.close, block_w)
-                execd_r = self._spawn(fds, templated, (ready_w, info_w, block_r))
+                userns = -1  # not root: a namespace mapped before bwrap joins it
+                if self.isolated and self.ids is not None and self.ids.helpers is not None:
+                    userns = identity.user_namespace(self.ids)
+                    child.callback(os.close, userns)
+                execd_r = self._spawn(fds, templated, (ready_w, info_w, block_r), userns)
                 child.close()  # the child has its copies: their ends read EOF once it is gone
                 if not templated:
                     self._send(self._start(ping, grace))
@@ -232,6 +236,7 @@ class SandboxContainer:
                     self._send(self._start(ping, grace))
                 if read_until(self._ready_r, b"\n", deadline) != b"ready\n":
                     raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
+                self._open_netns()
         except ConfigError:
             raise  # the image's: the create names it (`registry.py`)
         except (OSError, ValueError, KeyError) as exc:
@@ -239,10 +244,13 @@ class SandboxContainer:
                 f"the sandbox's container did not start ({exc}): {self._log_tail()}"
             ) from None
 
-    def _spawn(self, fds: contextlib.ExitStack, templated: bool, ends: tuple[int, int, int]) -> int:
+    def _spawn(
+        self, fds: contextlib.ExitStack, templated: bool, ends: tuple[int, int, int], userns: int
+    ) -> int:
         """Start the main process: bwrap (the template forks execd into it later), or, where
-        nothing is isolated, execd itself; `ends` are the child's ready, info and block ends.
-        Returns the read end of execd's standard input where the template forks it, else -1."""
+        nothing is isolated, execd itself; `ends` are the child's ready, info and block ends,
+        `userns` the user namespace it joins (-1: it makes one). Returns the read end of
+        execd's standard input where the template forks it, else -1."""
         ready_w, info_w, block_r = ends
         view = self._settings.view
         log = self._log = logs.ContainerLog(self._log_budget)
@@ -264,13 +272,13 @@ class SandboxContainer:
             files = view.identity_files()
             passwd = _memfd(fds, "passwd", files[0]) if files else -1
             group = _memfd(fds, "group", files[1]) if files else -1
-            ident = bwrap.identity_options(block_r, passwd, group)
+            ident = bwrap.identity_options(block_r, passwd, group, userns)
             options = self._options(fds, info_w, ident)
             main = view.main_command(MAIN_SCRIPT)
             if templated:  # the template forks execd; bwrap runs the placeholder
                 main, command = list(execd_template.PLACEHOLDER), []
             argv = [self.support.bwrap or "bwrap", "--args", str(options[0]), *main, *command]
-            passed += [*options, *(fd for fd in (passwd, group) if fd >= 0)]
+            passed += [*options, *(fd for fd in (passwd, group, userns) if fd >= 0)]
             if not staging.available():
                 passed += [bind.fd for bind in self._settings.mounts]  # bwrap's --bind-fd
             self._make_cgroups()
@@ -301,14 +309,26 @@ class SandboxContainer:
         info = read_until(info_r, b"}", deadline)
         self.init_pid = int(json.loads(info)["child-pid"])
         self._init_fd = pidfd(self.init_pid)
-        self._netns = spawn.namespace(self._init_fd, self.init_pid, "net")
+        if self.ids.helpers is None:  # else once it runs: `_open_netns`
+            self._netns = spawn.namespace(self._init_fd, self.init_pid, "net")
         # Nothing of the sandbox's runs before this write: bwrap and its child (the only
         # processes yet) join the groups, then the namespace gets its ids.
         if self._cgroup is not None:
             self._cgroup.join(self._proc.pid)
             self._cgroup.join(self.init_pid)
-        identity.write_maps(self.init_pid, self.ids)
+        if self.ids.helpers is None:  # else mapped before bwrap joined it
+            identity.write_maps(self.init_pid, self.ids)
         os.write(block_w, b"1")
+
+    def _open_netns(self) -> None:
+        """Hold the network namespace of a sandbox of a server that is not root, once it runs.
+
+        Not before: bwrap's child, switching to the joined namespace's root
+        (`identity.user_namespace`), is briefly not dumpable, and its `/proc` entries are not
+        the server's to open.
+        """
+        if self._netns < 0 and self.init_pid is not None:
+            self._netns = spawn.namespace(self._init_fd, self.init_pid, "net")
 
     def _started(self) -> None:
         """What a start holds only until bwrap has its copies (or failed): the staged binds,

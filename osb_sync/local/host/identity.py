@@ -12,11 +12,13 @@ Where the range comes from:
   (shadow's own locking and choice of a free range). The server writes the child's `uid_map`
   and `gid_map` itself and starts bwrap as the range's first id: bwrap 0.8, started as uid 0,
   refuses a map whose outside ids are not its own ("Value too large").
+  bwrap waits on `--userns-block-fd` until the map is written.
 - any other server: its own subordinate ids (`/etc/subuid` lines of its name or uid), written
-  by the setuid `newuidmap` and `newgidmap` (Debian's `uidmap` package).
+  by the setuid `newuidmap` and `newgidmap` (Debian's `uidmap` package) to a namespace made
+  beforehand (`user_namespace`), which bwrap joins (`--userns`) and becomes its root in.
 
-In both cases bwrap waits on `--userns-block-fd` until the map is written. Without a range of
-`COUNT` ids (or the helpers), sandboxes cannot be isolated: the server answers 503 (`bwrap.py`).
+Without a range of `COUNT` ids (or the helpers), sandboxes cannot be isolated: the server
+answers 503 (`bwrap.py`).
 """
 
 from __future__ import annotations
@@ -244,6 +246,42 @@ def write_maps(pid: int, ids: IdRange) -> None:
         if done.returncode != 0:
             why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
             raise OSError(f"{os.path.basename(helper)} refused the map: {why}")
+
+
+def user_namespace(ids: IdRange) -> int:
+    """A new user namespace of this server's (not root), mapped onto `ids`: a descriptor of it,
+    for bwrap's `--userns`.
+
+    bwrap cannot make it itself (`--unshare-user`) and wait for the map there: it stays the
+    user's uid, which the map leaves out (root inside is an id of the range, never the user),
+    and its first directory in its new root's tmpfs fails with EOVERFLOW ("Creating newroot
+    failed: Value too large for defined data type"): the kernel makes no inode of an id the
+    namespace does not map. Joining a namespace mapped beforehand, bwrap becomes its `--uid 0`
+    (the range's first id) before it makes anything. The namespace's first process, the
+    holder, exits once it is open; the descriptor keeps it.
+
+    Raises:
+        OSError: it could not be made, or a helper refused the map.
+    """
+    unshare = shutil.which("unshare") or "/usr/bin/unshare"
+    holder = subprocess.Popen(
+        [unshare, "--user", "--", "/bin/sh", "-c", "echo && read -r _"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        if holder.stdout.readline() != b"\n":  # EOF: unshare failed
+            _, err = holder.communicate(timeout=HELPER_TIMEOUT)
+            raise OSError(f"unshare --user failed: {err.decode(errors='replace').strip()}")
+        write_maps(holder.pid, ids)
+        return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            holder.communicate()
 
 
 def passwd_file(home: str) -> bytes:
