@@ -27,8 +27,8 @@ CHECKOUT = str(Path(__file__).resolve().parents[2])  # the directory of `osb_syn
 class ServerProcess:
     """`LocalServer(**options)` in a child process; `nofile` caps its RLIMIT_NOFILE (soft, hard).
 
-    `user` runs it as that user (`runuser`, root only) with `python`, this checkout first on its
-    path, as a user's own interpreter would.
+    `user` runs it as that user (`runuser`, root only) with `python`, `path` (this checkout by
+    default) first on its path, as a user's own interpreter would.
     """
 
     def __init__(
@@ -37,6 +37,7 @@ class ServerProcess:
         log: Path | None = None,
         user: str | None = None,
         python: str = sys.executable,
+        path: str = CHECKOUT,
         **options: Any,
     ) -> None:
         def limit() -> None:
@@ -54,7 +55,7 @@ class ServerProcess:
             stderr=self._log,
             preexec_fn=limit,
             cwd="/" if user is not None else None,
-            env=None if user is None else {"PATH": "/usr/bin:/bin", "PYTHONPATH": CHECKOUT},
+            env=None if user is None else {"PATH": "/usr/bin:/bin", "PYTHONPATH": path},
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode().split()

@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,14 +27,29 @@ from tests.local.test_confinement import DOCKER_CAPS
 PYTHON = "/usr/bin/python3"  # what a user's venv is made from (the system's is PEP 668's)
 
 
-def _as(user: str, *command: str) -> subprocess.CompletedProcess[bytes]:
+def _as(user: str, path: str, *command: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [shutil.which("runuser") or "runuser", "-u", user, "--", *command],
         capture_output=True,
         timeout=60,
         cwd="/",
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": CHECKOUT},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": path},
     )
+
+
+@pytest.fixture(scope="module")
+def package_copy() -> Iterator[str]:
+    """This checkout's package, copied where any user can read it: the checkout itself may be
+    under a directory only root enters (a CI clone under /root, say)."""
+    where = Path(tempfile.mkdtemp(prefix="osb-non-root-"))  # in /tmp, which every user enters
+    try:
+        shutil.copytree(Path(CHECKOUT) / "osb_sync", where / "osb_sync",
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        for item in (where, *where.rglob("*")):
+            item.chmod(0o755 if item.is_dir() else 0o644)
+        yield str(where)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _shadow(*command: str) -> subprocess.CompletedProcess[bytes]:
@@ -61,7 +77,7 @@ def _live(pid: int, uids: set[int]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def ranged_user() -> Iterator[str]:
+def ranged_user(package_copy: str) -> Iterator[str]:
     """A new user with a subordinate id range, removed (with its home) after the module."""
     if os.geteuid() != 0:
         pytest.skip("makes a user (useradd) and runs a server as it (runuser): needs root")
@@ -74,19 +90,21 @@ def ranged_user() -> Iterator[str]:
     try:
         if not identity.pick(identity.SUBUID.read_text(), (name,), -1):
             pytest.skip(f"useradd gave {name} no range of subordinate ids in /etc/subuid")
-        if _as(name, PYTHON, "-c", "import osb_sync.local").returncode != 0:
-            pytest.skip(f"{PYTHON} cannot import this checkout ({CHECKOUT}) as another user")
+        imported = _as(name, package_copy, PYTHON, "-c", "import osb_sync.local")
+        assert imported.returncode == 0, imported.stderr  # the package's copy, as the user
         yield name
     finally:
         _shadow("userdel", "-r", name)
 
 
-def test_a_user_with_a_range_runs_code_as_an_id_of_its_range(ranged_user: str) -> None:
+def test_a_user_with_a_range_runs_code_as_an_id_of_its_range(
+    ranged_user: str, package_copy: str
+) -> None:
     user = pwd.getpwnam(ranged_user)
     start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
     assert start is not None
     ids = {user.pw_uid, *range(start, start + identity.COUNT)}
-    server = ServerProcess(user=ranged_user, python=PYTHON)
+    server = ServerProcess(user=ranged_user, python=PYTHON, path=package_copy)
     try:
         with Client(server.api_base) as client, client.create_sandbox() as sandbox:
             assert sandbox.run_code("print(6*7)").stdout == "42\n"
