@@ -126,7 +126,10 @@ def test_pool_calls(local: LocalServer, config: ConnectionConfigSync) -> None:
     try:
         lent = pool.acquire(sandbox_timeout=timedelta(minutes=5))
         try:
-            assert lent.commands.run("echo pooled").logs.stdout[0].text == "pooled"
+            # execd 1.1.1's form (the local execd's since issue 45): texts keep their line ends
+            assert "".join(m.text for m in lent.commands.run("echo pooled").logs.stdout) == (
+                "pooled\n"
+            )
         finally:
             lent.kill()
     finally:
@@ -141,7 +144,8 @@ def test_pool_calls(local: LocalServer, config: ConnectionConfigSync) -> None:
             )
             try:
                 assert client.pools.get("warm").allocated == 1
-                assert pooled.commands.run("echo warm").logs.stdout[0].text == "warm"
+                ran = pooled.commands.run("echo warm").logs.stdout
+                assert "".join(m.text for m in ran) == "warm\n"
             finally:
                 pooled.kill()
         finally:
