@@ -77,6 +77,7 @@ DEBIAN_PACKAGES = {
     "mmdebstrap": "mmdebstrap",
     "openssl": "openssl",
     "busybox": "busybox-static",
+    "newuidmap": "uidmap",  # a server run by an ordinary user maps its range (test_non_root)
 }
 EXECD_DIR_ENV = "OSB_REAL_EXECD_DIR"
 JUPYTER_VENV_ENV = "OSB_EXECD_JUPYTER_VENV"

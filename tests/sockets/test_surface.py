@@ -335,11 +335,10 @@ def test_renew_expiry_is_rfc3339_utc(client: Client, sandbox: Sandbox) -> None:
     assert 100 < remaining <= 121
 
 
+@pytest.mark.ours_only("June's execd does not reread EXECD_ENVS for each command (1.1.1's does)")
 def test_set_env_reaches_every_later_command(sandbox: Sandbox) -> None:
     """Issue 45: commands.set_env appends to the EXECD_ENVS file, which execd rereads for
     every command; a command's own env still wins."""
-    if realexecd.in_use():
-        pytest.skip("June's execd does not reread EXECD_ENVS for each command")
     sandbox.commands.set_env("OSB_GREETING", "hello world")
     sandbox.commands.set_env("OSB_QUOTED", 'it\'s $HOME \\ "q"')
     result = sandbox.commands.run('echo "$OSB_GREETING"; echo "$OSB_QUOTED"')
