@@ -82,3 +82,19 @@ def created_body(**options: Any) -> dict[str, Any]:
     if not labels:
         del body["metadata"]
     return body
+
+
+class Clock:
+    """time.monotonic and time.sleep, faked: a sleep moves the clock (the `clock` fixture of
+    tests/unit/conftest.py installs one)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds

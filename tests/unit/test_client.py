@@ -32,6 +32,7 @@ from tests.helpers import (
     KEY,
     SID,
     TOKEN,
+    Clock,
     add_create,
     add_delete,
     add_endpoint,
@@ -43,27 +44,6 @@ from tests.helpers import (
 )
 
 CREATE_ID_KEY = "osb-sync/create-id"  # the documented tag of every create
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr("time.monotonic", c.monotonic)
-    monkeypatch.setattr("time.sleep", c.sleep)
-    return c
 
 
 @pytest.fixture

@@ -32,33 +32,10 @@ from osb_sync import (
     StartTimeoutError,
 )
 from osb_sync._errors import error_from_response, parse_retry_after, with_suffix
-from tests.helpers import API, KEY, SID, add_endpoint, add_ping, sandbox_body
+from tests.helpers import API, KEY, SID, Clock, add_endpoint, add_ping, sandbox_body
 
 CREATE_ID_KEY = "osb-sync/create-id"
 NOW = 1_800_000_000.0  # a Unix time to count HTTP dates from
-
-
-class Clock:
-    """time.monotonic and time.sleep, faked: a sleep moves the clock."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr("time.monotonic", c.monotonic)
-    monkeypatch.setattr("time.sleep", c.sleep)
-    return c
 
 
 @pytest.fixture
