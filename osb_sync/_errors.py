@@ -47,7 +47,6 @@ or an execd token.
 from __future__ import annotations
 
 import email.utils
-import json
 import math
 import sys
 import time
@@ -58,6 +57,7 @@ from urllib.parse import urlsplit
 import requests
 
 from ._constants import REQUEST_ID_HEADER
+from ._json import loads
 
 _MAX_BODY_EXCERPT = 300
 
@@ -452,8 +452,8 @@ def invalid_response(
 
 def _parse_error_body(response: requests.Response) -> tuple[str | None, str]:
     try:
-        body: Any = json.loads(response.content)
-    except (ValueError, RecursionError):
+        body: Any = loads(response.content)
+    except ValueError:
         return None, _excerpt(response)
     if not isinstance(body, dict):
         return None, _excerpt(response)

@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Iterator
 import sseclient
 
 from ._errors import OutputLimitExceeded, StreamError
+from ._json import check_depth, loads
 from ._models import Event, ExecutionError, ExecutionResult
 
 _SKIPPED_PREFIXES = (b":", b"event:", b"id:", b"retry:")
@@ -295,9 +296,9 @@ def _final_payload(tail: bytes, skipped: Skipped | None) -> bytes | None:
     payload = _payload(tail)
     if payload is not None:
         try:
-            if isinstance(json.loads(payload), dict):
+            if isinstance(loads(payload), dict):
                 return payload
-        except (ValueError, RecursionError):
+        except ValueError:
             pass
     if skipped is not None:
         skipped(len(tail.strip()))
@@ -312,6 +313,7 @@ _raw_decode = _DECODER.raw_decode
 def decode_event(data: str) -> Event | None:
     """Decode one event's JSON text; None for anything that is not an event object."""
     try:
+        check_depth(data)
         obj = _decode_json(data)
     except (ValueError, RecursionError):
         return None
@@ -324,6 +326,7 @@ def _single_event(chunk: bytes) -> Event | None:
     """The event of a ``{...}\\n\\n`` chunk: like ``decode_event`` of its line, one call less."""
     text = chunk.decode("utf-8")
     try:
+        check_depth(text)
         obj, end = _raw_decode(text)
     except (ValueError, RecursionError):
         return None

@@ -64,6 +64,7 @@ import urllib3
 from . import _failures as failures
 from ._constants import CHUNK_SIZE
 from ._errors import TransportError, parse_retry_after, redact
+from ._json import loads
 from ._own_session import Environment, new_session, origin, send_prepared, sending
 from ._wait import time_left
 from ._watchdog import Cutoff
@@ -91,8 +92,8 @@ def retry_after_seconds(response: requests.Response) -> float | None:
 def response_json(response: requests.Response) -> Any:
     """The decoded body, or None when it is empty or not JSON (absurd nesting included)."""
     try:
-        return response.json() if response.content else None
-    except (ValueError, RecursionError):
+        return loads(response.content) if response.content else None
+    except ValueError:
         return None
 
 

@@ -19,6 +19,7 @@ from io import BufferedIOBase
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ..._json import check_depth
 from .head import FIELD_LINE
 
 JSON_BODY_LIMIT = 1024 * 1024
@@ -145,6 +146,7 @@ def _json_values(data: bytes) -> int:
 
 
 def _loads(data: bytes) -> Any:
+    check_depth(data)
     return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
