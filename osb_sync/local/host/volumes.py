@@ -48,7 +48,7 @@ import re
 import stat
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +141,8 @@ class Bind:
     read_only: bool
     target: str  # the mountPath inside the sandbox
     name: str = ""  # the volume's, for messages
+    mapped: tuple[int, int] | None = None  # host (uid, gid) shown as the sandbox's root
+    note: str = ""  # what the create's status says of it (`ownership`)
 
     def bwrap_args(self) -> list[str]:
         """bwrap's `--bind-fd` arguments (the descriptor must be passed to bwrap)."""
@@ -416,13 +418,67 @@ def sources_checked(
         _sub_path_given(volume.spec)
 
 
-def opened(volumes: Sequence[Volume], allowed: tuple[Path, ...], volume_root: Path) -> list[Bind]:
+HOST_ROOT_FIX = (
+    "chown it to a user and group other than root (chown UID:GID DIR: the sandbox's root"
+    " then writes there as them), or start the server with --volume-root-is-host-root"
+    " (LocalServer(volume_root_is_host_root=True)) to have the sandbox's root write there as"
+    " host root, as Docker's container root does"
+)
+
+
+def ownership(
+    fd: int, read_only: bool, name: str, host_root: bool
+) -> tuple[tuple[int, int] | None, str]:
+    """Whom the sandbox's root is in the volume whose directory `fd` holds: (the host (uid,
+    gid) it is there, None where the volume is not ID-mapped; what the create's status says).
+
+    A root server ID-maps a volume (`staging.bind_idmapped`) so that its directory's owner
+    and group are the sandbox's root and root group there: what the sandbox's root writes
+    belongs on the host to them, as with Podman's `:idmap`. Not where that is host root (uid
+    or gid 0) unless `host_root` (the server's opt-in): a sandbox's root is never host root
+    by default; nor where the directory is the range's root's already (a claim the server
+    made), nor on a server that is not root (it cannot mount). Where the sandbox's root is
+    then not the owner of a writable volume, the note says so and what to do.
+    """
+    ids = bwrap.probe().ids
+    info = os.fstat(fd)
+    uid, gid = info.st_uid, info.st_gid
+    if ids is None or (uid, gid) == (ids.uid, ids.gid):
+        return None, ""
+    if ids.helpers is not None:  # a server that is not root
+        note = (
+            f" Volume {name!r} is not ID-mapped (only a server running as root maps volumes):"
+            f" the sandbox's root writes there as host uid {ids.uid} and gid {ids.gid}, where"
+            f" those may (the directory belongs to uid {uid}, gid {gid})."
+        )
+        return None, "" if read_only else note
+    if 0 in (uid, gid) and not host_root:
+        note = (
+            f" Volume {name!r} is NOT writable by the sandbox's root: its directory belongs to"
+            f" host root (uid {uid}, gid {gid}), which a sandbox's root is not by default. To"
+            f" let it write there, {HOST_ROOT_FIX}."
+        )
+        return None, "" if read_only else note
+    who = "host ROOT (--volume-root-is-host-root)" if 0 in (uid, gid) else "them"
+    return (uid, gid), (
+        f" Volume {name!r} is ID-mapped: its directory's owner and group (host uid {uid},"
+        f" gid {gid}) are the sandbox's root there, which writes as {who}."
+    )
+
+
+def opened(
+    volumes: Sequence[Volume],
+    allowed: tuple[Path, ...],
+    volume_root: Path,
+    host_root: bool = False,
+) -> list[Bind]:
     """The `checked` volumes' sources, opened (a claim or a `subPath` made where missing); the
     caller `close`s them.
 
     Args:
         allowed: host directories whose trees `host` volumes may mount.
         volume_root: the directory of `pvc` volumes.
+        host_root: whether a directory of host root's is ID-mapped (`ownership`).
 
     Raises:
         VolumeError: a source refused or missing (nothing is left open).
@@ -436,7 +492,10 @@ def opened(volumes: Sequence[Volume], allowed: tuple[Path, ...], volume_root: Pa
                 fd = _host_source(spec, allowed)
             else:
                 fd = _pvc_source(spec, volume_root)
-            binds.append(Bind(fd, bool(spec.get("readOnly")), volume.target, spec["name"]))
+            read_only = bool(spec.get("readOnly"))
+            binds.append(Bind(fd, read_only, volume.target, spec["name"]))
+            mapped, note = ownership(fd, read_only, spec["name"], host_root)
+            binds[-1] = replace(binds[-1], mapped=mapped, note=note)
     except BaseException:
         close(binds)
         raise

@@ -1,0 +1,240 @@
+"""Volumes a sandbox's root writes as their directory's owner (issue 43): a root server
+ID-maps each volume so that its directory's owner is the sandbox's root there.
+
+The official OpenSandbox e2e flows that mount a volume and write to it (host read-write, pvc
+read-write, pvc with `subPath`: the sandbox reads a marker the test put there, writes a file,
+reads it back) are ported here against a root server, through our client: with a directory an
+ordinary host user owns (the default), with one host root owns under the opt-in
+(`volume_root_is_host_root`), and with one host root owns without it (refused writes, and the
+create's status saying why and what to do). Then what must hold whoever owns the directory:
+nothing a sandbox makes there is set-id or carries a file capability on the host, read-only
+stays read-only, and where the file system cannot ID-map a mount the status says so and the
+volume is bound as before.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from osb_sync import Client, Sandbox
+from osb_sync.local import LocalServer
+from tests.local.isolation_probes import isolating_server, probe
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="ID-mapped volumes need a root server")
+
+OWNER = (4242, 4343)  # an ordinary host user and group (no names needed)
+HOST_ROOT = (0, 0)
+MARKER = "marker from the host\n"
+MOUNT = "/mnt/data"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """allowed/ (host volumes' tree) and volumes/ (pvcs), which the range may traverse."""
+    root = tmp_path_factory.mktemp("owners")
+    for part in ("allowed", "volumes"):
+        (root / part).mkdir()
+    root.chmod(0o755)
+    root.parent.chmod(0o755)
+    return root
+
+
+def _server(base: Path, **options: Any) -> Iterator[LocalServer]:
+    srv = isolating_server(
+        allowed_host_paths=[str(base / "allowed")], volume_root=base / "volumes", **options
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server(base: Path) -> Iterator[LocalServer]:
+    """A root server as it starts by default."""
+    yield from _server(base)
+
+
+@pytest.fixture(scope="module")
+def host_root_server(base: Path) -> Iterator[LocalServer]:
+    """A root server that maps a volume host root owns to host root (the opt-in)."""
+    yield from _server(base, volume_root_is_host_root=True)
+
+
+def _directory(path: Path, owner: tuple[int, int]) -> None:
+    path.mkdir(parents=True)
+    (path / "marker.txt").write_text(MARKER)
+    os.chown(path, *owner)
+
+
+def host_flow(base: Path, name: str, owner: tuple[int, int]) -> tuple[Path, dict[str, Any]]:
+    """The official host read-write flow's volume: a host directory of `owner`'s."""
+    directory = base / "allowed" / name
+    _directory(directory, owner)
+    return directory, {"name": "data", "host": {"path": str(directory)}, "mountPath": MOUNT}
+
+
+def pvc_flow(base: Path, name: str, owner: tuple[int, int]) -> tuple[Path, dict[str, Any]]:
+    """The official pvc read-write flow's: a named volume made beforehand, `owner`'s."""
+    directory = base / "volumes" / name
+    _directory(directory, owner)
+    return directory, {"name": "data", "pvc": {"claimName": name}, "mountPath": MOUNT}
+
+
+def sub_path_flow(base: Path, name: str, owner: tuple[int, int]) -> tuple[Path, dict[str, Any]]:
+    """The official pvc `subPath` flow's: a directory of a named volume, both `owner`'s."""
+    _directory(base / "volumes" / name, owner)
+    directory = base / "volumes" / name / "datasets"
+    _directory(directory, owner)
+    volume = {"name": "data", "pvc": {"claimName": name}, "mountPath": MOUNT, "subPath": "datasets"}
+    return directory, volume
+
+
+Flow = Callable[[Path, str, tuple[int, int]], tuple[Path, dict[str, Any]]]
+FLOWS = pytest.mark.parametrize(
+    "flow", [host_flow, pvc_flow, sub_path_flow], ids=["host", "pvc", "pvc-subPath"]
+)
+
+
+def sandbox(server: LocalServer, volume: dict[str, Any]) -> Any:
+    """A sandbox with `volume` (a context manager), through our client."""
+    return Client(api_base=server.api_base).create_sandbox(volumes=[volume])
+
+
+def message(box: Sandbox) -> str:
+    return box.info().message or ""
+
+
+def write_and_read_back(box: Sandbox) -> None:
+    """The official flows' steps: read the marker, write a file, read it back."""
+    assert box.commands.run(f"cat {MOUNT}/marker.txt").check().stdout == MARKER
+    box.commands.run(f"echo written-by-sandbox > {MOUNT}/output.txt").check()
+    assert box.files.read_text(f"{MOUNT}/output.txt") == "written-by-sandbox\n"
+
+
+@FLOWS
+def test_a_directory_of_an_ordinary_user_is_written_as_that_user(
+    server: LocalServer, base: Path, flow: Flow
+) -> None:
+    directory, volume = flow(base, f"user-{flow.__name__}".replace("_", "-"), OWNER)
+    with sandbox(server, volume) as box:
+        write_and_read_back(box)
+        assert "is ID-mapped" in message(box), message(box)
+        made = box.commands.run(f"mkdir {MOUNT}/made && stat -c %u:%g {MOUNT}/made").check()
+        assert made.stdout == "0:0\n"  # the directory's owner is the sandbox's root there
+    for name in ("output.txt", "made"):
+        info = os.stat(directory / name)
+        assert (info.st_uid, info.st_gid) == OWNER  # on the host, the directory's owner's
+
+
+@FLOWS
+def test_a_directory_of_host_root_is_written_as_host_root_under_the_opt_in(
+    host_root_server: LocalServer, base: Path, flow: Flow
+) -> None:
+    directory, volume = flow(base, f"root-{flow.__name__}".replace("_", "-"), HOST_ROOT)
+    with sandbox(host_root_server, volume) as box:
+        write_and_read_back(box)
+        assert "writes as host ROOT" in message(box), message(box)
+    info = os.stat(directory / "output.txt")
+    assert (info.st_uid, info.st_gid) == HOST_ROOT
+
+
+@FLOWS
+def test_a_directory_of_host_root_is_not_host_roots_to_write_by_default(
+    server: LocalServer, base: Path, flow: Flow
+) -> None:
+    directory, volume = flow(base, f"refused-{flow.__name__}".replace("_", "-"), HOST_ROOT)
+    with sandbox(server, volume) as box:
+        assert box.commands.run(f"cat {MOUNT}/marker.txt").check().stdout == MARKER
+        written = box.commands.run(f"echo x > {MOUNT}/output.txt")
+        status = message(box)
+    assert written.exit_code != 0 and "Permission denied" in written.stderr
+    assert not (directory / "output.txt").exists()
+    assert "NOT writable by the sandbox's root" in status, status
+    assert "chown" in status and "--volume-root-is-host-root" in status
+
+
+SETID_PROBE = """
+import shutil, stat
+shutil.copy("/bin/true", "/mnt/data/planted")
+attempt("chmod 4755", os.chmod, "/mnt/data/planted", 0o4755)
+attempt("chmod 2755", os.chmod, "/mnt/data/planted", 0o2755)
+attempt("fchmod 6755", lambda: os.fchmod(os.open("/mnt/data/planted", os.O_RDONLY), 0o6755))
+attempt("open 4755", os.open, "/mnt/data/made-setuid", os.O_CREAT | os.O_WRONLY, 0o4755)
+attempt("mknod 4755", os.mknod, "/mnt/data/mknod-setuid", stat.S_IFREG | 0o4755)
+v2 = (0x02000001).to_bytes(4, "little") + (1 << 21).to_bytes(4, "little") + bytes(12)
+attempt("file capability", os.setxattr, "/mnt/data/planted", "security.capability", v2)
+attempt("chmod 755", os.chmod, "/mnt/data/planted", 0o755)
+"""
+
+
+def test_nothing_written_through_a_volume_is_set_id_or_capable_on_the_host(
+    host_root_server: LocalServer, base: Path
+) -> None:
+    # The worst case: what the sandbox's root writes there is host root's (the opt-in).
+    directory, volume = host_flow(base, "setid", HOST_ROOT)
+    with sandbox(host_root_server, volume) as box:
+        outcomes = probe(box, SETID_PROBE)
+        assert "no set-id mode" in message(box)
+    allowed = outcomes.pop("chmod 755")
+    assert allowed == {"ok": True, "value": None}  # modes without set-id bits still work
+    got_through = {name: o for name, o in outcomes.items() if o["ok"]}
+    assert not got_through, got_through
+    assert all("PermissionError" in o["error"] for o in outcomes.values()), outcomes
+    for path in directory.iterdir():
+        info = os.lstat(path)
+        assert not info.st_mode & 0o6000, (path, oct(info.st_mode))
+        assert "security.capability" not in os.listxattr(path), path
+    planted = os.stat(directory / "planted")
+    assert (planted.st_uid, planted.st_mode & 0o7777) == (0, 0o755)
+
+
+def test_a_sandbox_without_a_writable_volume_still_makes_set_id_files(
+    server: LocalServer,
+) -> None:
+    # The guard is a writable volume's: elsewhere a sandbox's set-id files stay its own.
+    with Client(api_base=server.api_base).create_sandbox() as box:
+        made = box.commands.run("touch /tmp/s && chmod 4755 /tmp/s && stat -c %a /tmp/s")
+        assert made.check().stdout == "4755\n"
+
+
+def test_a_read_only_volume_stays_read_only_when_mapped(server: LocalServer, base: Path) -> None:
+    directory, volume = host_flow(base, "read-only", OWNER)
+    with sandbox(server, {**volume, "readOnly": True}) as box:
+        assert box.commands.run(f"cat {MOUNT}/marker.txt").check().stdout == MARKER
+        written = box.commands.run(f"echo x > {MOUNT}/output.txt")
+        owner = box.commands.run(f"stat -c %u:%g {MOUNT}/marker.txt").check().stdout
+    assert written.exit_code != 0 and "Read-only file system" in written.stderr
+    assert owner == "65534:65534\n"  # the marker is host root's: nobody there, not root
+    assert not (directory / "output.txt").exists()
+
+
+@pytest.fixture
+def ramfs(base: Path) -> Iterator[Path]:
+    """A host volume's directory on ramfs (a file system without ID-mapped mounts)."""
+    directory = base / "allowed" / "ramfs"
+    directory.mkdir()
+    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(directory)], check=True)
+    try:
+        (directory / "marker.txt").write_text(MARKER)
+        os.chown(directory, *OWNER)
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+def test_a_file_system_without_id_mapped_mounts_is_bound_as_before_and_said(
+    server: LocalServer, ramfs: Path
+) -> None:
+    volume = {"name": "data", "host": {"path": str(ramfs)}, "mountPath": MOUNT}
+    with sandbox(server, volume) as box:
+        assert box.commands.run(f"cat {MOUNT}/marker.txt").check().stdout == MARKER
+        written = box.commands.run(f"echo x > {MOUNT}/output.txt")
+        status = message(box)
+    assert "NOT ID-mapped (mount_setattr: Invalid argument" in status, status
+    assert written.exit_code != 0  # as before: the sandbox's root is not the owner
+    assert not (ramfs / "output.txt").exists()
