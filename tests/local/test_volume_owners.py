@@ -15,6 +15,7 @@ volume is bound as before.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -177,9 +178,17 @@ def test_nothing_written_through_a_volume_is_set_id_or_capable_on_the_host(
 ) -> None:
     # The worst case: what the sandbox's root writes there is host root's (the opt-in).
     directory, volume = host_flow(base, "setid", HOST_ROOT)
-    with sandbox(host_root_server, volume) as box:
-        outcomes = probe(box, SETID_PROBE)
-        assert "no set-id mode" in message(box)
+    try:
+        with sandbox(host_root_server, volume) as box:
+            outcomes = probe(box, SETID_PROBE)
+            status = message(box)
+        assert_nothing_privileged(directory, outcomes, status)
+    finally:  # a failure leaves no host root's set-id or capable file behind
+        shutil.rmtree(directory)
+
+
+def assert_nothing_privileged(directory: Path, outcomes: dict[str, Any], status: str) -> None:
+    """No probe that gives a set-id mode or a file capability got through; no file is so."""
     allowed = outcomes.pop("chmod 755")
     assert allowed == {"ok": True, "value": None}  # modes without set-id bits still work
     got_through = {name: o for name, o in outcomes.items() if o["ok"]}
@@ -191,6 +200,7 @@ def test_nothing_written_through_a_volume_is_set_id_or_capable_on_the_host(
         assert "security.capability" not in os.listxattr(path), path
     planted = os.stat(directory / "planted")
     assert (planted.st_uid, planted.st_mode & 0o7777) == (0, 0o755)
+    assert "no set-id mode" in status, status
 
 
 def test_a_sandbox_without_a_writable_volume_still_makes_set_id_files(

@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import bwrap
+from . import bwrap, identity
 from .errors import FieldError, VolumeError
 
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -427,10 +427,15 @@ HOST_ROOT_FIX = (
 
 
 def ownership(
-    fd: int, read_only: bool, name: str, host_root: bool
+    owner: tuple[int, int],
+    read_only: bool,
+    name: str,
+    host_root: bool,
+    ids: identity.IdRange | None,
 ) -> tuple[tuple[int, int] | None, str]:
-    """Whom the sandbox's root is in the volume whose directory `fd` holds: (the host (uid,
-    gid) it is there, None where the volume is not ID-mapped; what the create's status says).
+    """Whom the sandbox's root is in the volume `name` whose directory's host (uid, gid) is
+    `owner`, on a server of the range `ids`: (the host (uid, gid) it is there, None where the
+    volume is not ID-mapped; what the create's status says).
 
     A root server ID-maps a volume (`staging.bind_idmapped`) so that its directory's owner
     and group are the sandbox's root and root group there: what the sandbox's root writes
@@ -440,9 +445,7 @@ def ownership(
     made), nor on a server that is not root (it cannot mount). Where the sandbox's root is
     then not the owner of a writable volume, the note says so and what to do.
     """
-    ids = bwrap.probe().ids
-    info = os.fstat(fd)
-    uid, gid = info.st_uid, info.st_gid
+    uid, gid = owner
     if ids is None or (uid, gid) == (ids.uid, ids.gid):
         return None, ""
     if ids.helpers is not None:  # a server that is not root
@@ -494,7 +497,9 @@ def opened(
                 fd = _pvc_source(spec, volume_root)
             read_only = bool(spec.get("readOnly"))
             binds.append(Bind(fd, read_only, volume.target, spec["name"]))
-            mapped, note = ownership(fd, read_only, spec["name"], host_root)
+            info = os.fstat(fd)
+            owner = (info.st_uid, info.st_gid)
+            mapped, note = ownership(owner, read_only, spec["name"], host_root, bwrap.probe().ids)
             binds[-1] = replace(binds[-1], mapped=mapped, note=note)
     except BaseException:
         close(binds)

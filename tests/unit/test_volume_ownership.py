@@ -1,0 +1,50 @@
+"""Whom a sandbox's root is in a volume (issue 43, `volumes.ownership`): the directory's owner
+through an ID-mapped mount on a root server, never host root without the server's opt-in."""
+
+from __future__ import annotations
+
+import pytest
+
+from osb_sync.local.host import identity, volumes
+
+ROOT_SERVER = identity.IdRange(165536, 165536)
+USER_SERVER = identity.IdRange(300000, 300000, helpers=("/usr/bin/newuidmap", "/usr/bin/newgidmap"))
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_an_ordinary_owner_is_mapped_and_said(read_only: bool) -> None:
+    mapped, note = volumes.ownership((1000, 1001), read_only, "data", False, ROOT_SERVER)
+    assert mapped == (1000, 1001)
+    assert "'data' is ID-mapped" in note and "uid 1000, gid 1001" in note
+
+
+@pytest.mark.parametrize("owner", [(0, 0), (0, 1001), (1000, 0)])
+def test_host_root_is_never_mapped_without_the_opt_in(owner: tuple[int, int]) -> None:
+    mapped, note = volumes.ownership(owner, False, "data", False, ROOT_SERVER)
+    assert mapped is None
+    assert "NOT writable by the sandbox's root" in note
+    assert "chown" in note and "--volume-root-is-host-root" in note
+    # read-only, nothing is refused: no note
+    assert volumes.ownership(owner, True, "data", False, ROOT_SERVER) == (None, "")
+
+
+def test_host_root_is_mapped_under_the_opt_in_and_said_loudly() -> None:
+    mapped, note = volumes.ownership((0, 0), False, "data", True, ROOT_SERVER)
+    assert mapped == (0, 0)
+    assert "host ROOT (--volume-root-is-host-root)" in note
+
+
+def test_the_ranges_own_directory_needs_no_map() -> None:
+    assert volumes.ownership((165536, 165536), False, "data", True, ROOT_SERVER) == (None, "")
+
+
+def test_a_server_that_is_not_root_maps_nothing_and_says_so() -> None:
+    mapped, note = volumes.ownership((1000, 1000), False, "data", True, USER_SERVER)
+    assert mapped is None
+    assert "not ID-mapped (only a server running as root" in note
+    assert "host uid 300000" in note
+    assert volumes.ownership((1000, 1000), True, "data", True, USER_SERVER) == (None, "")
+
+
+def test_without_isolation_there_is_nothing_to_map() -> None:
+    assert volumes.ownership((0, 0), False, "data", True, None) == (None, "")
