@@ -170,6 +170,8 @@ attempt("mknod 4755", os.mknod, "/mnt/data/mknod-setuid", stat.S_IFREG | 0o4755)
 v2 = (0x02000001).to_bytes(4, "little") + (1 << 21).to_bytes(4, "little") + bytes(12)
 attempt("file capability", os.setxattr, "/mnt/data/planted", "security.capability", v2)
 attempt("chmod 755", os.chmod, "/mnt/data/planted", 0o755)
+with open("/mnt/data/host-setuid", "ab") as f:  # the host's own set-id file, written to
+    f.write(b"\\n")
 """
 
 
@@ -178,6 +180,8 @@ def test_nothing_written_through_a_volume_is_set_id_or_capable_on_the_host(
 ) -> None:
     # The worst case: what the sandbox's root writes there is host root's (the opt-in).
     directory, volume = host_flow(base, "setid", HOST_ROOT)
+    shutil.copy("/bin/true", directory / "host-setuid")
+    (directory / "host-setuid").chmod(0o4755)  # the kernel clears it when a sandbox writes
     try:
         with sandbox(host_root_server, volume) as box:
             outcomes = probe(box, SETID_PROBE)

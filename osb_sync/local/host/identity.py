@@ -4,7 +4,8 @@ Each sandbox's user namespace maps its ids 0-65535 to `COUNT` host ids starting 
 first id, never the server's own uid and never host root (Docker's `userns-remap` does the
 same: one range for all containers; PID, mount and network namespaces keep them apart). So
 root in a sandbox is an unprivileged host user: a file it writes in a host volume belongs to
-uid `start` on the host, a setuid file it plants there is setuid to nobody of consequence.
+uid `start` on the host, or, through an ID-mapped volume (`mount_map`), to the volume
+directory's owner; it can give no such file a set-id mode or a file capability (`seccomp.py`).
 
 Where the range comes from:
 - a server running as root: the range `/etc/subuid` and `/etc/subgid` reserve for the system

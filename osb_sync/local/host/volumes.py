@@ -32,6 +32,11 @@ fails, nothing outside is mounted. Directories the server makes (a claim, a miss
 are made the same way, under their parent's descriptor, and given to the range through their
 own descriptor, so no swap redirects a `chown`.
 
+Whose files: a root server ID-maps each volume (`ownership`, `staging.bind_idmapped`) so that
+its directory's owner and group are the sandbox's root and root group there, never host root
+unless the server opted in (`--volume-root-is-host-root`); a sandbox with a writable volume
+makes no set-id file and no file capability (`seccomp.py`, `bwrap.VOLUME_CAPABILITIES`).
+
 A create's volumes are checked first, all of them and without a change to any file system
 (`checked`), then opened (`opened`: claims and missing `subPath`s made); the descriptors live
 until bwrap has mounted them: the caller closes them (`close`) once the create is done,
