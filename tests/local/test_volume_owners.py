@@ -25,6 +25,7 @@ import pytest
 
 from osb_sync import Client, Sandbox
 from osb_sync.local import LocalServer
+from osb_sync.local.host import volumes
 from tests.local.isolation_probes import isolating_server, probe
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="ID-mapped volumes need a root server")
@@ -252,3 +253,22 @@ def test_a_file_system_without_id_mapped_mounts_is_bound_as_before_and_said(
     assert "NOT ID-mapped (mount_setattr: Invalid argument" in status, status
     assert written.exit_code != 0  # as before: the sandbox's root is not the owner
     assert not (ramfs / "output.txt").exists()
+
+
+def test_a_directory_the_server_makes_in_a_mapped_volume_is_the_owners(
+    server: LocalServer, base: Path
+) -> None:
+    # An image's WorkingDir inside a volume is made by the server (`volumes.make_inside`):
+    # in an ID-mapped volume, as the directory's owner (the sandbox's root there), else it
+    # would be nobody's inside, and not the sandbox's root's to write.
+    directory, volume = host_flow(base, "made-inside", OWNER)
+    checked = volumes.checked([volume], True)
+    binds = volumes.opened(checked, (base / "allowed",), base / "volumes")
+    try:
+        assert binds[0].mapped == OWNER
+        volumes.make_inside(binds[0], ["work", "dir"], "the WorkingDir")
+    finally:
+        volumes.close(binds)
+    for made in (directory / "work", directory / "work" / "dir"):
+        info = os.stat(made)
+        assert (info.st_uid, info.st_gid) == OWNER, made

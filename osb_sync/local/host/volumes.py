@@ -172,10 +172,13 @@ def _changed(what: str) -> VolumeError:
     )
 
 
-def _step(parent: int, name: str, create: bool, what: str) -> int:
+def _step(
+    parent: int, name: str, create: bool, what: str, owner: tuple[int, int] | None = None
+) -> int:
     """The descriptor of directory `name` under `parent`, never through a symlink.
 
-    Made (and given to the sandboxes' root on a root server) when missing and `create`.
+    Made (and given to the sandboxes' root on a root server, as the host sees it: `owner` in
+    an ID-mapped volume, else the range's root) when missing and `create`.
     Raises VolumeError: missing, not a directory, or a symlink (a swap since the check).
     """
     missing = VolumeError("SUB_PATH_NOT_FOUND", f"{what} is not a directory of its volume")
@@ -204,7 +207,7 @@ def _step(parent: int, name: str, create: bool, what: str) -> int:
         if made and ids is not None and os.geteuid() == 0:
             # Sandbox root is the range's first host id (`identity.py`): it writes a pvc as its
             # owner. Through the descriptor: a swapped name cannot redirect it.
-            os.fchown(new, ids.uid, ids.gid)
+            os.fchown(new, *(owner or (ids.uid, ids.gid)))
         return os.open(".", _DIR, dir_fd=new)
     finally:
         os.close(new)
@@ -532,7 +535,8 @@ NOT_NESTED = (
 
 def make_inside(bind: Bind, parts: Sequence[str], what: str) -> None:
     """Make the directories `parts` inside `bind`'s source as far as they are missing, each
-    under its parent's descriptor and given to the range (as a claim is, `_step`); stop at
+    under its parent's descriptor and given to the sandbox's root (as a claim is, `_step`:
+    the directory's owner where the volume is ID-mapped, else the range's root); stop at
     anything else (a link, a file: what the container makes of it is its own view's).
 
     Raises:
@@ -548,7 +552,7 @@ def make_inside(bind: Bind, parts: Sequence[str], what: str) -> None:
                     raise VolumeError(
                         "SUB_PATH_NOT_FOUND", f"{what} is not in the read-only volume {bind.name!r}"
                     ) from None
-                child = _step(fd, name, True, what)
+                child = _step(fd, name, True, what, bind.mapped)
             except OSError:
                 return
             os.close(fd)
