@@ -34,8 +34,10 @@ def test_host_root_is_mapped_under_the_opt_in_and_said_loudly() -> None:
     assert "host ROOT (--volume-root-is-host-root)" in note
 
 
-def test_the_ranges_own_directory_needs_no_map() -> None:
-    assert volumes.ownership((165536, 165536), False, "data", True, ROOT_SERVER) == (None, "")
+@pytest.mark.parametrize("owner", [(165536, 165536), (165536, 0), (165536, 1000)])
+def test_a_directory_the_sandboxes_root_owns_already_needs_no_map(owner: tuple[int, int]) -> None:
+    for host_root in (False, True):
+        assert volumes.ownership(owner, False, "data", host_root, ROOT_SERVER) == (None, "")
 
 
 def test_a_server_that_is_not_root_maps_nothing_and_says_so() -> None:

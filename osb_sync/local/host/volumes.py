@@ -449,12 +449,13 @@ def ownership(
     and group are the sandbox's root and root group there: what the sandbox's root writes
     belongs on the host to them, as with Podman's `:idmap`. Not where that is host root (uid
     or gid 0) unless `host_root` (the server's opt-in): a sandbox's root is never host root
-    by default; nor where the directory is the range's root's already (a claim the server
-    made), nor on a server that is not root (it cannot mount). Where the sandbox's root is
-    then not the owner of a writable volume, the note says so and what to do.
+    by default; nor where the sandbox's root owns the directory already (the range's root:
+    a claim the server made), nor on a server that is not root (it cannot mount). Where the
+    sandbox's root is then not the owner of a writable volume, the note says so and what to
+    do.
     """
     uid, gid = owner
-    if ids is None or (uid, gid) == (ids.uid, ids.gid):
+    if ids is None or uid == ids.uid:
         return None, ""
     if ids.helpers is not None:  # a server that is not root
         note = (
@@ -504,7 +505,7 @@ def opened(
             else:
                 fd = _pvc_source(spec, volume_root)
             read_only = bool(spec.get("readOnly"))
-            binds.append(Bind(fd, read_only, volume.target, spec["name"]))
+            binds.append(Bind(fd, read_only, volume.target, spec["name"]))  # closed on failure
             info = os.fstat(fd)
             owner = (info.st_uid, info.st_gid)
             mapped, note = ownership(owner, read_only, spec["name"], host_root, bwrap.probe().ids)
