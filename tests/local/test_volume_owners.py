@@ -1,9 +1,11 @@
 """Volumes a sandbox's root writes as their directory's owner (issue 43): a root server
 ID-maps each volume so that its directory's owner is the sandbox's root there.
 
-The official OpenSandbox e2e flows that mount a volume and write to it (host read-write, pvc
-read-write, pvc with `subPath`: the sandbox reads a marker the test put there, writes a file,
-reads it back) are ported here against a root server, through our client: with a directory an
+The official OpenSandbox e2e flows that mount a volume and write to it (host read-write at
+/mnt/host-data, pvc read-write at /mnt/pvc-data, pvc with `subPath` `datasets/train` at
+/mnt/train: the sandbox reads the marker the test put there, writes a file, reads it back, and
+sees a directory of the `subPath`'s content only; their markers, names and texts are the
+official suite's) are ported here against a root server, through our client: with a directory an
 ordinary host user owns (the default), with one host root owns under the opt-in
 (`volume_root_is_host_root`), and with one host root owns without it (refused writes, and the
 create's status saying why and what to do). Then what must hold whoever owns the directory:
@@ -18,6 +20,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="ID-mapped volumes nee
 
 OWNER = (4242, 4343)  # an ordinary host user and group (no names needed)
 HOST_ROOT = (0, 0)
-MARKER = "marker from the host\n"
+MARKER = "opensandbox-e2e-marker\n"
 MOUNT = "/mnt/data"
 
 
@@ -67,39 +70,66 @@ def host_root_server(base: Path) -> Iterator[LocalServer]:
     yield from _server(base, volume_root_is_host_root=True)
 
 
-def _directory(path: Path, owner: tuple[int, int]) -> None:
+def _directory(path: Path, owner: tuple[int, int], marker: str = MARKER) -> None:
     path.mkdir(parents=True)
-    (path / "marker.txt").write_text(MARKER)
+    (path / "marker.txt").write_text(marker)
     os.chown(path, *owner)
 
 
-def host_flow(base: Path, name: str, owner: tuple[int, int]) -> tuple[Path, dict[str, Any]]:
-    """The official host read-write flow's volume: a host directory of `owner`'s."""
+@dataclass(frozen=True)
+class Flow:
+    """One of the official flows: its volume, the marker it reads, the file it writes."""
+
+    directory: Path  # what is mounted, on the host
+    volume: dict[str, Any]
+    mount: str
+    marker: str
+    output: str  # a file name
+    text: str  # what the sandbox writes there
+    hidden: str = ""  # what the mount must not show (the rest of the volume)
+
+
+def host_flow(base: Path, name: str, owner: tuple[int, int]) -> Flow:
+    """The official host read-write flow: a host directory of `owner`'s at /mnt/host-data."""
     directory = base / "allowed" / name
     _directory(directory, owner)
-    return directory, {"name": "data", "host": {"path": str(directory)}, "mountPath": MOUNT}
+    mount = "/mnt/host-data"
+    volume = {"name": "test-host-vol", "host": {"path": str(directory)}, "mountPath": mount}
+    return Flow(directory, volume, mount, MARKER, "sandbox-output.txt", "written-from-sandbox")
 
 
-def pvc_flow(base: Path, name: str, owner: tuple[int, int]) -> tuple[Path, dict[str, Any]]:
-    """The official pvc read-write flow's: a named volume made beforehand, `owner`'s."""
+def pvc_flow(base: Path, name: str, owner: tuple[int, int]) -> Flow:
+    """The official pvc read-write flow: a named volume made beforehand, `owner`'s."""
     directory = base / "volumes" / name
-    _directory(directory, owner)
-    return directory, {"name": "data", "pvc": {"claimName": name}, "mountPath": MOUNT}
+    _directory(directory, owner, "pvc-marker-data\n")
+    mount = "/mnt/pvc-data"
+    volume = {"name": "test-pvc-vol", "pvc": {"claimName": name}, "mountPath": mount}
+    return Flow(directory, volume, mount, "pvc-marker-data\n", "pvc-output.txt", "written-to-pvc")
 
 
-def sub_path_flow(base: Path, name: str, owner: tuple[int, int]) -> tuple[Path, dict[str, Any]]:
-    """The official pvc `subPath` flow's: a directory of a named volume, both `owner`'s."""
-    _directory(base / "volumes" / name, owner)
-    directory = base / "volumes" / name / "datasets"
-    _directory(directory, owner)
-    volume = {"name": "data", "pvc": {"claimName": name}, "mountPath": MOUNT, "subPath": "datasets"}
-    return directory, volume
+def sub_path_flow(base: Path, name: str, owner: tuple[int, int]) -> Flow:
+    """The official pvc `subPath` flow: `datasets/train` of a named volume at /mnt/train,
+    every directory `owner`'s."""
+    _directory(base / "volumes" / name, owner, "pvc-marker-data\n")
+    (base / "volumes" / name / "datasets").mkdir()
+    os.chown(base / "volumes" / name / "datasets", *owner)
+    directory = base / "volumes" / name / "datasets" / "train"
+    _directory(directory, owner, "pvc-subpath-marker\n")
+    mount = "/mnt/train"
+    volume = {
+        "name": "test-pvc-subpath",
+        "pvc": {"claimName": name},
+        "mountPath": mount,
+        "subPath": "datasets/train",
+    }
+    marker, text = "pvc-subpath-marker\n", "subpath-write-test"
+    return Flow(directory, volume, mount, marker, "output.txt", text, hidden="datasets")
 
 
-Flow = Callable[[Path, str, tuple[int, int]], tuple[Path, dict[str, Any]]]
 FLOWS = pytest.mark.parametrize(
-    "flow", [host_flow, pvc_flow, sub_path_flow], ids=["host", "pvc", "pvc-subPath"]
+    "make", [host_flow, pvc_flow, sub_path_flow], ids=["host", "pvc", "pvc-subPath"]
 )
+MakeFlow = Callable[[Path, str, tuple[int, int]], Flow]
 
 
 def sandbox(server: LocalServer, volume: dict[str, Any]) -> Any:
@@ -111,53 +141,62 @@ def message(box: Sandbox) -> str:
     return box.info().message or ""
 
 
-def write_and_read_back(box: Sandbox) -> None:
-    """The official flows' steps: read the marker, write a file, read it back."""
-    assert box.commands.run(f"cat {MOUNT}/marker.txt").check().stdout == MARKER
-    box.commands.run(f"echo written-by-sandbox > {MOUNT}/output.txt").check()
-    assert box.files.read_text(f"{MOUNT}/output.txt") == "written-by-sandbox\n"
+def write_and_read_back(box: Sandbox, flow: Flow) -> None:
+    """The official flows' steps: read the marker, write a file, read it back; the mount is a
+    directory (showing only the `subPath`'s content)."""
+    assert box.commands.run(f"cat {flow.mount}/marker.txt").check().stdout == flow.marker
+    box.commands.run(f"echo '{flow.text}' > {flow.mount}/{flow.output}").check()
+    assert box.commands.run(f"cat {flow.mount}/{flow.output}").check().stdout == f"{flow.text}\n"
+    assert box.commands.run(f"test -d {flow.mount} && echo OK").check().stdout == "OK\n"
+    listed = box.commands.run(f"ls {flow.mount}/").check().stdout.split()
+    assert "marker.txt" in listed and (not flow.hidden or flow.hidden not in listed), listed
 
 
 @FLOWS
 def test_a_directory_of_an_ordinary_user_is_written_as_that_user(
-    server: LocalServer, base: Path, flow: Flow
+    server: LocalServer, base: Path, make: MakeFlow
 ) -> None:
-    directory, volume = flow(base, f"user-{flow.__name__}".replace("_", "-"), OWNER)
-    with sandbox(server, volume) as box:
-        write_and_read_back(box)
+    flow = make(base, f"user-{make.__name__}".replace("_", "-"), OWNER)
+    with sandbox(server, flow.volume) as box:
+        write_and_read_back(box, flow)
         assert "is ID-mapped" in message(box), message(box)
-        made = box.commands.run(f"mkdir {MOUNT}/made && stat -c %u:%g {MOUNT}/made").check()
-        assert made.stdout == "0:0\n"  # the directory's owner is the sandbox's root there
-    for name in ("output.txt", "made"):
-        info = os.stat(directory / name)
+        made = box.commands.run(f"mkdir {flow.mount}/made && stat -c %u:%g {flow.mount}/made")
+        assert made.check().stdout == "0:0\n"  # the directory's owner is the sandbox's root
+    for name in (flow.output, "made"):
+        info = os.stat(flow.directory / name)
         assert (info.st_uid, info.st_gid) == OWNER  # on the host, the directory's owner's
 
 
 @FLOWS
 def test_a_directory_of_host_root_is_written_as_host_root_under_the_opt_in(
-    host_root_server: LocalServer, base: Path, flow: Flow
+    host_root_server: LocalServer, base: Path, make: MakeFlow
 ) -> None:
-    directory, volume = flow(base, f"root-{flow.__name__}".replace("_", "-"), HOST_ROOT)
-    with sandbox(host_root_server, volume) as box:
-        write_and_read_back(box)
+    flow = make(base, f"root-{make.__name__}".replace("_", "-"), HOST_ROOT)
+    with sandbox(host_root_server, flow.volume) as box:
+        write_and_read_back(box, flow)
         assert "writes as host ROOT" in message(box), message(box)
-    info = os.stat(directory / "output.txt")
+    info = os.stat(flow.directory / flow.output)
     assert (info.st_uid, info.st_gid) == HOST_ROOT
 
 
 @FLOWS
 def test_a_directory_of_host_root_is_not_host_roots_to_write_by_default(
-    server: LocalServer, base: Path, flow: Flow
+    server: LocalServer, base: Path, make: MakeFlow
 ) -> None:
-    directory, volume = flow(base, f"refused-{flow.__name__}".replace("_", "-"), HOST_ROOT)
-    with sandbox(server, volume) as box:
-        assert box.commands.run(f"cat {MOUNT}/marker.txt").check().stdout == MARKER
-        written = box.commands.run(f"echo x > {MOUNT}/output.txt")
+    flow = make(base, f"refused-{make.__name__}".replace("_", "-"), HOST_ROOT)
+    with sandbox(server, flow.volume) as box:
+        assert box.commands.run(f"cat {flow.mount}/marker.txt").check().stdout == flow.marker
+        written = box.commands.run(f"echo '{flow.text}' > {flow.mount}/{flow.output}")
         status = message(box)
     assert written.exit_code != 0 and "Permission denied" in written.stderr
-    assert not (directory / "output.txt").exists()
+    assert not (flow.directory / flow.output).exists()
     assert "NOT writable by the sandbox's root" in status, status
     assert "chown" in status and "--volume-root-is-host-root" in status
+
+
+def at_mount(flow: Flow) -> tuple[Path, dict[str, Any]]:
+    """`flow`'s directory, and its volume at `MOUNT`, for the tests below."""
+    return flow.directory, {**flow.volume, "mountPath": MOUNT}
 
 
 SETID_PROBE = """
@@ -180,7 +219,7 @@ def test_nothing_written_through_a_volume_is_set_id_or_capable_on_the_host(
     host_root_server: LocalServer, base: Path
 ) -> None:
     # The worst case: what the sandbox's root writes there is host root's (the opt-in).
-    directory, volume = host_flow(base, "setid", HOST_ROOT)
+    directory, volume = at_mount(host_flow(base, "setid", HOST_ROOT))
     shutil.copy("/bin/true", directory / "host-setuid")
     (directory / "host-setuid").chmod(0o4755)  # the kernel clears it when a sandbox writes
     try:
@@ -218,7 +257,7 @@ def test_a_sandbox_without_a_writable_volume_still_makes_set_id_files(
 
 
 def test_a_read_only_volume_stays_read_only_when_mapped(server: LocalServer, base: Path) -> None:
-    directory, volume = host_flow(base, "read-only", OWNER)
+    directory, volume = at_mount(host_flow(base, "read-only", OWNER))
     with sandbox(server, {**volume, "readOnly": True}) as box:
         assert box.commands.run(f"cat {MOUNT}/marker.txt").check().stdout == MARKER
         written = box.commands.run(f"echo x > {MOUNT}/output.txt")
@@ -261,7 +300,7 @@ def test_a_directory_the_server_makes_in_a_mapped_volume_is_the_owners(
     # An image's WorkingDir inside a volume is made by the server (`volumes.make_inside`):
     # in an ID-mapped volume, as the directory's owner (the sandbox's root there), else it
     # would be nobody's inside, and not the sandbox's root's to write.
-    directory, volume = host_flow(base, "made-inside", OWNER)
+    directory, volume = at_mount(host_flow(base, "made-inside", OWNER))
     checked = volumes.checked([volume], True)
     binds = volumes.opened(checked, (base / "allowed",), base / "volumes")
     try:
