@@ -210,8 +210,6 @@ attempt("mknod 4755", os.mknod, "/mnt/data/mknod-setuid", stat.S_IFREG | 0o4755)
 v2 = (0x02000001).to_bytes(4, "little") + (1 << 21).to_bytes(4, "little") + bytes(12)
 attempt("file capability", os.setxattr, "/mnt/data/planted", "security.capability", v2)
 attempt("chmod 755", os.chmod, "/mnt/data/planted", 0o755)
-with open("/mnt/data/host-setuid", "ab") as f:  # the host's own set-id file, written to
-    f.write(b"\\n")
 """
 
 
@@ -220,8 +218,6 @@ def test_nothing_written_through_a_volume_is_set_id_or_capable_on_the_host(
 ) -> None:
     # The worst case: what the sandbox's root writes there is host root's (the opt-in).
     directory, volume = at_mount(host_flow(base, "setid", HOST_ROOT))
-    shutil.copy("/bin/true", directory / "host-setuid")
-    (directory / "host-setuid").chmod(0o4755)  # the kernel clears it when a sandbox writes
     try:
         with sandbox(host_root_server, volume) as box:
             outcomes = probe(box, SETID_PROBE)
@@ -311,3 +307,45 @@ def test_a_directory_the_server_makes_in_a_mapped_volume_is_the_owners(
     for made in (directory / "work", directory / "work" / "dir"):
         info = os.stat(made)
         assert (info.st_uid, info.st_gid) == OWNER, made
+
+
+REWRITE_PROBE = """
+import mmap
+def rewrite(path):  # a shared writable mapping: no write(2), so no file_remove_privs
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as m:
+            m[0:4] = b"EVIL"
+            m.flush()
+    finally:
+        os.close(fd)
+attempt("set-id", rewrite, "/mnt/data/tool")
+attempt("capable", rewrite, "/mnt/data/capable")
+"""
+CAPABILITY = (0x02000001).to_bytes(4, "little") + (1 << 21).to_bytes(4, "little") + bytes(12)
+
+
+@pytest.mark.parametrize("owner", [OWNER, HOST_ROOT], ids=["user", "host-root"])
+def test_a_privileged_file_already_in_a_volume_is_not_the_sandboxs_to_rewrite(
+    host_root_server: LocalServer, base: Path, owner: tuple[int, int]
+) -> None:
+    # The kernel clears set-id bits and file capabilities on write(2), not on a write through
+    # a shared mapping: a set-id (or capable) file of the directory's owner that the sandbox's
+    # root could open for writing would run the sandbox's code as that owner on the host.
+    directory, volume = at_mount(host_flow(base, f"privileged-{owner[0]}", owner))
+    tool, capable = directory / "tool", directory / "capable"
+    for path in (tool, capable):
+        shutil.copy("/bin/true", path)
+        os.chown(path, *owner)
+    tool.chmod(0o4755)
+    os.setxattr(capable, "security.capability", CAPABILITY)
+    try:
+        with sandbox(host_root_server, volume) as box:
+            outcomes = probe(box, REWRITE_PROBE)
+            status = message(box)
+        assert not tool.read_bytes().startswith(b"EVIL") or not tool.stat().st_mode & 0o6000
+        assert not capable.read_bytes().startswith(b"EVIL") or not os.listxattr(capable)
+        assert all("PermissionError" in o.get("error", "") for o in outcomes.values()), outcomes
+        assert "is NOT ID-mapped: it holds" in status, status
+    finally:  # a failure leaves no privileged file behind
+        shutil.rmtree(directory)

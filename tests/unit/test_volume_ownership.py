@@ -3,6 +3,9 @@ through an ID-mapped mount on a root server, never host root without the server'
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from osb_sync.local.host import identity, volumes
@@ -50,3 +53,21 @@ def test_a_server_that_is_not_root_maps_nothing_and_says_so() -> None:
 
 def test_without_isolation_there_is_nothing_to_map() -> None:
     assert volumes.ownership((0, 0), False, "data", True, None) == (None, "")
+
+
+def test_a_set_id_file_anywhere_below_is_found_and_a_link_to_one_is_not(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "plain").write_text("x")
+    outside = tmp_path.parent / f"{tmp_path.name}-setid"
+    outside.write_text("x")
+    outside.chmod(0o2755)
+    (tmp_path / "a" / "link").symlink_to(outside)  # the volume has the link, not the file
+    fd = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        assert volumes.privileged_file(fd) is None
+        (tmp_path / "a" / "b" / "tool").write_text("x")
+        (tmp_path / "a" / "b" / "tool").chmod(0o4755)
+        assert volumes.privileged_file(fd) == "a/b/tool"
+    finally:
+        os.close(fd)
+        outside.unlink()

@@ -478,6 +478,48 @@ def ownership(
     )
 
 
+def privileged_file(fd: int) -> str | None:
+    """The path (in its volume) of a file under the directory `fd` that is set-id or carries
+    a file capability, or that could not be looked at; None where there is none.
+
+    An ID-mapped writable volume makes its directory's owner the sandbox's root, who may open
+    that owner's files for writing; the kernel clears set-id bits and file capabilities on
+    write(2), truncate and fallocate, but not on a write through a shared writable mapping
+    (mmap): such a file would keep its privilege and run the sandbox's code as its owner (host
+    root under the opt-in). A walk through descriptors, never following a symbolic link,
+    across the mounts below (the mapping covers them too).
+    """
+
+    def unseen(exc: OSError) -> None:
+        raise exc
+
+    try:
+        for top, _, files, dir_fd in os.fwalk(".", dir_fd=fd, onerror=unseen):
+            for name in files:
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                path = os.path.normpath(os.path.join(top, name))
+                if info.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    return path
+                if info.st_mode & 0o111 and "security.capability" in os.listxattr(
+                    f"/proc/self/fd/{dir_fd}/{name}", follow_symlinks=False
+                ):
+                    return path
+    except OSError as exc:
+        return os.path.normpath(exc.filename) if isinstance(exc.filename, str) else "?"
+    return None
+
+
+def _privileged_note(name: str, path: str) -> str:
+    return (
+        f" Volume {name!r} is NOT ID-mapped: it holds {path!r}, a set-id or file-capable file"
+        " (or one the server could not check), which its directory's owner, the sandbox's root"
+        " there, could rewrite keeping its privilege. Remove the set-id bits and capabilities"
+        " of such files, or mount the volume read-only, to have it mapped."
+    )
+
+
 def opened(
     volumes: Sequence[Volume],
     allowed: tuple[Path, ...],
@@ -509,6 +551,9 @@ def opened(
             info = os.fstat(fd)
             owner = (info.st_uid, info.st_gid)
             mapped, note = ownership(owner, read_only, spec["name"], host_root, bwrap.probe().ids)
+            held = privileged_file(fd) if mapped is not None and not read_only else None
+            if held is not None:
+                mapped, note = None, _privileged_note(spec["name"], held)
             binds[-1] = replace(binds[-1], mapped=mapped, note=note)
     except BaseException:
         close(binds)
