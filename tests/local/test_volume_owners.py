@@ -319,33 +319,36 @@ def rewrite(path):  # a shared writable mapping: no write(2), so no file_remove_
             m.flush()
     finally:
         os.close(fd)
-attempt("set-id", rewrite, "/mnt/data/tool")
-attempt("capable", rewrite, "/mnt/data/capable")
+    os.chmod(path, 0o755)  # an executable now (chmod keeps a file capability)
+attempt("rewrite", rewrite, "/mnt/data/tool")
 """
 CAPABILITY = (0x02000001).to_bytes(4, "little") + (1 << 21).to_bytes(4, "little") + bytes(12)
 
 
+@pytest.mark.parametrize("kind", ["set-id", "capable"])
 @pytest.mark.parametrize("owner", [OWNER, HOST_ROOT], ids=["user", "host-root"])
 def test_a_privileged_file_already_in_a_volume_is_not_the_sandboxs_to_rewrite(
-    host_root_server: LocalServer, base: Path, owner: tuple[int, int]
+    host_root_server: LocalServer, base: Path, owner: tuple[int, int], kind: str
 ) -> None:
     # The kernel clears set-id bits and file capabilities on write(2), not on a write through
-    # a shared mapping: a set-id (or capable) file of the directory's owner that the sandbox's
+    # a shared mapping: a set-id or capable file of the directory's owner that the sandbox's
     # root could open for writing would run the sandbox's code as that owner on the host.
-    directory, volume = at_mount(host_flow(base, f"privileged-{owner[0]}", owner))
-    tool, capable = directory / "tool", directory / "capable"
-    for path in (tool, capable):
-        shutil.copy("/bin/true", path)
-        os.chown(path, *owner)
-    tool.chmod(0o4755)
-    os.setxattr(capable, "security.capability", CAPABILITY)
+    directory, volume = at_mount(host_flow(base, f"privileged-{kind}-{owner[0]}", owner))
+    tool = directory / "tool"
+    shutil.copy("/bin/true", tool)
+    os.chown(tool, *owner)
+    if kind == "set-id":
+        tool.chmod(0o4755)
+    else:  # not executable: the sandbox would make it so
+        tool.chmod(0o644)
+        os.setxattr(tool, "security.capability", CAPABILITY)
     try:
         with sandbox(host_root_server, volume) as box:
             outcomes = probe(box, REWRITE_PROBE)
             status = message(box)
-        assert not tool.read_bytes().startswith(b"EVIL") or not tool.stat().st_mode & 0o6000
-        assert not capable.read_bytes().startswith(b"EVIL") or not os.listxattr(capable)
-        assert all("PermissionError" in o.get("error", "") for o in outcomes.values()), outcomes
-        assert "is NOT ID-mapped: it holds" in status, status
+        privileged = tool.stat().st_mode & 0o6000 or os.listxattr(tool)
+        assert not (tool.read_bytes().startswith(b"EVIL") and privileged)
+        assert "PermissionError" in outcomes["rewrite"].get("error", ""), outcomes
+        assert "is NOT ID-mapped: it holds 'tool'" in status, status
     finally:  # a failure leaves no privileged file behind
         shutil.rmtree(directory)

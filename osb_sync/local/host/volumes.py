@@ -502,9 +502,9 @@ def privileged_file(fd: int) -> str | None:
                 path = os.path.normpath(os.path.join(top, name))
                 if info.st_mode & (stat.S_ISUID | stat.S_ISGID):
                     return path
-                if info.st_mode & 0o111 and "security.capability" in os.listxattr(
-                    f"/proc/self/fd/{dir_fd}/{name}", follow_symlinks=False
-                ):
+                # executable or not: a chmod, which the sandbox may do, keeps a capability
+                at = f"/proc/self/fd/{dir_fd}/{name}"
+                if "security.capability" in os.listxattr(at, follow_symlinks=False):
                     return path
     except OSError as exc:
         return os.path.normpath(exc.filename) if isinstance(exc.filename, str) else "?"
