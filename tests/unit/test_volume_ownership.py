@@ -71,3 +71,18 @@ def test_a_set_id_file_anywhere_below_is_found_and_a_link_to_one_is_not(tmp_path
     finally:
         os.close(fd)
         outside.unlink()
+
+
+def test_a_tree_too_deep_to_look_at_is_said_so_not_a_crash(tmp_path: Path) -> None:
+    # A sandbox sharing a pvc can nest directories deeper than a recursive walk goes (or
+    # than the server's descriptors reach): the volume is then not one the server checked.
+    for depth in range(1, 1501):  # (os.makedirs recurses too)
+        tmp_path.joinpath(*["d"] * depth).mkdir()
+    fd = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        found = volumes.privileged_file(fd)
+    finally:
+        os.close(fd)
+        for depth in range(1500, 0, -1):
+            tmp_path.joinpath(*["d"] * depth).rmdir()
+    assert found is not None and found.startswith("d/d/d/"), found

@@ -478,6 +478,9 @@ def ownership(
     )
 
 
+DEEPEST = 64  # directory levels `privileged_file` looks into
+
+
 def privileged_file(fd: int) -> str | None:
     """The path (in its volume) of a file under the directory `fd` that is set-id or carries
     a file capability, or that could not be looked at; None where there is none.
@@ -487,14 +490,17 @@ def privileged_file(fd: int) -> str | None:
     write(2), truncate and fallocate, but not on a write through a shared writable mapping
     (mmap): such a file would keep its privilege and run the sandbox's code as its owner (host
     root under the opt-in). A walk through descriptors, never following a symbolic link,
-    across the mounts below (the mapping covers them too).
+    across the mounts below (the mapping covers them too), `DEEPEST` levels deep: a
+    directory below those is one that could not be looked at.
     """
 
     def unseen(exc: OSError) -> None:
         raise exc
 
     try:
-        for top, _, files, dir_fd in os.fwalk(".", dir_fd=fd, onerror=unseen):
+        for top, dirs, files, dir_fd in os.fwalk(".", dir_fd=fd, onerror=unseen):
+            if dirs and top.count("/") >= DEEPEST:  # a descriptor and a frame each level
+                return os.path.normpath(os.path.join(top, dirs[0]))
             for name in files:
                 info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if not stat.S_ISREG(info.st_mode):
@@ -512,11 +518,13 @@ def privileged_file(fd: int) -> str | None:
 
 
 def _privileged_note(name: str, path: str) -> str:
+    shown = path if len(path) <= 200 else f"...{path[-200:]}"  # a sandbox may name it
     return (
-        f" Volume {name!r} is NOT ID-mapped: it holds {path!r}, a set-id or file-capable file"
-        " (or one the server could not check), which its directory's owner, the sandbox's root"
-        " there, could rewrite keeping its privilege. Remove the set-id bits and capabilities"
-        " of such files, or mount the volume read-only, to have it mapped."
+        f" Volume {name!r} is NOT ID-mapped: it holds {shown!r}, a set-id or file-capable file"
+        " (or one the server could not check, too deep or unreadable), which its directory's"
+        " owner, the sandbox's root there, could rewrite keeping its privilege. Remove the"
+        " set-id bits and capabilities of such files, or mount the volume read-only, to have"
+        " it mapped."
     )
 
 
