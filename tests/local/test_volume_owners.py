@@ -352,3 +352,23 @@ def test_a_privileged_file_already_in_a_volume_is_not_the_sandboxs_to_rewrite(
         assert "is NOT ID-mapped: it holds 'tool'" in status, status
     finally:  # a failure leaves no privileged file behind
         shutil.rmtree(directory)
+
+
+def test_a_privileged_file_of_an_id_the_mount_does_not_map_leaves_it_mapped(
+    server: LocalServer, base: Path
+) -> None:
+    # Host root's set-id file in an ordinary user's directory (a copied root file system, say)
+    # shows as nobody's there: the kernel lets no one write it through the mount.
+    directory, volume = at_mount(host_flow(base, "foreign-setid", OWNER))
+    tool = directory / "tool"
+    shutil.copy("/bin/true", tool)
+    tool.chmod(0o4755)
+    try:
+        with sandbox(server, volume) as box:
+            outcomes = probe(box, REWRITE_PROBE)
+            status = message(box)
+        assert "PermissionError" in outcomes["rewrite"].get("error", ""), outcomes
+        assert "'test-host-vol' is ID-mapped" in status, status
+        assert not tool.read_bytes().startswith(b"EVIL") and tool.stat().st_mode & 0o4000
+    finally:
+        shutil.rmtree(directory)

@@ -86,3 +86,17 @@ def test_a_tree_too_deep_to_look_at_is_said_so_not_a_crash(tmp_path: Path) -> No
         for depth in range(1500, 0, -1):
             tmp_path.joinpath(*["d"] * depth).rmdir()
     assert found is not None and found.startswith("d/d/d/"), found
+
+
+def test_only_a_file_of_an_id_the_mount_maps_counts(tmp_path: Path) -> None:
+    (tmp_path / "tool").write_text("x")
+    (tmp_path / "tool").chmod(0o4755)
+    info = (tmp_path / "tool").stat()
+    fd = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        assert volumes.privileged_file(fd, lambda uid, gid: False) is None
+        seen: list[tuple[int, int]] = []
+        assert volumes.privileged_file(fd, lambda *ids: not seen.append(ids)) == "tool"
+        assert seen == [(info.st_uid, info.st_gid)]
+    finally:
+        os.close(fd)

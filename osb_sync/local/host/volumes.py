@@ -52,7 +52,7 @@ import posixpath
 import re
 import stat
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -481,15 +481,20 @@ def ownership(
 DEEPEST = 64  # directory levels `privileged_file` looks into
 
 
-def privileged_file(fd: int) -> str | None:
+def privileged_file(
+    fd: int, mapped: Callable[[int, int], bool] = lambda uid, gid: True
+) -> str | None:
     """The path (in its volume) of a file under the directory `fd` that is set-id or carries
-    a file capability, or that could not be looked at; None where there is none.
+    a file capability and whose owner or group `mapped` says the mount maps, or that could
+    not be looked at; None where there is none.
 
     An ID-mapped writable volume makes its directory's owner the sandbox's root, who may open
     that owner's files for writing; the kernel clears set-id bits and file capabilities on
     write(2), truncate and fallocate, but not on a write through a shared writable mapping
     (mmap): such a file would keep its privilege and run the sandbox's code as its owner (host
-    root under the opt-in). A walk through descriptors, never following a symbolic link,
+    root under the opt-in). A file of neither a mapped owner nor a mapped group is not the
+    sandbox's to write or chown (the kernel refuses a write to a file with an id the mount
+    does not map). A walk through descriptors, never following a symbolic link,
     across the mounts below (the mapping covers them too), `DEEPEST` levels deep: a
     directory below those is one that could not be looked at.
     """
@@ -503,7 +508,7 @@ def privileged_file(fd: int) -> str | None:
                 return os.path.normpath(os.path.join(top, dirs[0]))
             for name in files:
                 info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                if not stat.S_ISREG(info.st_mode):
+                if not stat.S_ISREG(info.st_mode) or not mapped(info.st_uid, info.st_gid):
                     continue
                 path = os.path.normpath(os.path.join(top, name))
                 if info.st_mode & (stat.S_ISUID | stat.S_ISGID):
@@ -515,6 +520,21 @@ def privileged_file(fd: int) -> str | None:
     except OSError as exc:
         return os.path.normpath(exc.filename) if isinstance(exc.filename, str) else "?"
     return None
+
+
+def _mapped_ids(owner: tuple[int, int], ids: identity.IdRange | None) -> Callable[[int, int], bool]:
+    """Whether a file's host (uid, gid) has an id the mount of `owner`'s volume maps
+    (`identity.mount_map`): the owner's, the group's, or one of the range."""
+
+    def mapped(uid: int, gid: int) -> bool:
+        if ids is None:
+            return True
+        in_range = (
+            ids.uid <= uid < ids.uid + identity.COUNT or ids.gid <= gid < ids.gid + identity.COUNT
+        )
+        return uid == owner[0] or gid == owner[1] or in_range
+
+    return mapped
 
 
 def _privileged_note(name: str, path: str) -> str:
@@ -559,7 +579,9 @@ def opened(
             info = os.fstat(fd)
             owner = (info.st_uid, info.st_gid)
             mapped, note = ownership(owner, read_only, spec["name"], host_root, bwrap.probe().ids)
-            held = privileged_file(fd) if mapped is not None and not read_only else None
+            held = None
+            if mapped is not None and not read_only:
+                held = privileged_file(fd, _mapped_ids(mapped, bwrap.probe().ids))
             if held is not None:
                 mapped, note = None, _privileged_note(spec["name"], held)
             binds[-1] = replace(binds[-1], mapped=mapped, note=note)
