@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -544,7 +544,7 @@ class SandboxContainer:
             self._writable(bwrap.EXECD_STATE_DIR),
             self._disk == "tmpfs",
         )
-        binary, mounts = self._settings.binary, self._volume_binds()
+        binary, (mounts, binds) = self._settings.binary, self._volume_binds()
         extra = [*(binary.bwrap_args() if binary else []), *self._oom_bind()]
         passed: list[int] = []
         if self.support.seccomp is not None:
@@ -553,7 +553,7 @@ class SandboxContainer:
             extra = ["--seccomp", str(passed[0]), *extra]
         view = self._settings.view
         options, self._root_note = view.options(
-            places, info_fd, ident, extra, mounts, self._settings.mounts, self._held
+            places, info_fd, ident, extra, mounts, binds, self._held
         )
         if staging.available():
             options = bwrap.staged(options, self._staging.add, self.ids)
@@ -567,8 +567,9 @@ class SandboxContainer:
         """
         return any(not bind.read_only for bind in self._settings.mounts)
 
-    def _volume_binds(self) -> list[str]:
-        """bwrap arguments that mount the sandbox's volumes from their descriptors.
+    def _volume_binds(self) -> tuple[list[str], list[Bind]]:
+        """bwrap arguments that mount the sandbox's volumes from their descriptors, and the
+        volumes as mounted (`Bind.mapped` None where they are not ID-mapped).
 
         A root server binds each descriptor onto its staging directory (`staging.py`: the
         kernel mounts the very directory the descriptor holds), ID-mapped where
@@ -579,20 +580,24 @@ class SandboxContainer:
         bound as it is).
         """
         args: list[str] = []
+        binds: list[Bind] = []
         self._volume_note = ""
         for bind in self._settings.mounts:
             if staging.available():
-                source, note = self._stage_volume(bind)
+                source, note, mapped = self._stage_volume(bind)
                 self._volume_note += note
                 args += ["--ro-bind" if bind.read_only else "--bind", source, bind.target]
             else:
                 self._volume_note += bind.note
                 args += bind.bwrap_args()
-        return args
+                mapped = False
+            binds.append(bind if mapped else replace(bind, mapped=None))
+        return args, binds
 
-    def _stage_volume(self, bind: Bind) -> tuple[str, str]:
+    def _stage_volume(self, bind: Bind) -> tuple[str, str, bool]:
         """Stage `bind` (a root server's), ID-mapped as it asks where the kernel and its file
-        system allow, else as it is: its staging path and what the status says of it."""
+        system allow, else as it is: its staging path, what the status says of it, and whether
+        it is ID-mapped."""
         if bind.mapped is not None and self.ids is not None:
             uid, gid = bind.mapped
             userns = -1
@@ -601,7 +606,7 @@ class SandboxContainer:
                     identity.mount_map(uid, self.ids.uid), identity.mount_map(gid, self.ids.gid)
                 )
                 source = self._staging.add_fd(bind.fd, True, bind.read_only, True, userns)
-                return source, bind.note
+                return source, bind.note, True
             except OSError as exc:
                 why = exc.strerror or str(exc)
             finally:
@@ -612,8 +617,8 @@ class SandboxContainer:
                 " and a file system that has them, such as ext4, xfs, btrfs or tmpfs): the"
                 f" sandbox's root writes there as host uid {self.ids.uid}, where that id may."
             )
-            return self._staging.add_fd(bind.fd, True, bind.read_only, volume=True), note
-        return self._staging.add_fd(bind.fd, True, bind.read_only, volume=True), bind.note
+            return self._staging.add_fd(bind.fd, True, bind.read_only, volume=True), note, False
+        return self._staging.add_fd(bind.fd, True, bind.read_only, volume=True), bind.note, False
 
     def _oom_bind(self) -> list[str]:
         """bwrap arguments that show execd its memory group's OOM counter (read-only)."""
