@@ -494,9 +494,9 @@ def privileged_file(
     (mmap): such a file would keep its privilege and run the sandbox's code as its owner (host
     root under the opt-in). A file of neither a mapped owner nor a mapped group is not the
     sandbox's to write or chown (the kernel refuses a write to a file with an id the mount
-    does not map). A walk through descriptors, never following a symbolic link,
-    across the mounts below (the mapping covers them too), `DEEPEST` levels deep: a
-    directory below those is one that could not be looked at.
+    does not map). A walk through descriptors, never following a symbolic link, across the
+    mounts below (the mapping covers them too), `DEEPEST` levels deep: a directory below
+    those is one that could not be looked at.
     """
 
     def unseen(exc: OSError) -> None:
