@@ -285,7 +285,7 @@ def test_row5_a_setuid_file_planted_in_a_host_volume_is_not_host_roots(tmp_path:
                 box,
                 "import shutil\n"
                 'shutil.copy("/bin/true", "/mnt/shared/planted")\n'
-                'os.chmod("/mnt/shared/planted", 0o4755)\n'
+                'attempt("setuid", os.chmod, "/mnt/shared/planted", 0o4755)\n'
                 'attempt("nosuid", lambda: bool(os.statvfs("/mnt/shared").f_flag & os.ST_NOSUID))\n'
                 'attempt("nodev", lambda: bool(os.statvfs("/mnt/shared").f_flag & os.ST_NODEV))\n'
                 'attempt("mknod", os.mknod, "/mnt/shared/null", 0o20666, os.makedev(1, 3))',
@@ -294,6 +294,7 @@ def test_row5_a_setuid_file_planted_in_a_host_volume_is_not_host_roots(tmp_path:
         srv.stop()
     planted = os.stat(shared / "planted")
     assert (planted.st_uid, planted.st_gid) == (uid, gid)  # nobody of consequence on the host
-    assert planted.st_mode & 0o4000  # setuid to the range's root only
+    assert not planted.st_mode & 0o6000  # not even setuid to the range's root (issue 43)
+    assert not outcomes["setuid"]["ok"] and "PermissionError" in outcomes["setuid"]["error"]
     assert outcomes["nosuid"] == {"ok": True, "value": True}
     assert outcomes["nodev"] == {"ok": True, "value": True}

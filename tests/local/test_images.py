@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -315,6 +316,34 @@ def test_an_images_working_dir_in_a_volume_is_made_there(
     assert image_server.root_dir is not None
     made, ids = image_server.root_dir / "volumes" / "issue37-ws" / "app", bwrap.probe().ids
     assert (made / "kept").exists() and (ids is None or made.stat().st_uid == ids.uid)
+
+
+def test_an_images_working_dir_in_a_volume_it_could_not_map_is_the_sandbox_roots(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    """The same in a pvc of an ordinary user's on ramfs, which cannot be ID-mapped (issue 43):
+    the volume is bound as it is, so the WorkingDir the server makes is the range root's, the
+    sandbox's root there, not the directory owner's (which it would be through a mapping)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting ramfs needs root")
+    assert image_server.root_dir is not None
+    claim = image_server.root_dir / "volumes" / "issue43-ramfs"
+    claim.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(claim)], check=True)
+    try:
+        os.chown(claim, 4242, 4343)
+        claim.chmod(0o755)
+        volume = {"name": "ws", "pvc": {"claimName": "issue43-ramfs"}, "mountPath": "/workspace"}
+        client = _client(image_server)
+        with client.create_sandbox(template=registries["workspace"], volumes=[volume]) as box:
+            ran = box.commands.run("pwd; touch kept && echo kept")
+            status = client.get_sandbox(box.id).message or ""
+        assert "NOT ID-mapped (mount_setattr" in status, status
+        assert ran.stdout == "/workspace/app\nkept\n", ran
+        ids = bwrap.probe().ids
+        assert ids is not None and (claim / "app").stat().st_uid == ids.uid
+    finally:
+        subprocess.run(["umount", "-l", str(claim)], check=True)
 
 
 def test_the_default_image_is_still_the_host_view(image_server: LocalServer) -> None:

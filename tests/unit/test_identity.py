@@ -130,3 +130,27 @@ def test_servers_starting_together_make_the_user_once(
     for thread in threads:
         thread.join()
     assert made == [1] and answers == ["", ""]
+
+
+def _mapping(text: str) -> dict[int, int]:
+    """A map's lines as {id on disk: id seen}."""
+    pairs: dict[int, int] = {}
+    for line in text.splitlines():
+        first, seen, count = map(int, line.split())
+        pairs.update({first + n: seen + n for n in range(count)})
+    return pairs
+
+
+@pytest.mark.parametrize("owner", [0, 1000, 165536, 165537, 170000, 231071, 231072])
+def test_a_volume_map_shows_its_owner_as_the_sandboxes_root_and_keeps_the_range(
+    owner: int,
+) -> None:
+    start = 165536
+    text = identity.mount_map(owner, start)
+    assert len(text.splitlines()) <= 4  # the kernel takes up to 340 lines
+    pairs = _mapping(text)
+    assert pairs[owner] == start  # the sandbox's root writes as the owner
+    assert len(set(pairs.values())) == len(pairs)  # one to one, as the kernel demands
+    assert set(pairs.values()) == set(range(start, start + identity.COUNT))
+    others = [i for i in range(start + 1, start + identity.COUNT) if i != owner]
+    assert all(pairs[i] == i for i in others)  # a sandbox user N writes as start + N

@@ -74,6 +74,7 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "allowed_hosts": [],
         "allowed_host_paths": [],
         "volume_root": None,
+        "volume_root_is_host_root": False,
         "execd": None,
         "jupyter": None,
         "execd_image": None,
@@ -95,7 +96,17 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     argv = ["serve", "--host", "::1", "--port", "0", "--min-timeout", "5"]
     argv += ["--pending-seconds", "0.5", "--allow-unenforced-network-policy"]
     argv += ["--allowed-host", "a", "--allowed-host", "b", "--allow-host-path", str(tmp_path)]
-    argv += ["--volume-root", "v", "--execd", "e", "--jupyter", "j", "--spare-containers", "0"]
+    argv += [
+        "--volume-root",
+        "v",
+        "--volume-root-is-host-root",
+        "--execd",
+        "e",
+        "--jupyter",
+        "j",
+        "--spare-containers",
+        "0",
+    ]
     argv += ["--state-dir", "s", "--execd-image", "x:1"]
     argv += ["--no-isolation", "--image-store", "s", "--image-store-size", "7"]
     argv += ["--image-size-limit", "6"]
@@ -115,6 +126,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "allowed_hosts": ["a", "b"],
         "allowed_host_paths": [str(tmp_path)],
         "volume_root": "v",
+        "volume_root_is_host_root": True,
         "execd": "e",
         "jupyter": "j",
         "execd_image": "x:1",

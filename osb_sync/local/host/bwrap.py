@@ -69,6 +69,10 @@ CAPABILITIES = (
     "CAP_AUDIT_WRITE",
     "CAP_SETFCAP",
 )
+# A sandbox with a writable volume has them all but CAP_SETFCAP: a file capability it set
+# there would be the host's (through an ID-mapped volume of host root's, a capability of host
+# root's), and the kernel sets `security.capability` only with CAP_SETFCAP.
+VOLUME_CAPABILITIES = tuple(cap for cap in CAPABILITIES if cap != "CAP_SETFCAP")
 NAMESPACES = [
     "--unshare-user",
     "--unshare-pid",
@@ -311,7 +315,11 @@ def writable_tmpfs(places: Sequence[str], size: int | None = None) -> list[str]:
 
 
 def identity_options(
-    block_fd: int, passwd_fd: int, group_fd: int, userns_fd: int = -1
+    block_fd: int,
+    passwd_fd: int,
+    group_fd: int,
+    userns_fd: int = -1,
+    capabilities: Sequence[str] = CAPABILITIES,
 ) -> list[str]:
     """bwrap arguments of the sandbox's identity: root mapped by the server, Docker's caps.
 
@@ -319,10 +327,10 @@ def identity_options(
     maps (`identity.write_maps`), or, given `userns_fd` (`identity.user_namespace`), joins that
     one, mapped already, and its child waits on `block_fd` before it runs anything.
     `passwd_fd` and `group_fd` hold its `/etc/passwd` and `/etc/group` (-1: the root's own, as
-    an image's).
+    an image's). `capabilities` are its own (`VOLUME_CAPABILITIES` with a writable volume).
     """
     caps: list[str] = []
-    for cap in CAPABILITIES:
+    for cap in capabilities:
         caps += ["--cap-add", cap]
     joined = ["--userns", str(userns_fd), "--block-fd"] if userns_fd >= 0 else ["--userns-block-fd"]
     return [

@@ -35,12 +35,12 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
 from ..protocol import Claim, Start
-from . import bwrap, disk, execd_template, firewall, identity, logs, spawn, staging
+from . import bwrap, disk, execd_template, firewall, identity, logs, seccomp, spawn, staging
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
@@ -153,6 +153,7 @@ class SandboxContainer:
         self._log: logs.ContainerLog | None = None  # its processes' standard error
         self._held = contextlib.ExitStack()  # what its root view keeps while it lives
         self._root_note = ""  # what the status says of its root (an image's)
+        self._volume_note = ""  # what it says of its volumes (`_volume_binds`)
         self._staging = staging.Staging(self.ids)  # host binds while bwrap starts
         self.launched_at = 0.0  # time.monotonic() when its main process started
         self._execd_in: BinaryIO | None = None  # execd's stdin where the template forked it
@@ -209,7 +210,12 @@ class SandboxContainer:
         self._ready_r, ready_w = os.pipe()  # its read end is the container's (claim, close)
         deadline = time.monotonic() + START_TIMEOUT
         view = settings.view
-        templated = view.template and execd_template.usable(self.support, settings.binary)
+        # The template's execds share one filter and capability set: not a guarded one's.
+        templated = (
+            view.template
+            and not self._guarded
+            and execd_template.usable(self.support, settings.binary)
+        )
         try:
             with contextlib.ExitStack() as fds:  # every descriptor of this start
                 fds.callback(self._started)
@@ -272,7 +278,8 @@ class SandboxContainer:
             files = view.identity_files()
             passwd = _memfd(fds, "passwd", files[0]) if files else -1
             group = _memfd(fds, "group", files[1]) if files else -1
-            ident = bwrap.identity_options(block_r, passwd, group, userns)
+            caps = bwrap.VOLUME_CAPABILITIES if self._guarded else bwrap.CAPABILITIES
+            ident = bwrap.identity_options(block_r, passwd, group, userns, caps)
             options = self._options(fds, info_w, ident)
             main = view.main_command(MAIN_SCRIPT)
             if templated:  # the template forks execd; bwrap runs the placeholder
@@ -537,37 +544,81 @@ class SandboxContainer:
             self._writable(bwrap.EXECD_STATE_DIR),
             self._disk == "tmpfs",
         )
-        binary, mounts = self._settings.binary, self._volume_binds()
+        binary, (mounts, binds) = self._settings.binary, self._volume_binds()
         extra = [*(binary.bwrap_args() if binary else []), *self._oom_bind()]
         passed: list[int] = []
         if self.support.seccomp is not None:
-            passed.append(_memfd(fds, "seccomp", self.support.seccomp))
+            guarded = seccomp.host_program(setid=True) if self._guarded else None
+            passed.append(_memfd(fds, "seccomp", guarded or self.support.seccomp))
             extra = ["--seccomp", str(passed[0]), *extra]
         view = self._settings.view
         options, self._root_note = view.options(
-            places, info_fd, ident, extra, mounts, self._settings.mounts, self._held
+            places, info_fd, ident, extra, mounts, binds, self._held
         )
         if staging.available():
             options = bwrap.staged(options, self._staging.add, self.ids)
         data = b"".join(os.fsencode(a) + b"\0" for a in options)
         return [_memfd(fds, "bwrap-options", data), *passed]
 
-    def _volume_binds(self) -> list[str]:
-        """bwrap arguments that mount the sandbox's volumes from their descriptors.
+    @property
+    def _guarded(self) -> bool:
+        """Whether the sandbox has a writable volume: its files reach the host, so no set-id
+        mode and no file capability is made (`seccomp.SETID_CALLS`, `bwrap.VOLUME_CAPABILITIES`).
+        """
+        return any(not bind.read_only for bind in self._settings.mounts)
+
+    def _volume_binds(self) -> tuple[list[str], list[Bind]]:
+        """bwrap arguments that mount the sandbox's volumes from their descriptors, and the
+        volumes as mounted (`Bind.mapped` None where they are not ID-mapped).
 
         A root server binds each descriptor onto its staging directory (`staging.py`: the
-        kernel mounts the very directory the descriptor holds) and bwrap binds that, a path no
-        sandbox can write; any other server cannot mount on the host and hands bwrap the
-        descriptor (`--bind-fd`, which refuses a directory other than the descriptor's).
+        kernel mounts the very directory the descriptor holds), ID-mapped where
+        `volumes.ownership` says so, and bwrap binds that, a path no sandbox can write; any
+        other server cannot mount on the host and hands bwrap the descriptor (`--bind-fd`,
+        which refuses a directory other than the descriptor's). What the status says of each
+        volume goes to `_volume_note`, a mapping the kernel refused too (the volume is then
+        bound as it is).
         """
         args: list[str] = []
+        binds: list[Bind] = []
+        self._volume_note = ""
         for bind in self._settings.mounts:
             if staging.available():
-                source = self._staging.add_fd(bind.fd, True, bind.read_only, volume=True)
+                source, note, mapped = self._stage_volume(bind)
+                self._volume_note += note
                 args += ["--ro-bind" if bind.read_only else "--bind", source, bind.target]
             else:
+                self._volume_note += bind.note
                 args += bind.bwrap_args()
-        return args
+                mapped = False
+            binds.append(bind if mapped else replace(bind, mapped=None))
+        return args, binds
+
+    def _stage_volume(self, bind: Bind) -> tuple[str, str, bool]:
+        """Stage `bind` (a root server's), ID-mapped as it asks where the kernel and its file
+        system allow, else as it is: its staging path, what the status says of it, and whether
+        it is ID-mapped."""
+        if bind.mapped is not None and self.ids is not None:
+            uid, gid = bind.mapped
+            userns = -1
+            try:
+                userns = identity.mount_namespace(
+                    identity.mount_map(uid, self.ids.uid), identity.mount_map(gid, self.ids.gid)
+                )
+                source = self._staging.add_fd(bind.fd, True, bind.read_only, True, userns)
+                return source, bind.note, True
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+            finally:
+                if userns >= 0:
+                    os.close(userns)
+            note = (
+                f" Volume {bind.name!r} is NOT ID-mapped ({why}: ID-mapped mounts need Linux 5.12"
+                " and a file system that has them, such as ext4, xfs, btrfs or tmpfs): the"
+                f" sandbox's root writes there as host uid {self.ids.uid}, where that id may."
+            )
+            return self._staging.add_fd(bind.fd, True, bind.read_only, volume=True), note, False
+        return self._staging.add_fd(bind.fd, True, bind.read_only, volume=True), bind.note, False
 
     def _oom_bind(self) -> list[str]:
         """bwrap arguments that show execd its memory group's OOM counter (read-only)."""
@@ -638,6 +689,12 @@ class SandboxContainer:
                 "seccomp filter (io_uring, userfaultfd, perf_event_open, bpf, keyrings, kexec,"
                 " modules and new user namespaces refused)"
             )
+            if self._guarded:
+                seccomp_note += (
+                    "; with a writable volume, no set-id mode (chmod, open, mknod) and no file"
+                    " capability (no CAP_SETFCAP): nothing it writes there is privileged on"
+                    " the host"
+                )
         else:
             seccomp_note = f"NO seccomp filter ({platform.machine()} has no table)"
         ids = self.ids
@@ -650,7 +707,7 @@ class SandboxContainer:
             f" Docker's default capabilities inside its user namespace only, {system},"
             f" /proc masked, {seccomp_note}; pause by {pause}."
         )
-        note += self._root_note
+        note += self._root_note + self._volume_note
         if internet and self.network == "slirp4netns":
             note += (
                 " Network: outbound through slirp4netns; no address of this host (its loopback,"

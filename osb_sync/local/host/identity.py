@@ -4,7 +4,8 @@ Each sandbox's user namespace maps its ids 0-65535 to `COUNT` host ids starting 
 first id, never the server's own uid and never host root (Docker's `userns-remap` does the
 same: one range for all containers; PID, mount and network namespaces keep them apart). So
 root in a sandbox is an unprivileged host user: a file it writes in a host volume belongs to
-uid `start` on the host, a setuid file it plants there is setuid to nobody of consequence.
+uid `start` on the host, or, through an ID-mapped volume (`mount_map`), to the volume
+directory's owner; it can give no such file a set-id mode or a file capability (`seccomp.py`).
 
 Where the range comes from:
 - a server running as root: the range `/etc/subuid` and `/etc/subgid` reserve for the system
@@ -29,6 +30,7 @@ import os
 import pwd
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,6 +250,71 @@ def write_maps(pid: int, ids: IdRange) -> None:
             raise OSError(f"{os.path.basename(helper)} refused the map: {why}")
 
 
+def mount_map(owner: int, start: int, count: int = COUNT) -> str:
+    """The `uid_map` (or `gid_map`) of an ID-mapped volume mount (`staging.bind_idmapped`).
+
+    In a mount's map, the first id of a line is the id on disk and the second the host id a
+    process has: the directory's `owner` on disk shows as `start` (the sandboxes' root), so
+    what that root writes there is stored as `owner`. The range's other ids stay themselves
+    (a sandbox's user 1000 writes as host id `start + 1000`, as without the mapping); where
+    `owner` is one of them, `start` on disk shows as `owner` instead (the two swap places).
+    """
+    if owner == start:
+        return f"{start} {start} {count}\n"
+    lines = [f"{owner} {start} 1"]
+    if start < owner < start + count:
+        lines.append(f"{start} {owner} 1")
+        stays = [(start + 1, owner - start - 1), (owner + 1, start + count - owner - 1)]
+    else:
+        stays = [(start + 1, count - 1)]
+    lines += [f"{first} {first} {number}" for first, number in stays if number > 0]
+    return "\n".join(lines) + "\n"
+
+
+def _held_namespace(write: Callable[[int], None]) -> int:
+    """A new user namespace (its first process, the holder, made by `unshare`, its maps
+    written by `write(pid)`): a descriptor of it. The holder exits once it is open.
+
+    Raises:
+        OSError: it could not be made, or its maps could not be written.
+    """
+    unshare = shutil.which("unshare") or "/usr/bin/unshare"
+    holder = subprocess.Popen(
+        [unshare, "--user", "--", "/bin/sh", "-c", "echo && read -r _"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        if holder.stdout.readline() != b"\n":  # EOF: unshare failed
+            _, err = holder.communicate(timeout=HELPER_TIMEOUT)
+            raise OSError(f"unshare --user failed: {err.decode(errors='replace').strip()}")
+        write(holder.pid)
+        return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            holder.communicate()
+
+
+def mount_namespace(uid_map: str, gid_map: str) -> int:
+    """A user namespace with these maps (`mount_map`), for an ID-mapped mount (root only): a
+    descriptor of it.
+
+    Raises:
+        OSError: it could not be made, or the kernel refused a map.
+    """
+
+    def write(pid: int) -> None:
+        for name, text in (("uid_map", uid_map), ("gid_map", gid_map)):
+            with open(f"/proc/{pid}/{name}", "w") as out:
+                out.write(text)
+
+    return _held_namespace(write)
+
+
 def user_namespace(ids: IdRange) -> int:
     """A new user namespace of this server's (not root), mapped onto `ids`: a descriptor of it,
     for bwrap's `--userns`.
@@ -263,25 +330,7 @@ def user_namespace(ids: IdRange) -> int:
     Raises:
         OSError: it could not be made, or a helper refused the map.
     """
-    unshare = shutil.which("unshare") or "/usr/bin/unshare"
-    holder = subprocess.Popen(
-        [unshare, "--user", "--", "/bin/sh", "-c", "echo && read -r _"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
-    )
-    assert holder.stdin is not None and holder.stdout is not None
-    try:
-        if holder.stdout.readline() != b"\n":  # EOF: unshare failed
-            _, err = holder.communicate(timeout=HELPER_TIMEOUT)
-            raise OSError(f"unshare --user failed: {err.decode(errors='replace').strip()}")
-        write_maps(holder.pid, ids)
-        return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    finally:
-        if holder.returncode is None:
-            holder.kill()
-            holder.communicate()
+    return _held_namespace(lambda pid: write_maps(pid, ids))
 
 
 def passwd_file(home: str) -> bytes:

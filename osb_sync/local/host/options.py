@@ -233,6 +233,20 @@ VOLUME_ROOT: Option[str | Path | None] = Option(
     "server's temporary state directory, removed when it stops)",
     metavar="DIR",
 )
+VOLUME_ROOT_IS_HOST_ROOT = Option(
+    "volume_root_is_host_root",
+    False,
+    "on a server running as root, let a sandbox's root write a volume whose directory host"
+    " root owns (uid or gid 0) as host root, as Docker's container root does: what it writes"
+    " there belongs to host root (set-id modes and file capabilities stay refused). Without"
+    " it, such a volume is not writable by the sandbox's root, and its create's status says"
+    " so; a directory of any other owner is always written as that owner.",
+    flag="--volume-root-is-host-root",
+    help="let sandboxes' root write volumes host root owns as host root, as Docker does "
+    "(default: such volumes are not writable by sandboxes' root; chown them instead)",
+    action="store_true",
+    flag_default=False,
+)
 EXECD: Option[str | os.PathLike[str] | None] = Option(
     "execd",
     None,
@@ -393,6 +407,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     LIMITS,
     ALLOWED_HOST_PATHS,
     VOLUME_ROOT,
+    VOLUME_ROOT_IS_HOST_ROOT,
     EXECD,
     JUPYTER,
     EXECD_IMAGE,

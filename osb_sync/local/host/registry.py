@@ -221,7 +221,8 @@ class Registry:
         token = secrets.token_urlsafe(24)
         image = plan.image
         binary = image.binary if image is not None else self.config.binary
-        binds = volumes.opened(plan.volumes, *self.config.volume_places)
+        config = self.config
+        binds = volumes.opened(plan.volumes, *config.volume_places, config.volume_root_is_host_root)
         try:  # the volumes' descriptors are closed below, however the create ends
             launch = replace(self.containers.spare_settings, mounts=tuple(binds), plan=plan.limits)
             if image is not None:

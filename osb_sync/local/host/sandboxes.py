@@ -61,6 +61,7 @@ class Config:
     address: str  # host:port of the server, when a request has no Host header
     limit_controllers: frozenset[str] = frozenset()  # cgroup controllers for resourceLimits
     volume_places: tuple[tuple[Path, ...], Path] = ((), Path())  # host trees allowed, pvc root
+    volume_root_is_host_root: bool = False  # map host root's volumes (`volumes.ownership`)
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours
     spare_containers: int = 0
     log_budget: logs.LogBudget = field(default_factory=logs.LogBudget)  # of containers' logs

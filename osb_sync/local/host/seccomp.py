@@ -11,6 +11,17 @@ allowed: a deny-list of the calls above, not Docker's allow-list of ~350. On x86
 (numbers with bit 30 set) is refused, and so is any other architecture's system call (a
 32-bit program gets EPERM for everything): their numbers differ from those checked.
 
+With `setid` (a sandbox with a writable volume, whose files the host sees), a mode with the
+set-user-ID or set-group-ID bit is refused with EPERM where a call gives a file one: `chmod`,
+`fchmod`, `fchmodat`, `fchmodat2`, `mknod`, `mknodat`, `creat`, and `open`/`openat` with
+O_CREAT or O_TMPFILE; `openat2`, whose mode lives in memory, answers ENOSYS (callers fall back
+to `openat`). A set-id file would be set-id on the host too, to the volume directory's owner
+(host root, where the server maps it: `volumes.ownership`): `nosuid` on the volume's mount
+stops the bit working through the mount, not on the host's own path. The kernel clears both
+bits when a file is written to or changes owner, so a file the sandbox may not give them
+cannot keep them either; a file capability is the other privilege a file carries, and such a
+sandbox lacks CAP_SETFCAP (`bwrap.VOLUME_CAPABILITIES`), without which the kernel sets none.
+
 Why generated here, not libseccomp through ctypes (house rule 9 prefers a library): the
 program is 30-odd instructions over syscall numbers that the kernel keeps stable, for the two
 architectures we run on; generating it is a short pure function, tested by interpreting it
@@ -101,6 +112,45 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
     ),
 }
 
+SETID_BITS = 0o6000  # S_ISUID | S_ISGID
+CREATES = 0o100 | 0o20000000  # O_CREAT | __O_TMPFILE (the same on both architectures)
+ARG_LOW_OFFSETS = tuple(ARG0_LOW_OFFSET + 8 * index for index in range(6))
+# name: (index of its mode argument, index of its flags argument or None: always a mode)
+SETID_CALLS: dict[str, tuple[int, int | None]] = {
+    "chmod": (1, None),
+    "fchmod": (1, None),
+    "fchmodat": (2, None),
+    "fchmodat2": (2, None),
+    "mknod": (1, None),
+    "mknodat": (2, None),
+    "creat": (1, None),
+    "open": (2, 1),
+    "openat": (3, 2),
+}
+# Their numbers (aarch64 has only the *at calls and fchmod); openat2's answers ENOSYS.
+SETID_NUMBERS: dict[str, dict[str, int]] = {
+    "x86_64": {
+        "chmod": 90,
+        "fchmod": 91,
+        "fchmodat": 268,
+        "fchmodat2": 452,
+        "mknod": 133,
+        "mknodat": 259,
+        "creat": 85,
+        "open": 2,
+        "openat": 257,
+        "openat2": 437,
+    },
+    "aarch64": {
+        "fchmod": 52,
+        "fchmodat": 53,
+        "fchmodat2": 452,
+        "mknodat": 33,
+        "openat": 56,
+        "openat2": 437,
+    },
+}
+
 Instruction = tuple[int, int | str, int | str, int]  # code, jump if true, if false, k
 
 
@@ -121,9 +171,41 @@ def _assemble(program: Sequence[Instruction | str]) -> bytes:
     return packed
 
 
-def program(machine: str) -> bytes:
-    """The filter for `machine` (`platform.machine()`); KeyError where we have no table."""
+def _setid_checks(machine: str) -> tuple[list[Instruction | str], list[Instruction | str]]:
+    """The jumps to the set-id checks (before the program allows a call) and the checks."""
+    numbers = SETID_NUMBERS[machine]
+    jumps: list[Instruction | str] = [(JEQ_K, "enosys", 0, numbers["openat2"])]
+    checks: list[Instruction | str] = []
+    modes = sorted({mode for mode, _ in SETID_CALLS.values()})
+    for name, (mode, flags) in SETID_CALLS.items():
+        if name in numbers:
+            target = f"mode{mode}" if flags is None else f"flags{flags}"
+            jumps.append((JEQ_K, target, 0, numbers[name]))
+    for flags in sorted({f for _, f in SETID_CALLS.values() if f is not None}):
+        mode = next(m for m, f in SETID_CALLS.values() if f == flags)
+        checks += [
+            f"flags{flags}",
+            (LD_W_ABS, 0, 0, ARG_LOW_OFFSETS[flags]),
+            (JSET_K, f"mode{mode}", 0, CREATES),
+            (RET_K, 0, 0, RET_ALLOW),
+        ]
+    for mode in modes:
+        checks += [
+            f"mode{mode}",
+            (LD_W_ABS, 0, 0, ARG_LOW_OFFSETS[mode]),
+            (JSET_K, "eperm", 0, SETID_BITS),
+            (RET_K, 0, 0, RET_ALLOW),
+        ]
+    return jumps, checks
+
+
+def program(machine: str, setid: bool = False) -> bytes:
+    """The filter for `machine` (`platform.machine()`); KeyError where we have no table.
+
+    With `setid`, set-id modes are refused too (see the module docstring).
+    """
     arch, numbers = ARCHES[machine]
+    jumps, checks = _setid_checks(machine) if setid else ([], [])
     body: list[Instruction | str] = [
         (LD_W_ABS, 0, 0, ARCH_OFFSET),
         (JEQ_K, 0, "eperm", arch),
@@ -136,11 +218,13 @@ def program(machine: str) -> bytes:
         (JEQ_K, "enosys", 0, numbers["clone3"]),
         (JEQ_K, "flags", 0, numbers["clone"]),
         (JEQ_K, "flags", 0, numbers["unshare"]),
+        *jumps,
         (RET_K, 0, 0, RET_ALLOW),
         "flags",
         (LD_W_ABS, 0, 0, ARG0_LOW_OFFSET),
         (JSET_K, "eperm", 0, CLONE_NEWUSER),
         (RET_K, 0, 0, RET_ALLOW),
+        *checks,
         "eperm",
         (RET_K, 0, 0, RET_ERRNO | errno.EPERM),
         "enosys",
@@ -149,9 +233,9 @@ def program(machine: str) -> bytes:
     return _assemble(body)
 
 
-def host_program() -> bytes | None:
-    """This machine's filter, or None on an architecture without a table."""
+def host_program(setid: bool = False) -> bytes | None:
+    """This machine's filter (`program`), or None on an architecture without a table."""
     try:
-        return program(platform.machine())
+        return program(platform.machine(), setid)
     except KeyError:
         return None

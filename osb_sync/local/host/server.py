@@ -100,6 +100,7 @@ class LocalServer:
         limits: Limits | None = options.LIMITS.default,
         allowed_host_paths: Iterable[str | Path] = options.ALLOWED_HOST_PATHS.default,
         volume_root: str | Path | None = options.VOLUME_ROOT.default,
+        volume_root_is_host_root: bool = options.VOLUME_ROOT_IS_HOST_ROOT.default,
         execd: str | os.PathLike[str] | None = options.EXECD.default,
         jupyter: str | os.PathLike[str] | None = options.JUPYTER.default,
         execd_image: str | None = options.EXECD_IMAGE.default,
@@ -135,6 +136,7 @@ class LocalServer:
         self.limits = limits or Limits()
         self.allowed_host_paths = tuple(Path(p).resolve() for p in allowed_host_paths)
         self.volume_root = Path(volume_root) if volume_root is not None else None
+        self.volume_root_is_host_root = volume_root_is_host_root
         self.spare_containers = spare_containers
         self.container_log_size = container_log_size
         self.container_logs_total = container_logs_total
@@ -271,6 +273,7 @@ class LocalServer:
                         self.allowed_host_paths,
                         self.volume_root or self.root_dir / "volumes",
                     ),
+                    volume_root_is_host_root=self.volume_root_is_host_root,
                     binary=self.execd_binary,
                     spare_containers=self.spare_containers,
                     log_budget=logs.LogBudget(self.container_log_size, self.container_logs_total),

@@ -17,6 +17,11 @@ directory the descriptor holds (the kernel follows the proc link to it, no name 
 but the new mount API needs Linux 5.2 and raw syscall numbers per architecture through ctypes
 (glibc wraps it only from 2.36), and its detached mount would still have to reach bwrap by a
 path: bwrap takes no mount descriptor, and may not attach one from another user namespace.
+The exception is an ID-mapped volume (`bind_idmapped`, Linux 5.12): only a detached mount can
+be given an ID mapping, so `open_tree(OPEN_TREE_CLONE)` clones the descriptor's directory
+(again no name is looked up), `mount_setattr(MOUNT_ATTR_IDMAP)` maps it, and `move_mount`
+attaches it at its staging path, which bwrap binds as any other (a bind keeps the mapping).
+These three system calls have the same numbers on every architecture we filter.
 
 Only a server running as root can mount: elsewhere `available()` is False, sources are bound
 by name, and volumes (which a sandbox may swap) by bwrap's `--bind-fd` (`volumes.py`).
@@ -26,8 +31,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import functools
 import os
+import platform
 import tempfile
 import time
 from pathlib import Path
@@ -86,6 +93,87 @@ def bind_descriptor(fd: int, target: str, read_only: bool, volume: bool) -> None
         raise
 
 
+# The new mount API (linux/mount.h; the numbers of asm-generic, x86_64's too).
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
+IDMAP_MACHINES = ("x86_64", "aarch64")
+OPEN_TREE_CLONE = 1
+AT_FDCWD = -100
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+MOVE_MOUNT_F_EMPTY_PATH = 4
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 1, 2, 4
+MOUNT_ATTR_IDMAP = 0x100000
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _syscall(number: int, what: str, *args: object) -> int:
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    done = int(libc.syscall(ctypes.c_long(number), *args))
+    if done < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return done
+
+
+def bind_idmapped(fd: int, target: str, read_only: bool, userns_fd: int) -> None:
+    """Mount the directory `fd` holds at `target`, ID-mapped by the user namespace
+    `userns_fd` (`identity.mount_namespace`), `nosuid,nodev`, private, read-only if asked.
+
+    Raises:
+        OSError: the kernel or the file system refused it (ENOSYS before Linux 5.12, EINVAL
+            on a file system without ID-mapped mounts, EPERM without the right): nothing is
+            mounted.
+    """
+    if platform.machine() not in IDMAP_MACHINES:
+        raise OSError(errno.ENOSYS, f"no system call table for {platform.machine()}")
+    flags = OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE
+    tree = _syscall(SYS_OPEN_TREE, "open_tree", ctypes.c_int(fd), b"", ctypes.c_uint(flags))
+    try:
+        attr = _MountAttr(
+            MOUNT_ATTR_IDMAP
+            | MOUNT_ATTR_NOSUID
+            | MOUNT_ATTR_NODEV
+            | (MOUNT_ATTR_RDONLY if read_only else 0),
+            0,
+            MS_PRIVATE,
+            userns_fd,
+        )
+        _syscall(
+            SYS_MOUNT_SETATTR,
+            "mount_setattr",
+            ctypes.c_int(tree),
+            b"",
+            ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE),
+            ctypes.byref(attr),
+            ctypes.c_size_t(ctypes.sizeof(attr)),
+        )
+        _syscall(
+            SYS_MOVE_MOUNT,
+            "move_mount",
+            ctypes.c_int(tree),
+            b"",
+            ctypes.c_int(AT_FDCWD),
+            os.fsencode(target),
+            ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH),
+        )
+    finally:
+        os.close(tree)
+    try:  # attached under a shared mount (`/run`), it joined its peer group: private again
+        _mount(None, target, MS_PRIVATE | MS_REC)
+    except OSError:
+        detach(target)
+        raise
+
+
 def detach(target: str) -> None:
     """Detach the mount at `target` (lazily: a process still in it keeps it); errors ignored."""
     _libc().umount2(target.encode(), MNT_DETACH)
@@ -120,11 +208,14 @@ class Staging:
         self.directory: Path | None = None
         self._targets: list[str] = []
 
-    def add_fd(self, fd: int, is_dir: bool, read_only: bool, volume: bool = False) -> str:
-        """Bind descriptor `fd` at a new path of the directory; that path.
+    def add_fd(
+        self, fd: int, is_dir: bool, read_only: bool, volume: bool = False, userns: int = -1
+    ) -> str:
+        """Bind descriptor `fd` at a new path of the directory; that path. A volume's bind is
+        ID-mapped by the user namespace `userns` where one is given (`bind_idmapped`).
 
         Raises:
-            OSError: the directory or the bind could not be made.
+            OSError: the directory or the bind could not be made (the path is removed).
         """
         if self.directory is None:
             self.directory = Path(tempfile.mkdtemp(prefix="osb-binds-", dir=_base()))
@@ -136,7 +227,14 @@ class Staging:
             os.mkdir(target, 0o755)
         else:
             os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644))
-        bind_descriptor(fd, target, read_only, volume)
+        try:
+            if userns >= 0:
+                bind_idmapped(fd, target, read_only, userns)
+            else:
+                bind_descriptor(fd, target, read_only, volume)
+        except OSError:
+            (os.rmdir if is_dir else os.unlink)(target)
+            raise
         self._targets.append(target)
         return target
 

@@ -32,6 +32,11 @@ fails, nothing outside is mounted. Directories the server makes (a claim, a miss
 are made the same way, under their parent's descriptor, and given to the range through their
 own descriptor, so no swap redirects a `chown`.
 
+Whose files: a root server ID-maps each volume (`ownership`, `staging.bind_idmapped`) so that
+its directory's owner and group are the sandbox's root and root group there, never host root
+unless the server opted in (`--volume-root-is-host-root`); a sandbox with a writable volume
+makes no set-id file and no file capability (`seccomp.py`, `bwrap.VOLUME_CAPABILITIES`).
+
 A create's volumes are checked first, all of them and without a change to any file system
 (`checked`), then opened (`opened`: claims and missing `subPath`s made); the descriptors live
 until bwrap has mounted them: the caller closes them (`close`) once the create is done,
@@ -47,12 +52,12 @@ import posixpath
 import re
 import stat
 import sys
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import bwrap
+from . import bwrap, identity
 from .errors import FieldError, VolumeError
 
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -141,6 +146,8 @@ class Bind:
     read_only: bool
     target: str  # the mountPath inside the sandbox
     name: str = ""  # the volume's, for messages
+    mapped: tuple[int, int] | None = None  # host (uid, gid) shown as the sandbox's root
+    note: str = ""  # what the create's status says of it (`ownership`)
 
     def bwrap_args(self) -> list[str]:
         """bwrap's `--bind-fd` arguments (the descriptor must be passed to bwrap)."""
@@ -165,10 +172,13 @@ def _changed(what: str) -> VolumeError:
     )
 
 
-def _step(parent: int, name: str, create: bool, what: str) -> int:
+def _step(
+    parent: int, name: str, create: bool, what: str, owner: tuple[int, int] | None = None
+) -> int:
     """The descriptor of directory `name` under `parent`, never through a symlink.
 
-    Made (and given to the sandboxes' root on a root server) when missing and `create`.
+    Made (and given to the sandboxes' root on a root server, as the host sees it: `owner` in
+    an ID-mapped volume, else the range's root) when missing and `create`.
     Raises VolumeError: missing, not a directory, or a symlink (a swap since the check).
     """
     missing = VolumeError("SUB_PATH_NOT_FOUND", f"{what} is not a directory of its volume")
@@ -197,7 +207,7 @@ def _step(parent: int, name: str, create: bool, what: str) -> int:
         if made and ids is not None and os.geteuid() == 0:
             # Sandbox root is the range's first host id (`identity.py`): it writes a pvc as its
             # owner. Through the descriptor: a swapped name cannot redirect it.
-            os.fchown(new, ids.uid, ids.gid)
+            os.fchown(new, *(owner or (ids.uid, ids.gid)))
         return os.open(".", _DIR, dir_fd=new)
     finally:
         os.close(new)
@@ -416,13 +426,141 @@ def sources_checked(
         _sub_path_given(volume.spec)
 
 
-def opened(volumes: Sequence[Volume], allowed: tuple[Path, ...], volume_root: Path) -> list[Bind]:
+HOST_ROOT_FIX = (
+    "chown it to a user and group other than root (chown UID:GID DIR: the sandbox's root"
+    " then writes there as them), or start the server with --volume-root-is-host-root"
+    " (LocalServer(volume_root_is_host_root=True)) to have the sandbox's root write there as"
+    " host root, as Docker's container root does"
+)
+
+
+def ownership(
+    owner: tuple[int, int],
+    read_only: bool,
+    name: str,
+    host_root: bool,
+    ids: identity.IdRange | None,
+) -> tuple[tuple[int, int] | None, str]:
+    """Whom the sandbox's root is in the volume `name` whose directory's host (uid, gid) is
+    `owner`, on a server of the range `ids`: (the host (uid, gid) it is there, None where the
+    volume is not ID-mapped; what the create's status says).
+
+    A root server ID-maps a volume (`staging.bind_idmapped`) so that its directory's owner
+    and group are the sandbox's root and root group there: what the sandbox's root writes
+    belongs on the host to them, as with Podman's `:idmap`. Not where that is host root (uid
+    or gid 0) unless `host_root` (the server's opt-in): a sandbox's root is never host root
+    by default; nor where the sandbox's root owns the directory already (the range's root:
+    a claim the server made), nor on a server that is not root (it cannot mount). Where the
+    sandbox's root is then not the owner of a writable volume, the note says so and what to
+    do.
+    """
+    uid, gid = owner
+    if ids is None or uid == ids.uid:
+        return None, ""
+    if ids.helpers is not None:  # a server that is not root
+        note = (
+            f" Volume {name!r} is not ID-mapped (only a server running as root maps volumes):"
+            f" the sandbox's root writes there as host uid {ids.uid} and gid {ids.gid}, where"
+            f" those may (the directory belongs to uid {uid}, gid {gid})."
+        )
+        return None, "" if read_only else note
+    if 0 in (uid, gid) and not host_root:
+        note = (
+            f" Volume {name!r} is NOT writable by the sandbox's root: its directory belongs to"
+            f" host root (uid {uid}, gid {gid}), which a sandbox's root is not by default. To"
+            f" let it write there, {HOST_ROOT_FIX}."
+        )
+        return None, "" if read_only else note
+    who = "host ROOT (--volume-root-is-host-root)" if 0 in (uid, gid) else "them"
+    return (uid, gid), (
+        f" Volume {name!r} is ID-mapped: its directory's owner and group (host uid {uid},"
+        f" gid {gid}) are the sandbox's root there, which writes as {who}."
+    )
+
+
+DEEPEST = 64  # directory levels `privileged_file` looks into
+
+
+def privileged_file(
+    fd: int, mapped: Callable[[int, int], bool] = lambda uid, gid: True
+) -> str | None:
+    """The path (in its volume) of a file under the directory `fd` that is set-id or carries
+    a file capability and whose owner or group `mapped` says the mount maps, or that could
+    not be looked at; None where there is none.
+
+    An ID-mapped writable volume makes its directory's owner the sandbox's root, who may open
+    that owner's files for writing; the kernel clears set-id bits and file capabilities on
+    write(2), truncate and fallocate, but not on a write through a shared writable mapping
+    (mmap): such a file would keep its privilege and run the sandbox's code as its owner (host
+    root under the opt-in). A file of neither a mapped owner nor a mapped group is not the
+    sandbox's to write or chown (the kernel refuses a write to a file with an id the mount
+    does not map). A walk through descriptors, never following a symbolic link, across the
+    mounts below (the mapping covers them too), `DEEPEST` levels deep: a directory below
+    those is one that could not be looked at.
+    """
+
+    def unseen(exc: OSError) -> None:
+        raise exc
+
+    try:
+        for top, dirs, files, dir_fd in os.fwalk(".", dir_fd=fd, onerror=unseen):
+            if dirs and top.count("/") >= DEEPEST:  # a descriptor and a frame each level
+                return os.path.normpath(os.path.join(top, dirs[0]))
+            for name in files:
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat.S_ISREG(info.st_mode) or not mapped(info.st_uid, info.st_gid):
+                    continue
+                path = os.path.normpath(os.path.join(top, name))
+                if info.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    return path
+                # executable or not: a chmod, which the sandbox may do, keeps a capability
+                at = f"/proc/self/fd/{dir_fd}/{name}"
+                if "security.capability" in os.listxattr(at, follow_symlinks=False):
+                    return path
+    except OSError as exc:
+        return os.path.normpath(exc.filename) if isinstance(exc.filename, str) else "?"
+    return None
+
+
+def _mapped_ids(owner: tuple[int, int], ids: identity.IdRange | None) -> Callable[[int, int], bool]:
+    """Whether a file's host (uid, gid) has an id the mount of `owner`'s volume maps
+    (`identity.mount_map`): the owner's, the group's, or one of the range."""
+
+    def mapped(uid: int, gid: int) -> bool:
+        if ids is None:
+            return True
+        in_range = (
+            ids.uid <= uid < ids.uid + identity.COUNT or ids.gid <= gid < ids.gid + identity.COUNT
+        )
+        return uid == owner[0] or gid == owner[1] or in_range
+
+    return mapped
+
+
+def _privileged_note(name: str, path: str) -> str:
+    shown = path if len(path) <= 200 else f"...{path[-200:]}"  # a sandbox may name it
+    return (
+        f" Volume {name!r} is NOT ID-mapped: it holds {shown!r}, a set-id or file-capable file"
+        " (or one the server could not check, too deep or unreadable), which its directory's"
+        " owner, the sandbox's root there, could rewrite keeping its privilege. Remove the"
+        " set-id bits and capabilities of such files, or mount the volume read-only, to have"
+        " it mapped."
+    )
+
+
+def opened(
+    volumes: Sequence[Volume],
+    allowed: tuple[Path, ...],
+    volume_root: Path,
+    host_root: bool = False,
+) -> list[Bind]:
     """The `checked` volumes' sources, opened (a claim or a `subPath` made where missing); the
     caller `close`s them.
 
     Args:
         allowed: host directories whose trees `host` volumes may mount.
         volume_root: the directory of `pvc` volumes.
+        host_root: whether a directory of host root's is ID-mapped (`ownership`).
 
     Raises:
         VolumeError: a source refused or missing (nothing is left open).
@@ -436,7 +574,17 @@ def opened(volumes: Sequence[Volume], allowed: tuple[Path, ...], volume_root: Pa
                 fd = _host_source(spec, allowed)
             else:
                 fd = _pvc_source(spec, volume_root)
-            binds.append(Bind(fd, bool(spec.get("readOnly")), volume.target, spec["name"]))
+            read_only = bool(spec.get("readOnly"))
+            binds.append(Bind(fd, read_only, volume.target, spec["name"]))  # closed on failure
+            info = os.fstat(fd)
+            owner = (info.st_uid, info.st_gid)
+            mapped, note = ownership(owner, read_only, spec["name"], host_root, bwrap.probe().ids)
+            held = None
+            if mapped is not None and not read_only:
+                held = privileged_file(fd, _mapped_ids(mapped, bwrap.probe().ids))
+            if held is not None:
+                mapped, note = None, _privileged_note(spec["name"], held)
+            binds[-1] = replace(binds[-1], mapped=mapped, note=note)
     except BaseException:
         close(binds)
         raise
@@ -463,7 +611,8 @@ NOT_NESTED = (
 
 def make_inside(bind: Bind, parts: Sequence[str], what: str) -> None:
     """Make the directories `parts` inside `bind`'s source as far as they are missing, each
-    under its parent's descriptor and given to the range (as a claim is, `_step`); stop at
+    under its parent's descriptor and given to the sandbox's root (as a claim is, `_step`:
+    the directory's owner where the volume is ID-mapped, else the range's root); stop at
     anything else (a link, a file: what the container makes of it is its own view's).
 
     Raises:
@@ -479,7 +628,7 @@ def make_inside(bind: Bind, parts: Sequence[str], what: str) -> None:
                     raise VolumeError(
                         "SUB_PATH_NOT_FOUND", f"{what} is not in the read-only volume {bind.name!r}"
                     ) from None
-                child = _step(fd, name, True, what)
+                child = _step(fd, name, True, what, bind.mapped)
             except OSError:
                 return
             os.close(fd)
