@@ -35,11 +35,11 @@ import tempfile
 from pathlib import Path
 
 from . import cgroup
-from .spares import SPARES_DIR
 
 logger = logging.getLogger("osb_sync.local")
 
 LOCK_NAME = ".osb-server.lock"
+SPARES_DIR = ".spares"  # under the server's root, which holds sandboxes only (`spares.py`)
 STRAY_PREFIX = "osb-local-"
 
 _SANDBOX = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}(\.run)?")

@@ -24,9 +24,9 @@ from types import FrameType, TracebackType
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
-from . import capacity, firewall, identity, logs, options, proxy, recovery, staging
+from . import capacity, firewall, identity, logs, options, package, proxy, recovery, staging
 from . import limits as resource_limits
-from .bwrap import FIX, Support, compile_package, probe, refusal
+from .bwrap import FIX, Support, probe, refusal
 from .errors import (
     CapacityError,
     FieldError,
@@ -215,8 +215,7 @@ class LocalServer:
                 return self
             support = self._support()
             capacity.raise_descriptor_limit()
-            if support.bwrap is not None:
-                compile_package()
+            package.snapshot()  # what every sandbox of this process runs
             self.isolated = self.network_policy_enforced = support.bwrap is not None
             self.isolation_problem = support.problem
             if not self.isolated and self._isolation is None:

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import bwrap
+from . import bwrap, package
 from .errors import FieldError, VolumeError
 
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -366,7 +366,13 @@ def checked(volumes: Any, isolated: bool, protected: tuple[str, ...] = ()) -> tu
             "UNSUPPORTED",
             f"volumes need isolated sandboxes, and these are not; to isolate them, {bwrap.FIX}",
         )
-    own = (sys.base_prefix, sys.prefix, bwrap.package_dir(), *protected)
+    own = (
+        sys.base_prefix,
+        sys.prefix,
+        bwrap.package_dir(),
+        str(package.installed_dir()),
+        *protected,
+    )
     found: list[Volume] = []
     for index, volume in enumerate(volumes):
         _check_shape(index, volume)
