@@ -76,7 +76,7 @@ def test_the_copy_is_the_package_compiled_for_containers_that_cannot_write_bytec
     assert copy.pinned("/elsewhere/main.py") == "/elsewhere/main.py"
 
 
-def test_a_changed_package_is_said_once_and_the_same_files_again_not_at_all(
+def test_a_changed_package_is_said_once_and_the_same_files_again_never(
     copy: package.Snapshot,
 ) -> None:
     assert copy.changed() is None
@@ -87,6 +87,8 @@ def test_a_changed_package_is_said_once_and_the_same_files_again_not_at_all(
     now = package.content_hash(copy.installed)
     assert copy.changed() == now != copy.digest
     assert copy.changed() is None  # said once
+    _install(site, "installed a third time")
+    assert copy.changed() is None  # a restart is due already
     assert (copy.path / "local/execd/_worker.py").read_text().endswith("# installed first\n")
 
 

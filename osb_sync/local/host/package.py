@@ -20,9 +20,9 @@ which the kernel lets go with the process).
 
 `Snapshot.changed` says whether the installed package now differs from the copy: one stat of
 each file, and its contents hashed again only where a stat differs (a reinstall of the same
-files changes nothing). The server checks it at each create and logs a warning, once per
-change, naming a restart: new sandboxes still run the copy, but the server's own code stays
-the version it started with until it restarts.
+files changes nothing). The server checks it at each create and logs a warning, once, naming a
+restart: new sandboxes still run the copy, but the server's own code stays the version it
+started with until it restarts.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Snapshot:
     installed: Path  # the package it was copied from
     marks: Marks  # the installed files' `marks` as they were copied
     owner: int = field(default_factory=os.getpid)
-    _reported: str = ""  # the installed hash `changed` last reported
+    _reported: str = ""  # the installed hash `changed` reported
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def pinned(self, path: str) -> str:
@@ -111,9 +111,12 @@ class Snapshot:
         return path
 
     def changed(self) -> str | None:
-        """The installed package's new hash if its files differ from the copy's and this was
-        not said before (a warning is due), else None."""
+        """The installed package's hash the first time its files differ from the copy's (a
+        warning is due), else None: a restart is due from then on, and a reinstall under way
+        is seen half done."""
         with self._lock:
+            if self._reported:
+                return None
             try:
                 now = marks(self.installed)
                 if now == self.marks:
@@ -125,8 +128,6 @@ class Snapshot:
                 if digest == self.digest:
                     self.marks = now  # the same files written again
                     return None
-            if digest == self._reported:
-                return None
             self._reported = digest
             return digest
 
@@ -198,7 +199,7 @@ def pinned(path: str) -> str:
 
 
 def warn_if_changed() -> None:
-    """Log a warning, once per change, where the installed package differs from the copy."""
+    """Log a warning, once, when the installed package differs from the copy."""
     taken = snapshot()
     digest = taken.changed()
     if digest is not None:
