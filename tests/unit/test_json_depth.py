@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import json
 import random
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -76,7 +76,7 @@ def test_valid_json_is_refused_exactly_past_the_limit(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(200))
 def test_garbage_deeper_than_the_limit_is_never_accepted(seed: int) -> None:
     rng = random.Random(seed)
-    alphabet = ['[', '[', '{', ']', '}', '"', "\\", "a", ",", ":", "[[[[", "]]]]"]
+    alphabet = ["[", "[", "{", "]", "}", '"', "\\", "a", ",", ":", "[[[[", "]]]]"]
     text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(100, 3000)))
     if reference_depth(text) > LIMIT:
         assert not accepted(text)
@@ -115,7 +115,7 @@ def test_an_error_body_nested_too_deep_is_shown_as_an_excerpt() -> None:
     class Body:
         content = b"[" * 5000
         text = "[" * 5000
-        headers: dict[str, str] = {}
+        headers: ClassVar[dict[str, str]] = {}
 
     code, message = _parse_error_body(Body())  # type: ignore[arg-type]
     assert code is None and message.startswith("[[[")
@@ -124,7 +124,7 @@ def test_an_error_body_nested_too_deep_is_shown_as_an_excerpt() -> None:
 class _Finalized:
     """Garbage in a cycle whose finalizer needs a little stack, as a socket's close does."""
 
-    outcomes: list[str] = []
+    outcomes: ClassVar[list[str]] = []
 
     def __init__(self) -> None:
         self.me = self
