@@ -328,10 +328,62 @@ def test_pause_resume_renew_inspect_stats(server: LocalServer) -> None:
         inspected = osb("inspect", *api(server), sandbox_id, "no-such")
         assert inspected.returncode == 1 and json.loads(inspected.stdout)[0]["id"] == sandbox_id
         stats = osb("stats", *api(server), sandbox_id, "--json")
-        assert stats.returncode == 0 and json.loads(stats.stdout)[0]["mem_total_mib"] >= 0
+        shape = json.loads(stats.stdout)[0]
+        assert stats.returncode == 0 and (shape["sandbox"] or shape["host"]), stats.stdout
         assert osb("pause", *api(server), "no-such").returncode == 1
     finally:
         osb("rm", *api(server), sandbox_id)
+
+
+def test_stats_without_the_servers_extension_shows_execds_figures_as_the_hosts() -> None:
+    # OpenSandbox's server: no GET /sandboxes/{id}/stats (FastAPI's 404), and a Sandbox
+    # object without resourceLimits; its execd's /metrics reads the host's /proc.
+    with FakeServer() as fake:
+        execd = "/sandboxes/sb1/proxy/44772"
+
+        @fake.route("GET", "/v1/sandboxes/sb1")
+        def _(req: Any) -> None:
+            running = {"state": "Running", "reason": "", "message": ""}
+            created = "2026-12-06T10:00:00Z"
+            req.send_json(200, {"id": "sb1", "status": running, "createdAt": created})
+
+        @fake.route("GET", "/v1/sandboxes/sb1/stats")
+        def _(req: Any) -> None:
+            req.send_json(404, {"detail": "Not Found"})
+
+        @fake.route("GET", "/v1/sandboxes/sb1/endpoints/44772")
+        def _(req: Any) -> None:
+            req.send_json(200, {"endpoint": f"127.0.0.1:{fake.server_address[1]}{execd}"})
+
+        @fake.route("GET", f"{execd}/ping")
+        def _(req: Any) -> None:
+            req.send_raw(200, b"")
+
+        @fake.route("GET", f"{execd}/metrics")
+        def _(req: Any) -> None:
+            host = {"cpu_count": 8, "cpu_used_pct": 12.5, "mem_total_mib": 24105.2}
+            req.send_json(200, {**host, "mem_used_mib": 2048.0, "timestamp": 1})
+
+        table = osb("stats", "--api-base", fake.api_base, "sb1")
+        shaped = osb("stats", "--api-base", fake.api_base, "sb1", "--json")
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.splitlines()
+    assert header.split() == ["ID", "CPUS", "MEM_LIMIT", "OF", "MEM_USED", "MEM%", "CPU", "PIDS"]
+    assert row.split() == [
+        "sb1",
+        "-",
+        "-",
+        "host",
+        "2048.0/24105.2MiB",
+        "8.5",
+        "12.5%",
+        "of",
+        "8",
+        "-",
+    ]
+    shape = json.loads(shaped.stdout)[0]
+    assert shape["limits"] == {"cpu": None, "memory_mib": None, "given": {}}
+    assert shape["sandbox"] is None and shape["host"]["mem_total_mib"] == 24105.2
 
 
 def test_ls_q_states_in_any_case_and_rm_by_label(server: LocalServer) -> None:

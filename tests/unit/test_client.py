@@ -1056,3 +1056,27 @@ def test_unusable_answers_are_invalid_response_with_their_request_id(
         call(client)
     assert info.value.code == "INVALID_RESPONSE" and info.value.request_id == "r-7"
     assert str(info.value).startswith(f"{method} /") and "(request id r-7)" in str(info.value)
+
+
+# -- sandbox stats (osb-sync serve's extension) ------------------------------------------------
+
+
+def test_sandbox_stats_reads_the_extension_and_keeps_no_bad_figure(
+    rsps: responses.RequestsMock, client: Client
+) -> None:
+    figures = {"memoryUsedBytes": 5 << 20, "memoryLimitBytes": 256 << 20, "cpuLimit": 0.5}
+    bad = {"cpuSeconds": float("nan"), "pids": True, "pidsLimit": -1}
+    given = {"id": "sb1", "resourceLimits": {"memory": "256Mi"}, "source": "cgroup"}
+    rsps.get(f"{API}/sandboxes/sb1/stats", json={**given, **figures, **bad})
+    stats = client.sandbox_stats("sb1")
+    assert (stats.memory_limit_bytes, stats.cpu_limit, stats.source) == (256 << 20, 0.5, "cgroup")
+    assert stats.resource_limits == {"memory": "256Mi"}
+    assert (stats.cpu_seconds, stats.pids, stats.pids_limit) == (None, None, None)
+
+
+def test_sandbox_stats_of_a_server_without_the_extension_is_not_supported(
+    rsps: responses.RequestsMock, client: Client
+) -> None:
+    rsps.get(f"{API}/sandboxes/sb1/stats", status=404, json={"detail": "Not Found"})
+    with pytest.raises(osb_sync.NotSupportedError, match=r"metrics\(\) gives execd's figures"):
+        client.sandbox_stats("sb1")

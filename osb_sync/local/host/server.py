@@ -453,6 +453,7 @@ class LocalServer:
             ("GET", diagnostics + "/inspect", keyed(registry.diagnostics.inspect)),
             ("GET", diagnostics + "/events", keyed(registry.diagnostics.events)),
             ("GET", diagnostics + "/summary", keyed(registry.diagnostics.summary)),
+            ("GET", "/sandboxes/{id}/stats", keyed(sandboxes.stats)),  # ours
             ("POST", "/pools", keyed(pools.create)),
             ("GET", "/pools", keyed(pools.list)),
             ("GET", "/pools/{name}", keyed(pools.show)),
