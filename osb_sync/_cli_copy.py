@@ -35,8 +35,12 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
   modes have no setuid, setgid or sticky bit, each file streamed at the size the listing said.
 
 Into a sandbox, paths are the user's own; a tar archive on standard input keeps only members
-that stay beneath the destination. Files keep their permission bits, and directories (empty ones
-too) are made after the files, deepest first, with theirs.
+that stay beneath the destination, and streams (a member of ``SPOOL_FROM`` bytes or more is read
+from stdin as it is sent; smaller ones are sent ``BATCH_BYTES`` at a time). Files keep their
+permission bits, and directories (empty ones too) are made after the files, deepest first, with
+theirs. Then files and directories get their mtimes (whole seconds) from ``touch`` run in the
+sandbox, execd's API having no way to set one; where it fails, one warning says they were not
+kept. (Symlinks are not copied in: a local one is followed, a tar member skipped.)
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import posixpath
 import secrets
 import sys
 import tarfile
+import time
 from collections.abc import Generator, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -64,6 +69,9 @@ from ._sandbox import Sandbox
 _CONFLICTS = (errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENOTEMPTY)
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+SPOOL_FROM = 1 << 20  # a tar member this large goes in a request of its own, streamed
+BATCH_BYTES = 8 << 20  # smaller members are sent together, this much held at most
+TOUCH_ARGUMENT_BYTES = 64 * 1024  # of paths in one `touch` that sets mtimes going in
 
 
 def cmd_cp(cli: GlobalOptions, copy: CopyOptions) -> int:
@@ -361,23 +369,7 @@ class _Reader:
 def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
     """A local file or directory (or a tar archive on stdin) into a sandbox."""
     if src == "-":
-        entries: list[tuple[str, bytes, int]] = []
-        directories: list[tuple[str, int]] = []
-        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|*") as archive:
-            for member in archive:
-                name = posixpath.normpath(member.name)
-                if name.startswith("..") or posixpath.isabs(name):
-                    continue  # nothing may climb out
-                _check_name(member.name)
-                if member.isdir():
-                    directories.append((posixpath.join(path, name), member.mode & 0o777))
-                if not member.isfile():
-                    continue
-                handle = archive.extractfile(member)
-                data = handle.read() if handle else b""
-                entries.append((posixpath.join(path, name), data, member.mode & 0o777))
-        sandbox.files.write_many(entries)
-        _make_directories(sandbox, directories)
+        _copy_in_tar(sandbox, path)
         return 0
     local = Path(src)
     if not local.exists():
@@ -387,7 +379,9 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
         info = _remote_info(sandbox, path)
         target = posixpath.join(path, local.name) if info and info.type.startswith("dir") else path
         _check_name(target)
-        sandbox.files.upload(local, target, mode=local.stat().st_mode & 0o777)
+        own = local.stat()
+        sandbox.files.upload(local, target, mode=own.st_mode & 0o777)
+        _set_mtimes(sandbox, [(target, own.st_mtime)])
         return 0
     info = _remote_info(sandbox, path)
     root = posixpath.join(path, local.name) if info is not None else path
@@ -396,17 +390,81 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
     for entry in [*found[1:], *files]:
         _check_name(posixpath.join(root, entry.relative_to(local).as_posix()))
     _check_name(root)
+    stamps: list[tuple[str, float]] = []
     for file in files:
-        relative = file.relative_to(local).as_posix()
-        sandbox.files.upload(file, posixpath.join(root, relative), mode=file.stat().st_mode & 0o777)
-    _make_directories(
-        sandbox,
-        [
-            (posixpath.join(root, p.relative_to(local).as_posix()), p.stat().st_mode & 0o777)
-            for p in found
-        ],
-    )
+        target = posixpath.join(root, file.relative_to(local).as_posix())
+        stat = file.stat()
+        sandbox.files.upload(file, target, mode=stat.st_mode & 0o777)
+        stamps.append((target, stat.st_mtime))
+    made = [(posixpath.join(root, p.relative_to(local).as_posix()), p.stat()) for p in found]
+    _make_directories(sandbox, [(target, stat.st_mode & 0o777) for target, stat in made])
+    _set_mtimes(sandbox, [*stamps, *((target, stat.st_mtime) for target, stat in made)])
     return 0
+
+
+def _copy_in_tar(sandbox: Sandbox, path: str) -> None:
+    """A tar archive on stdin into the sandbox's ``path``, streamed: members smaller than
+    ``SPOOL_FROM`` are sent together, ``BATCH_BYTES`` at most held at once; a larger one goes
+    in a request of its own, read from stdin as it is sent."""
+    batch: list[tuple[str, bytes, int]] = []
+    directories: list[tuple[str, int]] = []
+    stamps: list[tuple[str, float]] = []
+    with tarfile.open(fileobj=sys.stdin.buffer, mode="r|*") as archive:
+        for member in archive:
+            name = posixpath.normpath(member.name)
+            if name.startswith("..") or posixpath.isabs(name):
+                continue  # nothing may climb out
+            _check_name(member.name)
+            target, mode = posixpath.join(path, name), member.mode & 0o777
+            if member.isdir():
+                directories.append((target, mode))
+                stamps.append((target, member.mtime))
+            if not member.isfile():
+                continue
+            stamps.append((target, member.mtime))
+            handle = archive.extractfile(member)
+            if handle is None or member.size < SPOOL_FROM:
+                batch.append((target, handle.read() if handle else b"", mode))
+                if sum(len(data) for _, data, _ in batch) >= BATCH_BYTES:
+                    sandbox.files.write_many(batch)
+                    batch.clear()
+                continue
+            if batch:
+                sandbox.files.write_many(batch)
+                batch.clear()
+            sandbox.files.write(target, handle, mode=mode, size=member.size)
+    if batch:
+        sandbox.files.write_many(batch)
+    _make_directories(sandbox, directories)
+    _set_mtimes(sandbox, stamps)
+
+
+def _set_mtimes(sandbox: Sandbox, stamps: list[tuple[str, float]]) -> None:
+    """Give what was copied in its mtime (whole seconds) with ``touch`` in the sandbox, once
+    everything is written: execd's API sets no time. Where ``touch`` fails (an image without
+    it), one warning says the copies keep the time they were written at."""
+    by_time: dict[str, list[str]] = {}
+    for target, mtime in stamps:
+        when = time.strftime("%Y%m%d%H%M.%S", time.gmtime(max(0, int(mtime))))
+        by_time.setdefault(when, []).append(target)
+    for when, targets in by_time.items():
+        while targets:
+            group: list[str] = []
+            size = 0
+            while targets and (not group or size + len(targets[0]) < TOUCH_ARGUMENT_BYTES):
+                size += len(targets[0]) + 1
+                group.append(targets.pop(0))
+            argv = ["touch", "-m", "-c", "-t", when, "--", *group]
+            done = sandbox.commands.run(argv, env={"TZ": "UTC0"})
+            if done.exit_code != 0:
+                said = (done.stderr or done.stdout).strip().splitlines()
+                why = said[-1] if said else f"exit {done.exit_code}"
+                print(
+                    "osb-sync: warning: mtimes were not kept: `touch` failed in the sandbox"
+                    f" ({why}); the copies have the time they were written",
+                    file=sys.stderr,
+                )
+                return
 
 
 def _check_name(name: str) -> None:

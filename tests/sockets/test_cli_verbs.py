@@ -313,6 +313,57 @@ def test_cp_keeps_modes_and_empty_directories(
         ]
 
 
+def test_cp_in_keeps_mtimes_and_streams_a_large_tar_member(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    """Issue 49 row 1: mtimes going in (execd sets none: ``touch`` in the sandbox does), and a
+    tar on stdin whose large member is streamed, not held (its memory: bench_cp.py)."""
+    tree = tmp_path / "times"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "a.txt").write_text("a")
+    os.utime(tree / "sub" / "a.txt", (1_000_000_000, 1_000_000_000))
+    os.utime(tree / "sub", (1_100_000_000, 1_100_000_000))
+    single = tmp_path / "one.txt"
+    single.write_text("1")
+    os.utime(single, (1_050_000_000, 1_050_000_000))
+    assert osb("cp", *api(server), str(tree), f"{sid}:/tmp/times").returncode == 0
+    assert osb("cp", *api(server), str(single), f"{sid}:/tmp/one.txt").returncode == 0
+    big = os.urandom(3 << 20)  # past SPOOL_FROM: a request of its own, read as it is sent
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data, mtime in [("t/small", b"s", 1_200_000_000), ("t/big", big, 1_300_000_000)]:
+            member = tarfile.TarInfo(name)
+            member.size, member.mtime, member.mode = len(data), mtime, 0o640
+            archive.addfile(member, io.BytesIO(data))
+        member = tarfile.TarInfo("t")
+        member.type, member.mtime, member.mode = tarfile.DIRTYPE, 1_400_000_000, 0o750
+        archive.addfile(member)
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    up = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", "-", f"{sid}:/tmp/tartimes"],
+        input=buffer.getvalue(),
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert up.returncode == 0 and up.stderr == b"", up.stderr
+    with Client(server.api_base) as client:
+        files = client.connect(sid).files
+        wanted = {
+            "/tmp/times/sub/a.txt": 1_000_000_000,
+            "/tmp/times/sub": 1_100_000_000,
+            "/tmp/one.txt": 1_050_000_000,
+            "/tmp/tartimes/t/small": 1_200_000_000,
+            "/tmp/tartimes/t/big": 1_300_000_000,
+            "/tmp/tartimes/t": 1_400_000_000,
+        }
+        found = files.info(*wanted)
+        got = {p: int(i.modified_at.timestamp()) for p, i in found.items() if i.modified_at}
+        assert got == wanted
+        assert files.read_bytes("/tmp/tartimes/t/big", max_bytes=4 << 20) == big
+        assert found["/tmp/tartimes/t/big"].mode == 0o640
+
+
 # -- managing sandboxes ---------------------------------------------------------------------
 
 
