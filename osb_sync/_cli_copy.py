@@ -40,7 +40,9 @@ from stdin as it is sent; smaller ones are sent ``BATCH_BYTES`` at a time). File
 permission bits, and directories (empty ones too) are made after the files, deepest first, with
 theirs. Then files and directories get their mtimes (whole seconds) from ``touch`` run in the
 sandbox, execd's API having no way to set one; where it fails, one warning says they were not
-kept. (Symlinks are not copied in: a local one is followed, a tar member skipped.)
+kept. Symlinks, never followed here (a local one is not read through, a tar member is a
+link), are made last with ``ln -s`` in the sandbox, so no write of the copy goes through one;
+where that fails, one warning says they were not copied.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ import errno
 import os
 import posixpath
 import secrets
+import stat
 import sys
 import tarfile
 import time
@@ -71,7 +74,13 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 SPOOL_FROM = 1 << 20  # a tar member this large goes in a request of its own, streamed
 BATCH_BYTES = 8 << 20  # smaller members are sent together, this much held at most
-TOUCH_ARGUMENT_BYTES = 64 * 1024  # of paths in one `touch` that sets mtimes going in
+ARGUMENT_BYTES = 64 * 1024  # of paths in one `touch` or `ln` run going in
+# `ln -s` of each (what it says, path) pair of its arguments, a missing parent made first (a
+# tar may name none), stopping at the first failure
+LINKS_SCRIPT = (
+    'while [ "$#" -gt 1 ]; do case $2 in */*) mkdir -p -- "${2%/*}" || exit;; esac;'
+    ' ln -s -- "$1" "$2" || exit; shift 2; done'
+)
 
 
 def cmd_cp(cli: GlobalOptions, copy: CopyOptions) -> int:
@@ -372,6 +381,14 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
         _copy_in_tar(sandbox, path)
         return 0
     local = Path(src)
+    if local.is_symlink():  # copied as the link it is, as docker cp does without -L
+        info = _remote_info(sandbox, path)
+        target = posixpath.join(path, local.name) if info and info.type.startswith("dir") else path
+        text = os.readlink(local)
+        _check_name(target)
+        _check_name(text)
+        _make_links(sandbox, [(target, text)])
+        return 0
     if not local.exists():
         print(f"osb-sync: error: no such local file: {src}", file=sys.stderr)
         return EXIT_NOT_FOUND
@@ -385,21 +402,46 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
         return 0
     info = _remote_info(sandbox, path)
     root = posixpath.join(path, local.name) if info is not None else path
-    found = [local, *(p for p in local.rglob("*") if p.is_dir() and not p.is_symlink())]
-    files = sorted(p for p in local.rglob("*") if p.is_file())
-    for entry in [*found[1:], *files]:
+    found, files, links = _walk(local)
+    for entry in [*found[1:], *files, *(link for link, _ in links)]:
         _check_name(posixpath.join(root, entry.relative_to(local).as_posix()))
+    for _, text in links:
+        _check_name(text)
     _check_name(root)
     stamps: list[tuple[str, float]] = []
     for file in files:
         target = posixpath.join(root, file.relative_to(local).as_posix())
-        stat = file.stat()
-        sandbox.files.upload(file, target, mode=stat.st_mode & 0o777)
-        stamps.append((target, stat.st_mtime))
+        own = file.stat()
+        sandbox.files.upload(file, target, mode=own.st_mode & 0o777)
+        stamps.append((target, own.st_mtime))
     made = [(posixpath.join(root, p.relative_to(local).as_posix()), p.stat()) for p in found]
-    _make_directories(sandbox, [(target, stat.st_mode & 0o777) for target, stat in made])
-    _set_mtimes(sandbox, [*stamps, *((target, stat.st_mtime) for target, stat in made)])
+    _make_directories(sandbox, [(target, own.st_mode & 0o777) for target, own in made])
+    _make_links(
+        sandbox, [(posixpath.join(root, p.relative_to(local).as_posix()), t) for p, t in links]
+    )
+    _set_mtimes(sandbox, [*stamps, *((target, own.st_mtime) for target, own in made)])
     return 0
+
+
+def _walk(top: Path) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:
+    """The directories (``top`` first), regular files and symlinks (with what each says) of a
+    local tree, no symlink followed; anything else is skipped with a warning."""
+    directories, files, links = [top], [], []
+    for parent, names, entries in os.walk(top):
+        for name in sorted([*names, *entries]):
+            path = Path(parent, name)
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                links.append((path, os.readlink(path)))
+            elif stat.S_ISDIR(mode):
+                directories.append(path)
+            elif stat.S_ISREG(mode):
+                files.append(path)
+            else:
+                print(
+                    f"osb-sync: warning: skipped {str(path)!r}: not a regular file", file=sys.stderr
+                )
+    return directories, sorted(files), links
 
 
 def _copy_in_tar(sandbox: Sandbox, path: str) -> None:
@@ -408,6 +450,7 @@ def _copy_in_tar(sandbox: Sandbox, path: str) -> None:
     in a request of its own, read from stdin as it is sent."""
     batch: list[tuple[str, bytes, int]] = []
     directories: list[tuple[str, int]] = []
+    links: list[tuple[str, str]] = []
     stamps: list[tuple[str, float]] = []
     with tarfile.open(fileobj=sys.stdin.buffer, mode="r|*") as archive:
         for member in archive:
@@ -419,6 +462,9 @@ def _copy_in_tar(sandbox: Sandbox, path: str) -> None:
             if member.isdir():
                 directories.append((target, mode))
                 stamps.append((target, member.mtime))
+            if member.issym():
+                _check_name(member.linkname)
+                links.append((target, member.linkname))
             if not member.isfile():
                 continue
             stamps.append((target, member.mtime))
@@ -436,7 +482,34 @@ def _copy_in_tar(sandbox: Sandbox, path: str) -> None:
     if batch:
         sandbox.files.write_many(batch)
     _make_directories(sandbox, directories)
+    _make_links(sandbox, links)
     _set_mtimes(sandbox, stamps)
+
+
+def _make_links(sandbox: Sandbox, links: list[tuple[str, str]]) -> None:
+    """Make each symlink (path, what it says) with ``ln -s`` in the sandbox, once every file
+    and directory of the copy is written, so that no write of the copy goes through one
+    (execd's API makes none). Where that fails (an image without ``ln``, a path taken), one
+    warning names what was not made."""
+    left = list(links)
+    while left:
+        group: list[str] = []
+        size = 0
+        while left and (not group or size + len(left[0][0]) + len(left[0][1]) < ARGUMENT_BYTES):
+            path, text = left.pop(0)
+            size += len(path) + len(text) + 2
+            group += [text, path]
+        argv = ["sh", "-c", LINKS_SCRIPT, "sh", *group]
+        done = sandbox.commands.run(argv)
+        if done.exit_code != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            why = said[-1] if said else f"exit {done.exit_code}"
+            print(
+                f"osb-sync: warning: symlinks were not copied: `ln -s` failed in the sandbox"
+                f" ({why}); {len(links)} in all",
+                file=sys.stderr,
+            )
+            return
 
 
 def _set_mtimes(sandbox: Sandbox, stamps: list[tuple[str, float]]) -> None:
@@ -451,7 +524,7 @@ def _set_mtimes(sandbox: Sandbox, stamps: list[tuple[str, float]]) -> None:
         while targets:
             group: list[str] = []
             size = 0
-            while targets and (not group or size + len(targets[0]) < TOUCH_ARGUMENT_BYTES):
+            while targets and (not group or size + len(targets[0]) < ARGUMENT_BYTES):
                 size += len(targets[0]) + 1
                 group.append(targets.pop(0))
             argv = ["touch", "-m", "-c", "-t", when, "--", *group]

@@ -364,6 +364,45 @@ def test_cp_in_keeps_mtimes_and_streams_a_large_tar_member(
         assert found["/tmp/tartimes/t/big"].mode == 0o640
 
 
+def test_cp_in_copies_symlinks_as_links_never_what_they_point_to(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    """Issue 49 row 1: a symlink going in was followed (its target's bytes uploaded, a link to
+    a directory or a dangling one dropped) and a tar's symlink member skipped."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the host's only")
+    tree = tmp_path / "links"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "real.txt").write_text("real")
+    wanted = {"rel": "sub/real.txt", "to-dir": "sub", "dangling": "/no/such", "out": str(secret)}
+    for name, text in wanted.items():
+        (tree / name).symlink_to(text)
+    assert osb("cp", *api(server), str(tree), f"{sid}:/tmp/links").returncode == 0
+    single = osb("cp", *api(server), str(tree / "rel"), f"{sid}:/tmp/single-link")
+    assert single.returncode == 0, single.stderr
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        member = tarfile.TarInfo("t/l")
+        member.type, member.linkname = tarfile.SYMTYPE, "../elsewhere"
+        archive.addfile(member)
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    up = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", "-", f"{sid}:/tmp/tarlinks"],
+        input=buffer.getvalue(),
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert up.returncode == 0, up.stderr
+    paths = [f"/tmp/links/{name}" for name in wanted] + ["/tmp/single-link", "/tmp/tarlinks/t/l"]
+    with Client(server.api_base) as client:
+        sandbox = client.connect(sid)
+        assert [i.type for i in sandbox.files.info(*paths).values()] == ["symlink"] * len(paths)
+        said = sandbox.commands.run(["readlink", *paths]).stdout.splitlines()
+        assert said == [*wanted.values(), "sub/real.txt", "../elsewhere"]
+        assert sandbox.files.read_bytes("/tmp/links/sub/real.txt") == b"real"
+
+
 # -- managing sandboxes ---------------------------------------------------------------------
 
 

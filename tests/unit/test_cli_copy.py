@@ -1,12 +1,16 @@
-"""``osb-sync cp``'s parts that need no sandbox: the mtimes going in (issue 49, row 1)."""
+"""``osb-sync cp``'s parts that need no sandbox: mtimes and symlinks going in (issue 49, row 1),
+each made by a command in the sandbox."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from osb_sync._cli_copy import TOUCH_ARGUMENT_BYTES, _set_mtimes
+from osb_sync._cli_copy import ARGUMENT_BYTES, LINKS_SCRIPT, _make_links, _set_mtimes
 from osb_sync._models import CommandResult
 
 
@@ -15,8 +19,8 @@ class _Commands:
         self.runs: list[tuple[list[str], dict[str, str]]] = []
         self.result = CommandResult(exit_code=exit_code, stderr=stderr)
 
-    def run(self, argv: list[str], env: dict[str, str]) -> CommandResult:
-        self.runs.append((argv, env))
+    def run(self, argv: list[str], env: dict[str, str] | None = None) -> CommandResult:
+        self.runs.append((argv, env or {}))
         return self.result
 
 
@@ -42,7 +46,7 @@ def test_many_paths_are_split_across_touches() -> None:
     _set_mtimes(_Sandbox(commands), [(p, 0) for p in paths])  # type: ignore[arg-type]
     sent = [argv[6:] for argv, _ in commands.runs]
     assert [p for group in sent for p in group] == paths
-    assert len(sent) > 1 and all(sum(map(len, g)) < TOUCH_ARGUMENT_BYTES for g in sent)
+    assert len(sent) > 1 and all(sum(map(len, g)) < ARGUMENT_BYTES for g in sent)
 
 
 def test_a_sandbox_without_touch_is_said_once(capsys: pytest.CaptureFixture[Any]) -> None:
@@ -54,3 +58,39 @@ def test_a_sandbox_without_touch_is_said_once(capsys: pytest.CaptureFixture[Any]
         "osb-sync: warning: mtimes were not kept: `touch` failed in the sandbox (bash: touch:"
         " command not found); the copies have the time they were written"
     ]
+
+
+def test_links_go_in_as_pairs_of_arguments_never_through_a_shell_string() -> None:
+    commands = _Commands(0)
+    links = [("/t/a b", "x'; rm -rf /"), ("/t/-n", "-")]
+    _make_links(_Sandbox(commands), links)  # type: ignore[arg-type]
+    assert commands.runs == [
+        (["sh", "-c", LINKS_SCRIPT, "sh", "x'; rm -rf /", "/t/a b", "-", "/t/-n"], {})
+    ]
+
+
+def test_a_sandbox_without_ln_is_said_once(capsys: pytest.CaptureFixture[Any]) -> None:
+    commands = _Commands(127, "sh: ln: not found\n")
+    _make_links(_Sandbox(commands), [("/a", "b"), ("/c", "d")])  # type: ignore[arg-type]
+    assert len(commands.runs) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "osb-sync: warning: symlinks were not copied: `ln -s` failed in the sandbox (sh: ln:"
+        " not found); 2 in all"
+    ]
+
+
+def test_the_links_script_makes_parents_and_takes_any_text(tmp_path: Path) -> None:
+    pairs = [
+        "x'; touch pwned",
+        f"{tmp_path}/new/a b",
+        "-",
+        f"{tmp_path}/-n",
+        "\n",
+        f"{tmp_path}/nl",
+    ]
+    done = subprocess.run(["sh", "-c", LINKS_SCRIPT, "sh", *pairs], cwd=tmp_path, check=False)
+    assert done.returncode == 0
+    assert [os.readlink(path) for path in pairs[1::2]] == pairs[0::2]
+    assert not (tmp_path / "pwned").exists()
+    taken = subprocess.run(["sh", "-c", LINKS_SCRIPT, "sh", "y", pairs[1]], check=False)
+    assert taken.returncode != 0  # a path taken stops it
