@@ -22,15 +22,21 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
   one is refused at the first chunk past its size (an endless download ends), a shorter one at
   its end (a file that changed during the copy: copy it again). It gets the permission bits
   and mtime the listing said, without setuid, setgid or sticky bit (in the tar stream too).
-  (Empty directories are not copied out: execd's search lists files only.)
 - Disk use is bounded by the listing: each file is exactly as long as it says, and what it says
   adds up to must fit in the space free where DEST is, checked before the first byte is written
   (a sandbox may claim any size, up to 2**63 - 1 bytes a file, and stream zeros to match).
   Directories are walked one level at a time, two descriptors open at most, however deep an
   entry is (its path is shorter than PATH_MAX: ``Files`` refuses a longer one).
-- Only regular files are copied. execd does not say where a symlink points, and its download
-  would follow it (to a directory, a FIFO, a file of any size): a symlink or another entry in a
-  directory is skipped with a warning, and a SRC that is one is refused.
+- Files are copied by execd's API. Symlinks and empty directories, which it does not tell (no
+  link's text in a ``FileInfo``, no directory in a search), come from ``SPECIALS_SCRIPT`` run
+  in the sandbox (bash, find, od, readlink): each name and link text in hex, every name checked
+  as a search's entry is (a bad one, or a line that is not the script's, stops the copy).
+  Empty directories are made after the files, with the mode and mtime ``files.info`` says;
+  symlinks last, each under a temporary name renamed over its own (never over a directory), so
+  no write of the copy goes through a link it made; what they say is kept as it is, never
+  followed here. Where the script cannot run, one warning says they were not copied. A FIFO,
+  device or socket is skipped with a warning, and a SRC that is not a file or directory is
+  refused (execd's download would follow a link to anything).
 - ``-`` writes a tar stream whose names are ``BASE/REMAINDER`` (clean and relative), whose
   modes have no setuid, setgid or sticky bit, each file streamed at the size the listing said.
 
@@ -56,14 +62,14 @@ import stat
 import sys
 import tarfile
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 from ._cli_options import CopyOptions, GlobalOptions, Refused, UsageError
 from ._cli_output import EXIT_NOT_FOUND
 from ._cli_sandboxes import resolve_id
-from ._errors import ApiError, NotFoundError
+from ._errors import ApiError, NotFoundError, OutputLimitExceeded
 from ._models import FileInfo
 from ._sandbox import Sandbox
 
@@ -72,6 +78,23 @@ from ._sandbox import Sandbox
 _CONFLICTS = (errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENOTEMPTY)
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# The sandbox's symlinks (with what each says) and empty directories below "$1", which execd's
+# API does not tell: each name, and each link's text, in hex (any byte crosses a text stream).
+SPECIALS_HEAD, SPECIALS_END = "osb-sync-specials 1", "osb-sync-specials end"
+SPECIALS_SCRIPT = f"""command -v find >/dev/null && command -v od >/dev/null || exit 127
+cd -- "$1" || exit 3
+hex() {{ od -An -v -tx1 | tr -d ' \\n'; }}
+echo '{SPECIALS_HEAD}'
+find . -mindepth 1 \\( -type l -o -type d -empty \\) -print0 |
+while IFS= read -r -d '' p; do
+  name=$(printf %s "${{p#./}}" | hex)
+  if [ -L "$p" ]; then printf 'l %s %s\\n' "$name" "$(readlink -- "$p" | hex)"
+  else printf 'd %s\\n' "$name"; fi
+done
+[ "${{PIPESTATUS[0]}}" -eq 0 ] || exit 5
+echo '{SPECIALS_END}'"""
+SPECIALS_BYTES = 16 << 20  # of that listing's output
+LINK_MAX = 4095  # bytes of a symlink's text (PATH_MAX less its NUL)
 SPOOL_FROM = 1 << 20  # a tar member this large goes in a request of its own, streamed
 BATCH_BYTES = 8 << 20  # smaller members are sent together, this much held at most
 ARGUMENT_BYTES = 64 * 1024  # of paths in one `touch` or `ln` run going in
@@ -135,16 +158,19 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
     is_dir = info.type.lower().startswith("dir")
     if is_dir:
         top = _absolute(path) or info.path
+        specials = _specials(sandbox, top)
         files = [(_remainder(item, top), item) for item in sandbox.files.search(path)]
-        files = [(rest, item) for rest, item in files if _regular(item)]
+        files = [(rest, item) for rest, item in files if _regular(item, specials is not None)]
     else:
+        specials = None
         _refuse_irregular(info)
         if not name:
             raise Refused(f"the sandbox says {path!r} is a file, but it names no file")
         info = replace(info, path=path)  # the file the user named, at the size execd said
         files = [("", info)]
+    empty, links = _special_entries(sandbox, top if is_dir else "", specials)
     if dest == "-":
-        _write_tar(sandbox, files, name)
+        _write_tar(sandbox, files, name, empty, links)
         return 0
     target = Path(dest)
     if not is_dir:
@@ -159,7 +185,104 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
         for rest, item in files:
             with contextlib.closing(_exactly(sandbox, item)) as data:
                 tree.write(rest, data, item.path, _stamp(item))
+        for rest, stamp in empty:
+            tree.make_directory(rest, f"{top}/{rest}", stamp)
+        for rest, text in links:  # last: nothing of the copy is written through one
+            tree.link(rest, f"{top}/{rest}", text)
     return 0
+
+
+def _specials(sandbox: Sandbox, top: str) -> list[str] | None:
+    """The lines of the sandbox's listing of its symlinks and empty directories below ``top``
+    (``SPECIALS_SCRIPT``: execd's API tells neither a link's text nor an empty directory in a
+    search), or None, with one warning, where the sandbox cannot run it."""
+    try:
+        done = sandbox.commands.run(
+            ["bash", "-c", SPECIALS_SCRIPT, "bash", top], max_output_bytes=SPECIALS_BYTES
+        )
+    except OutputLimitExceeded:
+        done = None
+    lines = done.stdout.splitlines() if done is not None else []
+    if done is None or done.exit_code != 0 or lines[:1] != [SPECIALS_HEAD]:
+        why = "its listing passed 16 MiB" if done is None else f"exit {done.exit_code}"
+        print(
+            "osb-sync: warning: symlinks and empty directories were not copied: the sandbox"
+            f" could not list them (bash, find, od and readlink, {why})",
+            file=sys.stderr,
+        )
+        return None
+    if lines[-1] != SPECIALS_END:
+        raise Refused(_unreadable("its listing ended early"))
+    return lines[1:-1]
+
+
+def _unreadable(what: str) -> str:
+    return (
+        f"the sandbox's listing of symlinks and empty directories is not readable ({what});"
+        " nothing more was copied"
+    )
+
+
+def _special_entries(
+    sandbox: Sandbox, top: str, lines: list[str] | None
+) -> tuple[list[tuple[str, tuple[int, int | None]]], list[tuple[str, str]]]:
+    """The empty directories (clean relative names, with their mode and mtime) and symlinks
+    (names, and what each says) of ``_specials``' lines.
+
+    Raises:
+        Refused: a line that is not one of the script's, a name that is not a clean relative
+            path, a link's text that no link can hold.
+    """
+    directories: list[str] = []
+    links: list[tuple[str, str]] = []
+    for line in lines or []:
+        kind, *fields = line.split(" ")
+        try:
+            raw = [bytes.fromhex(field) for field in fields]
+        except ValueError:
+            raise Refused(_unreadable(f"{line[:80]!r}")) from None
+        if kind == "d" and len(raw) == 1:
+            directories.append(_special_name(raw[0], top))
+        elif kind == "l" and len(raw) == 2:
+            text = raw[1][:-1] if raw[1].endswith(b"\n") else raw[1]  # readlink's line end
+            if not text or b"\0" in text or len(text) > LINK_MAX:
+                raise Refused(_unreadable(f"a link's text of {len(text)} bytes: {line[:80]!r}"))
+            links.append((_special_name(raw[0], top), os.fsdecode(text)))
+        else:
+            raise Refused(_unreadable(f"{line[:80]!r}"))
+    stamps: dict[str, tuple[int, int | None]] = {}
+    carried = [rest for rest in directories if _utf8(rest)]  # execd's API takes no other
+    if carried:
+        try:
+            found = sandbox.files.info(*(f"{top}/{rest}" for rest in carried))
+        except NotFoundError:
+            found = {}  # one went away since the listing: all keep the default
+        stamps = {path[len(top) + 1 :]: _stamp(item) for path, item in found.items()}
+    return [(rest, stamps.get(rest, (0o755, None))) for rest in directories], links
+
+
+def _special_name(raw: bytes, top: str) -> str:
+    """A name of the sandbox's listing, a clean relative path beneath ``top``.
+
+    Raises:
+        Refused: it is not one (it could land outside DEST).
+    """
+    rest = os.fsdecode(raw)
+    parts = rest.split("/")
+    if not rest or "\0" in rest or len(raw) >= 4096 or any(p in ("", ".", "..") for p in parts):
+        raise Refused(
+            f"the sandbox listed {rest[:200]!r} in {top!r}: not a clean path beneath it, so it"
+            " could land outside DEST; nothing more was copied"
+        )
+    return rest
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _stamp(item: FileInfo) -> tuple[int, int | None]:
@@ -198,11 +321,13 @@ def _remainder(item: FileInfo, top: str) -> str:
     return rest
 
 
-def _regular(item: FileInfo) -> bool:
+def _regular(item: FileInfo, links_listed: bool = False) -> bool:
     """Whether an entry of a directory is a regular file (the others are skipped, with a
-    warning)."""
+    warning; a symlink silently where the sandbox's own listing brings links)."""
     if item.type == "file":
         return True
+    if item.type == "symlink" and links_listed:
+        return False
     print(f"osb-sync: warning: skipped {item.path!r}: {_irregular(item)}", file=sys.stderr)
     return False
 
@@ -266,6 +391,31 @@ class _Tree:
                 directory where its file goes.
             OSError: the disk refused (full, read-only, no permission).
         """
+        self._beneath(
+            relative, entry, lambda parent, name: _write_file(parent, name, chunks, stamp)
+        )
+
+    def make_directory(self, relative: str, entry: str, stamp: tuple[int, int | None]) -> None:
+        """Make the directory ``relative`` (if it is not there) with ``stamp``'s permission
+        bits and mtime, set through its descriptor.
+
+        Raises:
+            Refused: a symlink or a file where it, or a directory above it, goes.
+        """
+        self._beneath(relative, entry, lambda parent, name: _make_directory(parent, name, stamp))
+
+    def link(self, relative: str, entry: str, text: str) -> None:
+        """Make ``relative`` a symlink saying ``text``: made under a temporary name, then
+        renamed over whatever file is there (a rename never replaces a directory).
+
+        Raises:
+            Refused: a directory where it goes, a symlink or file where a directory above it.
+        """
+        self._beneath(relative, entry, lambda parent, name: _make_link(parent, name, text))
+
+    def _beneath(self, relative: str, entry: str, act: Callable[[int, str], None]) -> None:
+        """``act(parent, name)`` with the descriptor of ``relative``'s directory, each level
+        made if missing and opened without following a symlink."""
         *directories, name = relative.split("/")
         parent = self._fd
         try:
@@ -275,7 +425,7 @@ class _Tree:
                 child = os.open(directory, _DIRECTORY, dir_fd=parent)
                 self._close(parent)  # one descriptor a level would run out at depth 1024
                 parent = child
-            _write_file(parent, name, chunks, stamp)
+            act(parent, name)
         except OSError as exc:
             if exc.errno not in _CONFLICTS:
                 raise
@@ -330,8 +480,41 @@ def _write_file(
         raise
 
 
-def _write_tar(sandbox: Sandbox, files: list[tuple[str, FileInfo]], base: str) -> None:
-    """A tar stream of ``files`` on standard output, each streamed (bounded memory)."""
+def _make_directory(parent: int, name: str, stamp: tuple[int, int | None]) -> None:
+    """The directory ``name`` beneath ``parent``, with ``stamp``'s bits and mtime."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=parent)
+    fd = os.open(name, _DIRECTORY, dir_fd=parent)
+    try:
+        mode, mtime = stamp
+        os.fchmod(fd, mode)
+        if mtime is not None:
+            os.utime(fd, (mtime, mtime))
+    finally:
+        os.close(fd)
+
+
+def _make_link(parent: int, name: str, text: str) -> None:
+    """The symlink ``name`` beneath ``parent`` saying ``text``, renamed over ``name``."""
+    temporary = f".osb-sync-{secrets.token_hex(8)}.link"
+    os.symlink(text, temporary, dir_fd=parent)
+    try:
+        os.rename(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=parent)
+        raise
+
+
+def _write_tar(
+    sandbox: Sandbox,
+    files: list[tuple[str, FileInfo]],
+    base: str,
+    empty: list[tuple[str, tuple[int, int | None]]] = (),  # type: ignore[assignment]
+    links: list[tuple[str, str]] = (),  # type: ignore[assignment]
+) -> None:
+    """A tar stream of ``files`` on standard output, each streamed (bounded memory), then the
+    ``empty`` directories and the ``links``."""
     with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as archive:
         for rest, item in files:
             member = tarfile.TarInfo("/".join(p for p in (base, rest) if p))
@@ -342,6 +525,14 @@ def _write_tar(sandbox: Sandbox, files: list[tuple[str, FileInfo]], base: str) -
                 reader = _Reader(data)
                 archive.addfile(member, reader)
                 reader.finish()
+        for rest, (mode, mtime) in empty:
+            member = tarfile.TarInfo("/".join(p for p in (base, rest) if p))
+            member.type, member.mode, member.mtime = tarfile.DIRTYPE, mode, mtime or 0
+            archive.addfile(member)
+        for rest, text in links:
+            member = tarfile.TarInfo("/".join(p for p in (base, rest) if p))
+            member.type, member.linkname, member.mode = tarfile.SYMTYPE, text, 0o777
+            archive.addfile(member)
 
 
 class _Reader:

@@ -378,6 +378,83 @@ def test_cp_of_a_healthy_tree_both_ways(world: World, sandbox_id: str, tmp_path:
         assert handle is not None and handle.read() == b"alpha\n"
 
 
+@pytest.fixture(autouse=True)
+def _healthy_commands(world: World) -> Iterator[None]:
+    """Each test's ``/command`` prints "ok" unless it says otherwise (the world outlives it)."""
+    world.command_stdout = None
+    yield
+    world.command_stdout = None
+
+
+def _specials(*lines: str) -> list[str]:
+    """What the sandbox's listing of symlinks and empty directories prints (`_cli_copy`)."""
+    return [_cli_copy.SPECIALS_HEAD, *lines, _cli_copy.SPECIALS_END]
+
+
+def _hex(text: str) -> str:
+    return text.encode().hex()
+
+
+@pytest.mark.parametrize("name", ["../up", "/abs", "a/../../up", "", "a//b", "./a"])
+def test_cp_refuses_a_special_entry_that_is_not_a_clean_name_beneath(
+    world: World, sandbox_id: str, tmp_path: Path, name: str
+) -> None:
+    """Issue 49: the names of symlinks and empty directories come from a command's output."""
+    for line in (f"d {_hex(name)}", f"l {_hex(name)} {_hex('x')}0a"):
+        world.command_stdout = _specials(line)
+        dest = tmp_path / "a" / "dest"
+        copied = cp(world, f"{sandbox_id}:/dir", str(dest))
+        assert copied.status == EXIT_REFUSED, copied.stderr
+        assert "nothing more was copied" in copied.stderr or "nothing was copied" in copied.stderr
+        assert [f for f in written(tmp_path) if not f.startswith("a/dest/")] == []
+        assert not (tmp_path / "up").exists()
+
+
+@pytest.mark.parametrize("line", ["x 00", "d zz", "l 61", "l 61 00", "l 61 " + "61" * 5000])
+def test_cp_refuses_a_special_listing_it_cannot_read(
+    world: World, sandbox_id: str, tmp_path: Path, line: str
+) -> None:
+    world.command_stdout = _specials(line)
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
+    assert copied.status == EXIT_REFUSED and "symlinks and empty directories" in copied.stderr
+
+
+def test_cp_makes_a_sandboxs_link_last_and_never_writes_through_one(
+    world: World, sandbox_id: str, tmp_path: Path
+) -> None:
+    """A link the sandbox names where its listing has a directory of files is refused (the
+    files came first, and a rename never replaces a directory); one elsewhere is made, pointing
+    wherever it said, after every file: nothing of the copy goes through it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    world.command_stdout = _specials(f"l {_hex('sub')} {_hex(str(outside))}0a")
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
+    assert copied.status == EXIT_REFUSED and "'/dir/sub'" in copied.stderr, copied.stderr
+    assert written(outside) == []
+    world.command_stdout = _specials(
+        f"l {_hex('link')} {_hex(str(outside))}0a", f"d {_hex('sub/empty')}"
+    )
+    dest = tmp_path / "dest2"
+    copied = cp(world, f"{sandbox_id}:/dir", str(dest))
+    assert copied.status == 0, copied.stderr
+    assert os.readlink(dest / "link") == str(outside) and written(outside) == []
+    assert (dest / "sub" / "empty").is_dir() and not (dest / "sub" / "empty").is_symlink()
+    tarred = cp(world, f"{sandbox_id}:/dir", "-")
+    assert tarred.status == 0, tarred.stderr
+    with tarfile.open(fileobj=io.BytesIO(bytes(tarred.stdout.kept))) as archive:
+        link, empty = archive.getmember("dir/link"), archive.getmember("dir/sub/empty")
+        assert (link.issym(), link.linkname, empty.isdir()) == (True, str(outside), True)
+
+
+def test_cp_without_the_sandboxs_listing_says_what_is_lost(
+    world: World, sandbox_id: str, tmp_path: Path
+) -> None:
+    """An image without find, od or bash (here: a command that prints "ok"): one line."""
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
+    assert copied.status == 0
+    assert copied.stderr.count("symlinks and empty directories were not copied") == 1
+
+
 # -- every execd route the client calls, lied to --------------------------------------------
 
 PACKAGE = Path(__file__).resolve().parents[2] / "osb_sync"

@@ -403,6 +403,60 @@ def test_cp_in_copies_symlinks_as_links_never_what_they_point_to(
         assert sandbox.files.read_bytes("/tmp/links/sub/real.txt") == b"real"
 
 
+def _tree_of(root: Path) -> dict[str, tuple[object, ...]]:
+    """What a round trip keeps: files (bytes, mode, mtime), symlinks (their text), empty
+    directories (mode, mtime) and the other directories."""
+    found: dict[str, tuple[object, ...]] = {}
+    for parent, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(parent, name)
+            info = path.lstat()
+            rest = str(path.relative_to(root))
+            if path.is_symlink():
+                found[rest] = ("link", os.readlink(path))
+            elif path.is_dir() and not any(path.iterdir()):
+                found[rest] = ("empty", info.st_mode & 0o777, int(info.st_mtime))
+            elif path.is_dir():
+                found[rest] = ("dir",)
+            else:
+                found[rest] = ("file", path.read_bytes(), info.st_mode & 0o777, int(info.st_mtime))
+    return found
+
+
+def test_cp_round_trips_links_empty_directories_modes_and_mtimes(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    """Issue 49's "done when": a tree of a symlink, an empty directory, a 0755 script, a file
+    with a space, one with a non-ASCII name and one with a newline, mtimes kept, both ways
+    and through ``-``."""
+    tree = tmp_path / "tree"
+    (tree / "empty").mkdir(parents=True)
+    (tree / "sub").mkdir()
+    for name, mode in [("run.sh", 0o755), ("a file", 0o644), ("файл", 0o600), ("new\nline", 0o640)]:
+        (tree / "sub" / name).write_text(name)
+        (tree / "sub" / name).chmod(mode)
+        os.utime(tree / "sub" / name, (1_000_000_000, 1_000_000_000))
+    (tree / "link").symlink_to("sub/run.sh")
+    (tree / "empty").chmod(0o750)
+    os.utime(tree / "empty", (1_100_000_000, 1_100_000_000))
+    wanted = _tree_of(tree)
+    assert osb("cp", *api(server), str(tree), f"{sid}:/tmp/rt").returncode == 0
+    back = osb("cp", *api(server), f"{sid}:/tmp/rt", str(tmp_path / "back"))
+    assert back.returncode == 0 and back.stderr == "", back.stderr
+    assert _tree_of(tmp_path / "back") == wanted
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    base = [sys.executable, "-m", "osb_sync", "cp"]
+    out = subprocess.run([*base, f"{sid}:/tmp/rt", "-"], env=env, capture_output=True, check=False)
+    assert out.returncode == 0, out.stderr
+    up = subprocess.run(
+        [*base, "-", f"{sid}:/tmp/rt2"], input=out.stdout, env=env, capture_output=True, check=False
+    )
+    assert up.returncode == 0 and up.stderr == b"", up.stderr
+    again = osb("cp", *api(server), f"{sid}:/tmp/rt2/rt", str(tmp_path / "again"))
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert _tree_of(tmp_path / "again") == wanted
+
+
 # -- managing sandboxes ---------------------------------------------------------------------
 
 
