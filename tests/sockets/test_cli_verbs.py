@@ -423,12 +423,10 @@ def _tree_of(root: Path) -> dict[str, tuple[object, ...]]:
     return found
 
 
-def test_cp_round_trips_links_empty_directories_modes_and_mtimes(
-    server: LocalServer, sid: str, tmp_path: Path
-) -> None:
+def cp_round_trip(api_base: str, sid: str, tmp_path: Path) -> None:
     """Issue 49's "done when": a tree of a symlink, an empty directory, a 0755 script, a file
     with a space, one with a non-ASCII name and one with a newline, mtimes kept, both ways
-    and through ``-``."""
+    and through ``-`` (on our execd here, on the real one in test_integration.py)."""
     tree = tmp_path / "tree"
     (tree / "empty").mkdir(parents=True)
     (tree / "sub").mkdir()
@@ -440,21 +438,25 @@ def test_cp_round_trips_links_empty_directories_modes_and_mtimes(
     (tree / "empty").chmod(0o750)
     os.utime(tree / "empty", (1_100_000_000, 1_100_000_000))
     wanted = _tree_of(tree)
-    assert osb("cp", *api(server), str(tree), f"{sid}:/tmp/rt").returncode == 0
-    back = osb("cp", *api(server), f"{sid}:/tmp/rt", str(tmp_path / "back"))
-    assert back.returncode == 0 and back.stderr == "", back.stderr
+    base = [sys.executable, "-m", "osb_sync", "cp", "--api-base", api_base]
+
+    def cp(src: str, dest: str, given: bytes | None = None) -> bytes:
+        done = subprocess.run([*base, src, dest], input=given, capture_output=True, check=False)
+        assert done.returncode == 0 and done.stderr == b"", done.stderr
+        return done.stdout
+
+    cp(str(tree), f"{sid}:/tmp/rt")
+    cp(f"{sid}:/tmp/rt", str(tmp_path / "back"))
     assert _tree_of(tmp_path / "back") == wanted
-    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
-    base = [sys.executable, "-m", "osb_sync", "cp"]
-    out = subprocess.run([*base, f"{sid}:/tmp/rt", "-"], env=env, capture_output=True, check=False)
-    assert out.returncode == 0, out.stderr
-    up = subprocess.run(
-        [*base, "-", f"{sid}:/tmp/rt2"], input=out.stdout, env=env, capture_output=True, check=False
-    )
-    assert up.returncode == 0 and up.stderr == b"", up.stderr
-    again = osb("cp", *api(server), f"{sid}:/tmp/rt2/rt", str(tmp_path / "again"))
-    assert again.returncode == 0 and again.stderr == "", again.stderr
+    cp("-", f"{sid}:/tmp/rt2", cp(f"{sid}:/tmp/rt", "-"))
+    cp(f"{sid}:/tmp/rt2/rt", str(tmp_path / "again"))
     assert _tree_of(tmp_path / "again") == wanted
+
+
+def test_cp_round_trips_links_empty_directories_modes_and_mtimes(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    cp_round_trip(server.api_base, sid, tmp_path)
 
 
 # -- managing sandboxes ---------------------------------------------------------------------

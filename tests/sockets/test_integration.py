@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -15,6 +16,7 @@ import osb_sync
 from osb_sync import ApiError, Client, NotFoundError, OutputLimitExceeded
 from osb_sync.local import LocalServer
 from tests import realexecd
+from tests.sockets.test_cli_verbs import cp_round_trip
 
 
 @pytest.fixture(scope="module")
@@ -286,3 +288,13 @@ def test_readme_example_runs(local: LocalServer, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("OPEN_SANDBOX_API_BASE", local.api_base)  # the example's Client() reads it
     namespace: dict[str, object] = {}
     exec(compile(code, "README.rst", "exec"), namespace)
+
+
+def test_cp_round_trips_a_tree_on_this_execd(
+    local: LocalServer, client: Client, tmp_path: Path
+) -> None:
+    """Issue 49: symlinks, empty directories, modes, mtimes and odd names through ``osb-sync
+    cp``, both ways and through ``-``, on the real execd too (tox -e realexecd), whose API
+    tells no link's text and sets no time: commands in the sandbox do."""
+    with client.create_sandbox() as sandbox:
+        cp_round_trip(local.api_base, sandbox.id, tmp_path)
