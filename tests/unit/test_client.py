@@ -1078,5 +1078,6 @@ def test_sandbox_stats_of_a_server_without_the_extension_is_not_supported(
     rsps: responses.RequestsMock, client: Client
 ) -> None:
     rsps.get(f"{API}/sandboxes/sb1/stats", status=404, json={"detail": "Not Found"})
+    rsps.get(API.removesuffix("/v1") + "/version", json={"version": "1.1.1"})
     with pytest.raises(osb_sync.NotSupportedError, match=r"metrics\(\) gives execd's figures"):
         client.sandbox_stats("sb1")
