@@ -95,6 +95,7 @@ done
 echo '{SPECIALS_END}'"""
 SPECIALS_BYTES = 16 << 20  # of that listing's output
 LINK_MAX = 4095  # bytes of a symlink's text (PATH_MAX less its NUL)
+INFO_BATCH = 64  # paths a files.info call asks for (they go in its query string)
 SPOOL_FROM = 1 << 20  # a tar member this large goes in a request of its own, streamed
 BATCH_BYTES = 8 << 20  # smaller members are sent together, this much held at most
 ARGUMENT_BYTES = 64 * 1024  # of paths in one `touch` or `ln` run going in
@@ -252,12 +253,12 @@ def _special_entries(
             raise Refused(_unreadable(f"{line[:80]!r}"))
     stamps: dict[str, tuple[int, int | None]] = {}
     carried = [rest for rest in directories if _utf8(rest)]  # execd's API takes no other
-    if carried:
+    for start in range(0, len(carried), INFO_BATCH):
         try:
-            found = sandbox.files.info(*(f"{top}/{rest}" for rest in carried))
+            found = sandbox.files.info(*(f"{top}/{r}" for r in carried[start : start + INFO_BATCH]))
         except NotFoundError:
-            found = {}  # one went away since the listing: all keep the default
-        stamps = {path[len(top) + 1 :]: _stamp(item) for path, item in found.items()}
+            found = {}  # one went away since the listing: these keep the default
+        stamps.update((path[len(top) + 1 :], _stamp(item)) for path, item in found.items())
     return [(rest, stamps.get(rest, (0o755, None))) for rest in directories], links
 
 
@@ -510,8 +511,8 @@ def _write_tar(
     sandbox: Sandbox,
     files: list[tuple[str, FileInfo]],
     base: str,
-    empty: list[tuple[str, tuple[int, int | None]]] = (),  # type: ignore[assignment]
-    links: list[tuple[str, str]] = (),  # type: ignore[assignment]
+    empty: list[tuple[str, tuple[int, int | None]]],
+    links: list[tuple[str, str]],
 ) -> None:
     """A tar stream of ``files`` on standard output, each streamed (bounded memory), then the
     ``empty`` directories and the ``links``."""

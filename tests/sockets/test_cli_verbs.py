@@ -453,6 +453,17 @@ def cp_round_trip(api_base: str, sid: str, tmp_path: Path) -> None:
     assert _tree_of(tmp_path / "again") == wanted
 
 
+def test_cp_out_of_many_empty_directories_asks_their_modes_in_batches(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    with Client(server.api_base) as client:
+        made = client.connect(sid).commands.run("mkdir -p -m 0701 /tmp/many/d{1..150}/e")
+        assert made.exit_code == 0, made.stderr
+    assert osb("cp", *api(server), f"{sid}:/tmp/many", str(tmp_path / "many")).returncode == 0
+    found = sorted((tmp_path / "many").glob("d*/e"))
+    assert len(found) == 150 and {p.stat().st_mode & 0o777 for p in found} == {0o701}
+
+
 def test_cp_round_trips_links_empty_directories_modes_and_mtimes(
     server: LocalServer, sid: str, tmp_path: Path
 ) -> None:
