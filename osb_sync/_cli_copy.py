@@ -27,14 +27,15 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
   (a sandbox may claim any size, up to 2**63 - 1 bytes a file, and stream zeros to match).
   Directories are walked one level at a time, two descriptors open at most, however deep an
   entry is (its path is shorter than PATH_MAX: ``Files`` refuses a longer one).
-- Files are copied by execd's API. Symlinks and empty directories, which it does not tell (no
+- Files are copied by execd's API. Symlinks and directories, which it does not tell (no
   link's text in a ``FileInfo``, no directory in a search), come from ``SPECIALS_SCRIPT`` run
   in the sandbox (bash, find, od, readlink): each name and link text in hex, every name checked
   as a search's entry is (a bad one, or a line that is not the script's, stops the copy).
-  Empty directories are made after the files, with the mode and mtime ``files.info`` says;
-  symlinks last, each under a temporary name renamed over its own (never over a directory), so
-  no write of the copy goes through a link it made; what they say is kept as it is, never
-  followed here. Where the script cannot run, one warning says they were not copied. A FIFO,
+  Symlinks are made after the files, each under a temporary name renamed over its own (never
+  over a directory), so no write of the copy goes through a link it made; what they say is
+  kept as it is, never followed here. Then every directory, deepest first, is made if it is
+  empty and given the mode and mtime ``files.info`` says (through its descriptor). Where the
+  script cannot run, one warning says what was not copied. A FIFO,
   device or socket is skipped with a warning, and a SRC that is not a file or directory is
   refused (execd's download would follow a link to anything).
 - ``-`` writes a tar stream whose names are ``BASE/REMAINDER`` (clean and relative), whose
@@ -78,14 +79,15 @@ from ._sandbox import Sandbox
 _CONFLICTS = (errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.ENOTEMPTY)
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-# The sandbox's symlinks (with what each says) and empty directories below "$1", which execd's
-# API does not tell: each name, and each link's text, in hex (any byte crosses a text stream).
+# The sandbox's symlinks (with what each says) and directories below "$1", which execd's API
+# does not tell (a search lists files): each name, and each link's text, in hex (any byte
+# crosses a text stream).
 SPECIALS_HEAD, SPECIALS_END = "osb-sync-specials 1", "osb-sync-specials end"
 SPECIALS_SCRIPT = f"""command -v find >/dev/null && command -v od >/dev/null || exit 127
 cd -- "$1" || exit 3
 hex() {{ od -An -v -tx1 | tr -d ' \\n'; }}
 echo '{SPECIALS_HEAD}'
-find . -mindepth 1 \\( -type l -o -type d -empty \\) -print0 |
+find . -mindepth 1 \\( -type l -o -type d \\) -print0 |
 while IFS= read -r -d '' p; do
   name=$(printf %s "${{p#./}}" | hex)
   if [ -L "$p" ]; then printf 'l %s %s\\n' "$name" "$(readlink -- "$p" | hex)"
@@ -169,9 +171,9 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
             raise Refused(f"the sandbox says {path!r} is a file, but it names no file")
         info = replace(info, path=path)  # the file the user named, at the size execd said
         files = [("", info)]
-    empty, links = _special_entries(sandbox, top if is_dir else "", specials)
+    directories, links = _special_entries(sandbox, top if is_dir else "", specials)
     if dest == "-":
-        _write_tar(sandbox, files, name, empty, links)
+        _write_tar(sandbox, files, name, directories, links)
         return 0
     target = Path(dest)
     if not is_dir:
@@ -186,16 +188,16 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
         for rest, item in files:
             with contextlib.closing(_exactly(sandbox, item)) as data:
                 tree.write(rest, data, item.path, _stamp(item))
-        for rest, stamp in empty:
-            tree.make_directory(rest, f"{top}/{rest}", stamp)
-        for rest, text in links:  # last: nothing of the copy is written through one
+        for rest, text in links:  # after the files: nothing of the copy is written through one
             tree.link(rest, f"{top}/{rest}", text)
+        for rest, stamp in directories:  # made if empty; modes and mtimes last, deepest first
+            tree.make_directory(rest, f"{top}/{rest}", stamp)
     return 0
 
 
 def _specials(sandbox: Sandbox, top: str) -> list[str] | None:
-    """The lines of the sandbox's listing of its symlinks and empty directories below ``top``
-    (``SPECIALS_SCRIPT``: execd's API tells neither a link's text nor an empty directory in a
+    """The lines of the sandbox's listing of its symlinks and directories below ``top``
+    (``SPECIALS_SCRIPT``: execd's API tells neither a link's text nor a directory in a
     search), or None, with one warning, where the sandbox cannot run it."""
     try:
         done = sandbox.commands.run(
@@ -207,8 +209,9 @@ def _specials(sandbox: Sandbox, top: str) -> list[str] | None:
     if done is None or done.exit_code != 0 or lines[:1] != [SPECIALS_HEAD]:
         why = "its listing passed 16 MiB" if done is None else f"exit {done.exit_code}"
         print(
-            "osb-sync: warning: symlinks and empty directories were not copied: the sandbox"
-            f" could not list them (bash, find, od and readlink, {why})",
+            "osb-sync: warning: symlinks and empty directories were not copied, nor the modes"
+            " and mtimes of directories: the sandbox could not list them (bash, find, od and"
+            f" readlink, {why})",
             file=sys.stderr,
         )
         return None
@@ -227,8 +230,8 @@ def _unreadable(what: str) -> str:
 def _special_entries(
     sandbox: Sandbox, top: str, lines: list[str] | None
 ) -> tuple[list[tuple[str, tuple[int, int | None]]], list[tuple[str, str]]]:
-    """The empty directories (clean relative names, with their mode and mtime) and symlinks
-    (names, and what each says) of ``_specials``' lines.
+    """The directories (clean relative names, deepest first, with their mode and mtime) and
+    symlinks (names, and what each says) of ``_specials``' lines.
 
     Raises:
         Refused: a line that is not one of the script's, a name that is not a clean relative
@@ -259,7 +262,8 @@ def _special_entries(
         except NotFoundError:
             found = {}  # one went away since the listing: these keep the default
         stamps.update((path[len(top) + 1 :], _stamp(item)) for path, item in found.items())
-    return [(rest, stamps.get(rest, (0o755, None))) for rest in directories], links
+    deepest = sorted(directories, key=lambda rest: (-rest.count("/"), rest))
+    return [(rest, stamps.get(rest, (0o755, None))) for rest in deepest], links
 
 
 def _special_name(raw: bytes, top: str) -> str:
@@ -511,11 +515,11 @@ def _write_tar(
     sandbox: Sandbox,
     files: list[tuple[str, FileInfo]],
     base: str,
-    empty: list[tuple[str, tuple[int, int | None]]],
+    directories: list[tuple[str, tuple[int, int | None]]],
     links: list[tuple[str, str]],
 ) -> None:
     """A tar stream of ``files`` on standard output, each streamed (bounded memory), then the
-    ``empty`` directories and the ``links``."""
+    ``directories`` (their modes and mtimes) and the ``links``."""
     with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as archive:
         for rest, item in files:
             member = tarfile.TarInfo("/".join(p for p in (base, rest) if p))
@@ -526,7 +530,7 @@ def _write_tar(
                 reader = _Reader(data)
                 archive.addfile(member, reader)
                 reader.finish()
-        for rest, (mode, mtime) in empty:
+        for rest, (mode, mtime) in directories:
             member = tarfile.TarInfo("/".join(p for p in (base, rest) if p))
             member.type, member.mode, member.mtime = tarfile.DIRTYPE, mode, mtime or 0
             archive.addfile(member)

@@ -404,8 +404,8 @@ def test_cp_in_copies_symlinks_as_links_never_what_they_point_to(
 
 
 def _tree_of(root: Path) -> dict[str, tuple[object, ...]]:
-    """What a round trip keeps: files (bytes, mode, mtime), symlinks (their text), empty
-    directories (mode, mtime) and the other directories."""
+    """What a round trip keeps: files (bytes, mode, mtime), symlinks (their text), empty and
+    other directories (mode, mtime)."""
     found: dict[str, tuple[object, ...]] = {}
     for parent, dirs, files in os.walk(root):
         for name in [*dirs, *files]:
@@ -417,7 +417,7 @@ def _tree_of(root: Path) -> dict[str, tuple[object, ...]]:
             elif path.is_dir() and not any(path.iterdir()):
                 found[rest] = ("empty", info.st_mode & 0o777, int(info.st_mtime))
             elif path.is_dir():
-                found[rest] = ("dir",)
+                found[rest] = ("dir", info.st_mode & 0o777, int(info.st_mtime))
             else:
                 found[rest] = ("file", path.read_bytes(), info.st_mode & 0o777, int(info.st_mtime))
     return found
@@ -437,6 +437,8 @@ def cp_round_trip(api_base: str, sid: str, tmp_path: Path) -> None:
     (tree / "link").symlink_to("sub/run.sh")
     (tree / "empty").chmod(0o750)
     os.utime(tree / "empty", (1_100_000_000, 1_100_000_000))
+    (tree / "sub").chmod(0o711)
+    os.utime(tree / "sub", (1_200_000_000, 1_200_000_000))
     wanted = _tree_of(tree)
     base = [sys.executable, "-m", "osb_sync", "cp", "--api-base", api_base]
 
