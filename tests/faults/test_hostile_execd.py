@@ -431,6 +431,13 @@ def test_cp_makes_a_sandboxs_link_last_and_never_writes_through_one(
     copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
     assert copied.status == EXIT_REFUSED and "'/dir/sub'" in copied.stderr, copied.stderr
     assert written(outside) == []
+    # A directory below a link the copy made: made through it never (the walk meets the link).
+    world.command_stdout = _specials(
+        f"l {_hex('hop')} {_hex(str(outside))}0a", f"d {_hex('hop/inner')}"
+    )
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest1"))
+    assert copied.status == EXIT_REFUSED and "'/dir/hop/inner'" in copied.stderr, copied.stderr
+    assert list(outside.iterdir()) == []
     world.command_stdout = _specials(
         f"l {_hex('link')} {_hex(str(outside))}0a", f"d {_hex('sub/empty')}"
     )
