@@ -36,7 +36,8 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
   kept as it is, never followed here. Then every directory, deepest first, is made if it is
   empty and given the mode and mtime ``files.info`` says (through its descriptor). Where the
   script cannot run, one warning says what was not copied. A FIFO,
-  device or socket is skipped with a warning, and a SRC that is not a file or directory is
+  device or socket is skipped with a warning. A SRC that is a symlink is copied as the link
+  it is (``LINK_SCRIPT`` says what it says), one that is not a file, directory or link is
   refused (execd's download would follow a link to anything).
 - ``-`` writes a tar stream whose names are ``BASE/REMAINDER`` (clean and relative), whose
   modes have no setuid, setgid or sticky bit, each file streamed at the size the listing said.
@@ -94,6 +95,11 @@ while IFS= read -r -d '' p; do
   else printf 'd %s\\n' "$name"; fi
 done
 [ "${{PIPESTATUS[0]}}" -eq 0 ] || exit 5
+echo '{SPECIALS_END}'"""
+# What the symlink "$1" says, as that listing would give a link named "l".
+LINK_SCRIPT = f"""command -v od >/dev/null || exit 127
+echo '{SPECIALS_HEAD}'
+printf 'l 6c %s\\n' "$(readlink -- "$1" | od -An -v -tx1 | tr -d ' \\n')"
 echo '{SPECIALS_END}'"""
 SPECIALS_BYTES = 16 << 20  # of that listing's output
 LINK_MAX = 4095  # bytes of a symlink's text (PATH_MAX less its NUL)
@@ -158,6 +164,8 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
         print(f"osb-sync: error: no such file in the sandbox: {path}", file=sys.stderr)
         return EXIT_NOT_FOUND
     name = _local_name(path)
+    if info.type == "symlink" and name:
+        return _copy_out_link(sandbox, path, name, dest)
     is_dir = info.type.lower().startswith("dir")
     if is_dir:
         top = _absolute(path) or info.path
@@ -195,13 +203,32 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
     return 0
 
 
-def _specials(sandbox: Sandbox, top: str) -> list[str] | None:
+def _copy_out_link(sandbox: Sandbox, path: str, name: str, dest: str) -> int:
+    """A SRC that is a symlink, copied as the link it is (docker cp without -L): what it says
+    comes from ``LINK_SCRIPT`` in the sandbox."""
+    lines = _specials(sandbox, path, LINK_SCRIPT)
+    links = _special_entries(sandbox, path, lines)[1]
+    if len(links) != 1:
+        raise Refused(f"{path!r} is a symlink, and the sandbox did not say where it points")
+    text = links[0][1]
+    if dest == "-":
+        _write_tar(sandbox, [], "", [], [(name, text)])
+        return 0
+    target = Path(dest)
+    if target.is_dir():
+        target = target / name
+    with _Tree(target.parent) as tree:
+        tree.link(target.name, path, text)
+    return 0
+
+
+def _specials(sandbox: Sandbox, top: str, script: str = "") -> list[str] | None:
     """The lines of the sandbox's listing of its symlinks and directories below ``top``
     (``SPECIALS_SCRIPT``: execd's API tells neither a link's text nor a directory in a
     search), or None, with one warning, where the sandbox cannot run it."""
     try:
         done = sandbox.commands.run(
-            ["bash", "-c", SPECIALS_SCRIPT, "bash", top], max_output_bytes=SPECIALS_BYTES
+            ["bash", "-c", script or SPECIALS_SCRIPT, "bash", top], max_output_bytes=SPECIALS_BYTES
         )
     except OutputLimitExceeded:
         done = None

@@ -455,6 +455,30 @@ def cp_round_trip(api_base: str, sid: str, tmp_path: Path) -> None:
     assert _tree_of(tmp_path / "again") == wanted
 
 
+def test_cp_of_a_src_that_is_a_symlink_copies_the_link(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    """As docker cp without -L: the link, not what it points to (it was refused)."""
+    with Client(server.api_base) as client:
+        made = client.connect(sid).commands.run("ln -sfn '../a\nb' /tmp/src-link")
+        assert made.exit_code == 0, made.stderr
+    assert osb("cp", *api(server), f"{sid}:/tmp/src-link", str(tmp_path)).returncode == 0
+    assert os.readlink(tmp_path / "src-link") == "../a\nb"
+    out = osb("cp", *api(server), f"{sid}:/tmp/src-link", str(tmp_path / "named"))
+    assert out.returncode == 0 and os.readlink(tmp_path / "named") == "../a\nb"
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    tarred = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", f"{sid}:/tmp/src-link", "-"],
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert tarred.returncode == 0, tarred.stderr
+    with tarfile.open(fileobj=io.BytesIO(tarred.stdout)) as archive:
+        member = archive.getmember("src-link")
+        assert member.issym() and member.linkname == "../a\nb"
+
+
 def test_cp_out_of_many_empty_directories_asks_their_modes_in_batches(
     server: LocalServer, sid: str, tmp_path: Path
 ) -> None:
