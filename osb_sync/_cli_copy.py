@@ -7,7 +7,8 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
   name execd answered: for a relative PATH execd says which directory it resolved it to, and
   only what lies beneath that comes from execd. A PATH that names no component (``.``, ``..``,
   ``/``) copies a directory's contents into DEST. DEST itself is the user's, followed if it is
-  a symlink; nothing the copy finds or makes beneath it is.
+  a symlink; nothing the copy finds or makes beneath it is, nor what an earlier copy left
+  there (``DEST/NAME`` a symlink stops the copy).
 - An entry of a directory is copied when it lies beneath the directory asked for and what
   follows that directory in its path is a clean relative path (no ``..``, ``.`` or empty
   component, not absolute); any other entry stops the copy (exit 1, the entry named).
@@ -21,10 +22,13 @@ the sandbox can replace: the copy stays in DEST whatever execd answers.
 - Each file streams, ``CHUNK_SIZE`` at a time, and must be as long as the listing said: a longer
   one is refused at the first chunk past its size (an endless download ends), a shorter one at
   its end (a file that changed during the copy: copy it again). It gets the permission bits
-  and mtime the listing said, without setuid, setgid or sticky bit (in the tar stream too).
+  and mtime the listing said, without setuid, setgid or sticky bit (in the tar stream too),
+  and without the bits of the umask (as a user's tar and cp: a sandbox's 0777 is no
+  world-writable file here).
 - Disk use is bounded by the listing: each file is exactly as long as it says, and what it says
   adds up to must fit in the space free where DEST is, checked before the first byte is written
   (a sandbox may claim any size, up to 2**63 - 1 bytes a file, and stream zeros to match).
+  Each directory and link counts a block and an inode, each file an inode.
   Directories are walked one level at a time, two descriptors open at most, however deep an
   entry is (its path is shorter than PATH_MAX: ``Files`` refuses a longer one).
 - Files are copied by execd's API. Symlinks and directories, which it does not tell (no
@@ -67,6 +71,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 
 from ._cli_options import CopyOptions, GlobalOptions, Refused, UsageError
 from ._cli_output import EXIT_NOT_FOUND
@@ -191,8 +196,8 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
             tree.check_room(info.size)
             tree.write(target.name, data, info.path, _stamp(info))
         return 0
-    with _Tree(target / name if target.is_dir() else target) as tree:
-        tree.check_room(sum(item.size for _, item in files))
+    with _Tree(target, name if target.is_dir() else "") as tree:
+        tree.check_room(sum(i.size for _, i in files), len(directories) + len(links), len(files))
         for rest, item in files:
             with contextlib.closing(_exactly(sandbox, item)) as data:
                 tree.write(rest, data, item.path, _stamp(item))
@@ -281,6 +286,7 @@ def _special_entries(
             links.append((_special_name(raw[0], top), os.fsdecode(text)))
         else:
             raise Refused(_unreadable(f"{line[:80]!r}"))
+    directories = list(dict.fromkeys(directories))  # each asked of execd once
     stamps: dict[str, tuple[int, int | None]] = {}
     carried = [rest for rest in directories if _utf8(rest)]  # execd's API takes no other
     for start in range(0, len(carried), INFO_BATCH):
@@ -400,11 +406,29 @@ def _exactly(sandbox: Sandbox, item: FileInfo) -> Generator[bytes, None, None]:
 
 
 class _Tree:
-    """A local directory (made if need be), written beneath through descriptors only."""
+    """A local directory (made if need be), written beneath through descriptors only: ``root``
+    (the user's, followed if it is a symlink), or its entry ``below`` (never followed: it may
+    be a symlink an earlier copy made)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, below: str = ""):
         root.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        if below:
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(below, dir_fd=self._fd)
+                child = os.open(below, _DIRECTORY, dir_fd=self._fd)
+            except OSError as exc:
+                os.close(self._fd)
+                if exc.errno not in _CONFLICTS:
+                    raise
+                raise Refused(
+                    f"{str(root / below)!r} is a symlink or a file, and the copy goes beneath"
+                    f" it ({os.strerror(exc.errno)}): DEST is followed, what is in it never;"
+                    " nothing was copied"
+                ) from None
+            os.close(self._fd)
+            self._fd = child
 
     def __enter__(self) -> _Tree:
         return self
@@ -473,18 +497,26 @@ class _Tree:
         if fd != self._fd:
             os.close(fd)
 
-    def check_room(self, size: int) -> None:
-        """Check that ``size`` bytes fit in the root's file system (what ordinary users may
-        write of it), before anything is written.
+    def check_room(self, size: int, others: int = 0, files: int = 1) -> None:
+        """Check that ``size`` bytes and ``others`` directories and links (a block and an inode
+        each, and an inode each of ``files``) fit in the root's file system (what ordinary
+        users may write of it), before anything is written.
 
         Raises:
             Refused: they do not.
         """
         found = os.fstatvfs(self._fd)
         free = found.f_bavail * found.f_frsize
-        if size > free:
+        needed = size + others * found.f_bsize
+        if found.f_files and others + files > found.f_favail:  # 0 inodes: not counted there
             raise Refused(
-                f"the sandbox listed {size} bytes to copy, more than the {free} free where DEST "
+                f"the sandbox listed {others + files} files, directories and links to copy, more"
+                f" than the {found.f_favail} inodes free where DEST is; nothing was copied"
+            )
+        if needed > free:
+            raise Refused(
+                f"the sandbox listed {needed} bytes to copy (its files, and a block each of"
+                f" {others} directories and links), more than the {free} free where DEST "
                 "is; nothing was copied"
             )
 
@@ -502,7 +534,7 @@ def _write_file(
                 handle.write(chunk)
             handle.flush()
             mode, mtime = stamp
-            os.fchmod(handle.fileno(), mode)
+            os.fchmod(handle.fileno(), mode & ~_umask())
             if mtime is not None:
                 os.utime(handle.fileno(), (mtime, mtime))
         os.rename(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
@@ -512,6 +544,21 @@ def _write_file(
         raise
 
 
+def _umask() -> int:
+    """This process's umask, which the modes a sandbox says lose on this machine (as a user's
+    tar and cp apply it): a sandbox's 0o777 is no world-writable file here."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # where /proc tells none (the CLI is one thread here)
+    os.umask(mask)
+    return mask
+
+
 def _make_directory(parent: int, name: str, stamp: tuple[int, int | None]) -> None:
     """The directory ``name`` beneath ``parent``, with ``stamp``'s bits and mtime."""
     with contextlib.suppress(FileExistsError):
@@ -519,7 +566,7 @@ def _make_directory(parent: int, name: str, stamp: tuple[int, int | None]) -> No
     fd = os.open(name, _DIRECTORY, dir_fd=parent)
     try:
         mode, mtime = stamp
-        os.fchmod(fd, mode)
+        os.fchmod(fd, mode & ~_umask())
         if mtime is not None:
             os.utime(fd, (mtime, mtime))
     finally:
@@ -619,8 +666,9 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
         info = _remote_info(sandbox, path)
         target = posixpath.join(path, local.name) if info and info.type.startswith("dir") else path
         _check_name(target)
-        own = local.stat()
-        sandbox.files.upload(local, target, mode=own.st_mode & 0o777)
+        with _open_beneath(local.parent, local.name) as handle:
+            own = os.fstat(handle.fileno())
+            sandbox.files.write(target, handle, mode=own.st_mode & 0o777)
         _set_mtimes(sandbox, [(target, own.st_mtime)])
         return 0
     info = _remote_info(sandbox, path)
@@ -633,17 +681,56 @@ def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
     _check_name(root)
     stamps: list[tuple[str, float]] = []
     for file in files:
-        target = posixpath.join(root, file.relative_to(local).as_posix())
-        own = file.stat()
-        sandbox.files.upload(file, target, mode=own.st_mode & 0o777)
+        relative = file.relative_to(local).as_posix()
+        target = posixpath.join(root, relative)
+        with _open_beneath(local, relative) as handle:  # what was walked, or nothing
+            own = os.fstat(handle.fileno())
+            sandbox.files.write(target, handle, mode=own.st_mode & 0o777)
         stamps.append((target, own.st_mtime))
-    made = [(posixpath.join(root, p.relative_to(local).as_posix()), p.stat()) for p in found]
+    made = [(posixpath.join(root, p.relative_to(local).as_posix()), p.lstat()) for p in found]
     _make_directories(sandbox, [(target, own.st_mode & 0o777) for target, own in made])
     _make_links(
         sandbox, [(posixpath.join(root, p.relative_to(local).as_posix()), t) for p, t in links]
     )
     _set_mtimes(sandbox, [*stamps, *((target, own.st_mtime) for target, own in made)])
     return 0
+
+
+def _open_beneath(top: Path, relative: str) -> BinaryIO:
+    """The regular file ``relative`` beneath ``top`` (the user's, followed), opened without
+    following a symlink on the way: one another process put in place of a file or directory
+    since the walk would send what it points to (a file of this machine the sandbox may not
+    read).
+
+    Raises:
+        Refused: a symlink, or something other than a regular file, is there now.
+    """
+    parent = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        *directories, name = relative.split("/")
+        for directory in directories:
+            child = os.open(directory, _DIRECTORY, dir_fd=parent)
+            os.close(parent)
+            parent = child
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO: no wait
+        fd = os.open(name, flags, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno not in _CONFLICTS:
+            raise
+        raise Refused(_changed(top, relative, "a symlink")) from None
+    finally:
+        os.close(parent)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Refused(_changed(top, relative, "not a regular file"))
+    return os.fdopen(fd, "rb")
+
+
+def _changed(top: Path, relative: str, what: str) -> str:
+    return (
+        f"{str(top / relative)!r} (or a directory above it) is {what} now, changed since the"
+        " copy began: it is never followed; what was copied before it stays, nothing after"
+    )
 
 
 def _walk(top: Path) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:

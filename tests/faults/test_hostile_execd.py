@@ -41,6 +41,7 @@ import ast
 import io
 import logging
 import os
+import stat
 import sys
 import tarfile
 import tracemalloc
@@ -460,6 +461,71 @@ def test_cp_without_the_sandboxs_listing_says_what_is_lost(
     copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
     assert copied.status == 0
     assert copied.stderr.count("symlinks and empty directories were not copied") == 1
+
+
+def test_a_later_cp_never_follows_a_link_an_earlier_one_left_in_dest(
+    world: World, sandbox_id: str, tmp_path: Path
+) -> None:
+    """A sandbox's symlink copied out (``cp SB:/x/dir DEST``, /x/dir a link to anywhere) lands
+    in DEST; a later ``cp SB:/dir DEST`` must not write through it: only DEST itself is the
+    user's to follow."""
+    outside, dest = tmp_path / "outside", tmp_path / "dest"
+    outside.mkdir()
+    dest.mkdir()
+    (dest / "dir").symlink_to(outside)  # what the earlier copy made
+    world.command_stdout = _specials(f"d {_hex('empty')}")
+    for src in (f"{sandbox_id}:/dir", f"{sandbox_id}:/dir/"):
+        copied = cp(world, src, str(dest))
+        assert copied.status == EXIT_REFUSED, copied.stderr
+        assert "symlink" in copied.stderr
+        assert list(outside.iterdir()) == []
+
+
+def test_cp_out_applies_no_mode_bit_the_umask_takes_away(
+    world: World, sandbox_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sandbox saying 4777 (a file) or 1777 (a directory) gets a world-writable copy neither
+    (nor setuid, nor sticky): the modes it says are masked with the umask, as tar and cp do
+    for a user."""
+    import tests.faults.faultserver as faultserver
+
+    info = faultserver._info
+
+    def wide(path: str, files: dict[str, bytes | int]) -> dict[str, Any] | None:
+        found = info(path, files)
+        if found is not None:
+            found["mode"] = 4777 if found["type"] == "file" else 1777
+        return found
+
+    monkeypatch.setattr(faultserver, "_info", wide)
+    world.command_stdout = _specials(f"d {_hex('sub')}", f"d {_hex('empty')}")
+    dest = tmp_path / "dest"
+    old = os.umask(0o022)
+    try:
+        copied = cp(world, f"{sandbox_id}:/dir", str(dest))
+    finally:
+        os.umask(old)
+    assert copied.status == 0, copied.stderr
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in dest.rglob("*")}
+    assert modes == {"a.txt": 0o755, "sub": 0o755, "b.txt": 0o755, "empty": 0o755}, modes
+
+
+def test_cp_out_counts_the_listings_directories_against_the_free_space(
+    world: World, sandbox_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each directory takes a block and an inode: a listing of millions of them (16 MiB of
+    listing holds 3 million) must fit where DEST is, as its files must."""
+    found = os.statvfs(tmp_path)
+
+    def little_free(fd: int) -> os.statvfs_result:
+        blocks = 100
+        return os.statvfs_result((*found[:4], blocks, found[5], 100, 100, *found[8:]))
+
+    monkeypatch.setattr(_cli_copy.os, "fstatvfs", little_free)
+    world.command_stdout = _specials(*(f"d {_hex(f'e{n}')}" for n in range(500)))
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
+    assert copied.status == EXIT_REFUSED, copied.stderr
+    assert not (tmp_path / "dest" / "e0").exists()
 
 
 # -- every execd route the client calls, lied to --------------------------------------------
@@ -917,6 +983,6 @@ def test_cp_gives_a_copy_the_listings_mode_and_mtime_without_special_bits(
     with _cli_copy._Tree(tmp_path) as tree:
         tree.write("x", iter([b"data"]), "/x", _cli_copy._stamp(item))
     found = (tmp_path / "x").stat()
-    assert found.st_mode & 0o7777 == stamp[0]
+    assert found.st_mode & 0o7777 == stamp[0] & ~_cli_copy._umask()
     if stamp[1] is not None and stamp[1] < 2**31:  # file systems clamp later times
         assert found.st_mtime == stamp[1]

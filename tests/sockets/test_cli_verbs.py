@@ -3,10 +3,12 @@ inspect, ls, rm, stats, help, completion) and one test per message of its items 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from osb_sync import ApiError, Client, Sandbox
+from osb_sync import ApiError, Client, Sandbox, _cli_copy
+from osb_sync._cli import main
 from osb_sync._cli_output import EXIT_STATUSES, cli_terms, new_lines, status_summary
 from osb_sync.local import LocalServer
 from tests.fakeserver import FakeServer
@@ -401,6 +404,49 @@ def test_cp_in_copies_symlinks_as_links_never_what_they_point_to(
         said = sandbox.commands.run(["readlink", *paths]).stdout.splitlines()
         assert said == [*wanted.values(), "sub/real.txt", "../elsewhere"]
         assert sandbox.files.read_bytes("/tmp/links/sub/real.txt") == b"real"
+
+
+@pytest.mark.parametrize("swapped", ["a.txt", "sub"])
+def test_cp_in_never_reads_through_a_link_swapped_in_during_the_copy(
+    server: LocalServer,
+    sid: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    swapped: str,
+) -> None:
+    """A file or a directory of SRC that another process replaces with a symlink between the
+    walk and the upload (a tree others may write to) must not send what the link points to:
+    the host's file that the user may read and the sandbox may not."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "a.txt").write_text("the host's only")
+    (secrets / "b.txt").write_text("the host's only")
+    tree = tmp_path / f"swap-{swapped}"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.txt").write_text("a")
+    (tree / "sub" / "b.txt").write_text("b")
+    walk = _cli_copy._walk
+
+    def racing(top: Path) -> Any:
+        found = walk(top)
+        victim = tree / swapped
+        if victim.is_dir():
+            shutil.rmtree(victim)
+            victim.symlink_to(secrets)
+        else:
+            victim.unlink()
+            victim.symlink_to(secrets / "a.txt")
+        return found
+
+    monkeypatch.setattr(_cli_copy, "_walk", racing)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(["cp", *api(server), str(tree), f"{sid}:/tmp/swap-{swapped}"])
+    assert status == 1, err.getvalue()
+    assert "symlink" in err.getvalue(), err.getvalue()
+    with Client(server.api_base) as client:
+        found = client.connect(sid).commands.run(["grep", "-rl", "host's only", "/tmp"])
+        assert found.stdout == "", found.stdout
 
 
 def _tree_of(root: Path) -> dict[str, tuple[object, ...]]:
