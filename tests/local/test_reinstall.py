@@ -6,15 +6,18 @@ due."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from osb_sync import Client, SandboxPool
-from osb_sync.local.host import package, recovery
+from osb_sync.local.host import bwrap, package, recovery
 from tests.local.serverproc import CHECKOUT, ServerProcess
 from tests.local.support import require_isolation
 
@@ -105,3 +108,89 @@ def test_a_killed_servers_copy_is_swept_and_a_live_ones_kept(tmp_path: Path) -> 
     live = package.take(site / "osb_sync", tmp_path)
     assert recovery.sweep_strays(tmp_path) != []
     assert [p for p in tmp_path.iterdir() if p.name != "site"] == [live.path.parent]
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o077])
+def test_the_copy_is_readable_by_all_and_writable_by_none_whatever_the_umask(
+    tmp_path: Path, mask: int
+) -> None:
+    """Under umask 000 its parents and `__pycache__` were world-writable (another local user
+    could plant bytecode the sandboxes' execd imports); under 077 its directories were the
+    server's only, and no sandbox of a root server could read its execd."""
+    site = tmp_path / "site"
+    _install(site, "installed first")
+    old = os.umask(mask)
+    try:
+        taken = package.take(site / "osb_sync", tmp_path)
+    finally:
+        os.umask(old)
+    made = [taken.path.parent, *taken.path.parent.rglob("*")]
+    wrong = {
+        str(path): oct(stat.S_IMODE(path.lstat().st_mode))
+        for path in made
+        if not path.name.startswith(recovery.LOCK_NAME)
+        and stat.S_IMODE(path.lstat().st_mode) != (0o755 if path.is_dir() else 0o644)
+    }
+    assert wrong == {}
+
+
+def test_a_name_another_user_took_first_does_not_stop_the_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy's final name (the content hash, which anyone who can read the package knows,
+    and mkdtemp's suffix, which anyone who can list TMPDIR sees) taken by another local user
+    while the copy is made: the server did not start (rename: directory not empty)."""
+    site = tmp_path / "site"
+    _install(site, "installed first")
+    digest = package.content_hash(site / "osb_sync")
+    made = tempfile.mkdtemp
+    squats: list[Path] = []
+
+    def squatting(prefix: str, dir: Path) -> str:
+        where = made(prefix=prefix, dir=dir)
+        suffix = Path(where).name[len(package.PREFIX) :]
+        squat = Path(dir) / f"{package.PREFIX}{digest[:16]}-{suffix}"
+        (squat / "osb_sync").mkdir(parents=True)
+        (squat / "osb_sync" / "planted.py").write_text("print('planted')\n")
+        squats.append(squat)
+        return where
+
+    monkeypatch.setattr(package.tempfile, "mkdtemp", squatting)
+    taken = package.take(site / "osb_sync", tmp_path)
+    assert squats and (squats[0] / "osb_sync" / "planted.py").is_file()
+    assert taken.path.parent != squats[0] and taken.path.is_dir()
+    assert not (taken.path / "planted.py").exists()
+    assert (taken.path / "local" / "execd" / "main.py").is_file()
+
+
+def test_a_sweep_leaves_other_users_directories_and_links_alone(tmp_path: Path) -> None:
+    """TMPDIR is shared (`/tmp`): another user's `osb-local-*` directory with an unheld lock,
+    or a link of that name to elsewhere, is not a server's of this user to reap (a root sweep
+    removed the one, and through the other what a sandbox-named directory there held)."""
+    sandbox = "12345678-1234-4123-8123-123456789abc"
+    theirs = tmp_path / f"{recovery.STRAY_PREFIX}theirs"
+    elsewhere = tmp_path / "elsewhere"
+    for root in (theirs, elsewhere):
+        (root / sandbox).mkdir(parents=True)
+        (root / recovery.LOCK_NAME).write_text("")
+        (root / sandbox / "kept").write_text("kept")
+    os.chown(theirs, 1002, 1002)
+    (tmp_path / f"{recovery.STRAY_PREFIX}link").symlink_to(elsewhere)
+    recovery.sweep_strays(tmp_path)
+    assert (theirs / sandbox / "kept").is_file()
+    assert (elsewhere / sandbox / "kept").is_file()
+
+
+def test_the_copy_goes_where_the_sandboxes_can_reach_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TMPDIR only its user may search (mode 0700, as `$XDG_RUNTIME_DIR`): bwrap, as the
+    range's root, could not bind the copy from there, and no sandbox of a non-root server
+    started ("Can't find source path ...: Permission denied")."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    parent = package.parent_dir()
+    assert bwrap.reachable(str(parent / "x")), parent
+    assert recovery.stray_parents()[0] == private and parent in recovery.stray_parents()

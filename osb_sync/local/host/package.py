@@ -7,8 +7,12 @@ under a running server: warm spares and pooled sandboxes answered `DeadKernelErr
 
 So the first server a process starts copies the package (`snapshot`): every file but bytecode,
 read once, hashed (SHA-256 of names and contents) as it is written into a directory of its
-own, `osb-local-package-<hash>-*` in TMPDIR (0755 and 0644: the sandboxes' ids read it, only
-the server writes it), where the modules a container imports are then compiled. Containers
+own, `osb-local-package-<hash>-*` in TMPDIR, or in `/tmp` where the sandboxes' root could not
+reach TMPDIR (`parent_dir`), where the modules a container imports are then compiled. It is
+made by `mkdtemp` (0700: no other user reaches in while it is made), then opened to all: 0755
+and 0644 whatever the umask (the sandboxes' ids read it, only the server writes it). Its hash
+in the name is a guess any user can make: where another took the name first, the copy keeps
+`mkdtemp`'s. Containers
 bind that copy (`bwrap.package_dir`), the execd template and an unisolated execd run from it
 (`pinned`), for the whole life of the process: what a sandbox needs of the package is fixed
 for its lifetime. The copy is of the files the process imported its own modules from, at its
@@ -147,7 +151,6 @@ def take(installed: Path, parent: Path | None = None) -> Snapshot:
     where = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
     try:
         lock = recovery.claim(where)
-        where.chmod(0o755)
         copy = where / installed.name
         copy.mkdir(0o755)
         digest = hashlib.sha256()
@@ -164,14 +167,45 @@ def take(installed: Path, parent: Path | None = None) -> Snapshot:
         for side in ("http", "execd"):
             compileall.compile_dir(local / side, maxlevels=0, quiet=2)
         compileall.compile_file(local / "protocol.py", quiet=2)
+        _readable_by_all(copy)  # mkdtemp's 0700 kept all others out until now
+        where.chmod(0o755)
         named = where.with_name(f"{PREFIX}{digest.hexdigest()[:16]}-{where.name[len(PREFIX) :]}")
-        where.rename(named)
+        try:
+            where.rename(named)
+        except OSError:  # another user took the name (it can be guessed): keep mkdtemp's
+            named = where
     except BaseException:
         shutil.rmtree(where, ignore_errors=True)
         raise
     taken = Snapshot(named / installed.name, digest.hexdigest(), installed, before)
     atexit.register(_remove, taken, lock)
     return taken
+
+
+def _readable_by_all(copy: Path) -> None:
+    """Directories 0755 and files 0644 in `copy`, whatever the umask made of them (0700: the
+    sandboxes' ids could not read it; 0777: anyone could plant bytecode in `__pycache__`).
+    Only the server has reached it yet: no link in it to follow."""
+    copy.chmod(0o755)
+    for parent, dirs, names in os.walk(copy):
+        for name in dirs:
+            Path(parent, name).chmod(0o755)
+        for name in names:
+            Path(parent, name).chmod(0o644)
+
+
+def parent_dir() -> Path:
+    """Where the copy goes: TMPDIR, or `/tmp` where the sandboxes' root could not reach it
+    in TMPDIR (one only its user may search, such as `$XDG_RUNTIME_DIR`): bwrap binds the copy
+    by name, as the range's root."""
+    here = Path(tempfile.gettempdir()).resolve()
+    for directory in (here, *here.parents):  # `bwrap.reachable` for any user
+        try:
+            if not directory.stat().st_mode & 0o001:
+                return recovery.stray_parents()[-1]
+        except OSError:
+            return recovery.stray_parents()[-1]
+    return here
 
 
 def _remove(taken: Snapshot, lock: int) -> None:
@@ -189,7 +223,7 @@ def snapshot() -> Snapshot:
     global _current
     with _taking:
         if _current is None or _current.owner != os.getpid():
-            _current = take(installed_dir())
+            _current = take(installed_dir(), parent_dir())
         return _current
 
 

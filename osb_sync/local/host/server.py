@@ -231,7 +231,8 @@ class LocalServer:
             self.root_dir = self._make_root()
             self._lock_fd = recovery.claim(self.root_dir)
             recovery.reap(self.root_dir)
-            recovery.sweep_strays()
+            for parent in recovery.stray_parents():
+                recovery.sweep_strays(parent)
             if support.ids is not None and self.isolated:
                 identity.admit(self.root_dir, support.ids)  # bwrap runs as the range's root
                 staging.sweep()  # what a killed server left
