@@ -13,6 +13,7 @@ itself (a wrong API base) is osb-sync's own failure, 125.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from typing import Any, Callable
@@ -287,7 +288,8 @@ def quantity(text: str) -> float | None:
     found = _QUANTITY.fullmatch(text.strip())
     if found is None:
         return None
-    return float(found[1]) * _SUFFIXES.get(found[2] or "", 1.0)
+    value = float(found[1]) * _SUFFIXES.get(found[2] or "", 1.0)
+    return value if math.isfinite(value) else None  # inf: not JSON in --json
 
 
 def _mib(count: float | None) -> float | None:

@@ -321,13 +321,19 @@ class SandboxStats:
 
 
 def _count(value: Any) -> int | None:
-    return value if type(value) is int and value >= 0 else None
+    """A count from 0 below 2**63 (as the kernel's), else None."""
+    return value if type(value) is int and 0 <= value < 1 << 63 else None
 
 
 def _amount(value: Any) -> float | None:
+    """A finite number from 0, else None (an int too large for a float too)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
+    try:
+        amount = float(value)
+    except OverflowError:
+        return None
+    return amount if math.isfinite(amount) and amount >= 0 else None
 
 
 def _number(value: Any) -> float:
