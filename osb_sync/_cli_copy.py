@@ -107,6 +107,9 @@ echo '{SPECIALS_HEAD}'
 printf 'l 6c %s\\n' "$(readlink -- "$1" | od -An -v -tx1 | tr -d ' \\n')"
 echo '{SPECIALS_END}'"""
 SPECIALS_BYTES = 16 << 20  # of that listing's output
+# its lines at most: a million short ones took some 300 MiB to hold and check (a search is
+# bounded at some 80 000 files)
+SPECIALS_ENTRIES = 100_000
 LINK_MAX = 4095  # bytes of a symlink's text (PATH_MAX less its NUL)
 INFO_BATCH = 64  # paths a files.info call asks for (they go in its query string)
 SPOOL_FROM = 1 << 20  # a tar member this large goes in a request of its own, streamed
@@ -237,7 +240,12 @@ def _specials(sandbox: Sandbox, top: str, script: str = "") -> list[str] | None:
         )
     except OutputLimitExceeded:
         done = None
-    lines = done.stdout.splitlines() if done is not None else []
+    text = done.stdout if done is not None else ""
+    if text.count("\n") > SPECIALS_ENTRIES + 2:  # counted before any line is held
+        raise Refused(_unreadable(f"more than {SPECIALS_ENTRIES} symlinks and directories"))
+    lines = text.split("\n")  # the script's line ends only (splitlines takes \r, \x1c...)
+    if lines[-1] == "":
+        lines.pop()
     if done is None or done.exit_code != 0 or lines[:1] != [SPECIALS_HEAD]:
         why = "its listing passed 16 MiB" if done is None else f"exit {done.exit_code}"
         print(

@@ -463,6 +463,21 @@ def test_cp_without_the_sandboxs_listing_says_what_is_lost(
     assert copied.stderr.count("symlinks and empty directories were not copied") == 1
 
 
+def test_cp_refuses_a_listing_of_more_entries_than_it_holds(
+    world: World, sandbox_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 MiB of listing is a million short lines, which took some 300 MiB of the client's
+    memory to hold and check: more entries than ``SPECIALS_ENTRIES`` (as a search, some
+    80 000 files) stop the copy before any is parsed. Here the bound is lowered to 50."""
+    monkeypatch.setattr(_cli_copy, "SPECIALS_ENTRIES", 50)
+    world.command_stdout = _specials(*(f"d {_hex(f'e{n}')}" for n in range(51)))
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
+    assert copied.status == EXIT_REFUSED, copied.stderr
+    assert "more than 50" in copied.stderr and written(tmp_path) == []
+    world.command_stdout = _specials(*(f"d {_hex(f'e{n}')}" for n in range(50)))
+    assert cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest")).status == 0
+
+
 def test_a_later_cp_never_follows_a_link_an_earlier_one_left_in_dest(
     world: World, sandbox_id: str, tmp_path: Path
 ) -> None:
