@@ -178,7 +178,7 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
     if is_dir:
         top = _absolute(path) or info.path
         specials = _specials(sandbox, top)
-        files = [(_remainder(item, top), item) for item in sandbox.files.search(path)]
+        files = [(_remainder(item, top), item) for item in _search(sandbox, path)]
         files = [(rest, item) for rest, item in files if _regular(item, specials is not None)]
     else:
         specials = None
@@ -209,6 +209,34 @@ def _copy_out(sandbox: Sandbox, path: str, dest: str) -> int:
         for rest, stamp in directories:  # made if empty; modes and mtimes last, deepest first
             tree.make_directory(rest, f"{top}/{rest}", stamp)
     return 0
+
+
+def _search(sandbox: Sandbox, path: str) -> list[FileInfo]:
+    """The files below the sandbox's ``path`` (``files.search``), each one execd can download.
+
+    Raises:
+        Refused: a file whose name is not UTF-8, which execd's API names as no file (ours with
+            a lone surrogate, OpenSandbox's with U+FFFD in its place), before anything is
+            written: its download would fail half way.
+    """
+    try:
+        found = sandbox.files.search(path)
+    except ApiError as exc:
+        if exc.code == "INVALID_RESPONSE" and "(a lone surrogate)" in str(exc):
+            raise Refused(_not_utf8(str(exc))) from None
+        raise
+    for item in found:
+        if "\ufffd" in item.path and _remote_info(sandbox, item.path) is None:
+            raise Refused(_not_utf8(f"execd said {item.path!r}, and no such file is there"))
+    return found
+
+
+def _not_utf8(said: str) -> str:
+    return (
+        "the sandbox has a file whose name is not UTF-8, which execd's API (names as UTF-8"
+        " text) cannot name to download it: rename it in the sandbox, or copy a tar archive"
+        f" made there; nothing was copied ({said})"
+    )
 
 
 def _copy_out_link(sandbox: Sandbox, path: str, name: str, dest: str) -> int:
