@@ -801,8 +801,9 @@ def _copy_in_tar(sandbox: Sandbox, path: str) -> None:
     with tarfile.open(fileobj=sys.stdin.buffer, mode="r|*") as archive:
         for member in archive:
             name = posixpath.normpath(member.name)
-            if name.startswith("..") or posixpath.isabs(name):
-                continue  # nothing may climb out
+            if name == ".." or name.startswith("../") or posixpath.isabs(name):
+                _skipped(member.name, "it would land outside the destination")
+                continue  # nothing may climb out ("..foo" does not)
             _check_name(member.name)
             target, mode = posixpath.join(path, name), member.mode & 0o777
             if member.isdir():
@@ -812,6 +813,8 @@ def _copy_in_tar(sandbox: Sandbox, path: str) -> None:
                 _check_name(member.linkname)
                 links.append((target, member.linkname))
             if not member.isfile():
+                if not (member.isdir() or member.issym()):
+                    _skipped(member.name, "a hard link, FIFO or device, which execd cannot make")
                 continue
             stamps.append((target, member.mtime))
             handle = archive.extractfile(member)
@@ -830,6 +833,10 @@ def _copy_in_tar(sandbox: Sandbox, path: str) -> None:
     _make_directories(sandbox, directories)
     _make_links(sandbox, links)
     _set_mtimes(sandbox, stamps)
+
+
+def _skipped(name: str, why: str) -> None:
+    print(f"osb-sync: warning: skipped {name!r}: {why}", file=sys.stderr)
 
 
 def _make_links(sandbox: Sandbox, links: list[tuple[str, str]]) -> None:

@@ -449,6 +449,41 @@ def test_cp_in_never_reads_through_a_link_swapped_in_during_the_copy(
         assert found.stdout == "", found.stdout
 
 
+def test_cp_in_of_a_tar_keeps_dotted_names_and_says_what_it_skips(
+    server: LocalServer, sid: str
+) -> None:
+    """A member named "..foo" (or "...") was dropped as if it climbed out; one that climbs
+    out, a hard link and a FIFO were dropped without a word."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name in ("..foo", "d/...", "a/../../up"):
+            member = tarfile.TarInfo(name)
+            member.size = len(name)
+            archive.addfile(member, io.BytesIO(name.encode()))
+        hard = tarfile.TarInfo("hard")
+        hard.type, hard.linkname = tarfile.LNKTYPE, "..foo"
+        fifo = tarfile.TarInfo("fifo")
+        fifo.type = tarfile.FIFOTYPE
+        archive.addfile(hard)
+        archive.addfile(fifo)
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    up = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", "-", f"{sid}:/tmp/dotted"],
+        input=buffer.getvalue(),
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert up.returncode == 0, up.stderr
+    said = up.stderr.decode()
+    for skipped in ("a/../../up", "hard", "fifo"):
+        assert f"skipped '{skipped}'" in said, said
+    with Client(server.api_base) as client:
+        files = client.connect(sid).files
+        assert files.read_bytes("/tmp/dotted/..foo") == b"..foo"
+        assert files.read_bytes("/tmp/dotted/d/...") == b"d/..."
+
+
 def _tree_of(root: Path) -> dict[str, tuple[object, ...]]:
     """What a round trip keeps: files (bytes, mode, mtime), symlinks (their text), empty and
     other directories (mode, mtime)."""
