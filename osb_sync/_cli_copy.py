@@ -116,9 +116,11 @@ SPOOL_FROM = 1 << 20  # a tar member this large goes in a request of its own, st
 BATCH_BYTES = 8 << 20  # smaller members are sent together, this much held at most
 ARGUMENT_BYTES = 64 * 1024  # of paths in one `touch` or `ln` run going in
 # `ln -s` of each (what it says, path) pair of its arguments, a missing parent made first (a
-# tar may name none), stopping at the first failure
+# tar may name none), stopping at the first failure: a path taken, and a directory (or a link
+# to one) there, where ln would make the link inside it
 LINKS_SCRIPT = (
     'while [ "$#" -gt 1 ]; do case $2 in */*) mkdir -p -- "${2%/*}" || exit;; esac;'
+    ' if [ -d "$2" ]; then echo "ln: $2: a directory is there" >&2; exit 1; fi;'
     ' ln -s -- "$1" "$2" || exit; shift 2; done'
 )
 

@@ -94,3 +94,22 @@ def test_the_links_script_makes_parents_and_takes_any_text(tmp_path: Path) -> No
     assert not (tmp_path / "pwned").exists()
     taken = subprocess.run(["sh", "-c", LINKS_SCRIPT, "sh", "y", pairs[1]], check=False)
     assert taken.returncode != 0  # a path taken stops it
+
+
+def test_the_links_script_never_makes_a_link_inside_a_directory_in_its_place(
+    tmp_path: Path,
+) -> None:
+    """`ln -s TEXT PATH` where PATH is a directory (or a link to one) makes PATH/TEXT's last
+    component inside it and succeeds: the copy's link was then somewhere else, unsaid."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "to-dir").symlink_to(tmp_path / "elsewhere")
+    for path in ("dir", "to-dir"):
+        done = subprocess.run(
+            ["sh", "-c", LINKS_SCRIPT, "sh", "/etc", str(tmp_path / path)],
+            capture_output=True,
+            check=False,
+        )
+        assert done.returncode != 0 and done.stderr
+    assert list((tmp_path / "dir").iterdir()) == []
+    assert list((tmp_path / "elsewhere").iterdir()) == []
