@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import posixpath
 import secrets
@@ -114,6 +115,7 @@ LINK_MAX = 4095  # bytes of a symlink's text (PATH_MAX less its NUL)
 INFO_BATCH = 64  # paths a files.info call asks for (they go in its query string)
 SPOOL_FROM = 1 << 20  # a tar member this large goes in a request of its own, streamed
 BATCH_BYTES = 8 << 20  # smaller members are sent together, this much held at most
+LATEST = 253402300799  # 9999-12-31T23:59:59Z, the last mtime `touch -t` takes (4 digits)
 ARGUMENT_BYTES = 64 * 1024  # of paths in one `touch` or `ln` run going in
 # `ln -s` of each (what it says, path) pair of its arguments, a missing parent made first (a
 # tar may name none), stopping at the first failure: a path taken, and a directory (or a link
@@ -873,7 +875,9 @@ def _set_mtimes(sandbox: Sandbox, stamps: list[tuple[str, float]]) -> None:
     it), one warning says the copies keep the time they were written at."""
     by_time: dict[str, list[str]] = {}
     for target, mtime in stamps:
-        when = time.strftime("%Y%m%d%H%M.%S", time.gmtime(max(0, int(mtime))))
+        # a tar's PAX header may say any number ("1e20", "nan"): 1970 to 9999, as touch takes
+        second = min(max(0, int(mtime)), LATEST) if math.isfinite(mtime) else 0
+        when = time.strftime("%Y%m%d%H%M.%S", time.gmtime(second))
         by_time.setdefault(when, []).append(target)
     for when, targets in by_time.items():
         while targets:

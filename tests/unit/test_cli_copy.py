@@ -113,3 +113,17 @@ def test_the_links_script_never_makes_a_link_inside_a_directory_in_its_place(
         assert done.returncode != 0 and done.stderr
     assert list((tmp_path / "dir").iterdir()) == []
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_an_absurd_mtime_of_a_tar_member_is_clamped_never_a_traceback() -> None:
+    """A PAX header may say any mtime ("1e20", "nan"): gmtime raised OverflowError or
+    ValueError after every file was written; a year past 9999 made an argument touch
+    refuses."""
+    commands = _Commands(0)
+    stamps = [("/far", 1e20), ("/nan", float("nan")), ("/past-9999", 253402300800.0 * 10)]
+    _set_mtimes(_Sandbox(commands), stamps)  # type: ignore[arg-type]
+    touch = ["touch", "-m", "-c", "-t"]
+    assert commands.runs == [
+        ([*touch, "999912312359.59", "--", "/far", "/past-9999"], {"TZ": "UTC0"}),
+        ([*touch, "197001010000.00", "--", "/nan"], {"TZ": "UTC0"}),
+    ]
