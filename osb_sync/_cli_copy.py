@@ -688,7 +688,13 @@ class _Reader:
 def _copy_in(sandbox: Sandbox, src: str, path: str) -> int:
     """A local file or directory (or a tar archive on stdin) into a sandbox."""
     if src == "-":
-        _copy_in_tar(sandbox, path)
+        try:
+            _copy_in_tar(sandbox, path)
+        except tarfile.TarError as exc:  # the producer died half way, or it is no tar
+            raise Refused(
+                f"standard input is not a whole tar archive ({exc}): the members before the"
+                " break were copied, the one at it may be cut short; nothing more was copied"
+            ) from None
         return 0
     local = Path(src)
     if local.is_symlink():  # copied as the link it is, as docker cp does without -L

@@ -484,6 +484,31 @@ def test_cp_in_of_a_tar_keeps_dotted_names_and_says_what_it_skips(
         assert files.read_bytes("/tmp/dotted/d/...") == b"d/..."
 
 
+@pytest.mark.parametrize("cut", ["truncated", "not a tar"])
+def test_cp_in_of_a_broken_tar_says_so_without_a_traceback(
+    server: LocalServer, sid: str, cut: str
+) -> None:
+    """`tar cf - DIR | osb-sync cp - SB:DIR` where tar died half way (or stdin is no tar):
+    tarfile's ReadError came out as a traceback."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        small, big = tarfile.TarInfo("small"), tarfile.TarInfo("big")
+        small.size, big.size = 5, 3 << 20
+        archive.addfile(small, io.BytesIO(b"small"))
+        archive.addfile(big, io.BytesIO(b"x" * (3 << 20)))
+    data = buffer.getvalue()[: 2 << 20] if cut == "truncated" else b"hello\n" * 1000
+    up = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", "-", f"{sid}:/tmp/broken-{cut[:3]}"],
+        input=data,
+        env={**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base},
+        capture_output=True,
+        check=False,
+    )
+    said = up.stderr.decode()
+    assert up.returncode == 1 and "Traceback" not in said, said
+    assert "tar" in said and len(said.splitlines()) == 1, said
+
+
 def _tree_of(root: Path) -> dict[str, tuple[object, ...]]:
     """What a round trip keeps: files (bytes, mode, mtime), symlinks (their text), empty and
     other directories (mode, mtime)."""
