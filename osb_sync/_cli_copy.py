@@ -547,7 +547,7 @@ class _Tree:
         """
         found = os.fstatvfs(self._fd)
         free = found.f_bavail * found.f_frsize
-        needed = size + others * found.f_bsize
+        needed = size + others * found.f_frsize  # a fragment each at least
         if found.f_files and others + files > found.f_favail:  # 0 inodes: not counted there
             raise Refused(
                 f"the sandbox listed {others + files} files, directories and links to copy, more"
@@ -763,7 +763,7 @@ def _open_beneath(top: Path, relative: str) -> BinaryIO:
     except OSError as exc:
         if exc.errno not in _CONFLICTS:
             raise
-        raise Refused(_changed(top, relative, "a symlink")) from None
+        raise Refused(_changed(top, relative, "a symlink or a file")) from None
     finally:
         os.close(parent)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
