@@ -12,11 +12,10 @@ reach TMPDIR (`parent_dir`), where the modules a container imports are then comp
 made by `mkdtemp` (0700: no other user reaches in while it is made), then opened to all: 0755
 and 0644 whatever the umask (the sandboxes' ids read it, only the server writes it). Its hash
 in the name is a guess any user can make: where another took the name first, the copy keeps
-`mkdtemp`'s. Containers
-bind that copy (`bwrap.package_dir`), the execd template and an unisolated execd run from it
-(`pinned`), for the whole life of the process: what a sandbox needs of the package is fixed
-for its lifetime. The copy is of the files the process imported its own modules from, at its
-first start; a later server of the same process shares it.
+`mkdtemp`'s. Containers bind that copy (`bwrap.package_dir`), the execd template and an
+unisolated execd run from it (`pinned`), for the whole life of the process: what a sandbox
+needs of the package is fixed for its lifetime. The copy is of the files the process imported
+its own modules from, at its first start; a later server of the same process shares it.
 
 The copy goes at the process's exit; a killed process's is removed by the next server's
 `recovery.sweep_strays`, as its state directory is (the copy holds a lock, `recovery.claim`,
