@@ -783,7 +783,7 @@ def _walk(top: Path) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:
     """The directories (``top`` first), regular files and symlinks (with what each says) of a
     local tree, no symlink followed; anything else is skipped with a warning."""
     directories, files, links = [top], [], []
-    for parent, names, entries in os.walk(top):
+    for parent, names, entries in os.walk(top, onerror=_unlisted):
         for name in sorted([*names, *entries]):
             path = Path(parent, name)
             mode = path.lstat().st_mode
@@ -798,6 +798,17 @@ def _walk(top: Path) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:
                     f"osb-sync: warning: skipped {str(path)!r}: not a regular file", file=sys.stderr
                 )
     return directories, sorted(files), links
+
+
+def _unlisted(exc: OSError) -> None:
+    """A directory of the tree that cannot be listed (os.walk would leave it out, unsaid).
+
+    Raises:
+        Refused: always, before anything is sent.
+    """
+    raise Refused(
+        f"cannot read {exc.filename!r} ({exc.strerror}): the copy would lack it; nothing was copied"
+    )
 
 
 def _copy_in_tar(sandbox: Sandbox, path: str) -> None:

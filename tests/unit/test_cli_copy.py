@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from osb_sync._cli_copy import ARGUMENT_BYTES, LINKS_SCRIPT, _make_links, _set_mtimes
+from osb_sync._cli_copy import ARGUMENT_BYTES, LINKS_SCRIPT, _make_links, _set_mtimes, _walk
+from osb_sync._cli_options import Refused
 from osb_sync._models import CommandResult
 
 
@@ -127,3 +128,23 @@ def test_an_absurd_mtime_of_a_tar_member_is_clamped_never_a_traceback() -> None:
         ([*touch, "999912312359.59", "--", "/far", "/past-9999"], {"TZ": "UTC0"}),
         ([*touch, "197001010000.00", "--", "/nan"], {"TZ": "UTC0"}),
     ]
+
+
+def test_a_directory_the_walk_cannot_read_stops_the_copy_before_anything_is_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """os.walk leaves out a directory it cannot list (EACCES for a user, not for root: here
+    os.scandir refuses it), and the copy went on without it, unsaid."""
+    (tmp_path / "tree" / "locked").mkdir(parents=True)
+    (tmp_path / "tree" / "locked" / "f").write_text("f")
+    (tmp_path / "tree" / "g").write_text("g")
+    scandir = os.scandir
+
+    def refusing(path: Any = ".") -> Any:
+        if str(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    with pytest.raises(Refused, match=r"locked.*Permission denied"):
+        _walk(tmp_path / "tree")
