@@ -792,6 +792,8 @@ def _walk(top: Path) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:
             elif stat.S_ISDIR(mode):
                 directories.append(path)
             elif stat.S_ISREG(mode):
+                if not os.access(path, os.R_OK):  # found now, not half way through the copy
+                    raise Refused(f"cannot read {str(path)!r}: nothing was copied")
                 files.append(path)
             else:
                 print(

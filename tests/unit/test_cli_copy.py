@@ -148,3 +148,19 @@ def test_a_directory_the_walk_cannot_read_stops_the_copy_before_anything_is_sent
     monkeypatch.setattr(os, "scandir", refusing)
     with pytest.raises(Refused, match=r"locked.*Permission denied"):
         _walk(tmp_path / "tree")
+
+
+def test_a_file_the_user_cannot_read_stops_the_copy_before_anything_is_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its upload failed with EACCES half way through the tree, the files before it copied
+    (root reads anything: here os.access says no)."""
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "a").write_text("a")
+    (tmp_path / "tree" / "secret").write_text("s")
+    access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda path, mode: not str(path).endswith("secret") and access(path, mode)
+    )
+    with pytest.raises(Refused, match="secret"):
+        _walk(tmp_path / "tree")
