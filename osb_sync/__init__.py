@@ -93,6 +93,7 @@ if _TYPE_CHECKING:  # what a type checker sees; at run time each name loads on f
         Pool,
         PoolCapacity,
         SandboxInfo,
+        SandboxStats,
         Snapshot,
         Template,
     )
@@ -143,6 +144,7 @@ _LAZY = {
     "PoolClosedError": "._errors",
     "Sandbox": "._sandbox",
     "SandboxInfo": "._models",
+    "SandboxStats": "._models",
     "SandboxStateError": "._errors",
     "SandboxTimeoutError": "._errors",
     "StreamError": "._errors",
@@ -257,6 +259,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxPool",
     "SandboxStateError",
+    "SandboxStats",
     "SandboxTimeoutError",
     "Snapshot",
     "Snapshots",

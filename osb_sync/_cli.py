@@ -599,7 +599,12 @@ def _add_manage(command: Any) -> None:
         help="expire this many seconds from now",
     )
 
-    stats = command("stats", "one CPU and memory sample of sandboxes")
+    stats = command(
+        "stats",
+        "limits and usage of sandboxes",
+        "Each sandbox's limits and its usage against them, which osb-sync serve reads from its"
+        " cgroups; elsewhere execd's figures, which are the host's (column OF says whose).",
+    )
     _sandbox_ids(
         stats.add_argument(
             "ids", nargs="*", metavar="ID", help="sandbox ids (default: every running sandbox)"

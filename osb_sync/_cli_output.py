@@ -74,7 +74,12 @@ JSON_SHAPES = (
     ("pause, resume, renew (an array)", '{"id", "found"} (renew: and "expires_at")'),
     (
         "stats (an array)",
-        '{"id", "cpu_count", "cpu_used_pct", "mem_total_mib", "mem_used_mib", "timestamp"}',
+        '{"id", "limits": {"cpu", "memory_mib", "given"}, "sandbox", "host"}: limits as numbers'
+        " (null where the server does not say them); sandbox the server's reading of its"
+        ' cgroups (osb-sync serve: {"source", "mem_used_mib", "mem_limit_mib", "cpu_limit",'
+        ' "cpu_seconds", "pids", "pids_limit"}), else null and host execd\'s /metrics, the'
+        ' host\'s figures ({"cpu_count", "cpu_used_pct", "mem_total_mib", "mem_used_mib",'
+        ' "timestamp"})',
     ),
     ("logs ID", '{"id", "log"}'),
     ("logs ID COMMAND_ID", '{"id", "command_id", "output"}'),

@@ -13,8 +13,10 @@ itself (a wrong API base) is osb-sync's own failure, 125.
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from ._cli_options import (
     DeleteOptions,
@@ -36,8 +38,8 @@ from ._cli_output import (
     sandbox_row,
 )
 from ._client import Client
-from ._errors import ApiError, NotFoundError, with_suffix
-from ._models import SandboxInfo
+from ._errors import ApiError, NotFoundError, NotSupportedError, with_suffix
+from ._models import SandboxInfo, SandboxStats
 
 # What a missing sandbox's message adds: the commonest reason, and what to do about it.
 MAY_HAVE_EXPIRED = (
@@ -247,7 +249,8 @@ def cmd_renew(cli: GlobalOptions, renew: RenewOptions) -> int:
 
 
 def cmd_stats(cli: GlobalOptions, given: IdsOptions) -> int:
-    """``osb-sync stats ID...``: one CPU and memory sample of each sandbox."""
+    """``osb-sync stats ID...``: each sandbox's limits, and its usage against them where the
+    server reads its cgroups (``osb-sync serve``), else execd's figures, the host's."""
     rows: list[dict[str, str]] = []
     shapes = []
     with cli.client() as client:
@@ -256,7 +259,7 @@ def cmd_stats(cli: GlobalOptions, given: IdsOptions) -> int:
             ids = [info.id for info in client.list_sandboxes(states=["Running"])]
         for sandbox_id in ids:
             try:
-                metrics = client.connect(sandbox_id).metrics()
+                shape = _stats(client, sandbox_id)
             except NotFoundError as exc:
                 if not names_missing_thing(exc):
                     raise
@@ -265,22 +268,99 @@ def cmd_stats(cli: GlobalOptions, given: IdsOptions) -> int:
                     file=sys.stderr,
                 )
                 continue
-            shape = {"id": sandbox_id, **vars(metrics)}
             shapes.append(shape)
-            rows.append(
-                {
-                    "id": sandbox_id,
-                    "cpus": f"{metrics.cpu_count:g}",
-                    "cpu%": f"{metrics.cpu_used_pct:.1f}",
-                    "mem_used": f"{metrics.mem_used_mib:.1f}MiB",
-                    "mem_total": f"{metrics.mem_total_mib:.1f}MiB",
-                }
-            )
+            rows.append(_stats_row(shape))
     if cli.json:
         print(json.dumps(shapes))
     else:
-        print_table(rows, ["id", "cpus", "cpu%", "mem_used", "mem_total"])
+        print_table(rows, ["id", "cpus", "mem_limit", "of", "mem_used", "mem%", "cpu", "pids"])
     return 0 if len(shapes) == len(ids) else EXIT_NOT_FOUND
+
+
+# Kubernetes quantities (the lifecycle API's resourceLimits): a number and a suffix.
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+_SUFFIXES = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+_SUFFIXES.update({f"{p}i": float(1 << (10 * n)) for n, p in enumerate("KMGTPE", 1)})
+
+
+def quantity(text: str) -> float | None:
+    """The value of a Kubernetes quantity (``256Mi``, ``500m``, ``1``), None if it is none."""
+    found = _QUANTITY.fullmatch(text.strip())
+    if found is None:
+        return None
+    value = float(found[1]) * _SUFFIXES.get(found[2] or "", 1.0)
+    return value if math.isfinite(value) else None  # inf: not JSON in --json
+
+
+def _mib(count: float | None) -> float | None:
+    return None if count is None else round(count / (1 << 20), 3)
+
+
+def _stats(client: Client, sandbox_id: str) -> dict[str, object]:
+    """One sandbox's ``stats`` (its ``--json`` object): its limits as numbers (None where
+    the server does not say them), then its own figures (``sandbox``) where the server reads
+    them, else execd's (``host``)."""
+    try:
+        stats: SandboxStats | None = client.sandbox_stats(sandbox_id)
+    except NotSupportedError:
+        stats = None
+    # OpenSandbox's Sandbox object has no resourceLimits: only the create knew them
+    given = stats.resource_limits if stats else {}
+    memory, cpu = quantity(given.get("memory", "")), quantity(given.get("cpu", ""))
+    shape: dict[str, object] = {
+        "id": sandbox_id,
+        "limits": {"cpu": cpu, "memory_mib": _mib(memory), "given": given},
+        "sandbox": None,
+        "host": None,
+    }
+    if stats is not None and stats.source is not None:
+        shape["sandbox"] = {
+            "source": stats.source,
+            "mem_used_mib": _mib(stats.memory_used_bytes),
+            "mem_limit_mib": _mib(stats.memory_limit_bytes),
+            "cpu_limit": stats.cpu_limit,
+            "cpu_seconds": stats.cpu_seconds,
+            "pids": stats.pids,
+            "pids_limit": stats.pids_limit,
+        }
+    else:
+        shape["host"] = vars(client.connect(sandbox_id).metrics())
+    return shape
+
+
+def _stats_row(shape: dict[str, Any]) -> dict[str, str]:
+    """The table row of a ``_stats`` object: the limits, then whose figures, and they."""
+
+    def shown(value: float | None, form: str) -> str:
+        return "-" if value is None else format(value, form)
+
+    limits, own, host = shape["limits"], shape["sandbox"], shape["host"]
+    row = {
+        "id": shape["id"],
+        "cpus": shown(limits["cpu"], "g"),
+        "mem_limit": shown(limits["memory_mib"], ".1f")
+        + "MiB" * (limits["memory_mib"] is not None),
+    }
+    if own is not None:
+        used, cap = own["mem_used_mib"], own["mem_limit_mib"] or limits["memory_mib"]
+        pids = own["pids"]
+        return {
+            **row,
+            "of": "sandbox",
+            "mem_used": shown(used, ".1f") + "MiB" * (used is not None),
+            "mem%": shown(100 * used / cap if used is not None and cap else None, ".1f"),
+            "cpu": shown(own["cpu_seconds"], ".2f") + "s" * (own["cpu_seconds"] is not None),
+            "pids": "-" if pids is None else f"{pids}/{shown(own['pids_limit'], 'd')}",
+        }
+    total = host["mem_total_mib"]
+    return {
+        **row,
+        "of": "host",
+        "mem_used": f"{host['mem_used_mib']:.1f}/{total:.1f}MiB",
+        "mem%": shown(100 * host["mem_used_mib"] / total if total else None, ".1f"),
+        "cpu": f"{host['cpu_used_pct']:.1f}% of {host['cpu_count']:g}",
+        "pids": "-",
+    }
 
 
 def _each(

@@ -43,8 +43,8 @@ from ._errors import (
 )
 from ._execd import Execd
 from ._execution import ExecutionStream
-from ._lifecycle import MAX_PAGE_SIZE, Lifecycle
-from ._models import Endpoint, Event, ExecutionResult, SandboxInfo
+from ._lifecycle import MAX_PAGE_SIZE, Lifecycle, sandbox_path
+from ._models import Endpoint, Event, ExecutionResult, SandboxInfo, SandboxStats
 from ._options import (
     CREATE_DEFAULTS,
     REACH_DEFAULTS,
@@ -457,6 +457,21 @@ class Client:
             ConfigurationError: a malformed id.
         """
         return Diagnostics(self._lifecycle, check_id(sandbox_id))
+
+    def sandbox_stats(self, sandbox_id: str) -> SandboxStats:
+        """A sandbox's usage against its limits, read from its cgroups by ``osb-sync serve``
+        (an extension of its API). OpenSandbox's server has none; ``sandbox.metrics()`` gives
+        execd's figures there, which are the host's (or node's), not the sandbox's.
+
+        Raises:
+            ConfigurationError: a malformed id.
+            NotSupportedError: the server has no such extension (OpenSandbox's own).
+            NotFoundError: no such sandbox.
+            ApiError: another error status, or an answer that is not a JSON object.
+            TransportError: the server could not be reached.
+        """
+        path = f"{sandbox_path(check_id(sandbox_id))}/stats"
+        return SandboxStats.from_dict(self._lifecycle.call_object("GET", path, "sandbox stats"))
 
     def patch_metadata(self, sandbox_id: str, patch: Mapping[str, str | None]) -> SandboxInfo:
         """Merge-patch a sandbox's labels: a value adds or replaces, ``None`` deletes.

@@ -50,13 +50,28 @@ T = TypeVar("T")
 class _Part:
     """One file of a multipart upload: its JSON metadata part, then its content part."""
 
-    def __init__(self, path: str, data: Data, mode: int, owner: str | None, group: str | None):
+    def __init__(
+        self,
+        path: str,
+        data: Data,
+        mode: int,
+        owner: str | None,
+        group: str | None,
+        size: int | None = None,
+    ):
         if not isinstance(path, str) or not path:
             raise ConfigurationError("a file path must be a non-empty str")
         if isinstance(data, str):
             data = data.encode("utf-8")
         self.data = data
-        self.size = len(data) if isinstance(data, bytes) else _remaining_size(data)
+        if isinstance(data, bytes):
+            self.size = len(data)
+        elif size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ConfigurationError(f"size must be an int from 0, got {size!r:.40}")
+            self.size = size
+        else:
+            self.size = _remaining_size(data)
         meta = {"path": path, "mode": mode_to_wire(mode), "owner": owner, "group": group}
         self.metadata = json.dumps(meta).encode()
 
@@ -202,13 +217,18 @@ class Files:
         mode: int = 0o644,
         owner: str | None = None,
         group: str | None = None,
+        size: int | None = None,
     ) -> None:
-        """Write one file (parents are created). ``data``: str, bytes or a binary file object.
+        """Write one file (parents are created). ``data``: str, bytes or a binary file object,
+        streamed; one that cannot seek (a pipe, a member of a tar stream) needs its ``size``,
+        the bytes to send from it.
 
         Raises:
+            ConfigurationError: a file object that cannot seek, without ``size``; or one that
+                ends before ``size`` bytes.
             ApiError: execd refused the upload.
         """
-        self._upload([_Part(path, data, mode, owner, group)])
+        self._upload([_Part(path, data, mode, owner, group, size)])
 
     def write_many(
         self,

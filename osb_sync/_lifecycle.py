@@ -88,6 +88,9 @@ FEATURES = {
     "templates": "Templates need OpenSandbox's Kubernetes runtime with fsb templates "
     "(SandboxTemplate CRDs).",
     "server version": "GET /version needs OpenSandbox server 1.1 or later.",
+    "sandbox stats": "A sandbox's usage against its limits is an extension of osb-sync serve "
+    "(GET /sandboxes/{id}/stats); OpenSandbox's server has none: sandbox.metrics() gives "
+    "execd's figures, which are the host's.",
     "signed endpoints": "A signed endpoint (expires) needs OpenSandbox's ingress gateway with "
     "secure access configured (Kubernetes); without expires, the endpoint's headers "
     "authorize the call.",

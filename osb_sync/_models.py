@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -251,7 +252,13 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class Metrics:
-    """One resource sample of a sandbox."""
+    """One resource sample, as the sandbox's execd reports it (``sandbox.metrics()``).
+
+    OpenSandbox's execd reads ``/proc`` of the kernel it runs on, so these are the host's (or
+    the Kubernetes node's) CPU count, CPU use and memory, not the sandbox's against its
+    limits; the local server's execd does the same. :class:`SandboxStats` is the sandbox's
+    own, where the server can tell it (``osb-sync serve``).
+    """
 
     cpu_count: float
     cpu_used_pct: float
@@ -271,6 +278,62 @@ class Metrics:
             mem_used_mib=_number(data.get("mem_used_mib")),
             timestamp=timestamp if type(timestamp) is int else None,
         )
+
+
+@dataclass(frozen=True)
+class SandboxStats:
+    """A sandbox's usage against its limits, as ``osb-sync serve`` reads its cgroups
+    (``client.sandbox_stats``; an extension of its API, ``GET /sandboxes/{id}/stats``).
+
+    ``resource_limits`` are the create's, as given (``{"memory": "256Mi"}``); every figure is
+    None where the server has no group of the sandbox to read it from (a server that is not
+    root has none; ``source`` is then None too), and a limit None where there is none.
+    ``cpu_seconds`` is the CPU time of the sandbox's live processes and of the children they
+    waited for.
+    """
+
+    id: str
+    resource_limits: dict[str, str] = field(default_factory=dict)
+    source: str | None = None
+    memory_used_bytes: int | None = None
+    memory_limit_bytes: int | None = None
+    cpu_limit: float | None = None
+    cpu_seconds: float | None = None
+    pids: int | None = None
+    pids_limit: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SandboxStats:
+        """Build from the answer; a figure that is not a finite number from 0 is None."""
+        data = data if isinstance(data, dict) else {}
+        source = data.get("source")
+        return cls(
+            id=str(data.get("id") or ""),
+            resource_limits=_str_map(data.get("resourceLimits")),
+            source=source if isinstance(source, str) else None,
+            memory_used_bytes=_count(data.get("memoryUsedBytes")),
+            memory_limit_bytes=_count(data.get("memoryLimitBytes")),
+            cpu_limit=_amount(data.get("cpuLimit")),
+            cpu_seconds=_amount(data.get("cpuSeconds")),
+            pids=_count(data.get("pids")),
+            pids_limit=_count(data.get("pidsLimit")),
+        )
+
+
+def _count(value: Any) -> int | None:
+    """A count from 0 below 2**63 (as the kernel's), else None."""
+    return value if type(value) is int and 0 <= value < 1 << 63 else None
+
+
+def _amount(value: Any) -> float | None:
+    """A finite number from 0, else None (an int too large for a float too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        amount = float(value)
+    except OverflowError:
+        return None
+    return amount if math.isfinite(amount) and amount >= 0 else None
 
 
 def _number(value: Any) -> float:

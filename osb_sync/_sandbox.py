@@ -310,7 +310,10 @@ class Sandbox:
         return snapshots.wait_until_ready(made.id) if wait and not made.ready else made
 
     def metrics(self) -> Metrics:
-        """One resource sample (CPU and memory).
+        """One resource sample (CPU and memory) as execd reports it: OpenSandbox's execd
+        reads the ``/proc`` of the kernel it runs on, so these are the host's (or the node's)
+        figures, not the sandbox's against its limits (``client.sandbox_stats`` has those on
+        ``osb-sync serve``).
 
         Raises:
             ApiError: execd refused the call, or answered a number that is not finite and 0 or

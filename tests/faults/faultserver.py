@@ -336,6 +336,8 @@ class World:
         # under load) must not end the next cell's run.
         self.interrupted: set[str] = set()
         self.files: dict[str, bytes | int] = dict(TREE)
+        # What ``/command`` prints, a line an event (None: ``command_events``' "ok").
+        self.command_stdout: list[str] | None = None
         self.proxied = False
         self.api = FaultServer("api", self)
         self.execd = FaultServer("execd", self)
@@ -508,6 +510,10 @@ class World:
             files = dict(self.files)
         if route == "code":
             return Reply(route, "stream", events=code_events(), content_type=EVENTS, box_id=box_id)
+        if route == "command" and self.command_stdout is not None:
+            lines = [frame(type="stdout", text=line) for line in self.command_stdout]
+            events = [frame(type="init", text="cmd-1"), *lines, command_events()[-1]]
+            return Reply(route, "stream", events=events, content_type=EVENTS, box_id=box_id)
         if route in ("command", "session_run"):
             events = command_events() if route == "command" else command_events(item)
             return Reply(route, "stream", events=events, content_type=EVENTS, box_id=box_id)

@@ -41,6 +41,7 @@ import ast
 import io
 import logging
 import os
+import stat
 import sys
 import tarfile
 import tracemalloc
@@ -376,6 +377,170 @@ def test_cp_of_a_healthy_tree_both_ways(world: World, sandbox_id: str, tmp_path:
         assert sorted(archive.getnames()) == ["dir/a.txt", "dir/sub/b.txt"]
         handle = archive.extractfile("dir/a.txt")
         assert handle is not None and handle.read() == b"alpha\n"
+
+
+@pytest.fixture(autouse=True)
+def _healthy_commands(world: World) -> Iterator[None]:
+    """Each test's ``/command`` prints "ok" unless it says otherwise (the world outlives it)."""
+    world.command_stdout = None
+    yield
+    world.command_stdout = None
+
+
+def _specials(*lines: str) -> list[str]:
+    """What the sandbox's listing of symlinks and empty directories prints (`_cli_copy`)."""
+    return [_cli_copy.SPECIALS_HEAD, *lines, _cli_copy.SPECIALS_END]
+
+
+def _hex(text: str) -> str:
+    return text.encode().hex()
+
+
+@pytest.mark.parametrize("name", ["../up", "/abs", "a/../../up", "", "a//b", "./a"])
+def test_cp_refuses_a_special_entry_that_is_not_a_clean_name_beneath(
+    world: World, sandbox_id: str, tmp_path: Path, name: str
+) -> None:
+    """Issue 49: the names of symlinks and empty directories come from a command's output."""
+    for line in (f"d {_hex(name)}", f"l {_hex(name)} {_hex('x')}0a"):
+        world.command_stdout = _specials(line)
+        dest = tmp_path / "a" / "dest"
+        copied = cp(world, f"{sandbox_id}:/dir", str(dest))
+        assert copied.status == EXIT_REFUSED, copied.stderr
+        assert "nothing more was copied" in copied.stderr or "nothing was copied" in copied.stderr
+        assert [f for f in written(tmp_path) if not f.startswith("a/dest/")] == []
+        assert not (tmp_path / "up").exists()
+
+
+@pytest.mark.parametrize("line", ["x 00", "d zz", "l 61", "l 61 00", "l 61 " + "61" * 5000])
+def test_cp_refuses_a_special_listing_it_cannot_read(
+    world: World, sandbox_id: str, tmp_path: Path, line: str
+) -> None:
+    world.command_stdout = _specials(line)
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
+    assert copied.status == EXIT_REFUSED and "symlinks and empty directories" in copied.stderr
+
+
+def test_cp_makes_a_sandboxs_link_last_and_never_writes_through_one(
+    world: World, sandbox_id: str, tmp_path: Path
+) -> None:
+    """A link the sandbox names where its listing has a directory of files is refused (the
+    files came first, and a rename never replaces a directory); one elsewhere is made, pointing
+    wherever it said, after every file: nothing of the copy goes through it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    world.command_stdout = _specials(f"l {_hex('sub')} {_hex(str(outside))}0a")
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
+    assert copied.status == EXIT_REFUSED and "'/dir/sub'" in copied.stderr, copied.stderr
+    assert written(outside) == []
+    # A directory below a link the copy made: made through it never (the walk meets the link).
+    world.command_stdout = _specials(
+        f"l {_hex('hop')} {_hex(str(outside))}0a", f"d {_hex('hop/inner')}"
+    )
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest1"))
+    assert copied.status == EXIT_REFUSED and "'/dir/hop/inner'" in copied.stderr, copied.stderr
+    assert list(outside.iterdir()) == []
+    world.command_stdout = _specials(
+        f"l {_hex('link')} {_hex(str(outside))}0a", f"d {_hex('sub/empty')}"
+    )
+    dest = tmp_path / "dest2"
+    copied = cp(world, f"{sandbox_id}:/dir", str(dest))
+    assert copied.status == 0, copied.stderr
+    assert os.readlink(dest / "link") == str(outside) and written(outside) == []
+    assert (dest / "sub" / "empty").is_dir() and not (dest / "sub" / "empty").is_symlink()
+    tarred = cp(world, f"{sandbox_id}:/dir", "-")
+    assert tarred.status == 0, tarred.stderr
+    with tarfile.open(fileobj=io.BytesIO(bytes(tarred.stdout.kept))) as archive:
+        link, empty = archive.getmember("dir/link"), archive.getmember("dir/sub/empty")
+        assert (link.issym(), link.linkname, empty.isdir()) == (True, str(outside), True)
+
+
+def test_cp_without_the_sandboxs_listing_says_what_is_lost(
+    world: World, sandbox_id: str, tmp_path: Path
+) -> None:
+    """An image without find, od or bash (here: a command that prints "ok"): one line."""
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
+    assert copied.status == 0
+    assert copied.stderr.count("symlinks and empty directories were not copied") == 1
+
+
+def test_cp_refuses_a_listing_of_more_entries_than_it_holds(
+    world: World, sandbox_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 MiB of listing is a million short lines, which took some 300 MiB of the client's
+    memory to hold and check: more entries than ``SPECIALS_ENTRIES`` (as a search, some
+    80 000 files) stop the copy before any is parsed. Here the bound is lowered to 50."""
+    monkeypatch.setattr(_cli_copy, "SPECIALS_ENTRIES", 50)
+    world.command_stdout = _specials(*(f"d {_hex(f'e{n}')}" for n in range(51)))
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
+    assert copied.status == EXIT_REFUSED, copied.stderr
+    assert "more than 50" in copied.stderr and written(tmp_path) == []
+    world.command_stdout = _specials(*(f"d {_hex(f'e{n}')}" for n in range(50)))
+    assert cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest")).status == 0
+
+
+def test_a_later_cp_never_follows_a_link_an_earlier_one_left_in_dest(
+    world: World, sandbox_id: str, tmp_path: Path
+) -> None:
+    """A sandbox's symlink copied out (``cp SB:/x/dir DEST``, /x/dir a link to anywhere) lands
+    in DEST; a later ``cp SB:/dir DEST`` must not write through it: only DEST itself is the
+    user's to follow."""
+    outside, dest = tmp_path / "outside", tmp_path / "dest"
+    outside.mkdir()
+    dest.mkdir()
+    (dest / "dir").symlink_to(outside)  # what the earlier copy made
+    world.command_stdout = _specials(f"d {_hex('empty')}")
+    for src in (f"{sandbox_id}:/dir", f"{sandbox_id}:/dir/"):
+        copied = cp(world, src, str(dest))
+        assert copied.status == EXIT_REFUSED, copied.stderr
+        assert "symlink" in copied.stderr
+        assert list(outside.iterdir()) == []
+
+
+def test_cp_out_applies_no_mode_bit_the_umask_takes_away(
+    world: World, sandbox_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sandbox saying 4777 (a file) or 1777 (a directory) gets a world-writable copy neither
+    (nor setuid, nor sticky): the modes it says are masked with the umask, as tar and cp do
+    for a user."""
+    import tests.faults.faultserver as faultserver
+
+    info = faultserver._info
+
+    def wide(path: str, files: dict[str, bytes | int]) -> dict[str, Any] | None:
+        found = info(path, files)
+        if found is not None:
+            found["mode"] = 4777 if found["type"] == "file" else 1777
+        return found
+
+    monkeypatch.setattr(faultserver, "_info", wide)
+    world.command_stdout = _specials(f"d {_hex('sub')}", f"d {_hex('empty')}")
+    dest = tmp_path / "dest"
+    old = os.umask(0o022)
+    try:
+        copied = cp(world, f"{sandbox_id}:/dir", str(dest))
+    finally:
+        os.umask(old)
+    assert copied.status == 0, copied.stderr
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in dest.rglob("*")}
+    assert modes == {"a.txt": 0o755, "sub": 0o755, "b.txt": 0o755, "empty": 0o755}, modes
+
+
+def test_cp_out_counts_the_listings_directories_against_the_free_space(
+    world: World, sandbox_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each directory takes a block and an inode: a listing of millions of them (16 MiB of
+    listing holds 3 million) must fit where DEST is, as its files must."""
+    found = os.statvfs(tmp_path)
+
+    def little_free(fd: int) -> os.statvfs_result:
+        blocks = 100
+        return os.statvfs_result((*found[:4], blocks, found[5], 100, 100, *found[8:]))
+
+    monkeypatch.setattr(_cli_copy.os, "fstatvfs", little_free)
+    world.command_stdout = _specials(*(f"d {_hex(f'e{n}')}" for n in range(500)))
+    copied = cp(world, f"{sandbox_id}:/dir", str(tmp_path / "dest"))
+    assert copied.status == EXIT_REFUSED, copied.stderr
+    assert not (tmp_path / "dest" / "e0").exists()
 
 
 # -- every execd route the client calls, lied to --------------------------------------------
@@ -833,6 +998,6 @@ def test_cp_gives_a_copy_the_listings_mode_and_mtime_without_special_bits(
     with _cli_copy._Tree(tmp_path) as tree:
         tree.write("x", iter([b"data"]), "/x", _cli_copy._stamp(item))
     found = (tmp_path / "x").stat()
-    assert found.st_mode & 0o7777 == stamp[0]
+    assert found.st_mode & 0o7777 == stamp[0] & ~_cli_copy._umask()
     if stamp[1] is not None and stamp[1] < 2**31:  # file systems clamp later times
         assert found.st_mtime == stamp[1]

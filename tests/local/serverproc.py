@@ -28,7 +28,8 @@ class ServerProcess:
     """`LocalServer(**options)` in a child process; `nofile` caps its RLIMIT_NOFILE (soft, hard).
 
     `user` runs it as that user (`runuser`, root only) with `python`, `path` (this checkout by
-    default) first on its path, as a user's own interpreter would.
+    default) first on its path, as a user's own interpreter would; a `path` of its own is the
+    package the server imports also without `user`.
     """
 
     def __init__(
@@ -44,6 +45,7 @@ class ServerProcess:
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
+        own_path = user is not None or path != CHECKOUT
         self._log = open(log, "ab") if log is not None else subprocess.DEVNULL
         command = [python, "-c", SCRIPT, json.dumps(options)]
         if user is not None:
@@ -54,8 +56,8 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             stderr=self._log,
             preexec_fn=limit,
-            cwd="/" if user is not None else None,
-            env=None if user is None else {"PATH": "/usr/bin:/bin", "PYTHONPATH": path},
+            cwd="/" if own_path else None,  # not this checkout (sys.path[0] of `-c`)
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": path} if own_path else None,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode().split()

@@ -7,6 +7,7 @@ where either is missing, and fail instead under OSB_REQUIRE_ISOLATION=1.
 from __future__ import annotations
 
 import errno
+import json
 import os
 from decimal import Decimal
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import requests
 
+from osb_sync._cli import main as cli_main
 from osb_sync.local import LocalServer
 from osb_sync.local.host import cgroup, limits
 from tests.local.support import (
@@ -299,3 +301,29 @@ def test_a_spare_that_refuses_its_limits_makes_way_for_a_cold_start(
     memory = cgroup.parent_dir("memory") / box.id
     assert (memory / "memory.limit_in_bytes").read_text().strip() == str(128 << 20)
     assert "".join(texts(box.code("print(6 * 7)"))) == "42\n"
+
+
+def test_stats_shows_the_sandboxs_limits_and_its_usage_against_them(
+    limited_server: LocalServer, http: requests.Session, capsys: pytest.CaptureFixture[str]
+) -> None:
+    box = limited_box(limited_server, http, memory="256Mi", cpu="500m", pids="64")
+    box.code("held = b'x' * (64 << 20)")  # the code context's worker keeps it
+    answer = http.get(f"{limited_server.api_base}/sandboxes/{box.id}/stats").json()
+    assert answer["resourceLimits"] == {"memory": "256Mi", "cpu": "500m", "pids": "64"}
+    assert (answer["source"], answer["memoryLimitBytes"]) == ("cgroup", 256 << 20)
+    assert (answer["cpuLimit"], answer["pidsLimit"]) == (0.5, 64)
+    assert 64 << 20 <= answer["memoryUsedBytes"] < 256 << 20, answer
+    assert 0 < answer["pids"] <= 64 and answer["cpuSeconds"] > 0, answer
+    missing = http.get(f"{limited_server.api_base}/sandboxes/no-such/stats")
+    assert (missing.status_code, missing.json()["code"]) == (404, "DOCKER::SANDBOX_NOT_FOUND")
+
+    assert cli_main(["--api-base", limited_server.api_base, "--json", "stats", box.id]) == 0
+    shape = json.loads(capsys.readouterr().out)[0]
+    assert shape["limits"] == {"cpu": 0.5, "memory_mib": 256, "given": answer["resourceLimits"]}
+    assert shape["sandbox"]["mem_limit_mib"] == 256 and shape["host"] is None
+    assert 64 <= shape["sandbox"]["mem_used_mib"] < 256
+    assert cli_main(["--api-base", limited_server.api_base, "stats", box.id]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    cells = dict(zip(header.lower().split(), row.split(), strict=True))
+    assert (cells["cpus"], cells["mem_limit"], cells["of"]) == ("0.5", "256.0MiB", "sandbox")
+    assert 25 <= float(cells["mem%"]) < 100 and cells["pids"].endswith("/64"), row

@@ -66,15 +66,3 @@ def test_a_server_run_by_a_venv_under_tmp_starts_sandboxes() -> None:
         assert done.stdout == f"{venv}\n"
     finally:
         shutil.rmtree(venv, ignore_errors=True)
-
-
-def test_the_package_is_compiled_for_containers_that_cannot_write_bytecode() -> None:
-    import importlib.util
-
-    from osb_sync.local.execd import router as execd
-    from osb_sync.local.host import bwrap
-
-    cached = Path(importlib.util.cache_from_source(execd.__file__))
-    cached.unlink(missing_ok=True)
-    bwrap.compile_package()
-    assert cached.is_file()

@@ -3,10 +3,12 @@ inspect, ls, rm, stats, help, completion) and one test per message of its items 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from osb_sync import ApiError, Client, Sandbox
+from osb_sync import ApiError, Client, Sandbox, _cli_copy
+from osb_sync._cli import main
 from osb_sync._cli_output import EXIT_STATUSES, cli_terms, new_lines, status_summary
 from osb_sync.local import LocalServer
 from tests.fakeserver import FakeServer
@@ -313,6 +316,292 @@ def test_cp_keeps_modes_and_empty_directories(
         ]
 
 
+def test_cp_in_keeps_mtimes_and_streams_a_large_tar_member(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    """Issue 49 row 1: mtimes going in (execd sets none: ``touch`` in the sandbox does), and a
+    tar on stdin whose large member is streamed, not held (its memory: bench_cp.py)."""
+    tree = tmp_path / "times"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "a.txt").write_text("a")
+    os.utime(tree / "sub" / "a.txt", (1_000_000_000, 1_000_000_000))
+    os.utime(tree / "sub", (1_100_000_000, 1_100_000_000))
+    single = tmp_path / "one.txt"
+    single.write_text("1")
+    os.utime(single, (1_050_000_000, 1_050_000_000))
+    assert osb("cp", *api(server), str(tree), f"{sid}:/tmp/times").returncode == 0
+    assert osb("cp", *api(server), str(single), f"{sid}:/tmp/one.txt").returncode == 0
+    big = os.urandom(3 << 20)  # past SPOOL_FROM: a request of its own, read as it is sent
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data, mtime in [("t/small", b"s", 1_200_000_000), ("t/big", big, 1_300_000_000)]:
+            member = tarfile.TarInfo(name)
+            member.size, member.mtime, member.mode = len(data), mtime, 0o640
+            archive.addfile(member, io.BytesIO(data))
+        member = tarfile.TarInfo("t")
+        member.type, member.mtime, member.mode = tarfile.DIRTYPE, 1_400_000_000, 0o750
+        archive.addfile(member)
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    up = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", "-", f"{sid}:/tmp/tartimes"],
+        input=buffer.getvalue(),
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert up.returncode == 0 and up.stderr == b"", up.stderr
+    with Client(server.api_base) as client:
+        files = client.connect(sid).files
+        wanted = {
+            "/tmp/times/sub/a.txt": 1_000_000_000,
+            "/tmp/times/sub": 1_100_000_000,
+            "/tmp/one.txt": 1_050_000_000,
+            "/tmp/tartimes/t/small": 1_200_000_000,
+            "/tmp/tartimes/t/big": 1_300_000_000,
+            "/tmp/tartimes/t": 1_400_000_000,
+        }
+        found = files.info(*wanted)
+        got = {p: int(i.modified_at.timestamp()) for p, i in found.items() if i.modified_at}
+        assert got == wanted
+        assert files.read_bytes("/tmp/tartimes/t/big", max_bytes=4 << 20) == big
+        assert found["/tmp/tartimes/t/big"].mode == 0o640
+
+
+def test_cp_in_copies_symlinks_as_links_never_what_they_point_to(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    """Issue 49 row 1: a symlink going in was followed (its target's bytes uploaded, a link to
+    a directory or a dangling one dropped) and a tar's symlink member skipped."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the host's only")
+    tree = tmp_path / "links"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "real.txt").write_text("real")
+    wanted = {"rel": "sub/real.txt", "to-dir": "sub", "dangling": "/no/such", "out": str(secret)}
+    for name, text in wanted.items():
+        (tree / name).symlink_to(text)
+    assert osb("cp", *api(server), str(tree), f"{sid}:/tmp/links").returncode == 0
+    single = osb("cp", *api(server), str(tree / "rel"), f"{sid}:/tmp/single-link")
+    assert single.returncode == 0, single.stderr
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        member = tarfile.TarInfo("t/l")
+        member.type, member.linkname = tarfile.SYMTYPE, "../elsewhere"
+        archive.addfile(member)
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    up = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", "-", f"{sid}:/tmp/tarlinks"],
+        input=buffer.getvalue(),
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert up.returncode == 0, up.stderr
+    paths = [f"/tmp/links/{name}" for name in wanted] + ["/tmp/single-link", "/tmp/tarlinks/t/l"]
+    with Client(server.api_base) as client:
+        sandbox = client.connect(sid)
+        assert [i.type for i in sandbox.files.info(*paths).values()] == ["symlink"] * len(paths)
+        said = sandbox.commands.run(["readlink", *paths]).stdout.splitlines()
+        assert said == [*wanted.values(), "sub/real.txt", "../elsewhere"]
+        assert sandbox.files.read_bytes("/tmp/links/sub/real.txt") == b"real"
+
+
+@pytest.mark.parametrize("swapped", ["a.txt", "sub"])
+def test_cp_in_never_reads_through_a_link_swapped_in_during_the_copy(
+    server: LocalServer,
+    sid: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    swapped: str,
+) -> None:
+    """A file or a directory of SRC that another process replaces with a symlink between the
+    walk and the upload (a tree others may write to) must not send what the link points to:
+    the host's file that the user may read and the sandbox may not."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "a.txt").write_text("the host's only")
+    (secrets / "b.txt").write_text("the host's only")
+    tree = tmp_path / f"swap-{swapped}"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.txt").write_text("a")
+    (tree / "sub" / "b.txt").write_text("b")
+    walk = _cli_copy._walk
+
+    def racing(top: Path) -> Any:
+        found = walk(top)
+        victim = tree / swapped
+        if victim.is_dir():
+            shutil.rmtree(victim)
+            victim.symlink_to(secrets)
+        else:
+            victim.unlink()
+            victim.symlink_to(secrets / "a.txt")
+        return found
+
+    monkeypatch.setattr(_cli_copy, "_walk", racing)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(["cp", *api(server), str(tree), f"{sid}:/tmp/swap-{swapped}"])
+    assert status == 1, err.getvalue()
+    assert "symlink" in err.getvalue(), err.getvalue()
+    with Client(server.api_base) as client:
+        found = client.connect(sid).commands.run(["grep", "-rl", "host's only", "/tmp"])
+        assert found.stdout == "", found.stdout
+
+
+def test_cp_in_of_a_tar_keeps_dotted_names_and_says_what_it_skips(
+    server: LocalServer, sid: str
+) -> None:
+    """A member named "..foo" (or "...") was dropped as if it climbed out; one that climbs
+    out, a hard link and a FIFO were dropped without a word."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name in ("..foo", "d/...", "a/../../up"):
+            member = tarfile.TarInfo(name)
+            member.size = len(name)
+            archive.addfile(member, io.BytesIO(name.encode()))
+        hard = tarfile.TarInfo("hard")
+        hard.type, hard.linkname = tarfile.LNKTYPE, "..foo"
+        fifo = tarfile.TarInfo("fifo")
+        fifo.type = tarfile.FIFOTYPE
+        archive.addfile(hard)
+        archive.addfile(fifo)
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    up = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", "-", f"{sid}:/tmp/dotted"],
+        input=buffer.getvalue(),
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert up.returncode == 0, up.stderr
+    said = up.stderr.decode()
+    for skipped in ("a/../../up", "hard", "fifo"):
+        assert f"skipped '{skipped}'" in said, said
+    with Client(server.api_base) as client:
+        files = client.connect(sid).files
+        assert files.read_bytes("/tmp/dotted/..foo") == b"..foo"
+        assert files.read_bytes("/tmp/dotted/d/...") == b"d/..."
+
+
+@pytest.mark.parametrize("cut", ["truncated", "not a tar"])
+def test_cp_in_of_a_broken_tar_says_so_without_a_traceback(
+    server: LocalServer, sid: str, cut: str
+) -> None:
+    """`tar cf - DIR | osb-sync cp - SB:DIR` where tar died half way (or stdin is no tar):
+    tarfile's ReadError came out as a traceback."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        small, big = tarfile.TarInfo("small"), tarfile.TarInfo("big")
+        small.size, big.size = 5, 3 << 20
+        archive.addfile(small, io.BytesIO(b"small"))
+        archive.addfile(big, io.BytesIO(b"x" * (3 << 20)))
+    data = buffer.getvalue()[: 2 << 20] if cut == "truncated" else b"hello\n" * 1000
+    up = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", "-", f"{sid}:/tmp/broken-{cut[:3]}"],
+        input=data,
+        env={**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base},
+        capture_output=True,
+        check=False,
+    )
+    said = up.stderr.decode()
+    assert up.returncode == 1 and "Traceback" not in said, said
+    assert "tar" in said and len(said.splitlines()) == 1, said
+
+
+def _tree_of(root: Path) -> dict[str, tuple[object, ...]]:
+    """What a round trip keeps: files (bytes, mode, mtime), symlinks (their text), empty and
+    other directories (mode, mtime)."""
+    found: dict[str, tuple[object, ...]] = {}
+    for parent, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(parent, name)
+            info = path.lstat()
+            rest = str(path.relative_to(root))
+            if path.is_symlink():
+                found[rest] = ("link", os.readlink(path))
+            elif path.is_dir() and not any(path.iterdir()):
+                found[rest] = ("empty", info.st_mode & 0o777, int(info.st_mtime))
+            elif path.is_dir():
+                found[rest] = ("dir", info.st_mode & 0o777, int(info.st_mtime))
+            else:
+                found[rest] = ("file", path.read_bytes(), info.st_mode & 0o777, int(info.st_mtime))
+    return found
+
+
+def cp_round_trip(api_base: str, sid: str, tmp_path: Path) -> None:
+    """Issue 49's "done when": a tree of a symlink, an empty directory, a 0755 script, a file
+    with a space, one with a non-ASCII name and one with a newline, mtimes kept, both ways
+    and through ``-`` (on our execd here, on the real one in test_integration.py)."""
+    tree = tmp_path / "tree"
+    (tree / "empty").mkdir(parents=True)
+    (tree / "sub").mkdir()
+    for name, mode in [("run.sh", 0o755), ("a file", 0o644), ("файл", 0o600), ("new\nline", 0o640)]:
+        (tree / "sub" / name).write_text(name)
+        (tree / "sub" / name).chmod(mode)
+        os.utime(tree / "sub" / name, (1_000_000_000, 1_000_000_000))
+    (tree / "link").symlink_to("sub/run.sh")
+    (tree / "empty").chmod(0o750)
+    os.utime(tree / "empty", (1_100_000_000, 1_100_000_000))
+    (tree / "sub").chmod(0o711)
+    os.utime(tree / "sub", (1_200_000_000, 1_200_000_000))
+    wanted = _tree_of(tree)
+    base = [sys.executable, "-m", "osb_sync", "cp", "--api-base", api_base]
+
+    def cp(src: str, dest: str, given: bytes | None = None) -> bytes:
+        done = subprocess.run([*base, src, dest], input=given, capture_output=True, check=False)
+        assert done.returncode == 0 and done.stderr == b"", done.stderr
+        return done.stdout
+
+    cp(str(tree), f"{sid}:/tmp/rt")
+    cp(f"{sid}:/tmp/rt", str(tmp_path / "back"))
+    assert _tree_of(tmp_path / "back") == wanted
+    cp("-", f"{sid}:/tmp/rt2", cp(f"{sid}:/tmp/rt", "-"))
+    cp(f"{sid}:/tmp/rt2/rt", str(tmp_path / "again"))
+    assert _tree_of(tmp_path / "again") == wanted
+
+
+def test_cp_of_a_src_that_is_a_symlink_copies_the_link(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    """As docker cp without -L: the link, not what it points to (it was refused)."""
+    with Client(server.api_base) as client:
+        made = client.connect(sid).commands.run("ln -sfn '../a\nb' /tmp/src-link")
+        assert made.exit_code == 0, made.stderr
+    assert osb("cp", *api(server), f"{sid}:/tmp/src-link", str(tmp_path)).returncode == 0
+    assert os.readlink(tmp_path / "src-link") == "../a\nb"
+    out = osb("cp", *api(server), f"{sid}:/tmp/src-link", str(tmp_path / "named"))
+    assert out.returncode == 0 and os.readlink(tmp_path / "named") == "../a\nb"
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": server.api_base}
+    tarred = subprocess.run(
+        [sys.executable, "-m", "osb_sync", "cp", f"{sid}:/tmp/src-link", "-"],
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert tarred.returncode == 0, tarred.stderr
+    with tarfile.open(fileobj=io.BytesIO(tarred.stdout)) as archive:
+        member = archive.getmember("src-link")
+        assert member.issym() and member.linkname == "../a\nb"
+
+
+def test_cp_out_of_many_empty_directories_asks_their_modes_in_batches(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    with Client(server.api_base) as client:
+        made = client.connect(sid).commands.run("mkdir -p -m 0701 /tmp/many/d{1..150}/e")
+        assert made.exit_code == 0, made.stderr
+    assert osb("cp", *api(server), f"{sid}:/tmp/many", str(tmp_path / "many")).returncode == 0
+    found = sorted((tmp_path / "many").glob("d*/e"))
+    assert len(found) == 150 and {p.stat().st_mode & 0o777 for p in found} == {0o701}
+
+
+def test_cp_round_trips_links_empty_directories_modes_and_mtimes(
+    server: LocalServer, sid: str, tmp_path: Path
+) -> None:
+    cp_round_trip(server.api_base, sid, tmp_path)
+
+
 # -- managing sandboxes ---------------------------------------------------------------------
 
 
@@ -328,10 +617,62 @@ def test_pause_resume_renew_inspect_stats(server: LocalServer) -> None:
         inspected = osb("inspect", *api(server), sandbox_id, "no-such")
         assert inspected.returncode == 1 and json.loads(inspected.stdout)[0]["id"] == sandbox_id
         stats = osb("stats", *api(server), sandbox_id, "--json")
-        assert stats.returncode == 0 and json.loads(stats.stdout)[0]["mem_total_mib"] >= 0
+        shape = json.loads(stats.stdout)[0]
+        assert stats.returncode == 0 and (shape["sandbox"] or shape["host"]), stats.stdout
         assert osb("pause", *api(server), "no-such").returncode == 1
     finally:
         osb("rm", *api(server), sandbox_id)
+
+
+def test_stats_without_the_servers_extension_shows_execds_figures_as_the_hosts() -> None:
+    # OpenSandbox's server: no GET /sandboxes/{id}/stats (FastAPI's 404), and a Sandbox
+    # object without resourceLimits; its execd's /metrics reads the host's /proc.
+    with FakeServer() as fake:
+        execd = "/sandboxes/sb1/proxy/44772"
+
+        @fake.route("GET", "/v1/sandboxes/sb1")
+        def _(req: Any) -> None:
+            running = {"state": "Running", "reason": "", "message": ""}
+            created = "2026-12-06T10:00:00Z"
+            req.send_json(200, {"id": "sb1", "status": running, "createdAt": created})
+
+        @fake.route("GET", "/v1/sandboxes/sb1/stats")
+        def _(req: Any) -> None:
+            req.send_json(404, {"detail": "Not Found"})
+
+        @fake.route("GET", "/v1/sandboxes/sb1/endpoints/44772")
+        def _(req: Any) -> None:
+            req.send_json(200, {"endpoint": f"127.0.0.1:{fake.server_address[1]}{execd}"})
+
+        @fake.route("GET", f"{execd}/ping")
+        def _(req: Any) -> None:
+            req.send_raw(200, b"")
+
+        @fake.route("GET", f"{execd}/metrics")
+        def _(req: Any) -> None:
+            host = {"cpu_count": 8, "cpu_used_pct": 12.5, "mem_total_mib": 24105.2}
+            req.send_json(200, {**host, "mem_used_mib": 2048.0, "timestamp": 1})
+
+        table = osb("stats", "--api-base", fake.api_base, "sb1")
+        shaped = osb("stats", "--api-base", fake.api_base, "sb1", "--json")
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.splitlines()
+    assert header.split() == ["ID", "CPUS", "MEM_LIMIT", "OF", "MEM_USED", "MEM%", "CPU", "PIDS"]
+    assert row.split() == [
+        "sb1",
+        "-",
+        "-",
+        "host",
+        "2048.0/24105.2MiB",
+        "8.5",
+        "12.5%",
+        "of",
+        "8",
+        "-",
+    ]
+    shape = json.loads(shaped.stdout)[0]
+    assert shape["limits"] == {"cpu": None, "memory_mib": None, "given": {}}
+    assert shape["sandbox"] is None and shape["host"]["mem_total_mib"] == 24105.2
 
 
 def test_ls_q_states_in_any_case_and_rm_by_label(server: LocalServer) -> None:

@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -15,6 +16,8 @@ import osb_sync
 from osb_sync import ApiError, Client, NotFoundError, OutputLimitExceeded
 from osb_sync.local import LocalServer
 from tests import realexecd
+from tests.sockets.test_cli import osb
+from tests.sockets.test_cli_verbs import cp_round_trip
 
 
 @pytest.fixture(scope="module")
@@ -286,3 +289,37 @@ def test_readme_example_runs(local: LocalServer, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("OPEN_SANDBOX_API_BASE", local.api_base)  # the example's Client() reads it
     namespace: dict[str, object] = {}
     exec(compile(code, "README.rst", "exec"), namespace)
+
+
+def test_cp_round_trips_a_tree_on_this_execd(
+    local: LocalServer, client: Client, tmp_path: Path
+) -> None:
+    """Issue 49: symlinks, empty directories, modes, mtimes and odd names through ``osb-sync
+    cp``, both ways and through ``-``, on the real execd too (tox -e realexecd), whose API
+    tells no link's text and sets no time: commands in the sandbox do."""
+    with client.create_sandbox() as sandbox:
+        cp_round_trip(local.api_base, sandbox.id, tmp_path)
+
+
+def test_cp_out_of_a_name_that_is_not_utf8_says_so_and_copies_nothing(
+    local: LocalServer, client: Client, tmp_path: Path
+) -> None:
+    """execd's API carries names as JSON text: ours sends such a name with a lone surrogate
+    (refused as an invalid answer, the cause unsaid), the real one with U+FFFD, whose
+    download then failed with "file not found" after the files before it were written. The
+    copy is refused before anything is written, naming the file and what to do."""
+    with client.create_sandbox() as sandbox:
+        made = sandbox.commands.run(
+            [
+                "bash",
+                "-c",
+                "mkdir -p /tmp/nu && echo ok > /tmp/nu/a.txt && echo x > /tmp/nu/b$'\\xff'",
+            ]
+        )
+        assert made.exit_code == 0, made.stderr
+        for dest in (str(tmp_path / "out"), "-"):
+            copied = osb("cp", "--api-base", local.api_base, f"{sandbox.id}:/tmp/nu", dest)
+            assert copied.returncode == 1, copied.stderr
+            assert "not UTF-8" in copied.stderr and "/tmp/nu/b" in copied.stderr, copied.stderr
+            assert copied.stdout == ""
+        assert not (tmp_path / "out").exists()

@@ -25,6 +25,7 @@ from osb_sync import (
     SandboxStateError,
     SandboxTimeoutError,
     TransportError,
+    _cli_sandboxes,
 )
 from tests.helpers import (
     API,
@@ -1056,3 +1057,43 @@ def test_unusable_answers_are_invalid_response_with_their_request_id(
         call(client)
     assert info.value.code == "INVALID_RESPONSE" and info.value.request_id == "r-7"
     assert str(info.value).startswith(f"{method} /") and "(request id r-7)" in str(info.value)
+
+
+# -- sandbox stats (osb-sync serve's extension) ------------------------------------------------
+
+
+def test_sandbox_stats_reads_the_extension_and_keeps_no_bad_figure(
+    rsps: responses.RequestsMock, client: Client
+) -> None:
+    figures = {"memoryUsedBytes": 5 << 20, "memoryLimitBytes": 256 << 20, "cpuLimit": 0.5}
+    bad = {"cpuSeconds": float("nan"), "pids": True, "pidsLimit": -1}
+    given = {"id": "sb1", "resourceLimits": {"memory": "256Mi"}, "source": "cgroup"}
+    rsps.get(f"{API}/sandboxes/sb1/stats", json={**given, **figures, **bad})
+    stats = client.sandbox_stats("sb1")
+    assert (stats.memory_limit_bytes, stats.cpu_limit, stats.source) == (256 << 20, 0.5, "cgroup")
+    assert stats.resource_limits == {"memory": "256Mi"}
+    assert (stats.cpu_seconds, stats.pids, stats.pids_limit) == (None, None, None)
+
+
+def test_sandbox_stats_keeps_no_figure_too_large_for_a_float(
+    rsps: responses.RequestsMock, client: Client
+) -> None:
+    """A figure of 400 digits (valid JSON) raised OverflowError in from_dict (cpuLimit) or,
+    in osb-sync stats, when shown in MiB; a limit of 400 digits became inf, which --json
+    printed as Infinity (not JSON)."""
+    huge = 10**400
+    figures = {"memoryUsedBytes": huge, "memoryLimitBytes": 1 << 63, "cpuLimit": huge}
+    rsps.get(f"{API}/sandboxes/sb1/stats", json={"id": "sb1", "source": "cgroup", **figures})
+    stats = client.sandbox_stats("sb1")
+    assert (stats.memory_used_bytes, stats.memory_limit_bytes, stats.cpu_limit) == (None,) * 3
+    assert _cli_sandboxes.quantity("9" * 400 + "Mi") is None
+    assert _cli_sandboxes.quantity("256Mi") == 256 << 20
+
+
+def test_sandbox_stats_of_a_server_without_the_extension_is_not_supported(
+    rsps: responses.RequestsMock, client: Client
+) -> None:
+    rsps.get(f"{API}/sandboxes/sb1/stats", status=404, json={"detail": "Not Found"})
+    rsps.get(API.removesuffix("/v1") + "/version", json={"version": "1.1.1"})
+    with pytest.raises(osb_sync.NotSupportedError, match=r"metrics\(\) gives execd's figures"):
+        client.sandbox_stats("sb1")

@@ -84,6 +84,8 @@ LIFECYCLE_OURS_ONLY: dict[Route, str] = {
     ("OPTIONS", "/sandboxes/{}/proxy/{}"): _PROXY_TOO,
     ("HEAD", "/sandboxes/{}/proxy/{}/{}"): _PROXY_TOO,
     ("OPTIONS", "/sandboxes/{}/proxy/{}/{}"): _PROXY_TOO,
+    ("GET", "/sandboxes/{}/stats"): "a sandbox's usage against its limits from its cgroups"
+    " (osb-sync stats): execd's /metrics reads the host's /proc, in OpenSandbox's execd too",
 }
 
 

@@ -24,6 +24,8 @@ Its containers:
 - `rootview`: what differs between a sandbox on the host's view and one on an image's root.
 - `spares`: warm containers, and where a create's container comes from.
 - `execd_template`: the execd template that forks a root server's execds.
+- `package`: the process's private copy of the package its sandboxes run (a reinstall
+  leaves it alone).
 - `entrypoint`: what a sandbox runs as its entrypoint.
 - `execd_binary`: bring your own execd.
 - `liveness`: why a container ended.

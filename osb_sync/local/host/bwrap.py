@@ -5,12 +5,13 @@ Per sandbox: new user, mount, PID, network, IPC and UTS namespaces (and cgroup w
 list: `/usr` and the `/bin`, `/sbin`, `/lib*` links or directories, chosen `/etc` files
 (resolver, name service, users and groups, locale, time zone, loader cache, alternatives, CA
 certificates; never shadow, gshadow, ssh or ssl/private), and read-only at the same paths the
-server's interpreter (`sys.base_prefix`, `sys.prefix`) and the osb_sync package directory, all
-read-only. `python` and `python3` on `PATH` are that interpreter. Writable and private: `/tmp`,
-the sandbox's home (the working directory) and execd's state directory, each a host directory
-of the sandbox bound in (so the server can remove them, and they behave like the disk of a
-real container). A root server's sandbox has them all on one size- and inode-limited tmpfs
-of its own (`disk.py`); RLIMIT_FSIZE (`FILE_SIZE_LIMIT`) caps each file besides.
+server's interpreter (`sys.base_prefix`, `sys.prefix`) and the server's copy of the osb_sync
+package (`package.py`), all read-only. `python` and `python3` on `PATH` are that interpreter.
+Writable and private: `/tmp`, the sandbox's home (the working directory) and execd's state
+directory, each a host directory of the sandbox bound in (so the server can remove them, and
+they behave like the disk of a real container). A root server's sandbox has them all on one
+size- and inode-limited tmpfs of its own (`disk.py`); RLIMIT_FSIZE (`FILE_SIZE_LIMIT`) caps
+each file besides.
 
 `/proc` is masked as Docker's default does (`proc_view`); `/sys` is not mounted at all. bwrap
 starts from `BWRAP_ENV`, never the server's environment, and reads its options (host paths)
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cgroup, firewall, identity, seccomp
+from . import cgroup, firewall, identity, package, seccomp
 from .errors import InternetError, PolicyError
 
 SANDBOX_HOME = "/home/sandbox"
@@ -186,27 +187,9 @@ def probe() -> Support:
 
 
 def package_dir() -> str:
-    """The directory of the osb_sync package (not the whole checkout of an editable install)."""
-    return str(Path(__file__).resolve().parents[2])
-
-
-def compile_package() -> None:
-    """Write the bytecode of the modules a container imports where it is missing or stale
-    (`http/`, `execd/` and the protocol between the server and execd).
-
-    Containers see the package read-only, so they cannot cache what they compile: in a checkout
-    whose execd modules the host never imported, every container would compile them again
-    (~25 ms of CPU each). Where the directory is not writable, nothing happens.
-    """
-    import compileall
-
-    local = Path(__file__).parents[1]
-    try:
-        for side in ("http", "execd"):
-            compileall.compile_dir(local / side, maxlevels=0, quiet=2)
-        compileall.compile_file(local / "protocol.py", quiet=2)
-    except OSError:
-        pass
+    """The directory of the osb_sync package sandboxes run: the process's private copy of the
+    installed one (`package.snapshot`), which a reinstall leaves alone."""
+    return str(package.snapshot().path)
 
 
 def outermost(paths: Sequence[str]) -> list[str]:
@@ -259,10 +242,11 @@ def proc_view(host_proc: Path = Path("/proc")) -> list[str]:
 
 
 def in_container(path: str) -> str:
-    """Where the container sees `path` of the package (`PACKAGE_VIEW`); others unchanged."""
-    package = package_dir()
-    if path == package or path.startswith(package + os.sep):
-        return PACKAGE_VIEW + path[len(package) :]
+    """Where the container sees `path` of the package, installed or copied (`PACKAGE_VIEW`);
+    others unchanged."""
+    path, copy = package.pinned(path), package_dir()
+    if path == copy or path.startswith(copy + os.sep):
+        return PACKAGE_VIEW + path[len(copy) :]
     return path
 
 

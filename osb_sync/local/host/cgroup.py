@@ -14,7 +14,7 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -24,6 +24,9 @@ STALE_AFTER = 60.0
 KILL_TIMEOUT = 10.0
 # Every controller a sandbox may have a group of (the freezer, and the limits' controllers).
 CONTROLLERS = ("freezer", "memory", "cpu", "pids")
+# v1's memory.limit_in_bytes without a limit is the largest page multiple of an int64: read
+# from this on as no limit (no machine has that much memory to limit)
+UNLIMITED_MEMORY = 1 << 62
 
 
 @functools.cache
@@ -194,3 +197,62 @@ def leftover_groups(name: str) -> list[Path]:
         for controller in CONTROLLERS
         if (parent_dir(controller) / name).is_dir()
     ]
+
+
+def _number(path: Path) -> int | None:
+    """The whole number in the file `path` (None: no such file, `max`, or garbage)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _memory_used(group: Path) -> int | None:
+    """What a memory group uses as `docker stats` counts it: its usage less the inactive page
+    cache (`memory.stat`'s `total_inactive_file`), which the kernel reclaims first."""
+    used = _number(group / "memory.usage_in_bytes")
+    if used is None:
+        return None
+    try:
+        lines = (group / "memory.stat").read_text().splitlines()
+    except OSError:
+        return used
+    stat = dict(line.split(" ", 1) for line in lines if " " in line)
+    inactive = stat.get("total_inactive_file", "0").strip()
+    return max(used - int(inactive), 0) if inactive.isdigit() else used
+
+
+def _cpu_seconds(pids: Iterable[int]) -> float | None:
+    """The CPU time of the processes `pids` and of their children they waited for (seconds)."""
+    ticks, seen = 0, False
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            ticks += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+            seen = True
+        except (OSError, ValueError, IndexError):
+            continue  # gone since the listing
+    return ticks / os.sysconf("SC_CLK_TCK") if seen else None
+
+
+def usage(groups: Mapping[str, Path]) -> dict[str, int | float | None]:
+    """A sandbox's usage and limits as its v1 `groups` (by controller) say; None for what no
+    group of it tells (and a limit that is the kernel's "unlimited").
+
+    `cpuSeconds` is the CPU time of its live processes and of their children they waited
+    for: v1's cpu controller counts no time (cpuacct does, which the sandboxes have no group
+    of), and time of a process whose parent ended before it was waited for is not counted.
+    """
+    memory, cpu, pids = (groups.get(c) for c in ("memory", "cpu", "pids"))
+    limit = _number(memory / "memory.limit_in_bytes") if memory else None
+    quota = _number(cpu / "cpu.cfs_quota_us") if cpu else None
+    period = _number(cpu / "cpu.cfs_period_us") if cpu else None
+    listed = next((path for path in groups.values() if (path / "cgroup.procs").is_file()), None)
+    return {
+        "memoryUsedBytes": _memory_used(memory) if memory else None,
+        "memoryLimitBytes": limit if limit is not None and limit < UNLIMITED_MEMORY else None,
+        "cpuLimit": quota / period if quota and quota > 0 and period else None,
+        "cpuSeconds": _cpu_seconds(members(listed)) if listed else None,
+        "pids": _number(pids / "pids.current") if pids else None,
+        "pidsLimit": _number(pids / "pids.max") if pids else None,
+    }

@@ -40,7 +40,18 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..protocol import Claim, Start
-from . import bwrap, disk, execd_template, firewall, identity, logs, seccomp, spawn, staging
+from . import (
+    bwrap,
+    disk,
+    execd_template,
+    firewall,
+    identity,
+    logs,
+    package,
+    seccomp,
+    spawn,
+    staging,
+)
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
 from .execd_binary import ExecdBinary
@@ -290,7 +301,7 @@ class SandboxContainer:
                 passed += [bind.fd for bind in self._settings.mounts]  # bwrap's --bind-fd
             self._make_cgroups()
         else:
-            argv = [sys.executable, "-I", "-S", MAIN_SCRIPT, *command]
+            argv = [sys.executable, "-I", "-S", package.pinned(MAIN_SCRIPT), *command]
         self._proc = SPAWNER.run(
             lambda: subprocess.Popen(
                 argv,

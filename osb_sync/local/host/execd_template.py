@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..protocol import Fork, ForkAnswer, TemplateSetup
-from . import bwrap
+from . import bwrap, package
 from .spawn import SPAWNER, exited, log_tail
 
 # Run by path, never imported here: execd/ is the sandbox side of the security line.
@@ -196,7 +196,7 @@ class Template:
             )
             assert self._proc.stdin is not None
             with self._proc.stdin:
-                self._proc.stdin.write(TEMPLATE_SCRIPT.encode() + b"\n")
+                self._proc.stdin.write(package.pinned(TEMPLATE_SCRIPT).encode() + b"\n")
         except BaseException:
             mine.close()
             raise

@@ -17,7 +17,8 @@ directory or of its `.spares/`), with one log line each:
   overlay, staged binds;
 - its directories, with the staging files of uploads cut short.
 
-`sweep_strays` does the same for `osb-local-*` temporary directories whose server is gone.
+`sweep_strays` does the same for `osb-local-*` temporary directories whose server is gone, of
+this user only (TMPDIR may be a shared `/tmp`: another user's, or a symlink, is left alone).
 A directory without a lock file (made by an older version) is left alone: its owner cannot be
 known.
 """
@@ -31,15 +32,16 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 from pathlib import Path
 
 from . import cgroup
-from .spares import SPARES_DIR
 
 logger = logging.getLogger("osb_sync.local")
 
 LOCK_NAME = ".osb-server.lock"
+SPARES_DIR = ".spares"  # under the server's root, which holds sandboxes only (`spares.py`)
 STRAY_PREFIX = "osb-local-"
 
 _SANDBOX = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}(\.run)?")
@@ -140,8 +142,26 @@ def reap(root: Path) -> int:
     return len(leftovers)
 
 
+def stray_parents() -> list[Path]:
+    """Where a server's temporary directories go: TMPDIR, and `/tmp` (the package's copy, where
+    TMPDIR is out of the sandboxes' reach: `package.parent_dir`)."""
+    here, shared = Path(tempfile.gettempdir()), Path("/tmp")  # noqa: S108
+    return [here] if here == shared else [here, shared]
+
+
+def _own_directory(path: Path) -> bool:
+    """A directory (not a link to one) of this process's user: TMPDIR may be shared, and
+    another user's `osb-local-*` there is not a server of ours."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
+
+
 def sweep_strays(parent: Path | None = None) -> list[Path]:
-    """Reap and delete every `osb-local-*` directory of `parent` (TMPDIR) whose server is gone."""
+    """Reap and delete every `osb-local-*` directory of this user in `parent` (TMPDIR) whose
+    server is gone."""
     parent = parent or Path(tempfile.gettempdir())
     removed = []
     try:
@@ -150,7 +170,7 @@ def sweep_strays(parent: Path | None = None) -> list[Path]:
         return []
     for name in names:
         path = parent / name
-        if name.startswith(STRAY_PREFIX) and path.is_dir() and owner_gone(path):
+        if name.startswith(STRAY_PREFIX) and _own_directory(path) and owner_gone(path):
             reap(path)
             shutil.rmtree(path, ignore_errors=True)
             logger.info("local server: removed %s, left by a server that is gone", path)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..http.exchange import Exchange, error
-from . import disk, entrypoint, limits, network, volumes
+from . import disk, entrypoint, limits, network, package, volumes
 from .capacity import Capacity
 from .container import OOM_CONTROL, Assignment, Launch
 from .diagnostics import Diagnostics
@@ -133,6 +133,7 @@ class Registry:
 
     def create(self, ex: Exchange) -> None:
         """POST /sandboxes: `plan` it, carry it out, answer 202 (see the module docstring)."""
+        package.warn_if_changed()
         plan = self.plan(ex)
         try:
             sandbox = self._start(plan)

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, unquote
 
 from ..http.bodies import rfc3339
 from ..http.exchange import Exchange, HttpError, error
-from . import liveness, logs
+from . import cgroup, liveness, logs
 from .bwrap import Support
 from .container import SandboxContainer
 from .execd_binary import ExecdBinary
@@ -208,6 +208,25 @@ class Sandboxes:
     def show(self, ex: Exchange) -> None:
         """GET /sandboxes/{id}: the Sandbox."""
         ex.send_json(200, self.get(ex.params["id"]).view())
+
+    def stats(self, ex: Exchange) -> None:
+        """GET /sandboxes/{id}/stats, ours (the local server guide's "Stats"): its usage
+        against its limits as its cgroups say (`cgroup.usage`), with the create's
+        `resourceLimits`; `source` null where it has no group to read."""
+        sandbox = self.get(ex.params["id"])
+        groups = {c: p for c in cgroup.CONTROLLERS if (p := sandbox.container.group(c))}
+        given = sandbox.body.get("resourceLimits")
+        figures = cgroup.usage(groups)
+        readable = any(value is not None for value in figures.values())
+        ex.send_json(
+            200,
+            {
+                "id": sandbox.id,
+                "resourceLimits": given if isinstance(given, dict) else {},
+                "source": "cgroup" if readable else None,
+                **figures,
+            },
+        )
 
     def list(self, ex: Exchange) -> None:
         """GET /sandboxes: state and metadata filters, pagination, newest first."""

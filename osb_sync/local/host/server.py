@@ -24,9 +24,9 @@ from types import FrameType, TracebackType
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
-from . import capacity, firewall, identity, logs, options, proxy, recovery, staging
+from . import capacity, firewall, identity, logs, options, package, proxy, recovery, staging
 from . import limits as resource_limits
-from .bwrap import FIX, Support, compile_package, probe, refusal
+from .bwrap import FIX, Support, probe, refusal
 from .errors import (
     CapacityError,
     FieldError,
@@ -217,8 +217,7 @@ class LocalServer:
                 return self
             support = self._support()
             capacity.raise_descriptor_limit()
-            if support.bwrap is not None:
-                compile_package()
+            package.snapshot()  # what every sandbox of this process runs
             self.isolated = self.network_policy_enforced = support.bwrap is not None
             self.isolation_problem = support.problem
             if not self.isolated and self._isolation is None:
@@ -234,7 +233,8 @@ class LocalServer:
             self.root_dir = self._make_root()
             self._lock_fd = recovery.claim(self.root_dir)
             recovery.reap(self.root_dir)
-            recovery.sweep_strays()
+            for parent in recovery.stray_parents():
+                recovery.sweep_strays(parent)
             if support.ids is not None and self.isolated:
                 identity.admit(self.root_dir, support.ids)  # bwrap runs as the range's root
                 staging.sweep()  # what a killed server left
@@ -457,6 +457,7 @@ class LocalServer:
             ("GET", diagnostics + "/inspect", keyed(registry.diagnostics.inspect)),
             ("GET", diagnostics + "/events", keyed(registry.diagnostics.events)),
             ("GET", diagnostics + "/summary", keyed(registry.diagnostics.summary)),
+            ("GET", "/sandboxes/{id}/stats", keyed(sandboxes.stats)),  # ours
             ("POST", "/pools", keyed(pools.create)),
             ("GET", "/pools", keyed(pools.list)),
             ("GET", "/pools/{name}", keyed(pools.show)),

@@ -32,6 +32,7 @@ from typing import Any
 from . import logs
 from .bwrap import Support
 from .container import START_ATTEMPTS, Assignment, Launch, SandboxContainer
+from .recovery import SPARES_DIR
 
 logger = logging.getLogger("osb_sync.local")
 
@@ -39,7 +40,6 @@ logger = logging.getLogger("osb_sync.local")
 FIXED_AT_START: tuple[str, ...] = ("volumes",)
 CLAIM_WAIT = 60.0
 CLOSE_WAIT = 10.0  # server stop waits this long for spares still starting
-SPARES_DIR = ".spares"  # under the server's root, which holds sandboxes only
 
 
 def fits(body: dict[str, Any]) -> bool:

@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import bwrap, identity
+from . import bwrap, identity, package
 from .errors import FieldError, VolumeError
 
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -376,7 +376,13 @@ def checked(volumes: Any, isolated: bool, protected: tuple[str, ...] = ()) -> tu
             "UNSUPPORTED",
             f"volumes need isolated sandboxes, and these are not; to isolate them, {bwrap.FIX}",
         )
-    own = (sys.base_prefix, sys.prefix, bwrap.package_dir(), *protected)
+    own = (
+        sys.base_prefix,
+        sys.prefix,
+        bwrap.package_dir(),
+        str(package.installed_dir()),
+        *protected,
+    )
     found: list[Volume] = []
     for index, volume in enumerate(volumes):
         _check_shape(index, volume)
