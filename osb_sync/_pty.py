@@ -523,12 +523,13 @@ class PtyConnection:
                 ended = "closed"
         except BadAnswer as exc:
             self.error = f"INVALID_RESPONSE: {exc.describe(self._execd.secrets)}"
-            self._failure = ApiError(
-                f"pty session {self.session_id}: execd sent {self.error}",
-                status_code=101,
-                code="INVALID_RESPONSE",
-                message=self.error,
-            )
+            if not self._saw_connected:  # else the reader's end says it
+                self._failure = ApiError(
+                    f"pty session {self.session_id}: execd sent {self.error}",
+                    status_code=101,
+                    code="INVALID_RESPONSE",
+                    message=self.error,
+                )
             ended = "error"
             ws.fail(websocket.ProtocolError(websocket.PROTOCOL_ERROR, "bad frame"))
         except websocket.ProtocolError as exc:

@@ -5,7 +5,8 @@ Not in the 1.1.1 spec (execd has served them since 1.0.10, undocumented); the fa
 WebSocket connect (`GET /pty/{id}/ws`) launches its process: `bash --noprofile --norc` (or
 `-c COMMAND`; `sh` without bash) on a real pseudo-terminal of the sandbox, 80x24, its
 controlling terminal (so Ctrl-C, Ctrl-Z and `stty size` behave), or with `pty=0` on pipes.
-A process that exited is launched again by the next connect; the bytes and offsets go on.
+A process that exited is launched again by the next connect, in that connect's mode (as the
+real execd does); the bytes and offsets go on.
 
 Every output byte goes into the session's ring (`RING_BYTES`, the newest kept) with its
 absolute offset, and to the one connected client (the holder) in the same step under the
@@ -117,7 +118,6 @@ class Session:
         self.ring = Ring()
         self.proc: subprocess.Popen[bytes] | None = None
         self.pipe_mode = False
-        self.mode_chosen = False
         self.master = -1  # the terminal's master side (PTY mode)
         self.stdin: Any = None  # the process's stdin pipe (pipe mode)
         self.holder: websocket.WebSocket | None = None
@@ -376,11 +376,10 @@ class PtySessions:
                 return False
             if session.deleted:
                 return False
-            if not session.mode_chosen:
-                session.pipe_mode, session.mode_chosen = pipe, True
             if session.proc is not None:
                 session.proc.poll()
             if not session.running:
+                session.pipe_mode = pipe  # the connect that launches chooses (as execd)
                 try:
                     session.launch()
                 except OSError as exc:

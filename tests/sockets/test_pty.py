@@ -1,0 +1,386 @@
+"""``sandbox.pty`` against our execd's ``/pty`` routes on loopback (its routes served in this
+process, its shells on real pseudo-terminals of this machine), and against fake execds that
+lie: a redirect to another origin, frames that break the rules, a certificate nobody trusts.
+
+What the terminal must do is the issue's list: ``echo $((6*7))`` prints 42, ``tty`` a
+``/dev/pts`` path, ``exit 3`` is exit status 3, a resize reaches ``stty size``, Ctrl-C stops a
+``sleep`` but not the shell; output has no gap and no repeat across a reattach; a second
+client gets 409, then takes over.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from osb_sync import ApiError, Sandbox, SandboxTimeoutError, TransportError
+from osb_sync import _websocket as ws
+from osb_sync._pty import PtyConnection
+from osb_sync.local.execd.router import ExecdApp
+from osb_sync.local.execd.runner import SandboxRuntime
+from osb_sync.local.http import httpd
+from osb_sync.local.http.exchange import Exchange, HttpError
+from tests.conformance.execds import free_port, real_execd_dir, skip_or_fail, unusable_reason
+
+pytestmark = pytest.mark.ours_only("our execd and the real one are both started here")
+
+TOKEN = "pty-test-token"
+HEADERS = {"X-EXECD-ACCESS-TOKEN": TOKEN}
+
+
+@pytest.fixture(scope="module", params=["ours", "real"])
+def execd_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """An execd on 127.0.0.1 behind a token: ours (its routes served in this process) or the
+    real one (shared/opensandbox-execd's binary, which has served /pty since 1.0.10)."""
+    home = tmp_path_factory.mktemp("pty")
+    if request.param == "real":
+        yield from real_execd(home)
+        return
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C"}
+    runtime = SandboxRuntime(home, home, env)
+    app = ExecdApp(runtime, ping_interval=3.0, command_grace=0.0)
+
+    def route(ex: Exchange) -> None:
+        if ex.headers.get("X-EXECD-ACCESS-TOKEN") != TOKEN:
+            raise HttpError(401, {"error": "Unauthorized"})
+        app.handle(ex, ex.path)
+
+    hosts = httpd.host_names("127.0.0.1", ())
+    server = httpd.HTTPServer(("127.0.0.1", 0), route, httpd.Limits(), hosts)
+    thread = threading.Thread(target=server.serve_forever, args=(0.1,), daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    app.close()
+    runtime.close()
+    server.shutdown()
+    server.server_close()
+
+
+def real_execd(home: Path) -> Iterator[str]:
+    """The real execd binary on a free port (no Jupyter: terminals need none)."""
+    folder = real_execd_dir()
+    reason = unusable_reason(folder)
+    if reason is not None:
+        skip_or_fail(reason)
+    assert folder is not None
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(folder / "execd"), "--port", str(port), "--access-token", TOKEN],
+        cwd=home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if requests.get(url + "/ping", headers=HEADERS, timeout=1).ok:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "execd did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture
+def sandbox(execd_url: str) -> Iterator[Sandbox]:
+    with Sandbox.from_execd(execd_url, headers=HEADERS, read_timeout=10) as handle:
+        yield handle
+
+
+def read_until(conn: PtyConnection, done: Callable[[bytes], bool], timeout: float = 15) -> bytes:
+    """Output until ``done(all so far)``; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    seen = b""
+    while not done(seen):
+        left = deadline - time.monotonic()
+        assert left > 0, f"not seen within {timeout} s: {seen[-500:]!r}"
+        data = conn.read(left)
+        assert data, f"the connection ended ({conn.ended}): {seen[-500:]!r}"
+        seen += data
+    return seen
+
+
+def test_a_shell_on_a_real_terminal(sandbox: Sandbox) -> None:
+    with sandbox.pty.open() as conn:
+        conn.send("echo $((6*7)); tty\n")
+        # the typed line is echoed too: the answer is 42 on a line of its own, then the tty
+        read_until(conn, lambda s: re.search(rb"\r42\r\n/dev/pts/[0-9]+\r\n", s) is not None)
+        conn.send("exit 3\n")
+        conn.read_all(15)
+        assert (conn.exit_code, conn.ended) == (3, "exited")
+
+
+def test_a_resize_reaches_stty_size(sandbox: Sandbox) -> None:
+    with sandbox.pty.open(size=(132, 43)) as conn:
+        conn.send("stty size\n")
+        read_until(conn, lambda s: b"43 132" in s)
+        conn.resize(100, 30)
+        conn.send("stty size\n")
+        read_until(conn, lambda s: b"30 100" in s)
+
+
+def test_ctrl_c_interrupts_a_sleep_not_the_shell(sandbox: Sandbox) -> None:
+    with sandbox.pty.open() as conn:
+        conn.send("sleep 30; echo slept\n")
+        read_until(conn, lambda s: b"sleep 30" in s)
+        time.sleep(0.3)
+        started = time.monotonic()
+        conn.send("\x03")
+        conn.send("echo al''ive\n")
+        seen = read_until(conn, lambda s: b"alive" in s)
+        assert time.monotonic() - started < 10
+        assert not re.search(rb"[\r\n]slept\r\n", seen) and conn.ended is None
+
+
+def test_a_command_environment_and_directory(sandbox: Sandbox) -> None:
+    with sandbox.pty.open(
+        "echo $GREETING; pwd", cwd="made/here", env={"GREETING": "hi there"}
+    ) as conn:
+        seen = conn.read_all(15)
+    assert b"hi there" in seen and b"/made/here" in seen
+    assert conn.exit_code == 0
+
+
+def test_pipe_mode_has_no_terminal(sandbox: Sandbox) -> None:
+    with sandbox.pty.open("tty; echo err >&2", pipe=True) as conn:
+        seen = conn.read_all(15)
+    assert b"not a tty" in seen and b"err" in seen
+    assert conn.exit_code == 0  # the last command's
+
+
+def test_output_has_no_gap_and_no_repeat_across_a_reattach(sandbox: Sandbox) -> None:
+    lines = 400
+    script = f"for i in $(seq 1 {lines}); do echo line$i; sleep 0.002; done; sleep 0.5"
+    expected = b"".join(b"line%d\n" % i for i in range(1, lines + 1))
+    with sandbox.pty.open(script, pipe=True) as conn:
+        first = read_until(conn, lambda s: b"line50\n" in s)
+        # the connection drops (no close handshake) while output goes on
+        conn._ws.abort()  # type: ignore[union-attr]
+        while data := conn.read(5):
+            first += data  # what was in flight before the drop
+        assert conn.ended == "dropped"
+        time.sleep(0.3)
+        for _ in range(50):  # execd lets go of a holder whose TCP closed at once, or nearly
+            try:
+                conn.reconnect()
+                break
+            except ApiError as exc:
+                assert exc.status_code == 409
+                time.sleep(0.05)
+        rest = conn.read_all(20)
+    assert first + rest == expected
+    assert conn.lost == 0 and conn.offset == len(expected)
+
+
+def test_a_second_client_gets_409_then_takes_over(sandbox: Sandbox) -> None:
+    with sandbox.pty.open() as first:
+        first.send("echo one\n")
+        read_until(first, lambda s: b"one\r\n" in s)
+        with pytest.raises(ApiError) as caught:
+            sandbox.pty.connect(first.session_id)
+        assert (caught.value.status_code, caught.value.code) == (409, "ALREADY_CONNECTED")
+        second = sandbox.pty.connect(first.session_id, takeover=True)
+        try:
+            assert first.read_all(10) is not None
+            assert first.ended == "taken over"
+            second.send("echo two\n")
+            seen = read_until(second, lambda s: b"two\r\n" in s)
+            assert b"one" in seen  # the replay from offset 0
+        finally:
+            second.close()
+
+
+def test_status_and_delete(sandbox: Sandbox) -> None:
+    session = sandbox.pty.create("sleep 30")
+    assert sandbox.pty.status(session) == (session, False, 0)  # dormant until connected
+    conn = sandbox.pty.connect(session)
+    assert sandbox.pty.status(session).running
+    assert sandbox.pty.delete(session) is True
+    assert conn.read_all(10) == b""
+    assert sandbox.pty.delete(session) is False
+    with pytest.raises(ApiError) as caught:
+        sandbox.pty.connect(session)
+    assert caught.value.status_code == 404
+
+
+def test_a_process_that_exited_is_launched_again_and_offsets_go_on(sandbox: Sandbox) -> None:
+    session = sandbox.pty.create("echo run")
+    try:
+        first = sandbox.pty.connect(session, pipe=True)
+        assert first.read_all(10) == b"run\n"
+        again = sandbox.pty.connect(session, since=first.offset, pipe=True)
+        assert again.read_all(10) == b"run\n" and again.offset == 8
+    finally:
+        sandbox.pty.delete(session)
+
+
+def test_a_wrong_token_is_refused_before_the_upgrade(execd_url: str) -> None:
+    with Sandbox.from_execd(execd_url, headers={"X-EXECD-ACCESS-TOKEN": "wrong"}) as handle:
+        conn = PtyConnection(handle._execd, "x")  # type: ignore[attr-defined]
+        with pytest.raises(ApiError) as caught:
+            conn.attach(timeout=5)
+    assert caught.value.status_code == 401
+
+
+# -- fake execds ---------------------------------------------------------------------------------
+
+
+class FakeExecd:
+    """A loopback server that answers each connection with ``answer(head) -> bytes``."""
+
+    def __init__(self, answer: Callable[[bytes], bytes], tls: ssl.SSLContext | None = None):
+        self.answer = answer
+        self.heads: list[bytes] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.tls = tls
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                if self.tls is not None:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                conn.settimeout(5)
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    data = conn.recv(4096)
+                    if not data:
+                        break
+                    head += data
+                self.heads.append(head)
+                conn.sendall(self.answer(head))
+                time.sleep(0.5)
+            except OSError:
+                pass
+            finally:
+                conn.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def upgraded(head: bytes, *frames: bytes) -> bytes:
+    key = re.search(rb"Sec-WebSocket-Key: (\S+)", head)
+    assert key is not None
+    accept = ws.accept_key(key[1].decode()).encode()
+    return (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n" + b"".join(frames)
+    )
+
+
+CONNECTED = ws.encode_frame(ws.OP_TEXT, b'{"type":"connected","session_id":"s","mode":"pty"}\n')
+
+
+def test_the_token_goes_only_to_execds_origin() -> None:
+    elsewhere = FakeExecd(lambda head: b"HTTP/1.1 500 X\r\nContent-Length: 0\r\n\r\n")
+    redirect = (
+        f"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:{elsewhere.port}/pty/s/ws"
+        "\r\nContent-Length: 0\r\n\r\n"
+    ).encode()
+    execd = FakeExecd(lambda head: redirect)
+    try:
+        with Sandbox.from_execd(f"http://127.0.0.1:{execd.port}", headers=HEADERS) as handle:
+            with pytest.raises(ApiError) as caught:
+                handle.pty.connect("s", timeout=5)
+        assert caught.value.status_code == 307 and "not followed" in str(caught.value)
+        assert TOKEN not in str(caught.value)
+        assert TOKEN.encode() in execd.heads[0]  # execd's origin has it
+        time.sleep(0.2)
+        assert elsewhere.heads == []  # nothing else was even connected to
+    finally:
+        execd.close()
+        elsewhere.close()
+
+
+@pytest.mark.parametrize(
+    ("frame", "words"),
+    [
+        (bytes([0x82, 0x7F]) + (1 << 40).to_bytes(8, "big"), "(at most"),  # 1 TiB announced
+        (bytes([0x82, 0x82, 1, 2, 3, 4, 5, 6]), "masked"),  # a server must not mask
+        (ws.encode_frame(ws.OP_BINARY, b"\x03\x00"), "replay"),
+        (ws.encode_frame(ws.OP_TEXT, b'{"type":"exit","exit_code":"0"}'), "exit_code"),
+    ],
+)
+def test_a_lying_execd_ends_the_connection_with_an_error(frame: bytes, words: str) -> None:
+    execd = FakeExecd(lambda head: upgraded(head, CONNECTED, frame))
+    try:
+        with Sandbox.from_execd(f"http://127.0.0.1:{execd.port}", headers=HEADERS) as handle:
+            conn = handle.pty.connect("s", timeout=5)
+            assert conn.read_all(5) == b""
+        assert conn.ended == "error" and conn.exit_code is None
+        assert words in (conn.error or ""), conn.error
+    finally:
+        execd.close()
+
+
+def test_a_connect_with_no_connected_frame_times_out() -> None:
+    execd = FakeExecd(lambda head: upgraded(head))
+    try:
+        with Sandbox.from_execd(f"http://127.0.0.1:{execd.port}", headers=HEADERS) as handle:
+            started = time.monotonic()
+            with pytest.raises((SandboxTimeoutError, TransportError)):
+                handle.pty.connect("s", timeout=0.3)
+            assert time.monotonic() - started < 5
+    finally:
+        execd.close()
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed (tests/run.py installs it)")
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_tls_is_verified_as_the_clients_http_calls_are(certificate: tuple[Path, Path]) -> None:
+    cert, key = certificate
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    execd = FakeExecd(lambda head: upgraded(head, CONNECTED), tls=context)
+    url = f"https://127.0.0.1:{execd.port}"
+    try:
+        with Sandbox.from_execd(url, headers=HEADERS) as handle:
+            with pytest.raises(TransportError, match=r"CERTIFICATE_VERIFY_FAILED|certificate"):
+                handle.pty.connect("s", timeout=5)
+        assert execd.heads == [] or TOKEN.encode() not in b"".join(execd.heads)
+        session = requests.Session()
+        session.verify = str(cert)
+        session.trust_env = False  # REQUESTS_CA_BUNDLE would win over verify, as in requests
+        with Sandbox.from_execd(url, headers=HEADERS, session=session) as handle:
+            conn = handle.pty.connect("s", timeout=5)
+            conn.close()
+        assert TOKEN.encode() in execd.heads[-1]
+    finally:
+        execd.close()
