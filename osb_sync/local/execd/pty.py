@@ -220,12 +220,16 @@ class Session:
         status = 128 - code if code < 0 else code
         with self.lock:
             holder = self.holder if self.proc is proc else None
-        if holder is not None:
-            try:
-                holder.send_text(frame_json({"type": "exit", "exit_code": status}))
-            except OSError:
-                pass
-            holder.close(websocket.NORMAL, "process exited")
+            if holder is not None:
+                try:
+                    holder.send_text(frame_json({"type": "exit", "exit_code": status}))
+                except OSError:
+                    pass
+                holder.close(websocket.NORMAL, "process exited")
+                # the connection is over: a connect that relaunches need not wait for the
+                # client's close to come back
+                self.holder = None
+                self.released.notify_all()
 
     def write_stdin(self, data: bytes) -> None:
         """Give `data` to the process; OSError if it cannot take it."""
