@@ -482,7 +482,8 @@ class PtyConnection:
         response.status_code = answer.status
         response.headers = CaseInsensitiveDict(answer.headers)
         response.raw = io.BytesIO(body[:MAX_ERROR_BODY])
-        response.url = self._execd.base_url + target
+        base = urlsplit(self._execd.base_url)
+        response.url = f"{base.scheme}://{base.netloc.rpartition('@')[2]}{target}"
         path = urlsplit(response.url).path
         exc = error_from_response(response, "GET", path, self._execd.secrets)
         if 300 <= answer.status < 400:
