@@ -635,7 +635,10 @@ def _add_exec(command: Any) -> None:
         "run a shell command in a sandbox; exits with the command's status",
         "Run a shell command (bash -c) in an existing sandbox and exit with its status. "
         "-i sends standard input: it is read to its end and uploaded first (execd has no "
-        "stdin route), so the command sees it as a file, not a live stream.",
+        "stdin route), so the command sees it as a file, not a live stream. -it runs the "
+        "command (default: a shell) on a terminal of the sandbox joined to this one, in raw "
+        "mode (Ctrl-C, Ctrl-D and Ctrl-Z reach the sandbox; window size changes follow); the "
+        "terminal session is deleted when exec ends, or is killed.",
     )
     execute.add_argument(
         "-i",
@@ -647,7 +650,7 @@ def _add_exec(command: Any) -> None:
         "-t",
         "--tty",
         action="store_true",
-        help="refused: execd's pseudo-terminals need a WebSocket osb-sync does not speak",
+        help="run on a terminal of the sandbox (with -i: joined to this one; CMD optional)",
     )
     execute.add_argument(
         "-d", "--detach", action="store_true", help="run in the background; print its id"

@@ -1,0 +1,184 @@
+"""``osb-sync exec -it`` driven on a pseudo-terminal against the local server: its sandboxes'
+terminals (a real pty inside the bubblewrap container), reached through the server's proxy.
+
+The CLI runs as a real process whose standard input and output are the slave side of a pty
+this test holds the master of, as a person's terminal would: what it types is written to the
+master, a window size set on it reaches the CLI as SIGWINCH.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import sys
+import termios
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from osb_sync import Client, Sandbox
+from osb_sync.local import LocalServer
+from tests.local.support import host_pids_with, sleep_marker, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    with LocalServer(command_grace=0, unenforced_network_policy="accept") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def sandbox(server: LocalServer) -> Iterator[Sandbox]:
+    with Client(server.api_base) as client, client.create_sandbox() as made:
+        yield made
+
+
+class Terminal:
+    """A program on a pseudo-terminal: type into it, read what it shows, wait for its end."""
+
+    def __init__(self, argv: list[str], cols: int = 80, rows: int = 24) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPEN_SANDBOX_")}
+        env.update(PYTHONPATH=str(REPO), TERM="xterm")
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the terminal is its standard input and output
+            try:
+                os.execve(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        self.resize(cols, rows)
+        self.shown = b""
+
+    def resize(self, cols: int, rows: int) -> None:
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def expect(self, pattern: bytes, timeout: float = 20) -> bytes:
+        """Read until ``pattern`` (a regex) shows after what was matched before."""
+        deadline = time.monotonic() + timeout
+        while (found := re.search(pattern, self.shown)) is None:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{pattern!r} not shown within {timeout} s: {self.shown[-800:]!r}"
+            if select.select([self.fd], [], [], left)[0]:
+                try:
+                    data = os.read(self.fd, 65536)
+                except OSError:  # EIO: the program ended
+                    data = b""
+                assert data, f"ended before {pattern!r}: {self.shown[-800:]!r}"
+                self.shown += data
+        matched = self.shown[: found.end()]
+        self.shown = self.shown[found.end() :]
+        return matched
+
+    def wait(self, timeout: float = 20) -> int:
+        """The program's exit status (draining what it shows meanwhile)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            if select.select([self.fd], [], [], 0.05)[0]:
+                try:
+                    self.shown += os.read(self.fd, 65536)
+                except OSError:
+                    pass
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        raise AssertionError(f"still running after {timeout} s: {self.shown[-800:]!r}")
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+STTY = rb"[0-9a-f]+(?::[0-9a-f]+){10,}\r\n"  # what `stty -g` prints
+
+
+def stty_line(shown: bytes) -> bytes:
+    found = re.search(STTY, shown)
+    assert found is not None
+    return found[0]
+
+
+def sleeping(marker: str) -> list[int]:
+    """The host pids of `sleep MARKER` (the CLI and its guardian carry the marker too)."""
+    found = []
+    for pid in host_pids_with(marker):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def cli(server: LocalServer, *args: str) -> list[str]:
+    return [sys.executable, "-m", "osb_sync", "--api-base", server.api_base, *args]
+
+
+def test_exec_it_is_a_terminal(server: LocalServer, sandbox: Sandbox) -> None:
+    # `stty -g` before and after: the CLI leaves this terminal as it found it
+    script = f"stty -g; {' '.join(cli(server, 'exec', '-it', sandbox.id, 'bash'))}; stty -g"
+    term = Terminal(["/bin/sh", "-c", script], cols=100, rows=30)
+    try:
+        before = stty_line(term.expect(STTY))
+        term.expect(rb"[#$] ")  # the sandbox's prompt
+        term.type("echo $((6*7))\r")
+        term.expect(rb"\r42\r\n")  # after the bracketed-paste mode switch
+        term.type("tty\r")
+        term.expect(rb"\r/dev/pts/[0-9]+\r\n")
+        term.type("stty size\r")
+        term.expect(rb"\r30 100\r\n")  # the size it started with
+        term.resize(150, 50)  # SIGWINCH to the CLI, a resize to the sandbox
+        time.sleep(0.3)
+        term.type("stty size\r")
+        term.expect(rb"\r50 150\r\n")
+        term.type("sleep 30; echo slept\r")
+        term.expect(rb"sleep 30; echo slept\r\n")
+        time.sleep(0.5)
+        started = time.monotonic()
+        term.type("\x03")  # Ctrl-C: the sandbox's terminal makes it SIGINT, to the sleep
+        term.type("echo al''ive\r")
+        shown = term.expect(rb"\ralive\r\n", timeout=10)
+        assert time.monotonic() - started < 10 and b"\nslept" not in shown
+        term.type("exit 3\r")
+        after = stty_line(term.expect(STTY))
+        assert term.wait() == 0  # the sh script's status: its last stty
+        assert after == before
+    finally:
+        term.close()
+
+
+def test_exec_it_exits_with_the_remote_status(server: LocalServer, sandbox: Sandbox) -> None:
+    term = Terminal(cli(server, "exec", "-it", sandbox.id))
+    try:
+        term.expect(rb"[#$] ")
+        term.type("exit 3\r")
+        assert term.wait() == 3
+    finally:
+        term.close()
+
+
+def test_a_killed_cli_leaves_nothing_running(server: LocalServer, sandbox: Sandbox) -> None:
+    marker = sleep_marker(600)
+    term = Terminal(cli(server, "exec", "-it", sandbox.id, "sleep", marker))
+    try:
+        assert wait_for(lambda: sleeping(marker), timeout=20), term.shown[-500:]
+        os.kill(term.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        os.waitpid(term.pid, 0)
+        # the CLI's guardian sees its pipe end, and deletes the session: execd kills its group
+        # execd keeps a session whose client went away: the CLI's guardian deletes it
+        assert wait_for(lambda: not sleeping(marker), timeout=15)
+        print(f"session reaped {time.monotonic() - killed:.2f} s after SIGKILL")
+    finally:
+        term.close()
