@@ -51,6 +51,17 @@ def execd_url(
     if request.param == "real":
         yield from real_execd(home)
         return
+    yield from our_execd(home)
+
+
+@pytest.fixture(scope="module")
+def ours_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Our execd only: for what it does with hostile input (the real one may differ)."""
+    yield from our_execd(tmp_path_factory.mktemp("pty"))
+
+
+def our_execd(home: Path) -> Iterator[str]:
+    """Our execd's routes served in this process on 127.0.0.1, behind the token."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C"}
     runtime = SandboxRuntime(home, home, env)
     app = ExecdApp(runtime, ping_interval=3.0, command_grace=0.0)
@@ -404,3 +415,80 @@ def test_tls_is_verified_as_the_clients_http_calls_are(certificate: tuple[Path, 
         assert TOKEN.encode() in execd.heads[-1]
     finally:
         execd.close()
+
+
+# -- what a client sends our execd is hostile too ----------------------------------------------
+
+
+def raw_socket(url: str, path: str) -> tuple[socket.socket, ws.WebSocket]:
+    """A handshake made by hand: the socket and a client WebSocket over it."""
+    port = int(url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    key = ws.new_key()
+    sock.sendall(ws.handshake_request(f"127.0.0.1:{port}", path, key, HEADERS))
+    answer = ws.read_answer(sock.recv)
+    assert answer.status == 101, answer
+    ws.check_upgrade(answer, key)
+    reader = ws.prefixed(answer.rest, sock.recv)
+    return sock, ws.WebSocket(sock, reader, client=True, max_message=1 << 21)
+
+
+def messages_until(client: ws.WebSocket, want: bytes) -> list[bytes]:
+    seen = []
+    while not any(want in m for m in seen):
+        seen.append(client.recv()[1])
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (bytes([0x82, 0xFF]) + (1 << 40).to_bytes(8, "big") + b"mask", 1009),  # 1 TiB announced
+        (ws.encode_frame(ws.OP_BINARY, b"\x00ls\n"), 1002),  # unmasked from a client
+        (bytes([0xC2, 0x80]) + b"mask", 1002),  # RSV bits
+    ],
+)
+def test_our_execd_closes_on_a_frame_that_breaks_the_rules(
+    ours_url: str, frame: bytes, code: int
+) -> None:
+    sandbox = Sandbox.from_execd(ours_url, headers=HEADERS)
+    session = sandbox.pty.create("sleep 30")
+    try:
+        sock, client = raw_socket(ours_url, f"/pty/{session}/ws")
+        with sock:
+            messages_until(client, b'"connected"')
+            sock.sendall(frame)
+            with pytest.raises(ws.Closed) as caught:
+                while True:
+                    client.recv()
+            assert caught.value.code == code
+        assert sandbox.pty.status(session).running  # the session is still there
+    finally:
+        sandbox.pty.delete(session)
+
+
+def test_our_execd_ignores_bad_control_messages(ours_url: str) -> None:
+    sandbox = Sandbox.from_execd(ours_url, headers=HEADERS)
+    session = sandbox.pty.create()
+    try:
+        sock, client = raw_socket(ours_url, f"/pty/{session}/ws")
+        with sock:
+            messages_until(client, b'"connected"')
+            for text in (
+                '{"type":"resize","cols":-1,"rows":5}',
+                '{"type":"resize","cols":true,"rows":5}',
+                '{"type":"resize","cols":99999999999,"rows":5}',
+                '{"type":"signal","signal":"SIGSTOP"}',
+                '{"type":"stdin","data":7}',
+                "not json",
+                "[" * 100000,
+                '{"type":"nope"}',
+            ):
+                client.send_text(text)
+            assert b"INVALID_FRAME" in b"".join(messages_until(client, b"INVALID_FRAME"))
+            client.send_binary(b"\x00stty size\n")
+            assert b"24 80" in b"".join(messages_until(client, b"24 80"))
+            client.send_text('{"type":"ping"}')
+            assert b'{"type":"pong"}\n' in messages_until(client, b"pong")
+    finally:
+        sandbox.pty.delete(session)
