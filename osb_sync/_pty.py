@@ -269,11 +269,11 @@ class Pty:
         timeout: float | None = None,
     ) -> PtyConnection:
         """:meth:`create` and :meth:`connect` in one; leaving its ``with`` block (or
-        :meth:`PtyConnection.close` with ``delete=True``) deletes the session.
+        :meth:`PtyConnection.close` with ``delete=True``) deletes the session, and so does a
+        connect that fails.
 
         Raises:
-            The errors of :meth:`create` and :meth:`connect` (the session is deleted when
-            the connect fails).
+            The errors of :meth:`create` and :meth:`connect`.
         """
         session_id = self.create(command, cwd=cwd, env=env)
         try:
