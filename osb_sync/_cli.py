@@ -457,9 +457,22 @@ def _add_run(command: Any) -> None:
         "Run code in a new sandbox and delete it. Without --api-base or "
         f"${API_BASE_ENV}, an embedded local server (a development server, not a security "
         "boundary where sandboxes cannot be isolated) is started. Python exits 1 when the "
-        "code raised (sys.exit(n) exits n); bash passes its exit status through.",
+        "code raised (sys.exit(n) exits n); bash passes its exit status through. -it runs a "
+        "shell (or CODE as a shell command) on a terminal of the new sandbox joined to this "
+        "one, as exec -it does, and deletes the sandbox when it ends.",
     )
-    run.add_argument("code", nargs="?", help="the code; '-' reads standard input")
+    run.add_argument(
+        "code", nargs="?", help="the code; '-' reads standard input (with -t: a shell command)"
+    )
+    run.add_argument(
+        "-i", "--interactive", action="store_true", help="with -t: this terminal's input"
+    )
+    run.add_argument(
+        "-t",
+        "--tty",
+        action="store_true",
+        help="run CODE as a shell command (default: a shell) on a terminal of the sandbox",
+    )
     run.add_argument("-f", "--file", help="read the code from this file (UTF-8 text)")
     run.add_argument("--language", default="python", choices=LANGUAGES, help="the language")
     run.add_argument(

@@ -93,6 +93,17 @@ def signals_unwind() -> Iterator[None]:
         signal.signal(signal.SIGHUP, previous)
 
 
+def require_terminal(interactive: bool) -> None:
+    """Refuse ``-i`` with ``-t`` when standard input is no terminal.
+
+    Raises:
+        InputNotATerminal: it is not.
+    """
+    fd = descriptor(sys.stdin)
+    if interactive and (fd is None or not os.isatty(fd)):
+        raise InputNotATerminal(NOT_A_TTY)
+
+
 def start_guardian(sandbox: Sandbox, session_id: str) -> int | None:
     """Fork the guardian that deletes the session if this process dies (see the module
     docstring); returns the write end of its pipe (None without fork)."""
@@ -152,8 +163,7 @@ def run_terminal(
         InputNotATerminal: ``interactive`` but standard input is no terminal.
     """
     stdin_fd, stdout_fd = descriptor(sys.stdin), descriptor(sys.stdout)
-    if interactive and (stdin_fd is None or not os.isatty(stdin_fd)):
-        raise InputNotATerminal(NOT_A_TTY)
+    require_terminal(interactive)
     variables = {"TERM": os.environ.get("TERM") or DEFAULT_TERM, **(env or {})}
     session_id = sandbox.pty.create(command, cwd=cwd, env=variables)
     guardian = start_guardian(sandbox, session_id)

@@ -182,3 +182,17 @@ def test_a_killed_cli_leaves_nothing_running(server: LocalServer, sandbox: Sandb
         print(f"session reaped {time.monotonic() - killed:.2f} s after SIGKILL")
     finally:
         term.close()
+
+
+def test_run_it_is_a_terminal_in_a_new_sandbox_it_deletes(server: LocalServer) -> None:
+    with Client(server.api_base) as client:
+        before = {s.id for s in client.list_sandboxes()}
+        term = Terminal(cli(server, "run", "-it"))
+        try:
+            term.expect(rb"[#$] ")
+            term.type("echo $((6*7)); exit 4\r")
+            term.expect(rb"\r42\r\n")
+            assert term.wait() == 4
+        finally:
+            term.close()
+        assert {s.id for s in client.list_sandboxes()} == before
