@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
-from osb_sync import Client, Sandbox
+from osb_sync import ApiError, Client, Sandbox
 from osb_sync.local import LocalServer
 from tests.local.support import host_pids_with, sleep_marker, wait_for
 
@@ -196,3 +197,55 @@ def test_run_it_is_a_terminal_in_a_new_sandbox_it_deletes(server: LocalServer) -
         finally:
             term.close()
         assert {s.id for s in client.list_sandboxes()} == before
+
+
+def test_the_proxy_relays_a_terminal_with_its_refusals(
+    server: LocalServer, sandbox: Sandbox
+) -> None:
+    with sandbox.pty.open("echo hi; sleep 30") as first:
+        assert b"hi" in (first.read(timeout=20) or b"")
+        with pytest.raises(ApiError) as caught:
+            sandbox.pty.connect(first.session_id)
+        assert (caught.value.status_code, caught.value.code) == (409, "ALREADY_CONNECTED")
+        second = sandbox.pty.connect(first.session_id, takeover=True)
+        assert first.read_all(10) == b"" and first.ended == "taken over"
+        second.close()
+    wrong = Sandbox.from_execd(sandbox.execd_url, headers={"X-EXECD-ACCESS-TOKEN": "wrong"})
+    with wrong, pytest.raises(ApiError) as refused:
+        wrong.pty.connect("any", timeout=10)
+    assert refused.value.status_code == 401
+
+
+# A process of the sandbox that answers a WebSocket handshake with an endless head, on 8081.
+ENDLESS_HEAD = """
+import socket
+server = socket.create_server(("127.0.0.1", 8081))
+while True:
+    conn, _ = server.accept()
+    try:
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\\r\\n" + b"X-Filler: " + b"a" * 200000)
+    except OSError:
+        pass
+"""
+
+
+def test_the_proxy_bounds_a_hostile_handshake_answer(server: LocalServer, sandbox: Sandbox) -> None:
+    sandbox.files.write("/tmp/endless.py", ENDLESS_HEAD)
+    sandbox.commands.start("python3 /tmp/endless.py")
+    url = sandbox.execd_url.rsplit("/", 1)[0] + "/8081/ws"
+    headers = {
+        **sandbox.execd_headers,
+        "Upgrade": "websocket",
+        "Connection": "Upgrade",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version": "13",
+    }
+    deadline = time.monotonic() + 20
+    while True:
+        answer = requests.get(url, headers=headers, timeout=20)
+        if answer.status_code != 502 or "Connection refused" not in answer.text:
+            break  # not the port still closed
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.1)
+    assert answer.status_code == 502 and "over 16384 bytes" in answer.text
