@@ -74,7 +74,8 @@ def raw_mode(fd: int) -> Iterator[None]:
         tty.setraw(fd)
         yield
     finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        with contextlib.suppress(termios.error, OSError):  # a terminal that hung up is gone
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ import requests
 
 from osb_sync import ApiError, Client, Sandbox
 from osb_sync.local import LocalServer
+from tests.conformance.execds import real_execd_dir, skip_or_fail, unusable_reason
 from tests.local.support import host_pids_with, sleep_marker, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -249,3 +250,27 @@ def test_the_proxy_bounds_a_hostile_handshake_answer(server: LocalServer, sandbo
         assert time.monotonic() < deadline, answer.text
         time.sleep(0.1)
     assert answer.status_code == 502 and "over 16384 bytes" in answer.text
+
+
+def test_the_real_execd_in_a_sandbox_through_the_proxy() -> None:
+    folder = real_execd_dir()
+    reason = unusable_reason(folder)
+    if reason is not None:
+        skip_or_fail(reason)
+    assert folder is not None
+    execd = str(folder / "execd")
+    with LocalServer(command_grace=0, execd=execd, unenforced_network_policy="accept") as srv:
+        with Client(srv.api_base) as client, client.create_sandbox() as made:
+            with made.pty.open() as term:
+                term.send("echo $((6*7)); tty; exit 3\n")
+                shown = term.read_all(20)
+            assert re.search(rb"\r\n42\r\n/dev/pts/[0-9]+\r\n", shown), shown
+            assert (term.exit_code, term.ended) == (3, "exited")
+            session = made.pty.create("sleep 30")
+            first = made.pty.connect(session)
+            with pytest.raises(ApiError) as caught:
+                made.pty.connect(session)
+            assert caught.value.status_code == 409
+            made.pty.connect(session, takeover=True).close()
+            assert first.read_all(10) == b"" and first.ended in ("taken over", "dropped")
+            made.pty.delete(session)
