@@ -24,6 +24,8 @@ checked as ``_websocket`` says, and a text frame that is not one of execd's is r
 from __future__ import annotations
 
 import io
+import json
+import os
 import queue
 import shlex
 import socket
@@ -449,8 +451,6 @@ class PtyConnection:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         elif isinstance(verify, str):
-            import os.path
-
             if os.path.isdir(verify):
                 context = ssl.create_default_context(capath=verify)
             else:
@@ -620,8 +620,6 @@ class PtyConnection:
             self._send(websocket.OP_BINARY, bytes([STDIN]) + raw)
 
     def _send_json(self, message: dict[str, Any]) -> None:
-        import json
-
         self._send(websocket.OP_TEXT, json.dumps(message, separators=(",", ":")).encode())
 
     def resize(self, cols: int, rows: int) -> None:
