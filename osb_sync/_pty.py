@@ -300,6 +300,7 @@ class PtyConnection:
         exit_code: the process's exit status once it exited, else None.
         ended: why the connection ended (``"exited"``, ``"taken over"``, ``"dropped"``,
             ``"closed"``, ``"error"``), None while open.
+        close_code: the close code execd (or a proxy) sent, if any.
         error: execd's last error frame (``"CODE: message"``), if any.
         delete_on_exit: leaving a ``with`` block deletes the session too.
     """
@@ -322,6 +323,7 @@ class PtyConnection:
         self._connected = threading.Event()
         self._failure: BaseException | None = None
         self._saw_connected = False
+        self.close_code: int | None = None
 
     def __repr__(self) -> str:
         return f"PtyConnection(session_id={self.session_id!r}, offset={self.offset})"
@@ -349,6 +351,7 @@ class PtyConnection:
             generation = self._generation
             self._connected.clear()
             self._saw_connected = False
+            self.close_code = None
             self._failure = None
             self.ended = None
             ws = self._open(takeover, deadline)
@@ -367,9 +370,16 @@ class PtyConnection:
             raise self._failure
         if not self._saw_connected:
             self._abort()
+            hint = ""
+            if self.close_code == websocket.POLICY:
+                hint = (
+                    "; closed with 1008: OpenSandbox's server proxy answers so when execd "
+                    "refused the attach (401, 404, or 409 while another client holds the "
+                    "session: takeover=True evicts it)"
+                )
             raise TransportError(
                 f"pty session {self.session_id}: the connection ended before execd said "
-                f"connected ({self.ended or 'dropped'})"
+                f"connected ({self.ended or 'dropped'}){hint}"
             )
 
     def reconnect(self, *, takeover: bool = False, timeout: float | None = None) -> None:
@@ -518,6 +528,7 @@ class PtyConnection:
                         )
                         ended = "error"
         except websocket.Closed as exc:
+            self.close_code = exc.code
             if exc.code == TAKEN_OVER:
                 ended = "taken over"
             elif ended == "dropped" and exc.code != websocket.ABNORMAL:

@@ -129,7 +129,8 @@ def cli(server: LocalServer, *args: str) -> list[str]:
 
 def test_exec_it_is_a_terminal(server: LocalServer, sandbox: Sandbox) -> None:
     # `stty -g` before and after: the CLI leaves this terminal as it found it
-    script = f"stty -g; {' '.join(cli(server, 'exec', '-it', sandbox.id, 'bash'))}; stty -g"
+    command = " ".join(cli(server, "exec", "-it", sandbox.id, "bash"))
+    script = f"stty -g; {command}; echo status=$?; stty -g"
     term = Terminal(["/bin/sh", "-c", script], cols=100, rows=30)
     try:
         before = stty_line(term.expect(STTY))
@@ -152,7 +153,16 @@ def test_exec_it_is_a_terminal(server: LocalServer, sandbox: Sandbox) -> None:
         term.type("echo al''ive\r")
         shown = term.expect(rb"\ralive\r\n", timeout=10)
         assert time.monotonic() - started < 10 and b"\nslept" not in shown
-        term.type("exit 3\r")
+        term.type("sleep 31\r")
+        term.expect(rb"sleep 31\r\n")
+        time.sleep(0.3)
+        term.type("\x1a")  # Ctrl-Z: job control, the sandbox's terminal is bash's own
+        term.expect(rb"Stopped +sleep 31")
+        term.type("kill -9 %1\r")
+        term.type("jobs\r")
+        term.expect(rb"Killed +sleep 31")
+        term.type("\x04")  # Ctrl-D: EOF to bash, which exits 0
+        term.expect(rb"status=0\r\n")
         after = stty_line(term.expect(STTY))
         assert term.wait() == 0  # the sh script's status: its last stty
         assert after == before

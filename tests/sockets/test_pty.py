@@ -368,6 +368,20 @@ def test_a_lying_execd_ends_the_connection_with_an_error(frame: bytes, words: st
         execd.close()
 
 
+def test_a_server_proxy_that_closes_with_1008_gets_a_hint() -> None:
+    # the released server proxy turns execd's 409 on the handshake into an accepted socket
+    # closed with 1008 and no reason (opensandbox-1.1.1.md 2.2)
+    close = ws.encode_frame(ws.OP_CLOSE, ws.close_payload(1008))
+    execd = FakeExecd(lambda head: upgraded(head, close))
+    try:
+        with Sandbox.from_execd(f"http://127.0.0.1:{execd.port}", headers=HEADERS) as handle:
+            with pytest.raises(TransportError, match="takeover=True") as caught:
+                handle.pty.connect("s", timeout=5)
+        assert "1008" in str(caught.value)
+    finally:
+        execd.close()
+
+
 def test_a_connect_with_no_connected_frame_times_out() -> None:
     execd = FakeExecd(lambda head: upgraded(head))
     try:
