@@ -117,6 +117,9 @@ def start_guardian(sandbox: Sandbox, session_id: str) -> int | None:
         try:
             os.close(write_end)
             os.setsid()  # out of this terminal's signals
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # nor holding it (or a pipe the CLI writes to) open
+                os.dup2(devnull, fd)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
