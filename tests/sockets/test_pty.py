@@ -368,6 +368,22 @@ def test_a_lying_execd_ends_the_connection_with_an_error(frame: bytes, words: st
         execd.close()
 
 
+def test_a_reattach_asks_execd_for_the_next_byte() -> None:
+    output = ws.encode_frame(ws.OP_BINARY, b"\x03" + (7).to_bytes(8, "big") + b"hello")
+    execd = FakeExecd(lambda head: upgraded(head, output, CONNECTED))
+    try:
+        with Sandbox.from_execd(f"http://127.0.0.1:{execd.port}", headers=HEADERS) as handle:
+            conn = handle.pty.connect("s", since=7, pipe=True)
+            assert conn.read(5) == b"hello" and conn.offset == 12
+            assert conn.read_all(5) == b"" and conn.ended == "dropped"
+            conn.reconnect(takeover=True)
+        first, second = (head.split(b"\r\n", 1)[0] for head in execd.heads)
+        assert first == b"GET /pty/s/ws?pty=0&since=7 HTTP/1.1"
+        assert second == b"GET /pty/s/ws?pty=0&since=12&takeover=1 HTTP/1.1"
+    finally:
+        execd.close()
+
+
 def test_a_server_proxy_that_closes_with_1008_gets_a_hint() -> None:
     # the released server proxy turns execd's 409 on the handshake into an accepted socket
     # closed with 1008 and no reason (opensandbox-1.1.1.md 2.2)
