@@ -49,7 +49,6 @@ NOT_FORWARDED = {
     "x-execd-access-token",
 }
 NO_BODY = {204, 304}
-UPGRADE_HEADERS = ("sec-websocket-key", "sec-websocket-version", "sec-websocket-protocol")
 UPGRADE_ANSWER = (
     "upgrade", "connection", "sec-websocket-accept", "sec-websocket-protocol",
     "sec-websocket-extensions",
@@ -261,9 +260,8 @@ def _upgrade(
     """Relay a WebSocket handshake and then its bytes (see the module docstring)."""
     target = path + (f"?{ex.raw_query}" if ex.raw_query else "")
     lines = [f"GET {target} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
-    for name, value in ex.headers.items():
-        lowered = name.lower()
-        if lowered in UPGRADE_HEADERS or lowered not in NOT_FORWARDED:
+    for name, value in ex.headers.items():  # Sec-WebSocket-Key and -Version among them
+        if name.lower() not in NOT_FORWARDED:
             lines.append(f"{name}: {value}")
     lines += [
         "Upgrade: websocket",
