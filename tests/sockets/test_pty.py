@@ -143,8 +143,8 @@ def connect(sandbox: Sandbox, session: str, **options: Any) -> PtyConnection:
             time.sleep(0.05)
 
 
-# The real execd may send `exit` before the last output of a process that ends at once
-# (its output reader races its waiter): commands whose output is checked end with a sleep.
+# The real execd may send `exit` before the last output of a process that ends at once (its
+# output reader races its waiter): commands whose output is checked end with a sleep.
 LINGER = "; sleep 0.3"
 
 
@@ -181,11 +181,10 @@ def test_ctrl_c_interrupts_a_sleep_not_the_shell(sandbox: Sandbox) -> None:
 
 
 def test_a_command_environment_and_directory(sandbox: Sandbox) -> None:
-    with sandbox.pty.open(
-        "echo $GREETING; pwd", cwd="made/here", env={"GREETING": "hi there"}
-    ) as conn:
+    command = "echo $GREETING; pwd" + LINGER
+    with sandbox.pty.open(command, cwd="made/here", env={"GREETING": "hi there"}) as conn:
         seen = conn.read_all(15)
-    assert b"hi there" in seen and b"/made/here" in seen
+    assert b"hi there" in seen and b"/made/here" in seen, (seen, conn.ended, conn.error)
     assert conn.exit_code == 0
 
 
