@@ -521,3 +521,12 @@ def test_our_execd_ignores_bad_control_messages(ours_url: str) -> None:
             assert b'{"type":"pong"}\n' in messages_until(client, b"pong")
     finally:
         sandbox.pty.delete(session)
+
+
+def test_our_execd_makes_a_cwd_beneath_the_sandboxs_home(ours_url: str) -> None:
+    sandbox = Sandbox.from_execd(ours_url, headers=HEADERS)
+    with sandbox.pty.open("pwd", cwd="~/deep/er", pipe=True) as conn:
+        shown = conn.read_all(15)
+    assert shown.endswith(b"/deep/er\n") and conn.exit_code == 0
+    home = shown[: -len(b"/deep/er\n")].decode()
+    assert home != os.path.expanduser("~") and os.path.isdir(home + "/deep/er")

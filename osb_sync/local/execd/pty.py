@@ -286,13 +286,16 @@ class PtySessions:
         return session
 
     def create(self, ex: Exchange) -> None:
-        """POST /pty: a dormant session (`cwd` made with its parents, `command`)."""
+        """POST /pty: a dormant session (`cwd` made with its parents, `~` the sandbox's HOME;
+        `command`)."""
         body = read_object(ex, empty={})
         cwd, command = body.get("cwd"), body.get("command")
         if command is not None and (not isinstance(command, str) or "\0" in command):
             raise error(400, "INVALID_REQUEST_BODY", "command must be a string without NUL")
+        if isinstance(cwd, str) and (cwd == "~" or cwd.startswith("~/")):
+            cwd = (self.runtime.env.get("HOME") or str(self.runtime.dir)) + cwd[1:]
         if isinstance(cwd, str) and cwd and "\0" not in cwd:
-            path = self.runtime.resolve(os.path.expanduser(os.path.expandvars(cwd)))
+            path = self.runtime.resolve(os.path.expandvars(cwd))
             try:
                 path.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
