@@ -9,6 +9,7 @@ client; any sandbox process may connect to execd):
 
 - a frame's length is checked against ``max_message`` (the whole message's, fragments added
   up) before a byte of its payload is read; a 64-bit length with its top bit set is refused;
+  a message may take at most ``MAX_FRAGMENTS`` frames (empty fragments add no bytes);
 - RSV bits without an extension, an unknown opcode, a control frame that is fragmented or
   longer than 125 bytes, a masked frame to a client or an unmasked one to a server, a
   continuation with no message started, a data frame inside a fragmented message, text that
@@ -51,6 +52,7 @@ POLICY = 1008
 TOO_BIG = 1009
 INTERNAL = 1011
 MAX_HEAD = 16 * 1024  # the handshake answer's head, status line and headers
+MAX_FRAGMENTS = 4096  # frames read while one message is incomplete (its fragments, pings)
 
 
 class ProtocolError(Exception):
@@ -219,7 +221,7 @@ def read_frame(read: Callable[[int], bytes], max_size: int, masked: bool) -> Fra
         size = struct.unpack("!Q", read_exact(read, 8))[0]
         if size >> 63:
             raise ProtocolError(PROTOCOL_ERROR, "a 64-bit length with its top bit set")
-    if size > max_size:
+    if opcode not in CONTROL_OPCODES and size > max_size:  # a control frame: 125 at most
         raise ProtocolError(TOO_BIG, f"a frame of {size} bytes (at most {max_size})")
     mask = read_exact(read, 4) if masked else None
     payload = read_exact(read, size)
@@ -313,7 +315,14 @@ class WebSocket:
         opcode = None
         parts: list[bytes] = []
         size = 0
+        frames = 0
         while True:
+            if frames > MAX_FRAGMENTS:  # empty fragments or pings add no bytes: no end
+                endless = ProtocolError(TOO_BIG, f"a message in over {MAX_FRAGMENTS} frames")
+                self.fail(endless)
+                raise endless
+            if opcode is not None:
+                frames += 1
             try:
                 frame = read_frame(self._read, self.max_message - size, not self._client)
             except ProtocolError as exc:

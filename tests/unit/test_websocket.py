@@ -387,3 +387,24 @@ def test_threads_may_send_while_one_reads() -> None:
     read = reader(data)
     frames = [ws.read_frame(read, 1 << 20, masked=True) for _ in range(80)]
     assert all(f.payload == b"\x00" + bytes(5000) for f in frames)
+
+
+# -- attacks (issue 46's review) ---------------------------------------------------------------
+
+
+def test_a_ping_between_fragments_of_a_message_near_the_cap_is_answered() -> None:
+    # a control frame is up to 125 bytes whatever the message's fragments added up to so far
+    client, server = pair(max_message=10)
+    server.sendall(bytes([0x01, 0x09]) + b"123456789" + bytes([0x89, 0x05]) + b"hello")
+    server.sendall(bytes([0x80, 0x01]) + b"0")
+    assert client.recv() == (ws.OP_TEXT, b"1234567890")
+    assert [(f.opcode, f.payload) for f in received_frames(server)] == [(ws.OP_PONG, b"hello")]
+
+
+def test_an_endless_fragmented_message_is_refused() -> None:
+    # empty continuations (or pings inside a message) add no bytes: the cap alone never ends it
+    client, server = pair(max_message=1000)
+    server.sendall(bytes([0x01, 0x01]) + b"a" + bytes([0x00, 0x00]) * 5000)
+    with pytest.raises(ws.ProtocolError) as caught:
+        client.recv()
+    assert caught.value.code == ws.TOO_BIG
