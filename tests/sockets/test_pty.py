@@ -10,6 +10,7 @@ client gets 409, then takes over.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -530,3 +531,59 @@ def test_our_execd_makes_a_cwd_beneath_the_sandboxs_home(ours_url: str) -> None:
     assert shown.endswith(b"/deep/er\n") and conn.exit_code == 0
     home = shown[: -len(b"/deep/er\n")].decode()
     assert home != os.path.expanduser("~") and os.path.isdir(home + "/deep/er")
+
+
+# -- attacks (issue 46's review) ---------------------------------------------------------------
+
+
+def gone(pid: int) -> bool:
+    """Whether process `pid` is gone (or a zombie: dead, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_delete_kills_the_shells_background_jobs_too(ours_url: str) -> None:
+    # an interactive shell on a terminal has job control: each job is a process group of its
+    # own, so killing the shell's group alone left `sleep &` running after the delete
+    sandbox = Sandbox.from_execd(ours_url, headers=HEADERS)
+    session = sandbox.pty.create()
+    conn = sandbox.pty.connect(session)
+    conn.send("sleep 1000 & echo pid=$!; (trap '' HUP; exec sleep 1001) & echo pid=$!\n")
+    seen = read_until(conn, lambda seen: len(re.findall(rb"pid=(\d+)", seen)) >= 2)
+    pids = [int(pid) for pid in re.findall(rb"pid=(\d+)", seen)]
+    conn.close()
+    assert not any(gone(pid) for pid in pids)
+    assert sandbox.pty.delete(session)
+    deadline = time.monotonic() + 5
+    while not all(gone(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"left running after the delete: {[p for p in pids if not gone(p)]}")
+        time.sleep(0.05)
+
+
+def test_a_client_that_stops_reading_does_not_hold_up_delete_or_takeover(ours_url: str) -> None:
+    sandbox = Sandbox.from_execd(ours_url, headers=HEADERS, read_timeout=20)
+    session = sandbox.pty.create("yes")
+    sock, _client = raw_socket(ours_url, f"/pty/{session}/ws")
+    try:
+        time.sleep(1)  # execd's send to this client now blocks: its buffers are full
+        started = time.monotonic()
+        taker = sandbox.pty.connect(session, takeover=True, timeout=15)
+        assert time.monotonic() - started < 10  # execd waits 60 s on a stalled client
+        taker.close()
+        sock2, _client2 = raw_socket(ours_url, f"/pty/{session}/ws?takeover=1")
+        with sock2:
+            time.sleep(1)
+            started = time.monotonic()
+            assert sandbox.pty.delete(session)
+            assert time.monotonic() - started < 10
+    finally:
+        sock.close()
+        with contextlib.suppress(OSError):
+            sandbox.pty.delete(session)

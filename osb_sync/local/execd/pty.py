@@ -55,6 +55,7 @@ LIVE_FRAME = 32 * 1024
 PING_INTERVAL = 30.0
 READ_DEADLINE = 60.0
 TAKEOVER_WAIT = 5.0
+TAKEOVER_CLOSE = 1.0  # seconds the evicted holder's close 4001 may take to go out
 MAX_CLIENT_MESSAGE = 1 << 20
 MAX_SESSIONS = 256
 STDOUT, STDERR, REPLAY, STDIN = 0x01, 0x02, 0x03, 0x00
@@ -259,15 +260,56 @@ class Session:
                 kill_group(self.proc.pid, number)
 
     def kill(self) -> None:
-        """Kill the process group, close the terminal, drop the holder."""
+        """Kill every process of the session, close the terminal, drop the holder."""
+        evict(self.holder)  # a send to a holder that stopped reading holds the lock
         with self.lock:
             self.deleted = True
             proc, holder = self.proc, self.holder
             self.holder = None
         if proc is not None:
-            kill_group(proc.pid, signal.SIGKILL)
-        if holder is not None:
-            holder.abort()
+            kill_session(proc.pid)
+        evict(holder)
+
+
+def evict(holder: websocket.WebSocket | None) -> None:
+    """End `holder`'s connection at once (read without the session's lock, which a send to
+    a holder that stopped reading may hold for `READ_DEADLINE` s: the send then fails)."""
+    if holder is not None:
+        holder.abort()
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid` (the shell's: it is the session leader).
+
+    Its group is not enough: a shell on a terminal has job control, so each job (`sleep &`,
+    a pipeline) is a process group of its own, and it would outlive the delete.
+    """
+    kill_group(sid, signal.SIGKILL)
+    for _ in range(10):  # until no member is left (one may fork while we look)
+        members = session_members(sid)
+        if not members:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def session_members(sid: int) -> list[int]:
+    """The live processes (not zombies) of session `sid`, from /proc."""
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[3] == str(sid).encode() and fields[0] != b"Z":
+            members.append(int(name))
+    return members
 
 
 class PtySessions:
@@ -315,10 +357,9 @@ class PtySessions:
     def status(self, ex: Exchange) -> None:
         """GET /pty/{id}."""
         session = self._session(ex.params["id"])
-        with session.lock:
-            if session.proc is not None:
-                session.proc.poll()
-            running, offset = session.running, session.ring.total
+        # without the lock, which a send to a client that stopped reading may hold
+        proc = session.proc
+        running, offset = proc is not None and proc.poll() is None, session.ring.total
         ex.send_json(200, {"session_id": session.id, "running": running, "output_offset": offset})
 
     def delete(self, ex: Exchange) -> None:
@@ -343,17 +384,19 @@ class PtySessions:
         takeover = ex.arg("takeover") == "1"
         since = ex.arg("since") or "0"
         offset = int(since) if since.isascii() and since.isdigit() and len(since) < 19 else 0
-        with session.lock:
-            holder = session.holder
-            if holder is not None and not takeover:
-                raise error(
-                    409,
-                    "ALREADY_CONNECTED",
-                    f"another client is already connected to pty session {session.id}",
-                )
+        holder = session.holder  # without the lock (see `evict`); `_attach` checks again
+        if holder is not None and not takeover:
+            raise error(
+                409,
+                "ALREADY_CONNECTED",
+                f"another client is already connected to pty session {session.id}",
+            )
         if holder is not None:
-            holder.close(TAKEN_OVER, "TAKEN_OVER")
-            holder.abort()
+            # the close (best effort) may wait behind a send to a holder that stopped reading
+            closer = threading.Thread(target=holder.close, args=(TAKEN_OVER, "TAKEN_OVER"))
+            closer.start()
+            closer.join(TAKEOVER_CLOSE)
+            evict(holder)
         ws = ex.upgrade(MAX_CLIENT_MESSAGE, READ_DEADLINE)
         try:
             if self._attach(session, ws, offset, ex.arg("pty") == "0"):
