@@ -16,8 +16,10 @@ requests and sseclient-py). It connects to execd's origin only (the scheme, host
 ``sandbox.execd_url``, so the token in ``execd_headers`` goes nowhere else; a redirect is an
 error, never followed), verifies TLS as the client's HTTP calls do (``verify`` and ``cert``
 of its session and the environment's CA bundle), and does not go through an HTTP proxy.
-What execd sends is hostile: a message is at most ``MAX_SERVER_MESSAGE`` bytes, frames are
-checked as ``_websocket`` says, and a text frame that is not one of execd's is refused
+What execd sends is hostile: a message is at most ``MAX_SERVER_MESSAGE`` bytes, at most
+``MAX_BUFFERED`` bytes of output wait for the caller (then nothing more is read: execd is held
+back, not buffered for), the handshake's answer comes within the connect's timeout in all,
+frames are checked as ``_websocket`` says, and a text frame that is not one of execd's is refused
 (``ApiError`` ``INVALID_RESPONSE``, the connection closed) or ignored when its type is unknown.
 """
 
@@ -33,7 +35,7 @@ import ssl
 import struct
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 from urllib.parse import urlencode, urlsplit
 
 import requests
@@ -65,6 +67,7 @@ STDIN, STDOUT, STDERR, REPLAY = 0x00, 0x01, 0x02, 0x03
 SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL", "SIGQUIT", "SIGHUP")
 TAKEN_OVER = 4001
 MAX_ERROR_BODY = 64 << 10
+MAX_BUFFERED = 4 << 20  # output read from execd and not yet by the caller: the reader waits
 _END = object()
 
 
@@ -104,6 +107,20 @@ def shell_command(command: str | None, env: Mapping[str, str] | None) -> str | N
         exports.append(f"export {name}={shlex.quote(value)}")
     shell = command or ("command -v bash >/dev/null 2>&1 && exec bash --noprofile --norc; exec sh")
     return "; ".join([*exports, shell])
+
+
+def until(sock: socket.socket, deadline: float) -> Callable[[int], bytes]:
+    """``sock.recv`` bounded by ``deadline`` (``time.monotonic``) in all, not each read by a
+    timeout of its own (an answer that drips a byte at a time never lets one expire)."""
+
+    def recv(size: int) -> bytes:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the deadline passed")
+        sock.settimeout(left)
+        return sock.recv(size)
+
+    return recv
 
 
 class Output(NamedTuple):
@@ -317,6 +334,9 @@ class PtyConnection:
         self.delete_on_exit = False
         self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[int, Any]] = queue.Queue()
+        self._room = threading.Condition()  # guards _buffered; notified as output is read
+        self._buffered = 0
+        self._halt = threading.Event()  # the current reader's: stop waiting for room
         self._generation = 0
         self._ws: websocket.WebSocket | None = None
         self._reader: threading.Thread | None = None
@@ -356,8 +376,9 @@ class PtyConnection:
             self.ended = None
             ws = self._open(takeover, deadline)
             self._ws = ws
+            self._halt = halt = threading.Event()
             self._reader = threading.Thread(
-                target=self._read, args=(ws, generation), name="osb-pty-reader", daemon=True
+                target=self._read, args=(ws, generation, halt), name="osb-pty-reader", daemon=True
             )
             self._reader.start()
         if not self._connected.wait(max(0.0, deadline - time.monotonic())):
@@ -426,9 +447,10 @@ class PtyConnection:
             key = websocket.new_key()
             netloc = urlsplit(self._execd.base_url).netloc.rpartition("@")[2]
             sock.sendall(websocket.handshake_request(netloc, target, key, self._execd.headers))
-            answer = websocket.read_answer(sock.recv)
+            recv = until(sock, deadline)
+            answer = websocket.read_answer(recv)
             if answer.status != 101:
-                raise self._refused(answer, sock, target)
+                raise self._refused(answer, recv, target)
             websocket.check_upgrade(answer, key)
         except ApiError:
             sock.close()
@@ -474,7 +496,9 @@ class PtyConnection:
                 context.load_cert_chain(cert)
         return context
 
-    def _refused(self, answer: websocket.Answer, sock: socket.socket, target: str) -> ApiError:
+    def _refused(
+        self, answer: websocket.Answer, recv: Callable[[int], bytes], target: str
+    ) -> ApiError:
         """The ApiError for a handshake answered with another status than 101 (its body read
         at most ``MAX_ERROR_BODY`` bytes; a redirect is not followed)."""
         body = answer.rest
@@ -482,7 +506,7 @@ class PtyConnection:
         want = int(length) if length.isdigit() else 0
         try:
             while len(body) < min(want, MAX_ERROR_BODY):
-                data = sock.recv(MAX_ERROR_BODY - len(body))
+                data = recv(MAX_ERROR_BODY - len(body))
                 if not data:
                     break
                 body += data
@@ -502,15 +526,16 @@ class PtyConnection:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def _read(self, ws: websocket.WebSocket, generation: int) -> None:
-        """The reader thread: frames into the queue until the connection ends."""
+    def _read(self, ws: websocket.WebSocket, generation: int, halt: threading.Event) -> None:
+        """The reader thread: frames into the queue until the connection ends; it reads no
+        more while ``MAX_BUFFERED`` bytes wait for the caller (TCP then holds execd back)."""
         ended = "dropped"
         try:
             while True:
                 opcode, payload = ws.recv()
                 output = parse_frame(opcode, payload)
                 if output.kind in ("output", "replay"):
-                    self._deliver(output, generation)
+                    self._deliver(output, generation, halt)
                 elif output.kind == "connected":
                     self._saw_connected = True
                     self._connected.set()
@@ -560,7 +585,10 @@ class PtyConnection:
             self._queue.put((generation, _END))
         self._connected.set()  # a wait for connected ends too
 
-    def _deliver(self, output: Output, generation: int) -> None:
+    def _deliver(self, output: Output, generation: int, halt: threading.Event) -> None:
+        with self._room:
+            while self._buffered >= MAX_BUFFERED and not halt.is_set():
+                self._room.wait()
         data = output.data
         if output.kind == "replay":
             if output.offset > self.offset:
@@ -569,6 +597,8 @@ class PtyConnection:
             data = data[self.offset - output.offset :]
         self.offset += len(data)
         if data:
+            with self._room:
+                self._buffered += len(data)
             self._queue.put((generation, data))
 
     def read(self, timeout: float | None = None) -> bytes | None:
@@ -580,6 +610,10 @@ class PtyConnection:
                 generation, item = self._queue.get(timeout=timeout)
             except queue.Empty:
                 return None
+            if item is not _END:
+                with self._room:
+                    self._buffered -= len(item)
+                    self._room.notify_all()
             if generation != self._generation:
                 continue  # a connection replaced by a reattach
             if item is _END:
@@ -663,6 +697,9 @@ class PtyConnection:
         """End the current connection and its reader (the caller holds the lock)."""
         ws, reader = self._ws, self._reader
         self._ws = self._reader = None
+        with self._room:
+            self._halt.set()
+            self._room.notify_all()
         if ws is not None:
             ws.close(websocket.NORMAL)
             ws.abort()

@@ -587,3 +587,82 @@ def test_a_client_that_stops_reading_does_not_hold_up_delete_or_takeover(ours_ur
         sock.close()
         with contextlib.suppress(OSError):
             sandbox.pty.delete(session)
+
+
+class FloodingExecd:
+    """After the handshake and `connected`, output frames of 64 KiB for as long as the client
+    takes them (a send blocked for 2 s ends it); `sent` counts the bytes taken."""
+
+    def __init__(self, limit: int) -> None:
+        self.sent = 0
+        self.limit = limit
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            conn.settimeout(2)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            conn.sendall(upgraded(head, CONNECTED))
+            frame = ws.encode_frame(ws.OP_BINARY, b"\x01" + bytes(65536))
+            try:
+                while self.sent < self.limit:
+                    conn.sendall(frame)
+                    self.sent += len(frame)
+                time.sleep(5)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_output_nobody_reads_is_held_in_bounded_memory() -> None:
+    # a sandbox's execd (any code in it may replace it) sends output faster than it is read:
+    # the connection reads it only as fast as the caller does (TCP pushes back on execd)
+    execd = FloodingExecd(limit=256 << 20)
+    try:
+        with Sandbox.from_execd(f"http://127.0.0.1:{execd.port}", headers=HEADERS) as handle:
+            conn = handle.pty.connect("s", timeout=5)
+            time.sleep(1.5)
+            assert execd.sent < 64 << 20, f"{execd.sent >> 20} MiB taken, none of it read"
+            shown = 0
+            while shown < 8 << 20:
+                data = conn.read(5)
+                assert data, conn.ended
+                shown += len(data)
+            conn.close()
+    finally:
+        execd.close()
+
+
+def test_a_handshake_answer_that_drips_times_out_in_time() -> None:
+    # a byte every 0.2 s never lets one read time out: the deadline is for the whole answer
+    def serve(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            for byte in upgraded(head, CONNECTED):
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+                time.sleep(0.2)
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=serve, args=(listener,), daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with Sandbox.from_execd(url, headers=HEADERS) as handle:
+            started = time.monotonic()
+            with pytest.raises(SandboxTimeoutError):
+                handle.pty.connect("s", timeout=1)
+            assert time.monotonic() - started < 4
+    finally:
+        listener.close()

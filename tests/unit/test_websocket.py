@@ -350,11 +350,12 @@ class NoExecd:
 
 def test_a_reattach_cuts_a_replay_to_the_offset_and_counts_a_gap() -> None:
     conn = PtyConnection(NoExecd(), "s")  # type: ignore[arg-type]
-    conn._deliver(Output("output", data=b"tick1\n"), 0)
+    halt = threading.Event()
+    conn._deliver(Output("output", data=b"tick1\n"), 0, halt)
     assert conn.offset == 6
-    conn._deliver(Output("replay", offset=3, data=b"k1\ntick2\n"), 0)  # overlaps: cut
+    conn._deliver(Output("replay", offset=3, data=b"k1\ntick2\n"), 0, halt)  # overlaps: cut
     assert conn.offset == 12
-    conn._deliver(Output("replay", offset=20, data=b"late"), 0)  # 8 bytes were lost
+    conn._deliver(Output("replay", offset=20, data=b"late"), 0, halt)  # 8 bytes were lost
     assert (conn.offset, conn.lost) == (24, 8)
     got = [conn._queue.get_nowait()[1] for _ in range(3)]
     assert got == [b"tick1\n", b"tick2\n", b"late"]
