@@ -666,3 +666,108 @@ def test_a_handshake_answer_that_drips_times_out_in_time() -> None:
             assert time.monotonic() - started < 4
     finally:
         listener.close()
+
+
+# -- the local server's proxy relaying an upgrade, facing a hostile sandbox ---------------------
+
+
+class Upstream:
+    """What a sandbox's port answers (any code in it may listen there): `answer(head)`, then
+    the connection stays open 2 s."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.heads: list[bytes] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        head += conn.recv(4096)
+                    self.heads.append(head)
+                    conn.sendall(self.answer)
+                    while conn.recv(4096):
+                        pass
+                except OSError:
+                    pass
+
+    def connect(self, port: int, timeout: float = 10.0) -> socket.socket:
+        """As `SandboxContainer.connect`: a socket to the sandbox's `port`."""
+        return socket.create_connection(self.listener.getsockname(), timeout=timeout)
+
+
+@pytest.fixture
+def proxied() -> Iterator[Callable[[bytes], tuple[str, Upstream]]]:
+    """A local server's proxy route (`proxy.forward`) to a hostile upstream answering `answer`."""
+    from osb_sync.local.host import proxy
+
+    servers = []
+
+    def make(answer: bytes) -> tuple[str, Upstream]:
+        upstream = Upstream(answer)
+
+        def route(ex: Exchange) -> None:
+            proxy.forward(ex, upstream, "sbx", proxy.EXECD_PORT, ex.path, {})  # type: ignore[arg-type]
+
+        hosts = httpd.host_names("127.0.0.1", ())
+        server = httpd.HTTPServer(("127.0.0.1", 0), route, httpd.Limits(), hosts)
+        threading.Thread(target=server.serve_forever, args=(0.1,), daemon=True).start()
+        servers.append((server, upstream))
+        return f"http://127.0.0.1:{server.server_address[1]}", upstream
+
+    yield make
+    for server, upstream in servers:
+        server.shutdown()
+        server.server_close()
+        upstream.listener.close()
+
+
+def test_the_proxy_relays_no_1xx_to_a_plain_request(
+    proxied: Callable[[bytes], tuple[str, Upstream]],
+) -> None:
+    # a 101 nobody asked for (or a 100 as the answer) has no body, so whatever the proxy sent
+    # after it would be read as the answer to the client's next request on that connection
+    for answer in (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+        b"HTTP/1.1 102 Processing\r\n\r\n",
+    ):
+        url, _ = proxied(answer)
+        with requests.Session() as session:
+            first = session.get(url + "/files/info?path=/x", timeout=10)
+            assert first.status_code == 502, (first.status_code, first.content)
+
+
+def test_the_proxy_relays_no_1xx_as_a_refused_handshake(
+    proxied: Callable[[bytes], tuple[str, Upstream]],
+) -> None:
+    url, _ = proxied(b"HTTP/1.1 100 Continue\r\nContent-Length: 5\r\n\r\nhello")
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(ws.handshake_request(f"127.0.0.1:{port}", "/pty/s/ws", ws.new_key(), {}))
+        answer = ws.read_answer(sock.recv)
+    assert answer.status == 502, answer
+
+
+def test_the_proxy_refuses_an_upgrade_with_a_body(
+    proxied: Callable[[bytes], tuple[str, Upstream]],
+) -> None:
+    # the body would go up as the first bytes of the WebSocket: frames execd never saw asked
+    url, upstream = proxied(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
+    port = int(url.rsplit(":", 1)[1])
+    request = ws.handshake_request(f"127.0.0.1:{port}", "/pty/s/ws", ws.new_key(), {})
+    bodies = (b"Content-Length: 5\r\n\r\nhello", b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    for extra in bodies:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(request[:-2] + extra)
+            answer = ws.read_answer(sock.recv)
+        assert answer.status == 400, answer
+    assert upstream.heads == []

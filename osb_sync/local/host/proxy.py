@@ -11,7 +11,10 @@ joined byte for byte until either ends, each read bounded by the same timeouts a
 client's `io_timeout`, the upstream's `UPSTREAM_TIMEOUT`; execd pings every 30 s). The frames
 are the endpoints' to check. An upstream that refuses the handshake (401, 404, 409) is
 relayed as the HTTP answer it is; the released server proxy accepts the socket instead and
-closes it with 1008, losing the status (opensandbox-1.1.1.md 2.2): ours keeps it.
+closes it with 1008, losing the status (opensandbox-1.1.1.md 2.2): ours keeps it. A handshake
+with a body is refused (400: it would go up as WebSocket bytes), and an interim answer (1xx)
+other than the 101 to a handshake is a 502: it has no body, so what followed it would be taken
+for the answer to the client's next request.
 """
 
 from __future__ import annotations
@@ -117,6 +120,12 @@ def forward(
         body.stop()
         conn.close()
         raise unreachable(sandbox_id, exc) from None
+    if response.status < 200:
+        # an interim answer nobody asked for (a 101 without an upgrade): it has no body, so
+        # whatever followed it would answer the client's next request on this connection
+        body.stop()
+        conn.close()
+        raise unreachable(sandbox_id, f"an interim answer {response.status} to a plain request")
     if not ex.body.finished:
         # The upstream answered before the whole body came (it may never read it): the
         # connection cannot carry another request, and the answer has to say so.
@@ -258,6 +267,9 @@ def _upgrade(
     extra: dict[str, str],
 ) -> None:
     """Relay a WebSocket handshake and then its bytes (see the module docstring)."""
+    if ex.headers.get("Transfer-Encoding") or ex.headers.get("Content-Length", "0") != "0":
+        # it would go up as the WebSocket's first bytes: frames nobody checked as a request
+        raise error(400, "INVALID_REQUEST", "a WebSocket handshake has no body")
     target = path + (f"?{ex.raw_query}" if ex.raw_query else "")
     lines = [f"GET {target} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
     for name, value in ex.headers.items():  # Sec-WebSocket-Key and -Version among them
@@ -277,6 +289,8 @@ def _upgrade(
         answer = websocket.read_answer(upstream.recv)
     except (OSError, websocket.ProtocolError, websocket.Closed) as exc:
         raise unreachable(sandbox_id, exc) from None
+    if answer.status < 200 and answer.status != 101:  # no answer at all: relayed, it has no end
+        raise unreachable(sandbox_id, f"an interim answer {answer.status} to a handshake")
     if answer.status != 101:
         _refused(ex, upstream, answer)
         return
