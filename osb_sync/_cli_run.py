@@ -159,7 +159,14 @@ def _run_tty(cli: GlobalOptions, run: RunOptions) -> int:
             )
         try:
             print_status(client.get_sandbox(sandbox.id).message, cli.verbose, said_unisolated)
-            return run_terminal(sandbox, run.code, interactive=run.interactive, cwd=None, env=None)
+            return run_terminal(
+                sandbox,
+                run.code,
+                interactive=run.interactive,
+                cwd=None,
+                env=None,
+                owned=not run.keep,
+            )
         finally:
             if run.keep:
                 print(f"osb-sync: kept sandbox {sandbox.id}", file=sys.stderr)

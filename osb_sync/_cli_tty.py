@@ -14,9 +14,10 @@ The rules, as ``docker exec -it`` keeps them:
 - No session is left behind: the CLI deletes it when it ends, and where it can fork a
   guardian process does so if the CLI itself is killed (SIGKILL): the guardian holds the read
   end of a pipe whose write end only the CLI holds, sees EOF at once when the CLI dies, and
-  deletes the session (within the time a DELETE takes; the session's process group is
-  SIGKILLed by execd). Without fork (Windows) a killed CLI's session lives on until the
-  sandbox ends (execd reaps no idle session).
+  deletes the session (within the time a DELETE takes; the session's processes are
+  SIGKILLed by execd), and with ``run -it`` the sandbox it made (unless ``--keep``). Without
+  fork (Windows) a killed CLI's session lives on until the sandbox ends (execd reaps no idle
+  session).
 """
 
 from __future__ import annotations
@@ -105,9 +106,10 @@ def require_terminal(interactive: bool) -> None:
         raise InputNotATerminal(NOT_A_TTY)
 
 
-def start_guardian(sandbox: Sandbox, session_id: str) -> int | None:
+def start_guardian(sandbox: Sandbox, session_id: str, owned: bool = False) -> int | None:
     """Fork the guardian that deletes the session if this process dies (see the module
-    docstring); returns the write end of its pipe (None without fork)."""
+    docstring), and the sandbox too when ``owned`` (``run -it`` made it); returns the write
+    end of its pipe (None without fork)."""
     if not hasattr(os, "fork"):
         return None
     read_end, write_end = os.pipe()
@@ -127,7 +129,11 @@ def start_guardian(sandbox: Sandbox, session_id: str) -> int | None:
             while chunk := os.read(read_end, 64):
                 told += chunk
             if GUARD_DONE not in told:
-                sandbox.pty.delete(session_id)
+                try:
+                    sandbox.pty.delete(session_id)
+                finally:
+                    if owned:
+                        sandbox.delete()
         except BaseException:  # noqa: BLE001 - a guardian never returns into the CLI
             code = 1
         finally:
@@ -159,9 +165,11 @@ def run_terminal(
     interactive: bool,
     cwd: str | None,
     env: dict[str, str] | None,
+    owned: bool = False,
 ) -> int:
     """Run ``command`` (default: a shell) on a terminal in ``sandbox``, joined to this one;
-    returns the status to exit with (see the module docstring).
+    returns the status to exit with (see the module docstring). ``owned``: the caller made
+    ``sandbox`` and deletes it when this returns; if this process is killed, the guardian does.
 
     Raises:
         InputNotATerminal: ``interactive`` but standard input is no terminal.
@@ -170,7 +178,7 @@ def run_terminal(
     require_terminal(interactive)
     variables = {"TERM": os.environ.get("TERM") or DEFAULT_TERM, **(env or {})}
     session_id = sandbox.pty.create(command, cwd=cwd, env=variables)
-    guardian = start_guardian(sandbox, session_id)
+    guardian = start_guardian(sandbox, session_id, owned)
     try:
         size = None
         for fd in (stdout_fd, stdin_fd):

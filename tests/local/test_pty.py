@@ -213,6 +213,21 @@ def test_run_it_is_a_terminal_in_a_new_sandbox_it_deletes(server: LocalServer) -
         assert {s.id for s in client.list_sandboxes()} == before
 
 
+def test_a_killed_run_it_leaves_no_sandbox(server: LocalServer) -> None:
+    # run -it made the sandbox: its guardian deletes it too when the CLI is killed
+    with Client(server.api_base) as client:
+        before = {s.id for s in client.list_sandboxes()}
+        term = Terminal(cli(server, "run", "-it"))
+        try:
+            term.expect(rb"[#$] ")
+            assert {s.id for s in client.list_sandboxes()} != before
+            os.kill(term.pid, signal.SIGKILL)
+            os.waitpid(term.pid, 0)
+        finally:
+            term.close()
+        assert wait_for(lambda: {s.id for s in client.list_sandboxes()} == before, timeout=20)
+
+
 def test_the_proxy_relays_a_terminal_with_its_refusals(
     server: LocalServer, sandbox: Sandbox
 ) -> None:
