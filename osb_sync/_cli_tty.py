@@ -42,6 +42,7 @@ DEFAULT_TERM = "xterm"
 GUARD_DONE = b"done"
 EXIT_TAKEN_OVER = 1
 EXIT_DROPPED = 255
+EXIT_BROKEN_PIPE = 128 + 13  # as a program killed by SIGPIPE: a reader of the output went
 
 
 class InputNotATerminal(Exception):
@@ -188,9 +189,9 @@ def run_terminal(
             with signals_unwind():
                 if interactive and stdin_fd is not None:
                     with raw_mode(stdin_fd):
-                        _relay(conn, stdin_fd, stdout_fd)
+                        broken = _relay(conn, stdin_fd, stdout_fd)
                 else:
-                    _relay(conn, None, stdout_fd)
+                    broken = _relay(conn, None, stdout_fd)
         finally:
             conn.close()
     finally:
@@ -203,6 +204,9 @@ def run_terminal(
             guardian = None
         if guardian is not None:
             os.close(guardian)  # EOF without "done": the guardian deletes it
+    if broken is not None:
+        print(f"osb-sync: the output could not be written ({broken})", file=sys.stderr)
+        return EXIT_BROKEN_PIPE
     if conn.ended == "taken over":
         print("osb-sync: another client took this terminal over", file=sys.stderr)
         return EXIT_TAKEN_OVER
@@ -239,11 +243,13 @@ def writer(fd: int | None) -> Callable[[bytes], None]:
     return write_text
 
 
-def _relay(conn: PtyConnection, stdin_fd: int | None, stdout_fd: int | None) -> None:
-    """Copy input to the session and its output here until it ends; resize on SIGWINCH."""
+def _relay(conn: PtyConnection, stdin_fd: int | None, stdout_fd: int | None) -> str | None:
+    """Copy input to the session and its output here until it ends; resize on SIGWINCH.
+    Returns why the output could not be written (a reader that went: EPIPE), else None."""
     wake_r, wake_w = os.pipe()
     done = threading.Event()
     write = writer(stdout_fd)
+    broken: list[str] = []
 
     def show() -> None:
         try:
@@ -256,6 +262,8 @@ def _relay(conn: PtyConnection, stdin_fd: int | None, stdout_fd: int | None) -> 
                         return
                     continue
                 write(data)
+        except OSError as exc:  # the output's reader went (`| head`): the end, no traceback
+            broken.append(exc.strerror or str(exc))
         finally:
             done.set()
             os.write(wake_w, b"x")
@@ -287,6 +295,7 @@ def _relay(conn: PtyConnection, stdin_fd: int | None, stdout_fd: int | None) -> 
         shower.join()
         os.close(wake_r)
         os.close(wake_w)
+    return broken[0] if broken else None
 
 
 def _reattach(conn: PtyConnection) -> bool:

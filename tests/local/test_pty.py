@@ -213,6 +213,57 @@ def test_run_it_is_a_terminal_in_a_new_sandbox_it_deletes(server: LocalServer) -
         assert {s.id for s in client.list_sandboxes()} == before
 
 
+def the_cli(parent: int, marker: str) -> int | None:
+    """The pid of the CLI started by `parent` with `marker` in its argv (not its guardian)."""
+    for pid in host_pids_with(marker):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == parent:
+            return pid
+    return None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_leaves_the_terminal_as_it_was(
+    server: LocalServer, sandbox: Sandbox, signum: int
+) -> None:
+    marker = sleep_marker(600)
+    command = " ".join(cli(server, "exec", "-it", sandbox.id, "sleep", marker))
+    term = Terminal(["/bin/sh", "-c", f"stty -g; {command}; echo status=$?; stty -g"])
+    try:
+        before = stty_line(term.expect(STTY))
+        assert wait_for(lambda: sleeping(marker), timeout=20), term.shown[-500:]
+        pid = the_cli(term.pid, marker)
+        assert pid is not None
+        os.kill(pid, signum)
+        term.expect(rb"status=%d\r?\n" % (128 + signum))
+        assert stty_line(term.expect(STTY)) == before
+        assert term.wait() == 0
+        assert wait_for(lambda: not sleeping(marker), timeout=15)  # the session was deleted
+    finally:
+        term.close()
+
+
+def test_a_broken_pipe_on_output_ends_the_cli_cleanly(
+    server: LocalServer, sandbox: Sandbox
+) -> None:
+    marker = sleep_marker(600)
+    command = " ".join(cli(server, "exec", "-it", sandbox.id, f"'sleep {marker} & yes'"))
+    script = f"stty -g; {command} | head -c 5 >/dev/null; echo done; stty -g"
+    term = Terminal(["/bin/sh", "-c", script])
+    try:
+        before = stty_line(term.expect(STTY))
+        shown = term.expect(rb"done\r?\n")
+        assert stty_line(term.expect(STTY)) == before
+        assert b"Traceback" not in shown, shown
+        assert term.wait() == 0
+        assert wait_for(lambda: not sleeping(marker), timeout=15)  # the session was deleted
+    finally:
+        term.close()
+
+
 def test_a_killed_run_it_leaves_no_sandbox(server: LocalServer) -> None:
     # run -it made the sandbox: its guardian deletes it too when the CLI is killed
     with Client(server.api_base) as client:
