@@ -771,3 +771,56 @@ def test_the_proxy_refuses_an_upgrade_with_a_body(
             answer = ws.read_answer(sock.recv)
         assert answer.status == 400, answer
     assert upstream.heads == []
+
+
+def test_the_proxy_closes_the_connection_after_a_refused_handshake(
+    proxied: Callable[[bytes], tuple[str, Upstream]],
+) -> None:
+    # a request after a refused handshake on the same connection would be read after bytes
+    # meant for the WebSocket: the connection ends with the refusal
+    body = b'{"code":"ALREADY_CONNECTED"}'
+    url, upstream = proxied(
+        b"HTTP/1.1 409 Conflict\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    port = int(url.rsplit(":", 1)[1])
+    request = ws.handshake_request(f"127.0.0.1:{port}", "/pty/s/ws", ws.new_key(), {})
+    after = b"GET /files/info?path=/x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request + after)
+        received = b""
+        while data := sock.recv(65536):
+            received += data
+    assert received.startswith(b"HTTP/1.1 409 ") and received.count(b"HTTP/1.1") == 1
+    assert received.endswith(body) and len(upstream.heads) == 1
+
+
+def echoed(head: bytes) -> bytes:
+    body = b'{"code":"BAD","message":"' + head.replace(b"\r\n", b" ").replace(b'"', b"") + b'"}'
+    return b"HTTP/1.1 400 Bad\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda head: upgraded(head).replace(b"Upgrade: websocket\r\n", b""),
+        lambda head: upgraded(head).replace(b"Sec-WebSocket-Accept: ", b"Sec-WebSocket-Accept: x"),
+        lambda head: upgraded(head).replace(
+            b"\r\n\r\n", b"\r\nSec-WebSocket-Extensions: z\r\n\r\n"
+        ),
+        lambda head: upgraded(head, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+        lambda head: b"HTTP/1.1 101 Switching Protocols\r\n" + b"X: " + b"a" * 70000,
+        lambda head: b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+        echoed,  # an error that quotes the request, token and all
+    ],
+)
+def test_a_hostile_handshake_answer_is_a_clean_error(answer: Callable[[bytes], bytes]) -> None:
+    execd = FakeExecd(answer)
+    try:
+        with Sandbox.from_execd(f"http://127.0.0.1:{execd.port}", headers=HEADERS) as handle:
+            started = time.monotonic()
+            with pytest.raises((ApiError, TransportError)) as caught:
+                handle.pty.connect("s", timeout=5)
+            assert time.monotonic() - started < 5
+        assert TOKEN not in str(caught.value) and TOKEN not in repr(caught.value.__dict__)
+    finally:
+        execd.close()
