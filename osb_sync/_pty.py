@@ -67,6 +67,7 @@ STDIN, STDOUT, STDERR, REPLAY = 0x00, 0x01, 0x02, 0x03
 SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL", "SIGQUIT", "SIGHUP")
 TAKEN_OVER = 4001
 MAX_ERROR_BODY = 64 << 10
+CLOSE_WAIT = 1.0  # seconds a close waits to go out before the connection is cut
 MAX_BUFFERED = 4 << 20  # output read from execd and not yet by the caller: the reader waits
 _END = object()
 
@@ -701,7 +702,7 @@ class PtyConnection:
             self._halt.set()
             self._room.notify_all()
         if ws is not None:
-            ws.close(websocket.NORMAL)
+            ws.close(websocket.NORMAL, timeout=CLOSE_WAIT)  # an execd that stopped reading
             ws.abort()
         if reader is not None and reader is not threading.current_thread():
             reader.join()

@@ -52,6 +52,7 @@ POLICY = 1008
 TOO_BIG = 1009
 INTERNAL = 1011
 MAX_HEAD = 16 * 1024  # the handshake answer's head, status line and headers
+FAIL_WAIT = 1.0  # seconds a close after a protocol error may take: the connection is cut then
 MAX_FRAGMENTS = 4096  # frames read while one message is incomplete (its fragments, pings)
 
 
@@ -280,17 +281,28 @@ class WebSocket:
         """Send a ping control frame (the peer answers with a pong)."""
         self.send(OP_PING, payload)
 
-    def close(self, code: int = NORMAL, reason: str = "") -> None:
-        """Send a close frame once (later calls, and a broken connection, are no-ops)."""
+    def close(self, code: int = NORMAL, reason: str = "", timeout: float | None = None) -> None:
+        """Send a close frame once (later calls, and a broken connection, are no-ops).
+
+        ``timeout``: seconds to wait for a send in progress and to send the close, after which
+        it is given up (a peer that stopped reading; the caller then aborts). Default: the
+        socket's own timeout.
+        """
         mask = os.urandom(4) if self._client else None
-        with self._send_lock:
+        if not self._send_lock.acquire(timeout=-1 if timeout is None else timeout):
+            return
+        try:
             if self._close_sent:
                 return
             self._close_sent = True
             try:
+                if timeout is not None:
+                    self.sock.settimeout(timeout)
                 self.sock.sendall(encode_frame(OP_CLOSE, close_payload(code, reason), mask=mask))
             except OSError:
                 pass
+        finally:
+            self._send_lock.release()
 
     def abort(self) -> None:
         """End the connection at once, both ways (a blocked read returns); from any thread."""
@@ -300,8 +312,9 @@ class WebSocket:
             pass
 
     def fail(self, exc: ProtocolError) -> None:
-        """Close with ``exc``'s code, then end the connection (after a protocol error)."""
-        self.close(exc.code, exc.reason)
+        """Close with ``exc``'s code (waiting at most ``FAIL_WAIT`` s to send it), then end
+        the connection (after a protocol error)."""
+        self.close(exc.code, exc.reason, timeout=FAIL_WAIT)
         self.abort()
 
     def recv(self) -> tuple[int, bytes]:

@@ -824,3 +824,40 @@ def test_a_hostile_handshake_answer_is_a_clean_error(answer: Callable[[bytes], b
         assert TOKEN not in str(caught.value) and TOKEN not in repr(caught.value.__dict__)
     finally:
         execd.close()
+
+
+def test_close_does_not_wait_on_an_execd_that_stopped_reading() -> None:
+    stop = threading.Event()
+
+    def serve(listener: socket.socket) -> None:  # answers, then reads nothing more
+        conn, _ = listener.accept()
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            conn.sendall(upgraded(head, CONNECTED))
+            stop.wait(30)
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=serve, args=(listener,), daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with Sandbox.from_execd(url, headers=HEADERS) as handle:
+            conn = handle.pty.connect("s", timeout=5)
+
+            def type_forever() -> None:
+                with contextlib.suppress(TransportError):
+                    while True:
+                        conn.send(b"x" * 65536)
+
+            typist = threading.Thread(target=type_forever, daemon=True)
+            typist.start()
+            time.sleep(1)  # the socket's buffers are full: the typist's send blocks
+            started = time.monotonic()
+            conn.close()
+            assert time.monotonic() - started < 5
+            typist.join(5)
+            assert not typist.is_alive()
+    finally:
+        stop.set()
+        listener.close()
