@@ -45,9 +45,11 @@ from requests.structures import CaseInsensitiveDict
 from . import _answers as answers
 from . import _websocket as websocket
 from ._answers import BadAnswer
+from ._constants import MAX_OUTPUT_BYTES
 from ._errors import (
     ApiError,
     ConfigurationError,
+    OutputLimitExceeded,
     SandboxTimeoutError,
     TransportError,
     error_from_response,
@@ -623,14 +625,18 @@ class PtyConnection:
             data: bytes = item
             return data
 
-    def read_all(self, timeout: float) -> bytes:
-        """Everything until the connection ends, at most ``timeout`` seconds.
+    def read_all(self, timeout: float, *, max_bytes: int = MAX_OUTPUT_BYTES) -> bytes:
+        """Everything until the connection ends, at most ``timeout`` seconds and
+        ``max_bytes`` bytes.
 
         Raises:
             SandboxTimeoutError: it had not ended within ``timeout``.
+            OutputLimitExceeded: more than ``max_bytes`` came (``partial``: the first
+                ``max_bytes``); the connection stays as it is (close it, or read on).
         """
         deadline = time.monotonic() + timeout
         parts: list[bytes] = []
+        held = 0
         while True:
             left = deadline - time.monotonic()
             data = self.read(max(0.0, left)) if left > 0 else None
@@ -640,7 +646,16 @@ class PtyConnection:
                 )
             if not data:
                 return b"".join(parts)
+            if held + len(data) > max_bytes:
+                parts.append(data[: max_bytes - held])
+                raise OutputLimitExceeded(
+                    f"pty session {self.session_id}: its output passed {max_bytes} bytes before "
+                    "it ended (raise max_bytes to allow more)",
+                    limit=max_bytes,
+                    partial=b"".join(parts),
+                )
             parts.append(data)
+            held += len(data)
 
     # -- writing ----------------------------------------------------------------------------
 

@@ -27,7 +27,14 @@ from typing import Any
 import pytest
 import requests
 
-from osb_sync import ApiError, Sandbox, SandboxTimeoutError, TransportError
+from osb_sync import (
+    MAX_OUTPUT_BYTES,
+    ApiError,
+    OutputLimitExceeded,
+    Sandbox,
+    SandboxTimeoutError,
+    TransportError,
+)
 from osb_sync import _websocket as ws
 from osb_sync._pty import PtyConnection
 from osb_sync.local.execd.router import ExecdApp
@@ -861,3 +868,21 @@ def test_close_does_not_wait_on_an_execd_that_stopped_reading() -> None:
     finally:
         stop.set()
         listener.close()
+
+
+def test_read_all_stops_at_its_byte_cap() -> None:
+    # the terminal's analog of a run's max_output_bytes: `yes` for the whole timeout is not
+    # gigabytes in memory
+    execd = FloodingExecd(limit=64 << 20)
+    try:
+        with Sandbox.from_execd(f"http://127.0.0.1:{execd.port}", headers=HEADERS) as handle:
+            conn = handle.pty.connect("s", timeout=5)
+            with pytest.raises(OutputLimitExceeded) as caught:
+                conn.read_all(30)
+            assert caught.value.limit == MAX_OUTPUT_BYTES
+            assert 0 < len(caught.value.partial) <= MAX_OUTPUT_BYTES
+            with pytest.raises(OutputLimitExceeded, match="1000 bytes"):
+                conn.read_all(30, max_bytes=1000)
+            conn.close()
+    finally:
+        execd.close()
