@@ -42,6 +42,7 @@ DEFAULT_TERM = "xterm"
 GUARD_DONE = b"done"
 EXIT_TAKEN_OVER = 1
 EXIT_DROPPED = 255
+GUARD_LIMIT = 300  # seconds a guardian may spend deleting once the CLI died (then SIGALRM)
 EXIT_BROKEN_PIPE = 128 + 13  # as a program killed by SIGPIPE: a reader of the output went
 
 
@@ -129,6 +130,9 @@ def start_guardian(sandbox: Sandbox, session_id: str, owned: bool = False) -> in
             told = b""
             while chunk := os.read(read_end, 64):
                 told += chunk
+            # forked from a threaded process, it may wait on a lock no thread will release:
+            # it never outlives the CLI by more than this (SIGALRM's default ends it)
+            signal.alarm(GUARD_LIMIT)
             if GUARD_DONE not in told:
                 try:
                     sandbox.pty.delete(session_id)
