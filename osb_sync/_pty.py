@@ -69,6 +69,7 @@ STDIN, STDOUT, STDERR, REPLAY = 0x00, 0x01, 0x02, 0x03
 SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL", "SIGQUIT", "SIGHUP")
 TAKEN_OVER = 4001
 MAX_ERROR_BODY = 64 << 10
+INPUT_FRAME = 64 << 10  # input bytes a frame carries at most
 CLOSE_WAIT = 1.0  # seconds a close waits to go out before the connection is cut
 MAX_BUFFERED = 4 << 20  # output read from execd and not yet by the caller: the reader waits
 _END = object()
@@ -336,6 +337,7 @@ class PtyConnection:
         self.error: str | None = None
         self.delete_on_exit = False
         self._lock = threading.Lock()
+        self._input_lock = threading.Lock()
         self._queue: queue.Queue[tuple[int, Any]] = queue.Queue()
         self._room = threading.Condition()  # guards _buffered; notified as output is read
         self._buffered = 0
@@ -677,8 +679,10 @@ class PtyConnection:
             TransportError: the connection is gone (reconnect first).
         """
         raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        if raw:
-            self._send(websocket.OP_BINARY, bytes([STDIN]) + raw)
+        with self._input_lock:  # in frames execd takes (ours caps a message at 1 MiB), in order
+            for start in range(0, len(raw), INPUT_FRAME):
+                piece = raw[start : start + INPUT_FRAME]
+                self._send(websocket.OP_BINARY, bytes([STDIN]) + piece)
 
     def _send_json(self, message: dict[str, Any]) -> None:
         self._send(websocket.OP_TEXT, json.dumps(message, separators=(",", ":")).encode())

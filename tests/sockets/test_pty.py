@@ -886,3 +886,13 @@ def test_read_all_stops_at_its_byte_cap() -> None:
             conn.close()
     finally:
         execd.close()
+
+
+def test_a_large_input_goes_in_frames_execd_takes(execd_url: str) -> None:
+    # one send of 3 MiB (a paste, a file piped in) as one frame passed our execd's 1 MiB
+    # message cap: it closed the connection with 1009
+    with Sandbox.from_execd(execd_url, headers=HEADERS, read_timeout=10) as sandbox:
+        with sandbox.pty.open("head -c 3145728 | wc -c; sleep 0.3", pipe=True) as conn:
+            conn.send(b"x" * (3 << 20))
+            shown = conn.read_all(30)
+    assert shown.strip() == b"3145728", (shown, conn.ended, conn.close_code)
