@@ -591,8 +591,9 @@ class PtyConnection:
         self._connected.set()  # a wait for connected ends too
 
     def _deliver(self, output: Output, generation: int, halt: threading.Event) -> None:
-        with self._room:
-            while self._buffered >= MAX_BUFFERED and not halt.is_set():
+        with self._room:  # not before `connected`: only a replay comes first, and output a
+            # dropped connection left unread must not keep a reconnect from its answer
+            while self._buffered >= MAX_BUFFERED and self._saw_connected and not halt.is_set():
                 self._room.wait()
         data = output.data
         if output.kind == "replay":
@@ -619,8 +620,9 @@ class PtyConnection:
                 with self._room:
                     self._buffered -= len(item)
                     self._room.notify_all()
-            if generation != self._generation:
-                continue  # a connection replaced by a reattach
+            if item is _END and generation != self._generation:
+                continue  # a connection replaced by a reattach (its output is still shown:
+                # the reattach asked for what follows it)
             if item is _END:
                 self._queue.put((generation, item))  # every later read sees the end too
                 return b""

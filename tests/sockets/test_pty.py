@@ -896,3 +896,43 @@ def test_a_large_input_goes_in_frames_execd_takes(execd_url: str) -> None:
             conn.send(b"x" * (3 << 20))
             shown = conn.read_all(30)
     assert shown.strip() == b"3145728", (shown, conn.ended, conn.close_code)
+
+
+def output_frame(data: bytes) -> bytes:
+    return ws.encode_frame(ws.OP_BINARY, b"\x01" + data)
+
+
+def test_a_reconnect_keeps_what_the_dropped_connection_brought_and_was_not_read() -> None:
+    # the offset counts what the reader took from execd, not what the caller read: output
+    # still waiting for the caller when it reconnects is no less part of the stream (and a
+    # full buffer of it must not keep the reconnect's replay and `connected` out)
+    big = bytes(range(256)) * (5 << 12)  # 5 MiB: more than the unread output held
+    frames = [output_frame(big[i : i + 65536]) for i in range(0, len(big), 65536)]
+
+    def answer(head: bytes) -> bytes:
+        since = re.search(rb"since=(\d+)", head)
+        if since is None:
+            return upgraded(head, CONNECTED, *frames)
+        offset = int(since[1])
+        replay = b"\x03" + offset.to_bytes(8, "big") + big[offset:] + b"two"
+        return upgraded(head, ws.encode_frame(ws.OP_BINARY, replay), CONNECTED)
+
+    execd = FakeExecd(answer)
+    try:
+        with Sandbox.from_execd(f"http://127.0.0.1:{execd.port}", headers=HEADERS) as handle:
+            conn = handle.pty.connect("s", timeout=5)
+            assert wait_for_state(lambda: conn.offset >= 4 << 20), conn.offset
+            conn.reconnect(timeout=5)
+            shown = conn.read_all(10)
+        assert len(shown) == len(big) + 3 and shown == big + b"two" and conn.lost == 0
+    finally:
+        execd.close()
+
+
+def wait_for_state(predicate: Callable[[], bool], timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
