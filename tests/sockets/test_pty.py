@@ -936,3 +936,46 @@ def wait_for_state(predicate: Callable[[], bool], timeout: float = 10) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def test_input_is_never_written_to_a_reused_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # input is written without the session's lock (a write may block); the terminal's master
+    # closed meanwhile (its process exited) frees its number for the next open file: the rest
+    # of the input went there (another session's terminal, a file being uploaded)
+    from osb_sync.local.execd import pty as execd_pty
+
+    runtime = SandboxRuntime(tmp_path, tmp_path, {"PATH": os.environ.get("PATH", "/bin")})
+    session = execd_pty.Session(runtime, tmp_path, "sleep 30")
+    other = tmp_path / "other-file"
+    real_write = os.write
+    opened: list[int] = []
+
+    def write_once_then_reuse(fd: int, data: Any) -> int:
+        if not opened:  # the process exits, its pump closes the master, a file is opened
+            assert proc is not None
+            proc.kill()
+            assert wait_for_state(lambda: session.master == -1)
+            opened.append(os.open(other, os.O_WRONLY | os.O_CREAT))
+            return 1
+        return real_write(fd, data)
+
+    with session.lock:
+        session.launch()
+    proc = session.proc
+    assert proc is not None
+    master = session.master
+    monkeypatch.setattr(execd_pty.os, "write", write_once_then_reuse)
+    try:
+        with contextlib.suppress(OSError):
+            session.write_stdin(b"secret input")
+    finally:
+        monkeypatch.undo()
+        for fd in opened:
+            os.close(fd)
+        session.kill()
+        proc.wait()
+        runtime.close()
+    assert opened == [master]  # the number was reused: the case this test is about
+    assert other.read_bytes() == b""

@@ -235,16 +235,22 @@ class Session:
     def write_stdin(self, data: bytes) -> None:
         """Give `data` to the process; OSError if it cannot take it."""
         with self.lock:
-            master, stdin = self.master, self.stdin
+            stdin = self.stdin
             if not self.running:
                 raise OSError("the process has exited")
+            # a descriptor of its own: the write may block, outside the lock, while the pump
+            # closes the master, whose number the next open file may get
+            master = -1 if self.pipe_mode else os.dup(self.master)
         if self.pipe_mode:
             stdin.write(data)
             stdin.flush()
             return
-        view = memoryview(data)
-        while view:
-            view = view[os.write(master, view) :]
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(master, view) :]
+        finally:
+            os.close(master)
 
     def resize(self, cols: int, rows: int) -> None:
         """Set the terminal's size (the kernel tells its foreground group: SIGWINCH)."""
