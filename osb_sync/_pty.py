@@ -616,17 +616,16 @@ class PtyConnection:
                 generation, item = self._queue.get(timeout=timeout)
             except queue.Empty:
                 return None
-            if item is not _END:
-                with self._room:
-                    self._buffered -= len(item)
-                    self._room.notify_all()
-            if item is _END and generation != self._generation:
-                continue  # a connection replaced by a reattach (its output is still shown:
-                # the reattach asked for what follows it)
             if item is _END:
+                if generation != self._generation:
+                    continue  # the end of a connection a reattach replaced (its output is
+                    # shown all the same: the reattach asked for what follows it)
                 self._queue.put((generation, item))  # every later read sees the end too
                 return b""
             data: bytes = item
+            with self._room:
+                self._buffered -= len(data)
+                self._room.notify_all()
             return data
 
     def read_all(self, timeout: float, *, max_bytes: int = MAX_OUTPUT_BYTES) -> bytes:
