@@ -579,7 +579,7 @@ def test_a_client_that_stops_reading_does_not_hold_up_delete_or_takeover(ours_ur
     session = sandbox.pty.create("yes")
     sock, _client = raw_socket(ours_url, f"/pty/{session}/ws")
     try:
-        time.sleep(1)  # execd's send to this client now blocks: its buffers are full
+        time.sleep(0.5)  # execd's send to this client now blocks: its buffers are full
         started = time.monotonic()
         taker = sandbox.pty.connect(session, takeover=True, timeout=15)
         assert time.monotonic() - started < 10  # execd waits 60 s on a stalled client
@@ -859,7 +859,7 @@ def test_close_does_not_wait_on_an_execd_that_stopped_reading() -> None:
 
             typist = threading.Thread(target=type_forever, daemon=True)
             typist.start()
-            time.sleep(1)  # the socket's buffers are full: the typist's send blocks
+            time.sleep(0.5)  # the socket's buffers are full: the typist's send blocks
             started = time.monotonic()
             conn.close()
             assert time.monotonic() - started < 5
