@@ -251,6 +251,8 @@ def _relay(conn: PtyConnection, stdin_fd: int | None, stdout_fd: int | None) -> 
     """Copy input to the session and its output here until it ends; resize on SIGWINCH.
     Returns why the output could not be written (a reader that went: EPIPE), else None."""
     wake_r, wake_w = os.pipe()
+    winch_r, winch_w = os.pipe()  # SIGWINCH's: the loop below sends the resize
+    os.set_blocking(winch_w, False)
     done = threading.Event()
     write = writer(stdout_fd)
     broken: list[str] = []
@@ -273,6 +275,13 @@ def _relay(conn: PtyConnection, stdin_fd: int | None, stdout_fd: int | None) -> 
             os.write(wake_w, b"x")
 
     def resized(signum: int, frame: Any) -> None:
+        # not a send from here: the handler runs in the main thread wherever it is, maybe in
+        # a send holding the lock a resize would wait for (for ever)
+        with contextlib.suppress(OSError):  # full: a resize is pending already
+            os.write(winch_w, b"w")
+
+    def resize() -> None:
+        os.read(winch_r, 4096)
         size = terminal_size(stdout_fd) if stdout_fd is not None else None
         if size is not None:
             with contextlib.suppress(OpenSandboxError):
@@ -282,13 +291,15 @@ def _relay(conn: PtyConnection, stdin_fd: int | None, stdout_fd: int | None) -> 
     shower = threading.Thread(target=show, name="osb-sync-tty", daemon=True)
     shower.start()
     try:
-        watched = [wake_r] if stdin_fd is None else [stdin_fd, wake_r]
+        watched = [wake_r, winch_r] if stdin_fd is None else [stdin_fd, wake_r, winch_r]
         while not done.is_set():
             ready, _, _ = select.select(watched, [], [])
+            if winch_r in ready:
+                resize()
             if stdin_fd in ready:
                 data = os.read(stdin_fd, 4096)
                 if not data:
-                    watched = [wake_r]  # no more input; the output goes on
+                    watched = [wake_r, winch_r]  # no more input; the output goes on
                     continue
                 with contextlib.suppress(OpenSandboxError):
                     conn.send(data)
@@ -297,8 +308,8 @@ def _relay(conn: PtyConnection, stdin_fd: int | None, stdout_fd: int | None) -> 
             signal.signal(signal.SIGWINCH, previous)
         conn.close()
         shower.join()
-        os.close(wake_r)
-        os.close(wake_w)
+        for fd in (wake_r, wake_w, winch_r, winch_w):
+            os.close(fd)
     return broken[0] if broken else None
 
 
