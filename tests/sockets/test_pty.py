@@ -979,3 +979,29 @@ def test_input_is_never_written_to_a_reused_descriptor(
         runtime.close()
     assert opened == [master]  # the number was reused: the case this test is about
     assert other.read_bytes() == b""
+
+
+def test_a_delete_after_the_shell_was_reaped_spares_a_new_owner_of_its_number(
+    tmp_path: Path,
+) -> None:
+    # once the shell was reaped and its session is empty, its number may go to a new session
+    # leader (every process execd starts is one): a delete must not kill that one
+    from osb_sync.local.execd import pty as execd_pty
+
+    runtime = SandboxRuntime(tmp_path, tmp_path, {"PATH": os.environ.get("PATH", "/bin")})
+    session = execd_pty.Session(runtime, tmp_path, "true")
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        with session.lock:
+            session.launch()
+        proc = session.proc
+        assert proc is not None
+        assert wait_for_state(lambda: proc.returncode is not None)  # the pump reaped it
+        proc.pid = stranger.pid  # the number, given to a new session's leader
+        session.kill()
+        time.sleep(0.2)
+        assert stranger.poll() is None, "a delete killed a process that was not the session's"
+    finally:
+        stranger.kill()
+        stranger.wait()
+        runtime.close()

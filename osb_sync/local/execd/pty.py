@@ -273,7 +273,7 @@ class Session:
             proc, holder = self.proc, self.holder
             self.holder = None
         if proc is not None:
-            kill_session(proc.pid)
+            kill_session(proc.pid, reaped=proc.returncode is not None)
         evict(holder)
 
 
@@ -284,12 +284,16 @@ def evict(holder: websocket.WebSocket | None) -> None:
         holder.abort()
 
 
-def kill_session(sid: int) -> None:
+def kill_session(sid: int, reaped: bool) -> None:
     """SIGKILL every process of session `sid` (the shell's: it is the session leader).
 
     Its group is not enough: a shell on a terminal has job control, so each job (`sleep &`,
-    a pipeline) is a process group of its own, and it would outlive the delete.
+    a pipeline) is a process group of its own, and it would outlive the delete. Once the
+    shell was `reaped`, a process numbered `sid` is another one (the number was free: its
+    session had ended) and nothing is killed.
     """
+    if reaped and os.path.exists(f"/proc/{sid}"):
+        return
     kill_group(sid, signal.SIGKILL)
     for _ in range(10):  # until no member is left (one may fork while we look)
         members = session_members(sid)
