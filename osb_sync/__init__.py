@@ -101,6 +101,7 @@ if _TYPE_CHECKING:  # what a type checker sees; at run time each name loads on f
     from ._pool_in_process import InProcessStore
     from ._pool_redis import RedisStore
     from ._provider import OpenSandboxProvider, discover_providers
+    from ._pty import Pty, PtyConnection, PtyStatus
     from ._resources import Diagnostics, Network, Pools, Snapshots, Templates
     from ._sandbox import Sandbox
     from ._stream import parse_execution
@@ -183,6 +184,10 @@ _LAZY = {
     "create_sandbox": "._functions",
     "delete_sandbox": "._functions",
     "run_code": "._functions",
+    # terminals (issue 46)
+    "Pty": "._pty",
+    "PtyConnection": "._pty",
+    "PtyStatus": "._pty",
 }
 
 
@@ -253,6 +258,9 @@ __all__ = [
     "ProxyError",
     "ProxyResponseError",
     "ProxyTimeoutError",
+    "Pty",
+    "PtyConnection",
+    "PtyStatus",
     "QuotaExceededError",
     "RedisStore",
     "Sandbox",

@@ -457,9 +457,22 @@ def _add_run(command: Any) -> None:
         "Run code in a new sandbox and delete it. Without --api-base or "
         f"${API_BASE_ENV}, an embedded local server (a development server, not a security "
         "boundary where sandboxes cannot be isolated) is started. Python exits 1 when the "
-        "code raised (sys.exit(n) exits n); bash passes its exit status through.",
+        "code raised (sys.exit(n) exits n); bash passes its exit status through. -it runs a "
+        "shell (or CODE as a shell command) on a terminal of the new sandbox joined to this "
+        "one, as exec -it does, and deletes the sandbox when it ends.",
     )
-    run.add_argument("code", nargs="?", help="the code; '-' reads standard input")
+    run.add_argument(
+        "code", nargs="?", help="the code; '-' reads standard input (with -t: a shell command)"
+    )
+    run.add_argument(
+        "-i", "--interactive", action="store_true", help="with -t: this terminal's input"
+    )
+    run.add_argument(
+        "-t",
+        "--tty",
+        action="store_true",
+        help="run CODE as a shell command (default: a shell) on a terminal of the sandbox",
+    )
     run.add_argument("-f", "--file", help="read the code from this file (UTF-8 text)")
     run.add_argument("--language", default="python", choices=LANGUAGES, help="the language")
     run.add_argument(
@@ -640,7 +653,10 @@ def _add_exec(command: Any) -> None:
         "run a shell command in a sandbox; exits with the command's status",
         "Run a shell command (bash -c) in an existing sandbox and exit with its status. "
         "-i sends standard input: it is read to its end and uploaded first (execd has no "
-        "stdin route), so the command sees it as a file, not a live stream.",
+        "stdin route), so the command sees it as a file, not a live stream. -it runs the "
+        "command (default: a shell) on a terminal of the sandbox joined to this one, in raw "
+        "mode (Ctrl-C, Ctrl-D and Ctrl-Z reach the sandbox; window size changes follow); the "
+        "terminal session is deleted when exec ends, or is killed.",
     )
     execute.add_argument(
         "-i",
@@ -652,7 +668,7 @@ def _add_exec(command: Any) -> None:
         "-t",
         "--tty",
         action="store_true",
-        help="refused: execd's pseudo-terminals need a WebSocket osb-sync does not speak",
+        help="run on a terminal of the sandbox (with -i: joined to this one; CMD optional)",
     )
     execute.add_argument(
         "-d", "--detach", action="store_true", help="run in the background; print its id"

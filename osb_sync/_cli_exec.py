@@ -3,9 +3,11 @@ the sandbox wrote.
 
 ``exec`` runs a shell command (``bash -c``) and exits with its status, echoing its output live
 (``--json``: one object at the end); ``-i`` uploads standard input first (execd has no stdin
-route), ``-d`` starts it in the background and prints its id. ``logs`` prints a background
-command's output, or the sandbox's own log through the server's diagnostics route; ``-f``
-follows either. ``run --language bash`` runs its code through :func:`run_command` too.
+route), ``-d`` starts it in the background and prints its id; ``-t`` (``-it``) runs it on a
+terminal of the sandbox joined to this one (``_cli_tty``: execd's ``/pty`` sessions).
+``logs`` prints a background command's output, or the sandbox's own log through the server's
+diagnostics route; ``-f`` follows either. ``run --language bash`` runs its code through
+:func:`run_command` too.
 """
 
 from __future__ import annotations
@@ -37,10 +39,6 @@ from ._client import Client
 from ._errors import ApiError, NotFoundError, NotSupportedError
 from ._sandbox import Sandbox
 
-NO_TTY = (
-    "-t needs a pseudo-terminal, and execd offers one only over a WebSocket (/pty) that "
-    "osb-sync does not speak; run without -t (the command's output is then not a terminal)"
-)
 LOG_WINDOW = 10000  # lines: the most a diagnostics logs call returns (its tail's maximum)
 FOLLOW_INTERVAL = 1.0  # seconds between the polls of logs -f of a sandbox's own log
 # Where `exec -i` puts standard input in the sandbox before the command opens it.
@@ -51,7 +49,7 @@ def cmd_exec(cli: GlobalOptions, execute: ExecOptions) -> int:
     """``osb-sync exec [-i] [-d] [-e K=V] [-w DIR] [-u UID[:GID]] ID CMD...``: exit with its
     status (``-d``: print the background command's id)."""
     if execute.tty:
-        raise UsageError(NO_TTY)
+        return _exec_tty(cli, execute)
     if not execute.cmd:
         raise UsageError("exec needs a command: osb-sync exec ID CMD...")
     if execute.detach and execute.interactive:
@@ -67,6 +65,31 @@ def cmd_exec(cli: GlobalOptions, execute: ExecOptions) -> int:
         if execute.interactive:
             command = _with_stdin(sandbox, command)
         return run_command(sandbox, command, execute.output, cli.json, options)
+
+
+def _exec_tty(cli: GlobalOptions, execute: ExecOptions) -> int:
+    """``exec -t`` / ``-it``: the command (default a shell) on a terminal of the sandbox."""
+    from ._cli_tty import InputNotATerminal, check_tty_options, run_terminal
+
+    check_tty_options(execute.user, execute.detach)
+    if cli.json:
+        raise UsageError("--json does not go with -t: a terminal's output is not one object")
+    command = None
+    if execute.cmd:
+        command = execute.cmd[0] if len(execute.cmd) == 1 else shlex.join(execute.cmd)
+    with cli.client() as client:
+        sandbox = client.connect(resolve_id(client, execute.id))
+        try:
+            return run_terminal(
+                sandbox,
+                command,
+                interactive=execute.interactive,
+                cwd=execute.workdir,
+                env=execute.env,
+            )
+        except InputNotATerminal as exc:
+            print(f"{exc}", file=sys.stderr)
+            return 1
 
 
 @contextlib.contextmanager

@@ -141,6 +141,8 @@ class RunOptions(Options):
     max_output: int
     no_isolation: bool
     store: StoreOptions
+    interactive: bool = False
+    tty: bool = False
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> RunOptions:

@@ -63,6 +63,8 @@ EMBEDDED_ONLY = ("local_image_paths", "registry_auth_file")
 
 def cmd_run(cli: GlobalOptions, run: RunOptions) -> int:
     """``osb-sync run``: create a sandbox, stream the code's output live, delete the sandbox."""
+    if run.tty or run.interactive:
+        return _run_tty(cli, run)
     code = _read_code(run)
     check_run_arguments(code, run.language, run.max_output, run.timeout)
     if run.keep and run.rm:
@@ -132,6 +134,44 @@ def _image_like(code: str) -> bool:
     """Whether the code is an image reference alone (``python:3.12``, ``ghcr.io/a/b:1``):
     valid Python (an annotation) that would run and do nothing."""
     return re.fullmatch(r"[a-z0-9][a-z0-9._/-]*:[A-Za-z0-9_][A-Za-z0-9._-]*", code) is not None
+
+
+def _run_tty(cli: GlobalOptions, run: RunOptions) -> int:
+    """``osb-sync run -t`` / ``-it``: a shell (or CODE as a shell command) on a terminal of a
+    new sandbox, deleted when it ends (unless --keep)."""
+    from ._cli_tty import InputNotATerminal, require_terminal, run_terminal
+
+    if not run.tty:
+        raise UsageError("-i goes with -t: run -it [CMD] (run reads code from '-', not -i)")
+    if run.file or run.code == "-" or cli.json:
+        raise UsageError("-t runs a shell command given as CODE: not -f, '-' or --json")
+    if run.keep and not cli.remote_configured():
+        raise UsageError(f"--keep needs a server that outlives this command: {SERVER_HINT}")
+    try:
+        require_terminal(run.interactive)
+    except InputNotATerminal as exc:
+        print(f"{exc}", file=sys.stderr)
+        return 1
+    with _client_or_local_server(cli, run) as (client, said_unisolated):
+        with progress("creating a sandbox"):
+            sandbox = client.create_sandbox(
+                template=run.template, allow_internet_access=run.allow_internet or None
+            )
+        try:
+            print_status(client.get_sandbox(sandbox.id).message, cli.verbose, said_unisolated)
+            return run_terminal(
+                sandbox,
+                run.code,
+                interactive=run.interactive,
+                cwd=None,
+                env=None,
+                owned=not run.keep,
+            )
+        finally:
+            if run.keep:
+                print(f"osb-sync: kept sandbox {sandbox.id}", file=sys.stderr)
+            else:
+                client.delete_quietly(sandbox.id)
 
 
 def _read_code(run: RunOptions) -> str:

@@ -75,6 +75,16 @@ class Execd:
         return self._transport.call_timeout
 
     @property
+    def connect_timeout(self) -> float:
+        """Seconds to open a connection."""
+        return self._transport.connect_timeout
+
+    def tls_settings(self) -> tuple[Any, Any]:
+        """``(verify, cert)`` for a connection to execd's origin that requests does not make
+        (the terminals' WebSocket): the client's, as an HTTP call would use them."""
+        return self._transport.tls_settings(self.base_url)
+
+    @property
     def secrets(self) -> tuple[str, ...]:
         """The values of the headers sent on every call (the token): never shown."""
         return self._secrets

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ._execution import ExecutionStream
     from ._files import Files
     from ._lifecycle import Lifecycle
+    from ._pty import Pty
 
 logger = logging.getLogger("osb_sync")
 
@@ -84,6 +85,7 @@ class Sandbox:
         self.commands = Commands(execd)
         self.contexts = Contexts(execd)
         self._files: Files | None = None
+        self._pty: Pty | None = None
         self._owned_transport: Transport | None = None  # from_execd's own connections
 
     @classmethod
@@ -213,6 +215,16 @@ class Sandbox:
 
             self._files = Files(self._execd)
         return self._files
+
+    @property
+    def pty(self) -> Pty:
+        """Interactive terminals (:class:`~osb_sync.Pty`): execd's ``/pty`` sessions over a
+        WebSocket, made on first use."""
+        if self._pty is None:
+            from ._pty import Pty
+
+            self._pty = Pty(self._execd)
+        return self._pty
 
     def files_as(self, uid: int, gid: int) -> Files:
         """The file system as the numeric user ``uid`` and group ``gid`` (execd 1.1.1, #2070):

@@ -147,6 +147,13 @@ class Transport:
             self._pid = os.getpid()
         return self._session
 
+    def tls_settings(self, url: str) -> tuple[Any, Any]:
+        """``(verify, cert)`` as a request to ``url`` would use them (the session's, merged
+        with the environment's CA bundle): for a connection the transport does not make
+        itself (a WebSocket)."""
+        settings = self._environment.settings(url)
+        return settings.verify, settings.cert
+
     def close(self) -> None:
         """Close the session if this transport created it, and every socket it opened.
 

@@ -68,10 +68,16 @@ def test_exec_e_w_and_u(server: LocalServer, sid: str) -> None:
     assert bad.returncode == OWN_ERROR and "numeric UID" in one_line(bad)
 
 
-def test_exec_t_is_refused_with_why(server: LocalServer, sid: str) -> None:
-    proc = osb("exec", *api(server), "-t", sid, "true")
-    assert proc.returncode == OWN_ERROR
-    assert "pseudo-terminal" in one_line(proc) and "WebSocket" in proc.stderr
+def test_exec_t_runs_on_a_terminal_and_it_needs_one_for_input(
+    server: LocalServer, sid: str
+) -> None:
+    proc = osb("exec", *api(server), "-t", sid, "tty; exit 3")
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.startswith("/dev/pts/") and proc.stdout.endswith("\r\n")
+    piped = osb("exec", *api(server), "-it", sid, "true")  # stdin is no terminal here
+    assert (piped.returncode, one_line(piped)) == (1, "the input device is not a TTY")
+    both = osb("exec", *api(server), "-t", "-u", "0", sid, "true")
+    assert both.returncode == OWN_ERROR and "-u does not go with -t" in one_line(both)
 
 
 def test_exec_d_prints_an_id_and_logs_follow_it(server: LocalServer, sid: str) -> None:

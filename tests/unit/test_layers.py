@@ -79,7 +79,7 @@ HTTP_ANSWERS = {
     )),
     *(f"local.execd.{name}" for name in (
         "main", "router", "code_interpreting", "command", "filesystem", "uploads", "metrics",
-        "identity",
+        "identity", "pty",
     )),
 }  # fmt: skip
 HTTP_ERRORS = {"HttpError", "error", "bad_body"}  # what local/http/exchange.py answers with

@@ -74,7 +74,13 @@ EXECD_NOT_SERVED: set[Route] = {
     ("POST", "/init"),  # runtime init: a control plane's call (fast-sandbox), not a client's
     ("GET", "/ready"),  # its readiness route; clients probe GET /ping
 }
-EXECD_OURS_ONLY: dict[Route, str] = {}
+_PTY = "execd's terminals since 1.0.10, in no released spec (opensandbox-1.1.1.md section 2)"
+EXECD_OURS_ONLY: dict[Route, str] = {
+    ("POST", "/pty"): _PTY,
+    ("GET", "/pty/{}"): _PTY,
+    ("DELETE", "/pty/{}"): _PTY,
+    ("GET", "/pty/{}/ws"): _PTY,
+}
 
 # none: templates answer as a server without their runtime does (501), as the spec allows
 LIFECYCLE_NOT_SERVED: set[Route] = set()

@@ -10,6 +10,7 @@ Its route modules follow real execd's route groups, so the two read side by side
 - `filesystem`: the file routes.
 - `uploads`: upload, replace, permissions.
 - `metrics`: `/metrics`.
+- `pty`: terminals, `/pty` and its WebSocket (execd's, in no released spec).
 - `identity`: files as a user, `/v1/filesystem/{uid}/{gid}/...` (execd 1.1.1).
 
 Beneath them:

@@ -3,7 +3,8 @@
 The table follows real execd's router (`components/execd/pkg/web/router.go`) and its spec
 (`execd-api.yaml`), group by group: Health, CodeInterpreting (`code_interpreting.py`),
 Command (`command.py`), Filesystem (`filesystem.py`, uploads in `uploads.py`) and Metric
-(`metrics.py`). `tests/unit/test_route_tables.py` checks it against the spec and lists what
+(`metrics.py`), then execd's terminals (`pty.py`: `/pty`, served since execd 1.0.10 but in
+no released spec). `tests/unit/test_route_tables.py` checks it against the spec and lists what
 is not served yet. After them, execd 1.1.1's files as a user (`identity.py`): every file route
 again under `/v1/filesystem/{uid}/{gid}`, served as that user.
 """
@@ -17,6 +18,7 @@ from ..http.exchange import Exchange, Route, Router
 from . import filesystem, identity, metrics, uploads
 from .code_interpreting import CodeInterpreter
 from .command import Commands
+from .pty import PtySessions
 from .runner import SandboxRuntime
 
 
@@ -32,6 +34,7 @@ class ExecdApp:
         self.runtime = runtime
         self.commands = Commands(runtime, ping_interval, command_grace)
         self.code = CodeInterpreter(runtime, self.commands)
+        self.pty = PtySessions(runtime)
         self.router = Router()
         for method, pattern, route in self.routes():
             self.router.add(method, pattern, route)
@@ -71,6 +74,11 @@ class ExecdApp:
             ("POST", "/directories", files(filesystem.make_directories)),
             ("DELETE", "/directories", files(filesystem.delete_directories)),
             ("GET", "/metrics", metrics.get_metrics),
+            # execd's terminals (not in the spec; opensandbox-1.1.1.md §2)
+            ("POST", "/pty", self.pty.create),
+            ("GET", "/pty/{id}", self.pty.status),
+            ("DELETE", "/pty/{id}", self.pty.delete),
+            ("GET", "/pty/{id}/ws", self.pty.connect),
         ]
         # execd 1.1.1 (#2070): the file routes again, as a user
         file_routes = [r for r in table if r[1].startswith(("/files", "/directories"))]
@@ -84,6 +92,7 @@ class ExecdApp:
         """Kill every worker and session (the sandbox is going away)."""
         self.code.close()
         self.commands.close()
+        self.pty.close()
 
     def handle(self, ex: Exchange, path: str) -> None:
         """Answer `ex` for the execd path `path` (`/code`, `/files/info`, ...)."""

@@ -1,9 +1,20 @@
 """Reverse proxy from `/sandboxes/{id}/proxy/{port}/...` to a port inside the sandbox.
 
-Plain HTTP only (no WebSocket upgrade). Request and response bodies are streamed; a response
-without a Content-Length is relayed chunked, one chunk per upstream read, so event streams
-pass through live. Like the real server proxy, credentials meant for the proxy itself are not
-forwarded.
+Request and response bodies are streamed; a response without a Content-Length is relayed
+chunked, one chunk per upstream read, so event streams pass through live. Like the real server
+proxy, credentials meant for the proxy itself are not forwarded.
+
+A WebSocket upgrade (`GET` with `Upgrade: websocket`, execd's terminals at `/pty/{id}/ws`)
+passes the same checks (the sandbox's token, a running sandbox), goes up with the same
+headers plus the handshake's own, and once the upstream answers 101 the two connections are
+joined byte for byte until either ends, each read bounded by the same timeouts as HTTP (the
+client's `io_timeout`, the upstream's `UPSTREAM_TIMEOUT`; execd pings every 30 s). The frames
+are the endpoints' to check. An upstream that refuses the handshake (401, 404, 409) is
+relayed as the HTTP answer it is; the released server proxy accepts the socket instead and
+closes it with 1008, losing the status (opensandbox-1.1.1.md 2.2): ours keeps it. A handshake
+with a body is refused (400: it would go up as WebSocket bytes), and an interim answer (1xx)
+other than the 101 to a handshake is a 502: it has no body, so what followed it would be taken
+for the answer to the client's next request.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ import socket
 import threading
 from collections.abc import Callable
 
+from ... import _websocket as websocket
 from ..http.exchange import Exchange, HttpError, error
 from .container import SandboxContainer
 from .validation import issue, unprocessable
@@ -40,6 +52,11 @@ NOT_FORWARDED = {
     "x-execd-access-token",
 }
 NO_BODY = {204, 304}
+UPGRADE_ANSWER = (
+    "upgrade", "connection", "sec-websocket-accept", "sec-websocket-protocol",
+    "sec-websocket-extensions",
+)  # fmt: skip
+REFUSAL_BODY = 1 << 20  # what a refused handshake's answer body may weigh
 SET_BY_THIS_SERVER = {"server", "date", "x-request-id"}  # one of each in an answer
 
 
@@ -88,6 +105,10 @@ def forward(
         sock = container.connect(port)
     except OSError as exc:
         raise unreachable(sandbox_id, exc) from None
+    if is_upgrade(ex):
+        with sock:
+            _upgrade(ex, sock, sandbox_id, port, path, extra)
+        return
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=UPSTREAM_TIMEOUT)
     conn.sock = sock
     sock.settimeout(UPSTREAM_TIMEOUT)
@@ -99,6 +120,12 @@ def forward(
         body.stop()
         conn.close()
         raise unreachable(sandbox_id, exc) from None
+    if response.status < 200:
+        # an interim answer nobody asked for (a 101 without an upgrade): it has no body, so
+        # whatever followed it would answer the client's next request on this connection
+        body.stop()
+        conn.close()
+        raise unreachable(sandbox_id, f"an interim answer {response.status} to a plain request")
     if not ex.body.finished:
         # The upstream answered before the whole body came (it may never read it): the
         # connection cannot carry another request, and the answer has to say so.
@@ -218,3 +245,96 @@ def _relay(ex: Exchange, response: http.client.HTTPResponse) -> None:
         ex.handler.close_connection = True
         return
     writer.end()
+
+
+def is_upgrade(ex: Exchange) -> bool:
+    """Whether `ex` asks for a WebSocket (`GET`, `Upgrade: websocket`, `Connection: upgrade`)."""
+    tokens = {
+        item.strip().lower()
+        for value in ex.headers.get_all("Connection") or []
+        for item in value.split(",")
+    }
+    upgrade = (ex.headers.get("Upgrade") or "").strip().lower()
+    return ex.method == "GET" and upgrade == "websocket" and "upgrade" in tokens
+
+
+def _upgrade(
+    ex: Exchange,
+    upstream: socket.socket,
+    sandbox_id: str,
+    port: int,
+    path: str,
+    extra: dict[str, str],
+) -> None:
+    """Relay a WebSocket handshake and then its bytes (see the module docstring)."""
+    if ex.headers.get("Transfer-Encoding") or ex.headers.get("Content-Length", "0") != "0":
+        # it would go up as the WebSocket's first bytes: frames nobody checked as a request
+        raise error(400, "INVALID_REQUEST", "a WebSocket handshake has no body")
+    target = path + (f"?{ex.raw_query}" if ex.raw_query else "")
+    lines = [f"GET {target} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    for name, value in ex.headers.items():  # Sec-WebSocket-Key and -Version among them
+        if name.lower() not in NOT_FORWARDED:
+            lines.append(f"{name}: {value}")
+    lines += [
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        f"X-Forwarded-For: {ex.handler.client_address[0]}",
+        f"X-Forwarded-Host: {ex.headers.get('Host') or ''}",
+        "X-Forwarded-Proto: http",
+        *(f"{name}: {value}" for name, value in extra.items()),
+    ]
+    upstream.settimeout(UPSTREAM_TIMEOUT)
+    try:
+        upstream.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        answer = websocket.read_answer(upstream.recv)
+    except (OSError, websocket.ProtocolError, websocket.Closed) as exc:
+        raise unreachable(sandbox_id, exc) from None
+    if answer.status < 200 and answer.status != 101:  # no answer at all: relayed, it has no end
+        raise unreachable(sandbox_id, f"an interim answer {answer.status} to a handshake")
+    if answer.status != 101:
+        _refused(ex, upstream, answer)
+        return
+    headers = {name: value for name, value in answer.headers.items() if name in UPGRADE_ANSWER}
+    ex.handler.close_connection = False  # a 101 says Connection: Upgrade, not close
+    ex.start(101, headers)
+    ex.handler.wfile.flush()
+    ex.handler.close_connection = True  # the connection is the WebSocket's now
+    client = ex.handler.connection
+    if answer.rest:
+        client.sendall(answer.rest)
+    back = threading.Thread(target=_pump, args=(upstream.recv, client), daemon=True)
+    back.start()
+    _pump(ex.handler.rfile.read1, upstream)  # type: ignore[attr-defined]
+    _quietly(client.shutdown, socket.SHUT_RDWR)
+    back.join()
+
+
+def _pump(read: Callable[[int], bytes], target: socket.socket) -> None:
+    """Copy until EOF, a timeout or an error on either side, then end `target` both ways."""
+    try:
+        while data := read(PIECE):
+            target.sendall(data)
+    except OSError:
+        pass
+    _quietly(target.shutdown, socket.SHUT_RDWR)
+
+
+def _refused(ex: Exchange, upstream: socket.socket, answer: websocket.Answer) -> None:
+    """Relay a refused handshake's answer (its body at most `REFUSAL_BODY` bytes)."""
+    length = answer.headers.get("content-length", "")
+    want = min(int(length), REFUSAL_BODY) if length.isdigit() and len(length) < 12 else 0
+    body = answer.rest[:want]
+    try:
+        while len(body) < want:
+            data = upstream.recv(want - len(body))
+            if not data:
+                break
+            body += data
+    except OSError:
+        pass
+    headers = {}
+    for name in ("content-type", "www-authenticate", "retry-after"):
+        if name in answer.headers:
+            headers[name.title()] = answer.headers[name]
+    ex.handler.close_connection = True
+    ex.send(answer.status, body, headers)

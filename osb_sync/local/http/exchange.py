@@ -19,6 +19,7 @@ from io import BufferedIOBase
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ... import _websocket as websocket
 from ..._json import check_depth
 from .head import FIELD_LINE
 
@@ -442,6 +443,58 @@ class Exchange:
         if self.handler.close_connection:
             self.handler.send_header("Connection", "close")
         self.handler.end_headers()
+
+    def upgrade(self, max_message: int, timeout: float) -> websocket.WebSocket:
+        """Accept a WebSocket opening handshake (RFC 6455 4.2) and return the connection.
+
+        The connection then belongs to the WebSocket: it closes when the route returns.
+        `timeout` bounds each read and write on it from now on.
+
+        Raises:
+            HttpError: 400 unless the request is a WebSocket handshake; 426 for a version
+                other than 13 (naming the one served).
+        """
+        tokens = [
+            item.strip().lower()
+            for value in self.headers.get_all("Connection") or []
+            for item in value.split(",")
+        ]
+        upgrade = (self.headers.get("Upgrade") or "").strip().lower()
+        if self.method != "GET" or upgrade != "websocket" or "upgrade" not in tokens:
+            raise error(
+                400,
+                "INVALID_REQUEST",
+                "a WebSocket route needs GET with Upgrade: websocket and Connection: Upgrade",
+            )
+        if (self.headers.get("Sec-WebSocket-Version") or "").strip() != "13":
+            raise HttpError(
+                426,
+                {"code": "INVALID_REQUEST", "message": "Sec-WebSocket-Version must be 13"},
+                {"Sec-WebSocket-Version": "13"},
+            )
+        key = self.headers.get("Sec-WebSocket-Key") or ""
+        if not websocket.valid_key(key):
+            raise error(400, "INVALID_REQUEST", "Sec-WebSocket-Key must be 16 bytes in base64")
+        self.handler.close_connection = False  # no "Connection: close" on a 101
+        self.start(
+            101,
+            {
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Accept": websocket.accept_key(key),
+            },
+        )
+        self.handler.wfile.flush()
+        self.handler.close_connection = True
+        sock = self.handler.connection
+        sock.settimeout(timeout)
+        rfile = self.handler.rfile
+        return websocket.WebSocket(
+            sock,
+            rfile.read1,
+            client=False,
+            max_message=max_message,  # type: ignore[attr-defined]
+        )
 
     def start_chunked(
         self, status: int, headers: dict[str, str] | list[tuple[str, str]]
