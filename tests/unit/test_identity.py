@@ -154,3 +154,58 @@ def test_a_volume_map_shows_its_owner_as_the_sandboxes_root_and_keeps_the_range(
     assert set(pairs.values()) == set(range(start, start + identity.COUNT))
     others = [i for i in range(start + 1, start + identity.COUNT) if i != owner]
     assert all(pairs[i] == i for i in others)  # a sandbox user N writes as start + N
+
+
+# -- issue 42, item 2: a server that is not root and has no range maps its own ids -----------------
+
+
+@pytest.fixture
+def id_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Empty /etc/subuid and /etc/subgid, the server the user 4242 (group 4343) named dev."""
+    for name in ("subuid", "subgid"):
+        (tmp_path / name).write_text("")
+    monkeypatch.setattr(identity, "SUBUID", tmp_path / "subuid")
+    monkeypatch.setattr(identity, "SUBGID", tmp_path / "subgid")
+    monkeypatch.setattr(identity.pwd, "getpwuid", lambda uid: type("P", (), {"pw_name": "dev"}))
+    monkeypatch.setattr(identity.os, "getegid", lambda: 4343)
+    monkeypatch.setattr(identity.shutil, "which", lambda name: f"/usr/bin/{name}")
+    return tmp_path
+
+
+def test_a_user_without_a_range_gets_its_own_ids_and_the_usermod_line(id_files: Path) -> None:
+    ids = identity._own_range(4242)
+    assert ids.own and not ids.by_root and ids.helpers is None
+    assert (ids.uid_map, ids.gid_map) == ("0 4242 1\n", "0 4343 1\n")  # one id: the user's
+    assert "'dev' has no range of 65536 subordinate ids" in ids.no_range
+    assert ids.range_fix.startswith("usermod --add-subuids S-E --add-subgids S-E dev (as root")
+
+
+def test_a_range_without_newuidmap_gets_own_ids_and_the_package_to_install(
+    id_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("subuid", "subgid"):
+        (id_files / name).write_text("dev:165536:65536\n")
+    monkeypatch.setattr(identity.shutil, "which", lambda name: None)
+    ids = identity._own_range(4242)
+    assert ids.own and "newuidmap and newgidmap" in ids.no_range
+    assert ids.range_fix == "apt-get install uidmap (as root)"
+    monkeypatch.setattr(identity.shutil, "which", lambda name: f"/usr/bin/{name}")
+    ranged = identity._own_range(4242)
+    assert not ranged.own and not ranged.by_root and ranged.uid_map == "0 165536 65536\n"
+
+
+def test_require_id_range_refuses_own_ids_naming_the_usermod_line(
+    id_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from osb_sync.local import LocalServer
+    from osb_sync.local.host import server
+
+    own = identity._own_range(4242)
+    isolating = bwrap.Support("/usr/bin/bwrap", "", None, False, None, own)
+    monkeypatch.setattr(server, "probe", lambda: isolating)
+    with pytest.raises(RuntimeError) as refused:
+        LocalServer(isolation=True, require_id_range=True).start()
+    message = str(refused.value)
+    assert "has no range" in message and "require_id_range" in message
+    assert "usermod --add-subuids S-E --add-subgids S-E dev" in message
+    assert "bubblewrap" not in message and "sysctl" not in message

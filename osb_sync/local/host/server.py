@@ -26,7 +26,7 @@ from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
 from . import capacity, firewall, identity, logs, options, proxy, recovery, staging
 from . import limits as resource_limits
-from .bwrap import FIX, Support, compile_package, probe, refusal
+from .bwrap import Support, compile_package, probe, refusal
 from .errors import (
     CapacityError,
     FieldError,
@@ -96,6 +96,7 @@ class LocalServer:
         root_dir: str | Path | None = options.ROOT_DIR.default,
         command_grace: float = options.COMMAND_GRACE.default,
         isolation: bool | None = options.ISOLATION.default,
+        require_id_range: bool = options.REQUIRE_ID_RANGE.default,
         allowed_hosts: Iterable[str] = options.ALLOWED_HOSTS.default,
         limits: Limits | None = options.LIMITS.default,
         allowed_host_paths: Iterable[str | Path] = options.ALLOWED_HOST_PATHS.default,
@@ -152,8 +153,10 @@ class LocalServer:
         self.network_policy_enforced = False
         self.isolated = False
         self.isolation_problem = ""
+        self.isolation_fix = ""  # the fix of `isolation_problem`
         self.refusal = ""  # why every create answers 503 (isolation impossible, not turned off)
         self._isolation = isolation
+        self._require_id_range = require_id_range
         self._root_dir = Path(root_dir) if root_dir is not None else None
         self.root_dir: Path | None = None
         self._state_lock = threading.Lock()
@@ -186,15 +189,19 @@ class LocalServer:
             support = Support(None, "turned off by isolation=False", None, False)
         else:
             support = probe()
+        ids = support.ids
+        if self._require_id_range and support.bwrap is not None and ids is not None and ids.own:
+            problem = f"{ids.no_range}, and the server requires one (require_id_range)"
+            support = Support(None, problem, None, False, fix=ids.range_fix)
         if (self.execd_binary is not None or self.execd_image) and support.bwrap is None:
             raise RuntimeError(
                 "an execd binary needs isolated sandboxes (it listens on every interface of"
                 f" its fixed port) but they cannot be isolated here ({support.problem}); to"
-                f" fix it, {FIX}"
+                f" fix it, {support.fix}"
             )
         if self._isolation and support.bwrap is None:
             raise RuntimeError(
-                f"sandboxes cannot be isolated here ({support.problem}); to fix it, {FIX}"
+                f"sandboxes cannot be isolated here ({support.problem}); to fix it, {support.fix}"
             )
         return support
 
@@ -220,9 +227,9 @@ class LocalServer:
             if support.bwrap is not None:
                 compile_package()
             self.isolated = self.network_policy_enforced = support.bwrap is not None
-            self.isolation_problem = support.problem
+            self.isolation_problem, self.isolation_fix = support.problem, support.fix
             if not self.isolated and self._isolation is None:
-                self.refusal = refusal(support.problem)
+                self.refusal = refusal(support.problem, support.fix)
             hosts = host_names(self.host, self.allowed_hosts)
             self._httpd = HTTPServer((self.host, self.port), self.route, self.limits, hosts)
             self.port = self._httpd.server_address[1]
@@ -321,7 +328,7 @@ class LocalServer:
                 self.refusal,
             )
         else:  # no fix to offer for isolation turned off on purpose
-            fix = "" if self._isolation is False else f"; to fix it, {FIX}"
+            fix = "" if self._isolation is False else f"; to fix it, {self.isolation_fix}"
             logger.warning(
                 "local OpenSandbox server on %s: sandboxes are NOT isolated (%s)%s",
                 self.api_base,
