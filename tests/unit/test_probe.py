@@ -145,3 +145,24 @@ def test_a_missing_bwrap_is_told_to_install_it_only(monkeypatch: pytest.MonkeyPa
     support = bwrap.probe()
     assert "not installed" in support.problem and "apt-get install bubblewrap" in support.fix
     assert "sysctl" not in support.fix
+
+
+def test_an_interpreter_made_in_the_home_itself_binds_its_parts_not_the_home(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home" / "dev"
+    for part in ("bin", "lib", ".ssh"):
+        (home / part).mkdir(parents=True)
+    (home / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    package = str(home / "lib/python3.11/site-packages/osb_sync")
+    trees = bwrap.without_home(["/usr", str(home), package], str(home))
+    assert trees == [
+        "/usr",
+        str(home / "bin"),
+        str(home / "lib"),
+        str(home / "pyvenv.cfg"),
+        package,
+    ]
+    assert bwrap.without_home(["/usr", str(tmp_path)], str(home))[0] == "/usr"
+    assert str(home / ".ssh") not in bwrap.without_home([str(tmp_path / "home")], str(home))
+    assert bwrap.without_home(["/opt/py", "/home/dev2"], "/home/dev") == ["/opt/py", "/home/dev2"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -118,6 +119,7 @@ FIX = (  # where no one cause was found: every usual one
     " Docker: --security-opt seccomp=unconfined)"
 )
 PROC_SYS = Path("/proc/sys")
+PREFIX_PARTS = ("bin", "lib", "lib64", "include", "pyvenv.cfg")  # what an interpreter runs from
 KEEP_SYSCTL = "as root, and a line in /etc/sysctl.d/ to keep it after a reboot"
 OPT_OUT = (
     "to run code NOT isolated anyway (as the server's user, with its files, processes and "
@@ -266,6 +268,26 @@ def outermost(paths: Sequence[str]) -> list[str]:
     return trees
 
 
+def without_home(trees: Sequence[str], home: str | None = None) -> list[str]:
+    """`trees` (interpreter prefixes) with any that is the server's user's `home`, or holds it,
+    replaced by its interpreter's parts (`PREFIX_PARTS`): a venv made in the home itself
+    (`python -m venv ~`) binds those, never the whole home."""
+    if home is None:
+        try:
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+        except KeyError:
+            return list(trees)
+    home = os.path.normpath(home)
+    found: list[str] = []
+    for tree in trees:
+        if home != "/" and (home == tree or home.startswith(tree.rstrip(os.sep) + os.sep)):
+            parts = (os.path.join(tree, part) for part in PREFIX_PARTS)
+            found += [part for part in parts if os.path.lexists(part)]
+        else:
+            found.append(tree)
+    return found
+
+
 def root_view(host_root: Path = Path("/")) -> list[str]:
     """bwrap arguments that build the container's read-only root (see the module docstring).
 
@@ -331,7 +353,7 @@ def interpreter_view() -> list[str]:
     The package is also bound at `PACKAGE_VIEW`, where execd runs from.
     """
     args: list[str] = []
-    for tree in outermost([sys.base_prefix, sys.prefix, package_dir()]):
+    for tree in without_home(outermost([sys.base_prefix, sys.prefix, package_dir()])):
         args += ["--ro-bind", tree, tree]
     args += ["--ro-bind", package_dir(), PACKAGE_VIEW]
     args += ["--dir", PYTHON_BIN]
