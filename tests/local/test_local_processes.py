@@ -350,6 +350,20 @@ def _run_without_bwrap(tmp_path: Path, *options: str) -> subprocess.CompletedPro
     )
 
 
+def test_the_probe_does_not_depend_on_the_servers_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With a PATH lacking /bin, bwrap could not find `true`, and the probe blamed namespaces.
+    found = bwrap.find_bwrap()
+    assert found is not None
+    monkeypatch.setattr(bwrap, "find_bwrap", lambda: found)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    bwrap.probe.cache_clear()
+    try:
+        support = bwrap.probe()
+    finally:
+        bwrap.probe.cache_clear()
+    assert support.bwrap == found, support.problem
+
+
 def test_osb_sync_run_fails_closed_where_sandboxes_cannot_be_isolated(tmp_path: Path) -> None:
     proc = _run_without_bwrap(tmp_path)
     assert proc.returncode != 0 and proc.stdout == "", proc.stderr
