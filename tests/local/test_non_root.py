@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import subprocess
@@ -209,7 +210,9 @@ def test_a_user_without_a_range_is_root_inside_and_reaches_nothing_of_its_own(
         ):
             message = sandbox.info().message or ""
             assert "root inside is your user outside" in message, message
-            assert f"usermod --add-subuids S-E --add-subgids S-E {rangeless_user}" in message
+            assert re.search(
+                rf"usermod --add-subuids (\d+-\d+) --add-subgids \1 {rangeless_user}", message
+            )
             ran = sandbox.run_code("print(6*7)")
             assert ran.stdout == "42\n", ran
             sandbox.files.write("/work/note", "kept")  # its volume, the user's outside
@@ -243,7 +246,13 @@ def test_require_id_range_refuses_a_user_without_one_with_the_usermod_line(
         assert refused.status_code == 503, refused.text
         message = refused.json()["message"]
         assert "has no range of 65536 subordinate ids" in message, message
-        assert f"usermod --add-subuids S-E --add-subgids S-E {rangeless_user}" in message
+        fix = re.search(
+            rf"usermod --add-subuids (\d+)-\d+ --add-subgids \S+ {rangeless_user}", message
+        )
+        assert fix is not None, message
+        lines = (identity.SUBUID.read_text() + identity.SUBGID.read_text()).split()
+        taken = [line.split(":")[1:] for line in lines if line.count(":") == 2]
+        assert all(int(fix[1]) >= int(start) + int(count) for start, count in taken), message
         assert "bubblewrap" not in message and "sysctl" not in message, message
     finally:
         assert server.stop() == 0

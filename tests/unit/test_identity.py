@@ -35,6 +35,12 @@ def test_pick_needs_65536_ids_and_never_the_servers_own_uid() -> None:
     assert identity.pick("root:0:65536\n", ("root",), 1000) is None  # never host root
 
 
+def test_the_usermod_line_offers_ids_past_every_range() -> None:
+    assert identity.free_start(SUBUID) == 365536  # past 1000's 300000-365535
+    assert identity.free_start("", "x:400000:10\n") == 400010  # subgid's count too
+    assert identity.free_start("") == 100000
+
+
 def test_maps_are_one_line_from_inside_zero() -> None:
     ids = identity.IdRange(165536, 170000)
     assert (ids.uid_map, ids.gid_map) == ("0 165536 65536\n", "0 170000 65536\n")
@@ -177,7 +183,8 @@ def test_a_user_without_a_range_gets_its_own_ids_and_the_usermod_line(id_files: 
     assert ids.own and not ids.by_root and ids.helpers is None
     assert (ids.uid_map, ids.gid_map) == ("0 4242 1\n", "0 4343 1\n")  # one id: the user's
     assert "'dev' has no range of 65536 subordinate ids" in ids.no_range
-    assert ids.range_fix.startswith("usermod --add-subuids S-E --add-subgids S-E dev (as root")
+    free = "100000-165535"  # no line yet: where Debian's useradd starts
+    assert ids.range_fix == f"usermod --add-subuids {free} --add-subgids {free} dev (as root)"
 
 
 def test_a_range_without_newuidmap_gets_own_ids_and_the_package_to_install(
@@ -207,5 +214,5 @@ def test_require_id_range_refuses_own_ids_naming_the_usermod_line(
         LocalServer(isolation=True, require_id_range=True).start()
     message = str(refused.value)
     assert "has no range" in message and "require_id_range" in message
-    assert "usermod --add-subuids S-E --add-subgids S-E dev" in message
+    assert "usermod --add-subuids 100000-165535 --add-subgids 100000-165535 dev" in message
     assert "bubblewrap" not in message and "sysctl" not in message

@@ -20,7 +20,7 @@ Where the range comes from:
 - a server that is not root and has no such range (or not the helpers): its own uid and gid,
   the one id inside (`own_ids`), as bubblewrap and Flatpak map them: root inside is the
   server's user outside (the status says so); every other id shows as the overflow id,
-  nobody. `require_id_range` refuses that instead (`bwrap.Support.problem`).
+  nobody. `require_id_range` refuses that instead (`server.LocalServer`).
 """
 
 from __future__ import annotations
@@ -187,12 +187,23 @@ def _root_range() -> IdRange | str:
     return IdRange(uid, gid)
 
 
+def free_start(*texts: str) -> int:
+    """The first id past every range of these subuid/subgid files' `texts` (100000 at least,
+    where Debian's useradd starts): a range from there is no one's."""
+    ends = [start + count for text in texts for start, count in ranges(text, _names(text))]
+    return max([100000, *ends])
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple({line.split(":", 1)[0] for line in text.splitlines() if ":" in line})
+
+
 def usermod_line(name: str) -> str:
-    """The command, as root, that gives the user `name` a range of `COUNT` subordinate ids."""
-    return (
-        f"usermod --add-subuids S-E --add-subgids S-E {name} (as root; S a first id no line of"
-        f" {SUBUID} and {SUBGID} covers, E = S + {COUNT - 1})"
-    )
+    """The command, as root, that gives the user `name` a range of `COUNT` subordinate ids
+    no other line of /etc/subuid and /etc/subgid has."""
+    start = free_start(_read(SUBUID), _read(SUBGID))
+    ids = f"{start}-{start + COUNT - 1}"
+    return f"usermod --add-subuids {ids} --add-subgids {ids} {name} (as root)"
 
 
 def own_ids(uid: int, gid: int, why: str, fix: str) -> IdRange:
