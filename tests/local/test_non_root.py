@@ -10,6 +10,7 @@ none) and run the server as each with `runuser`: they need root, and skip otherw
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -123,6 +124,7 @@ def _live(pid: int, uids: set[int]) -> bool:
     return state != "Z" and _owner(pid) in uids
 
 
+@contextlib.contextmanager
 def _new_user(package_copy: str, name: str, *options: str) -> Iterator[str]:
     """A new user made by `useradd -m *options`, removed (with its home) after the module."""
     if os.geteuid() != 0:
@@ -143,7 +145,7 @@ def _new_user(package_copy: str, name: str, *options: str) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def ranged_user(package_copy: str) -> Iterator[str]:
     """A new user with a subordinate id range, removed (with its home) after the module."""
-    for name in _new_user(package_copy, f"osbt{os.getpid()}"):
+    with _new_user(package_copy, f"osbt{os.getpid()}") as name:
         if not identity.pick(identity.SUBUID.read_text(), (name,), -1):
             pytest.skip(f"useradd gave {name} no range of subordinate ids in /etc/subuid")
         yield name
@@ -154,7 +156,7 @@ def rangeless_user(package_copy: str) -> Iterator[str]:
     """A new user without a subordinate id range, with an SSH key and an API key file in its
     home (mode 700 both), removed after the module."""
     nothing = ("-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0")
-    for name in _new_user(package_copy, f"osbn{os.getpid()}", *nothing):
+    with _new_user(package_copy, f"osbn{os.getpid()}", *nothing) as name:
         user = pwd.getpwnam(name)
         for path in (identity.SUBUID, identity.SUBGID):
             assert not identity.ranges(path.read_text(), (name, str(user.pw_uid))), path
