@@ -197,13 +197,20 @@ def test_a_user_with_a_range_runs_code_as_an_id_of_its_range(
 
 
 def test_a_user_without_a_range_is_root_inside_and_reaches_nothing_of_its_own(
-    rangeless_user: str, package_copy: str
+    rangeless_user: str, package_copy: str, tmp_path: Path
 ) -> None:
     user = pwd.getpwnam(rangeless_user)
     home, state = user.pw_dir, f"{user.pw_dir}/state"
+    log = tmp_path / "server.log"
     server = ServerProcess(
-        user=rangeless_user, python=PYTHON, path=package_copy, api_key=API_KEY, root_dir=state
+        log=log,
+        user=rangeless_user,
+        python=PYTHON,
+        path=package_copy,
+        api_key=API_KEY,
+        root_dir=state,
     )
+    assert "root inside is your user outside" in log.read_text()  # said once, at start
     try:
         volume = {"name": "work", "pvc": {"claimName": "work"}, "mountPath": "/work"}
         with (

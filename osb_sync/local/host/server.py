@@ -228,6 +228,7 @@ class LocalServer:
                 compile_package()
             self.isolated = self.network_policy_enforced = support.bwrap is not None
             self.isolation_problem, self.isolation_fix = support.problem, support.fix
+            own = support.ids if support.ids is not None and support.ids.own else None
             if not self.isolated and self._isolation is None:
                 self.refusal = refusal(support.problem, support.fix)
             hosts = host_names(self.host, self.allowed_hosts)
@@ -319,7 +320,15 @@ class LocalServer:
                     self.api_base,
                     self.port,
                 )
-        if self.isolated:
+        if self.isolated and own is not None:
+            logger.warning(
+                "local OpenSandbox server on %s: sandboxes isolated, but root inside is your"
+                " user outside (%s); for a root that is not you: %s",
+                self.api_base,
+                own.no_range,
+                own.range_fix,
+            )
+        elif self.isolated:
             logger.info("local OpenSandbox server on %s (sandboxes isolated)", self.api_base)
         elif self.refusal:
             logger.error(
