@@ -265,3 +265,58 @@ def test_require_id_range_refuses_a_user_without_one_with_the_usermod_line(
         assert "bubblewrap" not in message and "sysctl" not in message, message
     finally:
         assert server.stop() == 0
+
+
+# Run as a user: POST a create to the server (argv[1]), print the status and the body.
+POST = """
+import sys, urllib.error, urllib.request
+request = urllib.request.Request(sys.argv[1], sys.argv[2].encode(), method="POST")
+request.add_header("Content-Type", "application/json")
+try:
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        print(answer.status, answer.read().decode())
+except urllib.error.HTTPError as failed:
+    print(failed.code, failed.read().decode())
+"""
+
+
+@pytest.fixture(scope="module")
+def other_user(package_copy: str) -> Iterator[str]:
+    """Another local user, removed after the module."""
+    with _new_user(package_copy, f"osbo{os.getpid()}") as name:
+        yield name
+
+
+def test_a_keyless_server_of_a_user_without_a_range_answers_no_other_user(
+    rangeless_user: str, other_user: str, package_copy: str
+) -> None:
+    """Its sandboxes' root is the user: another local user who reaches its loopback port
+    must not run code as it (here: plant a file in its volume as the user)."""
+    server = ServerProcess(user=rangeless_user, python=PYTHON, path=package_copy)
+    planted = server.root / "volumes/work/planted"
+    deny = {"networkPolicy": {"defaultAction": "deny"}}  # what the client sends by default
+    body = {
+        **CREATE_BODY,
+        **deny,
+        "entrypoint": ["/bin/sh", "-c", "echo x > /work/planted; sleep 60"],
+        "volumes": [{"name": "work", "pvc": {"claimName": "work"}, "mountPath": "/work"}],
+    }
+    url = f"{server.api_base}/sandboxes"
+    try:
+        other = _as(other_user, package_copy, PYTHON, "-c", POST, url, json.dumps(body))
+        status, _, text = other.stdout.decode().partition(" ")
+        assert status == "403", other
+        assert "uid" in text and "api_key" in text, text  # who it answers, and the fix
+        own = _as(
+            rangeless_user,
+            package_copy,
+            PYTHON,
+            "-c",
+            POST,
+            url,
+            json.dumps({**CREATE_BODY, **deny}),
+        )
+        assert own.stdout.decode().startswith("202 "), own  # its own user still creates
+        assert not planted.exists()
+    finally:
+        assert server.stop() == 0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import sys
 import tempfile
 import threading
 import time
@@ -216,3 +219,35 @@ def test_require_id_range_refuses_own_ids_naming_the_usermod_line(
     assert "has no range" in message and "require_id_range" in message
     assert "usermod --add-subuids 100000-165535 --add-subgids 100000-165535 dev" in message
     assert "bubblewrap" not in message and "sysctl" not in message
+
+
+# /proc/net/tcp and tcp6 as the kernel writes them (columns after the uid cut short).
+TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1005
+   1: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1006
+   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000  1005
+"""
+MAPPED, ONE = "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"
+TCP6 = f"""  sl  local_address remote_address st tx_queue rx_queue tr tm->when retrnsmt   uid
+   0: {MAPPED}:D432 {MAPPED}:1F90 01 00000000:00000000 00:00000000 00000000  1007
+   1: {ONE}:D433 {ONE}:1F90 01 00000000:00000000 00:00000000 00000000  1008
+"""
+
+
+@pytest.mark.skipif(sys.byteorder != "little", reason="the tables above are a little-endian host's")
+def test_socket_owner_finds_the_client_end_of_a_loopback_connection() -> None:
+    # The client's end (its port 0xD431 to the server's 0x1F90), not the server's own end.
+    assert identity.socket_owner(TCP, ("127.0.0.1", 0xD431), ("127.0.0.1", 0x1F90)) == 1006
+    assert identity.socket_owner(TCP, ("127.0.0.1", 0xD432), ("127.0.0.1", 0x1F90)) is None
+    mapped = ("::ffff:127.0.0.1", 0x1F90)  # a dual-stack server sees IPv4 peers so
+    assert identity.socket_owner(TCP6, ("::ffff:127.0.0.1", 0xD432), mapped) == 1007
+    assert identity.socket_owner(TCP6, ("::1", 0xD433), ("::1", 0x1F90)) == 1008
+
+
+def test_peer_uid_of_a_real_loopback_connection_is_this_process_user() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        with socket.create_connection(server.getsockname()) as client:
+            accepted, peer = server.accept()
+            with accepted:
+                assert identity.peer_uid(peer, accepted.getsockname()) == os.geteuid()
+                assert client.getsockname() == peer

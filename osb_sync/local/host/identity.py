@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import ipaddress
 import os
 import pwd
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -395,3 +397,48 @@ def passwd_file(home: str) -> bytes:
 def group_file() -> bytes:
     """The sandbox's `/etc/group`: root, and nogroup (65534) as in Debian."""
     return b"root:x:0:\nnogroup:x:65534:\n"
+
+
+def _address(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """An address of /proc/net/tcp{,6} (`HEX:PORT`, each 32-bit word of the address in the
+    host's byte order): an IPv4-mapped IPv6 one as IPv4."""
+    where, port = text.split(":")
+    raw = bytes.fromhex(where)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(raw)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped, int(port, 16)
+    return ip, int(port, 16)
+
+
+def socket_owner(table: str, local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """The uid of the TCP socket bound to `local` and connected to `remote` in `table` (the
+    text of /proc/net/tcp or tcp6), or None."""
+    wanted = [(_normal(host), port) for host, port in (local, remote)]
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 7 and [_address(fields[1]), _address(fields[2])] == wanted:
+            return int(fields[7])
+    return None
+
+
+def _normal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    ip = ipaddress.ip_address(host.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def peer_uid(peer: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """The uid owning the client end of a connection to this host's `server` address from
+    `peer` (both in this network namespace, as loopback's are), or None where not found."""
+    for name in ("tcp", "tcp6"):
+        try:
+            table = Path("/proc/net", name).read_text()
+        except OSError:
+            continue
+        owner = socket_owner(table, peer, server)
+        if owner is not None:
+            return owner
+    return None

@@ -157,6 +157,7 @@ class LocalServer:
         self.refusal = ""  # why every create answers 503 (isolation impossible, not turned off)
         self._isolation = isolation
         self._require_id_range = require_id_range
+        self._own_peers = False  # only the server's user and root are answered (`start`)
         self._root_dir = Path(root_dir) if root_dir is not None else None
         self.root_dir: Path | None = None
         self._state_lock = threading.Lock()
@@ -236,6 +237,10 @@ class LocalServer:
             self.port = self._httpd.server_address[1]
             bound = str(self._httpd.server_address[0])
             exposed = self.api_key is None and not options.loopback(bound)
+            # No key on loopback: the port is open to every local user, and a server that is
+            # not root runs its sandboxes as its own user (or its range): only that user and
+            # root are answered.
+            self._own_peers = self.api_key is None and os.geteuid() != 0 and not exposed
             if exposed and not self.allow_no_api_key:  # a name, judged by where it bound
                 self._httpd.server_close()
                 raise ValueError(options.needs_a_key(self.host, bound))
@@ -520,12 +525,29 @@ class LocalServer:
 
     def _authenticate(self, ex: Exchange) -> None:
         if self.api_key is None:
+            if self._own_peers:
+                self._check_peer(ex)
             return
         given = ex.headers.get("OPEN-SANDBOX-API-KEY")
         if not given:
             raise error(401, "MISSING_API_KEY", MISSING_KEY)
         if not hmac.compare_digest(given.encode(), self.api_key.encode()):
             raise error(401, "INVALID_API_KEY", INVALID_KEY)
+
+    def _check_peer(self, ex: Exchange) -> None:
+        """403 unless the connection is this server's user's or root's (`_own_peers`)."""
+        peer = ex.handler.client_address
+        here = ex.handler.connection.getsockname()
+        uid = identity.peer_uid((peer[0], peer[1]), (here[0], here[1]))
+        if uid not in (os.geteuid(), 0):
+            raise error(
+                403,
+                "FORBIDDEN",
+                f"this server has no API key and runs as uid {os.geteuid()}: it answers only"
+                f" that user and root (this connection is uid {uid}); to let others in, start"
+                " it with an API key (api_key=, or OPEN_SANDBOX_API_KEY / --api-key-file) and"
+                " give them the key",
+            )
 
     def _proxy(self, ex: Exchange) -> None:
         port = proxy.port_number(ex.params["port"])
