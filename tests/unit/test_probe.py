@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,3 +167,27 @@ def test_an_interpreter_made_in_the_home_itself_binds_its_parts_not_the_home(
     assert bwrap.without_home(["/usr", str(tmp_path)], str(home))[0] == "/usr"
     assert str(home / ".ssh") not in bwrap.without_home([str(tmp_path / "home")], str(home))
     assert bwrap.without_home(["/opt/py", "/home/dev2"], "/home/dev") == ["/opt/py", "/home/dev2"]
+
+
+def test_a_venv_in_the_home_reached_through_a_symlink_binds_no_more_of_it(tmp_path: Path) -> None:
+    # Fedora Atomic: /home -> var/home, the passwd entry says /var/home/dev; a venv made as
+    # /home/dev (or the reverse) is the same directory under another name.
+    real = tmp_path / "var/home/dev"
+    for part in ("bin", "lib", ".ssh"):
+        (real / part).mkdir(parents=True)
+    (tmp_path / "home").symlink_to("var/home")
+    linked = str(tmp_path / "home/dev")
+    for tree, home in ((linked, str(real)), (str(real), linked)):
+        found = bwrap.without_home([tree], home)
+        assert found == [os.path.join(tree, "bin"), os.path.join(tree, "lib")], found
+
+
+def test_a_venv_made_in_home_as_the_environment_names_it_binds_its_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `python3 -m venv ~` makes it in $HOME, which need not be the passwd entry's home.
+    home = tmp_path / "data/dev"
+    for part in ("bin", ".ssh"):
+        (home / part).mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    assert bwrap.without_home([str(home), "/usr"]) == [str(home / "bin"), "/usr"]

@@ -19,6 +19,7 @@ from a descriptor: the sandbox reads bwrap's environment and command line as PID
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pwd
@@ -269,18 +270,23 @@ def outermost(paths: Sequence[str]) -> list[str]:
 
 
 def without_home(trees: Sequence[str], home: str | None = None) -> list[str]:
-    """`trees` (interpreter prefixes) with any that is the server's user's `home`, or holds it,
-    replaced by its interpreter's parts (`PREFIX_PARTS`): a venv made in the home itself
-    (`python -m venv ~`) binds those, never the whole home."""
-    if home is None:
-        try:
-            home = pwd.getpwuid(os.geteuid()).pw_dir
-        except KeyError:
-            return list(trees)
-    home = os.path.normpath(home)
+    """`trees` (interpreter prefixes) with any that is the server's user's `home` (by default
+    its passwd entry's and `$HOME`), or holds it, replaced by its interpreter's parts
+    (`PREFIX_PARTS`): a venv made in the home itself (`python -m venv ~`) binds those, never
+    the whole home."""
+    if home is not None:
+        named = [home]
+    else:
+        named = [os.environ.get("HOME") or ""]
+        with contextlib.suppress(KeyError):
+            named.append(pwd.getpwuid(os.geteuid()).pw_dir)
+    # By the directories named: a symlink on either side (Fedora Atomic's /home -> var/home)
+    # names the same home.
+    homes = {os.path.realpath(path) for path in named if path} - {"/"}
     found: list[str] = []
     for tree in trees:
-        if home != "/" and (home == tree or home.startswith(tree.rstrip(os.sep) + os.sep)):
+        real = os.path.realpath(tree).rstrip(os.sep) + os.sep
+        if any((home + os.sep).startswith(real) for home in homes):
             parts = (os.path.join(tree, part) for part in PREFIX_PARTS)
             found += [part for part in parts if os.path.lexists(part)]
         else:
