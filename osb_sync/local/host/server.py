@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Any
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
@@ -536,17 +537,20 @@ class LocalServer:
 
     def _check_peer(self, ex: Exchange) -> None:
         """403 unless the connection is this server's user's or root's (`_own_peers`)."""
-        peer = ex.handler.client_address
-        here = ex.handler.connection.getsockname()
-        uid = identity.peer_uid((peer[0], peer[1]), (here[0], here[1]))
+        handler: Any = ex.handler
+        uid = getattr(handler, "osb_peer_uid", -1)  # looked up once per connection
+        if uid == -1:
+            peer, here = handler.client_address, handler.connection.getsockname()
+            uid = handler.osb_peer_uid = identity.peer_uid((peer[0], peer[1]), here[:2])
         if uid not in (os.geteuid(), 0):
+            whose = "of an unknown user" if uid is None else f"uid {uid}'s"
             raise error(
                 403,
                 "FORBIDDEN",
                 f"this server has no API key and runs as uid {os.geteuid()}: it answers only"
-                f" that user and root (this connection is uid {uid}); to let others in, start"
-                " it with an API key (api_key=, or OPEN_SANDBOX_API_KEY / --api-key-file) and"
-                " give them the key",
+                f" that user and root, and this connection is {whose} (/proc/net/tcp); to let"
+                " others in, start it with an API key (api_key=, or OPEN_SANDBOX_API_KEY /"
+                " --api-key-file) and give them the key",
             )
 
     def _proxy(self, ex: Exchange) -> None:
