@@ -320,3 +320,33 @@ def test_a_keyless_server_of_a_user_without_a_range_answers_no_other_user(
         assert not planted.exists()
     finally:
         assert server.stop() == 0
+
+
+START = """
+import sys
+from osb_sync.local import LocalServer
+try:
+    LocalServer(root_dir=sys.argv[1]).start().stop()
+    print("started")
+except RuntimeError as exc:
+    print(exc)
+"""
+
+
+def test_a_state_directory_another_user_may_write_is_refused(
+    rangeless_user: str, other_user: str, package_copy: str
+) -> None:
+    """A state directory at a shared path (/tmp/x) that another user made first, or that is
+    writable by others: they could swap its entries (run directories, volumes) for links."""
+    owners = {"another user's": other_user, "writable by all": rangeless_user}
+    for what, owner in owners.items():
+        state = Path(tempfile.mkdtemp(prefix="osb-state-"))
+        try:
+            shutil.chown(state, owner, owner)
+            state.chmod(0o777)
+            started = _as(rangeless_user, package_copy, PYTHON, "-c", START, str(state))
+            said = started.stdout.decode()
+            assert "started" not in said and str(state) in said, (what, started)
+            assert not (state / ".osb-server.lock").exists(), what
+        finally:
+            shutil.rmtree(state)

@@ -245,7 +245,11 @@ class LocalServer:
             if exposed and not self.allow_no_api_key:  # a name, judged by where it bound
                 self._httpd.server_close()
                 raise ValueError(options.needs_a_key(self.host, bound))
-            self.root_dir = self._make_root()
+            try:
+                self.root_dir = self._make_root()
+            except BaseException:
+                self._httpd.server_close()
+                raise
             self._lock_fd = recovery.claim(self.root_dir)
             recovery.reap(self.root_dir)
             recovery.sweep_strays()
@@ -373,6 +377,7 @@ class LocalServer:
         if self._root_dir is None:
             return Path(tempfile.mkdtemp(prefix=recovery.STRAY_PREFIX))
         self._root_dir.mkdir(parents=True, exist_ok=True)
+        recovery.check_owner(self._root_dir)
         return self._root_dir
 
     def _binary_from_image(self, images: ImageService) -> None:
