@@ -28,7 +28,8 @@ class ServerProcess:
     """`LocalServer(**options)` in a child process; `nofile` caps its RLIMIT_NOFILE (soft, hard).
 
     `user` runs it as that user (`runuser`, root only) with `python`, `path` (this checkout by
-    default) first on its path, as a user's own interpreter would.
+    default) first on its path, as a user's own interpreter would, and `env` added to its
+    environment.
     """
 
     def __init__(
@@ -38,6 +39,7 @@ class ServerProcess:
         user: str | None = None,
         python: str = sys.executable,
         path: str = CHECKOUT,
+        env: dict[str, str] | None = None,
         **options: Any,
     ) -> None:
         def limit() -> None:
@@ -55,7 +57,9 @@ class ServerProcess:
             stderr=self._log,
             preexec_fn=limit,
             cwd="/" if user is not None else None,
-            env=None if user is None else {"PATH": "/usr/bin:/bin", "PYTHONPATH": path},
+            env=None
+            if user is None
+            else {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, **(env or {})},
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode().split()

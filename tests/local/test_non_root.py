@@ -350,3 +350,53 @@ def test_a_state_directory_another_user_may_write_is_refused(
             assert not (state / ".osb-server.lock").exists(), what
         finally:
             shutil.rmtree(state)
+
+
+# Run in a sandbox: its processes' pid namespaces, and every environment it can read.
+PEERS = """
+import json, os
+pids = [p for p in os.listdir("/proc") if p.isdigit()]
+own = os.readlink("/proc/self/ns/pid")
+others, environ = [], ""
+for pid in pids:
+    try:
+        if os.readlink(f"/proc/{pid}/ns/pid") != own:
+            others.append(pid)
+        environ += open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace")
+    except OSError:
+        pass
+print(json.dumps({"pids": pids, "others": others, "environ": environ,
+                  "run_user": os.path.exists("/run/user")}))
+"""
+
+
+def test_a_sandbox_sees_no_other_process_nor_the_users_session(
+    rangeless_user: str, package_copy: str
+) -> None:
+    """Same uid as the server and as each other: a sandbox must still see only its own
+    processes (no pid to signal or trace), and nothing of the session the server ran in."""
+    uid = pwd.getpwnam(rangeless_user).pw_uid
+    session = {
+        "HOME": pwd.getpwnam(rangeless_user).pw_dir,
+        "SSH_AUTH_SOCK": f"/run/user/{uid}/ssh-agent.socket",
+        "XDG_RUNTIME_DIR": f"/run/user/{uid}",
+        "DBUS_SESSION_BUS_ADDRESS": f"unix:path=/run/user/{uid}/bus",
+        "DISPLAY": ":0",
+        "GITHUB_TOKEN": "token-of-the-user-5a7b",
+    }
+    server = ServerProcess(user=rangeless_user, python=PYTHON, path=package_copy, env=session)
+    try:
+        given = Path(f"/proc/{server.pid}/environ").read_bytes()
+        assert session["GITHUB_TOKEN"].encode() in given  # the server's session has them
+        with Client(server.api_base) as client:
+            with client.create_sandbox() as first, client.create_sandbox() as second:
+                first.commands.run("sleep 30 >/dev/null 2>&1 &")  # a process to find
+                ran = second.commands.run(f"python3 -c {shlex.quote(PEERS)}")
+                seen = json.loads(ran.stdout)
+                assert seen["others"] == [] and len(seen["pids"]) < 10, seen
+                assert "PATH=" in seen["environ"], seen  # the walk read environments
+                for name, value in session.items():
+                    assert value not in seen["environ"], name
+                assert not seen["run_user"], seen
+    finally:
+        assert server.stop() == 0
