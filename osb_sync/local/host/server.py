@@ -376,7 +376,7 @@ class LocalServer:
     def _make_root(self) -> Path:
         if self._root_dir is None:
             return Path(tempfile.mkdtemp(prefix=recovery.STRAY_PREFIX))
-        self._root_dir.mkdir(parents=True, exist_ok=True)
+        self._root_dir.mkdir(0o755, parents=True, exist_ok=True)  # whatever the umask
         recovery.check_owner(self._root_dir)
         return self._root_dir
 
