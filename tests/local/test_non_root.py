@@ -366,7 +366,8 @@ for pid in pids:
     except OSError:
         pass
 print(json.dumps({"pids": pids, "others": others, "environ": environ,
-                  "run_user": os.path.exists("/run/user")}))
+                  "run_user": os.path.exists("/run/user"),
+                  "userns": os.readlink("/proc/self/ns/user")}))
 """
 
 
@@ -398,5 +399,16 @@ def test_a_sandbox_sees_no_other_process_nor_the_users_session(
                 for name, value in session.items():
                     assert value not in seen["environ"], name
                 assert not seen["run_user"], seen
+                # No process of a sandbox's holds a namespace: bwrap leaves `--userns FD` open
+                # for what it starts.
+                held = []
+                for pid in descendants(server.pid):
+                    with contextlib.suppress(OSError):
+                        if os.readlink(f"/proc/{pid}/ns/user") == seen["userns"]:
+                            fds = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+                            held += [(pid, fd) for fd in fds if ":[" in fd]
+                assert len(held) > 2, held  # its descriptors were read (pipes, sockets)
+                spaces = ("user:", "net:", "mnt:", "pid:")
+                assert not [h for h in held if h[1].startswith(spaces)], held
     finally:
         assert server.stop() == 0
