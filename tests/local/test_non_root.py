@@ -1,16 +1,22 @@
 """The local server run by an ordinary user (issue 42): a user with a subordinate id range, in
 the system's own Python, runs code in a sandbox whose root is an id of that range outside, with
-Docker's capabilities and seccomp, never the user itself nor host root.
+Docker's capabilities and seccomp, never the user itself nor host root. A user without a range
+runs code as root inside that is the user outside, and the sandbox reaches nothing of the
+user's: not its home, its keys, the server's state directory or API key file.
 
-The tests make the user (`useradd -m`, which gives it a range on Debian) and run the server as
-it with `runuser`: they need root, and skip otherwise.
+The tests make the users (`useradd -m`, which gives one a range on Debian; `-K SUB_UID_COUNT=0`
+none) and run the server as each with `runuser`: they need root, and skip otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import os
 import pwd
+import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -18,13 +24,55 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from osb_sync import Client
 from osb_sync.local.host import identity
 from tests.local.serverproc import CHECKOUT, ServerProcess, descendants
+from tests.local.support import CREATE_BODY
 from tests.local.test_confinement import DOCKER_CAPS
 
 PYTHON = "/usr/bin/python3"  # what a user's venv is made from (the system's is PEP 668's)
+SSH_KEY = "ssh-key-of-the-user-3c1f"
+API_KEY = "api-key-of-the-server-9d2e"
+# Run in the sandbox, as root there (the user outside): what of the user's it can reach by
+# name, through any process's descriptors (their targets, and `..` from each directory one:
+# a directory of the host's tree climbs to its root), or in any environment or command line.
+REACH = """
+import json, os, sys
+home, state = sys.argv[1], sys.argv[2]
+secrets = [word[::-1] for word in sys.argv[3:]]  # given reversed: its own argv holds neither
+found = {"named": [p for p in (home, state, "/proc/1/root" + home) if os.path.exists(p)]}
+targets, dirs, climbed, leaked = [], [], [], []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    for name in ("environ", "cmdline"):
+        try:
+            text = open(f"/proc/{pid}/{name}", "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        leaked += [f"{pid}/{name}" for secret in secrets if secret in text]
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        continue
+    for fd in fds:
+        link = f"/proc/{pid}/fd/{fd}"
+        try:
+            targets.append(os.readlink(link))
+            where = os.open(link, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        dirs.append(targets[-1])
+        for _ in range(16):
+            up = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=where)
+            os.close(where)
+            where = up
+        if os.path.exists(f"/proc/self/fd/{where}{home}"):
+            climbed.append(targets[-1])
+        os.close(where)
+found.update(targets=targets, dirs=dirs, climbed=climbed, leaked=leaked)
+print(json.dumps(found))
+"""
 
 
 def _as(user: str, path: str, *command: str) -> subprocess.CompletedProcess[bytes]:
@@ -76,25 +124,49 @@ def _live(pid: int, uids: set[int]) -> bool:
     return state != "Z" and _owner(pid) in uids
 
 
-@pytest.fixture(scope="module")
-def ranged_user(package_copy: str) -> Iterator[str]:
-    """A new user with a subordinate id range, removed (with its home) after the module."""
+@contextlib.contextmanager
+def _new_user(package_copy: str, name: str, *options: str) -> Iterator[str]:
+    """A new user made by `useradd -m *options`, removed (with its home) after the module."""
     if os.geteuid() != 0:
         pytest.skip("makes a user (useradd) and runs a server as it (runuser): needs root")
     missing = [t for t in ("useradd", "userdel", "runuser", "newuidmap") if not shutil.which(t)]
     if missing or not os.path.exists(PYTHON):
         pytest.skip(f"needs {', '.join(missing) or PYTHON}")
-    name = f"osbt{os.getpid()}"
-    made = _shadow("useradd", "-m", name)
+    made = _shadow("useradd", "-m", *options, name)
     assert made.returncode == 0, made.stderr
     try:
-        if not identity.pick(identity.SUBUID.read_text(), (name,), -1):
-            pytest.skip(f"useradd gave {name} no range of subordinate ids in /etc/subuid")
         imported = _as(name, package_copy, PYTHON, "-c", "import osb_sync.local")
         assert imported.returncode == 0, imported.stderr  # the package's copy, as the user
         yield name
     finally:
         _shadow("userdel", "-r", name)
+
+
+@pytest.fixture(scope="module")
+def ranged_user(package_copy: str) -> Iterator[str]:
+    """A new user with a subordinate id range, removed (with its home) after the module."""
+    with _new_user(package_copy, f"osbt{os.getpid()}") as name:
+        if not identity.pick(identity.SUBUID.read_text(), (name,), -1):
+            pytest.skip(f"useradd gave {name} no range of subordinate ids in /etc/subuid")
+        yield name
+
+
+@pytest.fixture(scope="module")
+def rangeless_user(package_copy: str) -> Iterator[str]:
+    """A new user without a subordinate id range, with an SSH key and an API key file in its
+    home (mode 700 both), removed after the module."""
+    nothing = ("-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0")
+    with _new_user(package_copy, f"osbn{os.getpid()}", *nothing) as name:
+        user = pwd.getpwnam(name)
+        for path in (identity.SUBUID, identity.SUBGID):
+            assert not identity.ranges(path.read_text(), (name, str(user.pw_uid))), path
+        home = Path(user.pw_dir)
+        for secret, text in ((".ssh/id_ed25519", SSH_KEY), ("api-key", API_KEY)):
+            (home / secret).parent.mkdir(mode=0o700, exist_ok=True)
+            (home / secret).write_text(text + "\n")
+        for path in (home / ".ssh", home / ".ssh/id_ed25519", home / "api-key"):
+            os.chown(path, user.pw_uid, user.pw_gid)
+        yield name
 
 
 def test_a_user_with_a_range_runs_code_as_an_id_of_its_range(
@@ -122,3 +194,221 @@ def test_a_user_with_a_range_runs_code_as_an_id_of_its_range(
         assert server.stop() == 0
     left = {pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if _live(pid, ids)}
     assert not left, left  # nothing of the user's nor its sandboxes' outlives the server
+
+
+def test_a_user_without_a_range_is_root_inside_and_reaches_nothing_of_its_own(
+    rangeless_user: str, package_copy: str, tmp_path: Path
+) -> None:
+    user = pwd.getpwnam(rangeless_user)
+    home, state = user.pw_dir, f"{user.pw_dir}/state"
+    log = tmp_path / "server.log"
+    server = ServerProcess(
+        log=log,
+        user=rangeless_user,
+        python=PYTHON,
+        path=package_copy,
+        api_key=API_KEY,
+        root_dir=state,
+    )
+    assert "root inside is your user outside" in log.read_text()  # said once, at start
+    try:
+        volume = {"name": "work", "pvc": {"claimName": "work"}, "mountPath": "/work"}
+        with (
+            Client(server.api_base, API_KEY) as client,
+            client.create_sandbox(volumes=[volume]) as sandbox,
+        ):
+            message = sandbox.info().message or ""
+            assert "root inside is your user outside" in message, message
+            assert re.search(
+                rf"usermod --add-subuids (\d+-\d+) --add-subgids \1 {rangeless_user}", message
+            )
+            ran = sandbox.run_code("print(6*7)")
+            assert ran.stdout == "42\n", ran
+            sandbox.files.write("/work/note", "kept")  # its volume, the user's outside
+            assert (Path(state) / "volumes/work/note").read_text() == "kept"
+            ids = sandbox.commands.run("id -u; id -g; cat /proc/self/uid_map").stdout.split()
+            assert ids == ["0", "0", "0", str(user.pw_uid), "1"], ids
+            words = [REACH, home, state, API_KEY[::-1], SSH_KEY[::-1]]
+            found = json.loads(sandbox.commands.run(f"python3 -c {shlex.join(words)}").stdout)
+            assert found["named"] == [], found
+            assert found["targets"], found  # the walk saw descriptors
+            assert not [t for t in found["targets"] if t.startswith((home, state))], found
+            assert found["climbed"] == [], found
+            assert found["leaked"] == [], found
+            owners = {_owner(pid) for pid in descendants(server.pid)} - {None}
+            assert owners == {user.pw_uid}, owners  # the server, bwrap and the sandbox
+    finally:
+        assert server.stop() == 0
+    pids = map(int, filter(str.isdigit, os.listdir("/proc")))
+    left = {pid for pid in pids if _live(pid, {user.pw_uid})}
+    assert not left, left
+
+
+def test_require_id_range_refuses_a_user_without_one_with_the_usermod_line(
+    rangeless_user: str, package_copy: str
+) -> None:
+    server = ServerProcess(
+        user=rangeless_user, python=PYTHON, path=package_copy, require_id_range=True
+    )
+    try:
+        refused = requests.post(f"{server.api_base}/sandboxes", json=CREATE_BODY, timeout=60)
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["message"]
+        assert "has no range of 65536 subordinate ids" in message, message
+        fix = re.search(
+            rf"usermod --add-subuids (\d+)-\d+ --add-subgids \S+ {rangeless_user}", message
+        )
+        assert fix is not None, message
+        lines = (identity.SUBUID.read_text() + identity.SUBGID.read_text()).split()
+        taken = [line.split(":")[1:] for line in lines if line.count(":") == 2]
+        assert all(int(fix[1]) >= int(start) + int(count) for start, count in taken), message
+        assert "bubblewrap" not in message and "sysctl" not in message, message
+    finally:
+        assert server.stop() == 0
+
+
+# Run as a user: POST a create to the server (argv[1]), print the status and the body.
+POST = """
+import sys, urllib.error, urllib.request
+request = urllib.request.Request(sys.argv[1], sys.argv[2].encode(), method="POST")
+request.add_header("Content-Type", "application/json")
+try:
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        print(answer.status, answer.read().decode())
+except urllib.error.HTTPError as failed:
+    print(failed.code, failed.read().decode())
+"""
+
+
+@pytest.fixture(scope="module")
+def other_user(package_copy: str) -> Iterator[str]:
+    """Another local user, removed after the module."""
+    with _new_user(package_copy, f"osbo{os.getpid()}") as name:
+        yield name
+
+
+def test_a_keyless_server_of_a_user_without_a_range_answers_no_other_user(
+    rangeless_user: str, other_user: str, package_copy: str
+) -> None:
+    """Its sandboxes' root is the user: another local user who reaches its loopback port
+    must not run code as it (here: plant a file in its volume as the user)."""
+    server = ServerProcess(user=rangeless_user, python=PYTHON, path=package_copy)
+    planted = server.root / "volumes/work/planted"
+    deny = {"networkPolicy": {"defaultAction": "deny"}}  # what the client sends by default
+    body = {
+        **CREATE_BODY,
+        **deny,
+        "entrypoint": ["/bin/sh", "-c", "echo x > /work/planted; sleep 60"],
+        "volumes": [{"name": "work", "pvc": {"claimName": "work"}, "mountPath": "/work"}],
+    }
+    url = f"{server.api_base}/sandboxes"
+    try:
+        other = _as(other_user, package_copy, PYTHON, "-c", POST, url, json.dumps(body))
+        status, _, text = other.stdout.decode().partition(" ")
+        assert status == "403", other
+        assert "uid" in text and "api_key" in text, text  # who it answers, and the fix
+        own = _as(
+            rangeless_user,
+            package_copy,
+            PYTHON,
+            "-c",
+            POST,
+            url,
+            json.dumps({**CREATE_BODY, **deny}),
+        )
+        assert own.stdout.decode().startswith("202 "), own  # its own user still creates
+        assert not planted.exists()
+    finally:
+        assert server.stop() == 0
+
+
+START = """
+import sys
+from osb_sync.local import LocalServer
+try:
+    LocalServer(root_dir=sys.argv[1]).start().stop()
+    print("started")
+except RuntimeError as exc:
+    print(exc)
+"""
+
+
+def test_a_state_directory_another_user_may_write_is_refused(
+    rangeless_user: str, other_user: str, package_copy: str
+) -> None:
+    """A state directory at a shared path (/tmp/x) that another user made first, or that is
+    writable by others: they could swap its entries (run directories, volumes) for links."""
+    owners = {"another user's": other_user, "writable by all": rangeless_user}
+    for what, owner in owners.items():
+        state = Path(tempfile.mkdtemp(prefix="osb-state-"))
+        try:
+            shutil.chown(state, owner, owner)
+            state.chmod(0o777)
+            started = _as(rangeless_user, package_copy, PYTHON, "-c", START, str(state))
+            said = started.stdout.decode()
+            assert "started" not in said and str(state) in said, (what, started)
+            assert not (state / ".osb-server.lock").exists(), what
+        finally:
+            shutil.rmtree(state)
+
+
+# Run in a sandbox: its processes' pid namespaces, and every environment it can read.
+PEERS = """
+import json, os
+pids = [p for p in os.listdir("/proc") if p.isdigit()]
+own = os.readlink("/proc/self/ns/pid")
+others, environ = [], ""
+for pid in pids:
+    try:
+        if os.readlink(f"/proc/{pid}/ns/pid") != own:
+            others.append(pid)
+        environ += open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace")
+    except OSError:
+        pass
+print(json.dumps({"pids": pids, "others": others, "environ": environ,
+                  "run_user": os.path.exists("/run/user"),
+                  "userns": os.readlink("/proc/self/ns/user")}))
+"""
+
+
+def test_a_sandbox_sees_no_other_process_nor_the_users_session(
+    rangeless_user: str, package_copy: str
+) -> None:
+    """Same uid as the server and as each other: a sandbox must still see only its own
+    processes (no pid to signal or trace), and nothing of the session the server ran in."""
+    uid = pwd.getpwnam(rangeless_user).pw_uid
+    session = {
+        "HOME": pwd.getpwnam(rangeless_user).pw_dir,
+        "SSH_AUTH_SOCK": f"/run/user/{uid}/ssh-agent.socket",
+        "XDG_RUNTIME_DIR": f"/run/user/{uid}",
+        "DBUS_SESSION_BUS_ADDRESS": f"unix:path=/run/user/{uid}/bus",
+        "DISPLAY": ":0",
+        "GITHUB_TOKEN": "token-of-the-user-5a7b",
+    }
+    server = ServerProcess(user=rangeless_user, python=PYTHON, path=package_copy, env=session)
+    try:
+        given = Path(f"/proc/{server.pid}/environ").read_bytes()
+        assert session["GITHUB_TOKEN"].encode() in given  # the server's session has them
+        with Client(server.api_base) as client:
+            with client.create_sandbox() as first, client.create_sandbox() as second:
+                first.commands.run("sleep 30 >/dev/null 2>&1 &")  # a process to find
+                ran = second.commands.run(f"python3 -c {shlex.quote(PEERS)}")
+                seen = json.loads(ran.stdout)
+                assert seen["others"] == [] and len(seen["pids"]) < 10, seen
+                assert "PATH=" in seen["environ"], seen  # the walk read environments
+                for name, value in session.items():
+                    assert value not in seen["environ"], name
+                assert not seen["run_user"], seen
+                # No process of a sandbox's holds a namespace: bwrap leaves `--userns FD` open
+                # for what it starts.
+                held = []
+                for pid in descendants(server.pid):
+                    with contextlib.suppress(OSError):
+                        if os.readlink(f"/proc/{pid}/ns/user") == seen["userns"]:
+                            fds = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+                            held += [(pid, fd) for fd in fds if ":[" in fd]
+                assert len(held) > 2, held  # its descriptors were read (pipes, sockets)
+                spaces = ("user:", "net:", "mnt:", "pid:")
+                assert not [h for h in held if h[1].startswith(spaces)], held
+    finally:
+        assert server.stop() == 0

@@ -767,6 +767,11 @@ def test_status_summary_is_silent_when_all_is_enforced_and_one_line_when_not() -
     assert "NOT isolated" in (status_summary(bare, verbose=False) or "")
     assert status_summary(bare, verbose=False, said_unisolated=True) is None
     assert status_summary("Sandbox container started successfully.", verbose=True) is None
+    own = full.replace("with ...", "with its only id, root, ... (root inside is your user outside:")
+    assert status_summary(own, verbose=False) == (
+        "root inside is your user outside (no subordinate id range) (-v: the server's whole"
+        " status message)"
+    )
 
 
 def test_log_lines_carry_the_program_name_and_a_moot_busy_line_is_dropped(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +36,12 @@ def test_pick_needs_65536_ids_and_never_the_servers_own_uid() -> None:
     assert identity.pick(SUBUID, ("bob",), 0) is None  # 1000 ids: too few
     assert identity.pick(SUBUID, ("alice",), 100005) is None  # would map the server's uid
     assert identity.pick("root:0:65536\n", ("root",), 1000) is None  # never host root
+
+
+def test_the_usermod_line_offers_ids_past_every_range() -> None:
+    assert identity.free_start(SUBUID) == 365536  # past 1000's 300000-365535
+    assert identity.free_start("", "x:400000:10\n") == 400010  # subgid's count too
+    assert identity.free_start("") == 100000
 
 
 def test_maps_are_one_line_from_inside_zero() -> None:
@@ -154,3 +163,91 @@ def test_a_volume_map_shows_its_owner_as_the_sandboxes_root_and_keeps_the_range(
     assert set(pairs.values()) == set(range(start, start + identity.COUNT))
     others = [i for i in range(start + 1, start + identity.COUNT) if i != owner]
     assert all(pairs[i] == i for i in others)  # a sandbox user N writes as start + N
+
+
+# -- issue 42, item 2: a server that is not root and has no range maps its own ids -----------------
+
+
+@pytest.fixture
+def id_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Empty /etc/subuid and /etc/subgid, the server the user 4242 (group 4343) named dev."""
+    for name in ("subuid", "subgid"):
+        (tmp_path / name).write_text("")
+    monkeypatch.setattr(identity, "SUBUID", tmp_path / "subuid")
+    monkeypatch.setattr(identity, "SUBGID", tmp_path / "subgid")
+    monkeypatch.setattr(identity.pwd, "getpwuid", lambda uid: type("P", (), {"pw_name": "dev"}))
+    monkeypatch.setattr(identity.os, "getegid", lambda: 4343)
+    monkeypatch.setattr(identity.shutil, "which", lambda name: f"/usr/bin/{name}")
+    return tmp_path
+
+
+def test_a_user_without_a_range_gets_its_own_ids_and_the_usermod_line(id_files: Path) -> None:
+    ids = identity._own_range(4242)
+    assert ids.own and not ids.by_root and ids.helpers is None
+    assert (ids.uid_map, ids.gid_map) == ("0 4242 1\n", "0 4343 1\n")  # one id: the user's
+    assert "'dev' has no range of 65536 subordinate ids" in ids.no_range
+    free = "100000-165535"  # no line yet: where Debian's useradd starts
+    assert ids.range_fix == f"usermod --add-subuids {free} --add-subgids {free} dev (as root)"
+
+
+def test_a_range_without_newuidmap_gets_own_ids_and_the_package_to_install(
+    id_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("subuid", "subgid"):
+        (id_files / name).write_text("dev:165536:65536\n")
+    monkeypatch.setattr(identity.shutil, "which", lambda name: None)
+    ids = identity._own_range(4242)
+    assert ids.own and "newuidmap and newgidmap" in ids.no_range
+    assert ids.range_fix == "apt-get install uidmap (as root)"
+    monkeypatch.setattr(identity.shutil, "which", lambda name: f"/usr/bin/{name}")
+    ranged = identity._own_range(4242)
+    assert not ranged.own and not ranged.by_root and ranged.uid_map == "0 165536 65536\n"
+
+
+def test_require_id_range_refuses_own_ids_naming_the_usermod_line(
+    id_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from osb_sync.local import LocalServer
+    from osb_sync.local.host import server
+
+    own = identity._own_range(4242)
+    isolating = bwrap.Support("/usr/bin/bwrap", "", None, False, None, own)
+    monkeypatch.setattr(server, "probe", lambda: isolating)
+    with pytest.raises(RuntimeError) as refused:
+        LocalServer(isolation=True, require_id_range=True).start()
+    message = str(refused.value)
+    assert "has no range" in message and "require_id_range" in message
+    assert "usermod --add-subuids 100000-165535 --add-subgids 100000-165535 dev" in message
+    assert "bubblewrap" not in message and "sysctl" not in message
+
+
+# /proc/net/tcp and tcp6 as the kernel writes them (columns after the uid cut short).
+TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1005
+   1: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1006
+   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000  1005
+"""
+MAPPED, ONE = "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"
+TCP6 = f"""  sl  local_address remote_address st tx_queue rx_queue tr tm->when retrnsmt   uid
+   0: {MAPPED}:D432 {MAPPED}:1F90 01 00000000:00000000 00:00000000 00000000  1007
+   1: {ONE}:D433 {ONE}:1F90 01 00000000:00000000 00:00000000 00000000  1008
+"""
+
+
+@pytest.mark.skipif(sys.byteorder != "little", reason="the tables above are a little-endian host's")
+def test_socket_owner_finds_the_client_end_of_a_loopback_connection() -> None:
+    # The client's end (its port 0xD431 to the server's 0x1F90), not the server's own end.
+    assert identity.socket_owner(TCP, ("127.0.0.1", 0xD431), ("127.0.0.1", 0x1F90)) == 1006
+    assert identity.socket_owner(TCP, ("127.0.0.1", 0xD432), ("127.0.0.1", 0x1F90)) is None
+    mapped = ("::ffff:127.0.0.1", 0x1F90)  # a dual-stack server sees IPv4 peers so
+    assert identity.socket_owner(TCP6, ("::ffff:127.0.0.1", 0xD432), mapped) == 1007
+    assert identity.socket_owner(TCP6, ("::1", 0xD433), ("::1", 0x1F90)) == 1008
+
+
+def test_peer_uid_of_a_real_loopback_connection_is_this_process_user() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        with socket.create_connection(server.getsockname()) as client:
+            accepted, peer = server.accept()
+            with accepted:
+                assert identity.peer_uid(peer, accepted.getsockname()) == os.geteuid()
+                assert client.getsockname() == peer

@@ -82,6 +82,7 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "container_log_size": 16 << 20,
         "container_logs_total": 256 << 20,
         "isolation": None,
+        "require_id_range": False,
         "image_store": None,
         "image_store_size": 10 << 30,
         "image_size_limit": None,
@@ -108,7 +109,8 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "0",
     ]
     argv += ["--state-dir", "s", "--execd-image", "x:1"]
-    argv += ["--no-isolation", "--image-store", "s", "--image-store-size", "7"]
+    argv += ["--no-isolation", "--require-id-range", "--image-store", "s"]
+    argv += ["--image-store-size", "7"]
     argv += ["--image-size-limit", "6"]
     argv += ["--insecure-registry", "r:5000", "--registry-auth-file", "a.json"]
     argv += ["--allow-image-path", "/i", "--host-image", "h:1", "--allow-no-api-key"]
@@ -134,6 +136,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "container_log_size": 65536,
         "container_logs_total": 1 << 20,
         "isolation": False,
+        "require_id_range": True,
         "image_store": "s",
         "image_store_size": 7,
         "image_size_limit": 6,

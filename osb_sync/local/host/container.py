@@ -239,7 +239,7 @@ class SandboxContainer:
                 child.callback(os.close, block_r)
                 fds.callback(os.close, block_w)
                 userns = -1  # not root: a namespace mapped before bwrap joins it
-                if self.isolated and self.ids is not None and self.ids.helpers is not None:
+                if self.isolated and self.ids is not None and not self.ids.by_root:
                     userns = identity.user_namespace(self.ids)
                     child.callback(os.close, userns)
                 execd_r = self._spawn(fds, templated, (ready_w, info_w, block_r), userns)
@@ -284,7 +284,7 @@ class SandboxContainer:
             passed = [self._relay.fileno(), ready_w, *passed]
         # As the range's root where the server writes the maps (root): bwrap refuses,
         # as uid 0, to map ids other than its own.
-        as_range = self.ids is not None and self.ids.helpers is None
+        as_range = self.ids is not None and self.ids.by_root
         if self.isolated:
             files = view.identity_files()
             passwd = _memfd(fds, "passwd", files[0]) if files else -1
@@ -327,14 +327,14 @@ class SandboxContainer:
         info = read_until(info_r, b"}", deadline)
         self.init_pid = int(json.loads(info)["child-pid"])
         self._init_fd = pidfd(self.init_pid)
-        if self.ids.helpers is None:  # else once it runs: `_open_netns`
+        if self.ids.by_root:  # else once it runs: `_open_netns`
             self._netns = spawn.namespace(self._init_fd, self.init_pid, "net")
         # Nothing of the sandbox's runs before this write: bwrap and its child (the only
         # processes yet) join the groups, then the namespace gets its ids.
         if self._cgroup is not None:
             self._cgroup.join(self._proc.pid)
             self._cgroup.join(self.init_pid)
-        if self.ids.helpers is None:  # else mapped before bwrap joined it
+        if self.ids.by_root:  # else mapped before bwrap joined it
             identity.write_maps(self.init_pid, self.ids)
         os.write(block_w, b"1")
 
@@ -438,7 +438,7 @@ class SandboxContainer:
         assert self.support.slirp is not None and self._netns >= 0 and self.ids is not None
         if self.support.firewall is None:
             raise RuntimeError(firewall.INSTALL)
-        joins = self.ids.helpers is not None  # not root: privileged in its user namespace only
+        joins = not self.ids.by_root  # not root: privileged in its user namespace only
         if self._wall is None:
             self._wall = firewall.Wall(self.support.firewall, self._netns, joins)
         self._wall.up()
@@ -544,7 +544,7 @@ class SandboxContainer:
         """bwrap's options, NUL-terminated in a descriptor (for `--args`, read from 0), and the
         seccomp filter's: the descriptors bwrap reads, the first for `--args`, closed with
         `fds`."""
-        if self.ids is not None and self.ids.helpers is None:
+        if self.ids is not None and self.ids.by_root:
             writable = bwrap.writable_binds([(self._writable(p), p) for p in bwrap.WRITABLE])
         else:
             size = self._disk_size[0] if self._disk == "per-directory" else None
@@ -692,7 +692,7 @@ class SandboxContainer:
             return (
                 f" WARNING: this sandbox is NOT isolated ({self.support.problem}): its code runs"
                 " as the server's user, with the host's files, processes and network. To"
-                f" isolate sandboxes, {bwrap.FIX}."
+                f" isolate sandboxes, {self.support.fix}."
             )
         pause = "freezer cgroup" if self._freezer is not None else "signals"
         if self.support.seccomp is not None:
@@ -711,12 +711,23 @@ class SandboxContainer:
         ids = self.ids
         assert ids is not None
         system = self._settings.view.system
+        if ids.own:
+            mapped = (
+                f" its only id, root, mapped to the server's own uid {ids.uid} and gid {ids.gid}"
+                f" (root inside is your user outside: {ids.no_range}; its code acts as your"
+                " user on what the sandbox reaches, its volumes and any network it is given;"
+                " other ids show as nobody; for a root that is not you, "
+                f"{ids.range_fix}),"
+            )
+        else:
+            mapped = (
+                f" its ids 0-{ids.count - 1} mapped to unprivileged host ids"
+                f" {ids.uid}-{ids.uid + ids.count - 1} (root inside is uid {ids.uid} outside),"
+            )
         note = (
             " Isolation: bubblewrap container with private user, PID, mount, network, IPC and"
-            f" UTS namespaces, its ids 0-{ids.count - 1} mapped to unprivileged host ids"
-            f" {ids.uid}-{ids.uid + ids.count - 1} (root inside is uid {ids.uid} outside),"
-            f" Docker's default capabilities inside its user namespace only, {system},"
-            f" /proc masked, {seccomp_note}; pause by {pause}."
+            f" UTS namespaces,{mapped} Docker's default capabilities inside its user namespace"
+            f" only, {system}, /proc masked, {seccomp_note}; pause by {pause}."
         )
         note += self._root_note + self._volume_note
         if internet and self.network == "slirp4netns":

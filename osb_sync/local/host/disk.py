@@ -62,7 +62,7 @@ def mode(support: Support, image: bool) -> str:
     "per-directory" (bwrap's `--size`, a non-root server) or "none"."""
     if support.bwrap is None or support.ids is None:
         return "none"
-    if support.ids.helpers is None:
+    if support.ids.by_root:
         return "tmpfs" if usable() else "none"
     return "none" if image else "per-directory"
 

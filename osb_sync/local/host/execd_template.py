@@ -78,7 +78,7 @@ def usable(support: bwrap.Support, binary: object) -> bool:
     return (
         support.bwrap is not None
         and support.ids is not None
-        and support.ids.helpers is None
+        and support.ids.by_root
         and support.seccomp is not None
         and binary is None
         and hasattr(os, "pidfd_open")

@@ -17,19 +17,22 @@ Where the range comes from:
 - any other server: its own subordinate ids (`/etc/subuid` lines of its name or uid), written
   by the setuid `newuidmap` and `newgidmap` (Debian's `uidmap` package) to a namespace made
   beforehand (`user_namespace`), which bwrap joins (`--userns`) and becomes its root in.
-
-Without a range of `COUNT` ids (or the helpers), sandboxes cannot be isolated: the server
-answers 503 (`bwrap.py`).
+- a server that is not root and has no such range (or not the helpers): its own uid and gid,
+  the one id inside (`own_ids`), as bubblewrap and Flatpak map them: root inside is the
+  server's user outside (the status says so); every other id shows as the overflow id,
+  nobody. `require_id_range` refuses that instead (`server.LocalServer`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import functools
+import ipaddress
 import os
 import pwd
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,13 +50,27 @@ class IdRange:
     """The host ids a sandbox's 0-65535 map to, and how the map is written.
 
     `helpers` is None for a root server (it writes the maps itself), else the paths of
-    `newuidmap` and `newgidmap`.
+    `newuidmap` and `newgidmap`. `no_range` is set (why there is no range; `range_fix` the
+    fix) where the ids are the server's own (`own_ids`): one id, mapped by the server itself.
     """
 
     uid: int
     gid: int
     count: int = COUNT
     helpers: tuple[str, str] | None = None
+    no_range: str = ""
+    range_fix: str = ""
+
+    @property
+    def own(self) -> bool:
+        """True when root inside is the server's own user outside (`own_ids`)."""
+        return bool(self.no_range)
+
+    @property
+    def by_root(self) -> bool:
+        """True for a root server's range: it writes the maps and starts bwrap as the range's
+        root; any other server makes the namespace beforehand (`user_namespace`)."""
+        return self.helpers is None and not self.own
 
     @property
     def uid_map(self) -> str:
@@ -167,30 +184,59 @@ def _root_range() -> IdRange | str:
         if uid is None or gid is None:
             return (
                 f"no range of {COUNT} subordinate ids for the user {USER!r} in {SUBUID} and "
-                f"{SUBGID}{f' ({why})' if why else ''}; reserve one: usermod --add-subuids "
-                f"S-E --add-subgids S-E {USER} (E = S + {COUNT - 1}, a range no other user has)"
+                f"{SUBGID}{f' ({why})' if why else ''}"
             )
     return IdRange(uid, gid)
 
 
-def _own_range(uid: int) -> IdRange | str:
+def free_start(*texts: str) -> int:
+    """The first id past every range of these subuid/subgid files' `texts` (100000 at least,
+    where Debian's useradd starts): a range from there is no one's."""
+    ends = [start + count for text in texts for start, count in ranges(text, _names(text))]
+    return max([100000, *ends])
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple({line.split(":", 1)[0] for line in text.splitlines() if ":" in line})
+
+
+def usermod_line(name: str) -> str:
+    """The command, as root, that gives the user `name` a range of `COUNT` subordinate ids
+    no other line of /etc/subuid and /etc/subgid has."""
+    start = free_start(_read(SUBUID), _read(SUBGID))
+    ids = f"{start}-{start + COUNT - 1}"
+    return f"usermod --add-subuids {ids} --add-subgids {ids} {name} (as root)"
+
+
+def own_ids(uid: int, gid: int, why: str, fix: str) -> IdRange:
+    """The server's own `uid` and `gid` as a sandbox's only ids (root inside): `why` there is
+    no range, and the `fix`."""
+    return IdRange(uid, gid, 1, None, why, fix)
+
+
+def _own_range(uid: int) -> IdRange:
     try:
         name = pwd.getpwuid(uid).pw_name
         names: tuple[str, ...] = (name, str(uid))
     except KeyError:
         name, names = str(uid), (str(uid),)
-    helpers = shutil.which("newuidmap"), shutil.which("newgidmap")
-    if helpers[0] is None or helpers[1] is None:
-        return (
-            "newuidmap and newgidmap are not installed (apt-get install uidmap): a server that "
-            "is not root maps sandboxes to its subordinate ids with them"
-        )
+    gid = os.getegid()
     start_uid, start_gid = pick(_read(SUBUID), names, uid), pick(_read(SUBGID), names, uid)
     if start_uid is None or start_gid is None:
-        return (
-            f"the user {name!r} has no range of {COUNT} subordinate ids in {SUBUID} and "
-            f"{SUBGID}: as root, usermod --add-subuids S-E --add-subgids S-E {name} "
-            f"(E = S + {COUNT - 1}), or start the server as root"
+        return own_ids(
+            uid,
+            gid,
+            f"the user {name!r} has no range of {COUNT} subordinate ids in {SUBUID} and {SUBGID}",
+            usermod_line(name),
+        )
+    helpers = shutil.which("newuidmap"), shutil.which("newgidmap")
+    if helpers[0] is None or helpers[1] is None:
+        return own_ids(
+            uid,
+            gid,
+            f"the user {name!r} has a range of subordinate ids, but newuidmap and newgidmap,"
+            " which map it, are not installed",
+            "apt-get install uidmap (as root)",
         )
     return IdRange(start_uid, start_gid, helpers=(helpers[0], helpers[1]))
 
@@ -208,7 +254,7 @@ def admit(path: Path, ids: IdRange) -> None:
     bwrap runs as the range's first id and binds the sandbox's directories from below `path`:
     its group becomes the range's root group, with search permission (nothing else changes).
     """
-    if ids.helpers is not None:
+    if not ids.by_root:
         return
     info = path.stat()
     if info.st_gid != ids.gid:
@@ -219,17 +265,24 @@ def admit(path: Path, ids: IdRange) -> None:
 
 def give(path: Path, ids: IdRange) -> None:
     """Make the server's new directory `path` the sandboxes' root's (a root server only)."""
-    if ids.helpers is None:
+    if ids.by_root:
         os.chown(path, ids.uid, ids.gid)
 
 
 def write_maps(pid: int, ids: IdRange) -> None:
     """Map process `pid`'s (new) user namespace onto `ids`.
 
+    The server's own ids (`own_ids`) it writes itself, as any process may map its own uid and
+    gid, the latter once the namespace may no longer `setgroups` (the kernel's rule): its
+    processes keep the user's supplementary groups, shown as nogroup.
+
     Raises:
         OSError: the kernel or a helper refused the map.
     """
     if ids.helpers is None:
+        if ids.own:
+            with open(f"/proc/{pid}/setgroups", "w") as out:
+                out.write("deny")
         with open(f"/proc/{pid}/uid_map", "w") as out:
             out.write(ids.uid_map)
         with open(f"/proc/{pid}/gid_map", "w") as out:
@@ -316,8 +369,8 @@ def mount_namespace(uid_map: str, gid_map: str) -> int:
 
 
 def user_namespace(ids: IdRange) -> int:
-    """A new user namespace of this server's (not root), mapped onto `ids`: a descriptor of it,
-    for bwrap's `--userns`.
+    """A new user namespace of this server's (not root), mapped onto `ids` (its range, or its
+    own ids): a descriptor of it, for bwrap's `--userns`.
 
     bwrap cannot make it itself (`--unshare-user`) and wait for the map there: it stays the
     user's uid, which the map leaves out (root inside is an id of the range, never the user),
@@ -344,3 +397,48 @@ def passwd_file(home: str) -> bytes:
 def group_file() -> bytes:
     """The sandbox's `/etc/group`: root, and nogroup (65534) as in Debian."""
     return b"root:x:0:\nnogroup:x:65534:\n"
+
+
+def _address(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """An address of /proc/net/tcp{,6} (`HEX:PORT`, each 32-bit word of the address in the
+    host's byte order): an IPv4-mapped IPv6 one as IPv4."""
+    where, port = text.split(":")
+    raw = bytes.fromhex(where)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(raw)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped, int(port, 16)
+    return ip, int(port, 16)
+
+
+def socket_owner(table: str, local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """The uid of the TCP socket bound to `local` and connected to `remote` in `table` (the
+    text of /proc/net/tcp or tcp6), or None."""
+    wanted = [(_normal(host), port) for host, port in (local, remote)]
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 7 and [_address(fields[1]), _address(fields[2])] == wanted:
+            return int(fields[7])
+    return None
+
+
+def _normal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    ip = ipaddress.ip_address(host.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def peer_uid(peer: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """The uid owning the client end of a connection to this host's `server` address from
+    `peer` (both in this network namespace, as loopback's are), or None where not found."""
+    for name in ("tcp", "tcp6"):
+        try:
+            table = Path("/proc/net", name).read_text()
+        except OSError:
+            continue
+        owner = socket_owner(table, peer, server)
+        if owner is not None:
+            return owner
+    return None

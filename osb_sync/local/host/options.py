@@ -196,6 +196,18 @@ ISOLATION: Option[bool | None] = Option(
     flag_default=False,
     from_flag=lambda off: False if off else None,
 )
+REQUIRE_ID_RANGE = Option(
+    "require_id_range",
+    False,
+    "on a server that is not root, refuse (as isolation impossible) to map a sandbox's root to"
+    " the server's own user where the user has no range of subordinate ids (or no newuidmap):"
+    " by default such a server maps it so, and each create's status says so.",
+    flag="--require-id-range",
+    help="a server that is not root and has no subordinate id range refuses creates (503, "
+    "with the usermod line) instead of making root inside your user outside",
+    action="store_true",
+    flag_default=False,
+)
 ALLOWED_HOSTS: Option[Iterable[str]] = Option(
     "allowed_hosts",
     (),
@@ -403,6 +415,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     ROOT_DIR,
     COMMAND_GRACE,
     ISOLATION,
+    REQUIRE_ID_RANGE,
     ALLOWED_HOSTS,
     LIMITS,
     ALLOWED_HOST_PATHS,

@@ -52,6 +52,25 @@ class StateDirBusy(RuntimeError):
     """Another live server holds the state directory."""
 
 
+def check_owner(root: Path) -> None:
+    """Refuse a state directory `root` that this server's user does not own, or that others
+    may write: whoever may write it could swap its entries (run directories, volumes, the
+    lock) for links to anywhere, or read what sandboxes keep there.
+
+    Raises:
+        StateDirBusy: it is not the server's to use, with the fix.
+    """
+    info = root.stat()  # a link to it is the user's choice; what it names is checked
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022:
+        return
+    raise StateDirBusy(
+        f"the state directory {root} is not this server's own (owner uid {info.st_uid}, mode"
+        f" {stat.S_IMODE(info.st_mode):o}; it must be a directory of uid {os.geteuid()} that"
+        " no one else may write): another user could swap what the server keeps there; give"
+        " a directory of your own (or none: a fresh one is made), or chmod go-w it"
+    )
+
+
 def claim(root: Path) -> int:
     """Take the state directory `root` for this process: the descriptor of its held lock.
 

@@ -21,12 +21,13 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Any
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
 from . import capacity, firewall, identity, logs, options, package, proxy, recovery, staging
 from . import limits as resource_limits
-from .bwrap import FIX, Support, probe, refusal
+from .bwrap import Support, probe, refusal
 from .errors import (
     CapacityError,
     FieldError,
@@ -96,6 +97,7 @@ class LocalServer:
         root_dir: str | Path | None = options.ROOT_DIR.default,
         command_grace: float = options.COMMAND_GRACE.default,
         isolation: bool | None = options.ISOLATION.default,
+        require_id_range: bool = options.REQUIRE_ID_RANGE.default,
         allowed_hosts: Iterable[str] = options.ALLOWED_HOSTS.default,
         limits: Limits | None = options.LIMITS.default,
         allowed_host_paths: Iterable[str | Path] = options.ALLOWED_HOST_PATHS.default,
@@ -152,8 +154,11 @@ class LocalServer:
         self.network_policy_enforced = False
         self.isolated = False
         self.isolation_problem = ""
+        self.isolation_fix = ""  # the fix of `isolation_problem`
         self.refusal = ""  # why every create answers 503 (isolation impossible, not turned off)
         self._isolation = isolation
+        self._require_id_range = require_id_range
+        self._own_peers = False  # only the server's user and root are answered (`start`)
         self._root_dir = Path(root_dir) if root_dir is not None else None
         self.root_dir: Path | None = None
         self._state_lock = threading.Lock()
@@ -186,15 +191,19 @@ class LocalServer:
             support = Support(None, "turned off by isolation=False", None, False)
         else:
             support = probe()
+        ids = support.ids
+        if self._require_id_range and support.bwrap is not None and ids is not None and ids.own:
+            problem = f"{ids.no_range}, and the server requires one (require_id_range)"
+            support = Support(None, problem, None, False, fix=ids.range_fix)
         if (self.execd_binary is not None or self.execd_image) and support.bwrap is None:
             raise RuntimeError(
                 "an execd binary needs isolated sandboxes (it listens on every interface of"
                 f" its fixed port) but they cannot be isolated here ({support.problem}); to"
-                f" fix it, {FIX}"
+                f" fix it, {support.fix}"
             )
         if self._isolation and support.bwrap is None:
             raise RuntimeError(
-                f"sandboxes cannot be isolated here ({support.problem}); to fix it, {FIX}"
+                f"sandboxes cannot be isolated here ({support.problem}); to fix it, {support.fix}"
             )
         return support
 
@@ -219,18 +228,27 @@ class LocalServer:
             capacity.raise_descriptor_limit()
             package.snapshot()  # what every sandbox of this process runs
             self.isolated = self.network_policy_enforced = support.bwrap is not None
-            self.isolation_problem = support.problem
+            self.isolation_problem, self.isolation_fix = support.problem, support.fix
+            own = support.ids if support.ids is not None and support.ids.own else None
             if not self.isolated and self._isolation is None:
-                self.refusal = refusal(support.problem)
+                self.refusal = refusal(support.problem, support.fix)
             hosts = host_names(self.host, self.allowed_hosts)
             self._httpd = HTTPServer((self.host, self.port), self.route, self.limits, hosts)
             self.port = self._httpd.server_address[1]
             bound = str(self._httpd.server_address[0])
             exposed = self.api_key is None and not options.loopback(bound)
+            # No key on loopback: the port is open to every local user, and a server that is
+            # not root runs its sandboxes as its own user (or its range): only that user and
+            # root are answered.
+            self._own_peers = self.api_key is None and os.geteuid() != 0 and not exposed
             if exposed and not self.allow_no_api_key:  # a name, judged by where it bound
                 self._httpd.server_close()
                 raise ValueError(options.needs_a_key(self.host, bound))
-            self.root_dir = self._make_root()
+            try:
+                self.root_dir = self._make_root()
+            except BaseException:
+                self._httpd.server_close()
+                raise
             self._lock_fd = recovery.claim(self.root_dir)
             recovery.reap(self.root_dir)
             for parent in recovery.stray_parents():
@@ -312,7 +330,15 @@ class LocalServer:
                     self.api_base,
                     self.port,
                 )
-        if self.isolated:
+        if self.isolated and own is not None:
+            logger.warning(
+                "local OpenSandbox server on %s: sandboxes isolated, but root inside is your"
+                " user outside (%s); for a root that is not you: %s",
+                self.api_base,
+                own.no_range,
+                own.range_fix,
+            )
+        elif self.isolated:
             logger.info("local OpenSandbox server on %s (sandboxes isolated)", self.api_base)
         elif self.refusal:
             logger.error(
@@ -321,7 +347,7 @@ class LocalServer:
                 self.refusal,
             )
         else:  # no fix to offer for isolation turned off on purpose
-            fix = "" if self._isolation is False else f"; to fix it, {FIX}"
+            fix = "" if self._isolation is False else f"; to fix it, {self.isolation_fix}"
             logger.warning(
                 "local OpenSandbox server on %s: sandboxes are NOT isolated (%s)%s",
                 self.api_base,
@@ -350,7 +376,8 @@ class LocalServer:
     def _make_root(self) -> Path:
         if self._root_dir is None:
             return Path(tempfile.mkdtemp(prefix=recovery.STRAY_PREFIX))
-        self._root_dir.mkdir(parents=True, exist_ok=True)
+        self._root_dir.mkdir(0o755, parents=True, exist_ok=True)  # whatever the umask
+        recovery.check_owner(self._root_dir)
         return self._root_dir
 
     def _binary_from_image(self, images: ImageService) -> None:
@@ -505,12 +532,32 @@ class LocalServer:
 
     def _authenticate(self, ex: Exchange) -> None:
         if self.api_key is None:
+            if self._own_peers:
+                self._check_peer(ex)
             return
         given = ex.headers.get("OPEN-SANDBOX-API-KEY")
         if not given:
             raise error(401, "MISSING_API_KEY", MISSING_KEY)
         if not hmac.compare_digest(given.encode(), self.api_key.encode()):
             raise error(401, "INVALID_API_KEY", INVALID_KEY)
+
+    def _check_peer(self, ex: Exchange) -> None:
+        """403 unless the connection is this server's user's or root's (`_own_peers`)."""
+        handler: Any = ex.handler
+        uid = getattr(handler, "osb_peer_uid", -1)  # looked up once per connection
+        if uid == -1:
+            peer, here = handler.client_address, handler.connection.getsockname()
+            uid = handler.osb_peer_uid = identity.peer_uid((peer[0], peer[1]), here[:2])
+        if uid not in (os.geteuid(), 0):
+            whose = "of an unknown user" if uid is None else f"uid {uid}'s"
+            raise error(
+                403,
+                "FORBIDDEN",
+                f"this server has no API key and runs as uid {os.geteuid()}: it answers only"
+                f" that user and root, and this connection is {whose} (/proc/net/tcp); to let"
+                " others in, start it with an API key (api_key=, or OPEN_SANDBOX_API_KEY /"
+                " --api-key-file) and give them the key",
+            )
 
     def _proxy(self, ex: Exchange) -> None:
         port = proxy.port_number(ex.params["port"])

@@ -463,7 +463,7 @@ def ownership(
     uid, gid = owner
     if ids is None or uid == ids.uid:
         return None, ""
-    if ids.helpers is not None:  # a server that is not root
+    if not ids.by_root:  # a server that is not root
         note = (
             f" Volume {name!r} is not ID-mapped (only a server running as root maps volumes):"
             f" the sandbox's root writes there as host uid {ids.uid} and gid {ids.gid}, where"
@@ -535,9 +535,7 @@ def _mapped_ids(owner: tuple[int, int], ids: identity.IdRange | None) -> Callabl
     def mapped(uid: int, gid: int) -> bool:
         if ids is None:
             return True
-        in_range = (
-            ids.uid <= uid < ids.uid + identity.COUNT or ids.gid <= gid < ids.gid + identity.COUNT
-        )
+        in_range = ids.uid <= uid < ids.uid + ids.count or ids.gid <= gid < ids.gid + ids.count
         return uid == owner[0] or gid == owner[1] or in_range
 
     return mapped

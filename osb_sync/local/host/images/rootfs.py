@@ -387,7 +387,7 @@ def host_interpreter() -> tuple[tuple[str, ...], tuple[str, ...]]:
         folders.append(os.path.dirname(loader))
     folders.append(os.path.join(prefix, "lib"))
     path = [f for f in dict.fromkeys(folders) if os.path.isdir(f)]
-    trees = bwrap.outermost([prefix, *path])
+    trees = bwrap.without_home(bwrap.outermost([prefix, *path]))
     options: list[str] = []
     for tree in trees:
         options += ["--ro-bind", tree, HOST_VIEW + tree]
