@@ -217,13 +217,33 @@ def status_summary(message: str | None, verbose: bool, said_unisolated: bool = F
             gaps.append(f"{OWN_USER} (no subordinate id range)")
         if "networkPolicy is NOT enforced" in text:
             gaps.append("its network policy is NOT enforced")
-        unenforced = re.search(r"not enforced: ([^.;]+)", text)
-        if unenforced and unenforced.group(1).strip() != "none":
-            gaps.append(f"limits NOT enforced: {unenforced.group(1).strip()}")
+        unenforced = _unenforced(text)
+        if unenforced and unenforced != "none":
+            gaps.append(f"limits NOT enforced: {unenforced}")
         if not gaps:
             return None
         return "; ".join(gaps) + " (-v: the server's whole status message)"
     return text  # another server's message: it is not routine, so it is shown
+
+
+def _unenforced(text: str) -> str | None:
+    """The limits after ``not enforced:``, without their reasons in parentheses: the clause
+    ends at a sentence's end (``.`` then a space or the end) outside parentheses; ``cpu=0.5``
+    keeps its point."""
+    found = re.search(r"not enforced: ", text)
+    if found is None:
+        return None
+    kept, depth, rest = [], 0, text[found.end() :]
+    for index, char in enumerate(rest):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            if char == ";" or (char == "." and rest[index + 1 : index + 2] in ("", " ")):
+                break
+            kept.append(char)
+    return re.sub(r"\s+(?=,|$)", "", "".join(kept)).strip()
 
 
 def print_status(message: str | None, verbose: bool, said_unisolated: bool = False) -> None:

@@ -767,6 +767,15 @@ def test_status_summary_is_silent_when_all_is_enforced_and_one_line_when_not() -
     assert "NOT isolated" in (status_summary(bare, verbose=False) or "")
     assert status_summary(bare, verbose=False, said_unisolated=True) is None
     assert status_summary("Sandbox container started successfully.", verbose=True) is None
+    reasons = full.replace(
+        "not enforced: none",
+        "not enforced: cpu=0.5 (no writable cpu cgroup), pids=512 (no writable pids cgroup;"
+        " RLIMIT_NPROC counts a whole user's processes), inodes=100000 (no tmpfs)",
+    )
+    assert status_summary(reasons, verbose=False) == (
+        "limits NOT enforced: cpu=0.5, pids=512, inodes=100000 (-v: the server's whole status"
+        " message)"
+    )
     own = full.replace("with ...", "with its only id, root, ... (root inside is your user outside:")
     assert status_summary(own, verbose=False) == (
         "root inside is your user outside (no subordinate id range) (-v: the server's whole"
