@@ -424,6 +424,28 @@ def test_a_sandbox_sees_no_other_process_nor_the_users_session(
         assert server.stop() == 0
 
 
+# Run in the sandbox: TCP to the control's far end, lingering before the close (slirp4netns
+# may pass a quick close ahead of the data), and UDP, a few times each.
+THROUGH = r"""
+import socket, sys, time
+target, port = sys.argv[1], int(sys.argv[2])
+for _ in range(3):
+    try:
+        with socket.create_connection((target, port), timeout=5) as conn:
+            conn.sendall(f"tcp {target}\n".encode())
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(0.5)
+            conn.recv(1)  # the listener's close, or the timeout
+    except TimeoutError:
+        pass
+    except OSError as exc:
+        print(exc)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.sendto(f"udp {target}\n".encode(), (target, port))
+    time.sleep(0.2)
+"""
+
+
 @contextlib.contextmanager
 def tun_of_mode(mode: int) -> Iterator[tuple[str, ...]]:
     """A command that runs its arguments (a server) in a mount namespace of their own whose
@@ -472,12 +494,15 @@ def test_a_non_root_server_s_internet_sandbox_reaches_the_internet_but_no_host_a
             everything = [*host_addresses(), "0.0.0.0"] if who == "ranged_user" else []
             targets = [*everything, wall.host_end, "10.0.2.2", wall.far_end]
             said = probe(box, targets, port)
+            through = shlex.join(["python3", "-c", THROUGH, wall.far_end, str(port)])
+            failed = texts(box.command(through))
             ways = {f"tcp {wall.far_end}", f"udp {wall.far_end}"}
             from_far_end = heard_by(wall, ways, 30)
         finally:
             assert server.stop() == 0
     assert not heard, f"the host heard {heard}; the sandbox said {said}"
-    assert ways <= set(from_far_end), said  # through slirp4netns, to an address not the host's
+    # through slirp4netns, to an address not the host's
+    assert ways <= set(from_far_end), (from_far_end, failed, said)
     for target in targets[:-1]:
         assert said[f"tcp {target}"] != "connected", (target, said)
     assert any("Operation not permitted" in line for line in changed), changed
