@@ -21,6 +21,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -496,9 +497,20 @@ def test_a_non_root_server_s_internet_sandbox_reaches_the_internet_but_no_host_a
             failed = texts(box.command(through))
             ways = {f"tcp {wall.far_end}", f"udp {wall.far_end}"}
             from_far_end = heard_by(wall, ways, 30)
+            # Internet taken away and given back: the tap device removed and made again,
+            # the tables loaded again, through the same user namespace; the host stays out.
+            policy = f"{server.api_base}/sandboxes/{box.id}/networkpolicy"
+            for action in ("deny", "allow"):
+                toggled = http.put(policy, json={"defaultAction": action}, timeout=60)
+                assert toggled.status_code == 200, toggled.text
+            again = probe(box, [wall.host_end, "127.0.0.1", "10.0.2.2"], port)
+            route = "".join(texts(box.command("ip route")))
+            time.sleep(0.5)  # what a packet through slirp4netns would take, many times over
         finally:
             assert server.stop() == 0
-    assert not heard, f"the host heard {heard}; the sandbox said {said}"
+    assert not heard, f"the host heard {heard}; the sandbox said {said}, then {again}"
+    assert "default via 10.0.2.2 dev tap0" in route, route
+    assert all(again[f"tcp {t}"] != "connected" for t in ("127.0.0.1", "10.0.2.2")), again
     # through slirp4netns, to an address not the host's
     assert ways <= set(from_far_end), (from_far_end, failed, said)
     for target in targets[:-1]:
