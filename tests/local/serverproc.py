@@ -30,6 +30,7 @@ class ServerProcess:
     `user` runs it as that user (`runuser`, root only) with `python`, `path` (this checkout by
     default) first on its path, as a user's own interpreter would, and `env` added to its
     environment; a `path` of its own is the package the server imports also without `user`.
+    `wrap` is a command that runs the rest, given as its arguments.
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class ServerProcess:
         python: str = sys.executable,
         path: str = CHECKOUT,
         env: dict[str, str] | None = None,
+        wrap: tuple[str, ...] = (),
         **options: Any,
     ) -> None:
         def limit() -> None:
@@ -51,6 +53,7 @@ class ServerProcess:
         command = [python, "-c", SCRIPT, json.dumps(options)]
         if user is not None:
             command = [shutil.which("runuser") or "runuser", "-u", user, "--", *command]
+        command = [*wrap, *command]  # a command that runs its arguments (as root)
         self.proc = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,

@@ -18,8 +18,10 @@ import pwd
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,8 +31,17 @@ import requests
 from osb_sync import Client
 from osb_sync.local.host import identity
 from tests.local.serverproc import CHECKOUT, ServerProcess, descendants
-from tests.local.support import CREATE_BODY
+from tests.local.support import CREATE_BODY, Box, require_slirp, texts
 from tests.local.test_confinement import DOCKER_CAPS
+from tests.local.test_host_firewall import (  # noqa: F401 (fixtures)
+    CAP_NET_ADMIN,
+    Control,
+    control,
+    heard_by,
+    host_addresses,
+    host_listener,
+    probe,
+)
 
 PYTHON = "/usr/bin/python3"  # what a user's venv is made from (the system's is PEP 668's)
 SSH_KEY = "ssh-key-of-the-user-3c1f"
@@ -412,3 +423,118 @@ def test_a_sandbox_sees_no_other_process_nor_the_users_session(
                 assert not [h for h in held if h[1].startswith(spaces)], held
     finally:
         assert server.stop() == 0
+
+
+# Run in the sandbox: TCP to the control's far end, lingering before the close (slirp4netns
+# may pass a quick close ahead of the data), and UDP, a few times each.
+THROUGH = r"""
+import socket, sys, time
+target, port = sys.argv[1], int(sys.argv[2])
+for _ in range(3):
+    try:
+        with socket.create_connection((target, port), timeout=5) as conn:
+            conn.sendall(f"tcp {target}\n".encode())
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(0.5)
+            conn.recv(1)  # the listener's close, or the timeout
+    except TimeoutError:
+        pass
+    except OSError as exc:
+        print(exc)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.sendto(f"udp {target}\n".encode(), (target, port))
+    time.sleep(0.2)
+"""
+
+
+@contextlib.contextmanager
+def tun_of_mode(mode: int) -> Iterator[tuple[str, ...]]:
+    """A command that runs its arguments (a server) in a mount namespace of their own whose
+    /dev/net/tun is a node of `mode`: distributions make it 0666, a container (this machine
+    kind) 0600; the host's own is left as it is."""
+    where = Path(tempfile.mkdtemp(prefix="osb-tun-"))
+    node = where / "tun"
+    try:
+        os.mknod(node, stat.S_IFCHR | mode, os.makedev(10, 200))
+        node.chmod(mode)
+        where.chmod(0o755)
+        bind = 'mount --bind "$0" /dev/net/tun && exec "$@"'
+        yield ("unshare", "--mount", "--propagation", "private", "sh", "-c", bind, str(node))
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.mark.parametrize("who", ["ranged_user", "rangeless_user"])
+def test_a_non_root_server_s_internet_sandbox_reaches_the_internet_but_no_host_address(
+    who: str,
+    package_copy: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """slirp4netns and the firewall join the sandbox's user namespace (the user's, or its
+    range's root's); its root still has no CAP_NET_ADMIN over the tables that keep it from
+    the host, its loopback through slirp4netns's 10.0.2.2 included."""
+    require_slirp()
+    user = request.getfixturevalue(who)
+    port, heard = request.getfixturevalue("host_listener")
+    wall: Control = request.getfixturevalue("control")
+    with tun_of_mode(0o666) as wrap, requests.Session() as http:
+        server = ServerProcess(
+            user=user, python=PYTHON, path=package_copy, wrap=wrap, api_key=API_KEY
+        )
+        http.headers["OPEN-SANDBOX-API-KEY"] = API_KEY
+        try:
+            box = Box(server, http, CREATE_BODY)  # type: ignore[arg-type]
+            assert "outbound through slirp4netns" in box.created["status"]["message"]
+            shown = "".join(texts(box.command("ip -4 addr show tap0; ip route")))
+            assert "inet 10.0.2.100/24" in shown and "default via 10.0.2.2 dev tap0" in shown
+            changed = texts(box.command("nft flush ruleset 2>&1; nft list ruleset 2>&1"))
+            status = texts(box.command("grep -E '^Cap(Eff|Bnd)' /proc/self/status"))
+            nested = texts(box.command("unshare -rn true 2>&1; echo $?"))
+            targets = [*host_addresses(), "0.0.0.0", "10.0.2.2", wall.far_end]
+            assert "127.0.0.1" in targets and wall.host_end in targets, targets
+            said = probe(box, targets, port)
+            through = shlex.join(["python3", "-c", THROUGH, wall.far_end, str(port)])
+            failed = texts(box.command(through))
+            ways = {f"tcp {wall.far_end}", f"udp {wall.far_end}"}
+            from_far_end = heard_by(wall, ways, 30)
+            # Internet taken away and given back: the tap device removed and made again,
+            # the tables loaded again, through the same user namespace; the host stays out.
+            policy = f"{server.api_base}/sandboxes/{box.id}/networkpolicy"
+            for action in ("deny", "allow"):
+                toggled = http.put(policy, json={"defaultAction": action}, timeout=60)
+                assert toggled.status_code == 200, toggled.text
+            again = probe(box, [wall.host_end, "127.0.0.1", "10.0.2.2"], port)
+            route = "".join(texts(box.command("ip route")))
+            time.sleep(0.5)  # what a packet through slirp4netns would take, many times over
+        finally:
+            assert server.stop() == 0
+    assert not heard, f"the host heard {heard}; the sandbox said {said}, then {again}"
+    assert "default via 10.0.2.2 dev tap0" in route, route
+    assert all(again[f"tcp {t}"] != "connected" for t in ("127.0.0.1", "10.0.2.2")), again
+    # through slirp4netns, to an address not the host's
+    assert ways <= set(from_far_end), (from_far_end, failed, said)
+    for target in targets[:-1]:
+        assert said[f"tcp {target}"] != "connected", (target, said)
+    assert any("Operation not permitted" in line for line in changed), changed
+    assert nested[-1] != "0", nested
+    for line in status:
+        assert not int(line.split()[1], 16) >> CAP_NET_ADMIN & 1, line
+
+
+def test_a_host_whose_tun_only_root_opens_refuses_a_non_root_internet_sandbox_saying_so(
+    ranged_user: str, package_copy: str
+) -> None:
+    """A container's /dev/net/tun (0600): the create fails naming the file and its fix; a
+    deny-all sandbox still runs."""
+    require_slirp()
+    with tun_of_mode(0o600) as wrap:
+        server = ServerProcess(user=ranged_user, python=PYTHON, path=package_copy, wrap=wrap)
+        try:
+            url = f"{server.api_base}/sandboxes"
+            refused = requests.post(url, json=CREATE_BODY, timeout=60)
+            assert refused.status_code == 500, refused.text
+            assert "chmod 0666 /dev/net/tun" in refused.json()["message"], refused.text
+            deny = {**CREATE_BODY, "networkPolicy": {"defaultAction": "deny"}}
+            assert requests.post(url, json=deny, timeout=60).status_code == 202
+        finally:
+            assert server.stop() == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,21 @@ def test_a_sandbox_with_internet_is_refused_where_the_firewall_s_tools_are_missi
     tools = firewall.Tools("/usr/bin/nsenter", "/usr/sbin/ip", "/usr/sbin/nft")
     complete = bwrap.Support("bwrap", "", "slirp4netns", False, None, ids, tools)
     assert bwrap.network_plan("nothing", complete, accept_unenforced=False) == (True, "")
+
+
+@pytest.mark.parametrize(("mode", "refused"), [(0o666, False), (0o600, True), (0o660, True)])
+def test_a_range_s_root_needs_a_tun_everyone_may_open(
+    tmp_path: Path, mode: int, refused: bool
+) -> None:
+    tun = tmp_path / "tun"
+    tun.touch(mode)
+    tun.chmod(mode)
+    said = firewall.tun_refusal(False, str(tun))
+    assert (said is not None) == refused, said
+    if refused:
+        assert f"mode {mode:04o}" in str(said) and f"chmod 0666 {tun}" in str(said), said
+
+
+def test_a_missing_tun_is_named() -> None:
+    said = firewall.tun_refusal(True, "/nonexistent/tun")
+    assert said is not None and "/nonexistent/tun" in said, said

@@ -439,8 +439,11 @@ class SandboxContainer:
         if self.support.firewall is None:
             raise RuntimeError(firewall.INSTALL)
         joins = not self.ids.by_root  # not root: privileged in its user namespace only
+        refused = firewall.tun_refusal(self.ids.own) if joins else None
+        if refused is not None:
+            raise RuntimeError(refused)
         if self._wall is None:
-            self._wall = firewall.Wall(self.support.firewall, self._netns, joins)
+            self._wall = firewall.Wall(self.support.firewall, self._netns, joins, self.ids.own)
         self._wall.up()
         try:
             self._slirp, self._slirp_exit = start_slirp(

@@ -99,6 +99,7 @@ INSTALL = (
     f" it from this host's own addresses with them), and they are not all installed: {PACKAGES};"
     " or create it with a deny-all networkPolicy"
 )
+TUN = "/dev/net/tun"  # what `ip tuntap` and slirp4netns open, in the sandbox's namespaces
 SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")  # an ordinary user's PATH has no sbin
 COMMAND_TIMEOUT = 20.0
 # netlink (linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h)
@@ -270,6 +271,25 @@ def set_update(v4: Sequence[str], v6: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tun_refusal(own_ids: bool, tun: str = TUN) -> str | None:
+    """Why a server that is not root cannot give a sandbox internet access here, with the fix,
+    or None: its tap device is made through `tun` by the sandbox's root (the server itself
+    where `own_ids`, else an id of its range), which only the file's mode lets open (a user
+    namespace's root has no privilege over a file of the host's root)."""
+    try:
+        mode = os.stat(tun).st_mode
+    except OSError as exc:
+        return f"a sandbox with internet access needs {tun}, which this host lacks ({exc})"
+    if os.access(tun, os.R_OK | os.W_OK) if own_ids else mode & 0o006 == 0o006:
+        return None
+    return (
+        f"a sandbox with internet access needs {tun} (its tap device), which this host lets"
+        f" only some ids open (mode {mode & 0o777:04o}; distributions make it 0666, containers"
+        f" often 0600): as root, chmod 0666 {tun}; or run the server as root, or create the"
+        " sandbox with a deny-all networkPolicy"
+    )
+
+
 class Wall:
     """One sandbox's tables: loaded before its internet is turned on, following the host.
 
@@ -279,11 +299,14 @@ class Wall:
             it open: never a pid, which a later process may have).
         join_user: enter its user namespace too (a server that is not root has no privilege
             over the network namespace otherwise); as its root, mapped to the range's first id.
+        own_ids: the server's own uid and gid are that root (`IdRange.own`): it enters as
+            itself, since becoming root there means a `setgroups`, which the map denies (an
+            `ip` as another id would lose the capabilities at its exec).
     """
 
-    def __init__(self, tools: Tools, netns: int, join_user: bool) -> None:
+    def __init__(self, tools: Tools, netns: int, join_user: bool, own_ids: bool = False) -> None:
         self._tools = tools
-        self._netns, self._join_user = netns, join_user
+        self._netns, self._join_user, self._own_ids = netns, join_user, own_ids
         self._lock = threading.Lock()
         self._device = False  # the tap device is made
         self._tables = False  # the tables were loaded once (a next load replaces them)
@@ -347,6 +370,8 @@ class Wall:
             if self._join_user:
                 user = owning_user_namespace(self._netns)
                 enter.insert(1, f"--user=/proc/self/fd/{user}")
+                if self._own_ids:  # its ids are the namespace's root already; setgroups,
+                    enter.insert(2, "--preserve-credentials")  # which nsenter calls, denied
             done = subprocess.run(
                 [*enter, "--", *argv],
                 pass_fds=(self._netns, *([user] if user >= 0 else [])),
