@@ -227,8 +227,11 @@ class Pty:
             ApiError: execd refused, or answered what is not a status (``INVALID_RESPONSE``).
             TransportError: execd could not be reached.
         """
-        path = f"/pty/{answers.in_url(session_id, 'session_id')}"
-        return self._execd.answer("GET", path, lambda v: pty_status(v, session_id))
+        return self._execd.answer(
+            "GET",
+            f"/pty/{answers.in_url(session_id, 'session_id')}",
+            lambda v: pty_status(v, session_id),
+        )
 
     def delete(self, session_id: str) -> bool:
         """Kill the session's process group and drop its client; False when it was gone.
@@ -237,9 +240,10 @@ class Pty:
             ApiError: execd refused (other than 404).
             TransportError: execd could not be reached.
         """
-        path = f"/pty/{answers.in_url(session_id, 'session_id')}"
         try:
-            self._execd.request("DELETE", path, retry=False).close()
+            self._execd.request(
+                "DELETE", f"/pty/{answers.in_url(session_id, 'session_id')}", retry=False
+            ).close()
         except ApiError as exc:
             if exc.status_code == 404:
                 return False

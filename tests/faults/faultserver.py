@@ -100,6 +100,9 @@ EXECD_ROUTES = tuple(
         ("POST", "/directories", "mkdir"),
         ("DELETE", "/directories", "rmtree"),
         ("GET", "/metrics", "metrics"),
+        ("POST", "/pty", "pty_create"),
+        ("GET", "/pty/(?P<item>[^/]+)", "pty_status"),
+        ("DELETE", "/pty/(?P<item>[^/]+)", "pty_delete"),
     )
 )
 # The healthy sandbox's files: bytes, or a size whose bytes are generated as they are sent
@@ -556,6 +559,10 @@ class World:
             )
         if route == "session_create":
             return answer({"session_id": "sess-1"})
+        if route == "pty_create":
+            return answer({"session_id": "pty-1"})
+        if route == "pty_status":
+            return answer({"session_id": item, "running": True, "output_offset": 12})
         # ping, interrupt, upload, remove, move, chmod, mkdir, rmtree and the deletes: no body
         return Reply(route, "empty", 200, b"", box_id=box_id)
 
@@ -1202,7 +1209,9 @@ ROOTED = f"/dir//etc/{TOKEN}"
 HOSTILE_ID = f"../../../v1/sandboxes/sbx-1?{TOKEN}"
 CREDENTIAL_ID = f"cmd-{TOKEN}"
 CUT_TOKEN = "x" * (121 - 2 - len(TOKEN)) + TOKEN  # repr: its last character the 121st
-ID_ROUTES = ("context_create", "contexts_list", "context_get", "session_create", "command")
+ID_ROUTES = (
+    "context_create", "contexts_list", "context_get", "session_create", "command", "pty_create",
+)  # fmt: skip
 WRONG_TYPES: dict[str, Any] = {
     "info": {"/dir": ["not", "an", "object"]},
     "search": [{"path": 5, "type": "file", "size": "12"}],
@@ -1214,8 +1223,11 @@ WRONG_TYPES: dict[str, Any] = {
     "contexts_list": {"id": "ctx-1", "language": "python"},
     "command_status": {"id": "cmd-1", "running": "false", "exit_code": "0"},
     "session_create": {"session_id": ["sess-1"]},
+    "pty_create": {"session_id": 7},
+    "pty_status": {"running": "yes", "output_offset": "12"},
 }
 ABSURD_NUMBERS: dict[str, Any] = {
+    "pty_status": {"running": True, "output_offset": -12},
     "metrics": {**METRICS, "cpu_count": -2, "mem_used_mib": float("nan")},
     "replace": {"/dir/a.txt": {"replacedCount": -3}},
 }
@@ -1271,7 +1283,7 @@ def _with_id(value: str) -> Callable[[Reply], Reply]:
     def tell(r: Reply) -> Reply:
         if r.kind == "stream":
             return replace(r, events=[frame(type="init", text=value), *r.events[1:]])
-        key = "session_id" if r.route == "session_create" else "id"
+        key = "session_id" if r.route in ("session_create", "pty_create") else "id"
 
         def change(data: Any, route: str) -> Any:
             (data[0] if isinstance(data, list) else data)[key] = value

@@ -29,6 +29,8 @@ a route the client calls that is missing here, or that no case below covers, fai
   ``DELETE /files``, ``POST /files/mv``, ``POST /files/permissions``, ``POST /files/replace``
 - ``GET /directories/list``, ``POST /directories``, ``DELETE /directories``
 - ``GET /metrics``
+- ``POST /pty``, ``GET /pty/{id}``, ``DELETE /pty/{id}`` (the terminal's WebSocket is attacked
+  in ``tests/sockets/test_pty.py``)
 
 ``osb-sync cp`` out of a sandbox first (rows 1-4 of the issue, and the planted symlinks of a
 DEST): nothing is written outside DEST, the ``-`` tar carries clean relative names only, and a
@@ -547,7 +549,7 @@ def test_cp_out_counts_the_listings_directories_against_the_free_space(
 
 PACKAGE = Path(__file__).resolve().parents[2] / "osb_sync"
 # Calls on an ``_execd`` that make no request, or make one only through those below.
-NOT_ROUTES = {"invalid", "move"}
+NOT_ROUTES = {"invalid", "move", "tls_settings"}  # tls_settings: the WebSocket's TLS, no request
 GENERIC = ("flood", "redirect_cross_origin", "redirect_same_origin", "deflate_bomb")
 READ_TIMEOUT = 0.4
 RUN_TIMEOUT = 1.0
@@ -664,6 +666,9 @@ CALLS: dict[str, Callable[[Sandbox, Path], Any]] = {
     "mkdir": lambda sb, tmp: sb.files.mkdir("/dir/new"),
     "rmtree": lambda sb, tmp: sb.files.rmtree("/dir/sub"),
     "metrics": lambda sb, tmp: sb.metrics(),
+    "pty_create": lambda sb, tmp: sb.pty.create(),
+    "pty_status": lambda sb, tmp: sb.pty.status("pty-1"),
+    "pty_delete": lambda sb, tmp: sb.pty.delete("pty-1"),
 }
 STREAMS = ("code", "command", "session_run")
 # What the client refuses a lie with: a piece of the message that names the field.
@@ -693,6 +698,9 @@ NAMED_PER_ROUTE = {
     ("wrong_types", "contexts_list"): "the answer is not a JSON array",
     ("wrong_types", "command_status"): "'running' of the answer is not a boolean",
     ("wrong_types", "session_create"): "'session_id' of the answer",
+    ("wrong_types", "pty_create"): "'session_id' of the answer",
+    ("wrong_types", "pty_status"): "'running' of the answer is not a boolean",
+    ("absurd_numbers", "pty_status"): "'output_offset' of the answer",
     ("wrong_types", "command_logs"): "EXECD-COMMANDS-TAIL-CURSOR header is not a byte offset",
     ("absurd_numbers", "metrics"): "'cpu_count' of the answer is not a finite number of 0",
     ("absurd_numbers", "replace"): "'replacedCount' of the entry for '/dir/a.txt'",
