@@ -1,22 +1,33 @@
-"""The execd template (`host/execd_template.py`, `execd/template.py`): a root server forks each
+"""The execd template (`host/execd_template.py`, `execd/template.py`): a server forks each
 default sandbox's execd into the namespaces bwrap made, with what bwrap gives the process it
-starts.
+starts; a root server here, and one of a user with a subordinate range and of one without
+(issue 42, the users of `test_non_root.py`).
 
 Every figure is read from the host's /proc, by host pid: the placeholder (bwrap's child, PID 2
-of the sandbox) is the reference for what bwrap gives.
+of the sandbox) is the reference for what bwrap gives; for a user's server also an execd bwrap
+started, on a server of the same user without the template.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import pwd
+import shlex
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
 
+from osb_sync import Client
 from osb_sync.local import LocalServer
-from osb_sync.local.host import bwrap, execd_template
+from osb_sync.local.host import bwrap, execd_template, identity
+from tests.local.serverproc import ServerProcess, descendants
 from tests.local.support import (
     CREATE_BODY,
     Box,
@@ -26,6 +37,12 @@ from tests.local.support import (
     sandbox_of,
     texts,
     wait_for,
+)
+from tests.local.test_non_root import (  # noqa: F401 (fixtures)
+    PYTHON,
+    package_copy,
+    ranged_user,
+    rangeless_user,
 )
 
 CONFINEMENT = (
@@ -45,11 +62,11 @@ NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
 
 def require_template() -> None:
-    """Skip where default sandboxes do not get their execd from the template (not root, an
-    old kernel); fail where they cannot be isolated under OSB_REQUIRE_ISOLATION=1."""
+    """Skip where default sandboxes do not get their execd from the template (an old kernel);
+    fail where they cannot be isolated under OSB_REQUIRE_ISOLATION=1."""
     require_isolation()
     if not execd_template.usable(bwrap.probe(), None):
-        pytest.skip("the execd template needs a root server on Linux 5.8 or later")
+        pytest.skip("the execd template needs Linux 5.8 or later")
 
 
 @pytest.fixture
@@ -80,6 +97,14 @@ def fd_targets(pid: int) -> dict[int, str]:
     return found
 
 
+def is_placeholder(pid: int) -> bool:
+    """Whether `pid` is a placeholder (not bwrap, whose command line names it)."""
+    line = cmdline(pid)
+    return execd_template.PLACEHOLDER_SCRIPT in line and not line.startswith(
+        bwrap.probe().bwrap or "bwrap"
+    )
+
+
 def processes(server: LocalServer, box: Box) -> dict[str, int]:
     """The host pids of the box's init, placeholder and execd, and of the template."""
     sandbox = sandbox_of(server, box.id)
@@ -88,7 +113,7 @@ def processes(server: LocalServer, box: Box) -> dict[str, int]:
     assert init is not None
     found = {"init": init}
     for pid in sandbox.container.members():
-        if cmdline(pid).startswith(" ".join(execd_template.PLACEHOLDER[:2])):
+        if is_placeholder(pid):
             found["placeholder"] = pid
         elif execd_template.BOOTSTRAP in cmdline(pid) and pid != init:
             found["execd"] = pid
@@ -204,3 +229,152 @@ def test_an_execd_that_exits_after_its_template_died_makes_the_sandbox_failed(
     assert wait_for(lambda: http.get(url).json()["status"]["state"] == "Failed", timeout=30)
     message = http.get(url).json()["status"]["message"]
     assert "execd" in message and "template" in message, message
+
+
+# --- a server that is not root (issue 42): the template joins namespaces its user owns -----------
+
+# Run in a sandbox: its PID namespace, and what every process it can read the descriptors of
+# holds.
+HELD = """
+import json, os
+found = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        continue
+    for fd in fds:
+        try:
+            found.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+print(json.dumps({"pid": os.readlink("/proc/self/ns/pid"), "held": found}))
+"""
+
+
+def limits(pid: int) -> str:
+    with open(f"/proc/{pid}/limits") as text:
+        return text.read()
+
+
+def forked(server: ServerProcess) -> tuple[int, list[dict[str, int]]]:
+    """The template of a server in a process of its own, and each sandbox's init, placeholder
+    and execd (host pids; every execd is a child of the template, which is the server's)."""
+    forks = {p for p in descendants(server.pid) if execd_template.BOOTSTRAP in cmdline(p)}
+    templates = [pid for pid in forks if int(status(pid)["PPid"]) not in forks]
+    assert len(templates) == 1, templates  # one template, a child of the server's
+    template = templates[0]
+    execds = [p for p in descendants(template) if status(p)["PPid"] == str(template)]
+    placeholders = {
+        os.readlink(f"/proc/{pid}/ns/pid"): pid
+        for pid in descendants(server.pid)
+        if is_placeholder(pid)
+    }
+    found = []
+    for execd in execds:
+        placeholder = placeholders[os.readlink(f"/proc/{execd}/ns/pid")]
+        init = int(status(placeholder)["PPid"])
+        found.append({"execd": execd, "placeholder": placeholder, "init": init})
+    return template, found
+
+
+# Put first on a server's path: its sandboxes start execd without the template, as bwrap does.
+NO_TEMPLATE = """
+from osb_sync.local.host import execd_template
+execd_template.usable = lambda *_: False
+"""
+
+
+@contextlib.contextmanager
+def bwrap_started_execd(user: str, path: str) -> Iterator[dict[str, str]]:
+    """The status of a sandbox's execd that bwrap started, on a server of `user` without the
+    template: what a forked execd must equal."""
+    hook = Path(tempfile.mkdtemp(prefix="osb-hook-"))  # in /tmp, which the user enters
+    (hook / "sitecustomize.py").write_text(NO_TEMPLATE)
+    (hook / "sitecustomize.py").chmod(0o644)
+    hook.chmod(0o755)
+    server = ServerProcess(
+        user=user,
+        python=PYTHON,
+        path=path,
+        env={"PYTHONPATH": f"{hook}:{path}"},
+        spare_containers=0,
+    )
+    try:
+        with Client(server.api_base) as client, client.create_sandbox() as sandbox:
+            assert sandbox.run_code("print(6*7)").stdout == "42\n"
+            pids = [p for p in descendants(server.pid) if "execd/main.py" in cmdline(p)]
+            execd = [p for p in pids if not cmdline(p).startswith(bwrap.probe().bwrap or "-")]
+            assert len(execd) == 1, [cmdline(p) for p in pids]
+            yield {**status(execd[0]), "limits": limits(execd[0])}
+    finally:
+        assert server.stop() == 0
+        shutil.rmtree(hook)
+
+
+@pytest.mark.parametrize("who", ["ranged_user", "rangeless_user"])
+def test_a_non_root_server_forks_execds_confined_as_bwrap_confines_with_nothing_shared(
+    who: str, request: pytest.FixtureRequest
+) -> None:
+    """A user's server starts the template (its own uid) and forks every default sandbox's
+    execd from it into that sandbox's namespaces (the user's, mapped onto its range or onto
+    its own uid). The execd is confined exactly as one bwrap starts on a server of the same
+    user without the template: ids, groups, capabilities, no_new_privs, seccomp, resource
+    limits; it is in every namespace of its sandbox's init; it holds nothing of the
+    template's nor of another sandbox's, and nothing a sandbox can read leads to the
+    template."""
+    user = pwd.getpwnam(request.getfixturevalue(who))
+    path = request.getfixturevalue("package_copy")
+    with bwrap_started_execd(user.pw_name, path) as reference:
+        assert not any(execd_template.BOOTSTRAP in cmdline(p) for p in descendants(os.getpid()))
+    server = ServerProcess(user=user.pw_name, python=PYTHON, path=path, spare_containers=0)
+    try:
+        with Client(server.api_base) as client:
+            sandboxes = [client.create_sandbox() for _ in range(2)]
+            assert [s.run_code("print(6*7)").stdout for s in sandboxes] == ["42\n"] * 2
+            template, seen = forked(server)
+            assert len(seen) == 2, seen  # both execds are its children
+            assert status(template)["Uid"].split()[0] == str(user.pw_uid)
+            kept = {t for t in fd_targets(template).values() if t.startswith(("pipe:", "socket:"))}
+            walks = [s.commands.run(f"python3 -c {shlex.quote(HELD)}").stdout for s in sandboxes]
+            held = {w["pid"]: set(w["held"]) for w in map(json.loads, walks)}
+            for index, pids in enumerate(seen):
+                execd, placeholder = pids["execd"], pids["placeholder"]
+                assert execd_template.BOOTSTRAP in cmdline(execd)
+                for name in NAMESPACES:
+                    assert os.readlink(f"/proc/{execd}/ns/{name}") == os.readlink(
+                        f"/proc/{pids['init']}/ns/{name}"
+                    ), name
+                assert os.readlink(f"/proc/{execd}/ns/user") != os.readlink("/proc/self/ns/user")
+                mine = {**status(execd), "limits": limits(execd)}
+                fields = (*CONFINEMENT, "limits")
+                assert {k: mine[k] for k in fields} == {k: reference[k] for k in fields}
+                assert mine["Seccomp"] == "2" and mine["NoNewPrivs"] == "1"
+                assert int(mine["CapBnd"], 16) == execd_template.capability_mask()
+                with open(f"/proc/{execd}/uid_map") as uid_map:
+                    inside, outside, count = map(int, uid_map.read().split())
+                ranged = who == "ranged_user"
+                assert (inside, count) == (0, identity.COUNT if ranged else 1)
+                assert (outside != user.pw_uid) if ranged else (outside == user.pw_uid)
+                assert mine["Uid"].split()[0] == str(outside)  # the namespace's root
+                targets = fd_targets(execd)
+                assert {0, 1, 2, 3} <= set(targets) and targets[1] == "/dev/null"
+                others = set()
+                for other in seen[:index] + seen[index + 1 :]:
+                    others |= set(fd_targets(other["execd"]).values())
+                    others |= set(fd_targets(other["placeholder"]).values())
+                shared = set(targets.values()) & (kept | others)
+                assert not {t for t in shared if t.startswith(("pipe:", "socket:"))}, shared
+                # bwrap leaves the namespace it joined open (`--userns FD`) to what it starts
+                for pid in [pids["init"], *descendants(pids["init"])]:
+                    spaces = [t for t in fd_targets(pid).values() if t.split(":")[0] in NAMESPACES]
+                    assert not spaces, (cmdline(pid), spaces)
+                # From inside: of the template's pipes and sockets, only the sandbox's own
+                # exit pipe (its placeholder's standard input) is in reach.
+                reached = held[os.readlink(f"/proc/{execd}/ns/pid")]
+                assert reached & kept <= {fd_targets(placeholder)[0]}, reached & kept
+                assert any(t.startswith("pipe:") for t in reached), reached  # it read some
+            for sandbox in sandboxes:
+                sandbox.delete()
+    finally:
+        assert server.stop() == 0

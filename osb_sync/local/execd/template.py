@@ -1,31 +1,34 @@
-"""The execd template of a root server: one Python with execd's modules imported, that forks
+"""The execd template of a local server: one Python with execd's modules imported, that forks
 each sandbox's execd into the namespaces bubblewrap made for it.
 
 Why: every other execd is a new interpreter that imports its HTTP stack (~80 ms of CPU) and
 keeps a private copy of it (~12 MiB); a forked one shares the template's pages until it writes
 them. Run by the server (`host/execd_template.py`) as `python -I -S template.py CONTROL_FD`,
-outside every sandbox, as root, in `/`, with the environment a sandbox's execd has (bwrap's
-`--clearenv --setenv`: what `/proc/<pid>/environ` shows of its execd is this process's). On
-CONTROL_FD, a SOCK_SEQPACKET socket to the server, the first message is the set-up
-(`protocol.TemplateSetup`: the capabilities MASK, the seccomp filter, the home, the package's
-view); every later one a request, answered in order: a `protocol.Fork` of init's pid with
-`protocol.FORK_FDS` descriptors (init's pidfd, then execd's standard input, its standard
+outside every sandbox, as the server's user (root, or one who owns the sandboxes' user
+namespaces: setns(2) gives it every capability there), in `/`, with the environment a sandbox's
+execd has (bwrap's `--clearenv --setenv`: what `/proc/<pid>/environ` shows of its execd is this
+process's). On CONTROL_FD, a SOCK_SEQPACKET socket to the server, the first message is the
+set-up (`protocol.TemplateSetup`: the capabilities MASK, the seccomp filter, the home, the
+package's view); every later one a request, answered in order: a `protocol.Fork` of init's pid
+with `protocol.FORK_FDS` descriptors (init's pidfd, then execd's standard input, its standard
 error, the relay socket, the ready pipe and the exit pipe, all write or read ends as `main.py`
-and the placeholder use them), answered `protocol.ForkAnswer` (the execd's host pid, with a pidfd
-of the execd; or why not). EOF on it ends the template.
+and the placeholder use them), answered `protocol.ForkAnswer` (the execd's host pid, with a
+pidfd of the execd; or why not). EOF on it ends the template.
 
 For a request the template forks a child that keeps only that request's descriptors, joins
 every namespace of init (bwrap's child) at once through its pidfd (setns(2), Linux 5.8),
 refusing to go on if init's user, mount, PID, network, IPC or UTS namespace is the host's,
 forks the execd (a process of the PID namespace) and exits. The execd takes what bubblewrap
 gives the process it starts: its descriptors as 0-4 (stdout on /dev/null), the rest closed; a
-new session; uid and gid 0 of the namespace and no supplementary groups; MASK as its bounding,
-effective, permitted, inheritable and ambient capabilities; no_new_privs; the home as its
-working directory; default signal handling; and the seccomp filter, loaded last. Then it runs
-`main.main` and exits with its code. The template is its subreaper (the middle child's exit
-hands the execd to it): it reaps it and writes its exit status (128+N for signal N, as bwrap
-reports one) to the exit pipe, where the container's placeholder reads it and exits with it.
-Once the template is gone nobody writes it: the server sees the execd's end on its pidfd.
+new session; uid and gid 0 of the namespace and no supplementary groups (where the namespace
+denies setgroups, a server's own-uid map, the server's, as bwrap's child and execd keep them);
+MASK as its bounding, effective, permitted, inheritable and ambient capabilities; no_new_privs;
+the home as its working directory; default signal handling; and the seccomp filter, loaded
+last. Then it runs `main.main` and exits with its code. The template is its subreaper (the
+middle child's exit hands the execd to it): it reaps it and writes its exit status (128+N for
+signal N, as bwrap reports one) to the exit pipe, where the container's placeholder reads it
+and exits with it. Once the template is gone nobody writes it: the server sees the execd's end
+on its pidfd.
 
 Nothing of the server crosses: the template is its own process, started clean, holding only
 these modules and, while it forks, one request's descriptors. The execds forked from it share
@@ -179,13 +182,22 @@ def _place(fds: list[int]) -> None:
     _close_all_but({0, 1, 2, 3, 4})
 
 
+def _setgroups_denied() -> bool:
+    """Whether this user namespace denies setgroups(2): a non-root server's own-uid map (the
+    kernel's rule for a map written without privilege), whose processes keep the server's
+    groups, as bwrap's do there."""
+    with open("/proc/self/setgroups") as state:
+        return state.read().strip() == "deny"
+
+
 def _execd(setup: TemplateSetup, fds: list[int]) -> NoReturn:
     """The execd: take bwrap's confinement (see the module docstring), then serve."""
     code = 1
     try:
         _place(fds)
         os.setsid()
-        os.setgroups([])
+        if not _setgroups_denied():
+            os.setgroups([])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
         set_capabilities(setup.capabilities)

@@ -1,12 +1,12 @@
 """A sandbox's container on the host side: start, reach, pause, resume and delete it.
 
-The container's main process is `execd/main.py` (our execd, JUPYTER_PORT and a relay, then
-the sandbox's entrypoint, whose end ends it: `entrypoint.py`), started under bubblewrap
-(`bwrap.py`), or as a plain subprocess where isolation is impossible; in a root server's
-default sandbox, bwrap runs a placeholder and the execd template forks execd into the
-container's namespaces (`execd_template.py`: a new Python per sandbox costs ~80 ms and ~12 MiB).
-The server reaches the container only through a listening Unix socket it makes in a host
-directory the sandbox cannot see and hands to the main process as an inherited descriptor.
+The container's main process is `execd/main.py` (our execd, JUPYTER_PORT and a relay, then the
+sandbox's entrypoint, whose end ends it: `entrypoint.py`), started under bubblewrap
+(`bwrap.py`), or as a plain subprocess where isolation is impossible; in a default sandbox,
+bwrap runs a placeholder and the execd template forks execd into the container's namespaces
+(`execd_template.py`: a new Python per sandbox costs ~80 ms and ~12 MiB). The server reaches
+the container only through a listening Unix socket it makes in a host directory the sandbox
+cannot see and hands to the main process as an inherited descriptor.
 
 bwrap runs with `--die-with-parent`, which fires when the *thread* that started it ends: every
 container starts from one long-lived spawner thread, never from a request's handler thread.
@@ -294,7 +294,7 @@ class SandboxContainer:
             options = self._options(fds, info_w, ident)
             main = view.main_command(MAIN_SCRIPT)
             if templated:  # the template forks execd; bwrap runs the placeholder
-                main, command = list(execd_template.PLACEHOLDER), []
+                main, command = execd_template.placeholder(userns), []
             argv = [self.support.bwrap or "bwrap", "--args", str(options[0]), *main, *command]
             passed += [*options, *(fd for fd in (passwd, group, userns) if fd >= 0)]
             if not staging.available():

@@ -1,8 +1,9 @@
 """The server's side of the execd template (`execd/template.py`): one per process, started at a
 container's first need of it and stopped when no container holds it.
 
-A container that can use it (`usable`: a root server's, with the host's own root view and our
-execd) starts bwrap with `PLACEHOLDER` as its command instead of execd's `main.py`. Once the
+A container that can use it (`usable`: with the host's own root view and our execd, on a root
+server or one that is not, whose template joins the namespaces its user owns) starts bwrap
+with `PLACEHOLDER` (`placeholder`) as its command instead of execd's `main.py`. Once the
 placeholder says `up` (bwrap has made every namespace and mount, loaded the seccomp filter,
 dropped to the sandbox's root), the container asks the template for its execd (`Template.fork`),
 which it then drives exactly as one bwrap started: the start and claim lines on its standard
@@ -14,8 +15,8 @@ template did reads `Failed`, its status unknown (`liveness.py`). Deleting the sa
 the namespace's init, and the execd with it.
 
 Where it cannot be used (an image, whose execd runs the image's Python; an execd binary; a
-server that is not root; a kernel before 5.8, without setns(2) on a pidfd; a machine without
-a seccomp table for bwrap), containers start as before.
+server that is not root on a machine without bash, `placeholder`; a kernel before 5.8, without
+setns(2) on a pidfd; a machine without a seccomp table for bwrap), containers start as before.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ TEMPLATE_SCRIPT = str(Path(__file__).parents[1] / "execd" / "template.py")
 # The template's command line names no host path (a sandbox reads it: its execds share it).
 BOOTSTRAP = "import runpy, sys; runpy.run_path(sys.stdin.readline()[:-1], run_name='__main__')"
 # bwrap's child in a container whose execd the template forks: PID 2 of its namespace.
-PLACEHOLDER = ["/bin/sh", "-c", 'echo up; exec >/dev/null; read -r code; exit "${code:-1}"']
+PLACEHOLDER_SCRIPT = 'echo up; exec >/dev/null; read -r code; exit "${code:-1}"'
+PLACEHOLDER = ["/bin/sh", "-c", PLACEHOLDER_SCRIPT]
+# The placeholder where bwrap joined a user namespace by descriptor (`placeholder`).
+BASH = "/bin/bash"
 # linux/capability.h
 CAP_NUMBERS = {
     "CAP_CHOWN": 0,
@@ -78,12 +82,25 @@ def usable(support: bwrap.Support, binary: object) -> bool:
     return (
         support.bwrap is not None
         and support.ids is not None
-        and support.ids.by_root
+        and (support.ids.by_root or os.access(BASH, os.X_OK))
         and support.seccomp is not None
         and binary is None
         and hasattr(os, "pidfd_open")
         and kernel_joins_by_pidfd()
     )
+
+
+def placeholder(userns: int = -1) -> list[str]:
+    """bwrap's command in a container whose execd the template forks (`PLACEHOLDER`).
+
+    `userns` is the descriptor of the user namespace bwrap joins (`--userns`, a server that is
+    not root), which bwrap leaves open in what it starts: bash closes it first (an execd
+    bwrap starts closes it itself, `execd/main.py`), as dash, naming no descriptor past 9,
+    cannot.
+    """
+    if userns < 0:
+        return list(PLACEHOLDER)
+    return [BASH, "-c", f"exec {userns}<&-; {PLACEHOLDER_SCRIPT}"]
 
 
 def capability_mask(names: Sequence[str] = bwrap.CAPABILITIES) -> int:
