@@ -14,7 +14,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Suites marked by where they live (their own files stay as their owners wrote them).
-MARKED_DIRECTORIES = {"conformance": "conformance", "local": "local"}
+MARKED_DIRECTORIES = {"conformance": "conformance", "local": "local", "nonroot": "nonroot"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import run
+from tests.nonroot import run_as_users
 
 pytest_plugins = ["pytester"]
 
@@ -205,9 +206,9 @@ def test_pyenv_is_left_alone_where_there_is_none(monkeypatch: pytest.MonkeyPatch
     assert run.pyenv_version(None) is None
 
 
-# The markers that decide where a suite runs (setup.cfg; tests/conftest.py marks two folders).
-PLACE_MARKERS = ("slow", "local", "conformance", "httpfuzz")
-FOLDER_MARKERS = {"local": "local", "conformance": "conformance"}
+# The markers that decide where a suite runs (setup.cfg; tests/conftest.py marks three folders).
+PLACE_MARKERS = ("slow", "local", "conformance", "httpfuzz", "nonroot")
+FOLDER_MARKERS = {"local": "local", "conformance": "conformance", "nonroot": "nonroot"}
 
 
 def suite_markers(path: Path) -> set[frozenset[str]]:
@@ -244,6 +245,9 @@ def env_selections(ini: Path) -> dict[str, list[tuple[str, list[str], list[str]]
             section = "testenv"
         commands = config.get(section, "commands", fallback="")
         for line in commands.splitlines():
+            if run_as_users.DRIVER in line:  # its pytest, as each user, runs one file
+                found.setdefault(env, []).append(("nonroot", [run_as_users.SUITE], []))
+                continue
             if "pytest" not in line:
                 continue
             words = shlex.split(re.sub(r"\{posargs:([^}]*)\}", r"\1", line).replace("{", "_"))
@@ -328,3 +332,15 @@ def test_the_envs_that_wait_for_the_interpreter_envs_wait_for_local_too() -> Non
     for section, names in waiting.items():
         if {"py310", "py311", "py312", "py313"} <= names:
             assert "local" in names, section
+
+
+def test_the_non_root_run_is_a_skip_ci_fails_on_where_it_cannot_make_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run_as_users.os, "geteuid", lambda: 1000)
+    junit = tmp_path / "junit.xml"
+    assert run_as_users.main(["--junit", str(junit)]) == 0
+    passed, failed, skips = run.read_junit(junit)
+    assert (passed, failed, len(skips)) == (0, 0, 1), skips
+    assert "needs root" in skips[0]
+    assert run.design_label("nonroot", skips[0]) is None  # not by design: CI=true fails on it
