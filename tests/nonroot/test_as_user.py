@@ -28,8 +28,11 @@ from osb_sync.local.host import identity
 README = Path(__file__).resolve().parents[2] / "README.rst"
 KIND = os.environ.get("OSB_NONROOT_KIND", "")
 KINDS = ("range", "no-range")
-# Run in a sandbox: allocate 256 MiB, twice a 128 MiB limit.
-ALLOCATE = "x = bytearray(256 << 20); x[::4096] = b'1' * len(x[::4096]); print('allocated')"
+# Run in a sandbox: allocate and touch argv[1] MiB.
+ALLOCATE = (
+    "import sys; x = bytearray(int(sys.argv[1]) << 20); x[::4096] = b'1' * len(x[::4096]);"
+    " print('allocated')"
+)
 # Run in a sandbox: connect to argv[1]:argv[2]; what happened.
 CONNECT = """
 import socket, sys
@@ -102,13 +105,18 @@ def test_a_128_mib_memory_limit_is_enforced_or_said_not_to_be(client: Client) ->
     limits = {"cpu": "1", "memory": "128Mi"}
     with client.create_sandbox(resource_limits=limits) as sandbox:
         message = sandbox.info().message or ""
-        ran = sandbox.commands.run(f"python3 -c {shlex.quote(ALLOCATE)} 2>&1")
+        small, large = (
+            sandbox.commands.run(f"python3 -c {shlex.quote(ALLOCATE)} {mib} 2>&1; echo exit=$?")
+            for mib in (16, 256)
+        )
     found = re.search(r"Limits enforced: (.*?); not enforced: (.*?)\.?$", message)
     assert found is not None, message
     enforced, unenforced = found.group(1), found.group(2)
     assert ("memory=128Mi" in enforced) != ("memory=128Mi" in unenforced), message
-    if "memory=128Mi" in enforced:
-        assert "allocated" not in ran.stdout, (message, ran)
+    assert "allocated" in small.stdout, small  # well under the limit
+    if "memory=128Mi" in enforced:  # the limit's error, or its OOM killer
+        assert "allocated" not in large.stdout, (message, large)
+        assert "MemoryError" in large.stdout or "exit=137" in large.stdout, (message, large)
 
 
 def test_a_sandbox_reaches_nothing_but_its_loopback_by_default(
