@@ -378,3 +378,35 @@ def test_a_non_root_server_forks_execds_confined_as_bwrap_confines_with_nothing_
                 sandbox.delete()
     finally:
         assert server.stop() == 0
+
+
+def state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[0]
+
+
+@pytest.mark.parametrize("who", ["ranged_user", "rangeless_user"])
+def test_a_non_root_server_s_pause_stops_the_forked_execd_too(
+    who: str, request: pytest.FixtureRequest
+) -> None:
+    """Without a freezer cgroup a pause stops every process of the sandbox by signal. The
+    server finds them by their PID namespace, which it cannot read of a forked execd (not
+    dumpable, its memory the template's: only host root may), so it names the execd itself."""
+    user = request.getfixturevalue(who)
+    path = request.getfixturevalue("package_copy")
+    server = ServerProcess(user=user, python=PYTHON, path=path, spare_containers=0)
+    deny = {"networkPolicy": {"defaultAction": "deny"}}
+    try:
+        with requests.Session() as http:
+            box = Box(server, http, {**CREATE_BODY, **deny})  # type: ignore[arg-type]
+            _, seen = forked(server)
+            (pids,) = seen
+            url = f"{server.api_base}/sandboxes/{box.id}"
+            assert http.post(f"{url}/pause", timeout=60).status_code == 202
+            assert wait_for(lambda: state(pids["execd"]) == "T", timeout=10), state(pids["execd"])
+            assert state(pids["placeholder"]) == "T"
+            assert http.post(f"{url}/resume", timeout=60).status_code == 202
+            assert wait_for(lambda: state(pids["execd"]) != "T", timeout=10)
+            assert texts(box.command("echo awake")) == ["awake"]
+    finally:
+        assert server.stop() == 0

@@ -782,10 +782,21 @@ class SandboxContainer:
             raise
 
     def members(self) -> list[int]:
-        """The host pids of the sandbox's processes (its PID namespace, or its process tree)."""
+        """The host pids of the sandbox's processes (its PID namespace, or its process tree).
+
+        A server that is not root cannot read the namespace of an execd the template forked
+        (not dumpable, and its memory the template's, of the host's user namespace: only host
+        root may), so that one is named by its pidfd.
+        """
         if self.init_pid is not None:
             alive = self._proc is not None and self._proc.poll() is None
-            return spawn.pids_in_namespace(self.init_pid) if alive else []
+            found = spawn.pids_in_namespace(self.init_pid) if alive else []
+            forked = self._forked
+            if found and forked is not None and forked.pid not in found:
+                with contextlib.suppress(OSError):  # its pidfd, closed by a delete meanwhile
+                    if not spawn.exited(forked.pidfd):
+                        found.append(forked.pid)
+            return found
         return spawn.descendants(self._proc.pid) if self._proc is not None else []
 
     def pause(self) -> None:
