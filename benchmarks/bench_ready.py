@@ -24,6 +24,10 @@ min / median / max of ``--rounds``:
   ``--seccomp`` on one trivial command, and the overlay (an image's root) ``rootfs.Layer``.
 
     python benchmarks/bench_ready.py [--baseline /work/perf29-base] [--rounds 5] [--image]
+
+``--as-user NAME`` (root; this tree readable by every user, e.g. a copy under ``/tmp``) makes
+the baseline this tree's server run as that user (``runuser``, ``--user-python``, default the
+system's): the ratios are then root's over the user's, rounds interleaved as with a tree.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -198,14 +203,27 @@ def worker(settings: dict[str, Any]) -> None:
                 print(json.dumps({"spares": len(pool.ready())}), flush=True)
 
 
+@dataclass(frozen=True)
+class Side:
+    """What a round's server runs: a tree's code, as this process's user or as `user` (with
+    `python`, from a world-readable tree: `runuser`, root only)."""
+
+    tree: Path
+    user: str | None = None
+    python: str = sys.executable
+
+
 class Worker:
     """A worker process of one tree (its code through PYTHONPATH)."""
 
-    def __init__(self, tree: Path, settings: dict[str, Any]) -> None:
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        cmd = [sys.executable, __file__, "--worker", json.dumps(settings, default=str)]
+    def __init__(self, side: Side, settings: dict[str, Any]) -> None:
+        env = {**os.environ, "PYTHONPATH": str(side.tree)}
+        cmd = [side.python, __file__, "--worker", json.dumps(settings, default=str)]
+        if side.user is not None:
+            path = f"PYTHONPATH={side.tree}"
+            cmd = ["runuser", "-u", side.user, "--", "env", "PATH=/usr/bin:/bin", path, *cmd]
         self.proc = subprocess.Popen(
-            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tree
+            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=side.tree
         )
         self.api_base = self.ask(None)["api_base"]
 
@@ -229,12 +247,12 @@ class Worker:
 
 
 def ready_round(
-    tree: Path, settings: dict[str, Any], creators: int, per: int, template: str | None
+    side: Side, settings: dict[str, Any], creators: int, per: int, template: str | None
 ) -> dict[str, Any]:
     """One round: `creators` threads each make `per` ready sandboxes; rate, CPU, steps."""
     import osb_sync
 
-    server = Worker(tree, settings)
+    server = Worker(side, settings)
     try:
         client = osb_sync.Client(api_base=server.api_base, create_timeout=300, pool_maxsize=64)
         options = {"template": template} if template else {}
@@ -284,11 +302,11 @@ def ready_round(
     }
 
 
-def warm_round(tree: Path, runs: int) -> dict[str, Any]:
+def warm_round(side: Side, runs: int) -> dict[str, Any]:
     """Create-to-Running (and + first run) from a ready spare, `runs` times; p50s in ms."""
     import osb_sync
 
-    server = Worker(tree, {"spare_containers": 1})
+    server = Worker(side, {"spare_containers": 1})
     created, ready = [], []
     try:
         client = osb_sync.Client(api_base=server.api_base, create_timeout=300)
@@ -361,15 +379,27 @@ def main() -> None:
     parser.add_argument("--warm-runs", type=int, default=15)
     parser.add_argument("--image", action="store_true", help="also a cached registry image")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--as-user",
+        help="the baseline is this tree's server run as this user (root only; a tree every"
+        " user reads, e.g. a copy under /tmp): root's figures over a user's",
+    )
+    parser.add_argument("--user-python", default="/usr/bin/python3", help="with --as-user")
     args = parser.parse_args()
     if args.worker is not None:
         worker(json.loads(args.worker))
         return
-    trees = {"this": TREE, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    sides = {"this": Side(TREE)}
+    if args.baseline:
+        sides["baseline"] = Side(args.baseline.resolve())
+    elif args.as_user:
+        sides["baseline"] = Side(TREE, args.as_user, args.user_python)
+    trees = {name: side.tree for name, side in sides.items()}
     load = [os.getloadavg()[0]]
     results: dict[str, Any] = {
         "load_average_1min": load,
         "trees": {k: str(v) for k, v in trees.items()},
+        "users": {k: side.user or "this process's" for k, side in sides.items()},
     }
     with tempfile.TemporaryDirectory() as folder:
         registry = None
@@ -389,11 +419,11 @@ def main() -> None:
                 for name in order:
                     for kind, (settings, template) in kinds.items():
                         got = ready_round(
-                            trees[name], settings, args.creators, args.per_creator, template
+                            sides[name], settings, args.creators, args.per_creator, template
                         )
                         rounds[kind][name].append(got)
                         print(f"round {index} {name} {kind}: {got['rate']:.2f}/s", flush=True)
-                    warm[name].append(warm_round(trees[name], args.warm_runs))
+                    warm[name].append(warm_round(sides[name], args.warm_runs))
                 load.append(os.getloadavg()[0])
         finally:
             if registry is not None:
