@@ -1,0 +1,65 @@
+"""Which servers' sandboxes get their execd from the execd template (`host/execd_template.py`),
+and the placeholder bwrap runs there: decided from the probe's findings alone (the template's
+behaviour itself is tests/local/test_execd_template.py's)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+
+import pytest
+
+from osb_sync.local.host import bwrap, execd_template, identity
+
+RANGE = identity.IdRange(165536, 165536, helpers=("/usr/bin/newuidmap", "/usr/bin/newgidmap"))
+ROOT_RANGE = identity.IdRange(100000, 100000)
+OWN = identity.own_ids(1000, 1000, "no range", "usermod ...")
+
+
+def support(ids: identity.IdRange) -> bwrap.Support:
+    return bwrap.Support("/usr/bin/bwrap", "", None, False, b"\0" * 8, ids)
+
+
+@pytest.fixture
+def new_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(execd_template, "kernel_joins_by_pidfd", lambda: True)
+    monkeypatch.setattr(execd_template.os, "pidfd_open", lambda *_: 0, raising=False)
+
+
+@pytest.mark.parametrize("ids", [ROOT_RANGE, RANGE, OWN], ids=["root", "range", "own ids"])
+def test_every_isolating_server_uses_it_for_our_execd(
+    ids: identity.IdRange, new_kernel: None
+) -> None:
+    assert execd_template.usable(support(ids), None)
+    assert not execd_template.usable(support(ids), object())  # an execd binary
+
+
+def test_a_server_that_is_not_root_needs_bash_for_its_placeholder(
+    monkeypatch: pytest.MonkeyPatch, new_kernel: None
+) -> None:
+    monkeypatch.setattr(execd_template, "BASH", "/nonexistent/bash")
+    assert execd_template.usable(support(ROOT_RANGE), None)  # bwrap makes its namespace
+    assert not execd_template.usable(support(RANGE), None)
+    assert not execd_template.usable(support(OWN), None)
+
+
+def test_the_placeholder_closes_the_namespace_descriptor_bwrap_leaves_open() -> None:
+    assert execd_template.placeholder() == execd_template.PLACEHOLDER  # a root server's: dash
+    held = os.open("/dev/null", os.O_RDONLY)  # stands for the namespace's descriptor
+    number = fcntl.fcntl(held, fcntl.F_DUPFD, 20)  # past 9, as a server's are
+    os.close(held)
+    try:
+        command = execd_template.placeholder(number)
+        assert command[0] == execd_template.BASH
+        with subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(number,)
+        ) as proc:
+            assert proc.stdout is not None and proc.stdin is not None
+            assert proc.stdout.readline() == b"up\n"
+            assert str(number) not in os.listdir(f"/proc/{proc.pid}/fd")
+            proc.stdin.write(b"7\n")
+            proc.stdin.close()
+            assert proc.wait(30) == 7  # the exit status the template writes
+    finally:
+        os.close(number)
