@@ -4,8 +4,8 @@
 
 Standard library only (tox runs it without installing the package). As root it:
 
-- copies the tree where every user can read it (a directory under /tmp, mode 0755; a CI clone
-  may sit under /root);
+- copies the tree (its files as a clone has them) where every user can read it (a directory
+  under /tmp, mode 0755; a CI clone may sit under /root);
 - makes two users with ``useradd -m``: one with a subordinate id range (Debian's useradd gives
   every new user one) and one without (``-K SUB_UID_COUNT=0 -K SUB_GID_COUNT=0``), under the
   lock the local server and ``tests/local/test_non_root.py`` take for useradd;
@@ -47,8 +47,8 @@ PYTHON = "/usr/bin/python3"  # the system's, as a user's venv is made from
 RESERVE_LOCK = "/run/lock/osb-sync-useradd.lock"  # osb_sync.local.host.identity.RESERVE_LOCK
 NO_RANGE = ("-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0")
 KINDS = {"range": (), "no-range": NO_RANGE}
-IGNORED = shutil.ignore_patterns(
-    ".git", ".tox", "__pycache__", "*.egg-info", "build", "dist", ".*_cache", "reports"
+IGNORED = shutil.ignore_patterns(  # where there is no git to list the files
+    ".git", ".tox", "__pycache__", "*.egg-info", "build", "dist", ".*", "reports", "htmlcov"
 )
 INSTALL_TIMEOUT = 300
 RUN_TIMEOUT = 300
@@ -65,11 +65,32 @@ def shadow(*command: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
 
 
+def tree_files() -> list[str] | None:
+    """The tree's files as a clone has them (tracked, and new ones git does not ignore), or
+    None without git: the other envs write in the tree meanwhile (coverage files, hypothesis's
+    database), which a copy of everything would race with."""
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        return None
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    return [name for name in listed.stdout.decode().split("\0") if name] or None
+
+
 def readable_copy() -> Path:
-    """The tree, copied where every user reads it (files 0644, directories 0755)."""
+    """The tree, copied where every user reads it (files 0644 or 0755, directories 0755)."""
     where = Path(tempfile.mkdtemp(prefix="osb-nonroot-"))
     tree = where / "tree"
-    shutil.copytree(ROOT, tree, ignore=IGNORED)
+    files = tree_files()
+    if files is None:
+        shutil.copytree(ROOT, tree, ignore=IGNORED)
+    for name in files or ():
+        if (ROOT / name).is_file():  # not one deleted in the work tree
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tree / name)
     for item in (where, *where.rglob("*")):
         if not item.is_symlink():
             item.chmod(0o755 if item.is_dir() or os.access(item, os.X_OK) else 0o644)
