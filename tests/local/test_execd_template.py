@@ -15,6 +15,7 @@ import json
 import os
 import pwd
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -208,6 +209,41 @@ def test_the_template_ends_with_the_server_s_last_container(http: requests.Sessi
         # ... and a new create starts it again
         again = Box(srv, http, CREATE_BODY)
         assert texts(again.command("echo again")) == ["again"]
+
+
+def test_limits_the_server_gives_bwrap_hold_for_the_execd_the_template_forks(
+    server: LocalServer, http: requests.Session
+) -> None:
+    """A limit bwrap's processes get (a per-sandbox RLIMIT_NPROC, say) is one an execd bwrap
+    starts inherits; the forked one takes init's, whatever the template's own are. Here the
+    server's soft limits change after its template started (its own are left as they were)."""
+    first = Box(server, http, CREATE_BODY)  # the template starts with the server's limits
+    kinds = (resource.RLIMIT_NPROC, resource.RLIMIT_NOFILE)
+    before = {kind: resource.getrlimit(kind) for kind in kinds}
+    given = {resource.RLIMIT_NPROC: 4000, resource.RLIMIT_NOFILE: 800}
+    try:
+        for kind, soft in given.items():
+            resource.setrlimit(kind, (soft, before[kind][1]))  # soft only: it goes back
+        second = Box(server, http, CREATE_BODY)
+    finally:
+        for kind, limit in before.items():
+            resource.setrlimit(kind, limit)
+    template = processes(server, first)["template"]
+    execd = processes(server, second)["execd"]
+    for kind, soft in given.items():
+        assert soft_limit(template, kind) == before[kind][0], kind
+        assert soft_limit(execd, kind) == soft, kind
+    assert texts(second.command("ulimit -Su; ulimit -Sn")) == ["4000", "800"]
+
+
+def soft_limit(pid: int, kind: int) -> int:
+    """A process's soft limit, from /proc/PID/limits (prlimit(2) on another uid's process
+    needs CAP_SYS_RESOURCE, which root lacks in some containers)."""
+    line = {resource.RLIMIT_NPROC: "Max processes", resource.RLIMIT_NOFILE: "Max open files"}
+    with open(f"/proc/{pid}/limits") as text:
+        found = next(row for row in text if row.startswith(line[kind]))
+    value = found[len(line[kind]) :].split()[0]
+    return resource.RLIM_INFINITY if value == "unlimited" else int(value)
 
 
 def test_the_kernel_release_decides_whether_setns_takes_a_pidfd() -> None:

@@ -18,7 +18,8 @@ pidfd of the execd; or why not). EOF on it ends the template.
 For a request the template forks a child that keeps only that request's descriptors, joins
 every namespace of init (bwrap's child) at once through its pidfd (setns(2), Linux 5.8),
 refusing to go on if init's user, mount, PID, network, IPC or UTS namespace is the host's,
-forks the execd (a process of the PID namespace) and exits. The execd takes what bubblewrap
+takes init's resource limits (those the server gave bwrap), forks the execd (a process of the
+PID namespace) and exits. The execd takes what bubblewrap
 gives the process it starts: its descriptors as 0-4 (stdout on /dev/null), the rest closed; a
 new session; uid and gid 0 of the namespace and no supplementary groups (where the namespace
 denies setgroups, a server's own-uid map, the server's, as bwrap's child and execd keep them);
@@ -41,6 +42,7 @@ import ctypes
 import fcntl
 import gc
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -223,6 +225,25 @@ def _execd(setup: TemplateSetup, fds: list[int]) -> NoReturn:
     os._exit(code)
 
 
+def _lower(one: int, other: int) -> int:
+    """The lower of two rlimit values (RLIM_INFINITY is the highest)."""
+    if one == resource.RLIM_INFINITY:
+        return other
+    return one if other == resource.RLIM_INFINITY else min(one, other)
+
+
+def take_limits(init: int) -> None:
+    """Take the resource limits of process `init`: what the server gave bwrap, and so what an
+    execd bwrap starts has (a limit it sets per sandbox included). Only ever lowered: a limit
+    above this process's own hard one (which needs privilege) stays this process's."""
+    for name in dir(resource):
+        if name.startswith("RLIMIT_"):
+            kind = getattr(resource, name)
+            soft, hard = resource.prlimit(init, kind)
+            hard = _lower(hard, resource.getrlimit(kind)[1])
+            resource.setrlimit(kind, (_lower(soft, hard), hard))
+
+
 def _middle(setup: TemplateSetup, init: int, fds: list[int], report: int) -> NoReturn:
     """The child between the template and the execd: enter init's namespaces, fork, report."""
     try:
@@ -230,6 +251,7 @@ def _middle(setup: TemplateSetup, init: int, fds: list[int], report: int) -> NoR
         main.hide_memory()  # and the execd's, from its first moment in the namespaces
         _close_all_but({*fds, report})
         enter_namespaces(fds[0], init)
+        take_limits(init)
         pid = os.fork()
         if pid == 0:
             os.close(report)
