@@ -799,12 +799,21 @@ class SandboxContainer:
             return found
         return spawn.descendants(self._proc.pid) if self._proc is not None else []
 
+    def _signal(self, sig: int) -> None:
+        """Send `sig` to every process of the sandbox (the forked execd through its pidfd)."""
+        pids, forked = self.members(), self._forked
+        if forked is not None and forked.pid in pids:
+            pids.remove(forked.pid)
+            with contextlib.suppress(OSError):  # ended, or its pidfd closed by a delete
+                signal.pidfd_send_signal(forked.pidfd, sig)
+        signal_pids(pids, sig)
+
     def pause(self) -> None:
         """Freeze every process of the sandbox."""
         if self._freezer is not None:
             self._freezer.freeze(True)
         else:
-            signal_pids(self.members(), signal.SIGSTOP)
+            self._signal(signal.SIGSTOP)
         self._frozen = True
 
     def resume(self) -> None:
@@ -812,7 +821,7 @@ class SandboxContainer:
         if self._freezer is not None:
             self._freezer.freeze(False)
         else:
-            signal_pids(self.members(), signal.SIGCONT)
+            self._signal(signal.SIGCONT)
         self._frozen = False
 
     def close(self) -> None:
