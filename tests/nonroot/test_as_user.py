@@ -16,6 +16,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,5 +188,7 @@ def test_a_stop_leaves_no_process_of_the_user_or_its_range() -> None:
             assert len(owned(uids)) > 3  # bwrap, the template, execd, the spare, ...
     finally:
         server.stop()
-    left = owned(uids)
+    deadline = time.monotonic() + 10  # SIGKILLed processes take a moment to be gone
+    while (left := owned(uids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
