@@ -191,7 +191,10 @@ def run_kind(kind: str, tree: Path, wrap: list[str]) -> list[ET.Element]:
     except subprocess.TimeoutExpired as exc:
         cases.append(failure(kind, "timeout", f"{' '.join(map(str, exc.cmd))[-300:]}: {exc}"))
     finally:
-        left = processes_of(ranges_of(name, home.stat().st_uid))
+        uids = ranges_of(name, home.stat().st_uid)
+        deadline = time.monotonic() + 10  # what a stop SIGKILLed takes a moment to be gone
+        while (left := processes_of(uids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
         if left:
             cmdlines = []
             for pid in left:
