@@ -456,3 +456,22 @@ def test_a_non_root_server_s_pause_stops_the_forked_execd_too(
             assert texts(box.command("echo awake")) == ["awake"]
     finally:
         assert server.stop() == 0
+
+
+def test_a_non_root_server_starts_a_killed_template_again(request: pytest.FixtureRequest) -> None:
+    user, path = (request.getfixturevalue(name) for name in ("ranged_user", "package_copy"))
+    server = ServerProcess(user=user, python=PYTHON, path=path, spare_containers=0)
+    deny = {"networkPolicy": {"defaultAction": "deny"}}
+    try:
+        with requests.Session() as http:
+            first = Box(server, http, {**CREATE_BODY, **deny})  # type: ignore[arg-type]
+            old, _ = forked(server)
+            os.kill(old, signal.SIGKILL)
+            assert wait_for(lambda: not alive(old), timeout=10)
+            assert texts(first.command("echo still")) == ["still"]
+            second = Box(server, http, {**CREATE_BODY, **deny})  # type: ignore[arg-type]
+            new, seen = forked(server)
+            assert new != old and len(seen) == 1  # the first execd is nobody's child now
+            assert texts(second.command("echo new")) == ["new"]
+    finally:
+        assert server.stop() == 0
