@@ -216,18 +216,23 @@ class TemplateSetup:
 @dataclass(frozen=True)
 class Fork:
     """A request to the execd template: fork an execd into the namespaces of `init` (the
-    container's init, bwrap's child); its descriptors travel with it (`FORK_FDS`)."""
+    container's init, bwrap's child) and into the cgroups whose `cgroup.procs` files `groups`
+    names (the sandbox's); its descriptors travel with it (`FORK_FDS`)."""
 
     init: int
+    groups: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         """The message."""
-        return json.dumps({"init": self.init}).encode()
+        return json.dumps({"init": self.init, "groups": list(self.groups)}).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Fork:
         """The request; ValueError naming the field when it is of another shape."""
-        return cls(init=_int(_object(data, "a fork request"), "init", "a fork request"))
+        what = "a fork request"
+        message = _object(data, what)
+        groups = _strings(message.get("groups", []), "groups", what)
+        return cls(init=_int(message, "init", what), groups=tuple(groups))
 
 
 # A Fork's descriptors, in order: init's pidfd, execd's standard input (read end), its

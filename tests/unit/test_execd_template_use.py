@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from osb_sync.local.host import bwrap, execd_template, identity
+from osb_sync.local.protocol import Fork
 
 RANGE = identity.IdRange(165536, 165536, helpers=("/usr/bin/newuidmap", "/usr/bin/newgidmap"))
 ROOT_RANGE = identity.IdRange(100000, 100000)
@@ -63,3 +64,11 @@ def test_the_placeholder_closes_the_namespace_descriptor_bwrap_leaves_open() -> 
             assert proc.wait(30) == 7  # the exit status the template writes
     finally:
         os.close(number)
+
+
+def test_a_fork_request_names_the_groups_its_execd_is_born_in() -> None:
+    procs = ("/sys/fs/cgroup/pids/osb-sync/x/cgroup.procs",)
+    assert Fork.decode(Fork(7, procs).encode()) == Fork(7, procs)
+    assert Fork.decode(b'{"init": 7}') == Fork(7)  # no groups: the server's own
+    with pytest.raises(ValueError, match="groups must be a list of strings"):
+        Fork.decode(b'{"init": 7, "groups": [1]}')

@@ -16,7 +16,8 @@ and the placeholder use them), answered `protocol.ForkAnswer` (the execd's host 
 pidfd of the execd; or why not). EOF on it ends the template.
 
 For a request the template forks a child that keeps only that request's descriptors, joins
-every namespace of init (bwrap's child) at once through its pidfd (setns(2), Linux 5.8),
+the sandbox's cgroups (the request names their `cgroup.procs` files), joins every namespace of
+init (bwrap's child) at once through its pidfd (setns(2), Linux 5.8),
 refusing to go on if init's user, mount, PID, network, IPC or UTS namespace is the host's,
 takes init's resource limits (those the server gave bwrap), forks the execd (a process of the
 PID namespace) and exits. The execd takes what bubblewrap
@@ -244,12 +245,27 @@ def take_limits(init: int) -> None:
             resource.setrlimit(kind, (_lower(soft, hard), hard))
 
 
-def _middle(setup: TemplateSetup, init: int, fds: list[int], report: int) -> NoReturn:
-    """The child between the template and the execd: enter init's namespaces, fork, report."""
+def join_groups(groups: tuple[str, ...]) -> None:
+    """Move this process into the cgroups whose `cgroup.procs` files `groups` names, while it
+    still has the server's ids: cgroup v1 lets a server that is not root move only processes
+    of its own uid, which the execd, root of a namespace mapped onto a range, is not."""
+    for procs in groups:
+        fd = os.open(procs, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
+
+
+def _middle(setup: TemplateSetup, request: Fork, fds: list[int], report: int) -> NoReturn:
+    """The child between the template and the execd: join the sandbox's groups, enter init's
+    namespaces, fork, report."""
     try:
         signal.set_wakeup_fd(-1)  # its descriptor is closed next, its number reused later
         main.hide_memory()  # and the execd's, from its first moment in the namespaces
         _close_all_but({*fds, report})
+        init = request.init
+        join_groups(request.groups)  # the execd is born there
         enter_namespaces(fds[0], init)
         take_limits(init)
         pid = os.fork()
@@ -269,7 +285,7 @@ def fork_execd(setup: TemplateSetup, request: Fork, fds: list[int]) -> ForkAnswe
         middle = os.fork()
         if middle == 0:
             os.close(report_r)
-            _middle(setup, request.init, fds, report_w)
+            _middle(setup, request, fds, report_w)
         os.close(report_w)
         report_w = -1
         answer = b""

@@ -366,11 +366,14 @@ class SandboxContainer:
             raise RuntimeError("the sandbox's init has no pidfd: the template cannot join it")
         assert self._log is not None
         fds = (self._init_fd, execd_r, self._log.writer, self._relay.fileno(), ready_w)
-        self._forked = execd_template.TEMPLATE.fork(
-            self.init_pid, (*fds, self._proc.stdin.fileno()), self.support.seccomp
+        # The template's child joins them before it forks the execd: a server that is not root
+        # could not move it there once it is the range's root.
+        groups = (
+            [str(d / "cgroup.procs") for d in self._cgroup.dirs.values()] if self._cgroup else []
         )
-        if self._cgroup is not None:
-            self._cgroup.join(self._forked.pid)
+        self._forked = execd_template.TEMPLATE.fork(
+            self.init_pid, (*fds, self._proc.stdin.fileno()), self.support.seccomp, groups
+        )
 
     def claim(self, assignment: Assignment) -> None:
         """Make a launched container the sandbox's: network, env and token; then it serves.

@@ -148,7 +148,9 @@ class Template:
                 self._holders = 0
                 self._stop()
 
-    def fork(self, init_pid: int, fds: Sequence[int], seccomp: bytes | None) -> Forked:
+    def fork(
+        self, init_pid: int, fds: Sequence[int], seccomp: bytes | None, groups: Sequence[str] = ()
+    ) -> Forked:
         """Fork an execd into the namespaces of `init_pid` (see `Forked`).
 
         Args:
@@ -156,11 +158,12 @@ class Template:
             fds: init's pidfd, then execd's standard input (read end), its standard error,
                 the relay socket, the ready pipe (write end) and the exit pipe (write end).
             seccomp: the filter program bwrap loaded (the same for every container).
+            groups: the `cgroup.procs` files of the sandbox's groups, where the execd is born.
 
         Raises:
             RuntimeError: the template refused (why), or died twice.
         """
-        request = Fork(init_pid).encode()
+        request = Fork(init_pid, tuple(groups)).encode()
         with self._lock:
             for attempt in (1, 2):
                 try:
