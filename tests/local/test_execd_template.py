@@ -246,6 +246,83 @@ def soft_limit(pid: int, kind: int) -> int:
     return resource.RLIM_INFINITY if value == "unlimited" else int(value)
 
 
+# Run in a sandbox: stop and continue its execd (the process running the template's bootstrap)
+# argv[1] times, each time until it is stopped, then until it runs.
+STOP_CONT = """
+import os, signal, sys
+execd = next(
+    int(pid) for pid in filter(str.isdigit, os.listdir("/proc"))
+    if b"runpy" in open(f"/proc/{pid}/cmdline", "rb").read()
+)
+def stopped():
+    with open(f"/proc/{execd}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[0] == "T"
+for _ in range(int(sys.argv[1])):
+    os.kill(execd, signal.SIGSTOP)
+    while not stopped():
+        pass
+    os.kill(execd, signal.SIGCONT)
+    while stopped():
+        pass
+print("done")
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_sandbox_that_stops_and_continues_its_execd_does_not_wake_the_template(
+    server: LocalServer, http: requests.Session
+) -> None:
+    """Every stop and continue of a child signals its parent (SIGCHLD): a forked execd's is
+    the template, outside every sandbox and shared by all. It waits for its execds' ends on
+    their pidfds instead, which only an exit makes readable, and catches no SIGCHLD."""
+    box = Box(server, http, CREATE_BODY)
+    template = processes(server, box)["template"]
+    caught = int(status(template)["SigCgt"], 16)
+    assert not caught >> (signal.SIGCHLD - 1) & 1, hex(caught)
+    spent = cpu_seconds(template)
+    flood = shlex.join(["python3", "-c", STOP_CONT, "3000"])
+    assert texts(box.command(flood)) == ["done"]
+    assert cpu_seconds(template) - spent < 0.1  # it slept through 3000 stops and continues
+    # and still reports its execds' ends
+    ended = Box(server, http, {**CREATE_BODY, "entrypoint": ["/bin/sh", "-c", "exit 3"]})
+    sandbox = sandbox_of(server, ended.id)
+    assert wait_for(lambda: sandbox.container.exit_code() is not None, timeout=30)
+    assert sandbox.container.exit_code() == 3
+
+
+def test_a_request_the_template_runs_out_of_descriptors_for_fails_alone(
+    server: LocalServer, http: requests.Session
+) -> None:
+    """The template is every sandbox's execds' parent: a request it cannot serve (out of
+    descriptors, of processes) fails that create only, and the template goes on, still
+    reporting the ends of the execds it forked before."""
+    first = Box(server, http, {**CREATE_BODY, "entrypoint": ["/bin/sh", "-c", "read x; exit 5"]})
+    template = processes(server, first)["template"]
+    limit = resource.prlimit(template, resource.RLIMIT_NOFILE)
+    held = len(os.listdir(f"/proc/{template}/fd"))
+    # room for a request's descriptors and no more: its first pipe fails (EMFILE)
+    resource.prlimit(template, resource.RLIMIT_NOFILE, (held + 6, limit[1]))
+    try:
+        refused = http.post(f"{server.api_base}/sandboxes", json=CREATE_BODY)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the template is gone (it was, once)
+            resource.prlimit(template, resource.RLIMIT_NOFILE, limit)
+    assert alive(template)
+    assert refused.status_code == 500, refused.text
+    assert "Too many open files" in refused.json()["message"], refused.text
+    second = Box(server, http, CREATE_BODY)
+    assert processes(server, second)["template"] == template
+    sandbox = sandbox_of(server, first.id)
+    os.kill(processes(server, first)["execd"], signal.SIGTERM)
+    assert wait_for(lambda: sandbox.container.exit_code() is not None, timeout=30)
+    assert sandbox.container.exit_code() == 128 + signal.SIGTERM  # reported by the template
+
+
 def test_the_kernel_release_decides_whether_setns_takes_a_pidfd() -> None:
     assert execd_template.kernel_joins_by_pidfd("5.8.0")
     assert execd_template.kernel_joins_by_pidfd("6.18.44-fc-v1147")

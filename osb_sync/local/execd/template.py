@@ -261,7 +261,6 @@ def _middle(setup: TemplateSetup, request: Fork, fds: list[int], report: int) ->
     """The child between the template and the execd: join the sandbox's groups, enter init's
     namespaces, fork, report."""
     try:
-        signal.set_wakeup_fd(-1)  # its descriptor is closed next, its number reused later
         main.hide_memory()  # and the execd's, from its first moment in the namespaces
         _close_all_but({*fds, report})
         init = request.init
@@ -299,66 +298,68 @@ def fork_execd(setup: TemplateSetup, request: Fork, fds: list[int]) -> ForkAnswe
     return ForkAnswer.decode(answer) if answer else ForkAnswer(error="the forking child died")
 
 
-def _reap(exits: dict[int, int]) -> None:
-    """Reap ended execds, writing each one's exit status to its exit pipe."""
-    while exits:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        exit_fd = exits.pop(pid, -1)
-        if exit_fd >= 0:
-            code = main.container_status(os.waitstatus_to_exitcode(status))
-            try:
-                os.write(exit_fd, f"{code}\n".encode())
-            except OSError:
-                pass  # the container is gone already
-            os.close(exit_fd)
+def _report(pid: int, exit_fd: int) -> None:
+    """Reap the ended execd `pid` and write its exit status to its exit pipe."""
+    try:
+        _, status = os.waitpid(pid, 0)
+        code = main.container_status(os.waitstatus_to_exitcode(status))
+    except ChildProcessError:
+        code = 1  # not ours to reap (cannot happen: the template is its subreaper)
+    try:
+        os.write(exit_fd, f"{code}\n".encode())
+    except OSError:
+        pass  # the container is gone already
+    os.close(exit_fd)
 
 
 def serve(control: socket.socket) -> None:
-    """Answer the server's requests until it closes the socket."""
+    """Answer the server's requests until it closes the socket.
+
+    Each execd's end is seen on its pidfd, readable once it has exited: SIGCHLD is left to its
+    default (no handler), so a sandbox that stops and continues its own execd, each time
+    signalling its parent, never wakes the template.
+    """
     setup = TemplateSetup.decode(control.recv(MESSAGE_SIZE))
     prctl(PR_SET_CHILD_SUBREAPER, 1)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
     gc.freeze()  # the collector leaves the template's objects (and their pages) alone
-    exits: dict[int, int] = {}
     with selectors.DefaultSelector() as selector:
         selector.register(control, selectors.EVENT_READ)
-        selector.register(wake_r, selectors.EVENT_READ)
         while True:
             for key, _ in selector.select():
-                if key.fileobj == wake_r:
-                    os.read(wake_r, 4096)
+                if key.fileobj != control:  # an execd's pidfd: it ended
+                    pid, exit_fd = key.data
+                    selector.unregister(key.fileobj)
+                    os.close(key.fd)
+                    _report(pid, exit_fd)
                     continue
                 message, fds, _, _ = socket.recv_fds(control, MESSAGE_SIZE, FORK_FDS)
                 if not message:
                     return
                 answer = ForkAnswer(error=f"a request needs its {FORK_FDS} descriptors")
+                execd = -1
                 try:
                     if len(fds) == FORK_FDS:
                         answer = fork_execd(setup, Fork.decode(message), fds)
+                    if answer.pid is not None:
+                        # not reaped before its pidfd says so: the pid is still the execd's
+                        execd = os.pidfd_open(answer.pid)
                 except ValueError as exc:  # a request of another shape
                     answer = ForkAnswer(error=str(exc))
+                except OSError as exc:  # out of descriptors or processes: this request only
+                    if answer.pid is not None:  # forked, but it could not be followed
+                        os.kill(answer.pid, signal.SIGKILL)
+                        os.waitpid(answer.pid, 0)
+                    answer = ForkAnswer(error=f"{type(exc).__name__}: {exc}")
                 finally:
                     for fd in fds[:-1] if answer.pid is not None else fds:
                         os.close(fd)
                 if answer.pid is not None:
                     # never blocking: a sandbox may fill its placeholder's pipe
                     os.set_blocking(fds[-1], False)
-                    exits[answer.pid] = fds[-1]
-                    # not reaped before `_reap`: the pid is still the execd's
-                    execd = os.pidfd_open(answer.pid)
+                    selector.register(execd, selectors.EVENT_READ, (answer.pid, fds[-1]))
                     socket.send_fds(control, [answer.encode()], [execd])
-                    os.close(execd)
                 else:
                     control.send(answer.encode())
-            _reap(exits)
 
 
 def run(argv: list[str]) -> int:
