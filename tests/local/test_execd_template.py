@@ -19,6 +19,7 @@ import resource
 import shlex
 import shutil
 import signal
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from osb_sync import Client
+from osb_sync import ApiError, Client
 from osb_sync.local import LocalServer
 from osb_sync.local.host import bwrap, execd_template, identity
 from tests.local.serverproc import ServerProcess, descendants
@@ -635,3 +636,37 @@ def test_a_ranged_user_s_forked_execd_is_born_in_its_sandbox_s_delegated_groups(
         finally:
             assert server.stop() == 0
             shutil.rmtree(hook)
+
+
+def test_an_own_uid_sandbox_cannot_chmod_the_user_s_interpreter_through_execd_s_exe(
+    request: pytest.FixtureRequest,
+) -> None:
+    """A forked execd's /proc/self/exe is the template's: the server's interpreter on the
+    host's writable mount (a bwrap-started execd's is the sandbox's read-only bind of it).
+    Where root inside is the user and the user owns that file (a venv made with --copies,
+    pyenv, conda), execd's file routes followed it: a sandbox's chmod (also through a link to
+    it) made the user's interpreter set-uid and world-writable on the host."""
+    user, path = (request.getfixturevalue(name) for name in ("rangeless_user", "package_copy"))
+    home = Path(pwd.getpwnam(user).pw_dir)
+    made = subprocess.run(
+        ["runuser", "-u", user, "--", PYTHON, "-m", "venv", "--copies", str(home / "cvenv")],
+        capture_output=True,
+        timeout=120,
+        cwd="/",
+    )
+    assert made.returncode == 0, made.stderr
+    python = home / "cvenv/bin/python3"
+    assert python.stat().st_uid == pwd.getpwnam(user).pw_uid and not python.is_symlink()
+    mode = python.stat().st_mode
+    server = ServerProcess(user=user, python=str(python), path=path, spare_containers=0)
+    try:
+        with Client(server.api_base) as client, client.create_sandbox() as sandbox:
+            assert sandbox.run_code("print(6*7)").stdout == "42\n"
+            sandbox.commands.run("ln -s /proc/self/exe /tmp/run.sh")
+            for target in ("/proc/self/exe", "/tmp/run.sh"):
+                with contextlib.suppress(ApiError):
+                    sandbox.files.chmod(target, 0o4777)
+                assert python.stat().st_mode == mode, (target, oct(python.stat().st_mode))
+    finally:
+        python.chmod(mode & 0o7777)
+        assert server.stop() == 0

@@ -26,6 +26,17 @@ def support(ids: identity.IdRange) -> bwrap.Support:
 def new_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(execd_template, "kernel_joins_by_pidfd", lambda: True)
     monkeypatch.setattr(execd_template.os, "pidfd_open", lambda *_: 0, raising=False)
+    monkeypatch.setattr(execd_template, "_owns_interpreter", lambda: False)  # root's, say
+
+
+def test_not_where_root_inside_is_the_user_who_owns_the_interpreter(
+    monkeypatch: pytest.MonkeyPatch, new_kernel: None
+) -> None:
+    """Its execds' /proc/self/exe would be that file, writable to them as its owner."""
+    monkeypatch.setattr(execd_template, "_owns_interpreter", lambda: True)
+    assert not execd_template.usable(support(OWN), None)
+    assert execd_template.usable(support(RANGE), None)  # root inside is an id of the range
+    assert execd_template.usable(support(ROOT_RANGE), None)
 
 
 @pytest.mark.parametrize("ids", [ROOT_RANGE, RANGE, OWN], ids=["root", "range", "own ids"])

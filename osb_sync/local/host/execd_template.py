@@ -15,7 +15,8 @@ template did reads `Failed`, its status unknown (`liveness.py`). Deleting the sa
 the namespace's init, and the execd with it.
 
 Where it cannot be used (an image, whose execd runs the image's Python; an execd binary; a
-server that is not root on a machine without bash, `placeholder`; a kernel before 5.8, without
+server that is not root on a machine without bash, `placeholder`; a server whose sandboxes'
+root is its own user, who owns its interpreter, `usable`; a kernel before 5.8, without
 setns(2) on a pidfd; a machine without a seccomp table for bwrap), containers start as before.
 """
 
@@ -78,16 +79,32 @@ def kernel_joins_by_pidfd(release: str | None = None) -> bool:
 
 def usable(support: bwrap.Support, binary: object) -> bool:
     """Whether a container of the host's view (`bwrap.HostView.template`) with this execd
-    `binary` (None: ours) gets its execd from the template."""
+    `binary` (None: ours) gets its execd from the template.
+
+    Not where root inside is the server's user (`identity.own_ids`) who owns the interpreter
+    (a venv made with --copies, pyenv, conda): a forked execd's /proc/self/exe is the
+    template's, that file on the host's own mount, which execd's file routes (a chmod of
+    /proc/self/exe, or of a link to it) would reach as its owner; a bwrap-started execd's is
+    the sandbox's read-only bind of it.
+    """
     return (
         support.bwrap is not None
         and support.ids is not None
         and (support.ids.by_root or os.access(BASH, os.X_OK))
+        and not (support.ids.own and _owns_interpreter())
         and support.seccomp is not None
         and binary is None
         and hasattr(os, "pidfd_open")
         and kernel_joins_by_pidfd()
     )
+
+
+def _owns_interpreter() -> bool:
+    """Whether this process's user owns the interpreter file it runs (True where unknown)."""
+    try:
+        return os.stat(sys.executable).st_uid == os.geteuid()
+    except OSError:
+        return True
 
 
 def placeholder(userns: int = -1) -> list[str]:
