@@ -52,17 +52,42 @@ IGNORED = shutil.ignore_patterns(  # where there is no git to list the files
 )
 INSTALL_TIMEOUT = 300
 RUN_TIMEOUT = 300
+LOCK_TIMEOUT = 120
 
 
 def say(message: str) -> None:
     print(f"run_as_users.py: {message}", flush=True)
 
 
-def shadow(*command: str) -> subprocess.CompletedProcess[str]:
-    """useradd or userdel, one at a time with the server's and the local suite's."""
-    with open(RESERVE_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def shadow(*command: str, lock_path: str = RESERVE_LOCK) -> subprocess.CompletedProcess[str]:
+    """useradd or userdel, one at a time with the server's and the local suite's.
+
+    The lock lives in /run/lock, which every user may write: it is opened without following
+    a link (as the server opens it), must be root's own regular file, and is waited for
+    `LOCK_TIMEOUT` seconds at most.
+
+    Raises:
+        RuntimeError: the lock is not root's file, or stays held.
+        OSError: it is a link (ELOOP), or cannot be made.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    lock = os.open(lock_path, flags, 0o600)
+    try:
+        info = os.fstat(lock)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != 0:
+            raise RuntimeError(f"{lock_path} is not a file of root's: remove it (as root)")
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{lock_path} stayed locked {LOCK_TIMEOUT} s") from None
+                time.sleep(0.1)
         return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        os.close(lock)
 
 
 def tree_files() -> list[str] | None:
@@ -97,20 +122,23 @@ def readable_copy() -> Path:
     return tree
 
 
-def tun_wrapper(where: Path) -> list[str]:
-    """A command that runs its arguments where /dev/net/tun is a 0666 node, or [] where the
-    host's is that already."""
+def tun_wrapper() -> tuple[list[str], Path | None]:
+    """A command that runs its arguments where /dev/net/tun is a 0666 node, and the directory
+    of that node (the caller removes it); ([], None) where the host's is that already. The
+    directory is a new one only root enters (the bind is made as root, before `runuser`): no
+    other user reaches the node on the host, also where this run is killed."""
     try:
         mode = os.stat("/dev/net/tun").st_mode
     except OSError:
-        return []  # no tun at all: the internet test says what is missing
+        return [], None  # no tun at all: the internet test says what is missing
     if mode & 0o666 == 0o666:
-        return []
+        return [], None
+    where = Path(tempfile.mkdtemp(prefix="osb-nonroot-tun-"))  # 0700
     node = where / "tun"
     os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(10, 200))
     node.chmod(0o666)
     bind = 'mount --bind "$0" /dev/net/tun && exec "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, str(node)]
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, str(node)], where
 
 
 def has_range(name: str) -> bool:
@@ -260,12 +288,14 @@ def main(argv: list[str] | None = None) -> int:
         say(reason)
     else:
         tree = readable_copy()
+        wrap, private = tun_wrapper()
         try:
-            wrap = tun_wrapper(tree.parent)
             for kind in KINDS:
                 suite.extend(run_kind(kind, tree, wrap))
         finally:
             shutil.rmtree(tree.parent, ignore_errors=True)
+            if private is not None:
+                shutil.rmtree(private, ignore_errors=True)
     if args.junit is not None:
         args.junit.parent.mkdir(parents=True, exist_ok=True)
         whole = ET.Element("testsuites")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import os
 import re
 import shlex
 from pathlib import Path
@@ -344,3 +345,39 @@ def test_the_non_root_run_is_a_skip_ci_fails_on_where_it_cannot_make_users(
     assert (passed, failed, len(skips)) == (0, 0, 1), skips
     assert "needs root" in skips[0]
     assert run.design_label("nonroot", skips[0]) is None  # not by design: CI=true fails on it
+
+
+def test_the_non_root_run_takes_no_lock_a_user_could_have_planted(tmp_path: Path) -> None:
+    """/run/lock is every user's: a link there must not make root create a file elsewhere,
+    and a lock file of another user's (whose holder could stall the run) is refused."""
+    target = tmp_path / "nologin"
+    link = tmp_path / "lock-link"
+    link.symlink_to(target)
+    with pytest.raises(OSError):
+        run_as_users.shadow("true", lock_path=str(link))
+    assert not target.exists()
+    if os.geteuid() == 0:
+        theirs = tmp_path / "lock-theirs"
+        theirs.write_text("")
+        os.chown(theirs, 1000, 1000)
+        with pytest.raises(RuntimeError, match="not a file of root's"):
+            run_as_users.shadow("true", lock_path=str(theirs))
+        assert run_as_users.shadow("true", lock_path=str(tmp_path / "lock")).returncode == 0
+
+
+def test_the_non_root_run_s_tun_node_is_in_a_directory_only_root_enters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 0666 tun node where every user can reach it would open the host's tun to all."""
+    monkeypatch.setattr(run_as_users.os, "stat", lambda *_: os.stat_result((0o20600,) + (0,) * 9))
+    made: list[str] = []
+    monkeypatch.setattr(run_as_users.os, "mknod", lambda path, *_: made.append(str(path)))
+    monkeypatch.setattr(run_as_users.Path, "chmod", lambda *_: None)
+    wrap, where = run_as_users.tun_wrapper()
+    try:
+        assert where is not None and made == [str(where / "tun")] and wrap[-1] == made[0]
+        info = os.lstat(where)
+        assert info.st_mode & 0o777 == 0o700 and info.st_uid == os.geteuid()
+    finally:
+        if where is not None:
+            where.rmdir()
