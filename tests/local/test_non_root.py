@@ -11,7 +11,6 @@ none) and run the server as each with `runuser`: they need root, and skip otherw
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import pwd
@@ -42,6 +41,7 @@ from tests.local.test_host_firewall import (  # noqa: F401 (fixtures)
     host_listener,
     probe,
 )
+from tests.nonroot import run_as_users
 
 PYTHON = "/usr/bin/python3"  # what a user's venv is made from (the system's is PEP 668's)
 SSH_KEY = "ssh-key-of-the-user-3c1f"
@@ -111,12 +111,11 @@ def package_copy() -> Iterator[str]:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def _shadow(*command: str) -> subprocess.CompletedProcess[bytes]:
+def _shadow(*command: str) -> subprocess.CompletedProcess[str]:
     """useradd or userdel under the server's own lock (`identity.RESERVE_LOCK`): parallel
-    suites and servers making their user must not race on /etc/passwd."""
-    with open(identity.RESERVE_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return subprocess.run(command, capture_output=True, timeout=60)
+    suites and servers making their user must not race on /etc/passwd (taken as CI's
+    non-root run takes it: /run/lock is every user's)."""
+    return run_as_users.shadow(*command, lock_path=identity.RESERVE_LOCK)
 
 
 def _owner(pid: int) -> int | None:
