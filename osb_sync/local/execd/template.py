@@ -15,22 +15,21 @@ error, the relay socket, the ready pipe and the exit pipe, all write or read end
 and the placeholder use them), answered `protocol.ForkAnswer` (the execd's host pid, with a
 pidfd of the execd; or why not). EOF on it ends the template.
 
-For a request the template forks a child that keeps only that request's descriptors, joins
-the sandbox's cgroups (the request names their `cgroup.procs` files), joins every namespace of
-init (bwrap's child) at once through its pidfd (setns(2), Linux 5.8),
-refusing to go on if init's user, mount, PID, network, IPC or UTS namespace is the host's,
-takes init's resource limits (those the server gave bwrap), forks the execd (a process of the
-PID namespace) and exits. The execd takes what bubblewrap
-gives the process it starts: its descriptors as 0-4 (stdout on /dev/null), the rest closed; a
-new session; uid and gid 0 of the namespace and no supplementary groups (where the namespace
-denies setgroups, a server's own-uid map, the server's, as bwrap's child and execd keep them);
-MASK as its bounding, effective, permitted, inheritable and ambient capabilities; no_new_privs;
-the home as its working directory; default signal handling; and the seccomp filter, loaded
-last. Then it runs `main.main` and exits with its code. The template is its subreaper (the
-middle child's exit hands the execd to it): it reaps it and writes its exit status (128+N for
-signal N, as bwrap reports one) to the exit pipe, where the container's placeholder reads it
-and exits with it. Once the template is gone nobody writes it: the server sees the execd's end
-on its pidfd.
+For a request the template forks a child that keeps only that request's descriptors, joins the
+sandbox's cgroups (the request names their `cgroup.procs` files), joins every namespace of init
+(bwrap's child) at once through its pidfd (setns(2), Linux 5.8), refusing to go on if init's
+user, mount, PID, network, IPC or UTS namespace is the host's, takes init's resource limits
+(those the server gave bwrap), forks the execd (a process of the PID namespace) and exits. The
+execd takes what bubblewrap gives the process it starts: its descriptors as 0-4 (stdout on
+/dev/null), the rest closed; a new session; uid and gid 0 of the namespace and no supplementary
+groups (where the namespace denies setgroups, a server's own-uid map, the server's, as bwrap's
+child and execd keep them); MASK as its bounding, effective, permitted, inheritable and ambient
+capabilities; no_new_privs; the home as its working directory; default signal handling; and the
+seccomp filter, loaded last. Then it runs `main.main` and exits with its code. The template is
+its subreaper (the middle child's exit hands the execd to it): it waits for its end on a pidfd,
+reaps it and writes its exit status (128+N for signal N, as bwrap reports one) to the exit
+pipe, where the container's placeholder reads it and exits with it. Once the template is gone
+nobody writes it: the server sees the execd's end on its pidfd.
 
 Nothing of the server crosses: the template is its own process, started clean, holding only
 these modules and, while it forks, one request's descriptors. The execds forked from it share
