@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,16 @@ def test_a_fork_request_names_the_groups_its_execd_is_born_in() -> None:
     assert Fork.decode(b'{"init": 7}') == Fork(7)  # no groups: the server's own
     with pytest.raises(ValueError, match="groups must be a list of strings"):
         Fork.decode(b'{"init": 7, "groups": [1]}')
+
+
+def test_a_bwrap_copied_aside_is_in_a_directory_only_its_user_enters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    original = tmp_path / "bwrap"
+    original.write_bytes(b"\\x7fELF stands in for bwrap")
+    copy = Path(bwrap.private_copy(str(original)))
+    assert copy.read_bytes() == original.read_bytes() and copy != original
+    assert copy.parent.parent == tmp_path / "osb-sync"
+    assert copy.parent.stat().st_mode & 0o777 == 0o700
+    assert copy.stat().st_mode & 0o777 == 0o700

