@@ -15,7 +15,8 @@ Standard library only (tox runs it without installing the package). As root it:
   runs its ``test_as_user.py`` with ``OSB_NONROOT_KIND`` set;
 - where ``/dev/net/tun`` is not open to every user (a container's is 0600; distributions make
   it 0666), runs the user's tests in a mount namespace of their own in which a 0666 node
-  is bound over it, as ``tests/local/test_non_root.py`` does: the host's file is left alone;
+  is bound over it, as ``tests/local/test_non_root.py`` does: the host's file is left alone,
+  and the node is made in a new directory only root enters;
 - checks, once each user's run ended, that no process of the user or of its range is left
   (they are killed, and it fails, if any is);
 - removes the users (with their homes) and the copy.
