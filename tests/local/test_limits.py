@@ -128,13 +128,25 @@ def test_bad_limits_answer_400_naming_the_value(
 
 def test_plan_never_claims_a_limit_without_its_controller() -> None:
     requested = limits.parse({"memory": "128Mi", "cpu": "500m", "gpu": "1"})
-    message = limits.plan(requested, frozenset()).message()
-    assert message == (
-        " Limits enforced: memory=128Mi (RLIMIT_AS, per process);"
-        " not enforced: cpu=500m (no writable cpu cgroup), pids=512 (no writable pids cgroup;"
-        " RLIMIT_NPROC counts a whole user's processes, not a sandbox's), ephemeral-storage=1Gi,"
-        " inodes=100000 (no per-sandbox filesystem here), gpu=1 (not supported locally)."
+    bare = limits.plan(requested, frozenset())
+    assert bare.message() == (
+        " Limits enforced: none;"
+        " not enforced: memory=128Mi (no writable memory cgroup: only RLIMIT_AS, per process,"
+        " not the sandbox's total), cpu=500m (no writable cpu cgroup), pids=512 (no writable"
+        " pids cgroup; RLIMIT_NPROC here counts a whole host user's processes, not a"
+        " sandbox's), ephemeral-storage=1Gi (no per-sandbox filesystem here), inodes=100000"
+        " (likewise), gpu=1 (not supported locally)."
     )
+    assert bare.dropped == ["memory", "cpu", "gpu"]  # asked for; the rest are defaults
+    assert bare.address_space == 128 << 20 and bare.processes is None
+    one = limits.plan(requested, frozenset(), ids="one")
+    assert "pids=512 (RLIMIT_NPROC in the sandbox's user namespace)" in one.enforced
+    assert one.processes == 512 and "pids" not in one.dropped
+    ranged = limits.plan(limits.parse({"pids": "64"}), frozenset(), ids="range")
+    assert ranged.enforced[0].startswith("pids=64 (RLIMIT_NPROC in the sandbox's user namespace,")
+    assert "per id" in ranged.enforced[0] and ranged.dropped == []
+    counted = [limits.nproc_per_namespace(r) for r in ("5.13.19", "5.14.0-1", "6.18.44-x", "?")]
+    assert counted == [False, True, True, False]  # ucounts: per user namespace since 5.14
     full = limits.plan(requested, frozenset(limits.CONTROLLERS), "tmpfs")
     assert full.message().startswith(
         " Limits enforced: memory=128Mi (cgroup), cpu=500m (cgroup), pids=512 (cgroup),"
@@ -149,7 +161,13 @@ def test_plan_never_claims_a_limit_without_its_controller() -> None:
         "ephemeral-storage=64Mi (bwrap tmpfs, per writable directory, in memory)"
         in (unprivileged.message().split("; not enforced")[0])
     )
-    assert "inodes=100000 (a server not running as root" in unprivileged.message()
+    assert "inodes=100000 (bwrap's --tmpfs takes a size but no inode count)" in (
+        unprivileged.message()
+    )
+    assert unprivileged.dropped == []  # the inodes are the default, not asked for
+    assert limits.plan(limits.parse({"inodes": "5000"}), frozenset(), "per-directory").dropped == [
+        "inodes"
+    ]
     assert full.cgroup["cpu"]["cpu.cfs_quota_us"] == "50000"
 
 
@@ -224,15 +242,16 @@ def test_without_controllers_memory_falls_back_to_rlimit_as_and_says_so(
 ) -> None:
 
     require_isolation()
-    monkeypatch.setattr(limits, "writable_controllers", frozenset)
+    monkeypatch.setattr(limits, "writable_controllers", lambda place: frozenset())
     with local_server(ping_interval=0.2, command_grace=0, min_timeout=1, isolation=True) as srv:
         box = limited_box(srv, http)
         message = box.created["status"]["message"]
-        assert "Limits enforced: memory=128Mi (RLIMIT_AS, per process), ephemeral-storage=1Gi" in (
-            message
+        assert (
+            "memory=128Mi (no writable memory cgroup: only RLIMIT_AS, per process"
+            in (message.split("not enforced: ")[1])
         )
         assert "cpu=0.5 (no writable cpu cgroup)" in message
-        assert "pids=64 (no writable pids cgroup" in message
+        assert "pids=64 (RLIMIT_NPROC in the sandbox's user namespace, per id" in message
         assert "(cgroup)" not in message
         assert not (cgroup.parent_dir("memory") / box.id).exists()
         events = box.command(ALLOCATE_256M)

@@ -153,7 +153,13 @@ def wait_for_claim(ready_fd: int) -> Claim | None:
     """Report ready, then read the claim line (None: stdin closed, the spare was not needed)."""
     os.write(ready_fd, b"ready\n")
     line = sys.stdin.buffer.readline()
-    return Claim.decode(line) if line else None
+    if not line:
+        return None
+    claim = Claim.decode(line)
+    if claim.process_limit:  # before anything of the sandbox's runs; no sandbox may raise it
+        limit = claim.process_limit
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    return claim
 
 
 class Entrypoint:

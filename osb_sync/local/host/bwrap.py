@@ -148,6 +148,7 @@ class Support:
     ids: identity.IdRange | None = None
     firewall: firewall.Tools | None = None
     fix: str = FIX
+    cgroups: cgroup.Place = cgroup.OWN  # where its sandboxes' groups go (`--cgroup-parent`)
 
 
 def refusal(problem: str, fix: str = FIX) -> str:

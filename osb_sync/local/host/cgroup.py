@@ -2,19 +2,34 @@
 
 The freezer pauses and resumes a sandbox; memory, cpu and pids enforce its limits (`limits.py`).
 Each controller's groups live in `osb-sync/` under the server's own group of that controller
-(`/proc/self/cgroup`), so a server confined by its parent stays confined with its sandboxes.
-The server writes bwrap's pids into every controller's `cgroup.procs` (`join`) while bwrap
+(`/proc/self/cgroup`), so a server confined by its parent stays confined with its sandboxes;
+or, with `--cgroup-parent PATH` (`Place`), under PATH in each controller's hierarchy (from its
+root where PATH starts with "/", else from the server's own group), as Docker's flag: the way
+for a server that is not root, once an operator made PATH in the memory, pids, cpu and freezer
+hierarchies and gave it to the server's user (`chown -R USER`). A group made there is the
+user's too (the kernel gives a new group its parent's owner).
+
+A root server writes bwrap's pids into every controller's `cgroup.procs` (`join`) while bwrap
 waits for its user namespace's id maps, before any code of the sandbox runs, so no process of
-the sandbox is ever outside its group.
+the sandbox is ever outside its group. A server that is not root may move only processes of its
+own uid (v1's rule), and bwrap's child is already the sandbox's root when it waits: bwrap
+starts through `JOIN_SCRIPT`, which writes its own pid into every group and then execs bwrap,
+so bwrap and all it makes start inside. A sandbox never sees these files (its `/sys` has no
+cgroup tree); where its root is the server's own uid it could write them if it did, which is
+why `tests/local/test_limits_non_root.py` looks for them from inside.
+
+cgroup v2 (one tree, a delegated subtree) is `cgroup2.py`.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import pwd
 import signal
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -27,6 +42,10 @@ CONTROLLERS = ("freezer", "memory", "cpu", "pids")
 # v1's memory.limit_in_bytes without a limit is the largest page multiple of an int64: read
 # from this on as no limit (no machine has that much memory to limit)
 UNLIMITED_MEMORY = 1 << 62
+
+
+# Run as `sh -c JOIN_SCRIPT sh PROCS... -- ARGV...`: into every group, then exec ARGV.
+JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
 
 @functools.cache
@@ -43,17 +62,38 @@ def own_group(controller: str) -> str:
     return "/"
 
 
-def parent_dir(controller: str) -> Path:
-    """Where the sandboxes' groups of `controller` go: `osb-sync/` in the server's own group."""
-    return CGROUP_ROOT / controller / own_group(controller).lstrip("/") / PARENT
+@dataclass(frozen=True)
+class Place:
+    """Where a server makes its sandboxes' groups: `osb-sync/` in each controller's `parent`
+    (`--cgroup-parent`), or in the server's own group (None)."""
+
+    parent: str | None = None
+
+    def base(self, controller: str) -> Path:
+        """The directory of `controller`'s hierarchy that holds `osb-sync/`."""
+        own = own_group(controller).lstrip("/")
+        if self.parent is None:
+            return CGROUP_ROOT / controller / own
+        if self.parent.startswith("/"):
+            return CGROUP_ROOT / controller / self.parent.lstrip("/")
+        return CGROUP_ROOT / controller / own / self.parent
 
 
-def usable(controller: str) -> bool:
-    """True when this process may make groups under `controller` (v1, writable, e.g. root).
+OWN = Place()
+
+
+def parent_dir(controller: str, place: Place = OWN) -> Path:
+    """Where the sandboxes' groups of `controller` go: `osb-sync/` in `place`."""
+    return place.base(controller) / PARENT
+
+
+def usable(controller: str, place: Place = OWN) -> bool:
+    """True when this process may make groups under `controller` (v1, writable, e.g. root, or
+    a user the operator gave `place`).
 
     Also removes the empty groups that servers killed without a chance to clean up left.
     """
-    parent = parent_dir(controller)
+    parent = parent_dir(controller, place)
     if not (parent.parent / "cgroup.procs").is_file():
         return False
     try:
@@ -65,6 +105,22 @@ def usable(controller: str) -> bool:
         return False
     _sweep(parent)
     return True
+
+
+def delegation_fix(user: str | None = None) -> str:
+    """The operator's line that gives this server's user (`user`) cgroups of its own (v1),
+    and the option that uses them."""
+    if user is None:
+        try:
+            user = pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:
+            user = str(os.geteuid())
+    name = f"osb-{user}"
+    return (
+        f"have root run `for c in {' '.join(CONTROLLERS[1:] + CONTROLLERS[:1])}; do mkdir -p"
+        f" /sys/fs/cgroup/$c/{name} && chown -R {user} /sys/fs/cgroup/$c/{name}; done` and"
+        f" start the server with --cgroup-parent /{name} (LocalServer(cgroup_parent='/{name}'))"
+    )
 
 
 def _sweep(parent: Path) -> None:
@@ -81,11 +137,11 @@ def _sweep(parent: Path) -> None:
 class Cgroup:
     """The groups of one sandbox, one per controller."""
 
-    def __init__(self, name: str, controllers: tuple[str, ...]) -> None:
+    def __init__(self, name: str, controllers: tuple[str, ...], place: Place = OWN) -> None:
         self.dirs: dict[str, Path] = {}
         try:
             for controller in controllers:
-                path = parent_dir(controller) / name
+                path = parent_dir(controller, place) / name
                 path.mkdir()
                 self.dirs[controller] = path
         except OSError:
@@ -109,6 +165,11 @@ class Cgroup:
         """Move process `pid` (its threads; not its existing children) into every group."""
         for path in self.dirs.values():
             (path / "cgroup.procs").write_text(str(pid))
+
+    def joining(self, argv: list[str]) -> list[str]:
+        """`argv` run by a shell that first moves itself into every group (`JOIN_SCRIPT`)."""
+        procs = [str(path / "cgroup.procs") for path in self.dirs.values()]
+        return ["/bin/sh", "-c", JOIN_SCRIPT, "sh", *procs, "--", *argv]
 
     def freeze(self, frozen: bool) -> None:
         """Freeze (or thaw) every process of the group; OSError if it does not settle."""
@@ -190,12 +251,12 @@ def _write_quietly(path: Path, value: str) -> None:
         pass
 
 
-def leftover_groups(name: str) -> list[Path]:
+def leftover_groups(name: str, place: Place = OWN) -> list[Path]:
     """The groups of the sandbox `name` that exist, in every controller (any age)."""
     return [
-        parent_dir(controller) / name
+        parent_dir(controller, place) / name
         for controller in CONTROLLERS
-        if (parent_dir(controller) / name).is_dir()
+        if (parent_dir(controller, place) / name).is_dir()
     ]
 
 

@@ -300,6 +300,8 @@ class SandboxContainer:
             if not staging.available():
                 passed += [bind.fd for bind in self._settings.mounts]  # bwrap's --bind-fd
             self._make_cgroups()
+            if self._cgroup is not None and not as_range:  # v1: only its own processes
+                argv = self._cgroup.joining(argv)
         else:
             argv = [sys.executable, "-I", "-S", package.pinned(MAIN_SCRIPT), *command]
         self._proc = SPAWNER.run(
@@ -331,7 +333,7 @@ class SandboxContainer:
             self._netns = spawn.namespace(self._init_fd, self.init_pid, "net")
         # Nothing of the sandbox's runs before this write: bwrap and its child (the only
         # processes yet) join the groups, then the namespace gets its ids.
-        if self._cgroup is not None:
+        if self._cgroup is not None and self.ids.by_root:  # else joined before bwrap ran
             self._cgroup.join(self._proc.pid)
             self._cgroup.join(self.init_pid)
         if self.ids.by_root:  # else mapped before bwrap joined it
@@ -388,6 +390,7 @@ class SandboxContainer:
                 self._settings.view.environment(assignment.env, self._plain_home),
                 assignment.entrypoint,
                 self._limits.address_space,
+                self._limits.processes,
             )
             self._send(claim)
             if read_until(self._ready_r, b"\n", deadline) != b"serving\n":
@@ -639,7 +642,8 @@ class SandboxContainer:
         wanted = {*self._limits.cgroup, *self._settings.controllers}
         if "memory" not in wanted:
             return []
-        counter = cgroup_parent_dir("memory") / self.home.name / "memory.oom_control"
+        group = cgroup_parent_dir("memory", self.support.cgroups) / self.home.name
+        counter = group / "memory.oom_control"
         return ["--ro-bind-try", str(counter), OOM_CONTROL]
 
     def _make_cgroups(self) -> None:
@@ -647,7 +651,7 @@ class SandboxContainer:
         wanted = {*self._limits.cgroup, *self._settings.controllers}
         controllers = (("freezer",) if self.support.freezer else ()) + tuple(sorted(wanted))
         if controllers:
-            self._cgroup = Cgroup(self.home.name, controllers)
+            self._cgroup = Cgroup(self.home.name, controllers, self.support.cgroups)
             self._cgroup.configure(self._limits.cgroup)
 
     @property

@@ -1,18 +1,29 @@
 """A sandbox's `resourceLimits`: parse them, decide how each is enforced, and say so honestly.
 
-`memory`, `cpu` and a pids cap (`pids`, default 512) are enforced by cgroup v1 controllers the
-server can write (nested under its own group, see `cgroup.py`). The disk (`ephemeral-storage`,
-default 1Gi, and `inodes`, default 100000) is a size- and inode-limited tmpfs per sandbox
-(`disk.py`: where it cannot be, what is enforced instead is said). Where the memory controller is
-not writable, RLIMIT_AS caps the address space of each process execd starts instead (per
-process, not the sandbox's total; execd itself stays uncapped). RLIMIT_NPROC is never used:
-it counts every process of a user id (host root for a root server, else the server's own
-user), so it is no per-sandbox cap. Whatever cannot be enforced is listed as such in the
-status message, never as enforced.
+`memory`, `cpu` and a pids cap (`pids`, default 512) are enforced by cgroup controllers the
+server can write (nested under its own group or `--cgroup-parent`, see `cgroup.py`). The disk
+(`ephemeral-storage`, default 1Gi, and `inodes`, default 100000) is a size- and inode-limited
+tmpfs per sandbox (`disk.py`: where it cannot be, what is enforced instead is said).
+
+Without a writable controller:
+- memory: RLIMIT_AS caps the address space of each process execd starts (per process, not
+  the sandbox's total; execd itself stays uncapped): reported as NOT enforced.
+- pids: RLIMIT_NPROC, set by execd on itself at the claim (soft and hard: raising a hard
+  limit needs CAP_SYS_RESOURCE in the host's namespace, which no sandbox has). Since Linux
+  5.14 the kernel counts it per user namespace and id (ucounts), and every sandbox has a user
+  namespace of its own: the count is that sandbox's processes of one id. A sandbox whose root
+  is the server's own user has one id; one of a range has 65536, and code that switches ids
+  gets the limit again for each (said in the status). Before 5.14 it counted every process of
+  a host uid, all sandboxes' and the user's own: not used there.
+- cpu: not enforced.
+Whatever cannot be enforced is listed as such in the status message, never as enforced; a
+limit the create asked for (not a default) that is not enforced is also in `Plan.dropped`:
+one warning line on the server, or the create's refusal under `--require-limits`.
 """
 
 from __future__ import annotations
 
+import platform
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -80,6 +91,7 @@ class Requested:
     texts: dict[str, str]  # as given, for the status message
     others: tuple[str, ...]  # keys the local server has no means to enforce
     disk: tuple[int, int] = (disk.DEFAULT_BYTES, disk.DEFAULT_INODES)  # bytes, inodes
+    asked: frozenset[str] = frozenset()  # the keys the create gave (the rest are defaults)
 
 
 def parse(limits: dict[str, str]) -> Requested:
@@ -89,6 +101,7 @@ def parse(limits: dict[str, str]) -> Requested:
         LimitError: a malformed or unusable value, named.
     """
     texts = {k: str(v) for k, v in limits.items()}
+    asked = frozenset(texts)
     memory = cpu = None
     if "memory" in texts:
         value = quantity("memory", texts["memory"])
@@ -111,7 +124,7 @@ def parse(limits: dict[str, str]) -> Requested:
         pids = _whole_number("pids", texts["pids"], MIN_PIDS, MAX_PIDS)
     texts.setdefault("pids", str(pids))
     others = tuple(k for k in texts if k not in (*CONTROLLERS, *DISK_KEYS))
-    return Requested(memory, cpu, pids, texts, others, _disk(texts))
+    return Requested(memory, cpu, pids, texts, others, _disk(texts), asked)
 
 
 def _whole_number(key: str, text: str, low: int, high: int) -> int:
@@ -146,13 +159,15 @@ def _disk(texts: dict[str, str]) -> tuple[int, int]:
 
 @dataclass
 class Plan:
-    """How a sandbox's limits are enforced: cgroup files to write, an RLIMIT_AS for processes."""
+    """How a sandbox's limits are enforced: cgroup files to write, rlimits for processes."""
 
     cgroup: dict[str, dict[str, str]] = field(default_factory=dict)
     address_space: int | None = None  # bytes, for every process execd starts
+    processes: int | None = None  # RLIMIT_NPROC of execd and all it starts
     disk: tuple[int, int] | None = None  # the tmpfs's (or each tmpfs's) bytes and inodes
     enforced: list[str] = field(default_factory=list)
     unenforced: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # asked for and not enforced: the keys
 
     def message(self) -> str:
         """The fixed-format sentence of the status message."""
@@ -162,14 +177,28 @@ class Plan:
         )
 
 
-def writable_controllers() -> frozenset[str]:
+def writable_controllers(place: cgroup.Place = cgroup.OWN) -> frozenset[str]:
     """The limit controllers this server may make groups in (empty off Linux or unprivileged)."""
-    return frozenset(c for c in CONTROLLERS if cgroup.usable(c))
+    return frozenset(c for c in CONTROLLERS if cgroup.usable(c, place))
 
 
-def plan(requested: Requested, controllers: frozenset[str], disk_mode: str = "none") -> Plan:
-    """Decide how each requested limit is enforced with the `controllers` at hand and the
-    sandbox's `disk.mode`."""
+def nproc_per_namespace(release: str | None = None) -> bool:
+    """Whether this kernel (`release`, default the running one) counts RLIMIT_NPROC per user
+    namespace and id (ucounts, Linux 5.14 and later)."""
+    found = re.match(r"(\d+)\.(\d+)", release if release is not None else platform.release())
+    return found is not None and (int(found[1]), int(found[2])) >= (5, 14)
+
+
+def plan(
+    requested: Requested,
+    controllers: frozenset[str],
+    disk_mode: str = "none",
+    ids: str = "",
+) -> Plan:
+    """Decide how each requested limit is enforced with the `controllers` at hand, the
+    sandbox's `disk.mode` and its `ids` inside: "one" (its root is the server's user),
+    "range" (65536 ids), "" (not isolated, or a kernel that counts RLIMIT_NPROC per host uid:
+    see `nproc_per_namespace`)."""
     out = Plan()
     texts = requested.texts
     if requested.memory is not None:
@@ -178,7 +207,10 @@ def plan(requested: Requested, controllers: frozenset[str], disk_mode: str = "no
             out.enforced.append(f"memory={texts['memory']} (cgroup)")
         else:
             out.address_space = requested.memory
-            out.enforced.append(f"memory={texts['memory']} (RLIMIT_AS, per process)")
+            out.unenforced.append(
+                f"memory={texts['memory']} (no writable memory cgroup: only RLIMIT_AS, per"
+                " process, not the sandbox's total)"
+            )
     if requested.cpu is not None:
         if "cpu" in controllers:
             quota = int(requested.cpu * CPU_PERIOD_US)
@@ -192,13 +224,24 @@ def plan(requested: Requested, controllers: frozenset[str], disk_mode: str = "no
     if "pids" in controllers:
         out.cgroup["pids"] = {"pids.max": str(requested.pids)}
         out.enforced.append(f"pids={texts['pids']} (cgroup)")
+    elif ids:
+        out.processes = requested.pids
+        out.enforced.append(
+            f"pids={texts['pids']} (RLIMIT_NPROC in the sandbox's user namespace"
+            + (")" if ids == "one" else ", per id: code that switches ids gets as many again)")
+        )
     else:
         out.unenforced.append(
-            f"pids={texts['pids']} (no writable pids cgroup; RLIMIT_NPROC counts a whole"
-            " user's processes, not a sandbox's)"
+            f"pids={texts['pids']} (no writable pids cgroup; RLIMIT_NPROC here counts a"
+            " whole host user's processes, not a sandbox's)"
         )
     _plan_disk(out, requested, disk_mode)
     out.unenforced += [f"{k}={texts[k]} (not supported locally)" for k in requested.others]
+    out.dropped = [
+        key
+        for key in texts
+        if key in requested.asked and any(text.startswith(f"{key}=") for text in out.unenforced)
+    ]
     return out
 
 
@@ -213,6 +256,6 @@ def _plan_disk(out: Plan, requested: Requested, disk_mode: str) -> None:
     elif disk_mode == "per-directory":
         out.disk = requested.disk
         out.enforced.append(f"{size} (bwrap tmpfs, per writable directory, in memory)")
-        out.unenforced.append(f"{inodes} (a server not running as root mounts no tmpfs)")
+        out.unenforced.append(f"{inodes} (bwrap's --tmpfs takes a size but no inode count)")
     else:
-        out.unenforced.append(f"{size}, {inodes} (no per-sandbox filesystem here)")
+        out.unenforced += [f"{size} (no per-sandbox filesystem here)", f"{inodes} (likewise)"]

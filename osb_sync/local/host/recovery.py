@@ -134,14 +134,14 @@ def sandbox_ids(root: Path) -> dict[str, list[Path]]:
     return found
 
 
-def reap(root: Path) -> int:
+def reap(root: Path, place: cgroup.Place = cgroup.OWN) -> int:
     """Remove what dead servers left in `root` (see the module docstring); how many sandboxes.
 
     Call it only while holding `root` (`claim`), or once its owner is gone (`owner_gone`).
     """
     leftovers = sandbox_ids(root)
     for sandbox_id, dirs in sorted(leftovers.items()):
-        groups = cgroup.leftover_groups(sandbox_id)
+        groups = cgroup.leftover_groups(sandbox_id, place)
         killed = cgroup.kill_members(groups)
         killed += _kill_by_cwd(dirs)
         cgroup.remove_groups(groups)

@@ -23,6 +23,7 @@ unisolated, every create is refused, naming what to install or allow.
 
 from __future__ import annotations
 
+import logging
 import platform
 import secrets
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,7 @@ from . import disk, entrypoint, limits, network, package, volumes
 from .capacity import Capacity
 from .container import OOM_CONTROL, Assignment, Launch
 from .diagnostics import Diagnostics
-from .errors import ImageError, IsolationError
+from .errors import ImageError, IsolationError, UnenforcedLimitError
 from .execd_binary import IMAGE_EXECD_PATH
 from .images.config import CONFIG_INVALID, ConfigError
 from .images.service import ImageRun
@@ -53,6 +54,7 @@ REFUSED_FIELDS = {
     "lifecycle": "lifecycle hooks are run by the real execd, not the local server's",
     "templateId": "templates need OpenSandbox's Kubernetes runtime (fsb templates)",
 }
+logger = logging.getLogger("osb_sync.local")
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,13 @@ class Registry:
         """POST /sandboxes: `plan` it, carry it out, answer 202 (see the module docstring)."""
         package.warn_if_changed()
         plan = self.plan(ex)
+        if plan.limits.dropped:  # one line per such sandbox, as rootless Podman on cgroup v1
+            dropped = [t for t in plan.limits.unenforced if t.split("=")[0] in plan.limits.dropped]
+            logger.warning(
+                "local server: a sandbox runs WITHOUT the limits it asked for: %s;%s",
+                "; ".join(dropped),
+                f" to enforce them, {self.config.limits_fix}" if self.config.limits_fix else "",
+            )
         try:
             sandbox = self._start(plan)
         except BaseException:
@@ -202,7 +211,16 @@ class Registry:
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         image = config.images.launch(body) if config.images is not None else None
         disk_mode = disk.mode(config.support, image is not None)
-        plan = limits.plan(requested, config.limit_controllers, disk_mode)
+        ids = config.support.ids if isolated else None
+        per_namespace = ids is not None and limits.nproc_per_namespace()
+        counted = "" if ids is None or not per_namespace else "one" if ids.own else "range"
+        plan = limits.plan(requested, config.limit_controllers, disk_mode, counted)
+        if plan.dropped and config.require_limits:
+            refused = [t for t in plan.unenforced if t.split("=")[0] in plan.dropped]
+            raise UnenforcedLimitError(
+                f"this server cannot enforce {'; '.join(refused)}, and it requires limits"
+                f" (require_limits): {config.limits_fix or 'ask for none of them'}"
+            )
         argv = entrypoint.command(body, image.view if image is not None else None)
         return CreatePlan(
             body=body,

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
-from . import capacity, firewall, identity, logs, options, package, proxy, recovery, staging
+from . import capacity, cgroup, firewall, identity, logs, options, package, proxy, recovery, staging
 from . import limits as resource_limits
 from .bwrap import Support, probe, refusal
 from .errors import (
@@ -37,6 +37,7 @@ from .errors import (
     LimitError,
     LocalError,
     PolicyError,
+    UnenforcedLimitError,
     VolumeError,
 )
 from .execd_binary import ExecdBinary, checked_jupyter
@@ -98,6 +99,8 @@ class LocalServer:
         command_grace: float = options.COMMAND_GRACE.default,
         isolation: bool | None = options.ISOLATION.default,
         require_id_range: bool = options.REQUIRE_ID_RANGE.default,
+        cgroup_parent: str | None = options.CGROUP_PARENT.default,
+        require_limits: bool = options.REQUIRE_LIMITS.default,
         allowed_hosts: Iterable[str] = options.ALLOWED_HOSTS.default,
         limits: Limits | None = options.LIMITS.default,
         allowed_host_paths: Iterable[str | Path] = options.ALLOWED_HOST_PATHS.default,
@@ -158,6 +161,8 @@ class LocalServer:
         self.refusal = ""  # why every create answers 503 (isolation impossible, not turned off)
         self._isolation = isolation
         self._require_id_range = require_id_range
+        self._cgroups = cgroup.Place(cgroup_parent)
+        self._require_limits = require_limits
         self._own_peers = False  # only the server's user and root are answered (`start`)
         self._root_dir = Path(root_dir) if root_dir is not None else None
         self.root_dir: Path | None = None
@@ -195,6 +200,9 @@ class LocalServer:
         if self._require_id_range and support.bwrap is not None and ids is not None and ids.own:
             problem = f"{ids.no_range}, and the server requires one (require_id_range)"
             support = Support(None, problem, None, False, fix=ids.range_fix)
+        if support.bwrap is not None and self._cgroups != support.cgroups:
+            freezer = cgroup.usable("freezer", self._cgroups)
+            support = dataclasses.replace(support, freezer=freezer, cgroups=self._cgroups)
         if (self.execd_binary is not None or self.execd_image) and support.bwrap is None:
             raise RuntimeError(
                 "an execd binary needs isolated sandboxes (it listens on every interface of"
@@ -250,7 +258,7 @@ class LocalServer:
                 self._httpd.server_close()
                 raise
             self._lock_fd = recovery.claim(self.root_dir)
-            recovery.reap(self.root_dir)
+            recovery.reap(self.root_dir, support.cgroups)
             for parent in recovery.stray_parents():
                 recovery.sweep_strays(parent)
             if support.ids is not None and self.isolated:
@@ -284,9 +292,11 @@ class LocalServer:
                     unenforced_network_policy=self.unenforced_network_policy,
                     support=support,
                     address=self._netloc,
-                    limit_controllers=resource_limits.writable_controllers()
+                    limit_controllers=resource_limits.writable_controllers(support.cgroups)
                     if self.isolated
                     else frozenset(),
+                    require_limits=self._require_limits,
+                    limits_fix=cgroup.delegation_fix() if self.isolated else "",
                     volume_places=(
                         self.allowed_host_paths,
                         self.volume_root or self.root_dir / "volumes",
@@ -620,6 +630,7 @@ def answer(exc: LocalError) -> HttpError:
         CapacityError: "SANDBOX::CAPACITY_EXCEEDED",
         InternetError: "SANDBOX::INTERNET_UNAVAILABLE",
         IsolationError: "SANDBOX::ISOLATION_UNAVAILABLE",
+        UnenforcedLimitError: "SANDBOX::LIMITS_UNENFORCEABLE",
     }
     return error(503, unavailable[type(exc)], str(exc))
 
