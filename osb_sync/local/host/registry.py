@@ -138,11 +138,9 @@ class Registry:
         package.warn_if_changed()
         plan = self.plan(ex)
         if plan.limits.dropped:  # one line per such sandbox, as rootless Podman on cgroup v1
-            dropped = [t for t in plan.limits.unenforced if t.split("=")[0] in plan.limits.dropped]
             logger.warning(
-                "local server: a sandbox runs WITHOUT the limits it asked for: %s;%s",
-                "; ".join(dropped),
-                f" to enforce them, {self.config.limits_fix}" if self.config.limits_fix else "",
+                "local server: a sandbox runs WITHOUT the limits it asked for: %s",
+                self._dropped(plan.limits),
             )
         try:
             sandbox = self._start(plan)
@@ -216,10 +214,9 @@ class Registry:
         counted = "" if ids is None or not per_namespace else "one" if ids.own else "range"
         plan = limits.plan(requested, config.limit_controllers, disk_mode, counted)
         if plan.dropped and config.require_limits:
-            refused = [t for t in plan.unenforced if t.split("=")[0] in plan.dropped]
             raise UnenforcedLimitError(
-                f"this server cannot enforce {'; '.join(refused)}, and it requires limits"
-                f" (require_limits): {config.limits_fix or 'ask for none of them'}"
+                f"this server requires limits (require_limits) and cannot enforce what the"
+                f" create asked for: {self._dropped(plan)}"
             )
         argv = entrypoint.command(body, image.view if image is not None else None)
         return CreatePlan(
@@ -234,6 +231,23 @@ class Registry:
             pool=pool,
             snapshot=snapshot,
         )
+
+    def _dropped(self, plan: limits.Plan) -> str:
+        """The limits `plan` drops that the create asked for, and how each could be had."""
+        said = [t for t in plan.unenforced if t.split("=")[0] in plan.dropped]
+        fixes = []
+        grouped = [key for key in limits.CONTROLLERS if key in plan.dropped]
+        if grouped and self.config.limits_fix:
+            fixes.append(f"for {' and '.join(grouped)}, {self.config.limits_fix}")
+        disk_keys = [key for key in limits.DISK_KEYS if key in plan.dropped]
+        if disk_keys:
+            fixes.append(
+                f"for {' and '.join(disk_keys)}, run the server as root (it mounts one tmpfs"
+                " per sandbox, with both caps)"
+            )
+        if set(plan.dropped) - {*limits.CONTROLLERS, *limits.DISK_KEYS}:
+            fixes.append("leave out the keys not supported locally")
+        return "; ".join(said) + ". To enforce them: " + "; ".join(fixes or ["ask for none"])
 
     def _start(self, plan: CreatePlan) -> LocalSandbox:
         """Carry `plan` out: a container serving the sandbox, registered."""

@@ -1,0 +1,275 @@
+"""Limits of a server that is not root (issue 42, item 3): a limit a create asks for is enforced
+or reported, never silently dropped.
+
+- With a cgroup v1 parent the test (as root) makes in the memory, pids, cpu and freezer
+  hierarchies and gives the user (`chown -R`, what `--cgroup-parent`'s fix says), a 128 MiB
+  memory limit holds, and the sandbox can neither see those files nor raise its limits.
+- Without one, the create succeeds, its status names the limits not enforced, and the server
+  logs one warning line; `require_limits` refuses it instead, naming the fix.
+- The pids limit holds without any cgroup: RLIMIT_NPROC in the sandbox's own user namespace
+  (Linux 5.14+ counts it there), so a fork loop stops near it and the user's own shells, under
+  a small RLIMIT_NPROC of their own, still fork.
+- The disk size holds through bwrap's `--tmpfs --size`; the inode cap is reported as not
+  enforced.
+
+Each runs a server as a fresh user (`test_non_root.py`'s fixtures): root only, like those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from osb_sync import Client
+from osb_sync.local.host import cgroup, limits
+from tests.local.serverproc import ServerProcess, descendants
+from tests.local.support import CREATE_BODY
+from tests.local.test_non_root import (  # noqa: F401 (fixtures)
+    PYTHON,
+    package_copy,
+    ranged_user,
+    rangeless_user,
+)
+
+ALLOCATE_256M = "python3 -c 'b = bytearray(256 << 20); print(\"allocated\", len(b))'"
+# Forks until the kernel refuses (or 1000), holds the children `HOLD` seconds, then ends them.
+HOLD = 10
+FORK_AND_HOLD = f"""python3 - <<'EOF'
+import os, time
+children = []
+try:
+    while len(children) < 1000:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep({HOLD + 5})
+            os._exit(0)
+        children.append(pid)
+except OSError as exc:
+    print("stopped after", len(children), exc.errno, flush=True)
+time.sleep({HOLD})
+for pid in children:
+    os.kill(pid, 9)
+EOF"""
+# Run as the user, outside any sandbox: 40 children at once.
+USER_FORKS = "for i in $(seq 40); do sleep 2 & done; wait && echo forked-40"
+# Run in a sandbox: what of the cgroup files it can reach or change.
+HOSTILE = """
+ls /sys/fs/cgroup 2>&1 | head -1
+for fs in cgroup cgroup2; do mount -t $fs -o memory none /mnt 2>&1 | head -1 || true; done
+python3 -c 'import resource; resource.setrlimit(resource.RLIMIT_NPROC, (1 << 20, 1 << 20))' \
+  2>&1 | tail -1
+"""
+
+
+WARNING = "runs WITHOUT the limits it asked for"
+DENY = {"defaultAction": "deny"}
+
+
+@contextlib.contextmanager
+def delegated(user: str) -> Iterator[cgroup.Place]:
+    """A cgroup parent in the memory, pids, cpu and freezer hierarchies, under this process's
+    own groups (the server, its child, starts there), given to `user` as an operator would
+    (`chown -R`); removed after, with whatever groups are left in it."""
+    place = cgroup.Place(f"osb-test-{os.getpid()}")
+    if not all(cgroup.usable(c) for c in cgroup.CONTROLLERS):
+        pytest.skip("makes cgroup v1 groups for a user: needs writable v1 controllers (root)")
+    entry = pwd.getpwnam(user)
+    made: list[Path] = []
+    try:
+        for controller in cgroup.CONTROLLERS:
+            base = place.base(controller)
+            base.mkdir()
+            made.append(base)
+            for path in (base, *base.iterdir()):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        yield place
+    finally:
+        for base in made:
+            for group in sorted(base.rglob("*"), key=lambda p: -len(p.parts)):
+                if group.is_dir():
+                    cgroup.remove_groups([group])
+            base.rmdir()
+
+
+def _warnings(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if WARNING in line]
+
+
+@pytest.mark.parametrize("who", ["ranged_user", "rangeless_user"])
+def test_a_delegated_cgroup_parent_holds_a_non_root_sandbox_s_memory_limit(
+    who: str,
+    request: pytest.FixtureRequest,
+    package_copy: str,  # noqa: F811 (the fixture)
+    tmp_path: Path,
+) -> None:
+    user = request.getfixturevalue(who)
+    log = tmp_path / "server.log"
+    asked = {"memory": "128Mi", "cpu": "0.5", "pids": "64"}
+    with delegated(user) as place:
+        server = ServerProcess(
+            log=log,
+            user=user,
+            python=PYTHON,
+            path=package_copy,
+            cgroup_parent=place.parent,
+            require_limits=True,  # nothing is refused: every limit asked for holds
+        )
+        try:
+            with (
+                Client(server.api_base) as client,
+                client.create_sandbox(resource_limits=asked) as sandbox,
+            ):
+                message = sandbox.info().message or ""
+                assert "memory=128Mi (cgroup), cpu=0.5 (cgroup), pids=64 (cgroup)" in message
+                assert "pause by freezer cgroup" in message, message
+                groups = {c: cgroup.parent_dir(c, place) / sandbox.id for c in cgroup.CONTROLLERS}
+                limit = groups["memory"] / "memory.limit_in_bytes"
+                assert limit.read_text().strip() == str(128 << 20)
+                assert (groups["pids"] / "pids.max").read_text().strip() == "64"
+                assert sandbox.run_code("print(6*7)").stdout == "42\n"
+                # Every process below the server but itself is in the four groups of one
+                # sandbox (this one's, or the warm spare's): none is outside, none half in.
+                python = _server_python(server.pid)
+                names = {pid: _sandbox_groups(pid) for pid in descendants(python)}
+                assert all(len(found) == 1 for found in names.values()), names
+                mine = [pid for pid, found in names.items() if found == {sandbox.id}]
+                assert len(mine) >= 3, names  # bwrap, its child, execd
+                assert set(mine) <= set(cgroup.members(groups["memory"]))
+                ran = sandbox.commands.run(ALLOCATE_256M)
+                assert "allocated" not in ran.stdout and ran.exit_code != 0, ran
+                tried = sandbox.commands.run(HOSTILE).stdout
+                assert "No such file or directory" in tried, tried  # no cgroup tree inside
+                assert "mounted" not in tried and tried.count("mount:") == 2, tried
+                assert limit.read_text().strip() == str(128 << 20)  # untouched
+                assert sandbox.run_code("print(6*7)").stdout == "42\n"  # execd survived
+            assert not [group for group in groups.values() if group.exists()]
+        finally:
+            assert server.stop() == 0
+    assert _warnings(log) == []
+
+
+def test_without_a_delegated_cgroup_a_non_root_server_names_what_it_does_not_enforce(
+    ranged_user: str,  # noqa: F811 (the fixture)
+    package_copy: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "server.log"
+    asked = {"memory": "128Mi", "cpu": "0.5", "ephemeral-storage": "16Mi", "inodes": "1000"}
+    server = ServerProcess(log=log, user=ranged_user, python=PYTHON, path=package_copy)
+    try:
+        with Client(server.api_base) as client:
+            with client.create_sandbox(resource_limits=asked) as sandbox:
+                message = sandbox.info().message or ""
+                enforced, _, unenforced = message.partition("; not enforced: ")
+                assert "ephemeral-storage=16Mi (bwrap tmpfs, per writable directory" in enforced
+                assert "pids=512 (RLIMIT_NPROC in the sandbox's user namespace" in enforced
+                assert "memory=128Mi (no writable memory cgroup" in unenforced, message
+                assert "cpu=0.5 (no writable cpu cgroup)" in unenforced, message
+                assert "inodes=1000 (bwrap's --tmpfs takes a size but no inode count)" in (
+                    unenforced
+                )
+                full = sandbox.commands.run("dd if=/dev/zero of=/tmp/big bs=1M count=32")
+                assert "No space left on device" in full.stderr, full
+                assert "16777216 bytes" in full.stderr, full  # the size, to the byte
+            with client.create_sandbox(resource_limits={"pids": "100"}) as quiet:
+                assert "pids=100 (RLIMIT_NPROC" in (quiet.info().message or "")
+    finally:
+        assert server.stop() == 0
+    warned = _warnings(log)
+    assert len(warned) == 1, log.read_text()  # one line, for the create that asked
+    for said in ("memory=128Mi", "cpu=0.5", "inodes=1000", f"chown -R {ranged_user}"):
+        assert said in warned[0], warned
+    assert "--cgroup-parent /osb-" in warned[0] and "ephemeral-storage=" not in warned[0]
+
+    strict = ServerProcess(user=ranged_user, python=PYTHON, path=package_copy, require_limits=True)
+    try:
+        body = {**CREATE_BODY, "resourceLimits": {"memory": "128Mi"}}
+        refused = requests.post(f"{strict.api_base}/sandboxes", json=body, timeout=60)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["code"] == "SANDBOX::LIMITS_UNENFORCEABLE", refused.text
+        said = refused.json()["message"]
+        assert "memory=128Mi" in said and f"chown -R {ranged_user}" in said, said
+        assert "--cgroup-parent" in said, said
+        held = {**CREATE_BODY, "resourceLimits": {"pids": "64"}, "networkPolicy": DENY}
+        plain = requests.post(f"{strict.api_base}/sandboxes", json=held, timeout=60)
+        assert plain.status_code == 202, plain.text  # RLIMIT_NPROC holds pids; defaults unasked
+        requests.delete(f"{strict.api_base}/sandboxes/{plain.json()['id']}", timeout=60)
+    finally:
+        assert strict.stop() == 0
+
+
+@pytest.mark.parametrize("who", ["ranged_user", "rangeless_user"])
+def test_rlimit_nproc_stops_a_non_root_sandbox_s_fork_loop_and_spares_the_user_s_shells(
+    who: str,
+    request: pytest.FixtureRequest,
+    package_copy: str,  # noqa: F811 (the fixture)
+) -> None:
+    if not limits.nproc_per_namespace():
+        pytest.fail("this kernel counts RLIMIT_NPROC per host uid (before 5.14)")
+    user = request.getfixturevalue(who)
+    # The user's own RLIMIT_NPROC is small (300) for the server and for its shells: counted
+    # per host uid, a sandbox's fork loop would use it all up.
+    small = (shutil.which("prlimit") or "prlimit", "--nproc=300")
+    server = ServerProcess(user=user, python=PYTHON, path=package_copy, wrap=small)
+    said: list[str] = []
+    try:
+        with (
+            Client(server.api_base) as client,
+            client.create_sandbox(resource_limits={"pids": "64"}) as sandbox,
+        ):
+            message = sandbox.info().message or ""
+            assert "pids=64 (RLIMIT_NPROC in the sandbox's user namespace" in message, message
+            loop = threading.Thread(
+                target=lambda: said.append(sandbox.commands.run(FORK_AND_HOLD).stdout)
+            )
+            loop.start()
+            deadline = time.monotonic() + HOLD - 4
+            while len(descendants(server.pid)) < 50 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            shells = subprocess.run(
+                [*small, "runuser", "-u", user, "--", "sh", "-c", USER_FORKS],
+                capture_output=True,
+                timeout=60,
+                cwd="/",
+            )
+            held = len(descendants(server.pid))
+            loop.join(60)
+            assert said and "stopped after" in said[0], said
+            forked = int(said[0].split("stopped after")[1].split()[0])
+            assert 0 < forked < 64, said  # execd, its threads and the shell count too
+            assert held >= 50, held  # the loop's children were there while the user forked
+            assert shells.stdout == b"forked-40\n", shells
+            raised = sandbox.commands.run(HOSTILE).stdout
+            assert "not allowed to raise maximum limit" in raised, raised
+    finally:
+        assert server.stop() == 0
+
+
+def _sandbox_groups(pid: int) -> set[str]:
+    """The last parts of `pid`'s groups of the sandboxes' controllers (`{"<id>"}` in one
+    sandbox's four groups)."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    paths = {c: path for _, names, path in (line.split(":", 2) for line in lines)
+             for c in names.split(",")}  # fmt: skip
+    return {paths[c].rpartition("/")[2] for c in cgroup.CONTROLLERS}
+
+
+def _server_python(runuser: int) -> int:
+    """The server's own process: `runuser`'s child."""
+    children = [
+        pid
+        for pid in descendants(runuser)
+        if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1] == str(runuser)
+    ]
+    assert len(children) == 1, children
+    return children[0]
