@@ -17,7 +17,7 @@ import requests
 
 from osb_sync._cli import main as cli_main
 from osb_sync.local import LocalServer
-from osb_sync.local.host import cgroup, limits
+from osb_sync.local.host import cgroup, cgroup2, limits
 from tests.local.support import (
     CREATE_BODY,
     REQUIRE_ISOLATION,
@@ -242,7 +242,13 @@ def test_without_controllers_memory_falls_back_to_rlimit_as_and_says_so(
 ) -> None:
 
     require_isolation()
-    monkeypatch.setattr(limits, "writable_controllers", lambda place: frozenset())
+    arrange = cgroup2.arrange
+
+    def no_limit_controllers(parent: str | None) -> tuple[cgroup.Place, frozenset[str], bool]:
+        place, _, freezer = arrange(parent)
+        return place, frozenset(), freezer
+
+    monkeypatch.setattr(cgroup2, "arrange", no_limit_controllers)
     with local_server(ping_interval=0.2, command_grace=0, min_timeout=1, isolation=True) as srv:
         box = limited_box(srv, http)
         message = box.created["status"]["message"]

@@ -65,9 +65,13 @@ def own_group(controller: str) -> str:
 @dataclass(frozen=True)
 class Place:
     """Where a server makes its sandboxes' groups: `osb-sync/` in each controller's `parent`
-    (`--cgroup-parent`), or in the server's own group (None)."""
+    (`--cgroup-parent`), or in the server's own group (None); on a v2 host (`version` 2),
+    `subtree`, made ready by `cgroup2.arrange` (None: unusable, `problem` says why)."""
 
     parent: str | None = None
+    version: int = 1
+    subtree: Path | None = None
+    problem: str = ""
 
     def base(self, controller: str) -> Path:
         """The directory of `controller`'s hierarchy that holds `osb-sync/`."""
@@ -83,7 +87,9 @@ OWN = Place()
 
 
 def parent_dir(controller: str, place: Place = OWN) -> Path:
-    """Where the sandboxes' groups of `controller` go: `osb-sync/` in `place`."""
+    """Where the sandboxes' groups of `controller` go: `osb-sync/` in `place` (v2: one for all)."""
+    if place.version == 2:
+        return place.subtree or Path("/nonexistent")
     return place.base(controller) / PARENT
 
 
@@ -94,7 +100,7 @@ def usable(controller: str, place: Place = OWN) -> bool:
     Also removes the empty groups that servers killed without a chance to clean up left.
     """
     parent = parent_dir(controller, place)
-    if not (parent.parent / "cgroup.procs").is_file():
+    if place.version != 1 or not (parent.parent / "cgroup.procs").is_file():
         return False
     try:
         parent.mkdir(exist_ok=True)
@@ -107,15 +113,20 @@ def usable(controller: str, place: Place = OWN) -> bool:
     return True
 
 
-def delegation_fix(user: str | None = None) -> str:
+def delegation_fix(user: str | None = None, version: int = 1) -> str:
     """The operator's line that gives this server's user (`user`) cgroups of its own (v1),
-    and the option that uses them."""
+    and the option that uses them; on v2, the delegated group to start the server in."""
     if user is None:
         try:
             user = pwd.getpwuid(os.geteuid()).pw_name
         except KeyError:
             user = str(os.geteuid())
     name = f"osb-{user}"
+    if version == 2:
+        return (
+            "start the server in a cgroup v2 group delegated to it: systemd-run --user --scope"
+            " -p Delegate=yes osb-sync serve ..."
+        )
     return (
         f"have root run `for c in {' '.join(CONTROLLERS[1:] + CONTROLLERS[:1])}; do mkdir -p"
         f" /sys/fs/cgroup/$c/{name} && chown -R {user} /sys/fs/cgroup/$c/{name}; done` and"
@@ -253,11 +264,8 @@ def _write_quietly(path: Path, value: str) -> None:
 
 def leftover_groups(name: str, place: Place = OWN) -> list[Path]:
     """The groups of the sandbox `name` that exist, in every controller (any age)."""
-    return [
-        parent_dir(controller, place) / name
-        for controller in CONTROLLERS
-        if (parent_dir(controller, place) / name).is_dir()
-    ]
+    found = {parent_dir(controller, place) / name for controller in CONTROLLERS}
+    return sorted(path for path in found if path.is_dir())
 
 
 def _number(path: Path) -> int | None:

@@ -54,6 +54,8 @@ from . import (
 )
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
+from .cgroup2 import Group as Cgroup2
+from .cgroup2 import groups as make_groups
 from .execd_binary import ExecdBinary
 from .images.config import ConfigError
 from .limits import Plan
@@ -154,7 +156,7 @@ class SandboxContainer:
         self._slirp: subprocess.Popen[bytes] | None = None
         self._slirp_exit = -1
         self._wall: firewall.Wall | None = None  # its tables, once it had internet access
-        self._cgroup: Cgroup | None = None
+        self._cgroup: Cgroup | Cgroup2 | None = None
         self._limits = Plan()
         self._settings = Launch()
         self._frozen = False
@@ -642,8 +644,9 @@ class SandboxContainer:
         wanted = {*self._limits.cgroup, *self._settings.controllers}
         if "memory" not in wanted:
             return []
-        group = cgroup_parent_dir("memory", self.support.cgroups) / self.home.name
-        counter = group / "memory.oom_control"
+        place = self.support.cgroups
+        group = cgroup_parent_dir("memory", place) / self.home.name
+        counter = group / ("memory.events" if place.version == 2 else "memory.oom_control")
         return ["--ro-bind-try", str(counter), OOM_CONTROL]
 
     def _make_cgroups(self) -> None:
@@ -651,11 +654,11 @@ class SandboxContainer:
         wanted = {*self._limits.cgroup, *self._settings.controllers}
         controllers = (("freezer",) if self.support.freezer else ()) + tuple(sorted(wanted))
         if controllers:
-            self._cgroup = Cgroup(self.home.name, controllers, self.support.cgroups)
+            self._cgroup = make_groups(self.home.name, controllers, self.support.cgroups)
             self._cgroup.configure(self._limits.cgroup)
 
     @property
-    def _freezer(self) -> Cgroup | None:
+    def _freezer(self) -> Cgroup | Cgroup2 | None:
         return self._cgroup if self._cgroup is not None and "freezer" in self._cgroup.dirs else None
 
     def _plain_env(self) -> dict[str, str]:

@@ -178,7 +178,8 @@ class Plan:
 
 
 def writable_controllers(place: cgroup.Place = cgroup.OWN) -> frozenset[str]:
-    """The limit controllers this server may make groups in (empty off Linux or unprivileged)."""
+    """The limit controllers this server may make v1 groups in (empty off Linux or unprivileged;
+    a v2 host's are `cgroup2.arrange`'s)."""
     return frozenset(c for c in CONTROLLERS if cgroup.usable(c, place))
 
 

@@ -25,8 +25,19 @@ from typing import Any
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
-from . import capacity, cgroup, firewall, identity, logs, options, package, proxy, recovery, staging
-from . import limits as resource_limits
+from . import (
+    capacity,
+    cgroup,
+    cgroup2,
+    firewall,
+    identity,
+    logs,
+    options,
+    package,
+    proxy,
+    recovery,
+    staging,
+)
 from .bwrap import Support, probe, refusal
 from .errors import (
     CapacityError,
@@ -161,8 +172,9 @@ class LocalServer:
         self.refusal = ""  # why every create answers 503 (isolation impossible, not turned off)
         self._isolation = isolation
         self._require_id_range = require_id_range
-        self._cgroups = cgroup.Place(cgroup_parent)
+        self._cgroup_parent = cgroup_parent
         self._require_limits = require_limits
+        self._limit_controllers: frozenset[str] = frozenset()  # `cgroup2.arrange` finds them
         self._own_peers = False  # only the server's user and root are answered (`start`)
         self._root_dir = Path(root_dir) if root_dir is not None else None
         self.root_dir: Path | None = None
@@ -200,9 +212,9 @@ class LocalServer:
         if self._require_id_range and support.bwrap is not None and ids is not None and ids.own:
             problem = f"{ids.no_range}, and the server requires one (require_id_range)"
             support = Support(None, problem, None, False, fix=ids.range_fix)
-        if support.bwrap is not None and self._cgroups != support.cgroups:
-            freezer = cgroup.usable("freezer", self._cgroups)
-            support = dataclasses.replace(support, freezer=freezer, cgroups=self._cgroups)
+        if support.bwrap is not None:
+            place, self._limit_controllers, freezer = cgroup2.arrange(self._cgroup_parent)
+            support = dataclasses.replace(support, freezer=freezer, cgroups=place)
         if (self.execd_binary is not None or self.execd_image) and support.bwrap is None:
             raise RuntimeError(
                 "an execd binary needs isolated sandboxes (it listens on every interface of"
@@ -292,11 +304,11 @@ class LocalServer:
                     unenforced_network_policy=self.unenforced_network_policy,
                     support=support,
                     address=self._netloc,
-                    limit_controllers=resource_limits.writable_controllers(support.cgroups)
-                    if self.isolated
-                    else frozenset(),
+                    limit_controllers=self._limit_controllers if self.isolated else frozenset(),
                     require_limits=self._require_limits,
-                    limits_fix=cgroup.delegation_fix() if self.isolated else "",
+                    limits_fix=cgroup.delegation_fix(version=support.cgroups.version)
+                    if self.isolated
+                    else "",
                     volume_places=(
                         self.allowed_host_paths,
                         self.volume_root or self.root_dir / "volumes",
