@@ -251,6 +251,9 @@ def test_rlimit_nproc_stops_a_non_root_sandbox_s_fork_loop_and_spares_the_user_s
             assert shells.stdout == b"forked-40\n", shells
             raised = sandbox.commands.run(HOSTILE).stdout
             assert "not allowed to raise maximum limit" in raised, raised
+            # More than the user's own hard limit: that one (execd may not raise it)
+            with client.create_sandbox(resource_limits={"pids": "4194304"}) as large:
+                assert large.commands.run("ulimit -u; ulimit -Hu").stdout == "300\n300\n"
     finally:
         assert server.stop() == 0
 

@@ -157,7 +157,10 @@ def wait_for_claim(ready_fd: int) -> Claim | None:
         return None
     claim = Claim.decode(line)
     if claim.process_limit:  # before anything of the sandbox's runs; no sandbox may raise it
-        limit = claim.process_limit
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]  # the server's user's, which holds
+        limit = claim.process_limit  # anyway: a larger ask is that (raising it needs a cap)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
         resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
     return claim
 
