@@ -276,3 +276,22 @@ def _server_python(runuser: int) -> int:
     ]
     assert len(children) == 1, children
     return children[0]
+
+
+def test_a_cgroup_parent_the_user_was_not_given_refuses_to_start_naming_the_fix(
+    ranged_user: str,  # noqa: F811 (the fixture)
+    package_copy: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "server.log"
+    with pytest.raises(AssertionError, match="did not start"):
+        ServerProcess(
+            log=log,
+            user=ranged_user,
+            python=PYTHON,
+            path=package_copy,
+            cgroup_parent=f"/osb-nobody-gave-{os.getpid()}",
+        )
+    said = log.read_text()
+    assert "is not this server's to use (not writable)" in said, said
+    assert f"chown -R {ranged_user}" in said, said

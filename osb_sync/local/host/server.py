@@ -215,6 +215,8 @@ class LocalServer:
         if support.bwrap is not None:
             place, self._limit_controllers, freezer = cgroup2.arrange(self._cgroup_parent)
             support = dataclasses.replace(support, freezer=freezer, cgroups=place)
+            if self._cgroup_parent is not None:  # asked for: not used is no quiet fallback
+                self._check_cgroup_parent(place, freezer)
         if (self.execd_binary is not None or self.execd_image) and support.bwrap is None:
             raise RuntimeError(
                 "an execd binary needs isolated sandboxes (it listens on every interface of"
@@ -226,6 +228,19 @@ class LocalServer:
                 f"sandboxes cannot be isolated here ({support.problem}); to fix it, {support.fix}"
             )
         return support
+
+    def _check_cgroup_parent(self, place: cgroup.Place, freezer: bool) -> None:
+        """Refuse a `cgroup_parent` where the server can use none of it (RuntimeError naming
+        the fix); warn naming the controllers it cannot use where it can use some."""
+        usable = {*self._limit_controllers, *(("freezer",) if freezer else ())}
+        missing = sorted({*cgroup.CONTROLLERS} - usable)
+        if not missing:
+            return
+        fix = place.problem or cgroup.delegation_fix(version=place.version)
+        where = f"cgroup_parent {self._cgroup_parent!r}"
+        if not usable:
+            raise RuntimeError(f"{where} is not this server's to use (not writable); {fix}")
+        logger.warning("local server: %s lacks %s; %s", where, ", ".join(missing), fix)
 
     def start(self) -> LocalServer:
         """Bind and serve in background threads; returns self. Idempotent.
