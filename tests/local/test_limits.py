@@ -161,13 +161,9 @@ def test_plan_never_claims_a_limit_without_its_controller() -> None:
         "ephemeral-storage=64Mi (bwrap tmpfs, per writable directory, in memory)"
         in (unprivileged.message().split("; not enforced")[0])
     )
-    assert "inodes=100000 (bwrap's --tmpfs takes a size but no inode count)" in (
-        unprivileged.message()
-    )
-    assert unprivileged.dropped == []  # the inodes are the default, not asked for
-    assert limits.plan(limits.parse({"inodes": "5000"}), frozenset(), "per-directory").dropped == [
-        "inodes"
-    ]
+    assert "inodes=100000 (per writable directory)" in unprivileged.enforced
+    assert unprivileged.dropped == []
+    assert limits.plan(limits.parse({"inodes": "5000"}), frozenset(), "none").dropped == ["inodes"]
     assert full.cgroup["cpu"]["cpu.cfs_quota_us"] == "50000"
 
 

@@ -164,32 +164,24 @@ def test_without_a_delegated_cgroup_a_non_root_server_names_what_it_does_not_enf
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "server.log"
-    asked = {"memory": "128Mi", "cpu": "0.5", "ephemeral-storage": "16Mi", "inodes": "1000"}
+    asked = {"memory": "128Mi", "cpu": "0.5"}
     server = ServerProcess(log=log, user=ranged_user, python=PYTHON, path=package_copy)
     try:
         with Client(server.api_base) as client:
             with client.create_sandbox(resource_limits=asked) as sandbox:
                 message = sandbox.info().message or ""
                 enforced, _, unenforced = message.partition("; not enforced: ")
-                assert "ephemeral-storage=16Mi (bwrap tmpfs, per writable directory" in enforced
                 assert "pids=512 (RLIMIT_NPROC in the sandbox's user namespace" in enforced
                 assert "memory=128Mi (no writable memory cgroup" in unenforced, message
                 assert "cpu=0.5 (no writable cpu cgroup)" in unenforced, message
-                assert "inodes=1000 (bwrap's --tmpfs takes a size but no inode count)" in (
-                    unenforced
-                )
-                full = sandbox.commands.run("dd if=/dev/zero of=/tmp/big bs=1M count=32")
-                assert "No space left on device" in full.stderr, full
-                assert "16777216 bytes" in full.stderr, full  # the size, to the byte
             with client.create_sandbox(resource_limits={"pids": "100"}) as quiet:
                 assert "pids=100 (RLIMIT_NPROC" in (quiet.info().message or "")
     finally:
         assert server.stop() == 0
     warned = _warnings(log)
     assert len(warned) == 1, log.read_text()  # one line, for the create that asked
-    for said in ("memory=128Mi", "cpu=0.5", "inodes=1000", f"chown -R {ranged_user}"):
+    for said in ("memory=128Mi", "cpu=0.5", f"chown -R {ranged_user}", "--cgroup-parent /osb-"):
         assert said in warned[0], warned
-    assert "--cgroup-parent /osb-" in warned[0] and "ephemeral-storage=" not in warned[0]
 
     strict = ServerProcess(user=ranged_user, python=PYTHON, path=package_copy, require_limits=True)
     try:
@@ -276,6 +268,56 @@ def _server_python(runuser: int) -> int:
     ]
     assert len(children) == 1, children
     return children[0]
+
+
+# Run in a sandbox: fill /tmp, then make files in /tmp and /home until each refuses.
+FILL = """
+dd if=/dev/zero of=/tmp/big bs=1M count=32 2>&1 | tail -2
+rm /tmp/big
+python3 - <<'EOF'
+for place in ("/tmp", "/home"):
+    made = 0
+    try:
+        while made < 5000:
+            open(f"{place}/f{made}", "w").close()
+            made += 1
+    except OSError as exc:
+        print(place, "files", made, exc.strerror)
+EOF
+grep -E ' /(tmp|home) ' /proc/self/mountinfo
+"""
+
+
+@pytest.mark.parametrize("spares", [0, 1])
+@pytest.mark.parametrize("who", ["ranged_user", "rangeless_user"])
+def test_a_non_root_sandbox_s_disk_size_and_inodes_hold(
+    who: str,
+    spares: int,
+    request: pytest.FixtureRequest,
+    package_copy: str,  # noqa: F811 (the fixture)
+) -> None:
+    user = request.getfixturevalue(who)
+    server = ServerProcess(
+        user=user, python=PYTHON, path=package_copy, spare_containers=spares, require_limits=True
+    )
+    try:
+        asked = {"ephemeral-storage": "16Mi", "inodes": "1000"}
+        with (
+            Client(server.api_base) as client,
+            client.create_sandbox(resource_limits=asked) as sandbox,  # a spare's: at its claim
+        ):
+            message = sandbox.info().message or ""
+            assert "ephemeral-storage=16Mi (bwrap tmpfs, per writable directory" in message
+            assert "inodes=1000 (per writable directory)" in message.split("; not")[0]
+            said = sandbox.commands.run(FILL).stdout
+            assert "16777216 bytes" in said and "No space left" in said, said  # to the byte
+            tmp_files = int(said.split("/tmp files ")[1].split()[0])
+            assert 900 < tmp_files < 1000, said  # its own directory's entries count too
+            assert "/home files" in said, said  # each writable directory has its own cap
+            for line in said.splitlines()[-2:]:
+                assert "nosuid" in line and "nodev" in line, line  # kept by the remount
+    finally:
+        assert server.stop() == 0
 
 
 def test_a_cgroup_parent_the_user_was_not_given_refuses_to_start_naming_the_fix(

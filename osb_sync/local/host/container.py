@@ -256,6 +256,8 @@ class SandboxContainer:
                 if read_until(self._ready_r, b"\n", deadline) != b"ready\n":
                     raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
                 self._open_netns()
+                if self._disk == "per-directory":  # before anything of the sandbox's runs
+                    self._limit_disk_inside(*self._disk_size)
         except ConfigError:
             raise  # the image's: the create names it (`registry.py`)
         except (OSError, ValueError, KeyError) as exc:
@@ -341,6 +343,22 @@ class SandboxContainer:
         if self.ids.by_root:  # else mapped before bwrap joined it
             identity.write_maps(self.init_pid, self.ids)
         os.write(block_w, b"1")
+
+    def _limit_disk_inside(self, size: int, inodes: int) -> None:
+        """Give each writable tmpfs bwrap made (a server not root) `size` bytes and `inodes`
+        inodes, from inside the sandbox's namespaces (`disk.remount_inside`); OSError if the
+        kernel refused."""
+        if self.init_pid is None:
+            raise OSError("the sandbox's init is not known")
+        mntns = spawn.namespace(self._init_fd, self.init_pid, "mnt")
+        try:
+            userns = spawn.owning_user_namespace(mntns)
+            try:
+                disk.remount_inside(userns, mntns, bwrap.WRITABLE, size, inodes)
+            finally:
+                os.close(userns)
+        finally:
+            os.close(mntns)
 
     def _open_netns(self) -> None:
         """Hold the network namespace of a sandbox of a server that is not root, once it runs.
@@ -470,10 +488,13 @@ class SandboxContainer:
         if self._settings.plan is not None:
             return  # a cold start: written before its processes joined
         if plan.disk is not None and plan.disk != self._disk_size:
-            if self._disk != "tmpfs":
-                raise RuntimeError("the spare's disk size was fixed at its start (bwrap --size)")
             try:
-                disk.resize(self._data, *plan.disk)
+                if self._disk == "tmpfs":
+                    disk.resize(self._data, *plan.disk)
+                elif self._disk == "per-directory":
+                    self._limit_disk_inside(*plan.disk)
+                else:
+                    raise OSError("it has no disk limit")
             except OSError as exc:
                 raise RuntimeError(f"the spare's disk could not be resized: {exc}") from None
             self._disk_size = plan.disk

@@ -24,11 +24,16 @@ snapshot's restore) count in the server's. Without swap, the host needs memory f
 sandbox's disk at once: `ephemeral-storage` times the sandboxes running is the worst case.
 
 A server that is not root cannot mount a tmpfs on the host: bwrap makes each writable directory
-a tmpfs of its own inside the sandbox, `--size` bytes each (so up to eight times that in all)
-and no inode cap (bwrap has no option for it); a spare of such a server keeps the default size,
-so a create asking for another one starts cold. Unisolated sandboxes, and an image's copy on a
-non-root server, have no disk limit. `mode` names the case; `limits.plan` says it in the
-status message.
+a tmpfs of its own inside the sandbox, `--size` bytes each (so up to eight times that in all).
+bwrap has no option for an inode cap, so once the sandbox is up, before anything of its own
+runs, the server remounts each of them with `size=` and `nr_inodes=` from inside its user and
+mount namespaces (`remount_inside`: the owner of a user namespace may enter it with every
+capability there, and tmpfs takes new limits on a remount); a spare gets its sandbox's sizes
+the same way at its claim. That is a fresh Python of the host's that enters both namespaces
+and calls mount(2) itself: it runs nothing of the sandbox's tree (a `mount` found there would
+run with more than the sandbox's capabilities, outside its seccomp filter and PID namespace).
+Unisolated sandboxes, and an image's copy on a non-root server, have no disk limit. `mode`
+names the case; `limits.plan` says it in the status message.
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import subprocess
+import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from .bwrap import Support
@@ -50,6 +58,20 @@ MS_NODEV = 4
 MS_REMOUNT = 32
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
+REMOUNT_TIMEOUT = 10.0
+# Run as `python -I -S -c REMOUNT USERNS_FD MNTNS_FD SIZE INODES PLACE...` (see the docstring).
+REMOUNT = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+userns, mntns, size, inodes, *places = sys.argv[1:]
+for fd, kind in ((userns, 0x10000000), (mntns, 0x20000)):  # CLONE_NEWUSER, CLONE_NEWNS
+    if libc.setns(int(fd), kind) != 0:
+        sys.exit(f"setns: {os.strerror(ctypes.get_errno())}")
+data = f"size={size},nr_inodes={inodes}".encode()
+for place in places:  # MS_REMOUNT | MS_NOSUID | MS_NODEV: bwrap's flags kept
+    if libc.mount(None, place.encode(), None, 32 | 2 | 4, data) != 0:
+        sys.exit(f"{place}: {os.strerror(ctypes.get_errno())}")
+"""
 
 
 @functools.cache
@@ -120,3 +142,28 @@ def unmount(target: Path) -> None:
     """Detach the tmpfs at `target` (lazily: its memory goes with its last user); errors
     ignored (not mounted)."""
     _libc().umount2(bytes(target), MNT_DETACH)
+
+
+def remount_inside(userns: int, mntns: int, places: Sequence[str], size: int, inodes: int) -> None:
+    """Give the sandbox's tmpfs at each of `places` (its paths) `size` bytes and `inodes` inodes,
+    from inside its user namespace `userns` and mount namespace `mntns` (descriptors; see the
+    module docstring). Call it only while nothing of the sandbox's own has run: the places
+    are resolved in its tree.
+
+    Raises:
+        OSError: the kernel refused (EINVAL: a tmpfs already holds more than the new limits).
+    """
+    argv = [sys.executable, "-I", "-S", "-c", REMOUNT, str(userns), str(mntns)]
+    try:
+        done = subprocess.run(
+            [*argv, str(size), str(inodes), *places],
+            pass_fds=(userns, mntns),
+            capture_output=True,
+            timeout=REMOUNT_TIMEOUT,
+            env={},
+        )
+    except subprocess.SubprocessError as exc:
+        raise OSError(f"the sandbox's disk limits could not be set ({exc})") from None
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip()[-300:] or f"exit {done.returncode}"
+        raise OSError(f"the sandbox's disk limits could not be set ({said})")

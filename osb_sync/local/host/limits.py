@@ -256,7 +256,9 @@ def _plan_disk(out: Plan, requested: Requested, disk_mode: str) -> None:
         ]
     elif disk_mode == "per-directory":
         out.disk = requested.disk
-        out.enforced.append(f"{size} (bwrap tmpfs, per writable directory, in memory)")
-        out.unenforced.append(f"{inodes} (bwrap's --tmpfs takes a size but no inode count)")
+        out.enforced += [
+            f"{size} (bwrap tmpfs, per writable directory, in memory)",
+            f"{inodes} (per writable directory)",
+        ]
     else:
         out.unenforced += [f"{size} (no per-sandbox filesystem here)", f"{inodes} (likewise)"]
