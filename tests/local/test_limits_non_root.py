@@ -9,8 +9,8 @@ or reported, never silently dropped.
 - The pids limit holds without any cgroup: RLIMIT_NPROC in the sandbox's own user namespace
   (Linux 5.14+ counts it there), so a fork loop stops near it and the user's own shells, under
   a small RLIMIT_NPROC of their own, still fork.
-- The disk size holds through bwrap's `--tmpfs --size`; the inode cap is reported as not
-  enforced.
+- The disk size and inode cap hold per writable directory (bwrap's `--tmpfs --size`, then a
+  remount with `nr_inodes` from inside the sandbox's namespaces), cold and at a spare's claim.
 
 Each runs a server as a fresh user (`test_non_root.py`'s fixtures): root only, like those.
 """
