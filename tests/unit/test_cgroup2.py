@@ -220,3 +220,27 @@ def test_kill_uses_cgroup_kill_else_kills_each_process_frozen(tree: Path) -> Non
         (made.path / name).unlink()
     made.remove()
     assert not made.path.exists()
+
+
+def test_stats_read_a_v2_group_s_files(tree: Path) -> None:
+    made = cgroup2.Group("sbx", ["memory", "pids", "cpu"], group(tree / "osb-sync"))
+    files = {
+        "memory.current": "50000000",
+        "memory.stat": "anon 1\ninactive_file 10000000\n",
+        "memory.max": "134217728",
+        "cpu.max": "50000 100000",
+        "pids.current": "7",
+        "pids.max": "64",
+        "cgroup.procs": "",
+    }
+    for name, text in files.items():
+        (made.path / name).write_text(text)
+    figures = cgroup.usage(made.dirs)
+    assert figures["memoryUsedBytes"] == 40_000_000  # less the inactive page cache
+    assert (figures["memoryLimitBytes"], figures["cpuLimit"]) == (128 << 20, 0.5)
+    assert (figures["pids"], figures["pidsLimit"]) == (7, 64)
+    (made.path / "memory.max").write_text("max\n")
+    (made.path / "cpu.max").write_text("max 100000\n")
+    (made.path / "pids.max").write_text("max\n")
+    unlimited = cgroup.usage(made.dirs)
+    assert unlimited["memoryLimitBytes"] is unlimited["cpuLimit"] is unlimited["pidsLimit"] is None

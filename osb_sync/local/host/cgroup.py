@@ -279,7 +279,9 @@ def _number(path: Path) -> int | None:
 def _memory_used(group: Path) -> int | None:
     """What a memory group uses as `docker stats` counts it: its usage less the inactive page
     cache (`memory.stat`'s `total_inactive_file`), which the kernel reclaims first."""
-    used = _number(group / "memory.usage_in_bytes")
+    used = _number(group / "memory.usage_in_bytes")  # v1
+    if used is None:
+        used = _number(group / "memory.current")  # v2
     if used is None:
         return None
     try:
@@ -287,7 +289,7 @@ def _memory_used(group: Path) -> int | None:
     except OSError:
         return used
     stat = dict(line.split(" ", 1) for line in lines if " " in line)
-    inactive = stat.get("total_inactive_file", "0").strip()
+    inactive = stat.get("total_inactive_file", stat.get("inactive_file", "0")).strip()
     return max(used - int(inactive), 0) if inactive.isdigit() else used
 
 
@@ -305,17 +307,25 @@ def _cpu_seconds(pids: Iterable[int]) -> float | None:
 
 
 def usage(groups: Mapping[str, Path]) -> dict[str, int | float | None]:
-    """A sandbox's usage and limits as its v1 `groups` (by controller) say; None for what no
-    group of it tells (and a limit that is the kernel's "unlimited").
+    """A sandbox's usage and limits as its `groups` (by controller; v1's, or v2's one group
+    under every name) say; None for what no group of it tells (and a limit that is the
+    kernel's "unlimited").
 
     `cpuSeconds` is the CPU time of its live processes and of their children they waited
     for: v1's cpu controller counts no time (cpuacct does, which the sandboxes have no group
     of), and time of a process whose parent ended before it was waited for is not counted.
     """
     memory, cpu, pids = (groups.get(c) for c in ("memory", "cpu", "pids"))
-    limit = _number(memory / "memory.limit_in_bytes") if memory else None
-    quota = _number(cpu / "cpu.cfs_quota_us") if cpu else None
-    period = _number(cpu / "cpu.cfs_period_us") if cpu else None
+    limit = quota = period = None
+    if memory is not None:  # v1's file, else v2's (`max`: none)
+        limit = _number(memory / "memory.limit_in_bytes") or _number(memory / "memory.max")
+    if cpu is not None and (cpu / "cpu.max").is_file():  # v2: "QUOTA PERIOD", "max PERIOD"
+        words = (cpu / "cpu.max").read_text().split()
+        if len(words) == 2 and all(word.isdigit() for word in words):
+            quota, period = int(words[0]), int(words[1])
+    elif cpu is not None:
+        quota = _number(cpu / "cpu.cfs_quota_us")
+        period = _number(cpu / "cpu.cfs_period_us")
     listed = next((path for path in groups.values() if (path / "cgroup.procs").is_file()), None)
     return {
         "memoryUsedBytes": _memory_used(memory) if memory else None,
