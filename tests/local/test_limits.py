@@ -143,8 +143,9 @@ def test_plan_never_claims_a_limit_without_its_controller() -> None:
     assert "pids=512 (RLIMIT_NPROC in the sandbox's user namespace)" in one.enforced
     assert one.processes == 512 and "pids" not in one.dropped
     ranged = limits.plan(limits.parse({"pids": "64"}), frozenset(), ids="range")
-    assert ranged.enforced[0].startswith("pids=64 (RLIMIT_NPROC in the sandbox's user namespace,")
-    assert "per id" in ranged.enforced[0] and ranged.dropped == []
+    assert ranged.processes == 64  # set, but a sandbox that switches ids gets 64 per id
+    assert ranged.unenforced[0].startswith("pids=64 (no writable pids cgroup; RLIMIT_NPROC holds")
+    assert "per id inside only" in ranged.unenforced[0] and ranged.dropped == ["pids"]
     counted = [limits.nproc_per_namespace(r) for r in ("5.13.19", "5.14.0-1", "6.18.44-x", "?")]
     assert counted == [False, True, True, False]  # ucounts: per user namespace since 5.14
     full = limits.plan(requested, frozenset(limits.CONTROLLERS), "tmpfs")
@@ -253,7 +254,7 @@ def test_without_controllers_memory_falls_back_to_rlimit_as_and_says_so(
             in (message.split("not enforced: ")[1])
         )
         assert "cpu=0.5 (no writable cpu cgroup)" in message
-        assert "pids=64 (RLIMIT_NPROC in the sandbox's user namespace, per id" in message
+        assert "pids=64 (no writable pids cgroup; RLIMIT_NPROC holds per id inside" in message
         assert "(cgroup)" not in message
         assert not (cgroup.parent_dir("memory") / box.id).exists()
         events = box.command(ALLOCATE_256M)

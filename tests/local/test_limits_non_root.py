@@ -8,7 +8,9 @@ or reported, never silently dropped.
   logs one warning line; `require_limits` refuses it instead, naming the fix.
 - The pids limit holds without any cgroup: RLIMIT_NPROC in the sandbox's own user namespace
   (Linux 5.14+ counts it there), so a fork loop stops near it and the user's own shells, under
-  a small RLIMIT_NPROC of their own, still fork.
+  a small RLIMIT_NPROC of their own, still fork. It counts per id: a sandbox without a range
+  has one; one with a range forks as many again from each id it switches to, as its status
+  says (reported as not enforced, so `require_limits` refuses it there).
 - The disk size and inode cap hold per writable directory (bwrap's `--tmpfs --size`, then a
   remount with `nr_inodes` from inside the sandbox's namespaces), cold and at a spare's claim.
 
@@ -59,6 +61,30 @@ except OSError as exc:
 time.sleep({HOLD})
 for pid in children:
     os.kill(pid, 9)
+EOF"""
+# Forks from 4 other ids (a range's sandbox has them; one without a range, none).
+SWITCH_IDS = """python3 - <<'EOF'
+import os, time
+total = 0
+for uid in range(1000, 1004):
+    r, w = os.pipe()
+    if os.fork() == 0:
+        made = 0
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            while made < 60:
+                if os.fork() == 0:
+                    time.sleep(3)
+                    os._exit(0)
+                made += 1
+        except OSError as exc:
+            print("setuid refused" if made == 0 else "stopped", exc.errno, flush=True)
+        os.write(w, str(made).encode())
+        os._exit(0)
+    os.close(w)
+    total += int(os.read(r, 100) or 0)
+print("forked", total)
 EOF"""
 # Run as the user, outside any sandbox: 40 children at once.
 USER_FORKS = "for i in $(seq 40); do sleep 2 & done; wait && echo forked-40"
@@ -170,12 +196,14 @@ def test_without_a_delegated_cgroup_a_non_root_server_names_what_it_does_not_enf
         with Client(server.api_base) as client:
             with client.create_sandbox(resource_limits=asked) as sandbox:
                 message = sandbox.info().message or ""
-                enforced, _, unenforced = message.partition("; not enforced: ")
-                assert "pids=512 (RLIMIT_NPROC in the sandbox's user namespace" in enforced
+                unenforced = message.partition("; not enforced: ")[2]
+                assert "pids=512 (no writable pids cgroup; RLIMIT_NPROC holds per id" in (
+                    unenforced  # a default: reported, no warning
+                )
                 assert "memory=128Mi (no writable memory cgroup" in unenforced, message
                 assert "cpu=0.5 (no writable cpu cgroup)" in unenforced, message
-            with client.create_sandbox(resource_limits={"pids": "100"}) as quiet:
-                assert "pids=100 (RLIMIT_NPROC" in (quiet.info().message or "")
+            with client.create_sandbox(resource_limits={"ephemeral-storage": "64Mi"}) as quiet:
+                assert "ephemeral-storage=64Mi (bwrap tmpfs" in (quiet.info().message or "")
     finally:
         assert server.stop() == 0
     warned = _warnings(log)
@@ -192,9 +220,13 @@ def test_without_a_delegated_cgroup_a_non_root_server_names_what_it_does_not_enf
         said = refused.json()["message"]
         assert "memory=128Mi" in said and f"chown -R {ranged_user}" in said, said
         assert "--cgroup-parent" in said, said
-        held = {**CREATE_BODY, "resourceLimits": {"pids": "64"}, "networkPolicy": DENY}
+        body = {**CREATE_BODY, "resourceLimits": {"pids": "64"}}
+        per_id = requests.post(f"{strict.api_base}/sandboxes", json=body, timeout=60)
+        assert per_id.status_code == 503, per_id.text  # a range's RLIMIT_NPROC is per id
+        assert "RLIMIT_NPROC holds per id inside only" in per_id.json()["message"]
+        held = {**CREATE_BODY, "resourceLimits": {"inodes": "5000"}, "networkPolicy": DENY}
         plain = requests.post(f"{strict.api_base}/sandboxes", json=held, timeout=60)
-        assert plain.status_code == 202, plain.text  # RLIMIT_NPROC holds pids; defaults unasked
+        assert plain.status_code == 202, plain.text  # inodes hold; the defaults are not asked
         requests.delete(f"{strict.api_base}/sandboxes/{plain.json()['id']}", timeout=60)
     finally:
         assert strict.stop() == 0
@@ -220,7 +252,10 @@ def test_rlimit_nproc_stops_a_non_root_sandbox_s_fork_loop_and_spares_the_user_s
             client.create_sandbox(resource_limits={"pids": "64"}) as sandbox,
         ):
             message = sandbox.info().message or ""
-            assert "pids=64 (RLIMIT_NPROC in the sandbox's user namespace" in message, message
+            if who == "rangeless_user":  # one id: the whole sandbox
+                assert "pids=64 (RLIMIT_NPROC in the sandbox's user namespace)" in message
+            else:  # set too, but said to hold per id only
+                assert "pids=64 (no writable pids cgroup; RLIMIT_NPROC holds per id" in message
             loop = threading.Thread(
                 target=lambda: said.append(sandbox.commands.run(FORK_AND_HOLD).stdout)
             )
@@ -243,6 +278,12 @@ def test_rlimit_nproc_stops_a_non_root_sandbox_s_fork_loop_and_spares_the_user_s
             assert shells.stdout == b"forked-40\n", shells
             raised = sandbox.commands.run(HOSTILE).stdout
             assert "not allowed to raise maximum limit" in raised, raised
+            switched = sandbox.commands.run(SWITCH_IDS).stdout
+            total = int(switched.split("forked")[1].split()[0])
+            if who == "rangeless_user":
+                assert "setuid refused" in switched and total < 64, switched  # no other id
+            else:
+                assert total > 64, switched  # what the status says: per id
             # More than the user's own hard limit: that one (execd may not raise it)
             with client.create_sandbox(resource_limits={"pids": "4194304"}) as large:
                 assert large.commands.run("ulimit -u; ulimit -Hu").stdout == "300\n300\n"

@@ -13,8 +13,8 @@ Without a writable controller:
   5.14 the kernel counts it per user namespace and id (ucounts), and every sandbox has a user
   namespace of its own: the count is that sandbox's processes of one id. A sandbox whose root
   is the server's own user has one id; one of a range has 65536, and code that switches ids
-  gets the limit again for each (said in the status). Before 5.14 it counted every process of
-  a host uid, all sandboxes' and the user's own: not used there.
+  gets the limit again for each: set there too, but reported as not enforced. Before 5.14 it
+  counted every process of a host uid, all sandboxes' and the user's own: not used there.
 - cpu: not enforced.
 Whatever cannot be enforced is listed as such in the status message, never as enforced; a
 limit the create asked for (not a default) that is not enforced is also in `Plan.dropped`:
@@ -225,11 +225,14 @@ def plan(
     if "pids" in controllers:
         out.cgroup["pids"] = {"pids.max": str(requested.pids)}
         out.enforced.append(f"pids={texts['pids']} (cgroup)")
-    elif ids:
+    elif ids == "one":
         out.processes = requested.pids
-        out.enforced.append(
-            f"pids={texts['pids']} (RLIMIT_NPROC in the sandbox's user namespace"
-            + (")" if ids == "one" else ", per id: code that switches ids gets as many again)")
+        out.enforced.append(f"pids={texts['pids']} (RLIMIT_NPROC in the sandbox's user namespace)")
+    elif ids:  # set all the same: it holds a sandbox that stays one id
+        out.processes = requested.pids
+        out.unenforced.append(
+            f"pids={texts['pids']} (no writable pids cgroup; RLIMIT_NPROC holds per id inside"
+            " only: code that switches among the range's ids gets as many again for each)"
         )
     else:
         out.unenforced.append(
