@@ -376,5 +376,5 @@ def test_a_cgroup_parent_the_user_was_not_given_refuses_to_start_naming_the_fix(
             cgroup_parent=f"/osb-nobody-gave-{os.getpid()}",
         )
     said = log.read_text()
-    assert "is not this server's to use (not writable)" in said, said
+    assert "is not this server's to use (missing, or not writable by it)" in said, said
     assert f"chown -R {ranged_user}" in said, said

@@ -239,7 +239,9 @@ class LocalServer:
         fix = place.problem or cgroup.delegation_fix(version=place.version)
         where = f"cgroup_parent {self._cgroup_parent!r}"
         if not usable:
-            raise RuntimeError(f"{where} is not this server's to use (not writable); {fix}")
+            raise RuntimeError(
+                f"{where} is not this server's to use (missing, or not writable by it); {fix}"
+            )
         logger.warning("local server: %s lacks %s; %s", where, ", ".join(missing), fix)
 
     def start(self) -> LocalServer:
