@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 from decimal import Decimal
 from typing import Any
 
@@ -17,7 +18,7 @@ import requests
 
 from osb_sync._cli import main as cli_main
 from osb_sync.local import LocalServer
-from osb_sync.local.host import cgroup, cgroup2, limits
+from osb_sync.local.host import cgroup, cgroup2, identity, limits
 from tests.local.support import (
     CREATE_BODY,
     REQUIRE_ISOLATION,
@@ -146,6 +147,8 @@ def test_plan_never_claims_a_limit_without_its_controller() -> None:
     assert ranged.processes == 64  # set, but a sandbox that switches ids gets 64 per id
     assert ranged.unenforced[0].startswith("pids=64 (no writable pids cgroup; RLIMIT_NPROC holds")
     assert "per id inside only" in ranged.unenforced[0] and ranged.dropped == ["pids"]
+    reserve = [identity.sandboxes_nproc(n) for n in (300, 96367, 10, resource.RLIM_INFINITY)]
+    assert reserve == [236, 86731, 1, None]  # the user keeps a tenth, at least 64
     counted = [limits.nproc_per_namespace(r) for r in ("5.13.19", "5.14.0-1", "6.18.44-x", "?")]
     assert counted == [False, True, True, False]  # ucounts: per user namespace since 5.14
     full = limits.plan(requested, frozenset(limits.CONTROLLERS), "tmpfs")

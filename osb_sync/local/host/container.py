@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
@@ -344,6 +345,24 @@ class SandboxContainer:
             identity.write_maps(self.init_pid, self.ids)
         os.write(block_w, b"1")
 
+    def _limit_processes(self, count: int) -> None:
+        """RLIMIT_NPROC `count` (soft and hard; no higher than each one's hard limit) for every
+        process of the sandbox, its init (pid 1) too: one it left at the server's limit could
+        be made, through ptrace by its root, to fork past the sandbox's.
+
+        Raises:
+            OSError: the kernel refused (the server owns the sandbox's user namespace).
+        """
+        if self.init_pid is None:
+            raise OSError("the sandbox's init is not known")
+        for pid in spawn.pids_in_namespace(self.init_pid):
+            try:
+                hard = resource.prlimit(pid, resource.RLIMIT_NPROC)[1]
+                value = count if hard == resource.RLIM_INFINITY else min(count, hard)
+                resource.prlimit(pid, resource.RLIMIT_NPROC, (value, value))
+            except ProcessLookupError:
+                continue
+
     def _limit_disk_inside(self, size: int, inodes: int) -> None:
         """Give each writable tmpfs bwrap made (a server not root) `size` bytes and `inodes`
         inodes, from inside the sandbox's namespaces (`disk.remount_inside`); OSError if the
@@ -412,6 +431,8 @@ class SandboxContainer:
                 self._limits.address_space,
                 self._limits.processes,
             )
+            if self._limits.processes is not None:
+                self._limit_processes(self._limits.processes)
             self._send(claim)
             if read_until(self._ready_r, b"\n", deadline) != b"serving\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")

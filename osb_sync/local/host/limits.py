@@ -8,10 +8,12 @@ tmpfs per sandbox (`disk.py`: where it cannot be, what is enforced instead is sa
 Without a writable controller:
 - memory: RLIMIT_AS caps the address space of each process execd starts (per process, not
   the sandbox's total; execd itself stays uncapped): reported as NOT enforced.
-- pids: RLIMIT_NPROC, set by execd on itself at the claim (soft and hard: raising a hard
-  limit needs CAP_SYS_RESOURCE in the host's namespace, which no sandbox has). Since Linux
-  5.14 the kernel counts it per user namespace and id (ucounts), and every sandbox has a user
-  namespace of its own: the count is that sandbox's processes of one id. A sandbox whose root
+- pids: RLIMIT_NPROC, set by the server on every process of the sandbox (its pid 1 too) and
+  by execd on itself, at the claim (soft and hard: raising a hard limit needs CAP_SYS_RESOURCE
+  in the host's namespace, which no sandbox has). Since Linux 5.14 the kernel counts it per
+  user namespace and id (ucounts), and every sandbox has a user namespace of its own: the
+  count is that sandbox's processes of one id (they also count in the user's own, which
+  `identity.sandboxes_nproc` keeps a reserve of). A sandbox whose root
   is the server's own user has one id; one of a range has 65536, and code that switches ids
   gets the limit again for each: set there too, but reported as not enforced. Before 5.14 it
   counted every process of a host uid, all sandboxes' and the user's own: not used there.
