@@ -19,6 +19,7 @@ import requests
 from osb_sync._cli import main as cli_main
 from osb_sync.local import LocalServer
 from osb_sync.local.host import cgroup, cgroup2, identity, limits
+from osb_sync.local.host.errors import LimitError
 from tests.local.support import (
     CREATE_BODY,
     REQUIRE_ISOLATION,
@@ -125,6 +126,25 @@ def test_bad_limits_answer_400_naming_the_value(
     assert answer.status_code == 400, answer.text
     assert says in answer.json()["message"]
     assert next(iter(resource)) in answer.json()["message"]
+
+
+@pytest.mark.parametrize(
+    ("resource", "says"),
+    [
+        ({"gpu\n2026-12-06 CRITICAL local server: FORGED": "1"}, "is not a resource name"),
+        ({"x" * 64: "1"}, "is not a resource name"),
+        ({"nvidia.com/gpu": "1\nFORGED"}, "not a quantity"),
+        ({"nvidia.com/gpu": "1" * 65}, "not a quantity"),
+    ],
+)
+def test_a_limit_the_server_does_not_know_is_still_a_resource_name_and_a_quantity(
+    resource: dict[str, str], says: str
+) -> None:
+    # Named in the status, a refusal and the server's log: no forged line, no flood.
+    with pytest.raises(LimitError, match=says) as refused:
+        limits.parse(resource)
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 300
+    assert limits.parse({"nvidia.com/gpu": " 1 "}).texts["nvidia.com/gpu"] == "1"
 
 
 def test_plan_never_claims_a_limit_without_its_controller() -> None:

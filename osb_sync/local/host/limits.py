@@ -45,8 +45,13 @@ MIN_DISK = 4 << 20  # execd's state directory lives there too
 MIN_INODES = 512
 MAX_INODES = 2**32 - 1
 CONTROLLERS = ("memory", "cpu", "pids")
+MAX_TEXT = 64  # a quantity's characters (2^63 in bytes is 19 digits)
 DISK_KEYS = ("ephemeral-storage", "inodes")
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([a-zA-Z]*)")
+# Kubernetes' resource names: an optional DNS-subdomain prefix and "/", then a qualified name
+_RESOURCE_NAME = re.compile(
+    r"(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
 _SUFFIXES: dict[str, int | Decimal] = {
     "": 1,
     "m": Decimal("0.001"),
@@ -71,7 +76,7 @@ def quantity(name: str, text: str) -> Decimal:
     Raises:
         LimitError: naming the limit, when `text` is not a quantity.
     """
-    match = _QUANTITY.fullmatch(text.strip())
+    match = _QUANTITY.fullmatch(text.strip()) if len(text) <= MAX_TEXT else None
     if match is None or match.group(2) not in _SUFFIXES:
         raise LimitError(
             f"resourceLimits.{name} {text[:40]!r} is not a quantity: use a number with an "
@@ -102,7 +107,7 @@ def parse(limits: dict[str, str]) -> Requested:
     Raises:
         LimitError: a malformed or unusable value, named.
     """
-    texts = {k: str(v) for k, v in limits.items()}
+    texts = {k: str(v).strip() for k, v in limits.items()}
     asked = frozenset(texts)
     memory = cpu = None
     if "memory" in texts:
@@ -126,6 +131,14 @@ def parse(limits: dict[str, str]) -> Requested:
         pids = _whole_number("pids", texts["pids"], MIN_PIDS, MAX_PIDS)
     texts.setdefault("pids", str(pids))
     others = tuple(k for k in texts if k not in (*CONTROLLERS, *DISK_KEYS))
+    for key in others:  # named in the status, a refusal and the server's log: checked first
+        if not _RESOURCE_NAME.fullmatch(key):
+            raise LimitError(
+                f"resourceLimits key {key[:40]!r} is not a resource name: a Kubernetes one"
+                " (letters, digits, '-', '_', '.', at most 63, after an optional 'domain/'),"
+                " e.g. nvidia.com/gpu"
+            )
+        quantity(key, texts[key])
     return Requested(memory, cpu, pids, texts, others, _disk(texts), asked)
 
 

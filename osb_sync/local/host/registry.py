@@ -137,17 +137,18 @@ class Registry:
         """POST /sandboxes: `plan` it, carry it out, answer 202 (see the module docstring)."""
         package.warn_if_changed()
         plan = self.plan(ex)
-        if plan.limits.dropped:  # one line per such sandbox, as rootless Podman on cgroup v1
-            logger.warning(
-                "local server: a sandbox runs WITHOUT the limits it asked for: %s",
-                self._dropped(plan.limits),
-            )
         try:
             sandbox = self._start(plan)
         except BaseException:
             if plan.pool is not None:
                 self.pools.store.cancel(plan.pool)
             raise
+        if plan.limits.dropped:  # one line per such sandbox, as rootless Podman on cgroup v1
+            logger.warning(
+                "local server: sandbox %s runs WITHOUT the limits it asked for: %s",
+                sandbox.id,
+                self._dropped(plan.limits),
+            )
         if plan.pool is not None:
             self.pools.store.allocate(plan.pool, sandbox.id)
         self.sandboxes.journal.record(sandbox.id, f"created from {plan.source}")
