@@ -181,11 +181,11 @@ def test_plan_never_claims_a_limit_without_its_controller() -> None:
     small = limits.parse({"ephemeral-storage": "64Mi"})
     unprivileged = limits.plan(small, frozenset(), "per-directory")
     assert unprivileged.disk == (64 << 20, 100_000)
-    assert (
-        "ephemeral-storage=64Mi (bwrap tmpfs, per writable directory, in memory)"
-        in (unprivileged.message().split("; not enforced")[0])
-    )
-    assert "inodes=100000 (per writable directory)" in unprivileged.enforced
+    assert unprivileged.enforced[-2:] == [
+        "ephemeral-storage=64Mi (tmpfs, in memory, split between the writable directories:"
+        " /tmp and the home 40% each, the rest the other 20%)",
+        "inodes=100000 (split likewise)",
+    ]
     assert unprivileged.dropped == []
     assert limits.plan(limits.parse({"inodes": "5000"}), frozenset(), "none").dropped == ["inodes"]
     assert full.cgroup["cpu"]["cpu.cfs_quota_us"] == "50000"

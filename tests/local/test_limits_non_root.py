@@ -20,6 +20,7 @@ Each runs a server as a fresh user (`test_non_root.py`'s fixtures): root only, l
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -324,19 +325,31 @@ def _server_python(runuser: int) -> int:
     return children[0]
 
 
-# Run in a sandbox: fill /tmp, then make files in /tmp and /home until each refuses.
-FILL = """
-dd if=/dev/zero of=/tmp/big bs=1M count=32 2>&1 | tail -2
-rm /tmp/big
-python3 - <<'EOF'
-for place in ("/tmp", "/home"):
-    made = 0
+# Run in a sandbox: write 1 MiB at a time into every writable directory until each refuses,
+# then make empty files likewise; print the totals, then each tmpfs's mount line.
+FILL = """python3 - <<'EOF'
+import json, os
+places = ("/tmp", "/var", "/srv", "/mnt", "/opt", "/home", "/home/sandbox", "/run/osb-execd")
+written, made, why = 0, 0, set()
+for place in places:
     try:
-        while made < 5000:
+        with open(f"{place}/big", "wb") as out:
+            while True:
+                out.write(b"x" * (1 << 20))
+                out.flush()
+                written += 1 << 20
+    except OSError as exc:
+        written += os.path.getsize(f"{place}/big") % (1 << 20)
+        why.add(exc.strerror)
+    os.unlink(f"{place}/big")
+for place in places:
+    try:
+        while True:
             open(f"{place}/f{made}", "w").close()
             made += 1
     except OSError as exc:
-        print(place, "files", made, exc.strerror)
+        why.add(exc.strerror)
+print(json.dumps({"written": written, "made": made, "why": sorted(why)}))
 EOF
 grep -E ' /(tmp|home) ' /proc/self/mountinfo
 """
@@ -361,14 +374,18 @@ def test_a_non_root_sandbox_s_disk_size_and_inodes_hold(
             client.create_sandbox(resource_limits=asked) as sandbox,  # a spare's: at its claim
         ):
             message = sandbox.info().message or ""
-            assert "ephemeral-storage=16Mi (bwrap tmpfs, per writable directory" in message
-            assert "inodes=1000 (per writable directory)" in message.split("; not")[0]
+            enforced = message.split("; not")[0]
+            assert "ephemeral-storage=16Mi (tmpfs, in memory, split between the" in enforced
+            assert "inodes=1000 (split likewise)" in enforced
             said = sandbox.commands.run(FILL).stdout
-            assert "16777216 bytes" in said and "No space left" in said, said  # to the byte
-            tmp_files = int(said.split("/tmp files ")[1].split()[0])
-            assert 900 < tmp_files < 1000, said  # its own directory's entries count too
-            assert "/home files" in said, said  # each writable directory has its own cap
-            for line in said.splitlines()[-2:]:
+            found = json.loads(said.splitlines()[0])
+            assert found["why"] == ["No space left on device"], said
+            # All the writable directories together: the limit, not eight times it
+            assert 14 << 20 < found["written"] <= 16 << 20, said
+            assert 900 < found["made"] <= 1000, said  # their own entries count too
+            mounts = said.splitlines()[1:]  # /tmp's and /home's
+            assert len(mounts) == 2, said
+            for line in mounts:
                 assert "nosuid" in line and "nodev" in line, line  # kept by the remount
     finally:
         assert server.stop() == 0

@@ -364,16 +364,16 @@ class SandboxContainer:
                 continue
 
     def _limit_disk_inside(self, size: int, inodes: int) -> None:
-        """Give each writable tmpfs bwrap made (a server not root) `size` bytes and `inodes`
-        inodes, from inside the sandbox's namespaces (`disk.remount_inside`); OSError if the
-        kernel refused."""
+        """Give the writable tmpfs bwrap made (a server not root) `size` bytes and `inodes`
+        inodes between them (`disk.split`), from inside the sandbox's namespaces
+        (`disk.remount_inside`); OSError if the kernel refused."""
         if self.init_pid is None:
             raise OSError("the sandbox's init is not known")
         mntns = spawn.namespace(self._init_fd, self.init_pid, "mnt")
         try:
             userns = spawn.owning_user_namespace(mntns)
             try:
-                disk.remount_inside(userns, mntns, bwrap.WRITABLE, size, inodes)
+                disk.remount_inside(userns, mntns, disk.split(size, inodes))
             finally:
                 os.close(userns)
         finally:
@@ -597,8 +597,10 @@ class SandboxContainer:
         if self.ids is not None and self.ids.by_root:
             writable = bwrap.writable_binds([(self._writable(p), p) for p in bwrap.WRITABLE])
         else:
-            size = self._disk_size[0] if self._disk == "per-directory" else None
-            writable = bwrap.writable_tmpfs(bwrap.WRITABLE, size)
+            sizes = None
+            if self._disk == "per-directory":
+                sizes = {p: limit[0] for p, limit in disk.split(*self._disk_size).items()}
+            writable = bwrap.writable_tmpfs(bwrap.WRITABLE, sizes)
         places = Places(
             tuple(writable),
             self._data,

@@ -275,8 +275,9 @@ def _plan_disk(out: Plan, requested: Requested, disk_mode: str) -> None:
     elif disk_mode == "per-directory":
         out.disk = requested.disk
         out.enforced += [
-            f"{size} (bwrap tmpfs, per writable directory, in memory)",
-            f"{inodes} (per writable directory)",
+            f"{size} (tmpfs, in memory, split between the writable directories: /tmp and the"
+            " home 40% each, the rest the other 20%)",
+            f"{inodes} (split likewise)",
         ]
     else:
         out.unenforced += [f"{size} (no per-sandbox filesystem here)", f"{inodes} (likewise)"]
