@@ -24,6 +24,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -438,6 +439,30 @@ def test_the_sandboxes_together_leave_the_user_a_reserve_of_processes(
     # 4 x ~95 would pass the user's 300: they stopped together short of it
     assert sum(forked) <= 300 - identity.NPROC_RESERVE, (forked, counts)
     assert shells.stdout == b"forked-40\n", (shells, forked, counts)
+
+
+def test_a_killed_server_s_groups_under_its_cgroup_parent_are_reaped_by_the_next(
+    rangeless_user: str,  # noqa: F811 (the fixture)
+    package_copy: str,  # noqa: F811
+) -> None:
+    with delegated(rangeless_user) as place:
+        first = ServerProcess(
+            user=rangeless_user, python=PYTHON, path=package_copy, cgroup_parent=place.parent
+        )
+        body = {**CREATE_BODY, "resourceLimits": {"memory": "128Mi"}, "networkPolicy": DENY}
+        made = requests.post(f"{first.api_base}/sandboxes", json=body, timeout=60)
+        assert made.status_code == 202, made.text
+        groups = [cgroup.parent_dir(c, place) / made.json()["id"] for c in cgroup.CONTROLLERS]
+        assert all(group.is_dir() for group in groups)
+        os.kill(_server_python(first.pid), signal.SIGKILL)  # no chance to clean up
+        first.proc.wait(30)
+        second = ServerProcess(
+            user=rangeless_user, python=PYTHON, path=package_copy, cgroup_parent=place.parent
+        )
+        try:
+            assert not [group for group in groups if group.exists()], groups  # reaped at start
+        finally:
+            assert second.stop() == 0
 
 
 def test_a_cgroup_parent_the_user_was_not_given_refuses_to_start_naming_the_fix(

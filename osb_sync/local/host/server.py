@@ -289,7 +289,7 @@ class LocalServer:
             self._lock_fd = recovery.claim(self.root_dir)
             recovery.reap(self.root_dir, support.cgroups)
             for parent in recovery.stray_parents():
-                recovery.sweep_strays(parent)
+                recovery.sweep_strays(parent, support.cgroups)
             if support.ids is not None and self.isolated:
                 identity.admit(self.root_dir, support.ids)  # bwrap runs as the range's root
                 staging.sweep()  # what a killed server left
