@@ -18,14 +18,22 @@ import pytest
 from osb_sync.local.host import cgroup, cgroup2
 
 SERVER = 4242
+REAL_WRITE = Path.write_text
 
 
 class FakeKernel:
     """The kernel's answers to writes under `root` (other paths are written as they are)."""
 
-    def __init__(self, root: Path, refuse: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, root: Path, refuse: frozenset[str] = frozenset(), real_root: bool = True
+    ) -> None:
         self.root, self.refuse = root, refuse
-        self.real = Path.write_text
+        self.real_root = real_root  # False: `root` is a cgroup namespace's (not exempt)
+        self.real = REAL_WRITE  # not another FakeKernel's
+
+    def _mixable(self, group: Path) -> bool:
+        """Only the hierarchy's real root may hold processes and enable controllers at once."""
+        return group == self.root and self.real_root
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Answer every `Path.write_text` (until `monkeypatch` undoes it)."""
@@ -36,11 +44,16 @@ class FakeKernel:
             return self.real(path, data)
         if path.name == "cgroup.subtree_control":
             name = data.strip().lstrip("+")
-            if name in self.refuse:
-                raise OSError(errno.EBUSY, "Device or resource busy")
+            procs = path.parent / "cgroup.procs"
+            holds = procs.read_text().split() if procs.exists() else []
+            if name in self.refuse or (holds and not self._mixable(path.parent)):
+                raise OSError(errno.EBUSY, "Device or resource busy")  # no internal processes
             enabled = path.read_text().split() if path.exists() else []
             return self.real(path, " ".join([*enabled, name]))
         if path.name == "cgroup.procs":
+            control = path.parent / "cgroup.subtree_control"
+            if control.exists() and control.read_text().split() and not self._mixable(path.parent):
+                raise OSError(errno.EBUSY, "Device or resource busy")  # no internal processes
             for other in self.root.rglob("cgroup.procs"):  # a process is in one group
                 kept = [p for p in other.read_text().split() if p != data.strip()]
                 self.real(other, "\n".join(kept))
@@ -52,9 +65,13 @@ class FakeKernel:
 def group(path: Path, procs: str = "", controllers: str = "cpu io memory pids") -> Path:
     """A fake delegated group: its interface files, `procs` in it."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "cgroup.procs").write_text(procs)
-    (path / "cgroup.subtree_control").write_text("")
-    (path / "cgroup.controllers").write_text(controllers)
+    for name, text in (
+        ("cgroup.procs", procs),
+        ("cgroup.subtree_control", ""),
+        ("cgroup.controllers", controllers),
+    ):
+        with open(path / name, "w") as made:  # as the kernel makes them, not as a write
+            made.write(text)
     return path
 
 
@@ -135,6 +152,20 @@ def test_the_root_group_needs_no_move_and_a_server_below_its_parent_stays_put(
     group(service / "app.slice" / "a.scope", str(SERVER))
     below = cgroup2.delegate(service, SERVER, service / "app.slice" / "a.scope", tree)
     assert below.subtree == service / "osb-sync" and not (service / "osb-sync.server").exists()
+
+
+def test_at_a_cgroup_namespace_s_root_the_server_moves_into_a_leaf_as_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = group(tmp_path / "ns-root", str(SERVER))  # a container's view: `0::/`
+    FakeKernel(root, real_root=False).install(monkeypatch)
+    found = cgroup2.delegate(root, SERVER, root, root)
+    assert found.controllers == {"memory", "pids", "cpu"}, found
+    assert (root / "osb-sync.server" / "cgroup.procs").read_text().split() == [str(SERVER)]
+    shared = group(tmp_path / "ns-root2", f"{SERVER} 7")  # and with another process there:
+    FakeKernel(shared, real_root=False).install(monkeypatch)
+    stuck = cgroup2.delegate(shared, SERVER, shared, shared)
+    assert stuck.controllers == frozenset()  # the kernel refuses each: reported, never claimed
 
 
 def test_arrange_gives_a_v2_place_its_groups_and_oom_counter(tree: Path) -> None:

@@ -7,7 +7,7 @@ or, with `--cgroup-parent PATH` (`Place`), under PATH in each controller's hiera
 root where PATH starts with "/", else from the server's own group), as Docker's flag: the way
 for a server that is not root, once an operator made PATH in the memory, pids, cpu and freezer
 hierarchies and gave it to the server's user (`chown -R USER`). A group made there is the
-user's too (the kernel gives a new group its parent's owner).
+user's too (the kernel gives a new group its creator's fsuid and fsgid).
 
 A root server writes bwrap's pids into every controller's `cgroup.procs` (`join`) while bwrap
 waits for its user namespace's id maps, before any code of the sandbox runs, so no process of

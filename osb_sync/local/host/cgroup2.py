@@ -107,9 +107,10 @@ def delegate(group: Path, pid: int, own: Path, root: Path = CGROUP_ROOT) -> Dele
     `group` must be `own` or one of its ancestors (v2 moves a process only within a group
     delegated to the mover: bwrap starts in `own`). Moves `pid` into `group/osb-sync.server/`
     where `group` holds it (and nothing else), then enables the limit controllers for `group`'s
-    children and `osb-sync/`'s (see the module docstring). The tree's `root` group is exempt
-    from the rule (a root server there moves nothing). Never raises: a refusal is
-    `Delegation.problem`.
+    children and `osb-sync/`'s (see the module docstring). Only the hierarchy's real root is
+    exempt from the rule, not the root a cgroup namespace shows (a server in a container): a
+    `root` group holding others' processes too is tried as it is (the kernel refuses each
+    controller there but on the real root). Never raises: a refusal is `Delegation.problem`.
     """
     fix = (
         "start the server in a delegated group of its own (systemd-run --user --scope -p"
@@ -120,16 +121,14 @@ def delegate(group: Path, pid: int, own: Path, root: Path = CGROUP_ROOT) -> Dele
     if not all(_writable(group / name) for name in ("cgroup.procs", "cgroup.subtree_control")):
         return Delegation(None, problem=f"the cgroup {group} is not delegated to this user; {fix}")
     inside = {int(word) for word in _words(group / "cgroup.procs") if word.isdigit()}
-    if group == root:
-        inside = set()
-    if inside - {pid}:
+    if inside - {pid} and group != root:
         return Delegation(
             None,
             problem=f"the cgroup {group} holds other processes ({len(inside - {pid})}), and v2"
             f" lets no group with children's controllers hold any; {fix}",
         )
     try:
-        if pid in inside:
+        if pid in inside and not inside - {pid}:  # at a cgroup namespace's root too
             leaf = group / SERVER_LEAF
             leaf.mkdir(exist_ok=True)
             (leaf / "cgroup.procs").write_text(str(pid))
