@@ -278,6 +278,8 @@ def test_without_controllers_memory_falls_back_to_rlimit_as_and_says_so(
         )
         assert "cpu=0.5 (no writable cpu cgroup)" in message
         assert "pids=64 (no writable pids cgroup; RLIMIT_NPROC holds per id inside" in message
+        every = "grep -h 'Max processes' /proc/[0-9]*/limits | awk '{print $3, $4}' | sort -u"
+        assert output(box.command(every)).strip() == "64 64"  # its init's too, set by execd
         assert "(cgroup)" not in message
         assert not (cgroup.parent_dir("memory") / box.id).exists()
         events = box.command(ALLOCATE_256M)

@@ -214,7 +214,7 @@ def test_without_a_delegated_cgroup_a_non_root_server_names_what_it_does_not_enf
                 assert "memory=128Mi (no writable memory cgroup" in unenforced, message
                 assert "cpu=0.5 (no writable cpu cgroup)" in unenforced, message
             with client.create_sandbox(resource_limits={"ephemeral-storage": "64Mi"}) as quiet:
-                assert "ephemeral-storage=64Mi (bwrap tmpfs" in (quiet.info().message or "")
+                assert "ephemeral-storage=64Mi (tmpfs, in memory" in (quiet.info().message or "")
     finally:
         assert server.stop() == 0
     warned = _warnings(log)

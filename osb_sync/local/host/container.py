@@ -351,7 +351,7 @@ class SandboxContainer:
         be made, through ptrace by its root, to fork past the sandbox's.
 
         Raises:
-            OSError: the kernel refused (the server owns the sandbox's user namespace).
+            OSError: the kernel refused (a server not root owns the sandbox's user namespace).
         """
         if self.init_pid is None:
             raise OSError("the sandbox's init is not known")
@@ -362,6 +362,12 @@ class SandboxContainer:
                 resource.prlimit(pid, resource.RLIMIT_NPROC, (value, value))
             except ProcessLookupError:
                 continue
+            except PermissionError:
+                # A root server without CAP_SYS_RESOURCE (a container's root) may not: its
+                # sandboxes' namespaces are their range root's. execd, that id too, sets its
+                # own and its init's at the claim.
+                if self.ids is None or not self.ids.by_root:
+                    raise
 
     def _limit_disk_inside(self, size: int, inodes: int) -> None:
         """Give the writable tmpfs bwrap made (a server not root) `size` bytes and `inodes`
