@@ -430,6 +430,8 @@ def test_the_sandboxes_together_leave_the_user_a_reserve_of_processes(
                     timeout=60,
                     cwd="/",
                 )
+                body = {**CREATE_BODY, "networkPolicy": DENY}
+                another = requests.post(f"{server.api_base}/sandboxes", json=body, timeout=60)
                 for loop in loops:
                     loop.join(60)
             finally:
@@ -442,6 +444,10 @@ def test_the_sandboxes_together_leave_the_user_a_reserve_of_processes(
     # 4 x ~95 would pass the user's 300: they stopped together short of it
     assert sum(forked) <= 300 - identity.NPROC_RESERVE, (forked, counts)
     assert shells.stdout == b"forked-40\n", (shells, forked, counts)
+    if another.status_code == 500:  # the budget was used up: the answer says whose and why
+        assert "share at most 236 processes" in another.json()["message"], another.text
+    else:
+        assert another.status_code == 202, another.text
 
 
 def test_a_killed_server_s_groups_under_its_cgroup_parent_are_reaped_by_the_next(

@@ -23,14 +23,16 @@ unisolated, every create is refused, naming what to install or allow.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import platform
 import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..http.exchange import Exchange, error
-from . import disk, entrypoint, limits, network, package, volumes
+from . import disk, entrypoint, identity, limits, network, package, volumes
 from .capacity import Capacity
 from .container import OOM_CONTROL, Assignment, Launch
 from .diagnostics import Diagnostics
@@ -233,6 +235,20 @@ class Registry:
             snapshot=snapshot,
         )
 
+    def _out_of_processes(self, failure: str) -> str:
+        """The cause of a start `failure` that ran out of processes on a server that is not
+        root (EAGAIN: its sandboxes share the user's RLIMIT_NPROC less a reserve), else ""."""
+        ids = self.config.support.ids
+        cap = identity.sandboxes_nproc() if ids is not None and not ids.by_root else None
+        signs = (os.strerror(errno.EAGAIN), "can't start new thread")  # bwrap's, execd's
+        if cap is None or not any(sign in failure for sign in signs):
+            return ""
+        return (
+            f". This user's sandboxes share at most {cap} processes (its RLIMIT_NPROC less a"
+            " reserve for its own), and they have them: delete a sandbox, give them lower"
+            " pids, or raise the user's limit (ulimit -u)"
+        )
+
     def _dropped(self, plan: limits.Plan) -> str:
         """The limits `plan` drops that the create asked for, and how each could be had."""
         said = [t for t in plan.unenforced if t.split("=")[0] in plan.dropped]
@@ -274,9 +290,8 @@ class Registry:
         except ConfigError as exc:  # a path of the image's root that cannot be (`rootfs.py`)
             raise ImageError(str(plan.body["image"].get("uri")), CONFIG_INVALID, str(exc)) from None
         except (OSError, RuntimeError) as exc:
-            raise error(
-                500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
-            ) from None
+            said = f"Failed to start sandbox: {exc}{self._out_of_processes(str(exc))}"
+            raise error(500, "DOCKER::SANDBOX_START_FAILED", said) from None
         finally:
             volumes.close(binds)
         try:
