@@ -144,6 +144,7 @@ class Claim:
     env: dict[str, str] = field(repr=False)  # the environment of what execd starts
     entrypoint: tuple[str, ...] | None = None  # started once execd serves; None: nothing
     address_space_limit: int | None = None  # RLIMIT_AS of what execd starts, bytes
+    process_limit: int | None = None  # RLIMIT_NPROC of execd itself, from the claim on
 
     def encode(self) -> bytes:
         """The line (with its newline)."""
@@ -152,6 +153,7 @@ class Claim:
             "env": self.env,
             "entrypoint": list(self.entrypoint) if self.entrypoint is not None else None,
             "address_space_limit": self.address_space_limit,
+            "process_limit": self.process_limit,
         }
         return json.dumps(message).encode() + b"\n"
 
@@ -173,6 +175,7 @@ class Claim:
             if entrypoint is None
             else tuple(_strings(entrypoint, "entrypoint", what)),
             address_space_limit=_optional_int(message, "address_space_limit", what),
+            process_limit=_optional_int(message, "process_limit", what),
         )
 
 

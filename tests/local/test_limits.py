@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 from decimal import Decimal
 from typing import Any
 
@@ -17,7 +18,8 @@ import requests
 
 from osb_sync._cli import main as cli_main
 from osb_sync.local import LocalServer
-from osb_sync.local.host import cgroup, limits
+from osb_sync.local.host import cgroup, cgroup2, identity, limits
+from osb_sync.local.host.errors import LimitError
 from tests.local.support import (
     CREATE_BODY,
     REQUIRE_ISOLATION,
@@ -126,15 +128,49 @@ def test_bad_limits_answer_400_naming_the_value(
     assert next(iter(resource)) in answer.json()["message"]
 
 
+@pytest.mark.parametrize(
+    ("resource", "says"),
+    [
+        ({"gpu\n2026-12-06 CRITICAL local server: FORGED": "1"}, "is not a resource name"),
+        ({"x" * 64: "1"}, "is not a resource name"),
+        ({"nvidia.com/gpu": "1\nFORGED"}, "not a quantity"),
+        ({"nvidia.com/gpu": "1" * 65}, "not a quantity"),
+    ],
+)
+def test_a_limit_the_server_does_not_know_is_still_a_resource_name_and_a_quantity(
+    resource: dict[str, str], says: str
+) -> None:
+    # Named in the status, a refusal and the server's log: no forged line, no flood.
+    with pytest.raises(LimitError, match=says) as refused:
+        limits.parse(resource)
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 300
+    assert limits.parse({"nvidia.com/gpu": " 1 "}).texts["nvidia.com/gpu"] == "1"
+
+
 def test_plan_never_claims_a_limit_without_its_controller() -> None:
     requested = limits.parse({"memory": "128Mi", "cpu": "500m", "gpu": "1"})
-    message = limits.plan(requested, frozenset()).message()
-    assert message == (
-        " Limits enforced: memory=128Mi (RLIMIT_AS, per process);"
-        " not enforced: cpu=500m (no writable cpu cgroup), pids=512 (no writable pids cgroup;"
-        " RLIMIT_NPROC counts a whole user's processes, not a sandbox's), ephemeral-storage=1Gi,"
-        " inodes=100000 (no per-sandbox filesystem here), gpu=1 (not supported locally)."
+    bare = limits.plan(requested, frozenset())
+    assert bare.message() == (
+        " Limits enforced: none;"
+        " not enforced: memory=128Mi (no writable memory cgroup: only RLIMIT_AS, per process,"
+        " not the sandbox's total), cpu=500m (no writable cpu cgroup), pids=512 (no writable"
+        " pids cgroup; RLIMIT_NPROC here counts a whole host user's processes, not a"
+        " sandbox's), ephemeral-storage=1Gi (no per-sandbox filesystem here), inodes=100000"
+        " (likewise), gpu=1 (not supported locally)."
     )
+    assert bare.dropped == ["memory", "cpu", "gpu"]  # asked for; the rest are defaults
+    assert bare.address_space == 128 << 20 and bare.processes is None
+    one = limits.plan(requested, frozenset(), ids="one")
+    assert "pids=512 (RLIMIT_NPROC in the sandbox's user namespace)" in one.enforced
+    assert one.processes == 512 and "pids" not in one.dropped
+    ranged = limits.plan(limits.parse({"pids": "64"}), frozenset(), ids="range")
+    assert ranged.processes == 64  # set, but a sandbox that switches ids gets 64 per id
+    assert ranged.unenforced[0].startswith("pids=64 (no writable pids cgroup; RLIMIT_NPROC holds")
+    assert "per id inside only" in ranged.unenforced[0] and ranged.dropped == ["pids"]
+    reserve = [identity.sandboxes_nproc(n) for n in (300, 96367, 10, resource.RLIM_INFINITY)]
+    assert reserve == [236, 86731, 1, None]  # the user keeps a tenth, at least 64
+    counted = [limits.nproc_per_namespace(r) for r in ("5.13.19", "5.14.0-1", "6.18.44-x", "?")]
+    assert counted == [False, True, True, False]  # ucounts: per user namespace since 5.14
     full = limits.plan(requested, frozenset(limits.CONTROLLERS), "tmpfs")
     assert full.message().startswith(
         " Limits enforced: memory=128Mi (cgroup), cpu=500m (cgroup), pids=512 (cgroup),"
@@ -145,11 +181,13 @@ def test_plan_never_claims_a_limit_without_its_controller() -> None:
     small = limits.parse({"ephemeral-storage": "64Mi"})
     unprivileged = limits.plan(small, frozenset(), "per-directory")
     assert unprivileged.disk == (64 << 20, 100_000)
-    assert (
-        "ephemeral-storage=64Mi (bwrap tmpfs, per writable directory, in memory)"
-        in (unprivileged.message().split("; not enforced")[0])
-    )
-    assert "inodes=100000 (a server not running as root" in unprivileged.message()
+    assert unprivileged.enforced[-2:] == [
+        "ephemeral-storage=64Mi (tmpfs, in memory, split between the writable directories:"
+        " /tmp and the home 40% each, the rest the other 20%)",
+        "inodes=100000 (split likewise)",
+    ]
+    assert unprivileged.dropped == []
+    assert limits.plan(limits.parse({"inodes": "5000"}), frozenset(), "none").dropped == ["inodes"]
     assert full.cgroup["cpu"]["cpu.cfs_quota_us"] == "50000"
 
 
@@ -224,15 +262,24 @@ def test_without_controllers_memory_falls_back_to_rlimit_as_and_says_so(
 ) -> None:
 
     require_isolation()
-    monkeypatch.setattr(limits, "writable_controllers", frozenset)
+    arrange = cgroup2.arrange
+
+    def no_limit_controllers(parent: str | None) -> tuple[cgroup.Place, frozenset[str], bool]:
+        place, _, freezer = arrange(parent)
+        return place, frozenset(), freezer
+
+    monkeypatch.setattr(cgroup2, "arrange", no_limit_controllers)
     with local_server(ping_interval=0.2, command_grace=0, min_timeout=1, isolation=True) as srv:
         box = limited_box(srv, http)
         message = box.created["status"]["message"]
-        assert "Limits enforced: memory=128Mi (RLIMIT_AS, per process), ephemeral-storage=1Gi" in (
-            message
+        assert (
+            "memory=128Mi (no writable memory cgroup: only RLIMIT_AS, per process"
+            in (message.split("not enforced: ")[1])
         )
         assert "cpu=0.5 (no writable cpu cgroup)" in message
-        assert "pids=64 (no writable pids cgroup" in message
+        assert "pids=64 (no writable pids cgroup; RLIMIT_NPROC holds per id inside" in message
+        every = "grep -h 'Max processes' /proc/[0-9]*/limits | awk '{print $3, $4}' | sort -u"
+        assert output(box.command(every)).strip() == "64 64"  # its init's too, set by execd
         assert "(cgroup)" not in message
         assert not (cgroup.parent_dir("memory") / box.id).exists()
         events = box.command(ALLOCATE_256M)

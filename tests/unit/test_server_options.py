@@ -83,6 +83,8 @@ def test_serve_defaults_become_local_server_keywords() -> None:
         "container_logs_total": 256 << 20,
         "isolation": None,
         "require_id_range": False,
+        "cgroup_parent": None,
+        "require_limits": False,
         "image_store": None,
         "image_store_size": 10 << 30,
         "image_size_limit": None,
@@ -110,6 +112,7 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
     ]
     argv += ["--state-dir", "s", "--execd-image", "x:1"]
     argv += ["--no-isolation", "--require-id-range", "--image-store", "s"]
+    argv += ["--cgroup-parent", "/osb-alice", "--require-limits"]
     argv += ["--image-store-size", "7"]
     argv += ["--image-size-limit", "6"]
     argv += ["--insecure-registry", "r:5000", "--registry-auth-file", "a.json"]
@@ -137,6 +140,8 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         "container_logs_total": 1 << 20,
         "isolation": False,
         "require_id_range": True,
+        "cgroup_parent": "/osb-alice",
+        "require_limits": True,
         "image_store": "s",
         "image_store_size": 7,
         "image_size_limit": 6,
@@ -157,6 +162,8 @@ def test_serve_flags_become_local_server_keywords(tmp_path: Path) -> None:
         ({"container_log_size": 100}, "container_log_size must be 4096 or more"),
         ({"container_logs_total": 100}, "container_logs_total must be 4096 or more"),
         ({"unenforced_network_policy": "maybe"}, "unenforced_network_policy must be one of"),
+        ({"cgroup_parent": "/osb/../../x"}, "cgroup_parent must be a path of cgroup directories"),
+        ({"cgroup_parent": "/"}, "cgroup_parent must be a path of cgroup directories"),
         ({"execd": "/bin/sh", "execd_image": "x:1"}, "execd and execd_image both name"),
         (
             {"jupyter": "/usr/bin/true"},

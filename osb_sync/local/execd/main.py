@@ -153,7 +153,26 @@ def wait_for_claim(ready_fd: int) -> Claim | None:
     """Report ready, then read the claim line (None: stdin closed, the spare was not needed)."""
     os.write(ready_fd, b"ready\n")
     line = sys.stdin.buffer.readline()
-    return Claim.decode(line) if line else None
+    if not line:
+        return None
+    claim = Claim.decode(line)
+    if claim.process_limit:  # before anything of the sandbox's runs; no sandbox may raise it
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]  # the server's user's, which holds
+        limit = claim.process_limit  # anyway: a larger ask is that (raising it needs a cap)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+        # Every other process of the sandbox too, its init first: one left at the server's
+        # limit could be made to fork past it (ptrace). The server does it where it may: a
+        # root one without CAP_SYS_RESOURCE may not, and these are execd's own id.
+        for pid in sorted(int(name) for name in os.listdir("/proc") if name.isdigit()):
+            try:
+                hard = resource.prlimit(pid, resource.RLIMIT_NPROC)[1]
+                own = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+                resource.prlimit(pid, resource.RLIMIT_NPROC, (own, own))
+            except OSError:
+                pass  # gone, or another id's (none before the claim): the server's stands
+    return claim
 
 
 class Entrypoint:

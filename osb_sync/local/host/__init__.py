@@ -44,7 +44,8 @@ Their confinement and limits:
 - `slirp`: outbound network through slirp4netns.
 - `volumes`: a create's volumes, checked, opened and bound by descriptor.
 - `limits`: resource limits, and how each is enforced.
-- `cgroup`: the sandboxes' cgroups.
+- `cgroup`: the sandboxes' cgroups (v1, and the `--cgroup-parent` place).
+- `cgroup2`: the sandboxes' cgroups on a v2 host, in a delegated subtree (not run on one yet).
 - `disk`: each sandbox's disk, one size- and inode-limited tmpfs.
 - `spawn`: the spawner thread, and host process helpers.
 """

@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +150,7 @@ class Support:
     ids: identity.IdRange | None = None
     firewall: firewall.Tools | None = None
     fix: str = FIX
+    cgroups: cgroup.Place = cgroup.OWN  # where its sandboxes' groups go (`--cgroup-parent`)
 
 
 def refusal(problem: str, fix: str = FIX) -> str:
@@ -401,16 +402,17 @@ def writable_binds(dirs: Sequence[tuple[Path, str]]) -> list[str]:
     return args
 
 
-def writable_tmpfs(places: Sequence[str], size: int | None = None) -> list[str]:
+def writable_tmpfs(places: Sequence[str], sizes: Mapping[str, int] | None = None) -> list[str]:
     """bwrap arguments that give a sandbox its writable directories as private tmpfs.
 
     For a server that cannot chown host directories to the sandboxes' range (not root):
     made inside the sandbox's user namespace, they belong to its root. `/tmp` is 1777. Each is
-    at most `size` bytes (`--size`: per directory, not in all; bwrap caps no inodes).
+    at most its `sizes` bytes (`--size`; `disk.split`; bwrap caps no inodes).
     """
     args: list[str] = []
     for place in places:
         args += ["--perms", "1777"] if place == "/tmp" else []  # noqa: S108
+        size = sizes.get(place) if sizes is not None else None
         args += (["--size", str(size)] if size is not None else []) + ["--tmpfs", place]
     return args
 

@@ -2,19 +2,34 @@
 
 The freezer pauses and resumes a sandbox; memory, cpu and pids enforce its limits (`limits.py`).
 Each controller's groups live in `osb-sync/` under the server's own group of that controller
-(`/proc/self/cgroup`), so a server confined by its parent stays confined with its sandboxes.
-The server writes bwrap's pids into every controller's `cgroup.procs` (`join`) while bwrap
+(`/proc/self/cgroup`), so a server confined by its parent stays confined with its sandboxes;
+or, with `--cgroup-parent PATH` (`Place`), under PATH in each controller's hierarchy (from its
+root where PATH starts with "/", else from the server's own group), as Docker's flag: the way
+for a server that is not root, once an operator made PATH in the memory, pids, cpu and freezer
+hierarchies and gave it to the server's user (`chown -R USER`). A group made there is the
+user's too (the kernel gives a new group its creator's fsuid and fsgid).
+
+A root server writes bwrap's pids into every controller's `cgroup.procs` (`join`) while bwrap
 waits for its user namespace's id maps, before any code of the sandbox runs, so no process of
-the sandbox is ever outside its group.
+the sandbox is ever outside its group. A server that is not root may move only processes of its
+own uid (v1's rule), and bwrap's child is already the sandbox's root when it waits: bwrap
+starts through `JOIN_SCRIPT`, which writes its own pid into every group and then execs bwrap,
+so bwrap and all it makes start inside. A sandbox never sees these files (its `/sys` has no
+cgroup tree); where its root is the server's own uid it could write them if it did, which is
+why `tests/local/test_limits_non_root.py` looks for them from inside.
+
+cgroup v2 (one tree, a delegated subtree) is `cgroup2.py`.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import pwd
 import signal
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -27,6 +42,10 @@ CONTROLLERS = ("freezer", "memory", "cpu", "pids")
 # v1's memory.limit_in_bytes without a limit is the largest page multiple of an int64: read
 # from this on as no limit (no machine has that much memory to limit)
 UNLIMITED_MEMORY = 1 << 62
+
+
+# Run as `sh -c JOIN_SCRIPT sh PROCS... -- ARGV...`: into every group, then exec ARGV.
+JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
 
 @functools.cache
@@ -43,18 +62,45 @@ def own_group(controller: str) -> str:
     return "/"
 
 
-def parent_dir(controller: str) -> Path:
-    """Where the sandboxes' groups of `controller` go: `osb-sync/` in the server's own group."""
-    return CGROUP_ROOT / controller / own_group(controller).lstrip("/") / PARENT
+@dataclass(frozen=True)
+class Place:
+    """Where a server makes its sandboxes' groups: `osb-sync/` in each controller's `parent`
+    (`--cgroup-parent`), or in the server's own group (None); on a v2 host (`version` 2),
+    `subtree`, made ready by `cgroup2.arrange` (None: unusable, `problem` says why)."""
+
+    parent: str | None = None
+    version: int = 1
+    subtree: Path | None = None
+    problem: str = ""
+
+    def base(self, controller: str) -> Path:
+        """The directory of `controller`'s hierarchy that holds `osb-sync/`."""
+        own = own_group(controller).lstrip("/")
+        if self.parent is None:
+            return CGROUP_ROOT / controller / own
+        if self.parent.startswith("/"):
+            return CGROUP_ROOT / controller / self.parent.lstrip("/")
+        return CGROUP_ROOT / controller / own / self.parent
 
 
-def usable(controller: str) -> bool:
-    """True when this process may make groups under `controller` (v1, writable, e.g. root).
+OWN = Place()
+
+
+def parent_dir(controller: str, place: Place = OWN) -> Path:
+    """Where the sandboxes' groups of `controller` go: `osb-sync/` in `place` (v2: one for all)."""
+    if place.version == 2:
+        return place.subtree or Path("/nonexistent")
+    return place.base(controller) / PARENT
+
+
+def usable(controller: str, place: Place = OWN) -> bool:
+    """True when this process may make groups under `controller` (v1, writable, e.g. root, or
+    a user the operator gave `place`).
 
     Also removes the empty groups that servers killed without a chance to clean up left.
     """
-    parent = parent_dir(controller)
-    if not (parent.parent / "cgroup.procs").is_file():
+    parent = parent_dir(controller, place)
+    if place.version != 1 or not (parent.parent / "cgroup.procs").is_file():
         return False
     try:
         parent.mkdir(exist_ok=True)
@@ -65,6 +111,27 @@ def usable(controller: str) -> bool:
         return False
     _sweep(parent)
     return True
+
+
+def delegation_fix(user: str | None = None, version: int = 1) -> str:
+    """The operator's line that gives this server's user (`user`) cgroups of its own (v1),
+    and the option that uses them; on v2, the delegated group to start the server in."""
+    if user is None:
+        try:
+            user = pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:
+            user = str(os.geteuid())
+    name = f"osb-{user}"
+    if version == 2:
+        return (
+            "start the server in a cgroup v2 group delegated to it: systemd-run --user --scope"
+            " -p Delegate=yes osb-sync serve ..."
+        )
+    return (
+        f"have root run `for c in {' '.join(CONTROLLERS[1:] + CONTROLLERS[:1])}; do mkdir -p"
+        f" /sys/fs/cgroup/$c/{name} && chown -R {user} /sys/fs/cgroup/$c/{name}; done` and"
+        f" start the server with --cgroup-parent /{name} (LocalServer(cgroup_parent='/{name}'))"
+    )
 
 
 def _sweep(parent: Path) -> None:
@@ -81,11 +148,11 @@ def _sweep(parent: Path) -> None:
 class Cgroup:
     """The groups of one sandbox, one per controller."""
 
-    def __init__(self, name: str, controllers: tuple[str, ...]) -> None:
+    def __init__(self, name: str, controllers: tuple[str, ...], place: Place = OWN) -> None:
         self.dirs: dict[str, Path] = {}
         try:
             for controller in controllers:
-                path = parent_dir(controller) / name
+                path = parent_dir(controller, place) / name
                 path.mkdir()
                 self.dirs[controller] = path
         except OSError:
@@ -109,6 +176,11 @@ class Cgroup:
         """Move process `pid` (its threads; not its existing children) into every group."""
         for path in self.dirs.values():
             (path / "cgroup.procs").write_text(str(pid))
+
+    def joining(self, argv: list[str]) -> list[str]:
+        """`argv` run by a shell that first moves itself into every group (`JOIN_SCRIPT`)."""
+        procs = [str(path / "cgroup.procs") for path in self.dirs.values()]
+        return ["/bin/sh", "-c", JOIN_SCRIPT, "sh", *procs, "--", *argv]
 
     def freeze(self, frozen: bool) -> None:
         """Freeze (or thaw) every process of the group; OSError if it does not settle."""
@@ -190,13 +262,10 @@ def _write_quietly(path: Path, value: str) -> None:
         pass
 
 
-def leftover_groups(name: str) -> list[Path]:
+def leftover_groups(name: str, place: Place = OWN) -> list[Path]:
     """The groups of the sandbox `name` that exist, in every controller (any age)."""
-    return [
-        parent_dir(controller) / name
-        for controller in CONTROLLERS
-        if (parent_dir(controller) / name).is_dir()
-    ]
+    found = {parent_dir(controller, place) / name for controller in CONTROLLERS}
+    return sorted(path for path in found if path.is_dir())
 
 
 def _number(path: Path) -> int | None:
@@ -210,7 +279,9 @@ def _number(path: Path) -> int | None:
 def _memory_used(group: Path) -> int | None:
     """What a memory group uses as `docker stats` counts it: its usage less the inactive page
     cache (`memory.stat`'s `total_inactive_file`), which the kernel reclaims first."""
-    used = _number(group / "memory.usage_in_bytes")
+    used = _number(group / "memory.usage_in_bytes")  # v1
+    if used is None:
+        used = _number(group / "memory.current")  # v2
     if used is None:
         return None
     try:
@@ -218,7 +289,7 @@ def _memory_used(group: Path) -> int | None:
     except OSError:
         return used
     stat = dict(line.split(" ", 1) for line in lines if " " in line)
-    inactive = stat.get("total_inactive_file", "0").strip()
+    inactive = stat.get("total_inactive_file", stat.get("inactive_file", "0")).strip()
     return max(used - int(inactive), 0) if inactive.isdigit() else used
 
 
@@ -236,17 +307,25 @@ def _cpu_seconds(pids: Iterable[int]) -> float | None:
 
 
 def usage(groups: Mapping[str, Path]) -> dict[str, int | float | None]:
-    """A sandbox's usage and limits as its v1 `groups` (by controller) say; None for what no
-    group of it tells (and a limit that is the kernel's "unlimited").
+    """A sandbox's usage and limits as its `groups` (by controller; v1's, or v2's one group
+    under every name) say; None for what no group of it tells (and a limit that is the
+    kernel's "unlimited").
 
     `cpuSeconds` is the CPU time of its live processes and of their children they waited
     for: v1's cpu controller counts no time (cpuacct does, which the sandboxes have no group
     of), and time of a process whose parent ended before it was waited for is not counted.
     """
     memory, cpu, pids = (groups.get(c) for c in ("memory", "cpu", "pids"))
-    limit = _number(memory / "memory.limit_in_bytes") if memory else None
-    quota = _number(cpu / "cpu.cfs_quota_us") if cpu else None
-    period = _number(cpu / "cpu.cfs_period_us") if cpu else None
+    limit = quota = period = None
+    if memory is not None:  # v1's file, else v2's (`max`: none)
+        limit = _number(memory / "memory.limit_in_bytes") or _number(memory / "memory.max")
+    if cpu is not None and (cpu / "cpu.max").is_file():  # v2: "QUOTA PERIOD", "max PERIOD"
+        words = (cpu / "cpu.max").read_text().split()
+        if len(words) == 2 and all(word.isdigit() for word in words):
+            quota, period = int(words[0]), int(words[1])
+    elif cpu is not None:
+        quota = _number(cpu / "cpu.cfs_quota_us")
+        period = _number(cpu / "cpu.cfs_period_us")
     listed = next((path for path in groups.values() if (path / "cgroup.procs").is_file()), None)
     return {
         "memoryUsedBytes": _memory_used(memory) if memory else None,

@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
@@ -54,6 +55,8 @@ from . import (
 )
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
+from .cgroup2 import Group as Cgroup2
+from .cgroup2 import groups as make_groups
 from .execd_binary import ExecdBinary
 from .images.config import ConfigError
 from .limits import Plan
@@ -154,7 +157,7 @@ class SandboxContainer:
         self._slirp: subprocess.Popen[bytes] | None = None
         self._slirp_exit = -1
         self._wall: firewall.Wall | None = None  # its tables, once it had internet access
-        self._cgroup: Cgroup | None = None
+        self._cgroup: Cgroup | Cgroup2 | None = None
         self._limits = Plan()
         self._settings = Launch()
         self._frozen = False
@@ -254,6 +257,8 @@ class SandboxContainer:
                 if read_until(self._ready_r, b"\n", deadline) != b"ready\n":
                     raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
                 self._open_netns()
+                if self._disk == "per-directory":  # before anything of the sandbox's runs
+                    self._limit_disk_inside(*self._disk_size)
         except ConfigError:
             raise  # the image's: the create names it (`registry.py`)
         except (OSError, ValueError, KeyError) as exc:
@@ -300,6 +305,8 @@ class SandboxContainer:
             if not staging.available():
                 passed += [bind.fd for bind in self._settings.mounts]  # bwrap's --bind-fd
             self._make_cgroups()
+            if self._cgroup is not None and not as_range:  # v1: only its own processes
+                argv = self._cgroup.joining(argv)
         else:
             argv = [sys.executable, "-I", "-S", package.pinned(MAIN_SCRIPT), *command]
         self._proc = SPAWNER.run(
@@ -331,12 +338,52 @@ class SandboxContainer:
             self._netns = spawn.namespace(self._init_fd, self.init_pid, "net")
         # Nothing of the sandbox's runs before this write: bwrap and its child (the only
         # processes yet) join the groups, then the namespace gets its ids.
-        if self._cgroup is not None:
+        if self._cgroup is not None and self.ids.by_root:  # else joined before bwrap ran
             self._cgroup.join(self._proc.pid)
             self._cgroup.join(self.init_pid)
         if self.ids.by_root:  # else mapped before bwrap joined it
             identity.write_maps(self.init_pid, self.ids)
         os.write(block_w, b"1")
+
+    def _limit_processes(self, count: int) -> None:
+        """RLIMIT_NPROC `count` (soft and hard; no higher than each one's hard limit) for every
+        process of the sandbox, its init (pid 1) too: one it left at the server's limit could
+        be made, through ptrace by its root, to fork past the sandbox's.
+
+        Raises:
+            OSError: the kernel refused (a server not root owns the sandbox's user namespace).
+        """
+        if self.init_pid is None:
+            raise OSError("the sandbox's init is not known")
+        for pid in spawn.pids_in_namespace(self.init_pid):
+            try:
+                hard = resource.prlimit(pid, resource.RLIMIT_NPROC)[1]
+                value = count if hard == resource.RLIM_INFINITY else min(count, hard)
+                resource.prlimit(pid, resource.RLIMIT_NPROC, (value, value))
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                # A root server without CAP_SYS_RESOURCE (a container's root) may not: its
+                # sandboxes' namespaces are their range root's. execd, that id too, sets its
+                # own and its init's at the claim.
+                if self.ids is None or not self.ids.by_root:
+                    raise
+
+    def _limit_disk_inside(self, size: int, inodes: int) -> None:
+        """Give the writable tmpfs bwrap made (a server not root) `size` bytes and `inodes`
+        inodes between them (`disk.split`), from inside the sandbox's namespaces
+        (`disk.remount_inside`); OSError if the kernel refused."""
+        if self.init_pid is None:
+            raise OSError("the sandbox's init is not known")
+        mntns = spawn.namespace(self._init_fd, self.init_pid, "mnt")
+        try:
+            userns = spawn.owning_user_namespace(mntns)
+            try:
+                disk.remount_inside(userns, mntns, disk.split(size, inodes))
+            finally:
+                os.close(userns)
+        finally:
+            os.close(mntns)
 
     def _open_netns(self) -> None:
         """Hold the network namespace of a sandbox of a server that is not root, once it runs.
@@ -391,7 +438,10 @@ class SandboxContainer:
                 self._settings.view.environment(assignment.env, self._plain_home),
                 assignment.entrypoint,
                 self._limits.address_space,
+                self._limits.processes,
             )
+            if self._limits.processes is not None:
+                self._limit_processes(self._limits.processes)
             self._send(claim)
             if read_until(self._ready_r, b"\n", deadline) != b"serving\n":
                 raise RuntimeError(f"the sandbox's execd did not start: {self._log_tail()}")
@@ -468,10 +518,13 @@ class SandboxContainer:
         if self._settings.plan is not None:
             return  # a cold start: written before its processes joined
         if plan.disk is not None and plan.disk != self._disk_size:
-            if self._disk != "tmpfs":
-                raise RuntimeError("the spare's disk size was fixed at its start (bwrap --size)")
             try:
-                disk.resize(self._data, *plan.disk)
+                if self._disk == "tmpfs":
+                    disk.resize(self._data, *plan.disk)
+                elif self._disk == "per-directory":
+                    self._limit_disk_inside(*plan.disk)
+                else:
+                    raise OSError("it has no disk limit")
             except OSError as exc:
                 raise RuntimeError(f"the spare's disk could not be resized: {exc}") from None
             self._disk_size = plan.disk
@@ -553,8 +606,10 @@ class SandboxContainer:
         if self.ids is not None and self.ids.by_root:
             writable = bwrap.writable_binds([(self._writable(p), p) for p in bwrap.WRITABLE])
         else:
-            size = self._disk_size[0] if self._disk == "per-directory" else None
-            writable = bwrap.writable_tmpfs(bwrap.WRITABLE, size)
+            sizes = None
+            if self._disk == "per-directory":
+                sizes = {p: limit[0] for p, limit in disk.split(*self._disk_size).items()}
+            writable = bwrap.writable_tmpfs(bwrap.WRITABLE, sizes)
         places = Places(
             tuple(writable),
             self._data,
@@ -642,7 +697,9 @@ class SandboxContainer:
         wanted = {*self._limits.cgroup, *self._settings.controllers}
         if "memory" not in wanted:
             return []
-        counter = cgroup_parent_dir("memory") / self.home.name / "memory.oom_control"
+        place = self.support.cgroups
+        group = cgroup_parent_dir("memory", place) / self.home.name
+        counter = group / ("memory.events" if place.version == 2 else "memory.oom_control")
         return ["--ro-bind-try", str(counter), OOM_CONTROL]
 
     def _make_cgroups(self) -> None:
@@ -650,11 +707,11 @@ class SandboxContainer:
         wanted = {*self._limits.cgroup, *self._settings.controllers}
         controllers = (("freezer",) if self.support.freezer else ()) + tuple(sorted(wanted))
         if controllers:
-            self._cgroup = Cgroup(self.home.name, controllers)
+            self._cgroup = make_groups(self.home.name, controllers, self.support.cgroups)
             self._cgroup.configure(self._limits.cgroup)
 
     @property
-    def _freezer(self) -> Cgroup | None:
+    def _freezer(self) -> Cgroup | Cgroup2 | None:
         return self._cgroup if self._cgroup is not None and "freezer" in self._cgroup.dirs else None
 
     def _plain_env(self) -> dict[str, str]:

@@ -24,11 +24,19 @@ snapshot's restore) count in the server's. Without swap, the host needs memory f
 sandbox's disk at once: `ephemeral-storage` times the sandboxes running is the worst case.
 
 A server that is not root cannot mount a tmpfs on the host: bwrap makes each writable directory
-a tmpfs of its own inside the sandbox, `--size` bytes each (so up to eight times that in all)
-and no inode cap (bwrap has no option for it); a spare of such a server keeps the default size,
-so a create asking for another one starts cold. Unisolated sandboxes, and an image's copy on a
-non-root server, have no disk limit. `mode` names the case; `limits.plan` says it in the
-status message.
+a tmpfs of its own inside the sandbox, and the sandbox's limits are split between them
+(`SHARES`: /tmp and the home 40% each, the rest a little), so that all of them together hold
+no more than asked (each its full size would let a sandbox keep eight times its limit in the
+host's memory). bwrap has no option for an inode cap, so once the sandbox is up, before
+anything of its own runs, the server remounts each of them with its `size=` and `nr_inodes=`
+from inside its user and mount namespaces (`remount_inside`: the owner of a user namespace
+may enter it with every capability there, and tmpfs takes new limits on a remount); a spare
+gets its sandbox's sizes the same way at its claim. That is a fresh Python of the host's that
+enters both namespaces and calls mount(2) itself: it runs nothing of the sandbox's tree (a
+`mount` found there would run with more than the sandbox's capabilities, outside its seccomp
+filter and PID namespace).
+Unisolated sandboxes, and an image's copy on a non-root server, have no disk limit. `mode`
+names the case; `limits.plan` says it in the status message.
 """
 
 from __future__ import annotations
@@ -37,10 +45,13 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import subprocess
+import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
-from .bwrap import Support
+from .bwrap import EXECD_STATE_DIR, SANDBOX_HOME, Support
 
 DEFAULT_BYTES = 1 << 30
 DEFAULT_INODES = 100_000
@@ -50,6 +61,33 @@ MS_NODEV = 4
 MS_REMOUNT = 32
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
+REMOUNT_TIMEOUT = 10.0
+PAGE = 4096
+# Per mille of a sandbox's size and inodes each writable directory of a non-root server's
+# sandbox gets (`split`): they add up to the whole.
+SHARES = {
+    "/tmp": 400,  # noqa: S108
+    SANDBOX_HOME: 400,
+    "/var": 60,
+    "/opt": 60,
+    "/srv": 20,
+    "/mnt": 20,
+    "/home": 20,
+    EXECD_STATE_DIR: 20,  # upload metadata, then execd's own few files
+}
+# Run as `python -I -S -c REMOUNT USERNS_FD MNTNS_FD (PLACE SIZE INODES)...` (see the docstring).
+REMOUNT = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+userns, mntns, *rest = sys.argv[1:]
+for fd, kind in ((userns, 0x10000000), (mntns, 0x20000)):  # CLONE_NEWUSER, CLONE_NEWNS
+    if libc.setns(int(fd), kind) != 0:
+        sys.exit(f"setns: {os.strerror(ctypes.get_errno())}")
+for place, size, inodes in zip(rest[0::3], rest[1::3], rest[2::3]):
+    data = f"size={size},nr_inodes={inodes}".encode()  # MS_REMOUNT | MS_NOSUID | MS_NODEV
+    if libc.mount(None, place.encode(), None, 32 | 2 | 4, data) != 0:
+        sys.exit(f"{place}: {os.strerror(ctypes.get_errno())}")
+"""
 
 
 @functools.cache
@@ -120,3 +158,39 @@ def unmount(target: Path) -> None:
     """Detach the tmpfs at `target` (lazily: its memory goes with its last user); errors
     ignored (not mounted)."""
     _libc().umount2(bytes(target), MNT_DETACH)
+
+
+def split(size: int, inodes: int) -> dict[str, tuple[int, int]]:
+    """Each writable directory's bytes (whole pages) and inodes of a sandbox's `size` and
+    `inodes` (a server not root: `SHARES`); together no more than those."""
+    return {
+        place: (max(size * share // 1000 // PAGE * PAGE, PAGE), max(inodes * share // 1000, 8))
+        for place, share in SHARES.items()
+    }
+
+
+def remount_inside(userns: int, mntns: int, limits: Mapping[str, tuple[int, int]]) -> None:
+    """Give the sandbox's tmpfs at each place of `limits` (its paths) its bytes and inodes,
+    from inside its user namespace `userns` and mount namespace `mntns` (descriptors; see the
+    module docstring). Call it only while nothing of the sandbox's own has run: the places
+    are resolved in its tree.
+
+    Raises:
+        OSError: the kernel refused (EINVAL: a tmpfs already holds more than the new limits).
+    """
+    argv = [sys.executable, "-I", "-S", "-c", REMOUNT, str(userns), str(mntns)]
+    for place, (size, inodes) in limits.items():
+        argv += [place, str(size), str(inodes)]
+    try:
+        done = subprocess.run(
+            argv,
+            pass_fds=(userns, mntns),
+            capture_output=True,
+            timeout=REMOUNT_TIMEOUT,
+            env={},
+        )
+    except subprocess.SubprocessError as exc:
+        raise OSError(f"the sandbox's disk limits could not be set ({exc})") from None
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip()[-300:] or f"exit {done.returncode}"
+        raise OSError(f"the sandbox's disk limits could not be set ({said})")

@@ -7,6 +7,7 @@ only its leaves::
 
     LocalError
      ├── LimitError       a resourceLimits value the server cannot take
+     ├── UnenforcedLimitError  a limit asked for that it cannot enforce (`--require-limits`)
      ├── PolicyError      a network policy the server cannot enforce
      ├── InternetError    internet access where the firewall's tools are missing
      ├── IsolationError   what needs isolated sandboxes, where they are not
@@ -29,6 +30,11 @@ class LocalError(Exception):
 
 class LimitError(LocalError):
     """A `resourceLimits` value that is malformed or out of range."""
+
+
+class UnenforcedLimitError(LocalError):
+    """A limit the create asked for that this server cannot enforce, where it was told to
+    refuse such creates (`require_limits`)."""
 
 
 class PolicyError(LocalError):

@@ -30,6 +30,7 @@ import functools
 import ipaddress
 import os
 import pwd
+import resource
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,7 @@ COUNT = 65536
 SUBUID = Path("/etc/subuid")
 SUBGID = Path("/etc/subgid")
 HELPER_TIMEOUT = 20.0
+NPROC_RESERVE = 64  # processes a user keeps beyond all its sandboxes' (`sandboxes_nproc`)
 RESERVE_LOCK = "/run/lock/osb-sync-useradd.lock"  # root's; where /run/lock is missing, no lock
 
 
@@ -324,6 +326,31 @@ def mount_map(owner: int, start: int, count: int = COUNT) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sandboxes_nproc(soft: int | None = None) -> int | None:
+    """The processes all sandboxes of a server that is not root may have together: its user's
+    RLIMIT_NPROC (`soft`, default this process's) less a reserve for the user's own (a tenth,
+    at least `NPROC_RESERVE`); None where the user's is unlimited."""
+    if soft is None:
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(soft - max(NPROC_RESERVE, soft // 10), 1)
+
+
+def _nproc_cap() -> list[str]:
+    """`prlimit` arguments that start a user namespace's creator under `sandboxes_nproc`.
+
+    Since Linux 5.14 a process counts in RLIMIT_NPROC at every user-namespace level up to the
+    host's (ucounts): a sandbox's processes count in its own namespace and in its creator's
+    uid, which the user's shells and the server count in too. The kernel keeps the creator's
+    RLIMIT_NPROC as the namespace's cap at that level, so every sandbox stops forking once the
+    user has the reserve left (none for root, whom the kernel does not count).
+    """
+    cap = sandboxes_nproc() if os.geteuid() != 0 else None
+    prlimit = shutil.which("prlimit")
+    return [prlimit, f"--nproc={cap}:{cap}", "--"] if cap is not None and prlimit else []
+
+
 def _held_namespace(write: Callable[[int], None]) -> int:
     """A new user namespace (its first process, the holder, made by `unshare`, its maps
     written by `write(pid)`): a descriptor of it. The holder exits once it is open.
@@ -333,7 +360,7 @@ def _held_namespace(write: Callable[[int], None]) -> int:
     """
     unshare = shutil.which("unshare") or "/usr/bin/unshare"
     holder = subprocess.Popen(
-        [unshare, "--user", "--", "/bin/sh", "-c", "echo && read -r _"],
+        [*_nproc_cap(), unshare, "--user", "--", "/bin/sh", "-c", "echo && read -r _"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,18 +1,31 @@
 """A sandbox's `resourceLimits`: parse them, decide how each is enforced, and say so honestly.
 
-`memory`, `cpu` and a pids cap (`pids`, default 512) are enforced by cgroup v1 controllers the
-server can write (nested under its own group, see `cgroup.py`). The disk (`ephemeral-storage`,
-default 1Gi, and `inodes`, default 100000) is a size- and inode-limited tmpfs per sandbox
-(`disk.py`: where it cannot be, what is enforced instead is said). Where the memory controller is
-not writable, RLIMIT_AS caps the address space of each process execd starts instead (per
-process, not the sandbox's total; execd itself stays uncapped). RLIMIT_NPROC is never used:
-it counts every process of a user id (host root for a root server, else the server's own
-user), so it is no per-sandbox cap. Whatever cannot be enforced is listed as such in the
-status message, never as enforced.
+`memory`, `cpu` and a pids cap (`pids`, default 512) are enforced by cgroup controllers the
+server can write (nested under its own group or `--cgroup-parent`, see `cgroup.py`). The disk
+(`ephemeral-storage`, default 1Gi, and `inodes`, default 100000) is a size- and inode-limited
+tmpfs per sandbox (`disk.py`: where it cannot be, what is enforced instead is said).
+
+Without a writable controller:
+- memory: RLIMIT_AS caps the address space of each process execd starts (per process, not
+  the sandbox's total; execd itself stays uncapped): reported as NOT enforced.
+- pids: RLIMIT_NPROC, set by the server on every process of the sandbox (its pid 1 too) and
+  by execd on itself, at the claim (soft and hard: raising a hard limit needs CAP_SYS_RESOURCE
+  in the host's namespace, which no sandbox has). Since Linux 5.14 the kernel counts it per
+  user namespace and id (ucounts), and every sandbox has a user namespace of its own: the
+  count is that sandbox's processes of one id (they also count in the user's own, which
+  `identity.sandboxes_nproc` keeps a reserve of). A sandbox whose root
+  is the server's own user has one id; one of a range has 65536, and code that switches ids
+  gets the limit again for each: set there too, but reported as not enforced. Before 5.14 it
+  counted every process of a host uid, all sandboxes' and the user's own: not used there.
+- cpu: not enforced.
+Whatever cannot be enforced is listed as such in the status message, never as enforced; a
+limit the create asked for (not a default) that is not enforced is also in `Plan.dropped`:
+one warning line on the server, or the create's refusal under `--require-limits`.
 """
 
 from __future__ import annotations
 
+import platform
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -32,8 +45,13 @@ MIN_DISK = 4 << 20  # execd's state directory lives there too
 MIN_INODES = 512
 MAX_INODES = 2**32 - 1
 CONTROLLERS = ("memory", "cpu", "pids")
+MAX_TEXT = 64  # a quantity's characters (2^63 in bytes is 19 digits)
 DISK_KEYS = ("ephemeral-storage", "inodes")
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([a-zA-Z]*)")
+# Kubernetes' resource names: an optional DNS-subdomain prefix and "/", then a qualified name
+_RESOURCE_NAME = re.compile(
+    r"(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
 _SUFFIXES: dict[str, int | Decimal] = {
     "": 1,
     "m": Decimal("0.001"),
@@ -58,7 +76,7 @@ def quantity(name: str, text: str) -> Decimal:
     Raises:
         LimitError: naming the limit, when `text` is not a quantity.
     """
-    match = _QUANTITY.fullmatch(text.strip())
+    match = _QUANTITY.fullmatch(text.strip()) if len(text) <= MAX_TEXT else None
     if match is None or match.group(2) not in _SUFFIXES:
         raise LimitError(
             f"resourceLimits.{name} {text[:40]!r} is not a quantity: use a number with an "
@@ -80,6 +98,7 @@ class Requested:
     texts: dict[str, str]  # as given, for the status message
     others: tuple[str, ...]  # keys the local server has no means to enforce
     disk: tuple[int, int] = (disk.DEFAULT_BYTES, disk.DEFAULT_INODES)  # bytes, inodes
+    asked: frozenset[str] = frozenset()  # the keys the create gave (the rest are defaults)
 
 
 def parse(limits: dict[str, str]) -> Requested:
@@ -88,7 +107,8 @@ def parse(limits: dict[str, str]) -> Requested:
     Raises:
         LimitError: a malformed or unusable value, named.
     """
-    texts = {k: str(v) for k, v in limits.items()}
+    texts = {k: str(v).strip() for k, v in limits.items()}
+    asked = frozenset(texts)
     memory = cpu = None
     if "memory" in texts:
         value = quantity("memory", texts["memory"])
@@ -111,7 +131,15 @@ def parse(limits: dict[str, str]) -> Requested:
         pids = _whole_number("pids", texts["pids"], MIN_PIDS, MAX_PIDS)
     texts.setdefault("pids", str(pids))
     others = tuple(k for k in texts if k not in (*CONTROLLERS, *DISK_KEYS))
-    return Requested(memory, cpu, pids, texts, others, _disk(texts))
+    for key in others:  # named in the status, a refusal and the server's log: checked first
+        if not _RESOURCE_NAME.fullmatch(key):
+            raise LimitError(
+                f"resourceLimits key {key[:40]!r} is not a resource name: a Kubernetes one"
+                " (letters, digits, '-', '_', '.', at most 63, after an optional 'domain/'),"
+                " e.g. nvidia.com/gpu"
+            )
+        quantity(key, texts[key])
+    return Requested(memory, cpu, pids, texts, others, _disk(texts), asked)
 
 
 def _whole_number(key: str, text: str, low: int, high: int) -> int:
@@ -146,13 +174,15 @@ def _disk(texts: dict[str, str]) -> tuple[int, int]:
 
 @dataclass
 class Plan:
-    """How a sandbox's limits are enforced: cgroup files to write, an RLIMIT_AS for processes."""
+    """How a sandbox's limits are enforced: cgroup files to write, rlimits for processes."""
 
     cgroup: dict[str, dict[str, str]] = field(default_factory=dict)
     address_space: int | None = None  # bytes, for every process execd starts
+    processes: int | None = None  # RLIMIT_NPROC of execd and all it starts
     disk: tuple[int, int] | None = None  # the tmpfs's (or each tmpfs's) bytes and inodes
     enforced: list[str] = field(default_factory=list)
     unenforced: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # asked for and not enforced: the keys
 
     def message(self) -> str:
         """The fixed-format sentence of the status message."""
@@ -162,14 +192,29 @@ class Plan:
         )
 
 
-def writable_controllers() -> frozenset[str]:
-    """The limit controllers this server may make groups in (empty off Linux or unprivileged)."""
-    return frozenset(c for c in CONTROLLERS if cgroup.usable(c))
+def writable_controllers(place: cgroup.Place = cgroup.OWN) -> frozenset[str]:
+    """The limit controllers this server may make v1 groups in (empty off Linux or unprivileged;
+    a v2 host's are `cgroup2.arrange`'s)."""
+    return frozenset(c for c in CONTROLLERS if cgroup.usable(c, place))
 
 
-def plan(requested: Requested, controllers: frozenset[str], disk_mode: str = "none") -> Plan:
-    """Decide how each requested limit is enforced with the `controllers` at hand and the
-    sandbox's `disk.mode`."""
+def nproc_per_namespace(release: str | None = None) -> bool:
+    """Whether this kernel (`release`, default the running one) counts RLIMIT_NPROC per user
+    namespace and id (ucounts, Linux 5.14 and later)."""
+    found = re.match(r"(\d+)\.(\d+)", release if release is not None else platform.release())
+    return found is not None and (int(found[1]), int(found[2])) >= (5, 14)
+
+
+def plan(
+    requested: Requested,
+    controllers: frozenset[str],
+    disk_mode: str = "none",
+    ids: str = "",
+) -> Plan:
+    """Decide how each requested limit is enforced with the `controllers` at hand, the
+    sandbox's `disk.mode` and its `ids` inside: "one" (its root is the server's user),
+    "range" (65536 ids), "" (not isolated, or a kernel that counts RLIMIT_NPROC per host uid:
+    see `nproc_per_namespace`)."""
     out = Plan()
     texts = requested.texts
     if requested.memory is not None:
@@ -178,7 +223,10 @@ def plan(requested: Requested, controllers: frozenset[str], disk_mode: str = "no
             out.enforced.append(f"memory={texts['memory']} (cgroup)")
         else:
             out.address_space = requested.memory
-            out.enforced.append(f"memory={texts['memory']} (RLIMIT_AS, per process)")
+            out.unenforced.append(
+                f"memory={texts['memory']} (no writable memory cgroup: only RLIMIT_AS, per"
+                " process, not the sandbox's total)"
+            )
     if requested.cpu is not None:
         if "cpu" in controllers:
             quota = int(requested.cpu * CPU_PERIOD_US)
@@ -192,13 +240,27 @@ def plan(requested: Requested, controllers: frozenset[str], disk_mode: str = "no
     if "pids" in controllers:
         out.cgroup["pids"] = {"pids.max": str(requested.pids)}
         out.enforced.append(f"pids={texts['pids']} (cgroup)")
+    elif ids == "one":
+        out.processes = requested.pids
+        out.enforced.append(f"pids={texts['pids']} (RLIMIT_NPROC in the sandbox's user namespace)")
+    elif ids:  # set all the same: it holds a sandbox that stays one id
+        out.processes = requested.pids
+        out.unenforced.append(
+            f"pids={texts['pids']} (no writable pids cgroup; RLIMIT_NPROC holds per id inside"
+            " only: code that switches among the range's ids gets as many again for each)"
+        )
     else:
         out.unenforced.append(
-            f"pids={texts['pids']} (no writable pids cgroup; RLIMIT_NPROC counts a whole"
-            " user's processes, not a sandbox's)"
+            f"pids={texts['pids']} (no writable pids cgroup; RLIMIT_NPROC here counts a"
+            " whole host user's processes, not a sandbox's)"
         )
     _plan_disk(out, requested, disk_mode)
     out.unenforced += [f"{k}={texts[k]} (not supported locally)" for k in requested.others]
+    out.dropped = [
+        key
+        for key in texts
+        if key in requested.asked and any(text.startswith(f"{key}=") for text in out.unenforced)
+    ]
     return out
 
 
@@ -212,7 +274,10 @@ def _plan_disk(out: Plan, requested: Requested, disk_mode: str) -> None:
         ]
     elif disk_mode == "per-directory":
         out.disk = requested.disk
-        out.enforced.append(f"{size} (bwrap tmpfs, per writable directory, in memory)")
-        out.unenforced.append(f"{inodes} (a server not running as root mounts no tmpfs)")
+        out.enforced += [
+            f"{size} (tmpfs, in memory, split between the writable directories: /tmp and the"
+            " home 40% each, the rest the other 20%)",
+            f"{inodes} (split likewise)",
+        ]
     else:
-        out.unenforced.append(f"{size}, {inodes} (no per-sandbox filesystem here)")
+        out.unenforced += [f"{size} (no per-sandbox filesystem here)", f"{inodes} (likewise)"]

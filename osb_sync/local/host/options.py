@@ -76,6 +76,13 @@ class Option(Generic[T]):
         return self.check(value) if self.check is not None else None
 
 
+def _cgroup_path(value: str) -> str | None:
+    parts = [part for part in value.split("/") if part]
+    if not parts or any(part in (".", "..") for part in parts) or "\0" in value:
+        return "must be a path of cgroup directories without '.' or '..', e.g. /osb-alice"
+    return None
+
+
 def _at_least_zero(value: int) -> str | None:
     return "must be 0 or more" if value < 0 else None
 
@@ -205,6 +212,34 @@ REQUIRE_ID_RANGE = Option(
     flag="--require-id-range",
     help="a server that is not root and has no subordinate id range refuses creates (503, "
     "with the usermod line) instead of making root inside your user outside",
+    action="store_true",
+    flag_default=False,
+)
+CGROUP_PARENT: Option[str | None] = Option(
+    "cgroup_parent",
+    None,
+    "the cgroup (v1: in each of the memory, pids, cpu and freezer hierarchies; v2: in the"
+    " one tree) under which sandboxes' groups go, as Docker's --cgroup-parent: from the"
+    " hierarchy's root where it starts with '/', else from the server's own group. A server"
+    " that is not root enforces limits there once an operator made it and gave it to the"
+    " server's user (`chown -R USER`); default: the server's own group.",
+    flag="--cgroup-parent",
+    help="make sandboxes' cgroups under PATH (in each controller's hierarchy on cgroup v1;"
+    " '/x' from the root, 'x' from the server's own group), e.g. one an operator gave this"
+    " user with chown -R",
+    check=lambda value: None if value is None else _cgroup_path(value),
+    parse=str,
+    metavar="PATH",
+)
+REQUIRE_LIMITS = Option(
+    "require_limits",
+    False,
+    "refuse (500 naming the fix) a create asking for a resource limit this server cannot"
+    " enforce (no writable cgroup: a server that is not root without `cgroup_parent`), instead"
+    " of creating it with the limit named as not enforced in its status.",
+    flag="--require-limits",
+    help="refuse creates asking for a limit (memory, cpu, pids, inodes) this server cannot"
+    " enforce, instead of creating them with the limit reported as not enforced",
     action="store_true",
     flag_default=False,
 )
@@ -416,6 +451,8 @@ OPTIONS: tuple[Option[Any], ...] = (
     COMMAND_GRACE,
     ISOLATION,
     REQUIRE_ID_RANGE,
+    CGROUP_PARENT,
+    REQUIRE_LIMITS,
     ALLOWED_HOSTS,
     LIMITS,
     ALLOWED_HOST_PATHS,

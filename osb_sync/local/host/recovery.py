@@ -134,14 +134,14 @@ def sandbox_ids(root: Path) -> dict[str, list[Path]]:
     return found
 
 
-def reap(root: Path) -> int:
+def reap(root: Path, place: cgroup.Place = cgroup.OWN) -> int:
     """Remove what dead servers left in `root` (see the module docstring); how many sandboxes.
 
     Call it only while holding `root` (`claim`), or once its owner is gone (`owner_gone`).
     """
     leftovers = sandbox_ids(root)
     for sandbox_id, dirs in sorted(leftovers.items()):
-        groups = cgroup.leftover_groups(sandbox_id)
+        groups = cgroup.leftover_groups(sandbox_id, place)
         killed = cgroup.kill_members(groups)
         killed += _kill_by_cwd(dirs)
         cgroup.remove_groups(groups)
@@ -178,9 +178,9 @@ def _own_directory(path: Path) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
 
 
-def sweep_strays(parent: Path | None = None) -> list[Path]:
+def sweep_strays(parent: Path | None = None, place: cgroup.Place = cgroup.OWN) -> list[Path]:
     """Reap and delete every `osb-local-*` directory of this user in `parent` (TMPDIR) whose
-    server is gone."""
+    server is gone (its sandboxes' groups looked for at `place`, this server's)."""
     parent = parent or Path(tempfile.gettempdir())
     removed = []
     try:
@@ -190,7 +190,7 @@ def sweep_strays(parent: Path | None = None) -> list[Path]:
     for name in names:
         path = parent / name
         if name.startswith(STRAY_PREFIX) and _own_directory(path) and owner_gone(path):
-            reap(path)
+            reap(path, place)
             shutil.rmtree(path, ignore_errors=True)
             logger.info("local server: removed %s, left by a server that is gone", path)
             removed.append(path)

@@ -23,17 +23,20 @@ unisolated, every create is refused, naming what to install or allow.
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import platform
 import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..http.exchange import Exchange, error
-from . import disk, entrypoint, limits, network, package, volumes
+from . import disk, entrypoint, identity, limits, network, package, volumes
 from .capacity import Capacity
 from .container import OOM_CONTROL, Assignment, Launch
 from .diagnostics import Diagnostics
-from .errors import ImageError, IsolationError
+from .errors import ImageError, IsolationError, UnenforcedLimitError
 from .execd_binary import IMAGE_EXECD_PATH
 from .images.config import CONFIG_INVALID, ConfigError
 from .images.service import ImageRun
@@ -53,6 +56,7 @@ REFUSED_FIELDS = {
     "lifecycle": "lifecycle hooks are run by the real execd, not the local server's",
     "templateId": "templates need OpenSandbox's Kubernetes runtime (fsb templates)",
 }
+logger = logging.getLogger("osb_sync.local")
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,12 @@ class Registry:
             if plan.pool is not None:
                 self.pools.store.cancel(plan.pool)
             raise
+        if plan.limits.dropped:  # one line per such sandbox, as rootless Podman on cgroup v1
+            logger.warning(
+                "local server: sandbox %s runs WITHOUT the limits it asked for: %s",
+                sandbox.id,
+                self._dropped(plan.limits),
+            )
         if plan.pool is not None:
             self.pools.store.allocate(plan.pool, sandbox.id)
         self.sandboxes.journal.record(sandbox.id, f"created from {plan.source}")
@@ -202,7 +212,15 @@ class Registry:
         env = {k: str(v) for k, v in (body.get("env") or {}).items() if v is not None}
         image = config.images.launch(body) if config.images is not None else None
         disk_mode = disk.mode(config.support, image is not None)
-        plan = limits.plan(requested, config.limit_controllers, disk_mode)
+        ids = config.support.ids if isolated else None
+        per_namespace = ids is not None and limits.nproc_per_namespace()
+        counted = "" if ids is None or not per_namespace else "one" if ids.own else "range"
+        plan = limits.plan(requested, config.limit_controllers, disk_mode, counted)
+        if plan.dropped and config.require_limits:
+            raise UnenforcedLimitError(
+                f"this server requires limits (require_limits) and cannot enforce what the"
+                f" create asked for: {self._dropped(plan)}"
+            )
         argv = entrypoint.command(body, image.view if image is not None else None)
         return CreatePlan(
             body=body,
@@ -216,6 +234,37 @@ class Registry:
             pool=pool,
             snapshot=snapshot,
         )
+
+    def _out_of_processes(self, failure: str) -> str:
+        """The cause of a start `failure` that ran out of processes on a server that is not
+        root (EAGAIN: its sandboxes share the user's RLIMIT_NPROC less a reserve), else ""."""
+        ids = self.config.support.ids
+        cap = identity.sandboxes_nproc() if ids is not None and not ids.by_root else None
+        signs = (os.strerror(errno.EAGAIN), "can't start new thread")  # bwrap's, execd's
+        if cap is None or not any(sign in failure for sign in signs):
+            return ""
+        return (
+            f". This user's sandboxes share at most {cap} processes (its RLIMIT_NPROC less a"
+            " reserve for its own), and they have them: delete a sandbox, give them lower"
+            " pids, or raise the user's limit (ulimit -u)"
+        )
+
+    def _dropped(self, plan: limits.Plan) -> str:
+        """The limits `plan` drops that the create asked for, and how each could be had."""
+        said = [t for t in plan.unenforced if t.split("=")[0] in plan.dropped]
+        fixes = []
+        grouped = [key for key in limits.CONTROLLERS if key in plan.dropped]
+        if grouped and self.config.limits_fix:
+            fixes.append(f"for {' and '.join(grouped)}, {self.config.limits_fix}")
+        disk_keys = [key for key in limits.DISK_KEYS if key in plan.dropped]
+        if disk_keys:
+            fixes.append(
+                f"for {' and '.join(disk_keys)}, run the server as root (it mounts one tmpfs"
+                " per sandbox, with both caps)"
+            )
+        if set(plan.dropped) - {*limits.CONTROLLERS, *limits.DISK_KEYS}:
+            fixes.append("leave out the keys not supported locally")
+        return "; ".join(said) + ". To enforce them: " + "; ".join(fixes or ["ask for none"])
 
     def _start(self, plan: CreatePlan) -> LocalSandbox:
         """Carry `plan` out: a container serving the sandbox, registered."""
@@ -241,9 +290,8 @@ class Registry:
         except ConfigError as exc:  # a path of the image's root that cannot be (`rootfs.py`)
             raise ImageError(str(plan.body["image"].get("uri")), CONFIG_INVALID, str(exc)) from None
         except (OSError, RuntimeError) as exc:
-            raise error(
-                500, "DOCKER::SANDBOX_START_FAILED", f"Failed to start sandbox: {exc}"
-            ) from None
+            said = f"Failed to start sandbox: {exc}{self._out_of_processes(str(exc))}"
+            raise error(500, "DOCKER::SANDBOX_START_FAILED", said) from None
         finally:
             volumes.close(binds)
         try:

@@ -60,6 +60,8 @@ class Config:
     support: Support
     address: str  # host:port of the server, when a request has no Host header
     limit_controllers: frozenset[str] = frozenset()  # cgroup controllers for resourceLimits
+    require_limits: bool = False  # refuse a create asking for a limit not enforced here
+    limits_fix: str = ""  # how an operator lets this server enforce them (`cgroup.py`)
     volume_places: tuple[tuple[Path, ...], Path] = ((), Path())  # host trees allowed, pvc root
     volume_root_is_host_root: bool = False  # map host root's volumes (`volumes.ownership`)
     binary: ExecdBinary | None = None  # an execd binary to run instead of ours

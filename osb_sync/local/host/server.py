@@ -25,8 +25,19 @@ from typing import Any
 
 from ..http.exchange import Exchange, HttpError, Route, Router, error
 from ..http.httpd import HTTPServer, Limits, host_names
-from . import capacity, firewall, identity, logs, options, package, proxy, recovery, staging
-from . import limits as resource_limits
+from . import (
+    capacity,
+    cgroup,
+    cgroup2,
+    firewall,
+    identity,
+    logs,
+    options,
+    package,
+    proxy,
+    recovery,
+    staging,
+)
 from .bwrap import Support, probe, refusal
 from .errors import (
     CapacityError,
@@ -37,6 +48,7 @@ from .errors import (
     LimitError,
     LocalError,
     PolicyError,
+    UnenforcedLimitError,
     VolumeError,
 )
 from .execd_binary import ExecdBinary, checked_jupyter
@@ -98,6 +110,8 @@ class LocalServer:
         command_grace: float = options.COMMAND_GRACE.default,
         isolation: bool | None = options.ISOLATION.default,
         require_id_range: bool = options.REQUIRE_ID_RANGE.default,
+        cgroup_parent: str | None = options.CGROUP_PARENT.default,
+        require_limits: bool = options.REQUIRE_LIMITS.default,
         allowed_hosts: Iterable[str] = options.ALLOWED_HOSTS.default,
         limits: Limits | None = options.LIMITS.default,
         allowed_host_paths: Iterable[str | Path] = options.ALLOWED_HOST_PATHS.default,
@@ -158,6 +172,9 @@ class LocalServer:
         self.refusal = ""  # why every create answers 503 (isolation impossible, not turned off)
         self._isolation = isolation
         self._require_id_range = require_id_range
+        self._cgroup_parent = cgroup_parent
+        self._require_limits = require_limits
+        self._limit_controllers: frozenset[str] = frozenset()  # `cgroup2.arrange` finds them
         self._own_peers = False  # only the server's user and root are answered (`start`)
         self._root_dir = Path(root_dir) if root_dir is not None else None
         self.root_dir: Path | None = None
@@ -195,6 +212,11 @@ class LocalServer:
         if self._require_id_range and support.bwrap is not None and ids is not None and ids.own:
             problem = f"{ids.no_range}, and the server requires one (require_id_range)"
             support = Support(None, problem, None, False, fix=ids.range_fix)
+        if support.bwrap is not None:
+            place, self._limit_controllers, freezer = cgroup2.arrange(self._cgroup_parent)
+            support = dataclasses.replace(support, freezer=freezer, cgroups=place)
+            if self._cgroup_parent is not None:  # asked for: not used is no quiet fallback
+                self._check_cgroup_parent(place, freezer)
         if (self.execd_binary is not None or self.execd_image) and support.bwrap is None:
             raise RuntimeError(
                 "an execd binary needs isolated sandboxes (it listens on every interface of"
@@ -206,6 +228,21 @@ class LocalServer:
                 f"sandboxes cannot be isolated here ({support.problem}); to fix it, {support.fix}"
             )
         return support
+
+    def _check_cgroup_parent(self, place: cgroup.Place, freezer: bool) -> None:
+        """Refuse a `cgroup_parent` where the server can use none of it (RuntimeError naming
+        the fix); warn naming the controllers it cannot use where it can use some."""
+        usable = {*self._limit_controllers, *(("freezer",) if freezer else ())}
+        missing = sorted({*cgroup.CONTROLLERS} - usable)
+        if not missing:
+            return
+        fix = place.problem or cgroup.delegation_fix(version=place.version)
+        where = f"cgroup_parent {self._cgroup_parent!r}"
+        if not usable:
+            raise RuntimeError(
+                f"{where} is not this server's to use (missing, or not writable by it); {fix}"
+            )
+        logger.warning("local server: %s lacks %s; %s", where, ", ".join(missing), fix)
 
     def start(self) -> LocalServer:
         """Bind and serve in background threads; returns self. Idempotent.
@@ -250,9 +287,9 @@ class LocalServer:
                 self._httpd.server_close()
                 raise
             self._lock_fd = recovery.claim(self.root_dir)
-            recovery.reap(self.root_dir)
+            recovery.reap(self.root_dir, support.cgroups)
             for parent in recovery.stray_parents():
-                recovery.sweep_strays(parent)
+                recovery.sweep_strays(parent, support.cgroups)
             if support.ids is not None and self.isolated:
                 identity.admit(self.root_dir, support.ids)  # bwrap runs as the range's root
                 staging.sweep()  # what a killed server left
@@ -284,9 +321,11 @@ class LocalServer:
                     unenforced_network_policy=self.unenforced_network_policy,
                     support=support,
                     address=self._netloc,
-                    limit_controllers=resource_limits.writable_controllers()
+                    limit_controllers=self._limit_controllers if self.isolated else frozenset(),
+                    require_limits=self._require_limits,
+                    limits_fix=cgroup.delegation_fix(version=support.cgroups.version)
                     if self.isolated
-                    else frozenset(),
+                    else "",
                     volume_places=(
                         self.allowed_host_paths,
                         self.volume_root or self.root_dir / "volumes",
@@ -620,6 +659,7 @@ def answer(exc: LocalError) -> HttpError:
         CapacityError: "SANDBOX::CAPACITY_EXCEEDED",
         InternetError: "SANDBOX::INTERNET_UNAVAILABLE",
         IsolationError: "SANDBOX::ISOLATION_UNAVAILABLE",
+        UnenforcedLimitError: "SANDBOX::LIMITS_UNENFORCEABLE",
     }
     return error(503, unavailable[type(exc)], str(exc))
 
