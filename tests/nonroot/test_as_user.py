@@ -161,6 +161,16 @@ def test_files_round_trip(client: Client) -> None:
         assert sandbox.commands.run("cat /tmp/work/note.txt").stdout == "kept by a user's sandbox\n"
 
 
+def test_a_context_keeps_its_state_and_is_deleted(client: Client) -> None:
+    with client.create_sandbox() as sandbox:
+        context = sandbox.contexts.create("python")
+        sandbox.run_code("kept = 6 * 7", context=context)
+        assert sandbox.run_code("print(kept)", context=context).stdout == "42\n"
+        assert context.id in [c.id for c in sandbox.contexts.list("python")]
+        sandbox.contexts.delete(context)
+        assert context.id not in [c.id for c in sandbox.contexts.list("python")]
+
+
 def owned(uids: set[int]) -> set[int]:
     """The live processes (not zombies) of `uids`, but this one."""
     found = set()
