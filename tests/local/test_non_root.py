@@ -234,7 +234,13 @@ def test_a_user_with_a_range_mounts_a_writable_volume_as_the_range_s_root(
                 claim.chmod(0o777)
                 sandbox.files.write("/work/note", "kept")
                 assert (claim / "note").read_text() == "kept"
+                mounts = sandbox.commands.run("grep ' /work ' /proc/self/mountinfo").stdout
+                assert {"nosuid", "nodev"} <= set(mounts.split()[5].split(",")), mounts
                 assert (claim / "note").stat().st_uid == start
+            with client.create_sandbox(volumes=[{**volume, "readOnly": True}]) as reader:
+                ran = reader.commands.run("cat /work/note; touch /work/new")
+                assert ran.stdout == "kept", ran
+                assert "Read-only file system" in ran.stderr, ran
     finally:
         assert server.stop() == 0
 
