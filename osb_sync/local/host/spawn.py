@@ -216,7 +216,7 @@ def await_pipe_read(pid_fd: int, pid: int, deadline: float) -> None:
                 where = file.read().strip()
         except OSError:
             where = ""
-        if exited(pid_fd):
+        if pid_fd >= 0 and exited(pid_fd):
             raise ProcessLookupError(f"process {pid} has ended")
         if where.endswith("pipe_read"):
             return
