@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from osb_sync import Client
+from osb_sync import ApiError, Client
 from osb_sync.local.host import identity
 from tests.local.serverproc import CHECKOUT, ServerProcess, descendants
 from tests.local.support import CREATE_BODY, Box, require_slirp, texts
@@ -204,6 +204,105 @@ def test_a_user_with_a_range_runs_code_as_an_id_of_its_range(
         assert server.stop() == 0
     left = {pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if _live(pid, ids)}
     assert not left, left  # nothing of the user's nor its sandboxes' outlives the server
+
+
+def test_a_user_with_a_range_mounts_a_writable_volume_as_the_range_s_root(
+    ranged_user: str, package_copy: str, tmp_path: Path
+) -> None:
+    user = pwd.getpwnam(ranged_user)
+    start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
+    assert start is not None
+    state = Path(user.pw_dir) / "state"
+    Path(user.pw_dir).chmod(0o700)  # as adduser makes homes: the range's root cannot search it
+    server = ServerProcess(
+        log=tmp_path / "server.log",
+        user=ranged_user,
+        python=PYTHON,
+        path=package_copy,
+        root_dir=str(state),
+    )
+    try:
+        volume = {"name": "work", "pvc": {"claimName": "work"}, "mountPath": "/work"}
+        with Client(server.api_base) as client:
+            with client.create_sandbox(volumes=[volume]) as sandbox:
+                message = sandbox.info().message or ""
+                assert f"writes there as host uid {start}" in message, message
+                # Documented: the claim is the user's; made writable by it, the range's root
+                # writes there, as that id outside.
+                claim = state / "volumes/work"
+                assert claim.stat().st_uid == user.pw_uid
+                claim.chmod(0o777)
+                sandbox.files.write("/work/note", "kept")
+                assert (claim / "note").read_text() == "kept"
+                mounts = sandbox.commands.run("grep ' /work ' /proc/self/mountinfo").stdout
+                assert {"nosuid", "nodev"} <= set(mounts.split()[5].split(",")), mounts
+                assert (claim / "note").stat().st_uid == start
+            with client.create_sandbox(volumes=[{**volume, "readOnly": True}]) as reader:
+                ran = reader.commands.run("cat /work/note; touch /work/new")
+                assert ran.stdout == "kept", ran
+                assert "Read-only file system" in ran.stderr, ran
+    finally:
+        assert server.stop() == 0
+
+
+# Sandbox A's swapper: `sub` (a directory) and `alt` (a symlink to TARGET, the user's home)
+# trade places, as fast as Python calls renameat2, until the sandbox ends.
+SWAPPER = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+os.makedirs("/work/sub", exist_ok=True)
+open("/work/sub/inside.txt", "w").write("inside")
+os.symlink(sys.argv[1], "/work/alt")
+while True:  # AT_FDCWD = -100, RENAME_EXCHANGE = 2
+    if libc.renameat2(-100, b"/work/sub", -100, b"/work/alt", 2) != 0:
+        raise OSError(ctypes.get_errno(), "renameat2")
+"""
+
+
+def test_a_user_with_a_range_never_mounts_a_swapped_sub_path_s_target(
+    ranged_user: str, package_copy: str, tmp_path: Path
+) -> None:
+    """Sandbox A swaps a directory of a claim with a symlink to the user's home while sandbox B
+    is created with that directory as its subPath: B gets the directory or a 400, never the
+    home (the server mounts what it opened, no name is looked up again)."""
+    user = pwd.getpwnam(ranged_user)
+    home, state = Path(user.pw_dir), Path(user.pw_dir) / "state"
+    home.chmod(0o700)
+    (home / "secret.txt").write_text("secret")
+    server = ServerProcess(
+        log=tmp_path / "server.log", user=ranged_user, python=PYTHON, path=package_copy,
+        root_dir=str(state),
+    )  # fmt: skip
+    claim = state / "volumes/race"
+    made = refused = 0
+    try:
+        volume = {"name": "race", "pvc": {"claimName": "race"}, "mountPath": "/work"}
+        with Client(server.api_base) as client, client.create_sandbox(volumes=[volume]) as a:
+            claim.chmod(0o777)  # the range's root writes there (the claim is the user's)
+            a.commands.start(["python3", "-c", SWAPPER, str(home)])
+            kinds: set[int] = set()
+            deadline = time.monotonic() + 20
+            while len(kinds) < 2 and time.monotonic() < deadline:
+                with contextlib.suppress(FileNotFoundError):
+                    kinds.add(stat.S_IFMT(os.lstat(claim / "sub").st_mode))
+            assert kinds == {stat.S_IFDIR, stat.S_IFLNK}, "A does not swap: this proves nothing"
+            deadline = time.monotonic() + 60
+            while made < 5 and made + refused < 200 and time.monotonic() < deadline:
+                sub = {**volume, "subPath": "sub", "mountPath": "/data"}
+                try:
+                    b = client.create_sandbox(volumes=[sub])
+                except ApiError as exc:
+                    assert exc.code == "VOLUME::INVALID_SUB_PATH", exc  # the swap seen
+                    refused += 1
+                    continue
+                with b:
+                    made += 1
+                    seen = b.commands.run("ls /data").stdout.split()
+                    assert seen == ["inside.txt"], seen  # never the home's secret.txt
+    finally:
+        assert server.stop() == 0
+    print(f"swap: {made} B created, {refused} refused")
+    assert made >= 1, f"no B created in 60 s ({refused} refused): this proves too little"
 
 
 def test_a_user_without_a_range_is_root_inside_and_reaches_nothing_of_its_own(

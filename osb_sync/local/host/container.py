@@ -52,6 +52,7 @@ from . import (
     seccomp,
     spawn,
     staging,
+    volumes,
 )
 from .cgroup import Cgroup
 from .cgroup import parent_dir as cgroup_parent_dir
@@ -302,7 +303,7 @@ class SandboxContainer:
                 main, command = execd_template.placeholder(userns), []
             argv = [self.support.bwrap or "bwrap", "--args", str(options[0]), *main, *command]
             passed += [*options, *(fd for fd in (passwd, group, userns) if fd >= 0)]
-            if not staging.available():
+            if not staging.available() and not self._mounts_inside:
                 passed += [bind.fd for bind in self._settings.mounts]  # bwrap's --bind-fd
             self._make_cgroups()
             if self._cgroup is not None and not as_range:  # v1: only its own processes
@@ -343,6 +344,19 @@ class SandboxContainer:
             self._cgroup.join(self.init_pid)
         if self.ids.by_root:  # else mapped before bwrap joined it
             identity.write_maps(self.init_pid, self.ids)
+        elif self._mounts_inside and self._settings.mounts:
+            # bwrap's child waits on the block pipe with its mounts made, its old root gone
+            # and nothing run yet (dumpable again: its namespaces are the server's to open).
+            spawn.await_pipe_read(self._init_fd, self.init_pid, deadline)
+            mntns = spawn.namespace(self._init_fd, self.init_pid, "mnt")
+            try:
+                userns = spawn.owning_user_namespace(mntns)
+                try:
+                    volumes.mount_inside(userns, mntns, self._settings.mounts)
+                finally:
+                    os.close(userns)
+            finally:
+                os.close(mntns)
         os.write(block_w, b"1")
 
     def _limit_processes(self, count: int) -> None:
@@ -639,6 +653,13 @@ class SandboxContainer:
         """
         return any(not bind.read_only for bind in self._settings.mounts)
 
+    @property
+    def _mounts_inside(self) -> bool:
+        """Whether the server mounts the volumes into the sandbox's namespace itself
+        (`volumes.mount_inside`): a server that is not root, whose sandboxes' root is an id of
+        its range, which bwrap's `--bind-fd` would look up the volume's path as."""
+        return not staging.available() and self.ids is not None and not self.ids.own
+
     def _volume_binds(self) -> tuple[list[str], list[Bind]]:
         """bwrap arguments that mount the sandbox's volumes from their descriptors, and the
         volumes as mounted (`Bind.mapped` None where they are not ID-mapped).
@@ -646,10 +667,11 @@ class SandboxContainer:
         A root server binds each descriptor onto its staging directory (`staging.py`: the
         kernel mounts the very directory the descriptor holds), ID-mapped where
         `volumes.ownership` says so, and bwrap binds that, a path no sandbox can write; any
-        other server cannot mount on the host and hands bwrap the descriptor (`--bind-fd`,
-        which refuses a directory other than the descriptor's). What the status says of each
-        volume goes to `_volume_note`, a mapping the kernel refused too (the volume is then
-        bound as it is).
+        other server cannot mount on the host: bwrap makes the mount point and the server
+        mounts the descriptor's directory there (`_mounts_inside`), or, without a range, hands
+        bwrap the descriptor (`--bind-fd`, which refuses a directory other than the
+        descriptor's). What the status says of each volume goes to `_volume_note`, a mapping
+        the kernel refused too (the volume is then bound as it is).
         """
         args: list[str] = []
         binds: list[Bind] = []
@@ -661,7 +683,8 @@ class SandboxContainer:
                 args += ["--ro-bind" if bind.read_only else "--bind", source, bind.target]
             else:
                 self._volume_note += bind.note
-                args += bind.bwrap_args()
+                # bwrap makes the mount point; the server mounts it (`_map_ids`)
+                args += ["--dir", bind.target] if self._mounts_inside else bind.bwrap_args()
                 mapped = False
             binds.append(bind if mapped else replace(bind, mapped=None))
         return args, binds

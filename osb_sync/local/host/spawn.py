@@ -200,6 +200,31 @@ def namespace(pid_fd: int, pid: int, kind: str) -> int:
     return fd
 
 
+def await_pipe_read(pid_fd: int, pid: int, deadline: float) -> None:
+    """Wait until process `pid` (which pidfd `pid_fd` names) sleeps reading a pipe, as its
+    `/proc/PID/wchan` says (`pipe_read`, `anon_pipe_read` since Linux 6.14; "0" until it is
+    this server's to inspect): where bwrap's child waits on its `--block-fd`, its mount
+    namespace made, its old root gone, nothing run (it reads no other pipe before).
+
+    Raises:
+        ProcessLookupError: the process has ended.
+        TimeoutError: it does not by `deadline` (a `time.monotonic()` instant).
+    """
+    while True:
+        try:
+            with open(f"/proc/{pid}/wchan") as file:
+                where = file.read().strip()
+        except OSError:
+            where = ""
+        if pid_fd >= 0 and exited(pid_fd):
+            raise ProcessLookupError(f"process {pid} has ended")
+        if where.endswith("pipe_read"):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bwrap's child {pid} did not wait on its --block-fd ({where!r})")
+        time.sleep(0.002)
+
+
 NS_GET_USERNS = 0xB701  # linux/nsfs.h: _IO(0xb7, 0x1)
 
 

@@ -24,7 +24,8 @@ attaches it at its staging path, which bwrap binds as any other (a bind keeps th
 These three system calls have the same numbers on every architecture we filter.
 
 Only a server running as root can mount: elsewhere `available()` is False, sources are bound
-by name, and volumes (which a sandbox may swap) by bwrap's `--bind-fd` (`volumes.py`).
+by name, and volumes (which a sandbox may swap) from their descriptors by the server inside the
+sandbox's namespaces, or by bwrap's `--bind-fd` (`volumes.py`).
 """
 
 from __future__ import annotations

@@ -25,10 +25,14 @@ descriptor of its parent: a symlink met there (a swap since the check) refuses t
 itself (a directory, and the path the kernel names for it still inside its volume), and what is
 mounted is that descriptor (`Bind`): on a root server, `staging.Staging.add_fd` bind-mounts its
 `/proc/self/fd/N` (a kernel reference to that very directory, not a path looked up again) onto
-a directory of the server's own, and bwrap binds that; elsewhere bwrap gets `--bind-fd N`,
-which looks up the descriptor's path again but compares device and inode of what it mounted
-with the descriptor's and dies on a difference ("Race condition binding dirfd"): the create
-fails, nothing outside is mounted. Directories the server makes (a claim, a missing `subPath`)
+a directory of the server's own, and bwrap binds that; a server that is not root, whose
+sandboxes' root is an id of its range, mounts the descriptor's directory into the sandbox's
+mount namespace itself once bwrap has made it, before anything runs there (`mount_inside`:
+bwrap's `--bind-fd` would look its path up again as that id, which may not search the user's
+home); a server without a range gives bwrap `--bind-fd N`, which looks up the descriptor's
+path again (as the user) but compares device and inode of what it mounted with the
+descriptor's and dies on a difference ("Race condition binding dirfd"): the create fails,
+nothing outside is mounted. Directories the server makes (a claim, a missing `subPath`)
 are made the same way, under their parent's descriptor, and given to the range through their
 own descriptor, so no swap redirects a `chown`.
 
@@ -51,6 +55,7 @@ import os
 import posixpath
 import re
 import stat
+import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -152,6 +157,77 @@ class Bind:
     def bwrap_args(self) -> list[str]:
         """bwrap's `--bind-fd` arguments (the descriptor must be passed to bwrap)."""
         return ["--ro-bind-fd" if self.read_only else "--bind-fd", str(self.fd), self.target]
+
+
+# Run as `python -I -S -c MOUNT_INSIDE USERNS_FD MNTNS_FD FD READ_ONLY TARGET` (`mount_inside`).
+# Syscall numbers are the same on every architecture (open_tree 428, move_mount 429,
+# mount_setattr 442).
+MOUNT_INSIDE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+class Attr(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("set", "clr", "propagation", "userns_fd")]
+def ok(result, what):
+    if result < 0:
+        sys.exit(f"{what}: {os.strerror(ctypes.get_errno())}")
+    return result
+userns, mntns, fd, read_only, target = sys.argv[1:]
+os.fchdir(int(fd))  # the directory opened and checked: no name is looked up
+ok(libc.setns(int(userns), 0x10000000), "setns (user)")  # CLONE_NEWUSER
+ok(libc.unshare(0x20000), "unshare (mount)")  # CLONE_NEWNS: the cwd moves to its copy
+tree = ok(libc.syscall(428, -100, b".", 1 | os.O_CLOEXEC), "open_tree")  # OPEN_TREE_CLONE
+attr = Attr(2 | 4 | (read_only == "1"))  # MOUNT_ATTR_NOSUID | NODEV (| RDONLY)
+ok(libc.syscall(442, tree, b"", 0x1000, ctypes.byref(attr), ctypes.sizeof(attr)),
+   "mount_setattr")  # AT_EMPTY_PATH
+ok(libc.setns(int(mntns), 0x20000), "setns (mount)")  # its root and cwd become the sandbox's
+ok(libc.syscall(429, tree, b"", -100, target.encode(), 4), "move_mount")  # F_EMPTY_PATH
+here, there = os.stat(target), os.fstat(int(fd))
+if (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
+    sys.exit("another directory than the volume's is mounted there")
+"""
+INSIDE_TIMEOUT = 10.0  # seconds, each volume
+
+
+def mount_inside(userns: int, mntns: int, binds: Sequence[Bind]) -> None:
+    """Mount each of `binds` (its descriptor's directory, `nosuid,nodev`, read-only if asked) at
+    its target in the mount namespace `mntns`, owned by the user namespace `userns` of this
+    server (not root), once bwrap has made it and before anything runs in it.
+
+    bwrap's `--bind-fd` resolves the descriptor's path again by name (`realpath` of
+    `/proc/self/fd/N`) as the sandbox's root: where that is an id of the server's range, it
+    may not search the directories above the volume (a home of mode 700), and bwrap fails
+    ("Can't find source path"). Here, for each volume, a fresh Python of the host's (running
+    nothing of the sandbox's tree) makes the descriptor's directory its working directory,
+    enters `userns` (its owner has every capability there), makes a private copy of the host's
+    mount namespace (the working directory moves to the copy), clones the working directory
+    (`open_tree`: no name is looked up, so no swap for a symlink can redirect it), enters
+    `mntns` and attaches the clone at the target (`move_mount`; Linux 5.12 for
+    `mount_setattr`), and checks that the target is now the descriptor's directory.
+
+    Raises:
+        OSError: a volume could not be mounted (the message says which and why).
+    """
+    for bind in binds:
+        args = [str(userns), str(mntns), str(bind.fd), "1" if bind.read_only else "0"]
+        try:
+            done = subprocess.run(
+                [sys.executable, "-I", "-S", "-c", MOUNT_INSIDE, *args, bind.target],
+                pass_fds=(userns, mntns, bind.fd),
+                capture_output=True,
+                text=True,
+                timeout=INSIDE_TIMEOUT,
+                cwd="/",
+                env={},
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise OSError(
+                f"volume {bind.name!r} was not mounted in {INSIDE_TIMEOUT:.0f} s"
+            ) from None
+        if done.returncode != 0:
+            why = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+            raise OSError(f"volume {bind.name!r} could not be mounted at {bind.target}: {why[0]}")
 
 
 def close(binds: Iterable[Bind]) -> None:
