@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from osb_sync.local.host import bwrap, firewall
-from osb_sync.local.host.errors import InternetError
+from osb_sync.local.host.errors import InternetError, PolicyError
 from osb_sync.local.host.identity import IdRange
 from osb_sync.local.host.server import answer
 
@@ -129,6 +129,43 @@ def test_a_sandbox_with_internet_is_refused_where_the_firewall_s_tools_are_missi
     tools = firewall.Tools("/usr/bin/nsenter", "/usr/sbin/ip", "/usr/sbin/nft")
     complete = bwrap.Support("bwrap", "", "slirp4netns", False, None, ids, tools)
     assert bwrap.network_plan("nothing", complete, accept_unenforced=False) == (True, "")
+    # rules by name: enforced where the firewall's tools and slirp4netns are; fail closed
+    internet, note = bwrap.network_plan("rules", complete, accept_unenforced=False)
+    assert internet is True and "enforced by name" in note
+    with pytest.raises(InternetError, match="apt-get install nftables"):
+        bwrap.network_plan("rules", missing, accept_unenforced=False)
+    with pytest.raises(PolicyError, match="apt-get install slirp4netns"):
+        bwrap.network_plan("rules", no_way_out, accept_unenforced=False)
+
+
+def test_a_policy_with_names_narrows_both_tables_to_the_handed_out_addresses() -> None:
+    v4, v6 = firewall.blocked(["192.0.2.6"])
+    plain = firewall.ruleset(v4, v6)
+    names = firewall.ruleset(v4, v6, names=firewall.Names(40001, 40002, restrict=True))
+    assert "allowed4" not in plain and "redirect" not in plain
+    egress = names[names.index("chain egress") : names.index("table inet")]
+    assert "ip daddr != @host4 ip daddr @allowed4 accept" in egress  # the boundary
+    assert names.count("set allowed4 { type ipv4_addr; flags timeout; size 4096; }") == 2
+    output = names[names.index("chain output") : names.index("chain dns")]
+    # the redirected DNS passes first; then the host's sets; then all but the handed out
+    assert output.index("127.0.0.1 udp dport 40001 accept") < output.index("@host4")
+    assert output.index("@host4") < output.index("!= @allowed4 meta l4proto tcp reject")
+    assert 'oifname "tap0" meta nfproto ipv4 udp dport 53 redirect to :40001' in names
+    assert 'oifname "tap0" meta nfproto ipv4 tcp dport 53 redirect to :40002' in names
+    # an allow default: names refused at the resolver, every address reachable but the host's
+    loose = firewall.ruleset(v4, v6, names=firewall.Names(40001, 40002, restrict=False))
+    assert "@allowed4 accept" not in loose and "!= @allowed4" not in loose
+    assert "redirect to :40001" in loose
+    added = firewall.allow_elements({"198.18.1.1": 90})
+    # add (a no-op where present), delete, add again: the timeout renewed, in one transaction
+    assert added.splitlines()[:3] == [
+        "add element netdev osb_sync allowed4 { 198.18.1.1 }",
+        "delete element netdev osb_sync allowed4 { 198.18.1.1 }",
+        "add element netdev osb_sync allowed4 { 198.18.1.1 timeout 90s }",
+    ]
+    assert added.count("inet osb_sync allowed4") == 3
+    removed = firewall.disallow_elements(["198.18.1.1"])
+    assert removed.count("delete element") == 2 and "timeout" not in removed
 
 
 @pytest.mark.parametrize(("mode", "refused"), [(0o666, False), (0o600, True), (0o660, True)])

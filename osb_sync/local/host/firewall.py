@@ -52,6 +52,7 @@ and its inet rules go after the host's; the policy drops everything else.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import logging
 import os
@@ -60,6 +61,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -102,6 +104,7 @@ INSTALL = (
 TUN = "/dev/net/tun"  # what `ip tuntap` and slirp4netns open, in the sandbox's namespaces
 SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")  # an ordinary user's PATH has no sbin
 COMMAND_TIMEOUT = 20.0
+MAX_ALLOWED = 4096  # `egress.MAX_ADDRESSES`: the size of the allowed addresses' sets
 # netlink (linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h)
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
@@ -235,27 +238,94 @@ def _elements(networks: Sequence[str]) -> str:
     return ", ".join(networks)
 
 
-def ruleset(v4: Sequence[str], v6: Sequence[str], replace: bool = False) -> str:
+@dataclass(frozen=True)
+class Names:
+    """A policy with rules (`egress.py`): the ports of its resolver on the namespace's
+    loopback, where the nat chain sends DNS, and whether packets may leave only toward the
+    addresses it handed out (`restrict`: a deny default; an allow default refuses names
+    only)."""
+
+    udp: int
+    tcp: int
+    restrict: bool
+
+
+def ruleset(
+    v4: Sequence[str], v6: Sequence[str], replace: bool = False, names: Names | None = None
+) -> str:
     """The nft transaction that makes both tables with these sets (see the module docstring);
-    with `replace` (a load after `Wall.down`), it deletes them first: deleting costs about
-    10 ms, which a namespace's first load, with no tables yet, is spared."""
+    with `replace` (a load after `Wall.down`, or another policy), it deletes them first:
+    deleting costs about 10 ms, which a namespace's first load, with no tables yet, is spared.
+    With `names`, the sets `allowed4` and the resolver's nat chain too (`egress.py`)."""
     host4 = f"  set host4 {{ type ipv4_addr; flags interval; elements = {{ {_elements(v4)} }}; }}\n"
     host6 = f"  set host6 {{ type ipv6_addr; flags interval; elements = {{ {_elements(v6)} }}; }}\n"
+    allowed = (
+        f"  set allowed4 {{ type ipv4_addr; flags timeout; size {MAX_ALLOWED}; }}\n"
+        if names is not None
+        else ""
+    )
+    only = "ip daddr @allowed4 " if names is not None and names.restrict else ""
     delete = "".join(f"table {f} {TABLE} {{}}\ndelete table {f} {TABLE}\n" for f in FAMILIES)
+    refuse = only_refuse = dns = ""
+    if names is not None:
+        # A redirected DNS packet keeps the output hook's first device (tap0) in every chain
+        # of the hook: let it by (at 127.0.0.1 now, which the netdev chain never sees).
+        refuse = (
+            f'    oifname "{DEVICE}" ip daddr 127.0.0.1 udp dport {names.udp} accept\n'
+            f'    oifname "{DEVICE}" ip daddr 127.0.0.1 tcp dport {names.tcp} accept\n'
+        )
+        if names.restrict:  # every packet, an open connection's too: a removed name's end
+            only_refuse = (
+                f'    oifname "{DEVICE}" ip daddr != @allowed4 meta l4proto tcp'
+                " reject with tcp reset\n"
+                f'    oifname "{DEVICE}" ip daddr != @allowed4 reject with icmpx admin-prohibited\n'
+            )
+        dns = (
+            "  chain dns {\n"
+            "    type nat hook output priority -100; policy accept;\n"
+            f'    oifname "{DEVICE}" meta nfproto ipv4 udp dport 53 redirect to :{names.udp}\n'
+            f'    oifname "{DEVICE}" meta nfproto ipv4 tcp dport 53 redirect to :{names.tcp}\n'
+            "  }\n"
+        )
     return (
-        (delete if replace else "") + f"table netdev {TABLE} {{\n{host4}"
+        (delete if replace else "") + f"table netdev {TABLE} {{\n{host4}{allowed}"
         f"  chain egress {{\n"
         f'    type filter hook egress device "{DEVICE}" priority 0; policy drop;\n'
         f"    {ETHERTYPE} {ETH_P_ARP:#06x} meta protocol arp accept\n"
-        f"    {ETHERTYPE} {ETH_P_IP:#06x} meta protocol ip ip daddr != @host4 accept\n"
+        f"    {ETHERTYPE} {ETH_P_IP:#06x} meta protocol ip ip daddr != @host4 {only}accept\n"
         f"  }}\n}}\n"
-        f"table inet {TABLE} {{\n{host4}{host6}"
+        f"table inet {TABLE} {{\n{host4}{host6}{allowed}"
         f"  chain output {{\n"
         f"    type filter hook output priority 0; policy accept;\n"
+        f"{refuse}"
         f'    oifname "{DEVICE}" ip daddr @host4 reject with icmpx admin-prohibited\n'
         f'    oifname "{DEVICE}" ip6 daddr @host6 reject with icmpx admin-prohibited\n'
-        f"  }}\n}}\n"
+        f"{only_refuse}"
+        f"  }}\n{dns}}}\n"
     )
+
+
+def allow_elements(addresses: dict[str, int]) -> str:
+    """The nft transaction that puts `addresses` in both tables' `allowed4` sets with these
+    timeouts (seconds), renewing the timeout of those already there (`add` alone would not)."""
+    lines = []
+    for family in FAMILIES:
+        for address, seconds in sorted(addresses.items()):
+            element = f"{family} {TABLE} allowed4 {{ {address}"
+            lines += [f"add element {element} }}", f"delete element {element} }}"]
+            lines.append(f"add element {element} timeout {int(seconds)}s }}")
+    return "\n".join(lines) + "\n"
+
+
+def disallow_elements(addresses: Sequence[str]) -> str:
+    """The nft transaction that takes `addresses` out of both `allowed4` sets (those that
+    expired already too)."""
+    lines = []
+    for family in FAMILIES:
+        for address in sorted(addresses):
+            element = f"{family} {TABLE} allowed4 {{ {address}"
+            lines += [f"add element {element} }}", f"delete element {element} }}"]
+    return "\n".join(lines) + "\n"
 
 
 def set_update(v4: Sequence[str], v6: Sequence[str]) -> str:
@@ -312,9 +382,10 @@ class Wall:
         self._tables = False  # the tables were loaded once (a next load replaces them)
         self._loaded = False  # the tables are in, following the host
 
-    def up(self) -> None:
-        """Make the tap device (down) and load the tables with the host's addresses now;
-        they follow the host's until `down`.
+    def up(self, names: Names | None = None) -> None:
+        """Make the tap device (down) and load the tables with the host's addresses now
+        (and, with `names`, a policy's sets and nat chain); they follow the host's until
+        `down`.
 
         Raises:
             RuntimeError: a command failed (its message says which and why); nothing of it
@@ -325,7 +396,7 @@ class Wall:
             try:
                 self._run([self._tools.ip, "tuntap", "add", "dev", DEVICE, "mode", "tap"])
                 self._device = True
-                script = ruleset(*blocked(WATCH.addresses()), replace=self._tables)
+                script = ruleset(*blocked(WATCH.addresses()), self._tables, names)
                 self._run([self._tools.nft, "-f", "-"], script)
                 self._tables = True
             except BaseException:
@@ -333,6 +404,59 @@ class Wall:
                     self._down()
                 raise
             self._loaded = True
+
+    def reload(self, names: Names | None) -> None:
+        """Load the tables again (atomically, the tap device kept) for another kind of policy:
+        with `names`, its sets (empty) and nat chain; without, allow-all's.
+
+        Raises:
+            RuntimeError: nft failed (the tables are as they were).
+        """
+        with self._lock:
+            script = ruleset(*blocked(WATCH.addresses()), True, names)
+            self._run([self._tools.nft, "-f", "-"], script)
+
+    def allow(self, addresses: dict[str, int]) -> None:
+        """Put `addresses` in the allowed sets for these many seconds.
+
+        Raises:
+            RuntimeError: nft failed (a full set, or the namespace is gone).
+        """
+        self._run([self._tools.nft, "-f", "-"], allow_elements(addresses))
+
+    def disallow(self, addresses: Sequence[str]) -> None:
+        """Take `addresses` out of the allowed sets.
+
+        Raises:
+            RuntimeError: nft failed.
+        """
+        self._run([self._tools.nft, "-f", "-"], disallow_elements(addresses))
+
+    def sockets(self) -> tuple[socket.socket, socket.socket]:
+        """A UDP socket and a listening TCP socket on the namespace's loopback (127.0.0.1),
+        at ports the kernel chose: the resolver's (`egress.py`). A root server makes them
+        from a thread that joins the namespace; another server through `nsenter` (a thread
+        cannot join a user namespace), which hands them over on a socket pair.
+
+        Raises:
+            RuntimeError: they could not be made.
+        """
+        if not self._join_user:
+            return _sockets_in(self._netns)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        with ours, theirs:
+            code = HANDOVER.format(fd=theirs.fileno())
+            self._run([sys.executable, "-I", "-S", "-c", code], fds=(theirs.fileno(),))
+            ours.settimeout(COMMAND_TIMEOUT)
+            try:
+                _, fds, _, _ = socket.recv_fds(ours, 1, 2)
+            except OSError as exc:
+                raise RuntimeError(f"the sandbox's resolver could not be set up ({exc})") from None
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError("the sandbox's resolver could not be set up (no sockets)")
+        return socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1])
 
     def down(self) -> None:
         """Remove the tap device (slirp4netns has left it); the tables stay until the next
@@ -363,7 +487,7 @@ class Wall:
             if self._loaded:
                 self._run([self._tools.nft, "-f", "-"], set_update(*blocked(addresses)))
 
-    def _run(self, argv: list[str], script: str | None = None) -> None:
+    def _run(self, argv: list[str], script: str | None = None, fds: tuple[int, ...] = ()) -> None:
         user = -1
         try:
             enter = [self._tools.nsenter, f"--net=/proc/self/fd/{self._netns}"]
@@ -374,7 +498,7 @@ class Wall:
                     enter.insert(2, "--preserve-credentials")  # which nsenter calls, denied
             done = subprocess.run(
                 [*enter, "--", *argv],
-                pass_fds=(self._netns, *([user] if user >= 0 else [])),
+                pass_fds=(self._netns, *([user] if user >= 0 else []), *fds),
                 input=script,
                 capture_output=True,
                 text=True,
@@ -391,6 +515,47 @@ class Wall:
             raise RuntimeError(
                 f"the sandbox's firewall could not be set up ({os.path.basename(argv[0])}: {said})"
             )
+
+
+# `_sockets_in`'s, as a program run through nsenter: it hands them over on descriptor {fd}
+HANDOVER = (
+    "import socket; u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
+    " u.bind(('127.0.0.1', 0)); t = socket.socket(); t.bind(('127.0.0.1', 0)); t.listen(16);"
+    " socket.send_fds(socket.socket(fileno={fd}), [b'1'], [u.fileno(), t.fileno()])"
+)
+CLONE_NEWNET = 0x40000000
+
+
+def _sockets_in(netns: int) -> tuple[socket.socket, socket.socket]:
+    """`Wall.sockets` of a root server: made by a thread that joined the namespace `netns`
+    (only that thread's namespace changes; it ends after)."""
+    made: list[socket.socket] = []
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.setns(netns, CLONE_NEWNET) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, os.strerror(code))
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            made.append(udp)
+            udp.bind(("127.0.0.1", 0))
+            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            made.append(tcp)
+            tcp.bind(("127.0.0.1", 0))
+            tcp.listen(16)
+        except BaseException as exc:  # noqa: BLE001 (handed to the caller)
+            failed.append(exc)
+
+    thread = threading.Thread(target=work, name="osb-local-netns")
+    thread.start()
+    thread.join()
+    if failed:
+        for sock in made:
+            sock.close()
+        raise RuntimeError(f"the sandbox's resolver could not be set up ({failed[0]})")
+    return made[0], made[1]
 
 
 class AddressWatch:

@@ -1,0 +1,597 @@
+"""Egress by name: a sandbox with `egress` rules resolves names only through a resolver the
+server runs, and its packets leave only toward the addresses that resolver handed out for
+allowed names.
+
+The rules (`Rules`) are OpenSandbox's sidecar's: evaluated in order, the first whose target
+matches a name decides, `defaultAction` where none does. A target is a host name
+(`example.org`: that name only) or a wildcard (`*.example.org`: every name below it, never
+`example.org` itself, never `evilexample.org`), matched without regard to ASCII case, with or
+without one trailing dot; a name with non-ASCII letters is matched in its IDNA form
+(`bücher.example` is `xn--bcher-kva.example`). IP and CIDR targets are refused (400), as the
+sidecar's API says ("IP/CIDR not yet supported"); so are targets that are no host name.
+
+The resolver (`Resolver`, one thread per sandbox, in the server's process) holds a UDP and a
+TCP socket made in the sandbox's network namespace on its loopback (`firewall.Wall.sockets`),
+at ports the kernel chose; the namespace's nat chain sends every DNS packet (port 53, UDP and
+TCP) that would leave by the tap device there, whatever address the sandbox's `resolv.conf`
+or its code names. For a question of type A about an allowed name it asks the server's own
+resolvers (the server's `/etc/resolv.conf`, from the server's namespace) a question of its own
+(a fresh id, that one question), follows the answer's CNAME chain from the name asked (at most
+`MAX_CHAIN` links), answers the chain and its A records, and puts those addresses in the
+sandbox's sets (`firewall.Wall.allow`) for the records' TTL, at least `MIN_TTL` and at most
+`MAX_TTL` seconds, before the answer leaves. Every other type about an allowed name gets an
+empty answer (AAAA too: IPv6 has no way out); a denied name gets NXDOMAIN and never leaves the
+server (no query about it reaches any resolver), and a line in the sandbox's events
+(`REPORT_EVERY`). Bounds: `RATE` questions a second (`BURST` at once; the rest are dropped
+unanswered), one TCP connection at a time for at most `TCP_TIMEOUT` seconds, `MAX_ADDRESSES`
+addresses in the sets (an answer that would pass it is SERVFAIL), `UPSTREAM_TIMEOUT` per
+upstream resolver.
+
+A changed policy (`Resolver.set_rules`) takes the addresses of names it no longer allows out
+of the sets at once (`firewall.Wall.disallow`): the tables reject new connections to them and
+every further packet of an open one (TCP gets a reset).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import re
+import secrets
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("osb_sync.local")
+
+MIN_TTL = 60
+MAX_TTL = 3600
+MAX_ADDRESSES = 4096  # the sets' size
+MAX_CHAIN = 8
+MAX_RECORDS = 32
+RATE, BURST = 100.0, 200.0
+TCP_TIMEOUT = 3.0
+UPSTREAM_TIMEOUT = 2.0
+REPORT_EVERY = 60.0  # seconds between two event lines about one denied name
+REPORTS_PER_MINUTE = 20
+RESOLV_CONF = "/etc/resolv.conf"
+TYPE_A, TYPE_CNAME, CLASS_IN = 1, 5, 1
+NOERROR, SERVFAIL, NXDOMAIN, NOTIMP, REFUSED = 0, 2, 3, 4, 5
+HEADER = struct.Struct("!HHHHHH")
+Record = tuple[str, int, int, bytes]  # owner, type, TTL, data (an A's 4 bytes, a CNAME's name)
+Answer = tuple[int, list[Record]]  # rcode, records
+LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?\Z")
+UNSUPPORTED = (
+    "IP and CIDR targets are not supported (OpenSandbox's egress sidecar refuses them too): "
+    "name the host instead"
+)
+
+
+class TargetError(ValueError):
+    """A rule's target that is no host name or wildcard (its message says which and why)."""
+
+
+def normal_name(name: str) -> str:
+    """`name` as rules and questions are compared: lower case, no trailing dot, IDNA.
+
+    Raises:
+        TargetError: it is no host name (empty labels, a label of more than 63 characters,
+            more than 253 in all, characters a host name has not).
+    """
+    bare = name[:-1] if name.endswith(".") else name
+    try:
+        ascii_name = bare.encode("idna").decode("ascii") if not bare.isascii() else bare
+    except UnicodeError:
+        raise TargetError(f"{name!r} is no host name (IDNA refuses it)") from None
+    ascii_name = ascii_name.lower()
+    labels = ascii_name.split(".")
+    if len(ascii_name) > 253 or not all(LABEL.match(label) for label in labels):
+        raise TargetError(f"{name!r} is no host name")
+    return ascii_name
+
+
+def check_target(target: str) -> tuple[str, bool]:
+    """(its name, a wildcard?) of a rule's target.
+
+    Raises:
+        TargetError: an IP or CIDR target (`UNSUPPORTED`), or no host name.
+    """
+    try:
+        ipaddress.ip_network(target.strip("[]"), strict=False)
+    except ValueError:
+        pass
+    else:
+        raise TargetError(f"{target!r}: {UNSUPPORTED}")
+    wildcard = target.startswith("*.")
+    name = normal_name(target[2:] if wildcard else target)
+    if "*" in name or (not wildcard and "." not in name and name.isdigit()):
+        raise TargetError(f"{target!r} is no host name")
+    return name, wildcard
+
+
+@dataclass(frozen=True)
+class Rules:
+    """A policy's rules, compiled: (allow?, name, wildcard?) in order, and the default."""
+
+    default_allow: bool
+    rules: tuple[tuple[bool, str, bool], ...]
+
+    @classmethod
+    def of(cls, policy: dict[str, Any]) -> Rules:
+        """The rules of a policy (`network.normal`'s shape).
+
+        Raises:
+            TargetError: a target is refused (`check_target`).
+        """
+        rules = []
+        for rule in policy.get("egress") or []:
+            name, wildcard = check_target(rule["target"])
+            rules.append((rule["action"] == "allow", name, wildcard))
+        return cls((policy.get("defaultAction") or "deny") == "allow", tuple(rules))
+
+    def allows(self, name: str) -> bool:
+        """Whether a question about `name` (normalised) is answered."""
+        for allow, target, wildcard in self.rules:
+            if name.endswith("." + target) if wildcard else name == target:
+                return allow
+        return self.default_allow
+
+
+# --- DNS messages (RFC 1035): pure functions on bytes ---
+
+
+@dataclass(frozen=True)
+class Question:
+    """A query's id, its recursion-desired bit, its question (name as asked, normalised,
+    type, class) and the question's bytes as they came."""
+
+    ident: int
+    rd: bool
+    name: str
+    qtype: int
+    qclass: int
+    raw: bytes
+
+
+def read_name(data: bytes, at: int) -> tuple[str, int]:
+    """The name at `at` (compression followed, at most 32 pointers) and the offset after it.
+
+    Raises:
+        ValueError: malformed (past the end, a loop, a label of bytes no host name has).
+    """
+    labels: list[str] = []
+    end = -1
+    for _ in range(128):
+        if at >= len(data):
+            raise ValueError("a name runs past the message")
+        length = data[at]
+        if length & 0xC0 == 0xC0:
+            if at + 1 >= len(data):
+                raise ValueError("a pointer runs past the message")
+            if end < 0:
+                end = at + 2
+            at = ((length & 0x3F) << 8) | data[at + 1]
+            continue
+        if length & 0xC0:
+            raise ValueError("an unknown label type")
+        if length == 0:
+            name = ".".join(labels)
+            if len(name) > 253:
+                raise ValueError("a name longer than 253")
+            return name, end if end >= 0 else at + 1
+        label = data[at + 1 : at + 1 + length]
+        if len(label) != length:
+            raise ValueError("a label runs past the message")
+        text = label.decode("ascii", "replace").lower()
+        if not LABEL.match(text):
+            raise ValueError("a label no host name has")
+        labels.append(text)
+        at += 1 + length
+    raise ValueError("too many labels or pointers")
+
+
+def encode_name(name: str) -> bytes:
+    """`name` (normalised ASCII) as labels, uncompressed."""
+    out = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".") if p)
+    return out + b"\0"
+
+
+def parse_question(data: bytes) -> Question:
+    """The one question of a query.
+
+    Raises:
+        ValueError: no query, or not exactly one question.
+    """
+    if len(data) < HEADER.size:
+        raise ValueError("shorter than a header")
+    ident, flags, qd, _, _, _ = HEADER.unpack_from(data)
+    if flags & 0x8000 or (flags >> 11) & 0xF or qd != 1:
+        raise ValueError("not a standard query with one question")
+    name, at = read_name(data, HEADER.size)
+    if at + 4 > len(data):
+        raise ValueError("a question runs past the message")
+    qtype, qclass = struct.unpack_from("!HH", data, at)
+    return Question(ident, bool(flags & 0x0100), name, qtype, qclass, data[HEADER.size : at + 4])
+
+
+def build_query(ident: int, name: str, qtype: int) -> bytes:
+    """A recursive query for `name` of `qtype` (class IN)."""
+    return HEADER.pack(ident, 0x0100, 1, 0, 0, 0) + encode_name(name) + struct.pack("!HH", qtype, 1)
+
+
+def parse_answer(data: bytes, ident: int, name: str) -> Answer:
+    """(rcode, answer records as (owner, type, ttl, rdata: an A's 4 bytes, a CNAME's target
+    name encoded)) of an upstream response to our query `ident` about `name`.
+
+    Raises:
+        ValueError: not the answer to that query, or malformed.
+    """
+    if len(data) < HEADER.size:
+        raise ValueError("shorter than a header")
+    got, flags, qd, an, _, _ = HEADER.unpack_from(data)
+    if got != ident or not flags & 0x8000 or qd != 1:
+        raise ValueError("not the answer to our query")
+    asked, at = read_name(data, HEADER.size)
+    if asked != name:
+        raise ValueError("the answer to another question")
+    at += 4
+    records = []
+    for _ in range(min(an, 256)):
+        owner, at = read_name(data, at)
+        if at + 10 > len(data):
+            raise ValueError("a record runs past the message")
+        rtype, rclass, ttl, length = struct.unpack_from("!HHIH", data, at)
+        at += 10
+        rdata = data[at : at + length]
+        if len(rdata) != length:
+            raise ValueError("a record's data runs past the message")
+        if rclass == CLASS_IN and rtype == TYPE_A and length == 4:
+            records.append((owner, rtype, ttl, rdata))
+        elif rclass == CLASS_IN and rtype == TYPE_CNAME:
+            target, _ = read_name(data, at)
+            records.append((owner, rtype, ttl, encode_name(target)))
+        at += length
+    return flags & 0xF, records
+
+
+def chain(name: str, records: Sequence[Record]) -> list[Record]:
+    """The records that answer `name`: its CNAME chain (at most `MAX_CHAIN` links, no loop)
+    and the A records of the name it ends at, at most `MAX_RECORDS`."""
+    found: list[Record] = []
+    current, seen = name, {name}
+    for _ in range(MAX_CHAIN):
+        alias = next((r for r in records if r[0] == current and r[1] == TYPE_CNAME), None)
+        if alias is None:
+            break
+        target, _ = read_name(alias[3], 0)
+        found.append(alias)
+        if target in seen:
+            return found
+        current = target
+        seen.add(target)
+    found += [r for r in records if r[0] == current and r[1] == TYPE_A]
+    return found[:MAX_RECORDS]
+
+
+def response(
+    question: Question,
+    rcode: int,
+    records: Sequence[Record] = (),
+    limit: int = 512,
+) -> bytes:
+    """Our answer to `question`: the question as it came, `records` (TTLs capped at
+    `MAX_TTL`); truncated (TC, no records) past `limit` bytes."""
+    body = b""
+    for owner, rtype, ttl, rdata in records:
+        head = encode_name(owner) + struct.pack(
+            "!HHIH", rtype, CLASS_IN, min(ttl, MAX_TTL), len(rdata)
+        )
+        body += head + rdata
+    flags = 0x8000 | 0x0080 | (0x0100 if question.rd else 0) | rcode
+    message = HEADER.pack(question.ident, flags, 1, len(records), 0, 0) + question.raw + body
+    if len(message) > limit:
+        message = HEADER.pack(question.ident, flags | 0x0200, 1, 0, 0, 0) + question.raw
+    return message
+
+
+def upstreams(path: str = RESOLV_CONF) -> list[str]:
+    """The server's resolvers (`nameserver` lines of `path`, at most 3), 127.0.0.1 if none."""
+    found: list[str] = []
+    with contextlib.suppress(OSError):
+        with open(path, encoding="utf-8", errors="replace") as conf:
+            for line in conf:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == "nameserver":
+                    with contextlib.suppress(ValueError):
+                        found.append(str(ipaddress.ip_address(parts[1].split("%")[0])))
+    return found[:3] or ["127.0.0.1"]
+
+
+def ask_upstream(servers: Sequence[str], name: str, timeout: float = UPSTREAM_TIMEOUT) -> Answer:
+    """Ask `servers` in turn for `name`'s A records (UDP, then TCP where truncated).
+
+    Raises:
+        OSError: none answered.
+    """
+    failure: Exception = OSError("no resolver answered")
+    for server in servers:
+        family = socket.AF_INET6 if ":" in server else socket.AF_INET
+        ident = secrets.randbits(16)
+        query = build_query(ident, name, TYPE_A)
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect((server, 53))
+                sock.send(query)
+                deadline = time.monotonic() + timeout
+                while True:
+                    sock.settimeout(max(0.01, deadline - time.monotonic()))
+                    data = sock.recv(4096)
+                    with contextlib.suppress(ValueError):
+                        if HEADER.unpack_from(data)[1] & 0x0200:  # truncated: by TCP
+                            return _ask_tcp(family, server, ident, name, query, timeout)
+                        return parse_answer(data, ident, name)
+        except (OSError, ValueError) as exc:
+            failure = exc
+    raise OSError(f"no resolver answered ({failure})")
+
+
+def _ask_tcp(
+    family: int, server: str, ident: int, name: str, query: bytes, timeout: float
+) -> Answer:
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect((server, 53))
+        sock.sendall(struct.pack("!H", len(query)) + query)
+        length = struct.unpack("!H", _read(sock, 2))[0]
+        return parse_answer(_read(sock, length), ident, name)
+
+
+def _read(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        part = sock.recv(size - len(data))
+        if not part:
+            raise OSError("the connection closed")
+        data += part
+    return data
+
+
+class Resolver:
+    """One sandbox's resolver (see the module docstring): a thread from `start` to `stop`.
+
+    Args:
+        rules: the policy's, changed by `set_rules`.
+        udp, tcp: its sockets, bound (and the TCP one listening) in the sandbox's namespace.
+        allow: puts {address: seconds} in the sandbox's sets (`firewall.Wall.allow`).
+        disallow: takes addresses out of them.
+        report: writes a line to the sandbox's events.
+        ask: asks the server's resolvers (`ask_upstream`, with `upstreams()`), for tests.
+    """
+
+    def __init__(
+        self,
+        rules: Rules,
+        udp: socket.socket,
+        tcp: socket.socket,
+        allow: Callable[[dict[str, int]], None],
+        disallow: Callable[[list[str]], None],
+        report: Callable[[str], None],
+        ask: Callable[[str], Answer] | None = None,
+    ) -> None:
+        self._rules = rules
+        self._udp, self._tcp = udp, tcp
+        self._allow, self._disallow, self._report = allow, disallow, report
+        servers = upstreams()
+        self._ask = ask or (lambda name: ask_upstream(servers, name))
+        self._lock = threading.Lock()  # the rules and the addresses handed out
+        self._handed: dict[str, dict[str, float]] = {}  # address -> {name: expiry}
+        self._until: dict[str, float] = {}  # address -> when its sets' entry ends
+        self._tokens, self._at = BURST, time.monotonic()
+        self._reported: dict[str, float] = {}
+        self._stop_r, self._stop_w = os.pipe()
+        self._thread = threading.Thread(target=self._serve, name="osb-local-dns", daemon=True)
+
+    def start(self) -> None:
+        """Start answering."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop answering, close the sockets (idempotent)."""
+        if self._stop_w >= 0:
+            os.write(self._stop_w, b"x")
+            if self._thread.is_alive() and self._thread is not threading.current_thread():
+                self._thread.join(TCP_TIMEOUT + UPSTREAM_TIMEOUT * 3 + 1)
+            os.close(self._stop_w)
+            self._stop_w = -1
+            if not self._thread.is_alive():
+                os.close(self._stop_r)
+                self._udp.close()
+                self._tcp.close()
+
+    def set_rules(self, rules: Rules) -> None:
+        """Answer by `rules` from now on; take the addresses of names they deny out of the sets.
+
+        Raises:
+            RuntimeError: the sets could not change (`disallow`'s).
+        """
+        with self._lock:
+            self._rules = rules
+            gone = []
+            for address, names in list(self._handed.items()):
+                kept = {n: e for n, e in names.items() if rules.allows(n)}
+                if kept:
+                    self._handed[address] = kept
+                else:
+                    del self._handed[address]
+                    self._until.pop(address, None)
+                    gone.append(address)
+            if gone:
+                self._disallow(gone)
+
+    def refill(self) -> None:
+        """Put the addresses handed out back in the sets (tables loaded again, empty).
+
+        Raises:
+            RuntimeError: nft failed.
+        """
+        now = time.monotonic()
+        with self._lock:
+            due = {a: int(until - now) + 1 for a, until in self._until.items() if until > now}
+            if due:
+                self._allow(due)
+
+    def handed(self) -> dict[str, set[str]]:
+        """The addresses in the sets now, each with the names it was handed out for."""
+        now = time.monotonic()
+        with self._lock:
+            return {
+                a: {n for n, e in names.items() if e > now} for a, names in self._handed.items()
+            }
+
+    def answer(self, data: bytes, limit: int = 512) -> bytes | None:
+        """The answer to one query from the sandbox (None: none is sent)."""
+        try:
+            question = parse_question(data)
+        except ValueError:
+            return None
+        if question.qclass != CLASS_IN:
+            return response(question, NOTIMP)
+        with self._lock:
+            allowed = self._rules.allows(question.name)
+        if not allowed:
+            self._denied(question.name)
+            return response(question, NXDOMAIN)
+        if question.qtype != TYPE_A:
+            return response(question, NOERROR)  # no data: only A records lead anywhere
+        try:
+            rcode, records = self._ask(question.name)
+            found = chain(question.name, records)
+        except (OSError, ValueError) as exc:
+            logger.debug("local server: a sandbox's question went unanswered: %s", exc)
+            return response(question, SERVFAIL)
+        if rcode not in (NOERROR, NXDOMAIN):
+            return response(question, SERVFAIL)
+        ttl = self._hand_out(question.name, found)
+        if ttl is None:
+            return response(question, SERVFAIL)
+        found = [(owner, rtype, min(t, ttl), data) for owner, rtype, t, data in found]
+        return response(question, rcode, found, limit)
+
+    def _hand_out(self, name: str, records: Sequence[Record]) -> int | None:
+        """Put the A records' addresses in the sets (those whose set entry would end before
+        half its time: a renewal costs an nft run); the TTL the answer may say (the sets'
+        nearest end), None where they could not be put there."""
+        now = time.monotonic()
+        due: dict[str, int] = {}
+        with self._lock:
+            if not self._rules.allows(name):  # changed while upstream answered
+                return None
+            for address, names in list(self._handed.items()):
+                live = {n: e for n, e in names.items() if e > now}
+                if live:
+                    self._handed[address] = live
+                else:
+                    del self._handed[address]
+                    self._until.pop(address, None)
+            ends = [now + MAX_TTL]
+            for _, rtype, ttl, rdata in records:
+                if rtype != TYPE_A:
+                    continue
+                address = socket.inet_ntoa(rdata)
+                seconds = max(MIN_TTL, min(ttl, MAX_TTL))
+                if address not in self._handed and len(self._handed) + len(due) >= MAX_ADDRESSES:
+                    logger.warning("local server: a sandbox's allowed addresses are full")
+                    return None
+                if self._until.get(address, 0.0) - now < seconds / 2:
+                    due[address] = max(due.get(address, 0), seconds)
+                ends.append(now + due[address] if address in due else self._until[address])
+            if due:
+                try:
+                    self._allow(due)
+                except RuntimeError as exc:
+                    logger.warning("local server: a sandbox's allowed addresses: %s", exc)
+                    return None
+            for _, rtype, _ttl, rdata in records:
+                if rtype == TYPE_A:
+                    address = socket.inet_ntoa(rdata)
+                    if address in due:
+                        self._until[address] = now + due[address]
+                    self._handed.setdefault(address, {})[name] = self._until[address]
+        return max(0, int(min(ends) - now) - 1)
+
+    def _denied(self, name: str) -> None:
+        now = time.monotonic()
+        if now - self._reported.get(name, -REPORT_EVERY) < REPORT_EVERY:
+            return
+        recent = [t for t in self._reported.values() if now - t < 60]
+        if len(recent) >= REPORTS_PER_MINUTE:
+            return
+        if len(self._reported) > 1000:
+            self._reported = {n: t for n, t in self._reported.items() if now - t < REPORT_EVERY}
+        self._reported[name] = now
+        self._report(f"egress denied: {name} (no rule allows it)")
+
+    def _take(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(BURST, self._tokens + (now - self._at) * RATE)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as waiter:
+            waiter.register(self._udp, selectors.EVENT_READ)
+            waiter.register(self._tcp, selectors.EVENT_READ)
+            waiter.register(self._stop_r, selectors.EVENT_READ)
+            self._udp.setblocking(False)
+            self._tcp.setblocking(False)
+            while True:
+                ready = {key.fileobj for key, _ in waiter.select()}
+                if self._stop_r in ready:
+                    return
+                try:
+                    if self._udp in ready:
+                        self._one_udp()
+                    if self._tcp in ready:
+                        self._one_tcp()
+                except Exception:  # one bad question never ends the resolver
+                    logger.exception("local server: a sandbox's resolver")
+
+    def _one_udp(self) -> None:
+        try:
+            data, peer = self._udp.recvfrom(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not self._take():
+            return
+        reply = self.answer(data)
+        if reply is not None:
+            with contextlib.suppress(OSError):
+                self._udp.sendto(reply, peer)
+
+    def _one_tcp(self) -> None:
+        try:
+            conn, _ = self._tcp.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        with conn:
+            if not self._take():
+                return
+            conn.settimeout(TCP_TIMEOUT)
+            try:
+                length = struct.unpack("!H", _read(conn, 2))[0]
+                reply = self.answer(_read(conn, min(length, 4096)), 65535)
+                if reply is not None:
+                    conn.sendall(struct.pack("!H", len(reply)) + reply)
+            except OSError:
+                pass

@@ -1,0 +1,347 @@
+"""Egress by name (issue 44), against a fake internet in namespaces the test makes
+(`fakenet.py`): a sandbox with rules reaches exactly the allowed names, by name and by the
+addresses the server's resolver handed out, and nothing else, however it asks.
+
+Root only (the namespaces); CI runs as root.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import requests
+
+from tests.local.fakenet import ZONE, FakeInternet, Relay, fetch_code, parse_result, wait_until
+from tests.local.serverproc import ServerProcess
+from tests.local.support import CREATE_BODY, Box, require_isolation, require_slirp, texts
+
+WILD_POLICY = {
+    "defaultAction": "deny",
+    "egress": [
+        {"action": "allow", "target": "allowed.test"},
+        {"action": "allow", "target": "*.wild.test"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def net() -> Iterator[SimpleNamespace]:
+    """A server in the fake internet's `server` namespace, reached through a relay."""
+    require_isolation()
+    require_slirp()
+    if os.geteuid() != 0:
+        pytest.skip("the fake internet's namespaces need root")
+    internet = FakeInternet()
+    server = relay = None
+    try:
+        server = ServerProcess(wrap=internet.wrap(), ping_interval=0.2, min_timeout=1)
+        relay = Relay(internet.server, server.port)
+        yield SimpleNamespace(
+            internet=internet,
+            api_base=f"http://127.0.0.1:{relay.port}/v1",
+            root_dir=str(server.root),
+            isolated=True,
+        )
+    finally:
+        if relay is not None:
+            relay.close()
+        if server is not None:
+            server.stop()
+        internet.close()
+
+
+@pytest.fixture
+def http() -> Iterator[requests.Session]:
+    with requests.Session() as session:
+        yield session
+
+
+def make(net: SimpleNamespace, http: requests.Session, policy: Any) -> Box:
+    body: dict[str, Any] = {**CREATE_BODY, "timeout": 300}
+    if policy is not None:
+        body["networkPolicy"] = policy
+    return Box(net, http, body)  # type: ignore[arg-type]
+
+
+def fetch(box: Box, *targets: str) -> dict[str, str]:
+    """What each target's fetch gives in the sandbox: ok:<name>, dns or net."""
+    events = box.command(f"python3 -I -c {shlex.quote(fetch_code(list(targets)))}")
+    return parse_result("".join(texts(events)))
+
+
+def run_python(box: Box, code: str) -> str:
+    return "".join(texts(box.command(f"python3 -I -c {shlex.quote(code)}")))
+
+
+def remove(box: Box) -> None:
+    box.http.delete(f"{box.server.api_base}/sandboxes/{box.id}")
+
+
+def test_exactly_the_allowed_names_by_name_and_by_address(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    box = make(net, http, WILD_POLICY)
+    try:
+        got = fetch(
+            box,
+            "allowed.test",
+            "ALLOWED.TEST.",  # case and a trailing dot: the same name
+            "a.wild.test",
+            "deep.b.wild.test",  # the fake zone answers 198.18.1.3 for any name below wild.test
+            "wild.test",  # not matched by *.wild.test
+            "evilwild.test",
+            "denied.test",
+            "allowed.test.denied.test",
+            ZONE["allowed.test"],  # handed out above: reachable by address too
+            ZONE["denied.test"],  # never handed out: an IP literal is denied
+            ZONE["wild.test"],
+            "198.18.0.1",  # the fake internet's router
+        )
+    finally:
+        remove(box)
+    assert got == {
+        "allowed.test": "ok:allowed.test",
+        "ALLOWED.TEST.": "ok:allowed.test",
+        "a.wild.test": "ok:a.wild.test",
+        "deep.b.wild.test": "ok:a.wild.test",
+        "wild.test": "dns",
+        "evilwild.test": "dns",
+        "denied.test": "dns",
+        "allowed.test.denied.test": "dns",
+        ZONE["allowed.test"]: "ok:allowed.test",
+        ZONE["denied.test"]: "net",
+        ZONE["wild.test"]: "net",
+        "198.18.0.1": "net",
+    }
+
+
+def test_allow_all_reaches_the_fake_internet_but_no_address_of_the_server(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    box = make(net, http, None)
+    try:
+        got = fetch(box, "denied.test", "allowed.test", "198.18.0.2")
+    finally:
+        remove(box)
+    assert got == {"denied.test": "ok:denied.test", "allowed.test": "ok:allowed.test",
+                   "198.18.0.2": "net"}  # fmt: skip
+
+
+def test_deny_all_reaches_nothing(net: SimpleNamespace, http: requests.Session) -> None:
+    box = make(net, http, {"defaultAction": "deny", "egress": []})
+    try:
+        got = fetch(box, "allowed.test", ZONE["allowed.test"])
+    finally:
+        remove(box)
+    assert got == {"allowed.test": "dns", ZONE["allowed.test"]: "net"}
+
+
+def test_a_cname_chain_is_followed_for_the_allowed_name_only(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    box = make(net, http, {"egress": [{"action": "allow", "target": "alias.test"}]})
+    try:
+        got = fetch(box, "alias.test", "target.other.test")
+    finally:
+        remove(box)
+    assert got == {"alias.test": "ok:target.other.test", "target.other.test": "dns"}
+
+
+# Asks a DNS server itself, over UDP and TCP, at addresses its resolv.conf does not name
+ASK = r"""
+import json, socket, struct
+def query(name):
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split("."))
+    return struct.pack("!HHHHHH", 4242, 0x0100, 1, 0, 0, 0) + labels + b"\0\0\1\0\1"
+def rcode_and_last_a(reply):
+    answered = struct.unpack("!H", reply[6:8])[0]
+    return reply[3] & 0xF, ".".join(map(str, reply[-4:])) if answered else ""
+def udp(server, name):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(5); s.sendto(query(name), (server, 53)); return rcode_and_last_a(s.recv(4096))
+def tcp(server, name):
+    with socket.create_connection((server, 53), timeout=5) as s:
+        q = query(name); s.sendall(struct.pack("!H", len(q)) + q)
+        n = struct.unpack("!H", s.recv(2))[0]; data = b""
+        while len(data) < n: data += s.recv(n - len(data))
+        return rcode_and_last_a(data)
+out = {}
+for way, ask in (("udp", udp), ("tcp", tcp)):
+    for server in ("198.18.0.53", "192.0.2.53"):
+        for name in ("allowed.test", "denied.test"):
+            try:
+                out[f"{way} {server} {name}"] = list(ask(server, name))
+            except OSError as exc:
+                out[f"{way} {server} {name}"] = str(exc)
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_dns_of_its_own_udp_and_tcp_to_any_server_reaches_only_the_servers_resolver(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    """A sandbox that ignores its resolv.conf (a resolver of its own, DNS over TCP, another
+    server's address) gets the server's resolver all the same; nothing else answers."""
+    box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
+    try:
+        got = parse_result(run_python(box, ASK))
+    finally:
+        remove(box)
+    for way in ("udp", "tcp"):
+        for server in ("198.18.0.53", "192.0.2.53"):  # 192.0.2.53: nobody's (TEST-NET-1)
+            assert got[f"{way} {server} allowed.test"] == [0, ZONE["allowed.test"]]
+            assert got[f"{way} {server} denied.test"] == [3, ""]  # NXDOMAIN
+
+
+def test_hosts_file_and_ip_literals_lead_nowhere(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    """A name the sandbox maps itself (its own hosts entry is an IP literal to the kernel)
+    reaches only an address the resolver handed out; its /etc files are read-only anyway."""
+    box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
+    try:
+        code = (
+            "import os\n"
+            "for path in ('/etc/hosts', '/etc/resolv.conf'):\n"
+            "    try:\n"
+            "        open(path, 'a').write('198.18.1.2 denied.test\\n'); print('WROTE', path)\n"
+            "    except OSError as exc:\n"
+            "        print('REFUSED', path)\n"
+        )
+        said = run_python(box, code)
+        got = fetch(box, ZONE["denied.test"], ZONE["also.test"])
+    finally:
+        remove(box)
+    assert "WROTE" not in said
+    assert got == {ZONE["denied.test"]: "net", ZONE["also.test"]: "net"}
+
+
+def test_patch_and_delete_take_effect_for_new_connections_and_end_open_ones(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
+    policy = f"{net.api_base}/sandboxes/{box.id}/networkpolicy"
+    try:
+        assert fetch(box, "allowed.test", "also.test") == {
+            "allowed.test": "ok:allowed.test",
+            "also.test": "dns",
+        }
+        added = http.patch(policy, json=[{"action": "allow", "target": "also.test"}])
+        assert added.status_code == 200, added.text
+        assert fetch(box, "also.test") == {"also.test": "ok:also.test"}
+
+        # An open connection to allowed.test, used again after the rule is gone.
+        hold = (
+            "import socket, time\n"
+            "s = socket.create_connection(('allowed.test', 80), timeout=5)\n"
+            "print('OPEN', flush=True)\n"
+            "time.sleep(4)\n"
+            "try:\n"
+            "    s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print('GOT', s.recv(100))\n"
+            "except OSError as exc:\n"
+            "    print('ENDED', type(exc).__name__)\n"
+        )
+        out: list[str] = []
+        worker = threading.Thread(target=lambda: out.append(run_python(box, hold)))
+        worker.start()
+        time.sleep(1.5)
+        gone = http.delete(policy, json=["allowed.test"])
+        assert gone.status_code == 200, gone.text
+        assert "allowed.test" not in gone.text
+        worker.join(30)
+        assert "OPEN" in out[0] and "ENDED" in out[0], out
+        assert fetch(box, "allowed.test", ZONE["allowed.test"], "also.test") == {
+            "allowed.test": "dns",
+            ZONE["allowed.test"]: "net",
+            "also.test": "ok:also.test",
+        }
+    finally:
+        remove(box)
+
+
+def test_from_allow_all_to_rules_and_back_at_run_time(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    box = make(net, http, None)
+    policy = f"{net.api_base}/sandboxes/{box.id}/networkpolicy"
+    try:
+        assert fetch(box, "denied.test") == {"denied.test": "ok:denied.test"}
+        put = http.put(policy, json={"egress": [{"action": "allow", "target": "allowed.test"}]})
+        assert put.status_code == 200, put.text
+        assert put.json()["mode"] == "deny_all_with_rules"
+        assert fetch(box, "denied.test", "allowed.test", ZONE["denied.test"]) == {
+            "denied.test": "dns",
+            "allowed.test": "ok:allowed.test",
+            ZONE["denied.test"]: "net",
+        }
+        back = http.put(policy, json={})
+        assert back.status_code == 200, back.text
+        assert fetch(box, "denied.test") == {"denied.test": "ok:denied.test"}
+    finally:
+        remove(box)
+
+
+def test_denied_names_show_in_the_sandbox_events(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
+    try:
+        fetch(box, "denied.test")
+        events = f"{net.api_base}/sandboxes/{box.id}/diagnostics/events"
+        assert wait_until(lambda: "egress denied: denied.test" in http.get(events).text, 10)
+    finally:
+        remove(box)
+
+
+@pytest.mark.parametrize(
+    "target", ["198.18.1.2", "198.18.0.0/16", "::1", "*", "exa mple.test", "a.*.test"]
+)
+def test_targets_that_are_no_host_name_are_refused(
+    net: SimpleNamespace, http: requests.Session, target: str
+) -> None:
+    body = {
+        **CREATE_BODY,
+        "timeout": 60,
+        "networkPolicy": {"egress": [{"action": "allow", "target": target}]},
+    }
+    refused = http.post(f"{net.api_base}/sandboxes", json=body)
+    assert refused.status_code == 400, refused.text
+    assert "target" in refused.text or "host name" in refused.text
+
+
+FLOOD = r"""
+import socket, struct, time
+q = struct.pack("!HHHHHH", 1, 0x0100, 1, 0, 0, 0) + b"\x06denied\x04test\x00\x00\x01\x00\x01"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setblocking(False)
+sent = 0
+end = time.monotonic() + 2
+while time.monotonic() < end:
+    try:
+        s.sendto(q, ("198.18.0.53", 53)); sent += 1
+    except BlockingIOError:
+        pass
+print("SENT", sent)
+"""
+
+
+def test_a_query_flood_is_bounded_and_the_resolver_answers_after(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
+    try:
+        said = run_python(box, FLOOD)
+        assert int(said.split("SENT")[1].split()[0]) > 1000, said
+        started = time.monotonic()
+        assert fetch(box, "allowed.test") == {"allowed.test": "ok:allowed.test"}
+        assert time.monotonic() - started < 15
+        assert http.get(f"{net.api_base}/sandboxes/{box.id}").status_code == 200
+    finally:
+        remove(box)

@@ -1,0 +1,272 @@
+"""Egress by name (`osb_sync/local/host/egress.py`): the rules' semantics, DNS on bytes, and
+the resolver's decisions, with its upstream and its sets replaced by recorders."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator
+
+import pytest
+
+from osb_sync.local.host import egress
+from osb_sync.local.host.egress import Resolver, Rules, TargetError
+
+
+def rules(*pairs: tuple[str, str], default: str = "deny") -> Rules:
+    return Rules.of(
+        {"defaultAction": default, "egress": [{"action": a, "target": t} for a, t in pairs]}
+    )
+
+
+def test_a_wildcard_matches_names_below_it_only() -> None:
+    wild = rules(("allow", "*.example.org"))
+    assert wild.allows("a.example.org") and wild.allows("a.b.example.org")
+    assert not wild.allows("example.org")
+    assert not wild.allows("evilexample.org")
+    assert not wild.allows("example.org.evil.test")
+
+
+def test_an_exact_name_matches_itself_only() -> None:
+    exact = rules(("allow", "example.org"))
+    assert exact.allows("example.org")
+    assert not exact.allows("a.example.org") and not exact.allows("example.org.denied.test")
+
+
+def test_the_first_matching_rule_wins_and_the_default_decides_the_rest() -> None:
+    ordered = rules(("deny", "bad.example.org"), ("allow", "*.example.org"))
+    assert not ordered.allows("bad.example.org") and ordered.allows("good.example.org")
+    reversed_ = rules(("allow", "*.example.org"), ("deny", "bad.example.org"))
+    assert reversed_.allows("bad.example.org")
+    assert not ordered.allows("other.test")
+    assert rules(("deny", "evil.test"), default="allow").allows("other.test")
+
+
+@pytest.mark.parametrize("target", ["Example.ORG", "example.org.", "EXAMPLE.org."])
+def test_targets_are_compared_without_case_or_trailing_dot(target: str) -> None:
+    assert rules(("allow", target)).allows("example.org")
+
+
+def test_a_non_ascii_target_is_compared_in_its_idna_form() -> None:
+    assert rules(("allow", "bücher.example")).allows("xn--bcher-kva.example")
+    assert egress.normal_name("BÜCHER.example.") == "xn--bcher-kva.example"
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["192.0.2.1", "10.0.0.0/8", "::1", "[2001:db8::1]", "2001:db8::/32"],
+)
+def test_ip_and_cidr_targets_are_refused_as_upstream_refuses_them(target: str) -> None:
+    with pytest.raises(TargetError, match="IP and CIDR targets are not supported"):
+        egress.check_target(target)
+
+
+@pytest.mark.parametrize(
+    "target", ["", "*", "*.", "a.*.test", "a..test", "exa mple.test", "a/b", "x" * 64 + ".test"]
+)
+def test_targets_that_are_no_host_name_are_refused(target: str) -> None:
+    with pytest.raises(TargetError):
+        egress.check_target(target)
+
+
+def query(name: str, qtype: int = 1, ident: int = 7) -> bytes:
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split("."))
+    return (
+        struct.pack("!HHHHHH", ident, 0x0100, 1, 0, 0, 0)
+        + labels
+        + b"\0"
+        + struct.pack("!HH", qtype, 1)
+    )
+
+
+def test_a_question_is_read_lowercased_and_a_pointer_loop_is_refused() -> None:
+    question = egress.parse_question(query("ALLOWED.Test"))
+    assert (question.ident, question.name, question.qtype, question.rd) == (
+        7,
+        "allowed.test",
+        1,
+        True,
+    )
+    looped = struct.pack("!HHHHHH", 1, 0x0100, 1, 0, 0, 0) + b"\xc0\x0c" + b"\0\1\0\1"
+    with pytest.raises(ValueError):
+        egress.parse_question(looped)
+    with pytest.raises(ValueError):
+        egress.parse_question(query("a.test")[:-3])  # cut short
+    with pytest.raises(ValueError):  # a response is no query
+        egress.parse_question(b"\0\7\x81\0" + query("a.test")[4:])
+
+
+def a_record(owner: str, address: str, ttl: int = 300) -> egress.Record:
+    return (owner, egress.TYPE_A, ttl, socket.inet_aton(address))
+
+
+def cname(owner: str, target: str, ttl: int = 300) -> egress.Record:
+    return (owner, egress.TYPE_CNAME, ttl, egress.encode_name(target))
+
+
+class Recorder:
+    """The resolver's upstream and sets, recorded."""
+
+    def __init__(self, records: list[egress.Record], rcode: int = 0) -> None:
+        self.records, self.rcode = records, rcode
+        self.asked: list[str] = []
+        self.allowed: list[dict[str, int]] = []
+        self.disallowed: list[list[str]] = []
+        self.events: list[str] = []
+
+    def ask(self, name: str) -> egress.Answer:
+        self.asked.append(name)
+        return self.rcode, list(self.records)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tcp = socket.socket()
+    yield udp, tcp
+    udp.close()
+    tcp.close()
+
+
+def resolver(
+    policy: Rules, recorder: Recorder, pair: tuple[socket.socket, socket.socket]
+) -> Resolver:
+    return Resolver(
+        policy,
+        *pair,
+        allow=recorder.allowed.append,
+        disallow=recorder.disallowed.append,
+        report=recorder.events.append,
+        ask=recorder.ask,
+    )
+
+
+def records_of(reply: bytes) -> tuple[int, list[str]]:
+    """(rcode, A addresses) of our answer."""
+    rcode = reply[3] & 0xF
+    count = struct.unpack_from("!H", reply, 6)[0]
+    _, at = egress.read_name(reply, 12)
+    at += 4
+    found = []
+    for _ in range(count):
+        _, at = egress.read_name(reply, at)
+        rtype, _, _, length = struct.unpack_from("!HHIH", reply, at)
+        at += 10
+        if rtype == egress.TYPE_A:
+            found.append(socket.inet_ntoa(reply[at : at + length]))
+        at += length
+    return rcode, found
+
+
+def test_an_allowed_name_is_answered_and_its_addresses_handed_out_for_at_least_a_minute(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    recorder = Recorder([a_record("allowed.test", "198.18.1.1", ttl=5)])
+    reply = resolver(rules(("allow", "allowed.test")), recorder, pair).answer(query("Allowed.TEST"))
+    assert reply is not None and records_of(reply) == (0, ["198.18.1.1"])
+    assert recorder.asked == ["allowed.test"]
+    assert recorder.allowed == [{"198.18.1.1": egress.MIN_TTL}]
+    assert reply[12 : 12 + 14] == query("Allowed.TEST")[12 : 12 + 14]  # the question as asked
+
+
+def test_a_denied_name_never_leaves_the_server_and_shows_in_the_events(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    recorder = Recorder([a_record("denied.test", "198.18.1.2")])
+    server = resolver(rules(("allow", "allowed.test")), recorder, pair)
+    for name in ("denied.test", "allowed.test.denied.test", "denied.test"):
+        reply = server.answer(query(name))
+        assert reply is not None and records_of(reply) == (egress.NXDOMAIN, [])
+    assert recorder.asked == [] and recorder.allowed == []
+    assert recorder.events == [
+        "egress denied: denied.test (no rule allows it)",
+        "egress denied: allowed.test.denied.test (no rule allows it)",
+    ]  # one line per name a minute
+
+
+def test_a_hostile_upstream_answer_hands_out_the_chain_of_the_name_asked_only(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    recorder = Recorder(
+        [
+            a_record("evil.test", "198.18.9.9"),  # another owner: not the answer
+            cname("alias.test", "target.other.test"),
+            a_record("target.other.test", "198.18.1.7", ttl=10**6),
+            a_record("alias.test", "198.18.9.8"),  # beside a CNAME: not the chain's end
+        ]
+    )
+    reply = resolver(rules(("allow", "alias.test")), recorder, pair).answer(query("alias.test"))
+    assert reply is not None and records_of(reply) == (0, ["198.18.1.7"])
+    assert recorder.allowed == [{"198.18.1.7": egress.MAX_TTL}]
+
+
+def test_a_cname_loop_ends() -> None:
+    looped = [cname("a.test", "b.test"), cname("b.test", "a.test")]
+    assert len(egress.chain("a.test", looped)) == 2
+
+
+def test_other_types_get_no_data_and_ask_nobody(pair: tuple[socket.socket, socket.socket]) -> None:
+    recorder = Recorder([])
+    server = resolver(rules(("allow", "allowed.test")), recorder, pair)
+    reply = server.answer(query("allowed.test", qtype=28))  # AAAA: IPv6 has no way out
+    assert reply is not None and records_of(reply) == (0, [])
+    assert recorder.asked == []
+    assert server.answer(b"\0\1garbage") is None
+
+
+def test_the_sets_are_capped(
+    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(egress, "MAX_ADDRESSES", 2)
+    recorder = Recorder([])
+    server = resolver(rules(("allow", "*.wild.test")), recorder, pair)
+    for index in range(3):
+        recorder.records = [a_record(f"h{index}.wild.test", f"198.18.2.{index}")]
+        reply = server.answer(query(f"h{index}.wild.test"))
+        assert reply is not None
+        assert records_of(reply)[0] == (egress.SERVFAIL if index == 2 else 0)
+    assert set(server.handed()) == {"198.18.2.0", "198.18.2.1"}
+
+
+def test_a_changed_policy_takes_the_removed_names_addresses_out(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    recorder = Recorder([])
+    server = resolver(rules(("allow", "a.test"), ("allow", "b.test")), recorder, pair)
+    for name, address in (
+        ("a.test", "198.18.3.1"),
+        ("b.test", "198.18.3.2"),
+        ("b.test", "198.18.3.1"),
+    ):
+        recorder.records = [a_record(name, address)]
+        server.answer(query(name))
+    server.set_rules(rules(("allow", "b.test")))
+    assert recorder.disallowed == []  # 198.18.3.1 is b.test's too
+    assert server.handed() == {"198.18.3.1": {"b.test"}, "198.18.3.2": {"b.test"}}
+    server.set_rules(rules())
+    assert sorted(recorder.disallowed[0]) == ["198.18.3.1", "198.18.3.2"]
+    assert server.handed() == {}
+
+
+def test_questions_beyond_the_burst_are_dropped(pair: tuple[socket.socket, socket.socket]) -> None:
+    server = resolver(rules(), Recorder([]), pair)
+    taken = sum(server._take() for _ in range(int(egress.BURST) + 50))
+    assert int(egress.BURST) <= taken < int(egress.BURST) + 10
+
+
+def test_a_large_answer_is_truncated_for_udp() -> None:
+    question = egress.parse_question(query("many.test"))
+    records = [a_record("many.test", f"198.18.4.{i}") for i in range(32)]
+    small = egress.response(question, 0, records)
+    assert small[2] & 0x02 and struct.unpack_from("!H", small, 6)[0] == 0  # TC, no records
+    big = egress.response(question, 0, records, limit=65535)
+    assert struct.unpack_from("!H", big, 6)[0] == 32
+
+
+def test_the_server_s_resolvers_are_read_from_its_resolv_conf(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    conf = tmp_path / "resolv.conf"  # type: ignore[operator]
+    conf.write_text("# x\nnameserver 198.18.0.53\nnameserver fe80::1%eth0\nnameserver bogus\n")
+    assert egress.upstreams(str(conf)) == ["198.18.0.53", "fe80::1"]
+    assert egress.upstreams(str(conf) + ".missing") == ["127.0.0.1"]
