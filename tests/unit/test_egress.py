@@ -3,8 +3,11 @@ the resolver's decisions, with its upstream and its sets replaced by recorders."
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -270,3 +273,44 @@ def test_the_server_s_resolvers_are_read_from_its_resolv_conf(
     conf.write_text("# x\nnameserver 198.18.0.53\nnameserver fe80::1%eth0\nnameserver bogus\n")
     assert egress.upstreams(str(conf)) == ["198.18.0.53", "fe80::1"]
     assert egress.upstreams(str(conf) + ".missing") == ["127.0.0.1"]
+
+
+def test_a_slow_tcp_client_holds_the_resolver_for_tcp_timeout_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sandbox that trickles a TCP question byte by byte is cut off after TCP_TIMEOUT in
+    all, not per byte: its UDP questions are answered soon after."""
+    monkeypatch.setattr(egress, "TCP_TIMEOUT", 1.0)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    tcp = socket.create_server(("127.0.0.1", 0))
+    recorder = Recorder([a_record("allowed.test", "198.18.1.1")])
+    server = resolver(rules(("allow", "allowed.test")), recorder, (udp, tcp))
+    server.start()
+    slow = socket.create_connection(tcp.getsockname())
+    asker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        started = time.monotonic()
+        slow.sendall(b"\x00\x40")  # 64 bytes to come
+        stop = threading.Event()
+
+        def trickle() -> None:
+            for byte in query("allowed.test")[:20]:
+                if stop.wait(0.2):
+                    return
+                with contextlib.suppress(OSError):
+                    slow.send(bytes([byte]))
+
+        threading.Thread(target=trickle, daemon=True).start()
+        time.sleep(0.3)
+        asker.settimeout(10)
+        asker.sendto(query("allowed.test"), udp.getsockname())
+        reply = asker.recv(4096)
+        waited = time.monotonic() - started
+        stop.set()
+        assert records_of(reply) == (0, ["198.18.1.1"])
+        assert waited < 2.5, waited  # the trickle alone lasts 4 s
+    finally:
+        server.stop()
+        slow.close()
+        asker.close()

@@ -354,9 +354,15 @@ def _ask_tcp(
         return parse_answer(_read(sock, length), ident, name)
 
 
-def _read(sock: socket.socket, size: int) -> bytes:
+def _read(sock: socket.socket, size: int, deadline: float | None = None) -> bytes:
+    """`size` bytes; by `deadline` (time.monotonic()) in all where one is given."""
     data = b""
     while len(data) < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("too slow")
+            sock.settimeout(left)
         part = sock.recv(size - len(data))
         if not part:
             raise OSError("the connection closed")
@@ -587,11 +593,12 @@ class Resolver:
         with conn:
             if not self._take():
                 return
-            conn.settimeout(TCP_TIMEOUT)
+            deadline = time.monotonic() + TCP_TIMEOUT  # for the question, in all
             try:
-                length = struct.unpack("!H", _read(conn, 2))[0]
-                reply = self.answer(_read(conn, min(length, 4096)), 65535)
+                length = struct.unpack("!H", _read(conn, 2, deadline))[0]
+                reply = self.answer(_read(conn, min(length, 4096), deadline), 65535)
                 if reply is not None:
+                    conn.settimeout(max(0.1, deadline - time.monotonic()))
                     conn.sendall(struct.pack("!H", len(reply)) + reply)
             except OSError:
                 pass

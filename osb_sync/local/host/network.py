@@ -86,7 +86,7 @@ def status(policy: dict[str, Any]) -> dict[str, Any]:
     return {
         "status": "ok",
         "mode": mode,
-        "enforcementMode": "namespace",
+        "enforcementMode": "dns+nft" if has_rules else "namespace",
         "reason": "deny-all is a private network namespace (loopback only); allow-all is "
         "slirp4netns, without this host's own addresses (nftables); rules are the server's "
         "resolver and sets of the addresses it handed out (nftables)",
