@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import requests
 
+from osb_sync import Client, NetworkPolicy, NetworkRule
 from tests.local.fakenet import ZONE, FakeInternet, Relay, fetch_code, parse_result, wait_until
 from tests.local.serverproc import ServerProcess
 from tests.local.support import CREATE_BODY, Box, require_isolation, require_slirp, texts
@@ -345,3 +346,53 @@ def test_a_query_flood_is_bounded_and_the_resolver_answers_after(
         assert http.get(f"{net.api_base}/sandboxes/{box.id}").status_code == 200
     finally:
         remove(box)
+
+
+# The official OpenSandbox e2e network-policy flows (create with a rule; the blocked and the
+# allowed fetch; get; patch, through the lifecycle route and through the egress sidecar's
+# /policy; fetch again; delete), ported: allowed.test stands for pypi.org, also.test for
+# www.github.com, through this package's client.
+SIDECAR, LIFECYCLE = "sidecar", "lifecycle"
+
+
+@pytest.mark.parametrize("route", [LIFECYCLE, SIDECAR])
+def test_official_flow_create_get_patch_fetch_delete(net: SimpleNamespace, route: str) -> None:
+    policy = NetworkPolicy("deny", (NetworkRule("allow", "allowed.test"),))
+    with Client(net.api_base) as client:
+        sandbox = client.create_sandbox(
+            template=CREATE_BODY["image"]["uri"], network_policy=policy.to_dict()
+        )
+        with sandbox:
+
+            def reach(*names: str) -> dict[str, str]:
+                code = fetch_code(list(names))
+                return parse_result(
+                    sandbox.commands.run(f"python3 -I -c {shlex.quote(code)}").stdout
+                )
+
+            assert reach("also.test", "allowed.test") == {
+                "also.test": "dns",
+                "allowed.test": "ok:allowed.test",
+            }
+            got = sandbox.network_policy.get()
+            assert got == policy and got.mode == "deny_all_with_rules"
+            change = [NetworkRule("allow", "also.test"), NetworkRule("deny", "allowed.test")]
+            if route == LIFECYCLE:
+                sandbox.network_policy.patch_rules(change)
+            else:
+                egress = client.get_endpoint(sandbox.id, 18080)
+                patched = requests.patch(
+                    f"{egress.url}/policy",
+                    headers=egress.headers,
+                    json=[r.to_dict() for r in change],
+                    timeout=30,
+                )
+                assert patched.status_code == 200, patched.text
+            assert sandbox.network_policy.get() == NetworkPolicy("deny", tuple(change))
+            assert reach("also.test", "allowed.test") == {
+                "also.test": "ok:also.test",
+                "allowed.test": "dns",
+            }
+            sandbox.network_policy.delete_rules(["also.test", "allowed.test"])
+            assert sandbox.network_policy.get() == NetworkPolicy("deny")
+            assert reach("also.test", "allowed.test") == {"also.test": "dns", "allowed.test": "dns"}
