@@ -8,7 +8,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -314,3 +314,40 @@ def test_a_slow_tcp_client_holds_the_resolver_for_tcp_timeout_at_most(
         server.stop()
         slow.close()
         asker.close()
+
+
+def test_a_resolver_stopped_while_busy_closes_its_sockets_once_it_is_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The delete of a sandbox waits STOP_WAIT at most for its resolver; what the resolver
+    still holds is closed when its question is done, not left open."""
+    monkeypatch.setattr(egress, "STOP_WAIT", 0.2)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    tcp = socket.create_server(("127.0.0.1", 0))
+    release, asked = threading.Event(), threading.Event()
+
+    def slow_ask(name: str) -> egress.Answer:
+        asked.set()
+        release.wait(10)
+        return 0, [a_record(name, "198.18.1.1")]
+
+    recorder = Recorder([])
+    server = Resolver(rules(("allow", "allowed.test")), udp, tcp, recorder.allowed.append,
+                      recorder.disallowed.append, recorder.events.append, ask=slow_ask)  # fmt: skip
+    server.start()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as asker:
+        asker.sendto(query("allowed.test"), udp.getsockname())
+        assert asked.wait(5)
+        started = time.monotonic()
+        server.stop()
+        assert time.monotonic() - started < 2
+        release.set()
+        assert wait_until(lambda: udp.fileno() == -1 and tcp.fileno() == -1, 5)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not predicate():
+        time.sleep(0.05)
+    return predicate()

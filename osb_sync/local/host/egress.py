@@ -59,6 +59,7 @@ MAX_RECORDS = 32
 RATE, BURST = 100.0, 200.0
 TCP_TIMEOUT = 3.0
 UPSTREAM_TIMEOUT = 2.0
+STOP_WAIT = 2.0  # what a sandbox's delete waits for its resolver's last question
 REPORT_EVERY = 60.0  # seconds between two event lines about one denied name
 REPORTS_PER_MINUTE = 20
 RESOLV_CONF = "/etc/resolv.conf"
@@ -410,17 +411,22 @@ class Resolver:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop answering, close the sockets (idempotent)."""
-        if self._stop_w >= 0:
-            os.write(self._stop_w, b"x")
-            if self._thread.is_alive() and self._thread is not threading.current_thread():
-                self._thread.join(TCP_TIMEOUT + UPSTREAM_TIMEOUT * 3 + 1)
-            os.close(self._stop_w)
-            self._stop_w = -1
-            if not self._thread.is_alive():
-                os.close(self._stop_r)
-                self._udp.close()
-                self._tcp.close()
+        """Stop answering (idempotent): the thread ends after the question it is on, if any,
+        waited for `STOP_WAIT` seconds at most, and closes the sockets as it ends."""
+        if self._stop_w < 0:
+            return
+        os.write(self._stop_w, b"x")
+        os.close(self._stop_w)
+        self._stop_w = -1
+        if not self._thread.is_alive() and self._thread.ident is None:  # never started
+            self._close()
+        elif self._thread is not threading.current_thread():
+            self._thread.join(STOP_WAIT)
+
+    def _close(self) -> None:
+        os.close(self._stop_r)
+        self._udp.close()
+        self._tcp.close()
 
     def set_rules(self, rules: Rules) -> None:
         """Answer by `rules` from now on; take the addresses of names they deny out of the sets.
@@ -555,6 +561,12 @@ class Resolver:
         return True
 
     def _serve(self) -> None:
+        try:
+            self._answer_all()
+        finally:
+            self._close()
+
+    def _answer_all(self) -> None:
         with selectors.DefaultSelector() as waiter:
             waiter.register(self._udp, selectors.EVENT_READ)
             waiter.register(self._tcp, selectors.EVENT_READ)
