@@ -80,9 +80,16 @@ def answer(query: bytes) -> bytes:
     return head + question + b"".join(records)
 
 
+HEARD: list[str] = []  # what the listeners of port `LISTEN` heard, "payload@address"
+LISTEN = 9
+
+
 class _Http(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        body = NAMES.get(self.connection.getsockname()[0], "?").encode()
+        if self.path == "/heard":  # the test's question (asked from the internet namespace)
+            body = json.dumps(HEARD).encode()
+        else:
+            body = NAMES.get(self.connection.getsockname()[0], "?").encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -110,6 +117,28 @@ def serve() -> None:
             with contextlib.suppress(Exception):
                 udp.sendto(answer(data), peer)
 
+    heard_udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    heard_udp.setsockopt(socket.IPPROTO_IP, 8, 1)  # IP_PKTINFO: the address it came to
+    heard_udp.bind(("0.0.0.0", LISTEN))
+    heard_tcp = socket.create_server(("0.0.0.0", LISTEN))
+
+    def listen_udp() -> None:
+        while True:
+            data, ancillary, _, _ = heard_udp.recvmsg(512, 256)
+            to = next((socket.inet_ntoa(d[8:12]) for _, _, d in ancillary), "?")
+            HEARD.append(f"{data.decode(errors='replace').strip()}@{to}")
+
+    def listen_tcp() -> None:
+        while True:
+            conn, _ = heard_tcp.accept()
+            with conn:
+                conn.settimeout(2)
+                with contextlib.suppress(OSError):
+                    data = conn.recv(512)
+                    HEARD.append(f"{data.decode(errors='replace').strip()}@{conn.getsockname()[0]}")
+
+    for target in (listen_udp, listen_tcp):
+        threading.Thread(target=target, daemon=True).start()
     socketserver.ThreadingTCPServer.allow_reuse_address = True
     tcp = socketserver.ThreadingTCPServer((DNS, 53), _DnsTcp)
     http = ThreadingHTTPServer(("0.0.0.0", 80), _Http)
@@ -236,6 +265,18 @@ class FakeInternet:
             "unshare", "--mount", "--propagation", "private",
             "sh", "-c", script, str(self.resolv),
         )  # fmt: skip
+
+    def heard(self) -> list[str]:
+        """What the fake hosts' listeners of port `LISTEN` heard so far."""
+        with socket_in(self.internet) as sock:
+            sock.settimeout(10)
+            sock.connect(("198.18.0.1", 80))
+            sock.sendall(b"GET /heard HTTP/1.0\r\n\r\n")
+            data = b""
+            while part := sock.recv(65536):
+                data += part
+        heard: list[str] = json.loads(data.split(b"\r\n\r\n", 1)[1])
+        return heard
 
     def run(self, *argv: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         """`argv` in `server` (as the server runs: its resolv.conf)."""

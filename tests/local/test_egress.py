@@ -19,9 +19,18 @@ import pytest
 import requests
 
 from osb_sync import Client, NetworkPolicy, NetworkRule
-from tests.local.fakenet import ZONE, FakeInternet, Relay, fetch_code, parse_result, wait_until
+from tests.local.fakenet import (
+    LISTEN,
+    ZONE,
+    FakeInternet,
+    Relay,
+    fetch_code,
+    parse_result,
+    wait_until,
+)
 from tests.local.serverproc import ServerProcess
 from tests.local.support import CREATE_BODY, Box, require_isolation, require_slirp, texts
+from tests.local.test_host_firewall import probe
 
 WILD_POLICY = {
     "defaultAction": "deny",
@@ -142,6 +151,29 @@ def test_deny_all_reaches_nothing(net: SimpleNamespace, http: requests.Session) 
     finally:
         remove(box)
     assert got == {"allowed.test": "dns", ZONE["allowed.test"]: "net"}
+
+
+def test_no_way_out_reaches_an_address_no_allowed_name_resolved_to(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    """A socket's TCP and UDP, and frames the sandbox's root writes itself on the tap device
+    (claiming any protocol, through the queue or past it): to the address handed out they go
+    (the control), to another address nothing arrives."""
+    box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
+    try:
+        assert fetch(box, "allowed.test") == {"allowed.test": "ok:allowed.test"}
+        said = probe(box, [ZONE["denied.test"], ZONE["allowed.test"]], LISTEN)
+        time.sleep(1)  # what a packet through slirp4netns would take, many times over
+        heard = net.internet.heard()
+    finally:
+        remove(box)
+    allowed, denied = ZONE["allowed.test"], ZONE["denied.test"]
+    assert f"tcp {allowed}@{allowed}" in heard and f"udp {allowed}@{allowed}" in heard, (
+        heard,
+        said,
+    )
+    assert not [line for line in heard if line.endswith(f"@{denied}")], (heard, said)
+    assert said[f"tcp {denied}"] != "connected", said
 
 
 def test_a_cname_chain_is_followed_for_the_allowed_name_only(
