@@ -351,3 +351,17 @@ def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
     while time.monotonic() < end and not predicate():
         time.sleep(0.05)
     return predicate()
+
+
+def test_names_kept_per_address_are_capped(pair: tuple[socket.socket, socket.socket]) -> None:
+    """A wildcard whose domain answers one address for every name: a sandbox asking about
+    ever new names grows no table without bound in the server."""
+    recorder = Recorder([])
+    server = resolver(rules(("allow", "*.wild.test")), recorder, pair)
+    for index in range(egress.NAMES_PER_ADDRESS * 4):
+        name = f"n{index}.wild.test"
+        recorder.records = [a_record(name, "198.18.1.3")]
+        reply = server.answer(query(name))
+        assert reply is not None and records_of(reply) == (0, ["198.18.1.3"])
+    assert len(server.handed()["198.18.1.3"]) == egress.NAMES_PER_ADDRESS
+    assert len(recorder.allowed) == 1  # the set's entry was fresh all along

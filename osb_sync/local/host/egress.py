@@ -24,8 +24,9 @@ empty answer (AAAA too: IPv6 has no way out); a denied name gets NXDOMAIN and ne
 server (no query about it reaches any resolver), and a line in the sandbox's events
 (`REPORT_EVERY`). Bounds: `RATE` questions a second (`BURST` at once; the rest are dropped
 unanswered), one TCP connection at a time for at most `TCP_TIMEOUT` seconds, `MAX_ADDRESSES`
-addresses in the sets (an answer that would pass it is SERVFAIL), `UPSTREAM_TIMEOUT` per
-upstream resolver.
+addresses in the sets (an answer that would pass it is SERVFAIL) and `NAMES_PER_ADDRESS`
+names remembered for each, `UPSTREAM_TIMEOUT` per upstream resolver, `STOP_WAIT` for a
+delete to wait on the last question.
 
 A changed policy (`Resolver.set_rules`) takes the addresses of names it no longer allows out
 of the sets at once (`firewall.Wall.disallow`): the tables reject new connections to them and
@@ -54,6 +55,7 @@ logger = logging.getLogger("osb_sync.local")
 MIN_TTL = 60
 MAX_TTL = 3600
 MAX_ADDRESSES = 4096  # the sets' size
+NAMES_PER_ADDRESS = 32  # names remembered per address (those whose entries end last)
 MAX_CHAIN = 8
 MAX_RECORDS = 32
 RATE, BURST = 100.0, 200.0
@@ -536,7 +538,11 @@ class Resolver:
                     address = socket.inet_ntoa(rdata)
                     if address in due:
                         self._until[address] = now + due[address]
-                    self._handed.setdefault(address, {})[name] = self._until[address]
+                    names = self._handed.setdefault(address, {})
+                    names[name] = self._until[address]
+                    if len(names) > NAMES_PER_ADDRESS:  # forgotten: a change may remove the
+                        del names[min(names, key=names.__getitem__)]  # address sooner
+
         return max(0, int(min(ends) - now) - 1)
 
     def _denied(self, name: str) -> None:
