@@ -12,9 +12,10 @@ sidecar's API says ("IP/CIDR not yet supported"); so are targets that are no hos
 
 The resolver (`Resolver`, one thread per sandbox, in the server's process) holds a UDP and a
 TCP socket made in the sandbox's network namespace on its loopback (`firewall.Wall.sockets`),
-at ports the kernel chose; the namespace's nat chain sends every DNS packet (port 53, UDP and
-TCP) that would leave by the tap device there, whatever address the sandbox's `resolv.conf`
-or its code names. For a question of type A about an allowed name it asks the server's own
+at ports the kernel chose; the namespace's nat chain sends every IPv4 DNS packet (port 53,
+UDP and TCP) there, whatever address the sandbox's `resolv.conf` or its code names (one on
+its own loopback, as systemd-resolved's 127.0.0.53 in the host's `resolv.conf`, too).
+For a question of type A about an allowed name it asks the server's own
 resolvers (the server's `/etc/resolv.conf`, from the server's namespace) a question of its own
 (a fresh id, that one question), follows the answer's CNAME chain from the name asked (at most
 `MAX_CHAIN` links), answers the chain and its A records, and puts those addresses in the

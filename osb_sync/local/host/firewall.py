@@ -44,9 +44,14 @@ namespaces (the root of a nested one would own only namespaces it made, not this
 server loads them with `nsenter` (util-linux), `ip` (iproute2) and `nft` (nftables); where one
 is missing, a create that would reach the internet is refused (`INSTALL`): fail closed.
 
-Issue 44 (egress by name) extends these tables: its sets of allowed addresses (`flags timeout`)
-narrow the netdev chain's IPv4 accept (`... ip daddr != @host4 ip daddr @allowed4 accept`),
-and its inet rules go after the host's; the policy drops everything else.
+A policy with rules (egress by name, `egress.py`, `Names`) adds to both tables a set
+`allowed4` (`flags timeout`, `MAX_ALLOWED` elements) of the addresses the sandbox's resolver
+handed out, and to the inet table a nat chain `dns` that redirects every IPv4 DNS packet
+(port 53, UDP and TCP, to any address) to the resolver's sockets on the namespace's loopback.
+With a deny default, the netdev chain's IPv4 accept narrows to `ip daddr != @host4 ip daddr
+@allowed4`, and the output chain refuses every other packet by the tap device, an open
+connection's too (TCP with a reset), so a name removed ends its connections; the redirected
+DNS passes first (every chain of the output hook sees the first route's device, tap0).
 """
 
 from __future__ import annotations
@@ -283,8 +288,8 @@ def ruleset(
         dns = (
             "  chain dns {\n"
             "    type nat hook output priority -100; policy accept;\n"
-            f'    oifname "{DEVICE}" meta nfproto ipv4 udp dport 53 redirect to :{names.udp}\n'
-            f'    oifname "{DEVICE}" meta nfproto ipv4 tcp dport 53 redirect to :{names.tcp}\n'
+            f"    meta nfproto ipv4 udp dport 53 redirect to :{names.udp}\n"
+            f"    meta nfproto ipv4 tcp dport 53 redirect to :{names.tcp}\n"
             "  }\n"
         )
     return (
