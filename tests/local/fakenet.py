@@ -82,6 +82,7 @@ def answer(query: bytes) -> bytes:
 
 HEARD: list[str] = []  # what the listeners of port `LISTEN` heard, "payload@address"
 LISTEN = 9
+ECHO = 7  # an echo server on every address: a connection that stays open
 
 
 class _Http(BaseHTTPRequestHandler):
@@ -137,7 +138,19 @@ def serve() -> None:
                     data = conn.recv(512)
                     HEARD.append(f"{data.decode(errors='replace').strip()}@{conn.getsockname()[0]}")
 
-    for target in (listen_udp, listen_tcp):
+    echo = socket.create_server(("0.0.0.0", ECHO))
+
+    def echo_one(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            while data := conn.recv(512):
+                conn.sendall(data)
+
+    def serve_echo() -> None:
+        while True:
+            conn, _ = echo.accept()
+            threading.Thread(target=echo_one, args=(conn,), daemon=True).start()
+
+    for target in (listen_udp, listen_tcp, serve_echo):
         threading.Thread(target=target, daemon=True).start()
     socketserver.ThreadingTCPServer.allow_reuse_address = True
     tcp = socketserver.ThreadingTCPServer((DNS, 53), _DnsTcp)

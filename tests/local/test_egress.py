@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import requests
 
 from osb_sync import Client, NetworkPolicy, NetworkRule
 from tests.local.fakenet import (
+    ECHO,
     LISTEN,
     ZONE,
     FakeInternet,
@@ -29,7 +31,14 @@ from tests.local.fakenet import (
     wait_until,
 )
 from tests.local.serverproc import ServerProcess
-from tests.local.support import CREATE_BODY, Box, require_isolation, require_slirp, texts
+from tests.local.support import (
+    CREATE_BODY,
+    Box,
+    host_pids_with,
+    require_isolation,
+    require_slirp,
+    texts,
+)
 from tests.local.test_host_firewall import probe
 
 WILD_POLICY = {
@@ -299,6 +308,105 @@ def test_patch_and_delete_take_effect_for_new_connections_and_end_open_ones(
         }
     finally:
         remove(box)
+
+
+def test_an_open_connection_outlives_its_address_s_entry_a_new_one_does_not(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    """The sets' entries end with the answer's TTL (60 s at least): a download that lasts
+    longer goes on (its connection was allowed), while a new connection needs the name asked
+    again. The entries are taken out here as their timeout would (nft, in the sandbox's
+    namespace), not waited for."""
+    box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
+    marker = f"held-{os.getpid()}-{time.monotonic_ns()}"
+    hold = (
+        "import socket, sys, time\n"
+        f"s = socket.create_connection(('allowed.test', {ECHO}), timeout=5)\n"
+        "s.sendall(b'a'); assert s.recv(1) == b'a'\n"
+        "print('OPEN', flush=True)\n"
+        "time.sleep(4)\n"
+        "try:\n"
+        "    s.sendall(b'b'); print('ECHOED', s.recv(1))\n"
+        "except OSError as exc:\n"
+        "    print('ENDED', type(exc).__name__)\n"
+        "try:\n"
+        f"    socket.create_connection(('{ZONE['allowed.test']}', {ECHO}), timeout=3)\n"
+        "    print('NEW CONNECTED')\n"
+        "except OSError as exc:\n"
+        "    print('NEW REFUSED')\n"
+    )
+    out: list[str] = []
+    try:
+        command = f"python3 -I -c {shlex.quote(hold)} {marker}"
+        worker = threading.Thread(target=lambda: out.append("".join(texts(box.command(command)))))
+        worker.start()
+        assert wait_until(lambda: bool(host_pids_with(marker)), 10)
+        time.sleep(1)
+        pid = host_pids_with(marker)[0]
+        expire = "".join(
+            f"delete element {family} osb_sync allowed4 {{ {ZONE['allowed.test']} }}\n"
+            for family in ("netdev", "inet")
+        )
+        done = subprocess.run(
+            ["nsenter", "-t", str(pid), "-n", "nft", "-f", "-"],
+            input=expire, capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        worker.join(30)
+    finally:
+        remove(box)
+    assert "OPEN" in out[0] and "ECHOED b'b'" in out[0], out
+    assert "NEW REFUSED" in out[0], out
+
+
+HOLD = (
+    "import socket, sys, time\n"
+    "s = socket.create_connection((sys.argv[1], 7), timeout=5)\n"
+    "s.sendall(b'a'); assert s.recv(1) == b'a'\n"
+    "print('OPEN', flush=True)\n"
+    "time.sleep(4)\n"
+    "try:\n"
+    "    s.settimeout(3); s.sendall(b'b'); print('ECHOED', s.recv(1))\n"
+    "except OSError as exc:\n"
+    "    print('ENDED', type(exc).__name__)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "name"),
+    [
+        # opened under allow-all, to a name the new policy does not allow
+        (None, [{"egress": [{"action": "allow", "target": "allowed.test"}]}], "denied.test"),
+        # opened under rules that allowed it; allow-all; rules that do not: it ends
+        (
+            {"egress": [{"action": "allow", "target": "allowed.test"}]},
+            [{}, {"egress": [{"action": "allow", "target": "also.test"}]}],
+            "allowed.test",
+        ),
+    ],
+)
+def test_an_open_connection_a_new_policy_does_not_allow_ends(
+    net: SimpleNamespace,
+    http: requests.Session,
+    first: dict[str, Any] | None,
+    then: list[dict[str, Any]],
+    name: str,
+) -> None:
+    box = make(net, http, first)
+    url = f"{net.api_base}/sandboxes/{box.id}/networkpolicy"
+    out: list[str] = []
+    try:
+        command = f"python3 -I -c {shlex.quote(HOLD)} {name}"
+        worker = threading.Thread(target=lambda: out.append("".join(texts(box.command(command)))))
+        worker.start()
+        time.sleep(1.5)
+        for policy in then:
+            answer = http.put(url, json=policy)
+            assert answer.status_code == 200, answer.text
+        worker.join(30)
+    finally:
+        remove(box)
+    assert "OPEN" in out[0] and "ENDED" in out[0], out
 
 
 def test_from_allow_all_to_rules_and_back_at_run_time(

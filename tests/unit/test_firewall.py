@@ -141,32 +141,49 @@ def test_a_sandbox_with_internet_is_refused_where_the_firewall_s_tools_are_missi
 def test_a_policy_with_names_narrows_both_tables_to_the_handed_out_addresses() -> None:
     v4, v6 = firewall.blocked(["192.0.2.6"])
     plain = firewall.ruleset(v4, v6)
-    names = firewall.ruleset(v4, v6, names=firewall.Names(40001, 40002, restrict=True))
-    assert "allowed4" not in plain and "redirect" not in plain
+    names = firewall.ruleset(v4, v6, names=firewall.Names(40001, 40002, True, 0x1234))
+    assert "allowed4" not in plain and "redirect" not in plain and "mark" not in plain
     egress = names[names.index("chain egress") : names.index("table inet")]
-    assert "ip daddr != @host4 ip daddr @allowed4 accept" in egress  # the boundary
+    # the boundary: a socket's packet the output chain marked, or a handed-out address
+    ip = "@ll,96,16 0x0800 meta protocol ip ip daddr != @host4"
+    assert f"{ip} meta mark 0x1234 accept" in egress
+    assert f"{ip} ip daddr @allowed4 accept" in egress and egress.count(" accept") == 3
     assert names.count("set allowed4 { type ipv4_addr; flags timeout; size 4096; }") == 2
     output = names[names.index("chain output") : names.index("chain dns")]
-    # the redirected DNS passes first; then the host's sets; then all but the handed out
-    assert output.index("127.0.0.1 udp dport 40001 accept") < output.index("@host4")
-    assert output.index("@host4") < output.index("!= @allowed4 meta l4proto tcp reject")
+    order = [
+        "127.0.0.1 udp dport 40001 accept",  # the redirected DNS, first
+        "ip daddr @host4 reject",
+        "ip daddr @revoked4 meta l4proto tcp reject with tcp reset",  # a removed name's
+        "ct state established,related ct mark 0x1234 meta mark set 0x1234 accept",
+        "ip daddr @allowed4 ct mark set 0x1234 meta mark set 0x1234 accept",
+        'oifname "tap0" meta l4proto tcp reject with tcp reset',  # the rest
+        'oifname "tap0" reject with icmpx admin-prohibited',
+    ]
+    assert [output.index(rule) for rule in order] == sorted(output.index(r) for r in order)
     # every DNS packet, to any address (a resolver on its loopback too), to the resolver's
     assert "    meta nfproto ipv4 udp dport 53 redirect to :40001\n" in names
     assert "    meta nfproto ipv4 tcp dport 53 redirect to :40002\n" in names
     # an allow default: names refused at the resolver, every address reachable but the host's
-    loose = firewall.ruleset(v4, v6, names=firewall.Names(40001, 40002, restrict=False))
-    assert "@allowed4 accept" not in loose and "!= @allowed4" not in loose
+    loose = firewall.ruleset(v4, v6, names=firewall.Names(40001, 40002, False, 0x1234))
+    assert "mark" not in loose and "@allowed4 accept" not in loose and "@revoked4 r" not in loose
     assert "redirect to :40001" in loose
+    assert firewall.new_mark() != firewall.new_mark() and firewall.new_mark() & 1
     added = firewall.allow_elements({"198.18.1.1": 90})
-    # add (a no-op where present), delete, add again: the timeout renewed, in one transaction
-    assert added.splitlines()[:3] == [
+    # add (a no-op where present), delete, add again: the timeout renewed, in one
+    # transaction; out of the revoked set
+    assert added.splitlines() == [
         "add element netdev osb_sync allowed4 { 198.18.1.1 }",
         "delete element netdev osb_sync allowed4 { 198.18.1.1 }",
         "add element netdev osb_sync allowed4 { 198.18.1.1 timeout 90s }",
+        "add element inet osb_sync allowed4 { 198.18.1.1 }",
+        "delete element inet osb_sync allowed4 { 198.18.1.1 }",
+        "add element inet osb_sync allowed4 { 198.18.1.1 timeout 90s }",
+        "add element inet osb_sync revoked4 { 198.18.1.1 }",
+        "delete element inet osb_sync revoked4 { 198.18.1.1 }",
     ]
-    assert added.count("inet osb_sync allowed4") == 3
     removed = firewall.disallow_elements(["198.18.1.1"])
     assert removed.count("delete element") == 2 and "timeout" not in removed
+    assert removed.endswith("add element inet osb_sync revoked4 { 198.18.1.1 }\n")
 
 
 @pytest.mark.parametrize(("mode", "refused"), [(0o666, False), (0o600, True), (0o660, True)])

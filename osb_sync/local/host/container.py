@@ -453,14 +453,17 @@ class SandboxContainer:
             if self._names.restrict == (not rules.default_allow):
                 resolver.set_rules(rules)
                 return
-            names = firewall.Names(self._names.udp, self._names.tcp, not rules.default_allow)
+            names = firewall.Names(
+                self._names.udp, self._names.tcp, not rules.default_allow, firewall.new_mark()
+            )
             resolver.set_rules(rules)
             self._wall.reload(names)
             self._names = names
             resolver.refill()
             return
         udp, tcp = self._wall.sockets()
-        names = firewall.Names(udp.getsockname()[1], tcp.getsockname()[1], not rules.default_allow)
+        port = udp.getsockname()[1], tcp.getsockname()[1]
+        names = firewall.Names(port[0], port[1], not rules.default_allow, firewall.new_mark())
         try:
             self._start_resolver(rules, udp, tcp)
             self._wall.reload(names)
@@ -508,7 +511,7 @@ class SandboxContainer:
         if rules is not None:
             udp, tcp = self._wall.sockets()
             port = udp.getsockname()[1], tcp.getsockname()[1]
-            names = firewall.Names(port[0], port[1], not rules.default_allow)
+            names = firewall.Names(port[0], port[1], not rules.default_allow, firewall.new_mark())
             self._start_resolver(rules, udp, tcp)
         try:
             self._wall.up(names)

@@ -30,8 +30,10 @@ names remembered for each, `UPSTREAM_TIMEOUT` per upstream resolver, `STOP_WAIT`
 delete to wait on the last question.
 
 A changed policy (`Resolver.set_rules`) takes the addresses of names it no longer allows out
-of the sets at once (`firewall.Wall.disallow`): the tables reject new connections to them and
-every further packet of an open one (TCP gets a reset).
+of the sets at once and revokes them (`firewall.Wall.disallow`): the tables reject new
+connections to them and every further packet of an open one (TCP gets a reset). An entry
+that merely times out ends no open connection (a download longer than a TTL goes on); a new
+one needs the name asked again.
 """
 
 from __future__ import annotations

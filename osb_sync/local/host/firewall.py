@@ -46,11 +46,16 @@ is missing, a create that would reach the internet is refused (`INSTALL`): fail 
 
 A policy with rules (egress by name, `egress.py`, `Names`) adds to both tables a set
 `allowed4` (`flags timeout`, `MAX_ALLOWED` elements) of the addresses the sandbox's resolver
-handed out, and to the inet table a nat chain `dns` that redirects every IPv4 DNS packet
-(port 53, UDP and TCP, to any address) to the resolver's sockets on the namespace's loopback.
-With a deny default, the netdev chain's IPv4 accept narrows to `ip daddr != @host4 ip daddr
-@allowed4`, and the output chain refuses every other packet by the tap device, an open
-connection's too (TCP with a reset), so a name removed ends its connections; the redirected
+handed out, to the inet table a set `revoked4` of the addresses of names a change removed,
+and a nat chain `dns` that redirects every IPv4 DNS packet (port 53, UDP and TCP, to any
+address) to the resolver's sockets on the namespace's loopback. With a deny default the
+output chain, after the host's sets, refuses every packet to `revoked4` (an open
+connection's too: TCP with a reset, so a removed name's connections end), accepts a
+connection this load allowed (its conntrack mark, `Names.mark`, new at each load) and a
+packet to `allowed4` (marking it and its connection), and refuses the rest at once. The
+netdev chain's IPv4 accept narrows to packets that mark (the sandbox cannot set one: SO_MARK
+needs CAP_NET_ADMIN) and to `allowed4` (frames its root writes itself, which no inet hook
+sees). An entry's timeout (the answer's TTL) so ends new connections only. The redirected
 DNS passes first (every chain of the output hook sees the first route's device, tap0).
 """
 
@@ -61,6 +66,7 @@ import ctypes
 import ipaddress
 import logging
 import os
+import secrets
 import selectors
 import shutil
 import socket
@@ -110,6 +116,7 @@ TUN = "/dev/net/tun"  # what `ip tuntap` and slirp4netns open, in the sandbox's 
 SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")  # an ordinary user's PATH has no sbin
 COMMAND_TIMEOUT = 20.0
 MAX_ALLOWED = 4096  # `egress.MAX_ADDRESSES`: the size of the allowed addresses' sets
+MAX_REVOKED = 65536  # addresses of names a policy change removed, until handed out again
 # netlink (linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h)
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
@@ -246,13 +253,20 @@ def _elements(networks: Sequence[str]) -> str:
 @dataclass(frozen=True)
 class Names:
     """A policy with rules (`egress.py`): the ports of its resolver on the namespace's
-    loopback, where the nat chain sends DNS, and whether packets may leave only toward the
+    loopback, where the nat chain sends DNS; whether packets may leave only toward the
     addresses it handed out (`restrict`: a deny default; an allow default refuses names
-    only)."""
+    only); and the mark of this load's allowed connections (`new_mark`: a load's own, so a
+    connection allowed under an earlier load is judged again)."""
 
     udp: int
     tcp: int
     restrict: bool
+    mark: int = 1
+
+
+def new_mark() -> int:
+    """A packet and connection mark for a load of the tables (random, never 0)."""
+    return secrets.randbits(31) | 1
 
 
 def ruleset(
@@ -261,29 +275,40 @@ def ruleset(
     """The nft transaction that makes both tables with these sets (see the module docstring);
     with `replace` (a load after `Wall.down`, or another policy), it deletes them first:
     deleting costs about 10 ms, which a namespace's first load, with no tables yet, is spared.
-    With `names`, the sets `allowed4` and the resolver's nat chain too (`egress.py`)."""
+    With `names`, the sets `allowed4` and `revoked4`, the resolver's nat chain and, with a
+    deny default, the narrowed accepts too (`egress.py`)."""
     host4 = f"  set host4 {{ type ipv4_addr; flags interval; elements = {{ {_elements(v4)} }}; }}\n"
     host6 = f"  set host6 {{ type ipv6_addr; flags interval; elements = {{ {_elements(v6)} }}; }}\n"
-    allowed = (
-        f"  set allowed4 {{ type ipv4_addr; flags timeout; size {MAX_ALLOWED}; }}\n"
-        if names is not None
-        else ""
-    )
-    only = "ip daddr @allowed4 " if names is not None and names.restrict else ""
     delete = "".join(f"table {f} {TABLE} {{}}\ndelete table {f} {TABLE}\n" for f in FAMILIES)
-    refuse = only_refuse = dns = ""
+    tap = f'oifname "{DEVICE}"'
+    ip = f"{ETHERTYPE} {ETH_P_IP:#06x} meta protocol ip ip daddr != @host4"
+    boundary = f"    {ip} accept\n"
+    allowed = revoked = first = narrowed = dns = ""
     if names is not None:
+        allowed = f"  set allowed4 {{ type ipv4_addr; flags timeout; size {MAX_ALLOWED}; }}\n"
+        revoked = f"  set revoked4 {{ type ipv4_addr; size {MAX_REVOKED}; }}\n"
         # A redirected DNS packet keeps the output hook's first device (tap0) in every chain
         # of the hook: let it by (at 127.0.0.1 now, which the netdev chain never sees).
-        refuse = (
-            f'    oifname "{DEVICE}" ip daddr 127.0.0.1 udp dport {names.udp} accept\n'
-            f'    oifname "{DEVICE}" ip daddr 127.0.0.1 tcp dport {names.tcp} accept\n'
+        first = (
+            f"    {tap} ip daddr 127.0.0.1 udp dport {names.udp} accept\n"
+            f"    {tap} ip daddr 127.0.0.1 tcp dport {names.tcp} accept\n"
         )
-        if names.restrict:  # every packet, an open connection's too: a removed name's end
-            only_refuse = (
-                f'    oifname "{DEVICE}" ip daddr != @allowed4 meta l4proto tcp'
-                " reject with tcp reset\n"
-                f'    oifname "{DEVICE}" ip daddr != @allowed4 reject with icmpx admin-prohibited\n'
+        if names.restrict:
+            mark = f"{names.mark:#x}"
+            # A socket's packet leaves where the output chain allowed it (its mark, which the
+            # sandbox cannot set: SO_MARK needs CAP_NET_ADMIN); a frame the sandbox's root
+            # writes itself, which no inet hook sees, only toward a handed-out address.
+            boundary = f"    {ip} meta mark {mark} accept\n    {ip} ip daddr @allowed4 accept\n"
+            narrowed = (
+                # a removed name's address: every packet, an open connection's too (it ends)
+                f"    {tap} ip daddr @revoked4 meta l4proto tcp reject with tcp reset\n"
+                f"    {tap} ip daddr @revoked4 reject with icmpx admin-prohibited\n"
+                # a connection allowed under this load outlives its address's entry (a TTL)
+                f"    {tap} ct state established,related ct mark {mark} meta mark set {mark}"
+                " accept\n"
+                f"    {tap} ip daddr @allowed4 ct mark set {mark} meta mark set {mark} accept\n"
+                f"    {tap} meta l4proto tcp reject with tcp reset\n"
+                f"    {tap} reject with icmpx admin-prohibited\n"
             )
         dns = (
             "  chain dns {\n"
@@ -297,39 +322,47 @@ def ruleset(
         f"  chain egress {{\n"
         f'    type filter hook egress device "{DEVICE}" priority 0; policy drop;\n'
         f"    {ETHERTYPE} {ETH_P_ARP:#06x} meta protocol arp accept\n"
-        f"    {ETHERTYPE} {ETH_P_IP:#06x} meta protocol ip ip daddr != @host4 {only}accept\n"
+        f"{boundary}"
         f"  }}\n}}\n"
-        f"table inet {TABLE} {{\n{host4}{host6}{allowed}"
+        f"table inet {TABLE} {{\n{host4}{host6}{allowed}{revoked}"
         f"  chain output {{\n"
         f"    type filter hook output priority 0; policy accept;\n"
-        f"{refuse}"
-        f'    oifname "{DEVICE}" ip daddr @host4 reject with icmpx admin-prohibited\n'
-        f'    oifname "{DEVICE}" ip6 daddr @host6 reject with icmpx admin-prohibited\n'
-        f"{only_refuse}"
+        f"{first}"
+        f"    {tap} ip daddr @host4 reject with icmpx admin-prohibited\n"
+        f"    {tap} ip6 daddr @host6 reject with icmpx admin-prohibited\n"
+        f"{narrowed}"
         f"  }}\n{dns}}}\n"
     )
 
 
+def _ensure_then(command: str, element: str) -> list[str]:
+    """`command` (delete or add) of `element`, whether or not it is there: an `add` first (a
+    no-op where it is), so the transaction never fails on it."""
+    return [f"add element {element} }}", f"{command} element {element} }}"]
+
+
 def allow_elements(addresses: dict[str, int]) -> str:
     """The nft transaction that puts `addresses` in both tables' `allowed4` sets with these
-    timeouts (seconds), renewing the timeout of those already there (`add` alone would not)."""
+    timeouts (seconds), renewing the timeout of those already there (`add` alone would not),
+    and takes them out of `revoked4`."""
     lines = []
-    for family in FAMILIES:
-        for address, seconds in sorted(addresses.items()):
+    for address, seconds in sorted(addresses.items()):
+        for family in FAMILIES:
             element = f"{family} {TABLE} allowed4 {{ {address}"
-            lines += [f"add element {element} }}", f"delete element {element} }}"]
+            lines += _ensure_then("delete", element)
             lines.append(f"add element {element} timeout {int(seconds)}s }}")
+        lines += _ensure_then("delete", f"inet {TABLE} revoked4 {{ {address}")
     return "\n".join(lines) + "\n"
 
 
 def disallow_elements(addresses: Sequence[str]) -> str:
     """The nft transaction that takes `addresses` out of both `allowed4` sets (those that
-    expired already too)."""
+    expired already too) and puts them in `revoked4` (their open connections end)."""
     lines = []
-    for family in FAMILIES:
-        for address in sorted(addresses):
-            element = f"{family} {TABLE} allowed4 {{ {address}"
-            lines += [f"add element {element} }}", f"delete element {element} }}"]
+    for address in sorted(addresses):
+        for family in FAMILIES:
+            lines += _ensure_then("delete", f"{family} {TABLE} allowed4 {{ {address}")
+        lines.append(f"add element inet {TABLE} revoked4 {{ {address} }}")
     return "\n".join(lines) + "\n"
 
 
