@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import subprocess
 import threading
 import time
@@ -20,6 +21,7 @@ import pytest
 import requests
 
 from osb_sync import Client, NetworkPolicy, NetworkRule
+from osb_sync.local.host import firewall
 from tests.local.fakenet import (
     ECHO,
     LISTEN,
@@ -28,6 +30,7 @@ from tests.local.fakenet import (
     Relay,
     fetch_code,
     parse_result,
+    setns,
     wait_until,
 )
 from tests.local.serverproc import ServerProcess
@@ -538,3 +541,48 @@ def test_official_flow_create_get_patch_fetch_delete(net: SimpleNamespace, route
             sandbox.network_policy.delete_rules(["also.test", "allowed.test"])
             assert sandbox.network_policy.get() == NetworkPolicy("deny")
             assert reach("also.test", "allowed.test") == {"also.test": "dns", "allowed.test": "dns"}
+
+
+def test_a_sandbox_s_tracked_connections_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy with rules turns conntrack on in the sandbox's namespace (its nat chain):
+    each connection it opens, by the tap device or its loopback (a DNS query from a new port
+    is one), holds kernel memory that the host's limit (nf_conntrack_max, 262144 here, per
+    namespace) would let grow to some 80 MB. The tables cap them (`CT_LIMIT`; 20 here): the
+    tables loaded by themselves in a namespace of the test's, tracked UDP flows on loopback."""
+    if os.geteuid() != 0:
+        pytest.skip("makes a network namespace: needs root")
+    monkeypatch.setattr(firewall, "CT_LIMIT", 20, raising=False)
+    name = f"osbt-ct-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        inside = ("ip", "netns", "exec", name)
+        subprocess.run([*inside, "ip", "link", "set", "lo", "up"], check=True)
+        subprocess.run([*inside, "ip", "tuntap", "add", "dev", "tap0", "mode", "tap"], check=True)
+        script = firewall.ruleset(*firewall.blocked([]), names=firewall.Names(5301, 5302, True, 7))
+        subprocess.run([*inside, "nft", "-f", "-"], input=script, text=True, check=True)
+        outcome: list[int] = []
+
+        def flows() -> None:
+            fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+            try:
+                setns(fd)
+            finally:
+                os.close(fd)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink:
+                sink.bind(("127.0.0.1", 9999))
+                sent = 0
+                for _ in range(60):  # each from a port of its own: a connection each
+                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as flow:
+                        try:
+                            flow.sendto(b"x", ("127.0.0.1", 9999))
+                            sent += 1
+                        except OSError:
+                            pass
+                outcome.append(sent)
+
+        thread = threading.Thread(target=flows)
+        thread.start()
+        thread.join(30)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+    assert outcome and 20 <= outcome[0] <= 21, outcome

@@ -151,7 +151,8 @@ def test_a_policy_with_names_narrows_both_tables_to_the_handed_out_addresses() -
     assert names.count("set allowed4 { type ipv4_addr; flags timeout; size 4096; }") == 2
     output = names[names.index("chain output") : names.index("chain dns")]
     order = [
-        "127.0.0.1 udp dport 40001 accept",  # the redirected DNS, first
+        f"ct state new ct count over {firewall.CT_LIMIT} reject",  # conntrack's memory, first
+        "127.0.0.1 udp dport 40001 accept",  # the redirected DNS
         "ip daddr @host4 reject",
         "ip daddr @revoked4 meta l4proto tcp reject with tcp reset",  # a removed name's
         "ct state established,related ct mark 0x1234 meta mark set 0x1234 accept",

@@ -48,8 +48,10 @@ A policy with rules (egress by name, `egress.py`, `Names`) adds to both tables a
 `allowed4` (`flags timeout`, `MAX_ALLOWED` elements) of the addresses the sandbox's resolver
 handed out, to the inet table a set `revoked4` of the addresses of names a change removed,
 and a nat chain `dns` that redirects every IPv4 DNS packet (port 53, UDP and TCP, to any
-address) to the resolver's sockets on the namespace's loopback. With a deny default the
-output chain, after the host's sets, refuses every packet to `revoked4` (an open
+address) to the resolver's sockets on the namespace's loopback. That chain turns conntrack on
+in the namespace: the output chain first refuses a new connection past `CT_LIMIT` tracked
+ones (by any device), which the kernel's limit alone would let cost some 80 MB. With a deny
+default the output chain, after the host's sets, refuses every packet to `revoked4` (an open
 connection's too: TCP with a reset, so a removed name's connections end), accepts a
 connection this load allowed (its conntrack mark, `Names.mark`, new at each load) and a
 packet to `allowed4` (marking it and its connection), and refuses the rest at once. The
@@ -117,6 +119,9 @@ SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")  # an ordinary user's PATH has
 COMMAND_TIMEOUT = 20.0
 MAX_ALLOWED = 4096  # `egress.MAX_ADDRESSES`: the size of the allowed addresses' sets
 MAX_REVOKED = 65536  # addresses of names a policy change removed, until handed out again
+# Connections a sandbox with rules may hold tracked at once (its nat chain turns conntrack on in
+# its namespace; the kernel's own limit, per namespace, is often 262144: some 80 MB)
+CT_LIMIT = 16384
 # netlink (linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h)
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
@@ -290,6 +295,7 @@ def ruleset(
         # A redirected DNS packet keeps the output hook's first device (tap0) in every chain
         # of the hook: let it by (at 127.0.0.1 now, which the netdev chain never sees).
         first = (
+            f"    ct state new ct count over {CT_LIMIT} reject with icmpx admin-prohibited\n"
             f"    {tap} ip daddr 127.0.0.1 udp dport {names.udp} accept\n"
             f"    {tap} ip daddr 127.0.0.1 tcp dport {names.tcp} accept\n"
         )
