@@ -67,6 +67,7 @@ def net() -> Iterator[SimpleNamespace]:
         relay = Relay(internet.server, server.port)
         yield SimpleNamespace(
             internet=internet,
+            pid=server.pid,
             api_base=f"http://127.0.0.1:{relay.port}/v1",
             root_dir=str(server.root),
             isolated=True,
@@ -186,6 +187,21 @@ def test_no_way_out_reaches_an_address_no_allowed_name_resolved_to(
     )
     assert not [line for line in heard if line.endswith(f"@{denied}")], (heard, said)
     assert said[f"tcp {denied}"] != "connected", said
+
+
+def test_deleted_sandboxes_leave_no_resolver_thread_or_descriptor(
+    net: SimpleNamespace, http: requests.Session
+) -> None:
+    def counts() -> tuple[int, int]:
+        return len(os.listdir(f"/proc/{net.pid}/task")), len(os.listdir(f"/proc/{net.pid}/fd"))
+
+    remove(make(net, http, WILD_POLICY))  # the server's own first-time threads and caches
+    before = counts()
+    for _ in range(3):
+        box = make(net, http, WILD_POLICY)
+        assert fetch(box, "allowed.test") == {"allowed.test": "ok:allowed.test"}
+        remove(box)
+    assert wait_until(lambda: counts() <= before, 10), (counts(), before)
 
 
 def test_a_cname_chain_is_followed_for_the_allowed_name_only(
