@@ -455,9 +455,11 @@ def test_denied_names_show_in_the_sandbox_events(
 ) -> None:
     box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
     try:
-        fetch(box, "denied.test")
+        fetch(box, "denied.test", ZONE["denied.test"])
         events = f"{net.api_base}/sandboxes/{box.id}/diagnostics/events"
         assert wait_until(lambda: "egress denied: denied.test" in http.get(events).text, 10)
+        by_address = f"egress denied: {ZONE['denied.test']}:80/tcp (no allowed name resolved to it)"
+        assert wait_until(lambda: by_address in http.get(events).text, 10), http.get(events).text
     finally:
         remove(box)
 

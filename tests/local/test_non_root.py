@@ -33,7 +33,7 @@ from osb_sync import Client
 from osb_sync.local.host import identity
 from tests.local.fakenet import ZONE, FakeInternet, Relay, fetch_code, parse_result
 from tests.local.serverproc import CHECKOUT, ServerProcess, descendants
-from tests.local.support import CREATE_BODY, Box, require_slirp, texts
+from tests.local.support import CREATE_BODY, Box, require_slirp, texts, wait_for
 from tests.local.test_confinement import DOCKER_CAPS
 from tests.local.test_host_firewall import (  # noqa: F401 (fixtures)
     CAP_NET_ADMIN,
@@ -563,12 +563,16 @@ def test_a_user_s_sandbox_with_rules_reaches_the_allowed_names_only(
             box = Box(shim, http, {**CREATE_BODY, "networkPolicy": policy})  # type: ignore[arg-type]
             code = fetch_code(["allowed.test", "denied.test", ZONE["denied.test"]])
             events = box.command(f"python3 -I -c {shlex.quote(code)}")
+            journal = f"{shim.api_base}/sandboxes/{box.id}/diagnostics/events"
+            refused = f"egress denied: {ZONE['denied.test']}:80/tcp"
+            seen = wait_for(lambda: refused in http.get(journal).text, 10)
             http.delete(f"{shim.api_base}/sandboxes/{box.id}")
         assert parse_result("".join(texts(events))) == {
             "allowed.test": "ok:allowed.test",
             "denied.test": "dns",
             ZONE["denied.test"]: "net",
         }
+        assert seen  # its refused packets read too (the log socket made in its namespace)
     finally:
         if relay is not None:
             relay.close()

@@ -203,3 +203,27 @@ def test_a_range_s_root_needs_a_tun_everyone_may_open(
 def test_a_missing_tun_is_named() -> None:
     said = firewall.tun_refusal(True, "/nonexistent/tun")
     assert said is not None and "/nonexistent/tun" in said, said
+
+
+def nflog_packet(payload: bytes) -> bytes:
+    """One nfnetlink_log packet message carrying `payload` (and a prefix attribute)."""
+    prefix = struct.pack("=HH", 8, 10) + b"osb\0"
+    data = struct.pack("=HH", 4 + len(payload), firewall.NFULA_PAYLOAD) + payload
+    data += bytes(-len(data) % 4)
+    body = struct.pack("=BBH", socket.AF_INET, 0, 0) + prefix + data
+    kind = (firewall.NFNL_SUBSYS_ULOG << 8) | firewall.NFULNL_MSG_PACKET
+    return struct.pack("=IHHII", 16 + len(body), kind, 0, 0, 0) + body
+
+
+def test_refused_packets_are_read_from_the_log_by_destination_protocol_and_port() -> None:
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 40, 1, 0, 64, 6, 0,
+                     socket.inet_aton("10.0.2.100"), socket.inet_aton("198.18.1.2"))  # fmt: skip
+    tcp = struct.pack("!HH", 40000, 80) + bytes(16)
+    icmp = ip[:9] + b"\x01" + ip[10:]
+    two = nflog_packet(ip + tcp) + nflog_packet(icmp + bytes(8))
+    assert firewall.parse_log(two) == [("198.18.1.2", 6, 80), ("198.18.1.2", 1, 0)]
+    assert firewall.parse_log(nflog_packet(ip[:12])) == []  # cut short: nothing, no error
+    assert firewall.parse_log(two[:30]) == []
+    assert firewall.parse_log(b"") == []
+    v6 = b"\x60" + bytes(39)
+    assert firewall.parse_log(nflog_packet(v6)) == []

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -63,6 +64,8 @@ from .rootview import HostView, Places, RootView
 from .slirp import start_slirp
 from .spawn import SPAWNER, pidfd, read_until, signal_pids
 from .volumes import Bind
+
+logger = logging.getLogger("osb_sync.local")
 
 # Run by path, never imported here: execd/ is the sandbox side of the security line.
 MAIN_SCRIPT = str(Path(__file__).parents[1] / "execd" / "main.py")
@@ -461,21 +464,34 @@ class SandboxContainer:
             self._names = names
             resolver.refill()
             return
-        udp, tcp = self._wall.sockets()
+        udp, tcp, log = self._wall.sockets()
         port = udp.getsockname()[1], tcp.getsockname()[1]
         names = firewall.Names(port[0], port[1], not rules.default_allow, firewall.new_mark())
         try:
-            self._start_resolver(rules, udp, tcp)
+            self._start_resolver(rules, udp, tcp, log)
             self._wall.reload(names)
         except BaseException:
             self._stop_resolver()
             raise
         self._names = names
 
-    def _start_resolver(self, rules: egress.Rules, udp: socket.socket, tcp: socket.socket) -> None:
+    def _start_resolver(
+        self, rules: egress.Rules, udp: socket.socket, tcp: socket.socket, log: socket.socket
+    ) -> None:
         assert self._wall is not None
+        try:
+            firewall.listen_log(log, firewall.LOG_GROUP)
+        except OSError as exc:  # refused packets go unreported; names still are
+            logger.warning("local server: a sandbox's refused packets cannot be read: %s", exc)
+            log.close()
         self._resolver = egress.Resolver(
-            rules, udp, tcp, self._wall.allow, self._wall.disallow, self._event
+            rules,
+            udp,
+            tcp,
+            self._wall.allow,
+            self._wall.disallow,
+            self._event,
+            log=None if log.fileno() < 0 else log,
         )
         self._resolver.start()
 
@@ -509,10 +525,10 @@ class SandboxContainer:
             self._wall = firewall.Wall(self.support.firewall, self._netns, joins, self.ids.own)
         names = None
         if rules is not None:
-            udp, tcp = self._wall.sockets()
+            udp, tcp, log = self._wall.sockets()
             port = udp.getsockname()[1], tcp.getsockname()[1]
             names = firewall.Names(port[0], port[1], not rules.default_allow, firewall.new_mark())
-            self._start_resolver(rules, udp, tcp)
+            self._start_resolver(rules, udp, tcp, log)
         try:
             self._wall.up(names)
             try:

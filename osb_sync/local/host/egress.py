@@ -23,11 +23,12 @@ sandbox's sets (`firewall.Wall.allow`) for the records' TTL, at least `MIN_TTL` 
 `MAX_TTL` seconds, before the answer leaves. Every other type about an allowed name gets an
 empty answer (AAAA too: IPv6 has no way out); a denied name gets NXDOMAIN and never leaves the
 server (no query about it reaches any resolver), and a line in the sandbox's events
-(`REPORT_EVERY`). Bounds: `RATE` questions a second (`BURST` at once; the rest are dropped
-unanswered), one TCP connection at a time for at most `TCP_TIMEOUT` seconds, `MAX_ADDRESSES`
-addresses in the sets (an answer that would pass it is SERVFAIL) and `NAMES_PER_ADDRESS`
-names remembered for each, `UPSTREAM_TIMEOUT` per upstream resolver, `STOP_WAIT` for a
-delete to wait on the last question.
+(`REPORT_EVERY`), as does a packet the tables refused (the namespace's netfilter log, read
+from a socket made there too: `firewall.listen_log`). Bounds: `RATE` questions a second
+(`BURST` at once; the rest are dropped unanswered), one TCP connection at a time for at most
+`TCP_TIMEOUT` seconds, `MAX_ADDRESSES` addresses in the sets (an answer that would pass it
+is SERVFAIL) and `NAMES_PER_ADDRESS` names remembered for each, `UPSTREAM_TIMEOUT` per
+upstream resolver, `STOP_WAIT` for a delete to wait on the last question.
 
 A changed policy (`Resolver.set_rules`) takes the addresses of names it no longer allows out
 of the sets at once and revokes them (`firewall.Wall.disallow`): the tables reject new
@@ -52,6 +53,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .firewall import parse_log
 
 logger = logging.getLogger("osb_sync.local")
 
@@ -386,6 +389,8 @@ class Resolver:
         disallow: takes addresses out of them.
         report: writes a line to the sandbox's events.
         ask: asks the server's resolvers (`ask_upstream`, with `upstreams()`), for tests.
+        log: the namespace's log of refused packets (`firewall.listen_log`), whose
+            destinations it reports as it reports denied names; None: none.
     """
 
     def __init__(
@@ -397,9 +402,10 @@ class Resolver:
         disallow: Callable[[list[str]], None],
         report: Callable[[str], None],
         ask: Callable[[str], Answer] | None = None,
+        log: socket.socket | None = None,
     ) -> None:
         self._rules = rules
-        self._udp, self._tcp = udp, tcp
+        self._udp, self._tcp, self._log = udp, tcp, log
         self._allow, self._disallow, self._report = allow, disallow, report
         servers = upstreams()
         self._ask = ask or (lambda name: ask_upstream(servers, name))
@@ -432,6 +438,8 @@ class Resolver:
         os.close(self._stop_r)
         self._udp.close()
         self._tcp.close()
+        if self._log is not None:
+            self._log.close()
 
     def set_rules(self, rules: Rules) -> None:
         """Answer by `rules` from now on; take the addresses of names they deny out of the sets.
@@ -548,7 +556,9 @@ class Resolver:
 
         return max(0, int(min(ends) - now) - 1)
 
-    def _denied(self, name: str) -> None:
+    def _denied(self, name: str, why: str = "no rule allows it") -> None:
+        """One line in the sandbox's events about `name` (a name, or a refused packet's
+        destination), at most once in `REPORT_EVERY` each, `REPORTS_PER_MINUTE` in all."""
         now = time.monotonic()
         if now - self._reported.get(name, -REPORT_EVERY) < REPORT_EVERY:
             return
@@ -558,7 +568,21 @@ class Resolver:
         if len(self._reported) > 1000:
             self._reported = {n: t for n, t in self._reported.items() if now - t < REPORT_EVERY}
         self._reported[name] = now
-        self._report(f"egress denied: {name} (no rule allows it)")
+        self._report(f"egress denied: {name} ({why})")
+
+    def _one_log(self) -> None:
+        assert self._log is not None
+        try:
+            data = self._log.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # ENOBUFS: lines lost, which the rate limit drops anyway
+            logger.debug("local server: a sandbox's refused packets: %s", exc)
+            return
+        for address, protocol, port in parse_log(data):
+            kind = {6: "tcp", 17: "udp", 1: "icmp"}.get(protocol, f"protocol {protocol}")
+            where = f"{address}:{port}/{kind}" if port else f"{address} ({kind})"
+            self._denied(where, "no allowed name resolved to it")
 
     def _take(self) -> bool:
         now = time.monotonic()
@@ -580,6 +604,9 @@ class Resolver:
             waiter.register(self._udp, selectors.EVENT_READ)
             waiter.register(self._tcp, selectors.EVENT_READ)
             waiter.register(self._stop_r, selectors.EVENT_READ)
+            if self._log is not None:
+                waiter.register(self._log, selectors.EVENT_READ)
+                self._log.setblocking(False)
             self._udp.setblocking(False)
             self._tcp.setblocking(False)
             while True:
@@ -591,6 +618,8 @@ class Resolver:
                         self._one_udp()
                     if self._tcp in ready:
                         self._one_tcp()
+                    if self._log is not None and self._log in ready:
+                        self._one_log()
                 except Exception:  # one bad question never ends the resolver
                     logger.exception("local server: a sandbox's resolver")
 

@@ -54,7 +54,8 @@ ones (by any device), which the kernel's limit alone would let cost some 80 MB. 
 default the output chain, after the host's sets, refuses every packet to `revoked4` (an open
 connection's too: TCP with a reset, so a removed name's connections end), accepts a
 connection this load allowed (its conntrack mark, `Names.mark`, new at each load) and a
-packet to `allowed4` (marking it and its connection), and refuses the rest at once. The
+packet to `allowed4` (marking it and its connection), and refuses the rest at once, logging
+it (`LOG_GROUP`, `LOG_RATE`: the resolver reads the log into the sandbox's events). The
 netdev chain's IPv4 accept narrows to packets that mark (the sandbox cannot set one: SO_MARK
 needs CAP_NET_ADMIN) and to `allowed4` (frames its root writes itself, which no inet hook
 sees). An entry's timeout (the answer's TTL) so ends new connections only. The redirected
@@ -122,6 +123,8 @@ MAX_REVOKED = 65536  # addresses of names a policy change removed, until handed 
 # Connections a sandbox with rules may hold tracked at once (its nat chain turns conntrack on in
 # its namespace; the kernel's own limit, per namespace, is often 262144: some 80 MB)
 CT_LIMIT = 16384
+LOG_GROUP = 4444  # the nflog group of refused packets, in the sandbox's own namespace
+LOG_RATE = "20/second burst 20 packets"
 # netlink (linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h)
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
@@ -313,6 +316,7 @@ def ruleset(
                 f"    {tap} ct state established,related ct mark {mark} meta mark set {mark}"
                 " accept\n"
                 f"    {tap} ip daddr @allowed4 ct mark set {mark} meta mark set {mark} accept\n"
+                f"    {tap} limit rate {LOG_RATE} log group {LOG_GROUP}\n"  # its events
                 f"    {tap} meta l4proto tcp reject with tcp reset\n"
                 f"    {tap} reject with icmpx admin-prohibited\n"
             )
@@ -476,9 +480,10 @@ class Wall:
         """
         self._run([self._tools.nft, "-f", "-"], disallow_elements(addresses))
 
-    def sockets(self) -> tuple[socket.socket, socket.socket]:
+    def sockets(self) -> tuple[socket.socket, socket.socket, socket.socket]:
         """A UDP socket and a listening TCP socket on the namespace's loopback (127.0.0.1),
-        at ports the kernel chose: the resolver's (`egress.py`). A root server makes them
+        at ports the kernel chose, and a netfilter netlink socket (for the log group
+        `LOG_GROUP`, `listen_log`): the resolver's (`egress.py`). A root server makes them
         from a thread that joins the namespace; another server through `nsenter` (a thread
         cannot join a user namespace), which hands them over on a socket pair.
 
@@ -493,14 +498,14 @@ class Wall:
             self._run([sys.executable, "-I", "-S", "-c", code], fds=(theirs.fileno(),))
             ours.settimeout(COMMAND_TIMEOUT)
             try:
-                _, fds, _, _ = socket.recv_fds(ours, 1, 2)
+                _, fds, _, _ = socket.recv_fds(ours, 1, 3)
             except OSError as exc:
                 raise RuntimeError(f"the sandbox's resolver could not be set up ({exc})") from None
-        if len(fds) != 2:
+        if len(fds) != 3:
             for fd in fds:
                 os.close(fd)
             raise RuntimeError("the sandbox's resolver could not be set up (no sockets)")
-        return socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1])
+        return tuple(socket.socket(fileno=fd) for fd in fds)  # type: ignore[return-value]
 
     def down(self) -> None:
         """Remove the tap device (slirp4netns has left it); the tables stay until the next
@@ -565,12 +570,14 @@ class Wall:
 HANDOVER = (
     "import socket; u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
     " u.bind(('127.0.0.1', 0)); t = socket.socket(); t.bind(('127.0.0.1', 0)); t.listen(16);"
-    " socket.send_fds(socket.socket(fileno={fd}), [b'1'], [u.fileno(), t.fileno()])"
+    " n = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12); n.bind((0, 0));"
+    " socket.send_fds(socket.socket(fileno={fd}), [b'1'], [u.fileno(), t.fileno(), n.fileno()])"
 )
+NETLINK_NETFILTER = 12
 CLONE_NEWNET = 0x40000000
 
 
-def _sockets_in(netns: int) -> tuple[socket.socket, socket.socket]:
+def _sockets_in(netns: int) -> tuple[socket.socket, socket.socket, socket.socket]:
     """`Wall.sockets` of a root server: made by a thread that joined the namespace `netns`
     (only that thread's namespace changes; it ends after)."""
     made: list[socket.socket] = []
@@ -589,6 +596,9 @@ def _sockets_in(netns: int) -> tuple[socket.socket, socket.socket]:
             made.append(tcp)
             tcp.bind(("127.0.0.1", 0))
             tcp.listen(16)
+            log = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+            made.append(log)
+            log.bind((0, 0))
         except BaseException as exc:  # noqa: BLE001 (handed to the caller)
             failed.append(exc)
 
@@ -599,7 +609,82 @@ def _sockets_in(netns: int) -> tuple[socket.socket, socket.socket]:
         for sock in made:
             sock.close()
         raise RuntimeError(f"the sandbox's resolver could not be set up ({failed[0]})")
-    return made[0], made[1]
+    return made[0], made[1], made[2]
+
+
+# nfnetlink_log (linux/netfilter/nfnetlink_log.h): what the output chain logs, read back
+NFNL_SUBSYS_ULOG = 4
+NFULNL_MSG_PACKET, NFULNL_MSG_CONFIG = 0, 1
+NFULA_CFG_CMD, NFULA_CFG_MODE, NFULA_PAYLOAD = 1, 2, 9
+NFULNL_CFG_CMD_BIND, NFULNL_COPY_PACKET = 1, 2
+NLM_F_ACK = 0x4
+LOG_COPY = 64  # bytes of each logged packet: its IPv4 header and its ports
+
+
+def _attribute(kind: int, data: bytes) -> bytes:
+    length = RTATTR.size + len(data)
+    return RTATTR.pack(length, kind) + data + bytes(-length % 4)
+
+
+def listen_log(sock: socket.socket, group: int) -> None:
+    """Bind `sock` (`Wall.sockets`' netlink socket) to the namespace's log group `group`,
+    copying `LOG_COPY` bytes of each packet.
+
+    Raises:
+        OSError: the kernel refused (its error).
+    """
+    sock.settimeout(COMMAND_TIMEOUT)
+    for sequence, attribute in enumerate(
+        (
+            _attribute(NFULA_CFG_CMD, struct.pack("=B", NFULNL_CFG_CMD_BIND)),
+            _attribute(NFULA_CFG_MODE, struct.pack("!IBB", LOG_COPY, NFULNL_COPY_PACKET, 0)),
+        ),
+        1,
+    ):
+        body = struct.pack("=BBH", socket.AF_UNSPEC, 0, socket.htons(group)) + attribute
+        kind = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG
+        sock.send(
+            HEADER.pack(HEADER.size + len(body), kind, NLM_F_REQUEST | NLM_F_ACK, sequence, 0)
+            + body
+        )
+        answer = sock.recv(4096)
+        if len(answer) >= HEADER.size + 4 and HEADER.unpack_from(answer)[1] == NLMSG_ERROR:
+            (code,) = struct.unpack_from("=i", answer, HEADER.size)
+            if code:
+                raise OSError(-code, f"netlink: {os.strerror(-code)}")
+    sock.settimeout(None)
+
+
+def parse_log(data: bytes) -> list[tuple[str, int, int]]:
+    """The packets in nfnetlink_log messages `data`: (destination, IP protocol, destination
+    port or 0), IPv4 only."""
+    found = []
+    offset = 0
+    while offset + HEADER.size <= len(data):
+        length, kind, _, _, _ = HEADER.unpack_from(data, offset)
+        if length < HEADER.size:
+            break
+        end = min(offset + length, len(data))
+        if kind == (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET:
+            at = offset + HEADER.size + 4  # past nfgenmsg
+            while at + RTATTR.size <= end:
+                attr_length, attr_type = RTATTR.unpack_from(data, at)
+                if attr_length < RTATTR.size:
+                    break
+                packet = data[at + RTATTR.size : min(at + attr_length, end)]
+                if (
+                    attr_type & 0x7FFF == NFULA_PAYLOAD
+                    and len(packet) >= 20
+                    and packet[0] >> 4 == 4
+                ):
+                    head = (packet[0] & 0xF) * 4
+                    port = 0
+                    if packet[9] in (6, 17) and len(packet) >= head + 4:
+                        port = struct.unpack_from("!H", packet, head + 2)[0]
+                    found.append((socket.inet_ntoa(packet[16:20]), packet[9], port))
+                at += (attr_length + 3) & ~3
+        offset += (length + 3) & ~3
+    return found
 
 
 class AddressWatch:
