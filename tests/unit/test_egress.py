@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from osb_sync.local.host import egress
 from osb_sync.local.host.egress import Resolver, Rules, TargetError
@@ -365,3 +367,23 @@ def test_names_kept_per_address_are_capped(pair: tuple[socket.socket, socket.soc
         assert reply is not None and records_of(reply) == (0, ["198.18.1.3"])
     assert len(server.handed()["198.18.1.3"]) == egress.NAMES_PER_ADDRESS
     assert len(recorder.allowed) == 1  # the set's entry was fresh all along
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None)
+@given(st.binary(max_size=600), st.integers(0, 600), st.binary(min_size=1, max_size=8))
+def test_no_query_bytes_raise_or_reach_upstream_unless_allowed(
+    junk: bytes, at: int, patch: bytes
+) -> None:
+    """Whatever bytes a sandbox sends its resolver (junk, or a valid query with bytes
+    changed): an answer or none, never an exception; only an allowed name is asked about."""
+    recorder = Recorder([a_record("allowed.test", "198.18.1.1")])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, socket.socket() as tcp:
+        server = resolver(rules(("allow", "allowed.test")), recorder, (udp, tcp))
+        base = query("allowed.test")
+        mutated = base[:at] + patch + base[at + len(patch) :]
+        for data in (junk, mutated):
+            reply = server.answer(data)
+            assert reply is None or reply[:2] == data[:2]  # its id, when it answers
+    assert set(recorder.asked) <= {"allowed.test"}
+    for names in server.handed().values():
+        assert names <= {"allowed.test"}
