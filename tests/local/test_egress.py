@@ -486,14 +486,22 @@ q = struct.pack("!HHHHHH", 1, 0x0100, 1, 0, 0, 0) + b"\x06denied\x04test\x00\x00
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setblocking(False)
 sent = 0
-end = time.monotonic() + 2
+end = time.monotonic() + 3
 while time.monotonic() < end:
     try:
-        s.sendto(q, ("198.18.0.53", 53)); sent += 1
-    except BlockingIOError:
+        sent += 1
+        s.sendto(q, ("198.18.0.53", 53))
+    except OSError:  # a full buffer, or dropped past the rate (EPERM)
         pass
 print("SENT", sent)
 """
+
+
+def server_cpu(pid: int) -> float:
+    """The CPU seconds (user and system) of the process `pid` so far, all its threads."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_a_query_flood_is_bounded_and_the_resolver_answers_after(
@@ -501,8 +509,13 @@ def test_a_query_flood_is_bounded_and_the_resolver_answers_after(
 ) -> None:
     box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
     try:
+        cpu = server_cpu(net.pid)
         said = run_python(box, FLOOD)
+        spent = server_cpu(net.pid) - cpu
         assert int(said.split("SENT")[1].split()[0]) > 1000, said
+        # the flood costs the sandbox's CPU, not the server's (the review's F3: 0.59 of a
+        # core in the server, past the sandbox's own limit)
+        assert spent < 0.25, (spent, said)
         started = time.monotonic()
         assert fetch(box, "allowed.test") == {"allowed.test": "ok:allowed.test"}
         assert time.monotonic() - started < 15

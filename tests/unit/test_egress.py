@@ -8,6 +8,7 @@ import socket
 import struct
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -387,3 +388,203 @@ def test_no_query_bytes_raise_or_reach_upstream_unless_allowed(
     assert set(recorder.asked) <= {"allowed.test"}
     for names in server.handed().values():
         assert names <= {"allowed.test"}
+
+
+# --- the review's findings (attack-44-s3.md), each failing before its fix ---
+
+
+def test_a_removed_name_is_revoked_after_its_ttl_passed_too(
+    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F1: an open connection outlives its entry's TTL (its conntrack mark); a question about
+    another name after that must not make the resolver forget the address, or removing the
+    name would leave that connection open."""
+    clock = [1000.0]
+    monkeypatch.setattr(egress.time, "monotonic", lambda: clock[0])
+    recorder = Recorder([a_record("allowed.test", "198.18.1.1", ttl=60)])
+    server = resolver(rules(("allow", "allowed.test"), ("allow", "*.wild.test")), recorder, pair)
+    server.answer(query("allowed.test"))
+    clock[0] += 61
+    recorder.records = [a_record("x.wild.test", "198.18.1.3", ttl=60)]
+    server.answer(query("x.wild.test"))
+    server.set_rules(rules(("allow", "*.wild.test")))
+    assert recorder.disallowed == [["198.18.1.1"]]
+
+
+def test_no_set_changes_once_stop_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """F2: a question still upstream when the sandbox is deleted: its answer must not reach
+    the sets after stop() returned (the namespace's descriptor is closed then, and its
+    number may be another sandbox's)."""
+    monkeypatch.setattr(egress, "STOP_WAIT", 0.2)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    tcp = socket.create_server(("127.0.0.1", 0))
+    release, asked = threading.Event(), threading.Event()
+
+    def slow_ask(name: str) -> egress.Answer:
+        asked.set()
+        release.wait(10)
+        return 0, [a_record(name, "198.18.1.1")]
+
+    recorder = Recorder([])
+    server = Resolver(rules(("allow", "allowed.test")), udp, tcp, recorder.allowed.append,
+                      recorder.disallowed.append, recorder.events.append, ask=slow_ask)  # fmt: skip
+    server.start()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as asker:
+        asker.sendto(query("allowed.test"), udp.getsockname())
+        assert asked.wait(5)
+        server.stop()
+        release.set()
+        assert wait_until(lambda: udp.fileno() == -1, 5)
+    assert recorder.allowed == []
+    server.set_rules(rules())  # nor a change after it
+    assert recorder.disallowed == []
+
+
+def test_a_full_table_costs_little_per_question_and_memory(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """F4: a wildcard over a domain that answers an address per name fills the table; each
+    question then must not sweep it all in the server's process, nor the table hold tens of
+    MiB."""
+    recorder = Recorder([])
+    server = resolver(rules(("allow", "*.wild.test")), recorder, pair)
+    long = ".".join(["a" * 60] * 3)
+    tracemalloc.start()
+    for index in range(egress.MAX_ADDRESSES):
+        address = f"10.{index // 256}.{index % 256}.1"
+        for n in range(egress.NAMES_PER_ADDRESS + 2):
+            name = f"{n}x{index}.{long}.wild.test"
+            recorder.records = [a_record(name, address)]
+            server.answer(query(name))
+    size = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    recorder.records = [a_record("q.wild.test", "10.0.0.1")]
+    started = time.perf_counter()
+    for _ in range(20):
+        server.answer(query("q.wild.test"))
+    per_question = (time.perf_counter() - started) / 20
+    assert size < 4 << 20 and per_question < 0.005, (size, per_question)
+
+
+def test_a_cname_into_an_explicitly_denied_name_is_refused(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """F6: rules deny secret.corp.test, allow *.corp.test; alias.corp.test is a CNAME of
+    secret.corp.test: the denied name's address is not handed out through the alias."""
+    recorder = Recorder([cname("alias.corp.test", "secret.corp.test"),
+                         a_record("secret.corp.test", "198.18.9.9")])  # fmt: skip
+    policy = rules(("deny", "secret.corp.test"), ("allow", "*.corp.test"))
+    reply = resolver(policy, recorder, pair).answer(query("alias.corp.test"))
+    assert reply is not None and records_of(reply) == (egress.NXDOMAIN, [])
+    assert recorder.allowed == []
+    assert recorder.events == [
+        "egress denied: alias.corp.test (an alias of secret.corp.test, which a rule denies)"
+    ]
+
+
+@pytest.mark.parametrize("target", ["straße.de", "faß.de", "βόλος.gr", "a\u200db.test"])
+def test_a_target_idna_2003_would_turn_into_another_domain_is_refused(target: str) -> None:
+    """F8: Python's codec is IDNA 2003, which maps ß, ς, ZWJ and ZWNJ (straße.de becomes
+    strasse.de, another domain); registries use IDNA 2008: such a target is refused, with
+    its fix."""
+    with pytest.raises(TargetError, match="xn--"):
+        egress.check_target(target)
+    assert egress.normal_name("bücher.example") == "xn--bcher-kva.example"  # the rest stays
+
+
+def test_a_full_table_writes_the_server_log_once_a_minute(
+    pair: tuple[socket.socket, socket.socket],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """F9: past the address cap every question was a WARNING line in the server's log."""
+    monkeypatch.setattr(egress, "MAX_ADDRESSES", 3)
+    recorder = Recorder([])
+    server = resolver(rules(("allow", "*.wild.test")), recorder, pair)
+    caplog.set_level("WARNING", logger="osb_sync.local")
+    for index in range(200):
+        recorder.records = [a_record(f"m{index}.wild.test", f"11.0.{index}.1")]
+        server.answer(query(f"m{index}.wild.test"))
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
+    assert (
+        recorder.events.count(
+            "egress denied: m3.wild.test (the sandbox's allowed addresses are full)"
+        )
+        == 1
+    )
+
+
+def test_a_failed_revocation_is_not_forgotten(pair: tuple[socket.socket, socket.socket]) -> None:
+    """F10: when the sets cannot change (nft fails), the policy change fails whole: the
+    resolver keeps its rules and its addresses, and the next change revokes them."""
+    calls: list[list[str]] = []
+    fail = [True]
+
+    def disallow(addresses: list[str]) -> None:
+        calls.append(list(addresses))
+        if fail[0]:
+            raise RuntimeError("nft: set full")
+
+    recorder = Recorder([a_record("allowed.test", "198.18.1.1")])
+    server = Resolver(rules(("allow", "allowed.test"), ("allow", "also.test")), *pair,
+                      recorder.allowed.append, disallow, recorder.events.append,
+                      ask=recorder.ask)  # fmt: skip
+    server.answer(query("allowed.test"))
+    with pytest.raises(RuntimeError):
+        server.set_rules(rules(("allow", "also.test")))
+    assert records_of(server.answer(query("allowed.test")) or b"")[0] == 0  # rules unchanged
+    fail[0] = False
+    server.set_rules(rules())
+    assert calls == [["198.18.1.1"], ["198.18.1.1"]]
+    assert server.handed() == {}
+
+
+def test_a_short_upstream_datagram_is_ignored_and_the_answer_awaited() -> None:
+    """F5: a datagram shorter than a header from the upstream raised struct.error (no
+    ValueError) out of ask_upstream."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as upstream:
+        upstream.bind(("127.0.0.1", 0))
+
+        def serve() -> None:
+            data, peer = upstream.recvfrom(512)
+            upstream.sendto(b"\x00\x01\x02", peer)  # short
+            name = egress.parse_question(data).name
+            answer = struct.pack("!HHHHHH", struct.unpack("!H", data[:2])[0], 0x8180, 1, 1, 0, 0)
+            answer += data[12:] + egress.encode_name(name) + struct.pack("!HHIH", 1, 1, 300, 4)
+            upstream.sendto(answer + socket.inet_aton("198.18.1.1"), peer)
+
+        threading.Thread(target=serve, daemon=True).start()
+        host, port = upstream.getsockname()
+        got = egress.ask_upstream([host], "allowed.test", timeout=5, port=port)
+    assert got == (0, [a_record("allowed.test", "198.18.1.1")])
+
+
+def test_a_forgotten_address_makes_the_next_change_renew_the_tables(
+    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F1 and F4: the table keeps addresses past their TTL, for revocation, until it is full;
+    then the oldest ended one is forgotten, and the next change loads the tables again under
+    a new mark (every open connection judged again by the sets), then refills them."""
+    clock = [1000.0]
+    monkeypatch.setattr(egress.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(egress, "MAX_ADDRESSES", 2)
+    recorder = Recorder([])
+    renewed: list[int] = []
+    server = Resolver(rules(("allow", "*.wild.test")), *pair, recorder.allowed.append,
+                      recorder.disallowed.append, recorder.events.append, ask=recorder.ask,
+                      renew=lambda: renewed.append(1))  # fmt: skip
+    for index in range(2):
+        recorder.records = [a_record(f"h{index}.wild.test", f"198.18.2.{index}", ttl=60)]
+        server.answer(query(f"h{index}.wild.test"))
+    server.set_rules(rules(("allow", "*.wild.test"), ("allow", "x.test")))
+    assert renewed == []  # nothing forgotten yet
+    clock[0] += 61  # both entries ended; their connections may live on
+    recorder.records = [a_record("h2.wild.test", "198.18.2.2", ttl=60)]
+    reply = server.answer(query("h2.wild.test"))
+    assert reply is not None and records_of(reply) == (0, ["198.18.2.2"])
+    assert set(server.handed()) == {"198.18.2.2"}
+    recorder.allowed.clear()
+    server.set_rules(rules(("allow", "h2.wild.test")))
+    assert renewed == [1]
+    assert recorder.allowed == [{"198.18.2.2": 61}]  # refilled after the new load (rounded up)

@@ -5,13 +5,14 @@ tested loaded, in tests/local/test_host_firewall.py)."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import struct
 from pathlib import Path
 
 import pytest
 
-from osb_sync.local.host import bwrap, firewall
+from osb_sync.local.host import bwrap, egress, firewall
 from osb_sync.local.host.errors import InternetError, PolicyError
 from osb_sync.local.host.identity import IdRange
 from osb_sync.local.host.server import answer
@@ -148,7 +149,12 @@ def test_a_policy_with_names_narrows_both_tables_to_the_handed_out_addresses() -
     ip = "@ll,96,16 0x0800 meta protocol ip ip daddr != @host4"
     assert f"{ip} meta mark 0x1234 accept" in egress
     assert f"{ip} ip daddr @allowed4 accept" in egress and egress.count(" accept") == 3
-    assert names.count("set allowed4 { type ipv4_addr; flags timeout; size 4096; }") == 2
+    assert (
+        names.count(
+            f"set allowed4 {{ type ipv4_addr; flags timeout; size {firewall.MAX_ALLOWED}; }}"
+        )
+        == 2
+    )
     output = names[names.index("chain output") : names.index("chain dns")]
     order = [
         f"ct state new ct count over {firewall.CT_LIMIT} reject",  # conntrack's memory, first
@@ -227,3 +233,34 @@ def test_refused_packets_are_read_from_the_log_by_destination_protocol_and_port(
     assert firewall.parse_log(b"") == []
     v6 = b"\x60" + bytes(39)
     assert firewall.parse_log(nflog_packet(v6)) == []
+
+
+def test_a_wall_runs_nothing_once_forgotten_and_holds_its_own_descriptor(tmp_path: Path) -> None:
+    """F2 of the review: a resolver's late answer ran `nsenter --net=/proc/self/fd/N` after
+    the container had closed N, which the server may have reused for another sandbox's
+    namespace. The wall keeps a descriptor of its own, and refuses to run once forgotten."""
+    log = tmp_path / "entered"
+    nsenter = tmp_path / "nsenter"
+    nsenter.write_text(
+        '#!/bin/sh\nfor a; do case $a in --net=*) readlink "${a#--net=}" >> '
+        f"{log};; esac; done\ncat >/dev/null\n"
+    )
+    nsenter.chmod(0o755)
+    tools = firewall.Tools(str(nsenter), "/bin/true", "/bin/true")
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+    wall = firewall.Wall(tools, fd, join_user=False)
+    os.close(fd)  # the container's own, closed; another file may get its number
+    with open(os.devnull) as other:
+        assert other.fileno() == fd
+        wall.allow({"198.18.1.1": 60})
+    assert log.read_text().startswith("net:[")  # its own descriptor: the namespace still
+    wall.forget()
+    with pytest.raises(RuntimeError, match="gone"):
+        wall.allow({"198.18.1.1": 60})
+    with pytest.raises(RuntimeError, match="gone"):
+        wall.disallow(["198.18.1.1"])
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_the_resolver_s_cap_is_the_sets_size() -> None:
+    assert egress.MAX_ADDRESSES == firewall.MAX_ALLOWED

@@ -40,6 +40,7 @@ one needs the name asked again.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import ipaddress
 import logging
 import os
@@ -60,8 +61,8 @@ logger = logging.getLogger("osb_sync.local")
 
 MIN_TTL = 60
 MAX_TTL = 3600
-MAX_ADDRESSES = 4096  # the sets' size
-NAMES_PER_ADDRESS = 32  # names remembered per address (those whose entries end last)
+MAX_ADDRESSES = 1024  # addresses remembered (in the sets, or past their TTL): the sets' size
+NAMES_PER_ADDRESS = 4  # names remembered per address (those handed out last)
 MAX_CHAIN = 8
 MAX_RECORDS = 32
 RATE, BURST = 100.0, 200.0
@@ -70,6 +71,9 @@ UPSTREAM_TIMEOUT = 2.0
 STOP_WAIT = 2.0  # what a sandbox's delete waits for its resolver's last question
 REPORT_EVERY = 60.0  # seconds between two event lines about one denied name
 REPORTS_PER_MINUTE = 20
+WARN_EVERY = 60.0  # seconds between two lines of one resolver in the server's log
+# IDNA 2003 (Python's codec) maps these where IDNA 2008 keeps them: another domain
+DEVIATIONS = frozenset("\u00df\u03c2\u200c\u200d")
 RESOLV_CONF = "/etc/resolv.conf"
 TYPE_A, TYPE_CNAME, CLASS_IN = 1, 5, 1
 NOERROR, SERVFAIL, NXDOMAIN, NOTIMP, REFUSED = 0, 2, 3, 4, 5
@@ -95,6 +99,11 @@ def normal_name(name: str) -> str:
             more than 253 in all, characters a host name has not).
     """
     bare = name[:-1] if name.endswith(".") else name
+    if DEVIATIONS & set(bare):
+        raise TargetError(
+            f"{name!r} is read differently by IDNA 2003 and 2008 (ß, ς, ZWJ, ZWNJ): give it in"
+            " its xn-- form"
+        )
     try:
         ascii_name = bare.encode("idna").decode("ascii") if not bare.isascii() else bare
     except UnicodeError:
@@ -145,12 +154,17 @@ class Rules:
             rules.append((rule["action"] == "allow", name, wildcard))
         return cls((policy.get("defaultAction") or "deny") == "allow", tuple(rules))
 
-    def allows(self, name: str) -> bool:
-        """Whether a question about `name` (normalised) is answered."""
+    def decides(self, name: str) -> bool | None:
+        """The action of the first rule that matches `name` (normalised), None if none does."""
         for allow, target, wildcard in self.rules:
             if name.endswith("." + target) if wildcard else name == target:
                 return allow
-        return self.default_allow
+        return None
+
+    def allows(self, name: str) -> bool:
+        """Whether a question about `name` (normalised) is answered."""
+        decided = self.decides(name)
+        return self.default_allow if decided is None else decided
 
 
 # --- DNS messages (RFC 1035): pure functions on bytes ---
@@ -323,8 +337,11 @@ def upstreams(path: str = RESOLV_CONF) -> list[str]:
     return found[:3] or ["127.0.0.1"]
 
 
-def ask_upstream(servers: Sequence[str], name: str, timeout: float = UPSTREAM_TIMEOUT) -> Answer:
-    """Ask `servers` in turn for `name`'s A records (UDP, then TCP where truncated).
+def ask_upstream(
+    servers: Sequence[str], name: str, timeout: float = UPSTREAM_TIMEOUT, port: int = 53
+) -> Answer:
+    """Ask `servers` in turn for `name`'s A records (UDP, then TCP where truncated); what is
+    not the answer to our question (another id or question, a short datagram) is ignored.
 
     Raises:
         OSError: none answered.
@@ -337,15 +354,17 @@ def ask_upstream(servers: Sequence[str], name: str, timeout: float = UPSTREAM_TI
         try:
             with socket.socket(family, socket.SOCK_DGRAM) as sock:
                 sock.settimeout(timeout)
-                sock.connect((server, 53))
+                sock.connect((server, port))
                 sock.send(query)
                 deadline = time.monotonic() + timeout
                 while True:
                     sock.settimeout(max(0.01, deadline - time.monotonic()))
                     data = sock.recv(4096)
+                    if len(data) < HEADER.size or data[:2] != query[:2]:
+                        continue
+                    if data[2] & 0x02:  # truncated: by TCP
+                        return _ask_tcp(family, (server, port), ident, name, query, timeout)
                     with contextlib.suppress(ValueError):
-                        if HEADER.unpack_from(data)[1] & 0x0200:  # truncated: by TCP
-                            return _ask_tcp(family, server, ident, name, query, timeout)
                         return parse_answer(data, ident, name)
         except (OSError, ValueError) as exc:
             failure = exc
@@ -353,11 +372,11 @@ def ask_upstream(servers: Sequence[str], name: str, timeout: float = UPSTREAM_TI
 
 
 def _ask_tcp(
-    family: int, server: str, ident: int, name: str, query: bytes, timeout: float
+    family: int, server: tuple[str, int], ident: int, name: str, query: bytes, timeout: float
 ) -> Answer:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
-        sock.connect((server, 53))
+        sock.connect(server)
         sock.sendall(struct.pack("!H", len(query)) + query)
         length = struct.unpack("!H", _read(sock, 2))[0]
         return parse_answer(_read(sock, length), ident, name)
@@ -389,6 +408,9 @@ class Resolver:
         disallow: takes addresses out of them.
         report: writes a line to the sandbox's events.
         ask: asks the server's resolvers (`ask_upstream`, with `upstreams()`), for tests.
+        renew: loads the tables again under a new mark (every open connection judged again
+            by the sets), where the resolver forgot an address whose connections a change
+            might have to end (`_evict`); None: none.
         log: the namespace's log of refused packets (`firewall.listen_log`), whose
             destinations it reports as it reports denied names; None: none.
     """
@@ -403,15 +425,25 @@ class Resolver:
         report: Callable[[str], None],
         ask: Callable[[str], Answer] | None = None,
         log: socket.socket | None = None,
+        renew: Callable[[], None] | None = None,
     ) -> None:
         self._rules = rules
         self._udp, self._tcp, self._log = udp, tcp, log
         self._allow, self._disallow, self._report = allow, disallow, report
         servers = upstreams()
         self._ask = ask or (lambda name: ask_upstream(servers, name))
-        self._lock = threading.Lock()  # the rules and the addresses handed out
-        self._handed: dict[str, dict[str, float]] = {}  # address -> {name: expiry}
+        self._renew = renew
+        # The rules, what was handed out, and every call of allow and disallow: none after
+        # `stop` (the namespace's descriptor is closed then)
+        self._lock = threading.Lock()
+        self._stopped = False
+        # address -> {name: when handed out}: kept past the TTL (a connection outlives it, and
+        # a change that removes its names must still end it) until the table is full
+        self._handed: dict[str, dict[str, float]] = {}
         self._until: dict[str, float] = {}  # address -> when its sets' entry ends
+        self._ends: list[tuple[float, str]] = []  # a heap of (until, address), some stale
+        self._forgot = False  # an address left the table: the next change renews
+        self._warned = -WARN_EVERY
         self._tokens, self._at = BURST, time.monotonic()
         self._reported: dict[str, float] = {}
         self._stop_r, self._stop_w = os.pipe()
@@ -426,6 +458,8 @@ class Resolver:
         waited for `STOP_WAIT` seconds at most, and closes the sockets as it ends."""
         if self._stop_w < 0:
             return
+        with self._lock:  # an nft run in progress ends first; none starts after
+            self._stopped = True
         os.write(self._stop_w, b"x")
         os.close(self._stop_w)
         self._stop_w = -1
@@ -442,24 +476,30 @@ class Resolver:
             self._log.close()
 
     def set_rules(self, rules: Rules) -> None:
-        """Answer by `rules` from now on; take the addresses of names they deny out of the sets.
+        """Answer by `rules` from now on; revoke the addresses of names they deny (their open
+        connections end), and renew the tables where an address was forgotten.
 
         Raises:
-            RuntimeError: the sets could not change (`disallow`'s).
+            RuntimeError: the sets could not change (`disallow`'s, `renew`'s): the rules and
+                the addresses stay as they were.
         """
         with self._lock:
-            self._rules = rules
-            gone = []
-            for address, names in list(self._handed.items()):
-                kept = {n: e for n, e in names.items() if rules.allows(n)}
-                if kept:
-                    self._handed[address] = kept
-                else:
-                    del self._handed[address]
-                    self._until.pop(address, None)
-                    gone.append(address)
+            if self._stopped:
+                return
+            gone = [a for a, names in self._handed.items() if not any(map(rules.allows, names))]
             if gone:
                 self._disallow(gone)
+            for address in gone:
+                del self._handed[address]
+                self._until.pop(address, None)
+            for names in self._handed.values():  # each keeps one allowed name at least
+                for denied in [n for n in names if not rules.allows(n)]:
+                    del names[denied]
+            if self._forgot and self._renew is not None:
+                self._renew()
+                self._forgot = False
+                self._refill_locked()
+            self._rules = rules
 
     def refill(self) -> None:
         """Put the addresses handed out back in the sets (tables loaded again, empty).
@@ -467,18 +507,24 @@ class Resolver:
         Raises:
             RuntimeError: nft failed.
         """
-        now = time.monotonic()
         with self._lock:
-            due = {a: int(until - now) + 1 for a, until in self._until.items() if until > now}
-            if due:
-                self._allow(due)
+            if not self._stopped:
+                self._refill_locked()
+
+    def _refill_locked(self) -> None:
+        now = time.monotonic()
+        due = {a: int(until - now) + 1 for a, until in self._until.items() if until > now}
+        if due:
+            self._allow(due)
 
     def handed(self) -> dict[str, set[str]]:
         """The addresses in the sets now, each with the names it was handed out for."""
         now = time.monotonic()
         with self._lock:
             return {
-                a: {n for n, e in names.items() if e > now} for a, names in self._handed.items()
+                address: set(self._handed[address])
+                for address, until in self._until.items()
+                if until > now and address in self._handed
             }
 
     def answer(self, data: bytes, limit: int = 512) -> bytes | None:
@@ -504,6 +550,15 @@ class Resolver:
             return response(question, SERVFAIL)
         if rcode not in (NOERROR, NXDOMAIN):
             return response(question, SERVFAIL)
+        with self._lock:
+            denied = [
+                read_name(r[3], 0)[0]
+                for r in found
+                if r[1] == TYPE_CNAME and self._rules.decides(read_name(r[3], 0)[0]) is False
+            ]
+        if denied:  # an alias of a name a rule denies: the rule wins
+            self._denied(question.name, f"an alias of {denied[0]}, which a rule denies")
+            return response(question, NXDOMAIN)
         ttl = self._hand_out(question.name, found)
         if ttl is None:
             return response(question, SERVFAIL)
@@ -515,46 +570,67 @@ class Resolver:
         half its time: a renewal costs an nft run); the TTL the answer may say (the sets'
         nearest end), None where they could not be put there."""
         now = time.monotonic()
-        due: dict[str, int] = {}
-        with self._lock:
-            if not self._rules.allows(name):  # changed while upstream answered
-                return None
-            for address, names in list(self._handed.items()):
-                live = {n: e for n, e in names.items() if e > now}
-                if live:
-                    self._handed[address] = live
-                else:
-                    del self._handed[address]
-                    self._until.pop(address, None)
-            ends = [now + MAX_TTL]
-            for _, rtype, ttl, rdata in records:
-                if rtype != TYPE_A:
-                    continue
+        addresses: dict[str, int] = {}
+        for _, rtype, ttl, rdata in records:
+            if rtype == TYPE_A:
                 address = socket.inet_ntoa(rdata)
-                seconds = max(MIN_TTL, min(ttl, MAX_TTL))
-                if address not in self._handed and len(self._handed) + len(due) >= MAX_ADDRESSES:
-                    logger.warning("local server: a sandbox's allowed addresses are full")
-                    return None
-                if self._until.get(address, 0.0) - now < seconds / 2:
-                    due[address] = max(due.get(address, 0), seconds)
-                ends.append(now + due[address] if address in due else self._until[address])
+                addresses[address] = max(addresses.get(address, 0), max(MIN_TTL, min(ttl, MAX_TTL)))
+        with self._lock:
+            if self._stopped or not self._rules.allows(name):  # changed while upstream answered
+                return None
+            new = [a for a in addresses if a not in self._handed]
+            if len(self._handed) + len(new) > MAX_ADDRESSES and not self._evict(len(new), now):
+                self._full(name, now)
+                return None
+            due = {a: t for a, t in addresses.items() if self._until.get(a, 0.0) - now < t / 2}
             if due:
                 try:
                     self._allow(due)
                 except RuntimeError as exc:
-                    logger.warning("local server: a sandbox's allowed addresses: %s", exc)
+                    self._warn(now, f"a sandbox's allowed addresses: {exc}")
                     return None
-            for _, rtype, _ttl, rdata in records:
-                if rtype == TYPE_A:
-                    address = socket.inet_ntoa(rdata)
-                    if address in due:
-                        self._until[address] = now + due[address]
-                    names = self._handed.setdefault(address, {})
-                    names[name] = self._until[address]
-                    if len(names) > NAMES_PER_ADDRESS:  # forgotten: a change may remove the
-                        del names[min(names, key=names.__getitem__)]  # address sooner
-
+            ends = [now + MAX_TTL]
+            for address in addresses:
+                if address in due:
+                    self._until[address] = now + due[address]
+                    heapq.heappush(self._ends, (self._until[address], address))
+                ends.append(self._until[address])
+                names = self._handed.setdefault(address, {})
+                names.pop(name, None)
+                names[name] = now  # the latest last: the first is the oldest
+                if len(names) > NAMES_PER_ADDRESS:  # forgotten: a change may end the
+                    del names[next(iter(names))]  # address's connections sooner
         return max(0, int(min(ends) - now) - 1)
+
+    def _evict(self, count: int, now: float) -> bool:
+        """Make room for `count` addresses by forgetting those whose entries ended longest
+        ago (their open connections, if any, are then ended by the next change's renewal);
+        False where too few have ended."""
+        while len(self._handed) + count > MAX_ADDRESSES and self._ends:
+            until, address = self._ends[0]
+            if self._until.get(address) != until:  # stale: renewed or revoked since
+                heapq.heappop(self._ends)
+                continue
+            if until > now:
+                return False
+            heapq.heappop(self._ends)
+            del self._until[address]
+            self._handed.pop(address, None)
+            self._forgot = True
+        if len(self._ends) > 4 * MAX_ADDRESSES:  # stale entries: the heap rebuilt
+            self._ends = [(u, a) for a, u in self._until.items()]
+            heapq.heapify(self._ends)
+        return len(self._handed) + count <= MAX_ADDRESSES
+
+    def _full(self, name: str, now: float) -> None:
+        self._denied(name, "the sandbox's allowed addresses are full")
+        self._warn(now, f"a sandbox's allowed addresses are full ({MAX_ADDRESSES})")
+
+    def _warn(self, now: float, line: str) -> None:
+        """`line` in the server's log, once in `WARN_EVERY` seconds at most."""
+        if now - self._warned >= WARN_EVERY:
+            self._warned = now
+            logger.warning("local server: %s", line)
 
     def _denied(self, name: str, why: str = "no rule allows it") -> None:
         """One line in the sandbox's events about `name` (a name, or a refused packet's

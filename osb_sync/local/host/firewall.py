@@ -118,11 +118,14 @@ INSTALL = (
 TUN = "/dev/net/tun"  # what `ip tuntap` and slirp4netns open, in the sandbox's namespaces
 SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")  # an ordinary user's PATH has no sbin
 COMMAND_TIMEOUT = 20.0
-MAX_ALLOWED = 4096  # `egress.MAX_ADDRESSES`: the size of the allowed addresses' sets
+MAX_ALLOWED = 1024  # `egress.MAX_ADDRESSES`: the size of the allowed addresses' sets
 MAX_REVOKED = 65536  # addresses of names a policy change removed, until handed out again
 # Connections a sandbox with rules may hold tracked at once (its nat chain turns conntrack on in
 # its namespace; the kernel's own limit, per namespace, is often 262144: some 80 MB)
 CT_LIMIT = 16384
+# DNS questions (UDP packets, TCP connections) a second that reach the resolver; the rest are
+# dropped in the sandbox's namespace, at its own cost, never read by the server
+DNS_RATE = "200/second burst 200 packets"
 LOG_GROUP = 4444  # the nflog group of refused packets, in the sandbox's own namespace
 LOG_RATE = "20/second burst 20 packets"
 # netlink (linux/netlink.h, linux/rtnetlink.h, linux/if_addr.h)
@@ -299,6 +302,9 @@ def ruleset(
         # of the hook: let it by (at 127.0.0.1 now, which the netdev chain never sees).
         first = (
             f"    ct state new ct count over {CT_LIMIT} reject with icmpx admin-prohibited\n"
+            f"    ip daddr 127.0.0.1 udp dport {names.udp} limit rate over {DNS_RATE} drop\n"
+            f"    ip daddr 127.0.0.1 tcp dport {names.tcp} ct state new"
+            f" limit rate over {DNS_RATE} drop\n"
             f"    {tap} ip daddr 127.0.0.1 udp dport {names.udp} accept\n"
             f"    {tap} ip daddr 127.0.0.1 tcp dport {names.tcp} accept\n"
         )
@@ -424,8 +430,10 @@ class Wall:
 
     def __init__(self, tools: Tools, netns: int, join_user: bool, own_ids: bool = False) -> None:
         self._tools = tools
-        self._netns, self._join_user, self._own_ids = netns, join_user, own_ids
-        self._lock = threading.Lock()
+        # its own descriptor, closed by `forget` only: the container's may be closed (and its
+        # number reused) while a resolver's late answer is still on its way here
+        self._netns, self._join_user, self._own_ids = os.dup(netns), join_user, own_ids
+        self._lock = threading.RLock()  # every command, and `forget`
         self._device = False  # the tap device is made
         self._tables = False  # the tables were loaded once (a next load replaces them)
         self._loaded = False  # the tables are in, following the host
@@ -525,10 +533,14 @@ class Wall:
             self._run([self._tools.ip, "link", "del", DEVICE])
 
     def forget(self) -> None:
-        """Stop following the host (the container is gone with its namespace)."""
+        """Stop following the host (the container is gone with its namespace); close the
+        descriptor: no command runs after (idempotent)."""
         with self._lock:
             WATCH.unsubscribe(self)
             self._loaded = self._device = False
+            if self._netns >= 0:
+                os.close(self._netns)
+                self._netns = -1
 
     def follow(self, addresses: set[str]) -> None:
         """Give the sets the host's `addresses` (the watch calls it on a change)."""
@@ -537,6 +549,12 @@ class Wall:
                 self._run([self._tools.nft, "-f", "-"], set_update(*blocked(addresses)))
 
     def _run(self, argv: list[str], script: str | None = None, fds: tuple[int, ...] = ()) -> None:
+        with self._lock:
+            if self._netns < 0:
+                raise RuntimeError("the sandbox's network namespace is gone")
+            self._run_in(argv, script, fds)
+
+    def _run_in(self, argv: list[str], script: str | None, fds: tuple[int, ...]) -> None:
         user = -1
         try:
             enter = [self._tools.nsenter, f"--net=/proc/self/fd/{self._netns}"]
