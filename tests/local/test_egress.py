@@ -99,8 +99,8 @@ def fetch(box: Box, *targets: str) -> dict[str, str]:
     return parse_result("".join(texts(events)))
 
 
-def run_python(box: Box, code: str) -> str:
-    return "".join(texts(box.command(f"python3 -I -c {shlex.quote(code)}")))
+def run_python(box: Box, code: str, *args: str) -> str:
+    return "".join(texts(box.command(shlex.join(["python3", "-I", "-c", code, *args]))))
 
 
 def remove(box: Box) -> None:
@@ -332,10 +332,10 @@ def test_patch_and_delete_take_effect_for_new_connections_and_end_open_ones(
 def test_an_open_connection_outlives_its_address_s_entry_a_new_one_does_not(
     net: SimpleNamespace, http: requests.Session
 ) -> None:
-    """The sets' entries end with the answer's TTL (60 s at least): a download that lasts
-    longer goes on (its connection was allowed), while a new connection needs the name asked
-    again. The entries are taken out here as their timeout would (nft, in the sandbox's
-    namespace), not waited for."""
+    """The `allowed4` entries end with the answer's TTL (60 s at least): a download that lasts
+    longer goes on (its connection was allowed; the boundary's `known4` still holds the
+    address), while a new connection needs the name asked again. The entry is taken out here
+    as its timeout would (nft, in the sandbox's namespace), not waited for."""
     box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
     marker = f"held-{os.getpid()}-{time.monotonic_ns()}"
     hold = (
@@ -362,10 +362,7 @@ def test_an_open_connection_outlives_its_address_s_entry_a_new_one_does_not(
         assert wait_until(lambda: bool(host_pids_with(marker)), 10)
         time.sleep(1)
         pid = host_pids_with(marker)[0]
-        expire = "".join(
-            f"delete element {family} osb_sync allowed4 {{ {ZONE['allowed.test']} }}\n"
-            for family in ("netdev", "inet")
-        )
+        expire = f"delete element inet osb_sync allowed4 {{ {ZONE['allowed.test']} }}\n"
         done = subprocess.run(
             ["nsenter", "-t", str(pid), "-n", "nft", "-f", "-"],
             input=expire, capture_output=True, text=True, timeout=30, check=False,
@@ -617,3 +614,82 @@ def test_a_sandbox_s_tracked_connections_are_capped(monkeypatch: pytest.MonkeyPa
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
     assert outcome and 20 <= outcome[0] <= 21, outcome
+
+
+# Run in a sandbox as its root (CAP_NET_RAW): read the packet mark of its own outgoing frames
+# (SO_RCVMARK on a packet socket), then write frames with it, or a guessed one (SO_MARK: only
+# CAP_NET_RAW since Linux 5.17), to the address of a denied name; and, the control, to the
+# allowed one. The review's F14.
+FORGE = r"""
+import json, socket, struct, sys, time
+ETH_P_ALL, SO_MARK, SO_RCVMARK = 3, 36, 75
+tag, allowed, denied = sys.argv[1:4]
+out = {}
+cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+cap.bind(("tap0", 0))
+try:
+    cap.setsockopt(socket.SOL_SOCKET, SO_RCVMARK, 1)
+except OSError as exc:
+    out["rcvmark"] = repr(exc)
+cap.settimeout(3)
+conn = socket.create_connection(("allowed.test", 80), timeout=5)
+mark = frame = None
+end = time.monotonic() + 5
+while time.monotonic() < end and frame is None:
+    try:
+        data, ancillary, _, where = cap.recvmsg(65535, 1024)
+    except socket.timeout:
+        break
+    if where[2] != socket.PACKET_OUTGOING or data[12:14] != b"\x08\x00":
+        continue
+    if socket.inet_ntoa(data[30:34]) != allowed:
+        continue
+    frame = data
+    for level, kind, value in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_MARK:
+            mark = struct.unpack("I", value[:4])[0]
+conn.close()
+out["mark"] = mark
+def checksum(data):
+    data += b"\0" * (len(data) % 2)
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+def udp_frame(target, payload):
+    udp = struct.pack("!HHHH", 40000, 9, 8 + len(payload), 0) + payload
+    head = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0, frame[26:30],
+                       socket.inet_aton(target))
+    return frame[:14] + head[:10] + struct.pack("!H", checksum(head)) + head[12:] + udp
+for label, target, value in (("stolen", denied, mark), ("guessed", denied, 1),
+                             ("plain", denied, None), ("control", allowed, None)):
+    if frame is None or (label == "stolen" and value is None):
+        continue
+    with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
+        raw.bind(("tap0", 0))
+        try:
+            if value is not None:
+                raw.setsockopt(socket.SOL_SOCKET, SO_MARK, value)
+            raw.send(udp_frame(target, f"{label}-{tag}".encode()))
+            out[label] = "sent"
+        except OSError as exc:
+            out[label] = repr(exc)
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_no_packet_mark_opens_the_boundary(net: SimpleNamespace, http: requests.Session) -> None:
+    """A mark its root reads from its own frames, or guesses, takes no frame past the
+    boundary to an address no allowed name resolved to; a frame to the handed-out address
+    (the control) arrives."""
+    box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
+    tag = f"forged{os.getpid()}{time.monotonic_ns() % 100000}"
+    argv = [tag, ZONE["allowed.test"], ZONE["denied.test"]]
+    try:
+        said = run_python(box, FORGE + "\n", *argv)
+        time.sleep(1.5)  # what a frame through slirp4netns would take, many times over
+        heard = [line for line in net.internet.heard() if tag in line]
+    finally:
+        remove(box)
+    assert f"control-{tag}@{ZONE['allowed.test']}" in heard, (said, heard)
+    assert not [line for line in heard if line.endswith(f"@{ZONE['denied.test']}")], (said, heard)

@@ -560,31 +560,30 @@ def test_a_short_upstream_datagram_is_ignored_and_the_answer_awaited() -> None:
     assert got == (0, [a_record("allowed.test", "198.18.1.1")])
 
 
-def test_a_forgotten_address_makes_the_next_change_renew_the_tables(
+def test_a_full_table_revokes_the_addresses_whose_entries_ended_longest_ago(
     pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """F1 and F4: the table keeps addresses past their TTL, for revocation, until it is full;
-    then the oldest ended one is forgotten, and the next change loads the tables again under
-    a new mark (every open connection judged again by the sets), then refills them."""
+    then the one whose entry ended longest ago is revoked (it leaves the boundary's set: its
+    connections end, since no change could end them once its names are forgotten)."""
     clock = [1000.0]
     monkeypatch.setattr(egress.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(egress, "MAX_ADDRESSES", 2)
     recorder = Recorder([])
-    renewed: list[int] = []
-    server = Resolver(rules(("allow", "*.wild.test")), *pair, recorder.allowed.append,
-                      recorder.disallowed.append, recorder.events.append, ask=recorder.ask,
-                      renew=lambda: renewed.append(1))  # fmt: skip
+    server = resolver(rules(("allow", "*.wild.test")), recorder, pair)
     for index in range(2):
         recorder.records = [a_record(f"h{index}.wild.test", f"198.18.2.{index}", ttl=60)]
         server.answer(query(f"h{index}.wild.test"))
-    server.set_rules(rules(("allow", "*.wild.test"), ("allow", "x.test")))
-    assert renewed == []  # nothing forgotten yet
-    clock[0] += 61  # both entries ended; their connections may live on
+        clock[0] += 1
     recorder.records = [a_record("h2.wild.test", "198.18.2.2", ttl=60)]
     reply = server.answer(query("h2.wild.test"))
+    assert reply is not None and records_of(reply) == (egress.SERVFAIL, [])  # none ended
+    assert recorder.disallowed == []
+    clock[0] += 60  # both entries ended; their connections may live on
+    reply = server.answer(query("h2.wild.test"))
     assert reply is not None and records_of(reply) == (0, ["198.18.2.2"])
+    assert recorder.disallowed == [["198.18.2.0"]]  # the oldest, revoked
     assert set(server.handed()) == {"198.18.2.2"}
     recorder.allowed.clear()
-    server.set_rules(rules(("allow", "h2.wild.test")))
-    assert renewed == [1]
-    assert recorder.allowed == [{"198.18.2.2": 61}]  # refilled after the new load (rounded up)
+    server.refill()  # tables loaded again: the boundary's set gets every address held
+    assert recorder.allowed == [{"198.18.2.1": 0, "198.18.2.2": 61}]  # rounded up

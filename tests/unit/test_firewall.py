@@ -143,26 +143,26 @@ def test_a_policy_with_names_narrows_both_tables_to_the_handed_out_addresses() -
     v4, v6 = firewall.blocked(["192.0.2.6"])
     plain = firewall.ruleset(v4, v6)
     names = firewall.ruleset(v4, v6, names=firewall.Names(40001, 40002, True, 0x1234))
-    assert "allowed4" not in plain and "redirect" not in plain and "mark" not in plain
-    egress = names[names.index("chain egress") : names.index("table inet")]
-    # the boundary: a socket's packet the output chain marked, or a handed-out address
+    assert "known4" not in plain and "redirect" not in plain and "mark" not in plain
+    egress_chain = names[names.index("chain egress") : names.index("table inet")]
+    # the boundary: an address the resolver handed out and holds; never a packet mark (a
+    # root with CAP_NET_RAW sets and reads those)
     ip = "@ll,96,16 0x0800 meta protocol ip ip daddr != @host4"
-    assert f"{ip} meta mark 0x1234 accept" in egress
-    assert f"{ip} ip daddr @allowed4 accept" in egress and egress.count(" accept") == 3
-    assert (
-        names.count(
-            f"set allowed4 {{ type ipv4_addr; flags timeout; size {firewall.MAX_ALLOWED}; }}"
-        )
-        == 2
-    )
+    assert f"{ip} ip daddr @known4 accept" in egress_chain
+    assert egress_chain.count(" accept") == 2 and "mark" not in egress_chain
+    assert f"set known4 {{ type ipv4_addr; size {firewall.MAX_ALLOWED}; }}" in names
+    allowed = f"set allowed4 {{ type ipv4_addr; flags timeout; size {firewall.MAX_ALLOWED}; }}"
+    assert names.count(allowed) == 1 and "meta mark" not in names
     output = names[names.index("chain output") : names.index("chain dns")]
     order = [
         f"ct state new ct count over {firewall.CT_LIMIT} reject",  # conntrack's memory, first
+        f"udp dport 40001 limit rate over {firewall.DNS_RATE} drop",  # a flood, at its cost
         "127.0.0.1 udp dport 40001 accept",  # the redirected DNS
         "ip daddr @host4 reject",
         "ip daddr @revoked4 meta l4proto tcp reject with tcp reset",  # a removed name's
-        "ct state established,related ct mark 0x1234 meta mark set 0x1234 accept",
-        "ip daddr @allowed4 ct mark set 0x1234 meta mark set 0x1234 accept",
+        "ct state established,related ct mark 0x1234 accept",
+        "ip daddr @allowed4 ct mark set 0x1234 accept",
+        f"limit rate {firewall.LOG_RATE} log group {firewall.LOG_GROUP}",
         'oifname "tap0" meta l4proto tcp reject with tcp reset',  # the rest
         'oifname "tap0" reject with icmpx admin-prohibited',
     ]
@@ -172,24 +172,26 @@ def test_a_policy_with_names_narrows_both_tables_to_the_handed_out_addresses() -
     assert "    meta nfproto ipv4 tcp dport 53 redirect to :40002\n" in names
     # an allow default: names refused at the resolver, every address reachable but the host's
     loose = firewall.ruleset(v4, v6, names=firewall.Names(40001, 40002, False, 0x1234))
-    assert "mark" not in loose and "@allowed4 accept" not in loose and "@revoked4 r" not in loose
+    assert "mark" not in loose and "@known4 accept" not in loose and "@revoked4 r" not in loose
     assert "redirect to :40001" in loose
     assert firewall.new_mark() != firewall.new_mark() and firewall.new_mark() & 1
-    added = firewall.allow_elements({"198.18.1.1": 90})
+    added = firewall.allow_elements({"198.18.1.1": 90, "198.18.1.2": 0})
     # add (a no-op where present), delete, add again: the timeout renewed, in one
-    # transaction; out of the revoked set
+    # transaction; out of the revoked set; 0 seconds: the boundary's set only
     assert added.splitlines() == [
-        "add element netdev osb_sync allowed4 { 198.18.1.1 }",
-        "delete element netdev osb_sync allowed4 { 198.18.1.1 }",
-        "add element netdev osb_sync allowed4 { 198.18.1.1 timeout 90s }",
+        "add element netdev osb_sync known4 { 198.18.1.1 }",
         "add element inet osb_sync allowed4 { 198.18.1.1 }",
         "delete element inet osb_sync allowed4 { 198.18.1.1 }",
         "add element inet osb_sync allowed4 { 198.18.1.1 timeout 90s }",
         "add element inet osb_sync revoked4 { 198.18.1.1 }",
         "delete element inet osb_sync revoked4 { 198.18.1.1 }",
+        "add element netdev osb_sync known4 { 198.18.1.2 }",
+        "add element inet osb_sync revoked4 { 198.18.1.2 }",
+        "delete element inet osb_sync revoked4 { 198.18.1.2 }",
     ]
     removed = firewall.disallow_elements(["198.18.1.1"])
     assert removed.count("delete element") == 2 and "timeout" not in removed
+    assert "delete element netdev osb_sync known4 { 198.18.1.1 }" in removed
     assert removed.endswith("add element inet osb_sync revoked4 { 198.18.1.1 }\n")
 
 

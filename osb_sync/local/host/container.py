@@ -492,17 +492,8 @@ class SandboxContainer:
             self._wall.disallow,
             self._event,
             log=None if log.fileno() < 0 else log,
-            renew=self._renew_tables,
         )
         self._resolver.start()
-
-    def _renew_tables(self) -> None:
-        """The tables loaded again under a new mark: every open connection is judged again
-        by the sets (the resolver forgot an address whose connections a change must end)."""
-        assert self._wall is not None and self._names is not None
-        names = replace(self._names, mark=firewall.new_mark())
-        self._wall.reload(names)
-        self._names = names
 
     def _stop_resolver(self) -> None:
         if self._resolver is not None:

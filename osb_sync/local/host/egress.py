@@ -408,9 +408,6 @@ class Resolver:
         disallow: takes addresses out of them.
         report: writes a line to the sandbox's events.
         ask: asks the server's resolvers (`ask_upstream`, with `upstreams()`), for tests.
-        renew: loads the tables again under a new mark (every open connection judged again
-            by the sets), where the resolver forgot an address whose connections a change
-            might have to end (`_evict`); None: none.
         log: the namespace's log of refused packets (`firewall.listen_log`), whose
             destinations it reports as it reports denied names; None: none.
     """
@@ -425,24 +422,22 @@ class Resolver:
         report: Callable[[str], None],
         ask: Callable[[str], Answer] | None = None,
         log: socket.socket | None = None,
-        renew: Callable[[], None] | None = None,
     ) -> None:
         self._rules = rules
         self._udp, self._tcp, self._log = udp, tcp, log
         self._allow, self._disallow, self._report = allow, disallow, report
         servers = upstreams()
         self._ask = ask or (lambda name: ask_upstream(servers, name))
-        self._renew = renew
         # The rules, what was handed out, and every call of allow and disallow: none after
         # `stop` (the namespace's descriptor is closed then)
         self._lock = threading.Lock()
         self._stopped = False
-        # address -> {name: when handed out}: kept past the TTL (a connection outlives it, and
-        # a change that removes its names must still end it) until the table is full
+        # address -> {name: when handed out}, the boundary's `known4`: kept past the TTL (a
+        # connection outlives it, and a change that removes its names must still end it)
+        # until the table is full (`_evict`)
         self._handed: dict[str, dict[str, float]] = {}
-        self._until: dict[str, float] = {}  # address -> when its sets' entry ends
+        self._until: dict[str, float] = {}  # address -> when its `allowed4` entry ends
         self._ends: list[tuple[float, str]] = []  # a heap of (until, address), some stale
-        self._forgot = False  # an address left the table: the next change renews
         self._warned = -WARN_EVERY
         self._tokens, self._at = BURST, time.monotonic()
         self._reported: dict[str, float] = {}
@@ -477,11 +472,11 @@ class Resolver:
 
     def set_rules(self, rules: Rules) -> None:
         """Answer by `rules` from now on; revoke the addresses of names they deny (their open
-        connections end), and renew the tables where an address was forgotten.
+        connections end).
 
         Raises:
-            RuntimeError: the sets could not change (`disallow`'s, `renew`'s): the rules and
-                the addresses stay as they were.
+            RuntimeError: the sets could not change (`disallow`'s): the rules and the
+                addresses stay as they were.
         """
         with self._lock:
             if self._stopped:
@@ -495,14 +490,11 @@ class Resolver:
             for names in self._handed.values():  # each keeps one allowed name at least
                 for denied in [n for n in names if not rules.allows(n)]:
                     del names[denied]
-            if self._forgot and self._renew is not None:
-                self._renew()
-                self._forgot = False
-                self._refill_locked()
             self._rules = rules
 
     def refill(self) -> None:
-        """Put the addresses handed out back in the sets (tables loaded again, empty).
+        """Put the addresses held back in the sets (tables loaded again, empty): `known4`
+        all of them, `allowed4` those within their TTL.
 
         Raises:
             RuntimeError: nft failed.
@@ -513,7 +505,10 @@ class Resolver:
 
     def _refill_locked(self) -> None:
         now = time.monotonic()
-        due = {a: int(until - now) + 1 for a, until in self._until.items() if until > now}
+        due = {}
+        for address in self._handed:  # `known4` all, `allowed4` those with time left
+            left = self._until.get(address, now) - now
+            due[address] = int(left) + 1 if left > 0 else 0
         if due:
             self._allow(due)
 
@@ -579,9 +574,15 @@ class Resolver:
             if self._stopped or not self._rules.allows(name):  # changed while upstream answered
                 return None
             new = [a for a in addresses if a not in self._handed]
-            if len(self._handed) + len(new) > MAX_ADDRESSES and not self._evict(len(new), now):
-                self._full(name, now)
-                return None
+            if len(self._handed) + len(new) > MAX_ADDRESSES:
+                try:
+                    room = self._evict(len(new), now)
+                except RuntimeError as exc:
+                    self._warn(now, f"a sandbox's allowed addresses: {exc}")
+                    return None
+                if not room:
+                    self._full(name, now)
+                    return None
             due = {a: t for a, t in addresses.items() if self._until.get(a, 0.0) - now < t / 2}
             if due:
                 try:
@@ -603,20 +604,33 @@ class Resolver:
         return max(0, int(min(ends) - now) - 1)
 
     def _evict(self, count: int, now: float) -> bool:
-        """Make room for `count` addresses by forgetting those whose entries ended longest
-        ago (their open connections, if any, are then ended by the next change's renewal);
-        False where too few have ended."""
-        while len(self._handed) + count > MAX_ADDRESSES and self._ends:
+        """Make room for `count` addresses by revoking those whose entries ended longest ago
+        (their open connections end: the resolver no longer knows their names); False where
+        too few have ended.
+
+        Raises:
+            RuntimeError: the sets could not change (`disallow`'s): nothing is forgotten.
+        """
+        ended: list[str] = []
+        while len(self._handed) - len(ended) + count > MAX_ADDRESSES and self._ends:
             until, address = self._ends[0]
-            if self._until.get(address) != until:  # stale: renewed or revoked since
+            if self._until.get(address) != until or address in ended:  # stale
                 heapq.heappop(self._ends)
                 continue
             if until > now:
-                return False
+                break
             heapq.heappop(self._ends)
-            del self._until[address]
-            self._handed.pop(address, None)
-            self._forgot = True
+            ended.append(address)
+        if ended:
+            try:
+                self._disallow(ended)
+            except RuntimeError:
+                for address in ended:
+                    heapq.heappush(self._ends, (self._until[address], address))
+                raise
+            for address in ended:
+                del self._until[address]
+                self._handed.pop(address, None)
         if len(self._ends) > 4 * MAX_ADDRESSES:  # stale entries: the heap rebuilt
             self._ends = [(u, a) for a, u in self._until.items()]
             heapq.heapify(self._ends)

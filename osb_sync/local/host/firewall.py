@@ -44,22 +44,24 @@ namespaces (the root of a nested one would own only namespaces it made, not this
 server loads them with `nsenter` (util-linux), `ip` (iproute2) and `nft` (nftables); where one
 is missing, a create that would reach the internet is refused (`INSTALL`): fail closed.
 
-A policy with rules (egress by name, `egress.py`, `Names`) adds to both tables a set
-`allowed4` (`flags timeout`, `MAX_ALLOWED` elements) of the addresses the sandbox's resolver
-handed out, to the inet table a set `revoked4` of the addresses of names a change removed,
-and a nat chain `dns` that redirects every IPv4 DNS packet (port 53, UDP and TCP, to any
-address) to the resolver's sockets on the namespace's loopback. That chain turns conntrack on
-in the namespace: the output chain first refuses a new connection past `CT_LIMIT` tracked
-ones (by any device), which the kernel's limit alone would let cost some 80 MB. With a deny
-default the output chain, after the host's sets, refuses every packet to `revoked4` (an open
-connection's too: TCP with a reset, so a removed name's connections end), accepts a
-connection this load allowed (its conntrack mark, `Names.mark`, new at each load) and a
-packet to `allowed4` (marking it and its connection), and refuses the rest at once, logging
-it (`LOG_GROUP`, `LOG_RATE`: the resolver reads the log into the sandbox's events). The
-netdev chain's IPv4 accept narrows to packets that mark (the sandbox cannot set one: SO_MARK
-needs CAP_NET_ADMIN) and to `allowed4` (frames its root writes itself, which no inet hook
-sees). An entry's timeout (the answer's TTL) so ends new connections only. The redirected
-DNS passes first (every chain of the output hook sees the first route's device, tap0).
+A policy with rules (egress by name, `egress.py`, `Names`) adds to the netdev table a set
+`known4` of the addresses the sandbox's resolver handed out and still holds (past their TTL
+too, until a change removes their names or the resolver forgets them), to the inet table a
+set `allowed4` (`flags timeout`, `MAX_ALLOWED` elements) of those within their TTL, a set
+`revoked4` of the addresses of names a change removed, and a nat chain `dns` that redirects
+every IPv4 DNS packet (port 53, UDP and TCP, to any address) to the resolver's sockets on
+the namespace's loopback. That chain turns conntrack on in the namespace: the output chain
+first refuses a new connection past `CT_LIMIT` tracked ones (by any device), which the
+kernel's limit alone would let cost some 80 MB, and drops DNS past `DNS_RATE`. With a deny
+default the netdev chain's IPv4 accept narrows to `known4`: the boundary, for every frame (a
+socket's, or one the sandbox's root writes itself), never by a packet mark (a root with
+CAP_NET_RAW sets one: SO_MARK, Linux 5.17 and later). The output chain, after the host's
+sets, refuses every packet to `revoked4` at once (TCP with a reset), accepts a connection
+this load allowed (its conntrack mark, `Names.mark`, new at each load) and a packet to
+`allowed4` (marking its connection), and refuses the rest at once, logging it (`LOG_GROUP`,
+`LOG_RATE`: the resolver reads the log into the sandbox's events). An entry's timeout (the
+answer's TTL) so ends new connections only. The redirected DNS passes first (every chain of
+the output hook sees the first route's device, tap0).
 """
 
 from __future__ import annotations
@@ -119,7 +121,8 @@ TUN = "/dev/net/tun"  # what `ip tuntap` and slirp4netns open, in the sandbox's 
 SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")  # an ordinary user's PATH has no sbin
 COMMAND_TIMEOUT = 20.0
 MAX_ALLOWED = 1024  # `egress.MAX_ADDRESSES`: the size of the allowed addresses' sets
-MAX_REVOKED = 65536  # addresses of names a policy change removed, until handed out again
+MAX_REVOKED = 65536  # addresses of names a policy change removed (refused at once)
+REVOKED_FOR = "1h"  # then their packets are dropped by the boundary alone
 # Connections a sandbox with rules may hold tracked at once (its nat chain turns conntrack on in
 # its namespace; the kernel's own limit, per namespace, is often 262144: some 80 MB)
 CT_LIMIT = 16384
@@ -266,8 +269,8 @@ class Names:
     """A policy with rules (`egress.py`): the ports of its resolver on the namespace's
     loopback, where the nat chain sends DNS; whether packets may leave only toward the
     addresses it handed out (`restrict`: a deny default; an allow default refuses names
-    only); and the mark of this load's allowed connections (`new_mark`: a load's own, so a
-    connection allowed under an earlier load is judged again)."""
+    only); and the conntrack mark of this load's allowed connections (`new_mark`: a load's
+    own, so a connection allowed under an earlier load is judged again)."""
 
     udp: int
     tcp: int
@@ -276,7 +279,7 @@ class Names:
 
 
 def new_mark() -> int:
-    """A packet and connection mark for a load of the tables (random, never 0)."""
+    """A connection mark for a load of the tables (random, never 0)."""
     return secrets.randbits(31) | 1
 
 
@@ -286,18 +289,22 @@ def ruleset(
     """The nft transaction that makes both tables with these sets (see the module docstring);
     with `replace` (a load after `Wall.down`, or another policy), it deletes them first:
     deleting costs about 10 ms, which a namespace's first load, with no tables yet, is spared.
-    With `names`, the sets `allowed4` and `revoked4`, the resolver's nat chain and, with a
-    deny default, the narrowed accepts too (`egress.py`)."""
+    With `names`, the sets `known4`, `allowed4` and `revoked4`, the resolver's nat chain and,
+    with a deny default, the narrowed accepts too (`egress.py`)."""
     host4 = f"  set host4 {{ type ipv4_addr; flags interval; elements = {{ {_elements(v4)} }}; }}\n"
     host6 = f"  set host6 {{ type ipv6_addr; flags interval; elements = {{ {_elements(v6)} }}; }}\n"
     delete = "".join(f"table {f} {TABLE} {{}}\ndelete table {f} {TABLE}\n" for f in FAMILIES)
     tap = f'oifname "{DEVICE}"'
     ip = f"{ETHERTYPE} {ETH_P_IP:#06x} meta protocol ip ip daddr != @host4"
     boundary = f"    {ip} accept\n"
-    allowed = revoked = first = narrowed = dns = ""
+    known = sets = first = narrowed = dns = ""
     if names is not None:
-        allowed = f"  set allowed4 {{ type ipv4_addr; flags timeout; size {MAX_ALLOWED}; }}\n"
-        revoked = f"  set revoked4 {{ type ipv4_addr; size {MAX_REVOKED}; }}\n"
+        known = f"  set known4 {{ type ipv4_addr; size {MAX_ALLOWED}; }}\n"
+        sets = (
+            f"  set allowed4 {{ type ipv4_addr; flags timeout; size {MAX_ALLOWED}; }}\n"
+            f"  set revoked4 {{ type ipv4_addr; flags timeout; timeout {REVOKED_FOR};"
+            f" size {MAX_REVOKED}; }}\n"
+        )
         # A redirected DNS packet keeps the output hook's first device (tap0) in every chain
         # of the hook: let it by (at 127.0.0.1 now, which the netdev chain never sees).
         first = (
@@ -310,18 +317,19 @@ def ruleset(
         )
         if names.restrict:
             mark = f"{names.mark:#x}"
-            # A socket's packet leaves where the output chain allowed it (its mark, which the
-            # sandbox cannot set: SO_MARK needs CAP_NET_ADMIN); a frame the sandbox's root
-            # writes itself, which no inet hook sees, only toward a handed-out address.
-            boundary = f"    {ip} meta mark {mark} accept\n    {ip} ip daddr @allowed4 accept\n"
+            # The boundary: every frame (a socket's, or one the sandbox's root writes itself,
+            # which no inet hook sees) only toward an address the resolver handed out and
+            # still holds; never by a packet mark, which a root with CAP_NET_RAW sets
+            # (SO_MARK, Linux 5.17 and later) and reads (SO_RCVMARK).
+            boundary = f"    {ip} ip daddr @known4 accept\n"
             narrowed = (
-                # a removed name's address: every packet, an open connection's too (it ends)
+                # a removed name's address: every packet, an open connection's too, refused
+                # at once (the boundary drops them anyway)
                 f"    {tap} ip daddr @revoked4 meta l4proto tcp reject with tcp reset\n"
                 f"    {tap} ip daddr @revoked4 reject with icmpx admin-prohibited\n"
                 # a connection allowed under this load outlives its address's entry (a TTL)
-                f"    {tap} ct state established,related ct mark {mark} meta mark set {mark}"
-                " accept\n"
-                f"    {tap} ip daddr @allowed4 ct mark set {mark} meta mark set {mark} accept\n"
+                f"    {tap} ct state established,related ct mark {mark} accept\n"
+                f"    {tap} ip daddr @allowed4 ct mark set {mark} accept\n"
                 f"    {tap} limit rate {LOG_RATE} log group {LOG_GROUP}\n"  # its events
                 f"    {tap} meta l4proto tcp reject with tcp reset\n"
                 f"    {tap} reject with icmpx admin-prohibited\n"
@@ -334,13 +342,13 @@ def ruleset(
             "  }\n"
         )
     return (
-        (delete if replace else "") + f"table netdev {TABLE} {{\n{host4}{allowed}"
+        (delete if replace else "") + f"table netdev {TABLE} {{\n{host4}{known}"
         f"  chain egress {{\n"
         f'    type filter hook egress device "{DEVICE}" priority 0; policy drop;\n'
         f"    {ETHERTYPE} {ETH_P_ARP:#06x} meta protocol arp accept\n"
         f"{boundary}"
         f"  }}\n}}\n"
-        f"table inet {TABLE} {{\n{host4}{host6}{allowed}{revoked}"
+        f"table inet {TABLE} {{\n{host4}{host6}{sets}"
         f"  chain output {{\n"
         f"    type filter hook output priority 0; policy accept;\n"
         f"{first}"
@@ -358,13 +366,14 @@ def _ensure_then(command: str, element: str) -> list[str]:
 
 
 def allow_elements(addresses: dict[str, int]) -> str:
-    """The nft transaction that puts `addresses` in both tables' `allowed4` sets with these
-    timeouts (seconds), renewing the timeout of those already there (`add` alone would not),
-    and takes them out of `revoked4`."""
+    """The nft transaction that puts `addresses` in `known4` (the boundary's) and, those with
+    seconds left, in `allowed4` with these timeouts (renewing the timeout of those already
+    there: `add` alone would not), and takes them out of `revoked4`."""
     lines = []
     for address, seconds in sorted(addresses.items()):
-        for family in FAMILIES:
-            element = f"{family} {TABLE} allowed4 {{ {address}"
+        lines.append(f"add element netdev {TABLE} known4 {{ {address} }}")
+        if seconds > 0:
+            element = f"inet {TABLE} allowed4 {{ {address}"
             lines += _ensure_then("delete", element)
             lines.append(f"add element {element} timeout {int(seconds)}s }}")
         lines += _ensure_then("delete", f"inet {TABLE} revoked4 {{ {address}")
@@ -372,12 +381,13 @@ def allow_elements(addresses: dict[str, int]) -> str:
 
 
 def disallow_elements(addresses: Sequence[str]) -> str:
-    """The nft transaction that takes `addresses` out of both `allowed4` sets (those that
-    expired already too) and puts them in `revoked4` (their open connections end)."""
+    """The nft transaction that takes `addresses` out of `known4` and `allowed4` (those that
+    expired already too) and puts them in `revoked4` (their open connections are refused at
+    once, not left to time out)."""
     lines = []
     for address in sorted(addresses):
-        for family in FAMILIES:
-            lines += _ensure_then("delete", f"{family} {TABLE} allowed4 {{ {address}")
+        lines += _ensure_then("delete", f"netdev {TABLE} known4 {{ {address}")
+        lines += _ensure_then("delete", f"inet {TABLE} allowed4 {{ {address}")
         lines.append(f"add element inet {TABLE} revoked4 {{ {address} }}")
     return "\n".join(lines) + "\n"
 
