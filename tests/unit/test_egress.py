@@ -274,7 +274,8 @@ def test_the_server_s_resolvers_are_read_from_its_resolv_conf(
 ) -> None:
     conf = tmp_path / "resolv.conf"  # type: ignore[operator]
     conf.write_text("# x\nnameserver 198.18.0.53\nnameserver fe80::1%eth0\nnameserver bogus\n")
-    assert egress.upstreams(str(conf)) == ["198.18.0.53", "fe80::1"]
+    # a link-local server keeps its zone (F13: connect refuses fe80::1 without one)
+    assert egress.upstreams(str(conf)) == ["198.18.0.53", "fe80::1%eth0"]
     assert egress.upstreams(str(conf) + ".missing") == ["127.0.0.1"]
 
 

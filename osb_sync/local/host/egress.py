@@ -332,8 +332,10 @@ def upstreams(path: str = RESOLV_CONF) -> list[str]:
             for line in conf:
                 parts = line.split()
                 if len(parts) >= 2 and parts[0] == "nameserver":
+                    address, _, zone = parts[1].partition("%")  # a link-local one's zone kept
                     with contextlib.suppress(ValueError):
-                        found.append(str(ipaddress.ip_address(parts[1].split("%")[0])))
+                        ipaddress.ip_address(address)
+                        found.append(f"{address}%{zone}" if zone else address)
     return found[:3] or ["127.0.0.1"]
 
 
@@ -348,13 +350,15 @@ def ask_upstream(
     """
     failure: Exception = OSError("no resolver answered")
     for server in servers:
-        family = socket.AF_INET6 if ":" in server else socket.AF_INET
         ident = secrets.randbits(16)
         query = build_query(ident, name, TYPE_A)
-        try:
+        try:  # getaddrinfo: a numeric address, with its zone (fe80::1%eth0)
+            family, _, _, _, where = socket.getaddrinfo(
+                server, port, type=socket.SOCK_DGRAM, flags=socket.AI_NUMERICHOST
+            )[0]
             with socket.socket(family, socket.SOCK_DGRAM) as sock:
                 sock.settimeout(timeout)
-                sock.connect((server, port))
+                sock.connect(where)
                 sock.send(query)
                 deadline = time.monotonic() + timeout
                 while True:
@@ -363,7 +367,7 @@ def ask_upstream(
                     if len(data) < HEADER.size or data[:2] != query[:2]:
                         continue
                     if data[2] & 0x02:  # truncated: by TCP
-                        return _ask_tcp(family, (server, port), ident, name, query, timeout)
+                        return _ask_tcp(family, where, ident, name, query, timeout)
                     with contextlib.suppress(ValueError):
                         return parse_answer(data, ident, name)
         except (OSError, ValueError) as exc:
@@ -372,7 +376,7 @@ def ask_upstream(
 
 
 def _ask_tcp(
-    family: int, server: tuple[str, int], ident: int, name: str, query: bytes, timeout: float
+    family: int, server: Any, ident: int, name: str, query: bytes, timeout: float
 ) -> Answer:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
