@@ -8,7 +8,9 @@ matches a name decides, `defaultAction` where none does. A target is a host name
 `example.org` itself, never `evilexample.org`), matched without regard to ASCII case, with or
 without one trailing dot; a name with non-ASCII letters is matched in its IDNA form
 (`bücher.example` is `xn--bcher-kva.example`). IP and CIDR targets are refused (400), as the
-sidecar's API says ("IP/CIDR not yet supported"); so are targets that are no host name.
+sidecar's API says ("IP/CIDR not yet supported"); so are targets that are no host name, and
+those IDNA 2003 (Python's codec) and 2008 read differently (`DEVIATIONS`). An allowed name
+whose CNAME chain passes through a name a rule denies is refused.
 
 The resolver (`Resolver`, one thread per sandbox, in the server's process) holds a UDP and a
 TCP socket made in the sandbox's network namespace on its loopback (`firewall.Wall.sockets`),
@@ -26,15 +28,16 @@ server (no query about it reaches any resolver), and a line in the sandbox's eve
 (`REPORT_EVERY`), as does a packet the tables refused (the namespace's netfilter log, read
 from a socket made there too: `firewall.listen_log`). Bounds: `RATE` questions a second
 (`BURST` at once; the rest are dropped unanswered), one TCP connection at a time for at most
-`TCP_TIMEOUT` seconds, `MAX_ADDRESSES` addresses in the sets (an answer that would pass it
-is SERVFAIL) and `NAMES_PER_ADDRESS` names remembered for each, `UPSTREAM_TIMEOUT` per
-upstream resolver, `STOP_WAIT` for a delete to wait on the last question.
+`TCP_TIMEOUT` seconds, `MAX_ADDRESSES` addresses held and `NAMES_PER_ADDRESS` names
+remembered for each, `UPSTREAM_TIMEOUT` per upstream resolver, `STOP_WAIT` for a delete to
+wait on the last question (no set changes after it: the namespace's descriptor is closed).
 
-A changed policy (`Resolver.set_rules`) takes the addresses of names it no longer allows out
-of the sets at once and revokes them (`firewall.Wall.disallow`): the tables reject new
-connections to them and every further packet of an open one (TCP gets a reset). An entry
-that merely times out ends no open connection (a download longer than a TTL goes on); a new
-one needs the name asked again.
+The addresses held (the boundary's `known4`) outlive their TTL: an entry that times out ends
+no open connection (a download longer than a TTL goes on); a new one needs the name asked
+again. A changed policy (`Resolver.set_rules`) revokes the addresses of names it no longer
+allows at once (`firewall.Wall.disallow`): the tables refuse new connections to them and
+every further packet of an open one (TCP gets a reset). Out of room, the resolver revokes
+the addresses whose entries ended longest ago; where none has ended, the answer is SERVFAIL.
 """
 
 from __future__ import annotations
