@@ -103,6 +103,28 @@ def run_python(box: Box, code: str, *args: str) -> str:
     return "".join(texts(box.command(shlex.join(["python3", "-I", "-c", code, *args]))))
 
 
+# What a script that holds a connection open runs once it is open: a process whose command
+# line says so (the test waits for it), then USE seconds before it uses the connection again.
+OPENED = (
+    "import subprocess\n"
+    "opened = subprocess.Popen(['sh', '-c', 'sleep 60', 'opened-' + sys.argv[-1]])\n"
+    "time.sleep(6)\n"
+    "opened.kill()\n"
+)
+
+
+def held(box: Box, script: str, *args: str) -> tuple[threading.Thread, list[str], int]:
+    """`script` (which runs `OPENED` once its connection is open) started in the sandbox with
+    `args`; returned once that connection is open, with its thread, its output to come and
+    the host pid of a process in the sandbox."""
+    marker = f"{os.getpid()}-{time.monotonic_ns()}"
+    out: list[str] = []
+    worker = threading.Thread(target=lambda: out.append(run_python(box, script, *args, marker)))
+    worker.start()
+    assert wait_until(lambda: bool(host_pids_with(f"opened-{marker}")), 30), out
+    return worker, out, host_pids_with(f"opened-{marker}")[0]
+
+
 def remove(box: Box) -> None:
     box.http.delete(f"{box.server.api_base}/sandboxes/{box.id}")
 
@@ -302,19 +324,16 @@ def test_patch_and_delete_take_effect_for_new_connections_and_end_open_ones(
 
         # An open connection to allowed.test, used again after the rule is gone.
         hold = (
-            "import socket, time\n"
+            "import socket, sys, time\n"
             "s = socket.create_connection(('allowed.test', 80), timeout=5)\n"
             "print('OPEN', flush=True)\n"
-            "time.sleep(4)\n"
+            f"{OPENED}"
             "try:\n"
             "    s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print('GOT', s.recv(100))\n"
             "except OSError as exc:\n"
             "    print('ENDED', type(exc).__name__)\n"
         )
-        out: list[str] = []
-        worker = threading.Thread(target=lambda: out.append(run_python(box, hold)))
-        worker.start()
-        time.sleep(1.5)
+        worker, out, _ = held(box, hold)
         gone = http.delete(policy, json=["allowed.test"])
         assert gone.status_code == 200, gone.text
         assert "allowed.test" not in gone.text
@@ -337,13 +356,12 @@ def test_an_open_connection_outlives_its_address_s_entry_a_new_one_does_not(
     address), while a new connection needs the name asked again. The entry is taken out here
     as its timeout would (nft, in the sandbox's namespace), not waited for."""
     box = make(net, http, {"egress": [{"action": "allow", "target": "allowed.test"}]})
-    marker = f"held-{os.getpid()}-{time.monotonic_ns()}"
     hold = (
         "import socket, sys, time\n"
         f"s = socket.create_connection(('allowed.test', {ECHO}), timeout=5)\n"
         "s.sendall(b'a'); assert s.recv(1) == b'a'\n"
         "print('OPEN', flush=True)\n"
-        "time.sleep(4)\n"
+        f"{OPENED}"
         "try:\n"
         "    s.sendall(b'b'); print('ECHOED', s.recv(1))\n"
         "except OSError as exc:\n"
@@ -354,14 +372,8 @@ def test_an_open_connection_outlives_its_address_s_entry_a_new_one_does_not(
         "except OSError as exc:\n"
         "    print('NEW REFUSED')\n"
     )
-    out: list[str] = []
     try:
-        command = f"python3 -I -c {shlex.quote(hold)} {marker}"
-        worker = threading.Thread(target=lambda: out.append("".join(texts(box.command(command)))))
-        worker.start()
-        assert wait_until(lambda: bool(host_pids_with(marker)), 10)
-        time.sleep(1)
-        pid = host_pids_with(marker)[0]
+        worker, out, pid = held(box, hold)
         expire = f"delete element inet osb_sync allowed4 {{ {ZONE['allowed.test']} }}\n"
         done = subprocess.run(
             ["nsenter", "-t", str(pid), "-n", "nft", "-f", "-"],
@@ -380,7 +392,7 @@ HOLD = (
     "s = socket.create_connection((sys.argv[1], 7), timeout=5)\n"
     "s.sendall(b'a'); assert s.recv(1) == b'a'\n"
     "print('OPEN', flush=True)\n"
-    "time.sleep(4)\n"
+    f"{OPENED}"
     "try:\n"
     "    s.settimeout(3); s.sendall(b'b'); print('ECHOED', s.recv(1))\n"
     "except OSError as exc:\n"
@@ -410,12 +422,8 @@ def test_an_open_connection_a_new_policy_does_not_allow_ends(
 ) -> None:
     box = make(net, http, first)
     url = f"{net.api_base}/sandboxes/{box.id}/networkpolicy"
-    out: list[str] = []
     try:
-        command = f"python3 -I -c {shlex.quote(HOLD)} {name}"
-        worker = threading.Thread(target=lambda: out.append("".join(texts(box.command(command)))))
-        worker.start()
-        time.sleep(1.5)
+        worker, out, _ = held(box, HOLD, name)
         for policy in then:
             answer = http.put(url, json=policy)
             assert answer.status_code == 200, answer.text
@@ -512,7 +520,7 @@ def test_a_query_flood_is_bounded_and_the_resolver_answers_after(
         assert int(said.split("SENT")[1].split()[0]) > 1000, said
         # the flood costs the sandbox's CPU, not the server's (the review's F3: 0.59 of a
         # core in the server, past the sandbox's own limit)
-        assert spent < 0.25, (spent, said)
+        assert spent < 0.4, (spent, said)  # 0.12 s here with the limit, 1.0-1.4 s without
         started = time.monotonic()
         assert fetch(box, "allowed.test") == {"allowed.test": "ok:allowed.test"}
         assert time.monotonic() - started < 15
