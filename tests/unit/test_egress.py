@@ -588,3 +588,26 @@ def test_a_full_table_revokes_the_addresses_whose_entries_ended_longest_ago(
     recorder.allowed.clear()
     server.refill()  # tables loaded again: the boundary's set gets every address held
     assert recorder.allowed == [{"198.18.2.1": 0, "198.18.2.2": 61}]  # rounded up
+
+
+def test_an_address_being_handed_out_again_is_not_the_one_revoked_for_room(
+    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(egress.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(egress, "MAX_ADDRESSES", 2)
+    recorder = Recorder([])
+    server = resolver(rules(("allow", "*.wild.test")), recorder, pair)
+    for index in range(2):
+        recorder.records = [a_record(f"h{index}.wild.test", f"198.18.2.{index}", ttl=60)]
+        server.answer(query(f"h{index}.wild.test"))
+        clock[0] += 1
+    clock[0] += 60
+    recorder.records = [
+        a_record("h9.wild.test", "198.18.2.0"),
+        a_record("h9.wild.test", "198.18.2.9"),
+    ]
+    reply = server.answer(query("h9.wild.test"))
+    assert reply is not None and records_of(reply) == (0, ["198.18.2.0", "198.18.2.9"])
+    assert recorder.disallowed == [["198.18.2.1"]]  # not .0, which this answer hands out
+    assert set(server.handed()) == {"198.18.2.0", "198.18.2.9"}

@@ -583,7 +583,7 @@ class Resolver:
             new = [a for a in addresses if a not in self._handed]
             if len(self._handed) + len(new) > MAX_ADDRESSES:
                 try:
-                    room = self._evict(len(new), now)
+                    room = self._evict(len(new), now, set(addresses))
                 except RuntimeError as exc:
                     self._warn(now, f"a sandbox's allowed addresses: {exc}")
                     return None
@@ -610,15 +610,16 @@ class Resolver:
                     del names[next(iter(names))]  # address's connections sooner
         return max(0, int(min(ends) - now) - 1)
 
-    def _evict(self, count: int, now: float) -> bool:
+    def _evict(self, count: int, now: float, keep: set[str]) -> bool:
         """Make room for `count` addresses by revoking those whose entries ended longest ago
-        (their open connections end: the resolver no longer knows their names); False where
-        too few have ended.
+        (their open connections end: the resolver no longer knows their names), never one of
+        `keep` (the answer's own); False where too few have ended.
 
         Raises:
             RuntimeError: the sets could not change (`disallow`'s): nothing is forgotten.
         """
         ended: list[str] = []
+        kept: list[tuple[float, str]] = []
         while len(self._handed) - len(ended) + count > MAX_ADDRESSES and self._ends:
             until, address = self._ends[0]
             if self._until.get(address) != until or address in ended:  # stale
@@ -627,7 +628,12 @@ class Resolver:
             if until > now:
                 break
             heapq.heappop(self._ends)
-            ended.append(address)
+            if address in keep:
+                kept.append((until, address))
+            else:
+                ended.append(address)
+        for entry in kept:
+            heapq.heappush(self._ends, entry)
         if ended:
             try:
                 self._disallow(ended)
