@@ -548,6 +548,14 @@ def _add_manage(command: Any) -> None:
         "--env", action="append", default=[], metavar="KEY=VALUE", help="variable (repeatable)"
     )
     create.add_argument("--allow-internet", action="store_true", help="no deny-all network policy")
+    create.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="reach this host name or *.wildcard only, nothing else (repeatable; a deny-all "
+        "policy with allow rules)",
+    )
 
     listing = command("list", "list the sandboxes of a server", aliases=["ls", "ps"])
     listing.add_argument(

@@ -172,6 +172,7 @@ class NewSandboxOptions(Options):
     metadata: dict[str, str] | None
     env: dict[str, str] | None
     allow_internet: bool
+    allow: tuple[str, ...] = ()  # --allow: the only hosts it reaches, by name
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> NewSandboxOptions:
@@ -180,13 +181,27 @@ class NewSandboxOptions(Options):
             if metadata and metadata.get("name", args.name) != args.name:
                 raise UsageError("--name NAME is the label name=NAME: give one of them")
             metadata = {**(metadata or {}), "name": args.name}
+        allow = tuple(args.allow)
+        if allow and args.allow_internet:
+            raise UsageError(
+                "--allow names the only hosts the sandbox reaches, --allow-internet gives it"
+                " every host: give one of them"
+            )
         return cls(
             args.template,
             args.lifetime,
             metadata,
             pairs(args.env, "--env"),
             args.allow_internet,
+            allow,
         )
+
+    def network_policy(self) -> dict[str, Any] | None:
+        """The create's networkPolicy for ``--allow`` (deny by default), else None."""
+        if not self.allow:
+            return None
+        rules = [{"action": "allow", "target": target} for target in self.allow]
+        return {"defaultAction": "deny", "egress": rules}
 
 
 @dataclass(frozen=True)

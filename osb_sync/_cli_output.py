@@ -62,7 +62,9 @@ JSON_SHAPES = (
     (
         "sandbox (create, get; list and inspect: an array)",
         '{"id", "state", "message", "image", "created_at", "expires_at", "metadata"}: metadata '
-        "an object without the internal osb-sync/create-id tag; times in ISO 8601 or null",
+        "an object without the internal osb-sync/create-id tag; times in ISO 8601 or null;"
+        ' inspect adds "network_policy": {"defaultAction", "egress", "mode"}, the policy in force'
+        " (null where the server cannot say)",
     ),
     ("code run (run)", '{"stdout", "stderr", "results", "error", "execution_count"}'),
     (

@@ -105,6 +105,7 @@ def cmd_create(cli: GlobalOptions, new: NewSandboxOptions) -> int:
                     metadata=new.metadata,
                     env_vars=new.env,
                     allow_internet_access=new.allow_internet or None,
+                    network_policy=new.network_policy(),
                 )
             except ApiError as exc:
                 if "body.timeout" not in str(exc):
@@ -161,8 +162,21 @@ def cmd_inspect(cli: GlobalOptions, given: IdsOptions) -> int:
     with cli.client() as client:
         ids = resolve_ids(client, given.ids)
         found = [info for info in (_info_or_none(client, i) for i in ids) if info]
-    print(json.dumps([sandbox_json(info) for info in found], indent=2))
+        shapes = [
+            {**sandbox_json(info), "network_policy": _policy(client, info.id)} for info in found
+        ]
+    print(json.dumps(shapes, indent=2))
     return 0 if len(found) == len(given.ids) else EXIT_NOT_FOUND
+
+
+def _policy(client: Client, sandbox_id: str) -> dict[str, Any] | None:
+    """The network policy in force (its wire shape, with the server's mode), None where the
+    server cannot say (no network policy routes, or the sandbox is gone meanwhile)."""
+    try:
+        policy = client.network_policy(sandbox_id).get()
+    except (NotSupportedError, NotFoundError):
+        return None
+    return {**policy.to_dict(), "mode": policy.mode}
 
 
 def _info_or_none(client: Client, sandbox_id: str, quiet: bool = False) -> SandboxInfo | None:

@@ -58,7 +58,7 @@ from ._options import (
     split_create_options,
     with_keywords,
 )
-from ._resources import Diagnostics, Pools, Snapshots, Templates
+from ._resources import Diagnostics, Network, Pools, Snapshots, Templates
 from ._sandbox import Sandbox, start_code
 from ._transport import Transport
 from ._validators import is_number, whole
@@ -457,6 +457,15 @@ class Client:
             ConfigurationError: a malformed id.
         """
         return Diagnostics(self._lifecycle, check_id(sandbox_id))
+
+    def network_policy(self, sandbox_id: str) -> Network:
+        """A sandbox's egress policy (get, replace, patch, delete rules), reached without its
+        execd endpoint, as ``Sandbox.network_policy``.
+
+        Raises:
+            ConfigurationError: a malformed id.
+        """
+        return Network(self._lifecycle, check_id(sandbox_id))
 
     def sandbox_stats(self, sandbox_id: str) -> SandboxStats:
         """A sandbox's usage against its limits, read from its cgroups by ``osb-sync serve``

@@ -103,10 +103,17 @@ def test_network_policy_calls(sandbox: Any, local: LocalServer) -> None:
     assert sandbox.get_egress_policy().egress == []
     if not local.network_policy_enforced:
         return  # nothing is enforced here, so nothing is refused either
-    # per-host exceptions are refused with the create's 400
-    with pytest.raises(Exception, match="per-host egress rules"):
-        sandbox.patch_egress_rules([NetworkRule(action="allow", target="pypi.org")])
+    # IP targets are refused with the create's 400, as the egress sidecar refuses them
+    with pytest.raises(Exception, match="IP and CIDR targets"):
+        sandbox.patch_egress_rules([NetworkRule(action="allow", target="192.0.2.1")])
     assert sandbox.get_egress_policy().default_action == "deny"
+    # a name: enforced (the server's resolver and sets), through the SDK's sidecar call
+    sandbox.patch_egress_rules([NetworkRule(action="allow", target="pypi.org")])
+    policy = sandbox.get_egress_policy()
+    assert policy.default_action == "deny"
+    assert [(r.action, r.target) for r in policy.egress] == [("allow", "pypi.org")]
+    sandbox.delete_egress_rules(["pypi.org"])
+    assert sandbox.get_egress_policy().egress == []
 
 
 def test_pool_calls(local: LocalServer, config: ConnectionConfigSync) -> None:

@@ -166,13 +166,23 @@ def test_network_policy_accepted_but_flagged(http: requests.Session) -> None:
         assert "NOT enforced" in created.json()["status"]["message"]
 
 
-def test_per_host_rules_are_never_enforced(http: requests.Session) -> None:
+def test_rules_by_name_are_enforced_and_ip_targets_refused(http: requests.Session) -> None:
+    """Issue 44: a rule by name is enforced (tests/local/test_egress.py shows how); an IP or
+    CIDR target is refused, as OpenSandbox's egress sidecar refuses it."""
+    require_slirp()
     rules = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "pypi.org"}]}
+    literal = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "192.0.2.1"}]}
     with local_server() as srv:
-        refused = http.post(
+        created = http.post(
             f"{srv.api_base}/sandboxes", json={**CREATE_BODY, "networkPolicy": rules}
         )
-        assert refused.status_code == 400
+        assert created.status_code == 202, created.text
+        assert "enforced by name" in created.json()["status"]["message"]
+        http.delete(f"{srv.api_base}/sandboxes/{created.json()['id']}")
+        refused = http.post(
+            f"{srv.api_base}/sandboxes", json={**CREATE_BODY, "networkPolicy": literal}
+        )
+        assert refused.status_code == 400 and "IP and CIDR" in refused.text
 
 
 def test_unisolated_sandboxes_say_so(make_box: Any, caplog: Any) -> None:

@@ -23,14 +23,16 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
 
 from osb_sync import ApiError, Client
 from osb_sync.local.host import identity
+from tests.local.fakenet import ZONE, FakeInternet, Relay, fetch_code, parse_result
 from tests.local.serverproc import CHECKOUT, ServerProcess, descendants
-from tests.local.support import CREATE_BODY, Box, require_slirp, texts
+from tests.local.support import CREATE_BODY, Box, require_slirp, texts, wait_for
 from tests.local.test_confinement import DOCKER_CAPS
 from tests.local.test_host_firewall import (  # noqa: F401 (fixtures)
     CAP_NET_ADMIN,
@@ -636,3 +638,42 @@ def test_a_host_whose_tun_only_root_opens_refuses_a_non_root_internet_sandbox_sa
             assert requests.post(url, json=deny, timeout=60).status_code == 202
         finally:
             assert server.stop() == 0
+
+
+def test_a_user_s_sandbox_with_rules_reaches_the_allowed_names_only(
+    ranged_user: str, package_copy: str
+) -> None:
+    """Egress by name for an ordinary user's server (its resolver's sockets made through
+    nsenter, its sets loaded in the user namespace), in the fake internet (`fakenet.py`)."""
+    require_slirp()
+    internet = FakeInternet()
+    server = relay = None
+    try:
+        with tun_of_mode(0o666) as tun:
+            wrap = (*internet.wrap(), *tun)
+            server = ServerProcess(user=ranged_user, python=PYTHON, path=package_copy, wrap=wrap)
+        relay = Relay(internet.server, server.port)
+        shim = SimpleNamespace(
+            api_base=f"http://127.0.0.1:{relay.port}/v1", root_dir=str(server.root), isolated=True
+        )
+        policy = {"egress": [{"action": "allow", "target": "allowed.test"}]}
+        with requests.Session() as http:
+            box = Box(shim, http, {**CREATE_BODY, "networkPolicy": policy})  # type: ignore[arg-type]
+            code = fetch_code(["allowed.test", "denied.test", ZONE["denied.test"]])
+            events = box.command(f"python3 -I -c {shlex.quote(code)}")
+            journal = f"{shim.api_base}/sandboxes/{box.id}/diagnostics/events"
+            refused = f"egress denied: {ZONE['denied.test']}:80/tcp"
+            seen = wait_for(lambda: refused in http.get(journal).text, 10)
+            http.delete(f"{shim.api_base}/sandboxes/{box.id}")
+        assert parse_result("".join(texts(events))) == {
+            "allowed.test": "ok:allowed.test",
+            "denied.test": "dns",
+            ZONE["denied.test"]: "net",
+        }
+        assert seen  # its refused packets read too (the log socket made in its namespace)
+    finally:
+        if relay is not None:
+            relay.close()
+        if server is not None:
+            server.stop()
+        internet.close()

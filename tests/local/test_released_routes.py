@@ -159,14 +159,18 @@ def test_a_pool_refuses_what_its_spares_cannot_take(client: Client) -> None:
         client.pools.create("cold", {"volumes": []}, PoolCapacity())
 
 
-def test_per_host_rules_are_refused_like_at_create(client: Client) -> None:
+def test_ip_targets_are_refused_like_at_create(client: Client) -> None:
     sandbox = client.create_sandbox(allow_internet_access=True, **FAST)
     with sandbox:
         assert sandbox.network_policy.get() == NetworkPolicy("allow")
-        with pytest.raises(osb_sync.ApiError, match="per-host egress rules") as info:
-            sandbox.network_policy.patch_rules([NetworkRule("deny", "evil.test")])
+        with pytest.raises(osb_sync.ApiError, match="IP and CIDR targets") as info:
+            sandbox.network_policy.patch_rules([NetworkRule("deny", "192.0.2.0/24")])
         assert info.value.status_code == 400
         assert sandbox.network_policy.get() == NetworkPolicy("allow")  # unchanged
+        sandbox.network_policy.patch_rules([NetworkRule("deny", "evil.test")])  # by name: taken
+        assert sandbox.network_policy.get() == NetworkPolicy(
+            "allow", (NetworkRule("deny", "evil.test"),)
+        )
 
 
 def routes_out(sandbox: osb_sync.Sandbox) -> list[str]:
@@ -228,10 +232,10 @@ def test_the_egress_sidecar_api_is_served_behind_its_token(client: Client) -> No
         refused = requests.patch(
             f"{egress.url}/policy",
             headers=egress.headers,
-            json=[{"action": "deny", "target": "evil.test"}],
+            json=[{"action": "deny", "target": "192.0.2.1"}],
             timeout=5,
         )
-        assert refused.status_code == 400 and "per-host" in refused.json()["message"]
+        assert refused.status_code == 400 and "IP and CIDR" in refused.json()["message"]
         missing = requests.get(f"{egress.url}/other", headers=egress.headers, timeout=5)
         assert missing.status_code == 404
 

@@ -630,6 +630,33 @@ def test_pause_resume_renew_inspect_stats(server: LocalServer) -> None:
         osb("rm", *api(server), sandbox_id)
 
 
+def test_create_allow_names_the_only_hosts_and_inspect_shows_the_policy(
+    server: LocalServer,
+) -> None:
+    created = osb("create", *api(server), "--allow", "allowed.test", "--allow", "*.wild.test")
+    sandbox_id = created.stdout.strip()
+    try:
+        assert created.returncode == 0, created.stderr
+        inspected = osb("inspect", *api(server), sandbox_id)
+        policy = json.loads(inspected.stdout)[0]["network_policy"]
+        assert policy == {
+            "defaultAction": "deny",
+            "egress": [
+                {"action": "allow", "target": "allowed.test"},
+                {"action": "allow", "target": "*.wild.test"},
+            ],
+            "mode": "deny_all_with_rules",
+        }
+        plain = osb("inspect", *api(server), osb("create", *api(server)).stdout.strip())
+        shape = json.loads(plain.stdout)[0]
+        osb("rm", *api(server), shape["id"])
+        assert shape["network_policy"]["mode"] == "deny_all"  # the client's default
+    finally:
+        osb("rm", *api(server), sandbox_id)
+    both = osb("create", *api(server), "--allow", "allowed.test", "--allow-internet")
+    assert both.returncode == 125 and "give one of them" in both.stderr, both.stderr  # usage
+
+
 def test_stats_without_the_servers_extension_shows_execds_figures_as_the_hosts() -> None:
     # OpenSandbox's server: no GET /sandboxes/{id}/stats (FastAPI's 404), and a Sandbox
     # object without resourceLimits; its execd's /metrics reads the host's /proc.

@@ -77,6 +77,24 @@ def test_key_value_flags_are_dicts_and_a_bad_one_names_its_flag() -> None:
         ExecOptions.of(parser.parse_args(["exec", "-e", "X", "sb", "true"]))
 
 
+def test_allow_is_a_deny_default_with_allow_rules_and_never_beside_allow_internet() -> None:
+    parser = build_parser()
+    plain = NewSandboxOptions.of(parser.parse_args(["create"]))
+    assert plain.network_policy() is None  # the client's default: deny-all
+    named = NewSandboxOptions.of(
+        parser.parse_args(["create", "--allow", "a.test", "--allow", "*.b.test"])
+    )
+    assert named.network_policy() == {
+        "defaultAction": "deny",
+        "egress": [
+            {"action": "allow", "target": "a.test"},
+            {"action": "allow", "target": "*.b.test"},
+        ],
+    }
+    with pytest.raises(UsageError, match=r"--allow .* --allow-internet .* give one of them"):
+        NewSandboxOptions.of(parser.parse_args(["create", "--allow", "a.test", "--allow-internet"]))
+
+
 def test_serve_gets_the_servers_keywords_but_its_key() -> None:
     serve = ServeOptions.of(build_parser().parse_args(["serve", "--port", "0"]))
     assert serve.server["port"] == 0 and serve.server["api_key"] is None

@@ -30,7 +30,7 @@ def test_patch_merges_by_target_and_the_first_of_two_wins() -> None:
         {"action": "allow", "target": "a.test"},
         {"action": "deny", "target": "b.test"},
     ]
-    assert network.needs(merged) == "rules"  # an exception to deny-all: refused by the server
+    assert network.needs(merged) == "rules"  # an exception to deny-all: enforced by name
     assert network.without(merged, ["a.test"])["egress"] == [{"action": "deny", "target": "b.test"}]
     assert network.needs(network.without(merged, ["a.test"])) == "deny-all"
 

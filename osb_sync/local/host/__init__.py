@@ -41,6 +41,7 @@ Their confinement and limits:
 - `staging`: host binds of what bwrap cannot reach by name.
 - `seccomp`: the sandboxes' seccomp filter.
 - `firewall`: nftables in a sandbox's namespace, keeping it from this host.
+- `egress`: egress rules by name: a sandbox's resolver and the addresses it handed out.
 - `slirp`: outbound network through slirp4netns.
 - `volumes`: a create's volumes, checked, opened and bound by descriptor.
 - `limits`: resource limits, and how each is enforced.

@@ -598,28 +598,36 @@ def network_plan(needs: str, support: Support, accept_unenforced: bool) -> tuple
     """(give the sandbox outbound access?, status note) for what its network policy needs.
 
     Args:
-        needs: `validation.policy_needs` of the policy: "nothing", "deny-all" or "rules".
+        needs: `network.needs` of the policy: "nothing", "deny-all" or "rules".
         support: what this host allows.
         accept_unenforced: create the sandbox anyway when the policy cannot be enforced.
 
     Raises:
         PolicyError: the policy cannot be enforced, and that is not accepted.
         InternetError: the sandbox would reach the internet through slirp4netns where the
-            tools that keep it from the host's addresses are missing (`firewall.INSTALL`).
+            tools that keep it from the host's addresses (and enforce rules) are missing
+            (`firewall.INSTALL`).
     """
     if needs == "deny-all" and support.bwrap is not None:
         return False, " Network policy enforced: private network namespace, loopback only."
+    if needs == "rules" and support.bwrap is not None and support.slirp is not None:
+        if support.firewall is None:  # rules are enforced by nft: fail closed
+            raise InternetError(f"{firewall.INSTALL}.")
+        return True, (
+            " Network policy enforced by name: the server's resolver answers allowed names"
+            " only, and packets leave only toward the addresses it handed out (nftables)."
+        )
     note = ""
     if needs != "nothing":
         why = (
-            "per-host egress rules are not supported by the local server"
-            if needs == "rules"
+            "egress rules need slirp4netns (apt-get install slirp4netns)"
+            if needs == "rules" and support.bwrap is not None
             else f"sandboxes are not isolated here: {support.problem}"
         )
         if not accept_unenforced:
             raise PolicyError(
                 f"networkPolicy cannot be enforced: {why}. Hint: only a deny-all policy "
-                "can be enforced, where sandboxes are isolated; start the local "
+                "can be enforced without it, where sandboxes are isolated; start the local "
                 "server with unenforced_network_policy='accept' to run without it.",
             )
         note = f" WARNING: networkPolicy is NOT enforced ({why})."

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import platform
 import resource
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -44,6 +46,7 @@ from ..protocol import Claim, Start
 from . import (
     bwrap,
     disk,
+    egress,
     execd_template,
     firewall,
     identity,
@@ -65,6 +68,8 @@ from .rootview import HostView, Places, RootView
 from .slirp import start_slirp
 from .spawn import SPAWNER, pidfd, read_until, signal_pids
 from .volumes import Bind
+
+logger = logging.getLogger("osb_sync.local")
 
 # Run by path, never imported here: execd/ is the sandbox side of the security line.
 MAIN_SCRIPT = str(Path(__file__).parents[1] / "execd" / "main.py")
@@ -102,6 +107,7 @@ class Assignment:
     entrypoint: tuple[str, ...] | None = None  # started once execd serves (`entrypoint.py`)
     limits: Plan = field(default_factory=Plan)  # a spare writes them at claim
     internet: bool = False  # outbound access (slirp4netns) instead of loopback only
+    rules: egress.Rules | None = None  # by name only (`egress.py`)
 
 
 def _memfd(fds: contextlib.ExitStack, name: str, data: bytes) -> int:
@@ -158,6 +164,9 @@ class SandboxContainer:
         self._slirp: subprocess.Popen[bytes] | None = None
         self._slirp_exit = -1
         self._wall: firewall.Wall | None = None  # its tables, once it had internet access
+        self._resolver: egress.Resolver | None = None  # while it has rules (`egress.py`)
+        self._names: firewall.Names | None = None  # the tables' kind while it has rules
+        self.on_event: Callable[[str], None] | None = None  # a line for its events
         self._cgroup: Cgroup | Cgroup2 | None = None
         self._limits = Plan()
         self._settings = Launch()
@@ -446,7 +455,7 @@ class SandboxContainer:
         deadline = time.monotonic() + START_TIMEOUT + (BINARY_START_TIMEOUT if binary else 0)
         try:
             if assignment.internet and self.support.slirp and self.init_pid is not None:
-                self._connect(deadline)
+                self._connect(deadline, assignment.rules)
             claim = Claim(
                 assignment.token,
                 self._settings.view.environment(assignment.env, self._plain_home),
@@ -467,8 +476,9 @@ class SandboxContainer:
             os.close(self._ready_r)
             self._ready_r = -1
 
-    def set_internet(self, internet: bool) -> bool:
-        """Give the running container outbound access (slirp4netns) or take it away.
+    def set_internet(self, internet: bool, rules: egress.Rules | None = None) -> bool:
+        """Give the running container outbound access (slirp4netns), by name only where
+        `rules` (`egress.py`), or take it away.
 
         Taking it away stops slirp4netns: its tap device, the namespace's only way out, goes
         with it, and the sandbox keeps loopback only. Returns whether it has outbound access
@@ -476,7 +486,7 @@ class SandboxContainer:
 
         Raises:
             ProcessLookupError: the container has exited (its network is nobody's business).
-            RuntimeError, OSError: slirp4netns did not start.
+            RuntimeError, OSError: slirp4netns did not start, or the tables could not change.
         """
         with self._lock:
             if self._closed or self.init_pid is None:
@@ -484,19 +494,88 @@ class SandboxContainer:
             if not self.alive() or (self._init_fd >= 0 and spawn.exited(self._init_fd)):
                 raise ProcessLookupError("the sandbox's container has exited")
             if internet and self._slirp is None and self.support.slirp:
-                self._connect(time.monotonic() + START_TIMEOUT)
+                self._connect(time.monotonic() + START_TIMEOUT, rules)
+            elif internet and self._slirp is not None:
+                self._change_rules(rules)
             elif not internet and self._slirp is not None:
                 os.close(self._slirp_exit)
                 self._slirp.kill()
                 self._slirp.wait()
                 self._slirp, self._slirp_exit = None, -1
                 self.network = "none"
+                self._stop_resolver()
                 if self._wall is not None:
                     self._wall.down()
             return self._slirp is not None
 
-    def _connect(self, deadline: float) -> None:
-        """Load the firewall into the namespace, then attach slirp4netns (its way out).
+    def _change_rules(self, rules: egress.Rules | None) -> None:
+        """Another policy for a container with outbound access: the tables of its kind (loaded
+        again, atomically, where the kind changes) and the resolver's rules."""
+        assert self._wall is not None
+        resolver = self._resolver
+        if rules is None:
+            if resolver is not None:
+                self._wall.reload(None)
+                self._names = None
+                self._stop_resolver()
+            return
+        if resolver is not None and self._names is not None:
+            if self._names.restrict == (not rules.default_allow):
+                resolver.set_rules(rules)
+                return
+            names = firewall.Names(
+                self._names.udp, self._names.tcp, not rules.default_allow, firewall.new_mark()
+            )
+            resolver.set_rules(rules)
+            self._wall.reload(names)
+            self._names = names
+            resolver.refill()
+            return
+        udp, tcp, log = self._wall.sockets()
+        port = udp.getsockname()[1], tcp.getsockname()[1]
+        names = firewall.Names(port[0], port[1], not rules.default_allow, firewall.new_mark())
+        try:
+            self._start_resolver(rules, udp, tcp, log)
+            self._wall.reload(names)
+        except BaseException:
+            self._stop_resolver()
+            raise
+        self._names = names
+
+    def _start_resolver(
+        self, rules: egress.Rules, udp: socket.socket, tcp: socket.socket, log: socket.socket
+    ) -> None:
+        assert self._wall is not None
+        try:
+            firewall.listen_log(log, firewall.LOG_GROUP)
+        except OSError as exc:  # refused packets go unreported; names still are
+            logger.warning("local server: a sandbox's refused packets cannot be read: %s", exc)
+            log.close()
+        self._resolver = egress.Resolver(
+            rules,
+            udp,
+            tcp,
+            self._wall.allow,
+            self._wall.disallow,
+            self._event,
+            log=None if log.fileno() < 0 else log,
+        )
+        self._resolver.start()
+
+    def _stop_resolver(self) -> None:
+        if self._resolver is not None:
+            self._resolver.stop()
+            self._resolver = None
+        self._names = None
+
+    def _event(self, line: str) -> None:
+        report = self.on_event
+        if report is not None:
+            report(line)
+
+    def _connect(self, deadline: float, rules: egress.Rules | None = None) -> None:
+        """Load the firewall into the namespace (with `rules`, start the sandbox's resolver
+        and load the policy's tables: `egress.py`), then attach slirp4netns (its way out).
 
         Raises:
             RuntimeError: the firewall's tools are missing or failed, or slirp4netns did not
@@ -511,15 +590,26 @@ class SandboxContainer:
             raise RuntimeError(refused)
         if self._wall is None:
             self._wall = firewall.Wall(self.support.firewall, self._netns, joins, self.ids.own)
-        self._wall.up()
+        names = None
+        if rules is not None:
+            udp, tcp, log = self._wall.sockets()
+            port = udp.getsockname()[1], tcp.getsockname()[1]
+            names = firewall.Names(port[0], port[1], not rules.default_allow, firewall.new_mark())
+            self._start_resolver(rules, udp, tcp, log)
         try:
-            self._slirp, self._slirp_exit = start_slirp(
-                self.support.slirp, self._netns, joins, deadline
-            )
+            self._wall.up(names)
+            try:
+                self._slirp, self._slirp_exit = start_slirp(
+                    self.support.slirp, self._netns, joins, deadline
+                )
+            except BaseException:
+                with contextlib.suppress(RuntimeError):
+                    self._wall.down()  # the next attempt makes the tap device again
+                raise
         except BaseException:
-            with contextlib.suppress(RuntimeError):
-                self._wall.down()  # the next attempt makes the tap device again
+            self._stop_resolver()
             raise
+        self._names = names
         self.network = "slirp4netns"
 
     def apply_limits(self, plan: Plan) -> None:
@@ -934,6 +1024,7 @@ class SandboxContainer:
         if self._slirp is not None:
             self._slirp.kill()
             self._slirp.wait()
+        self._stop_resolver()
         if self._wall is not None:
             self._wall.forget()
         if self._netns >= 0:

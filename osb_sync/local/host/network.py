@@ -2,10 +2,11 @@
 running sandbox, the released server's `/networkpolicy` and the egress sidecar's `/policy`
 (`egress-api.yaml`), one logic for both.
 
-The local server enforces what a network namespace can: deny-all (loopback only) and
-allow-all (slirp4netns, never to the host's own addresses: `firewall.py`), switched on a
-running sandbox (`SandboxContainer.set_internet`). Per-host rules are refused as a create
-refuses them (`bwrap.network_plan`), whatever the route.
+The local server enforces deny-all (a network namespace with loopback only), allow-all
+(slirp4netns, never to the host's own addresses: `firewall.py`) and rules by name (the
+server's resolver and the namespace's sets of the addresses it handed out: `egress.py`),
+switched on a running sandbox (`SandboxContainer.set_internet`). A target that is no host
+name (an IP or a CIDR among them) is refused (400) on every route, as a create refuses it.
 
 The sidecar's API is served by the server, on the host, for the proxy route of port 18080,
 behind a token only the endpoint route hands out (`OPENSANDBOX-EGRESS-AUTH`); it is never
@@ -21,6 +22,8 @@ from typing import Any
 
 from ..http.exchange import Exchange, HttpError, error
 from .bwrap import network_plan
+from .egress import Rules, TargetError
+from .errors import PolicyError
 from .sandboxes import Config, LocalSandbox, Sandboxes
 from .validation import check_network_policy, check_rules, check_targets, read_json
 
@@ -36,12 +39,29 @@ def needs(policy: dict[str, Any] | None) -> str:
     return "deny-all" if default == "deny" else "nothing"
 
 
+def rules(policy: dict[str, Any] | None) -> Rules | None:
+    """The compiled rules of a policy with rules (`needs` "rules"), else None.
+
+    Raises:
+        PolicyError: a target is refused (`egress.check_target`).
+    """
+    if needs(policy) != "rules":
+        return None
+    assert policy is not None
+    try:
+        return Rules.of(normal(policy))
+    except TargetError as exc:
+        raise PolicyError(f"networkPolicy.egress: {exc}.") from None
+
+
 def plan(policy: dict[str, Any] | None, config: Config) -> tuple[bool, str]:
     """(give the sandbox outbound access?, status note) for `policy` on this server.
 
     Raises:
+        PolicyError: a target is refused (`rules`).
         The errors of `bwrap.network_plan`.
     """
+    rules(policy)
     return network_plan(needs(policy), config.support, config.accept_unenforced)
 
 
@@ -66,9 +86,10 @@ def status(policy: dict[str, Any]) -> dict[str, Any]:
     return {
         "status": "ok",
         "mode": mode,
-        "enforcementMode": "namespace",
+        "enforcementMode": "dns+nft" if has_rules else "namespace",
         "reason": "deny-all is a private network namespace (loopback only); allow-all is "
-        "slirp4netns, without this host's own addresses (nftables)",
+        "slirp4netns, without this host's own addresses (nftables); rules are the server's "
+        "resolver and sets of the addresses it handed out (nftables)",
         "policy": policy,
     }
 
@@ -107,7 +128,7 @@ class NetworkPolicy:
             policy = normal(change(sandbox.policy))
             internet, note = plan(policy, self.sandboxes.config)
             try:
-                sandbox.container.set_internet(internet)
+                sandbox.container.set_internet(internet, rules(policy))
             except ProcessLookupError as exc:
                 message = f"Sandbox {sandbox.id}'s network cannot change: {exc}."
                 raise error(409, "DOCKER::SANDBOX_NOT_RUNNING", message) from None

@@ -36,6 +36,7 @@ from . import disk, entrypoint, identity, limits, network, package, volumes
 from .capacity import Capacity
 from .container import OOM_CONTROL, Assignment, Launch
 from .diagnostics import Diagnostics
+from .egress import Rules
 from .errors import ImageError, IsolationError, UnenforcedLimitError
 from .execd_binary import IMAGE_EXECD_PATH
 from .images.config import CONFIG_INVALID, ConfigError
@@ -75,6 +76,7 @@ class CreatePlan:
     image: ImageRun | None  # None: the host's view
     pool: LocalPool | None  # the pool it takes a sandbox from, one reserved
     snapshot: Snapshot | None  # the snapshot it restores
+    rules: Rules | None = None  # outbound access by name only (`egress.py`)
 
     @property
     def source(self) -> str:
@@ -203,6 +205,7 @@ class Registry:
                     body.setdefault(name, value)
         body = check_sandbox(body, config.min_timeout, config.max_timeout)
         internet, network_note = network.plan(body.get("networkPolicy"), config)
+        rules = network.rules(body.get("networkPolicy")) if internet else None
         requested = limits.parse(body["resourceLimits"])
         binary = config.binary  # its paths, and the OOM counter's, are ours: no volume's
         own = (OOM_CONTROL, IMAGE_EXECD_PATH, *(binary.read_only_paths() if binary else ()))
@@ -226,6 +229,7 @@ class Registry:
             body=body,
             limits=plan,
             internet=internet,
+            rules=rules,
             network_note=network_note,
             volumes=checked,
             env=env,
@@ -277,7 +281,9 @@ class Registry:
             launch = replace(self.containers.spare_settings, mounts=tuple(binds), plan=plan.limits)
             if image is not None:
                 launch = replace(launch, binary=image.binary, view=image.view)
-            assignment = Assignment(token, plan.env, plan.entrypoint, plan.limits, plan.internet)
+            assignment = Assignment(
+                token, plan.env, plan.entrypoint, plan.limits, plan.internet, plan.rules
+            )
             spares = plan.pool.spares if plan.pool is not None else None
             with self.capacity.admit():
                 container = self.containers.claimed(plan.body, assignment, launch, spares)
@@ -303,6 +309,8 @@ class Registry:
                 + execd_note
             )
             sandbox = self.sandboxes.add(container.home.name, plan.body, token, container, note)
+            journal, sandbox_id = self.sandboxes.journal, sandbox.id
+            container.on_event = lambda line: journal.record(sandbox_id, line)
             if image is not None:
                 sandbox.image_uri = image.view.image.pinned
         except BaseException:
