@@ -43,6 +43,7 @@ Their confinement and limits:
 - `firewall`: nftables in a sandbox's namespace, keeping it from this host.
 - `egress`: egress rules by name: a sandbox's resolver and the addresses it handed out.
 - `slirp`: outbound network through slirp4netns.
+- `outbound`: a sandbox's way out: slirp4netns, its firewall tables and resolver.
 - `volumes`: a create's volumes, checked, opened and bound by descriptor.
 - `limits`: resource limits, and how each is enforced.
 - `cgroup`: the sandboxes' cgroups (v1, and the `--cgroup-parent` place).

@@ -48,7 +48,6 @@ from . import (
     disk,
     egress,
     execd_template,
-    firewall,
     identity,
     logs,
     package,
@@ -64,8 +63,8 @@ from .cgroup2 import groups as make_groups
 from .execd_binary import ExecdBinary
 from .images.config import ConfigError
 from .limits import Plan
+from .outbound import Outbound
 from .rootview import HostView, Places, RootView
-from .slirp import start_slirp
 from .spawn import SPAWNER, pidfd, read_until, signal_pids
 from .volumes import Bind
 
@@ -156,17 +155,12 @@ class SandboxContainer:
         # Through the directory's descriptor, the path stays short (a socket path holds ~107
         # bytes), however long the root directory's name.
         self._relay_path = f"/proc/self/fd/{self._dir_fd}/relay.sock"
-        self.network = "none"
         self.init_pid: int | None = None
         self._init_fd = -1  # a pidfd of init: a pid can be reused once its process is gone
         self._netns = -1  # its network namespace, which the firewall and slirp4netns enter
         self._proc: subprocess.Popen[bytes] | None = None
-        self._slirp: subprocess.Popen[bytes] | None = None
-        self._slirp_exit = -1
-        self._wall: firewall.Wall | None = None  # its tables, once it had internet access
-        self._resolver: egress.Resolver | None = None  # while it has rules (`egress.py`)
-        self._names: firewall.Names | None = None  # the tables' kind while it has rules
         self.on_event: Callable[[str], None] | None = None  # a line for its events
+        self._outbound = Outbound(self._event)  # its way out, once it has internet access
         self._cgroup: Cgroup | Cgroup2 | None = None
         self._limits = Plan()
         self._settings = Launch()
@@ -493,80 +487,13 @@ class SandboxContainer:
                 return False
             if not self.alive() or (self._init_fd >= 0 and spawn.exited(self._init_fd)):
                 raise ProcessLookupError("the sandbox's container has exited")
-            if internet and self._slirp is None and self.support.slirp:
+            if internet and not self._outbound.connected and self.support.slirp:
                 self._connect(time.monotonic() + START_TIMEOUT, rules)
-            elif internet and self._slirp is not None:
-                self._change_rules(rules)
-            elif not internet and self._slirp is not None:
-                os.close(self._slirp_exit)
-                self._slirp.kill()
-                self._slirp.wait()
-                self._slirp, self._slirp_exit = None, -1
-                self.network = "none"
-                self._stop_resolver()
-                if self._wall is not None:
-                    self._wall.down()
-            return self._slirp is not None
-
-    def _change_rules(self, rules: egress.Rules | None) -> None:
-        """Another policy for a container with outbound access: the tables of its kind (loaded
-        again, atomically, where the kind changes) and the resolver's rules."""
-        assert self._wall is not None
-        resolver = self._resolver
-        if rules is None:
-            if resolver is not None:
-                self._wall.reload(None)
-                self._names = None
-                self._stop_resolver()
-            return
-        if resolver is not None and self._names is not None:
-            if self._names.restrict == (not rules.default_allow):
-                resolver.set_rules(rules)
-                return
-            names = firewall.Names(
-                self._names.udp, self._names.tcp, not rules.default_allow, firewall.new_mark()
-            )
-            resolver.set_rules(rules)
-            self._wall.reload(names)
-            self._names = names
-            resolver.refill()
-            return
-        udp, tcp, log = self._wall.sockets()
-        port = udp.getsockname()[1], tcp.getsockname()[1]
-        names = firewall.Names(port[0], port[1], not rules.default_allow, firewall.new_mark())
-        try:
-            self._start_resolver(rules, udp, tcp, log)
-            self._wall.reload(names)
-        except BaseException:
-            self._stop_resolver()
-            raise
-        self._names = names
-
-    def _start_resolver(
-        self, rules: egress.Rules, udp: socket.socket, tcp: socket.socket, log: socket.socket
-    ) -> None:
-        assert self._wall is not None
-        try:
-            firewall.listen_log(log, firewall.LOG_GROUP)
-        except OSError as exc:  # refused packets go unreported; names still are
-            logger.warning("local server: a sandbox's refused packets cannot be read: %s", exc)
-            log.close()
-        self._resolver = egress.Resolver(
-            rules,
-            udp,
-            tcp,
-            self._wall.allow,
-            self._wall.disallow,
-            self._event,
-            log=None if log.fileno() < 0 else log,
-        )
-        self._resolver.start()
-
-    def _stop_resolver(self) -> None:
-        if self._resolver is not None:
-            self._resolver.stop()
-            self._resolver = None
-        self._names = None
+            elif internet and self._outbound.connected:
+                self._outbound.change(rules)
+            elif not internet:
+                self._outbound.disconnect()
+            return self._outbound.connected
 
     def _event(self, line: str) -> None:
         report = self.on_event
@@ -574,43 +501,21 @@ class SandboxContainer:
             report(line)
 
     def _connect(self, deadline: float, rules: egress.Rules | None = None) -> None:
-        """Load the firewall into the namespace (with `rules`, start the sandbox's resolver
-        and load the policy's tables: `egress.py`), then attach slirp4netns (its way out).
+        """Give the running container its way out (`outbound.py`), by name only where `rules`.
 
         Raises:
             RuntimeError: the firewall's tools are missing or failed, or slirp4netns did not
                 configure the network.
         """
         assert self.support.slirp is not None and self._netns >= 0 and self.ids is not None
-        if self.support.firewall is None:
-            raise RuntimeError(firewall.INSTALL)
-        joins = not self.ids.by_root  # not root: privileged in its user namespace only
-        refused = firewall.tun_refusal(self.ids.own) if joins else None
-        if refused is not None:
-            raise RuntimeError(refused)
-        if self._wall is None:
-            self._wall = firewall.Wall(self.support.firewall, self._netns, joins, self.ids.own)
-        names = None
-        if rules is not None:
-            udp, tcp, log = self._wall.sockets()
-            port = udp.getsockname()[1], tcp.getsockname()[1]
-            names = firewall.Names(port[0], port[1], not rules.default_allow, firewall.new_mark())
-            self._start_resolver(rules, udp, tcp, log)
-        try:
-            self._wall.up(names)
-            try:
-                self._slirp, self._slirp_exit = start_slirp(
-                    self.support.slirp, self._netns, joins, deadline
-                )
-            except BaseException:
-                with contextlib.suppress(RuntimeError):
-                    self._wall.down()  # the next attempt makes the tap device again
-                raise
-        except BaseException:
-            self._stop_resolver()
-            raise
-        self._names = names
-        self.network = "slirp4netns"
+        self._outbound.connect(
+            self.support.firewall, self.support.slirp, self._netns, self.ids, deadline, rules
+        )
+
+    @property
+    def network(self) -> str:
+        """How the sandbox reaches out: "slirp4netns", or "none" (loopback only)."""
+        return self._outbound.network
 
     def apply_limits(self, plan: Plan) -> None:
         """Write `plan`'s cgroup limits into a launched spare's (unconfigured) groups.
@@ -1019,14 +924,7 @@ class SandboxContainer:
             execd_template.TEMPLATE.release()
         if self._forked is not None:
             os.close(self._forked.pidfd)
-        if self._slirp_exit >= 0:
-            os.close(self._slirp_exit)
-        if self._slirp is not None:
-            self._slirp.kill()
-            self._slirp.wait()
-        self._stop_resolver()
-        if self._wall is not None:
-            self._wall.forget()
+        self._outbound.close()
         if self._netns >= 0:
             os.close(self._netns)
         if self._cgroup is not None:
