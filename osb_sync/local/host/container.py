@@ -356,6 +356,11 @@ class SandboxContainer:
                 userns = spawn.owning_user_namespace(mntns)
                 try:
                     volumes.mount_inside(userns, mntns, self._settings.mounts)
+                except BaseException:
+                    # bwrap's child takes the block pipe's end for a go: it must not run
+                    # with some of its volumes missing
+                    signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
+                    raise
                 finally:
                     os.close(userns)
             finally:

@@ -161,30 +161,51 @@ class Bind:
 
 # Run as `python -I -S -c MOUNT_INSIDE USERNS_FD MNTNS_FD FD READ_ONLY TARGET` (`mount_inside`).
 # Syscall numbers are the same on every architecture (open_tree 428, move_mount 429,
-# mount_setattr 442).
+# mount_setattr 442). Once in the sandbox's mount namespace, its root is the sandbox's (an
+# image's): nothing there may import (an uncaught exception's report imports `traceback` on
+# 3.13, which would come from the image), so every error ends in `os._exit` with bytes written
+# by `os.write`, and nothing of the host's (the volume's descriptor, the user namespace) is
+# held any more.
 MOUNT_INSIDE = """
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 class Attr(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in ("set", "clr", "propagation", "userns_fd")]
+def fail(message):
+    os.write(2, message.encode("utf-8", "replace") + b"\\n")
+    os._exit(1)
 def ok(result, what):
     if result < 0:
-        sys.exit(f"{what}: {os.strerror(ctypes.get_errno())}")
+        fail(what + ": " + os.strerror(ctypes.get_errno()))
     return result
-userns, mntns, fd, read_only, target = sys.argv[1:]
-os.fchdir(int(fd))  # the directory opened and checked: no name is looked up
-ok(libc.setns(int(userns), 0x10000000), "setns (user)")  # CLONE_NEWUSER
-ok(libc.unshare(0x20000), "unshare (mount)")  # CLONE_NEWNS: the cwd moves to its copy
-tree = ok(libc.syscall(428, -100, b".", 1 | os.O_CLOEXEC), "open_tree")  # OPEN_TREE_CLONE
-attr = Attr(2 | 4 | (read_only == "1"))  # MOUNT_ATTR_NOSUID | NODEV (| RDONLY)
-ok(libc.syscall(442, tree, b"", 0x1000, ctypes.byref(attr), ctypes.sizeof(attr)),
-   "mount_setattr")  # AT_EMPTY_PATH
-ok(libc.setns(int(mntns), 0x20000), "setns (mount)")  # its root and cwd become the sandbox's
-ok(libc.syscall(429, tree, b"", -100, target.encode(), 4), "move_mount")  # F_EMPTY_PATH
-here, there = os.stat(target), os.fstat(int(fd))
-if (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
-    sys.exit("another directory than the volume's is mounted there")
+try:
+    userns, mntns, fd, read_only, target = sys.argv[1:]
+    userns, mntns, fd = int(userns), int(mntns), int(fd)
+    there = os.fstat(fd)
+    os.fchdir(fd)  # the directory opened and checked: no name is looked up
+    ok(libc.setns(userns, 0x10000000), "setns (user)")  # CLONE_NEWUSER
+    ok(libc.unshare(0x20000), "unshare (mount)")  # CLONE_NEWNS: the cwd moves to its copy
+    # OPEN_TREE_CLONE | AT_RECURSIVE: the volume with the mounts below it, as bwrap's --bind
+    tree = ok(libc.syscall(428, -100, b".", 1 | 0x8000 | os.O_CLOEXEC), "open_tree")
+    attr = Attr(2 | 4 | (read_only == "1"))  # MOUNT_ATTR_NOSUID | NODEV (| RDONLY)
+    ok(libc.syscall(442, tree, b"", 0x1000 | 0x8000, ctypes.byref(attr), ctypes.sizeof(attr)),
+       "mount_setattr")  # AT_EMPTY_PATH | AT_RECURSIVE
+    os.chdir("/")
+    os.close(fd)
+    os.close(userns)
+    ok(libc.setns(mntns, 0x20000), "setns (mount)")  # its root and cwd become the sandbox's
+    os.close(mntns)
+    # The mount point bwrap made, found as bwrap found it: inside the sandbox's root, whose
+    # links lead nowhere else (an image's were checked by `rootfs.confine`).
+    at = os.open(target, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    ok(libc.syscall(429, tree, b"", at, b"", 4 | 0x40), "move_mount")  # F_ and T_EMPTY_PATH
+    here = os.stat(target)
+    if (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
+        fail("another directory than the volume's is mounted there")
+except BaseException as exc:
+    fail(type(exc).__name__ + ": " + str(exc))
+os._exit(0)
 """
 INSIDE_TIMEOUT = 10.0  # seconds, each volume
 
@@ -201,7 +222,8 @@ def mount_inside(userns: int, mntns: int, binds: Sequence[Bind]) -> None:
     nothing of the sandbox's tree) makes the descriptor's directory its working directory,
     enters `userns` (its owner has every capability there), makes a private copy of the host's
     mount namespace (the working directory moves to the copy), clones the working directory
-    (`open_tree`: no name is looked up, so no swap for a symlink can redirect it), enters
+    with the mounts below it (`open_tree`: no name is looked up, so no swap for a symlink can
+    redirect it), drops the host's descriptors, enters
     `mntns` and attaches the clone at the target (`move_mount`; Linux 5.12 for
     `mount_setattr`), and checks that the target is now the descriptor's directory.
 
@@ -214,6 +236,7 @@ def mount_inside(userns: int, mntns: int, binds: Sequence[Bind]) -> None:
             done = subprocess.run(
                 [sys.executable, "-I", "-S", "-c", MOUNT_INSIDE, *args, bind.target],
                 pass_fds=(userns, mntns, bind.fd),
+                stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
                 timeout=INSIDE_TIMEOUT,
