@@ -98,13 +98,20 @@ def _help(action: argparse.Action) -> str:
         or not action.option_strings
     ):
         text = f"{text} (default: {default})"
-    return text.replace("`", "'")
+    return _plain(text)
+
+
+def _plain(text: str) -> str:
+    """`text` as reStructuredText shows it, word for word: no markup starts in it (a
+    `*.wildcard` would open emphasis; backquotes become quotes)."""
+    text = text.replace("`", "'").replace("\\", "\\\\")
+    return text.replace("*", "\\*").replace("|", "\\|")
 
 
 def _verb(name: str, parser: argparse.ArgumentParser, aliases: list[str]) -> list[str]:
     title = f"osb-sync {name}" + (f" ({', '.join(aliases)})" if aliases else "")
     lines = [title, "-" * len(title), ""]
-    lines += [" ".join((parser.description or "").split()).replace("`", "'"), ""]
+    lines += [_plain(" ".join((parser.description or "").split())), ""]
     own = [
         a
         for a in parser._actions
@@ -116,7 +123,7 @@ def _verb(name: str, parser: argparse.ArgumentParser, aliases: list[str]) -> lis
         if isinstance(action, argparse._SubParsersAction):
             for sub, child in action.choices.items():
                 summary = " ".join((child.description or child.format_usage()).split())
-                lines += [f"``{sub}``", f"    {summary}", ""]
+                lines += [f"``{sub}``", f"    {_plain(summary)}", ""]
             continue
         lines += [f"``{_option_line(action)}``", f"    {_help(action)}", ""]
     return lines

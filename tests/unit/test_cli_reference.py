@@ -61,3 +61,10 @@ def test_a_changed_option_changes_the_page() -> None:
     module.build_parser = more
     after = module.reference()
     assert after != before and "--new-flag" in after and "--new-flag" not in before
+
+
+def test_help_text_starts_no_markup_on_the_page() -> None:
+    """`--allow`'s "*.wildcard" opened emphasis that nothing closed (the docs build failed)."""
+    plain = generator()._plain
+    assert plain("reach *.example.org | `x` \\n") == "reach \\*.example.org \\| 'x' \\\\n"
+    assert "\\*.wildcard" in generator().reference()
