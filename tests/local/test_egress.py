@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from osb_sync import Client, NetworkPolicy, NetworkRule
-from osb_sync.local.host import firewall
+from osb_sync.local.host import capacity, firewall
 from tests.local.fakenet import (
     ECHO,
     LISTEN,
@@ -222,6 +222,8 @@ def test_deleted_sandboxes_leave_no_resolver_thread_or_descriptor(
     for _ in range(3):
         box = make(net, http, WILD_POLICY)
         assert fetch(box, "allowed.test") == {"allowed.test": "ok:allowed.test"}
+        held = counts()[1] - before[1]  # a live sandbox with rules, as the capacity counts it
+        assert held + 2 <= capacity.FDS_PER_SANDBOX, held
         remove(box)
     assert wait_until(lambda: counts() <= before, 10), (counts(), before)
 
