@@ -17,7 +17,8 @@ At one live sandbox, then at ``--live``: ``--creates`` creates + deletes, and pe
 ``--repro 0,100,300,1000,3000`` is the same kernel side outside any server: in a private mount
 namespace of its own (``unshare -m --propagation private``, root; gone with the process, so
 nothing stays mounted) it mounts that many small tmpfs, step by step, and times both commands
-at each count.
+at each count (also with 30 more binds, and those from a namespace made before the mounts:
+a process that unshared at the start, entered with nsenter).
 """
 
 from __future__ import annotations
@@ -46,17 +47,25 @@ from osb_sync.local.host import registry
 
 BWRAP = ["bwrap", "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin"]
 BWRAP += ["--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"]
-BWRAP += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true"]
+BWRAP += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+# A sandbox's bwrap makes some 40 mounts; bwrap reads the whole mount table after each bind.
+BINDS = [arg for index in range(30) for arg in ("--ro-bind", "/usr/share", f"/tmp/{index}")]
 
 
-def kernel_side(runs: int = 15) -> dict[str, float]:
-    """Median ms of `unshare -m true` and of a bwrap on `true`; the mount table's lines."""
-    figures: dict[str, list[float]] = {"unshare -m true": [], "bwrap --unshare-all true": []}
+def kernel_side(runs: int = 15, holder: int | None = None) -> dict[str, float]:
+    """Median ms of `unshare -m true` and of bwrap on `true` (with 30 more binds, and, given a
+    `holder` process, the same entered into its mount namespace); the mount table's lines."""
+    commands = {
+        "unshare -m true": ["unshare", "-m", "true"],
+        "bwrap --unshare-all true": [*BWRAP, "true"],
+        "the same + 30 binds": [*BWRAP, *BINDS, "true"],
+    }
+    if holder is not None:
+        name = "the same + 30 binds, from a mount namespace made before the extra mounts"
+        commands[name] = ["nsenter", f"--mount=/proc/{holder}/ns/mnt", *BWRAP, *BINDS, "true"]
+    figures: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(runs):
-        for name, argv in (
-            ("unshare -m true", ["unshare", "-m", "true"]),
-            ("bwrap --unshare-all true", BWRAP),
-        ):
+        for name, argv in commands.items():
             started = time.perf_counter()
             subprocess.run(argv, check=True)
             figures[name].append((time.perf_counter() - started) * 1000)
@@ -74,6 +83,7 @@ def repro(counts: list[int]) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     top = tempfile.mkdtemp(prefix="osb-repro-")
     made = 0
+    holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "infinity"])
     try:
         for count in counts:
             while made < count:
@@ -82,21 +92,27 @@ def repro(counts: list[int]) -> None:
                 if libc.mount(b"repro", target.encode(), b"tmpfs", 0, b"size=64k") != 0:
                     raise OSError(ctypes.get_errno(), f"mount {target}")
                 made += 1
-            print(json.dumps({"extra_mounts": count, **kernel_side()}), flush=True)
+            print(json.dumps({"extra_mounts": count, **kernel_side(holder=holder.pid)}), flush=True)
     finally:
+        holder.kill()
+        holder.wait()
         for index in range(made):
             libc.umount2(os.path.join(top, str(index)).encode(), 2)  # MNT_DETACH
         shutil.rmtree(top)
 
 
-def stage(
-    client: osb_sync.Client, spent: dict[str, list[float]], creates: int, top: int
-) -> dict[str, Any]:
-    """`creates` creates + deletes under cProfile; steps' means, the profile, the kernel side."""
-    profile = cProfile.Profile()
+PROFILE: list[cProfile.Profile | None] = [None]  # the stage's (None: not profiled)
+
+
+def profiled_creates() -> None:
+    """Profile every `Registry.create` into the current stage's profile (before the server
+    is made: its route table binds the method once)."""
     create = registry.Registry.create
 
     def profiled(self: Any, ex: Any) -> None:
+        profile = PROFILE[0]
+        if profile is None:
+            return create(self, ex)
         profile.enable()
         try:
             create(self, ex)
@@ -104,16 +120,21 @@ def stage(
             profile.disable()
 
     registry.Registry.create = profiled  # type: ignore[method-assign]
+
+
+def stage(
+    client: osb_sync.Client, spent: dict[str, list[float]], creates: int, top: int
+) -> dict[str, Any]:
+    """`creates` creates + deletes under cProfile; steps' means, the profile, the kernel side."""
+    profile = PROFILE[0] = cProfile.Profile()
     spent.clear()
     walls = []
-    try:
-        for _ in range(creates):
-            started = time.perf_counter()
-            sandbox = client.create_sandbox()
-            walls.append((time.perf_counter() - started) * 1000)
-            sandbox.delete()
-    finally:
-        registry.Registry.create = create  # type: ignore[method-assign]
+    for _ in range(creates):
+        started = time.perf_counter()
+        sandbox = client.create_sandbox()
+        walls.append((time.perf_counter() - started) * 1000)
+        sandbox.delete()
+    PROFILE[0] = None
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(top)
     return {
@@ -136,6 +157,7 @@ def main() -> None:
         repro([int(c) for c in args.repro.split(",")])
         return
     spent = _instrument()
+    profiled_creates()
     results: dict[str, Any] = {"load_average_1min": [os.getloadavg()[0]]}
     with (
         LocalServer(spare_containers=0) as server,
