@@ -10,7 +10,8 @@ At one live sandbox, then at ``--live``: ``--creates`` creates + deletes, and pe
   thread's fork shows as its wait), top ``--top`` functions by cumulative time;
 - the kernel side, from the server's own mount namespace: ``unshare -m true`` and bwrap on
   ``true`` with the server's usual namespaces (median ms of 15), and the lines of
-  ``/proc/self/mountinfo``.
+  ``/proc/self/mountinfo``; the server's memory maps, threads and descriptors (what a fork of
+  it copies).
 
     python benchmarks/profile_start.py [--live 300] [--creates 20] [--top 25]
 
@@ -72,6 +73,10 @@ def kernel_side(runs: int = 15, holder: int | None = None) -> dict[str, float]:
     out = {k: round(statistics.median(v), 2) for k, v in figures.items()}
     with open("/proc/self/mountinfo", "rb") as table:
         out["mountinfo_lines"] = table.read().count(b"\n")
+    with open("/proc/self/maps", "rb") as maps:  # what a fork copies
+        out["memory_maps"] = maps.read().count(b"\n")
+    out["threads"] = len(os.listdir("/proc/self/task"))
+    out["descriptors"] = len(os.listdir("/proc/self/fd"))
     return out
 
 
