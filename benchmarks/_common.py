@@ -60,11 +60,13 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def local_server(python: str = sys.executable, tree: str | None = None) -> Iterator[ServerProcess]:
-    """``python -m osb_sync serve --port 0`` on 127.0.0.1 until the block ends (the osb_sync of
-    source tree `tree`, first on ``PYTHONPATH``, if given)."""
+def local_server(
+    python: str = sys.executable, tree: str | None = None, flags: tuple[str, ...] = ()
+) -> Iterator[ServerProcess]:
+    """``python -m osb_sync serve --port 0 [flags]`` on 127.0.0.1 until the block ends (the
+    osb_sync of source tree `tree`, first on ``PYTHONPATH``, if given)."""
     cmd = [python, "-m", "osb_sync", "serve", "--host", "127.0.0.1", "--port", "0"]
-    cmd.append("--allow-unenforced-network-policy")
+    cmd += ["--allow-unenforced-network-policy", *flags]
     env = {**os.environ, "PYTHONPATH": tree} if tree else None
     proc = subprocess.Popen(
         cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=tree
