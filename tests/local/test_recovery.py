@@ -94,13 +94,13 @@ def test_a_start_on_a_state_directory_reaps_what_a_killed_server_left(tmp_path: 
         # What a kill mid-way leaves: a process stuck in a sandbox's group, a half-written
         # upload, a mount, and a create cut short (its directory and a group, no process).
         strays.append(stray_in_group(cgroup.parent_dir("pids") / ids[0]))
-        (state / f"{ids[1]}.run" / "disk" / "execd" / "upload-0123456789abcdef").write_bytes(
-            b"x" * (1 << 20)
-        )
-        (state / ids[1] / "mnt").mkdir()
+        # (a live sandbox's disk is reached through its home's link: `_detach_disk`)
+        disk = Path(os.readlink(state / ids[1])).parent
+        (disk / "execd" / "upload-0123456789abcdef").write_bytes(b"x" * (1 << 20))
+        stray_mount = state / f"{ids[1]}.run" / "mnt"
+        stray_mount.mkdir()
         subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m", "osb-test", str(state / ids[1] / "mnt")],
-            check=True,
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "osb-test", str(stray_mount)], check=True
         )
         half = str(uuid.uuid4())
         (state / half).mkdir()

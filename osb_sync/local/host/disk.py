@@ -4,7 +4,10 @@ A root server mounts one tmpfs per sandbox at `MOUNT_DIR` of its run directory
 (`size=`, `nr_inodes=`, `nosuid,nodev`, its root `0710` to the range's root group, private:
 no propagation) and makes there every directory the sandbox writes: `/tmp`, `/var`, `/srv`,
 `/mnt`, `/opt`, `/home`, its home, execd's state directory and, for an image, the overlay's
-upper and work directories (or the image's copy). A write past the limit gets ENOSPC inside the
+upper and work directories (or the image's copy). Once the sandbox's bwrap has its copy of the
+mount table, the container detaches the tmpfs from the server's namespace (`detach`: every later
+bwrap would copy it again) and reaches it through a descriptor of its root from then on (paths
+through `/proc/<pid>/fd/N`, `resize` by fspick(2)). A write past the limit gets ENOSPC inside the
 sandbox (an upload: execd's 500 naming "No space left on device"); the server's own disk, the
 other sandboxes' and the server itself are not touched. The sizes come from `resourceLimits`
 (`ephemeral-storage`, Kubernetes' key; `inodes`, ours, like `pids`), else `DEFAULT_BYTES` and
@@ -61,6 +64,9 @@ MS_NODEV = 4
 MS_REMOUNT = 32
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
+SYS_FSCONFIG, SYS_FSPICK = 431, 433  # the same on every architecture (asm-generic)
+FSPICK_CLOEXEC, FSPICK_EMPTY_PATH = 1, 8
+FSCONFIG_SET_STRING, FSCONFIG_CMD_RECONFIGURE = 1, 7
 REMOUNT_TIMEOUT = 10.0
 PAGE = 4096
 # Per mille of a sandbox's size and inodes each writable directory of a non-root server's
@@ -144,14 +150,67 @@ def mount(target: Path, size: int, inodes: int, gid: int) -> None:
         raise
 
 
-def resize(target: Path, size: int, inodes: int) -> None:
-    """Give the tmpfs at `target` new limits (in use or not).
+def resize(target: Path | int, size: int, inodes: int) -> None:
+    """Give the tmpfs at `target` (a path, or the descriptor of a detached one's root,
+    `detach`) new limits (in use or not).
 
     Raises:
         OSError: the kernel refused (EINVAL: it already holds more than the new limits).
     """
+    if isinstance(target, int):
+        _reconfigure(target, {"size": str(size), "nr_inodes": str(inodes)})
+        return
     data = f"size={size},nr_inodes={inodes}"
     _call(None, target, None, MS_REMOUNT | MS_NOSUID | MS_NODEV, data)
+
+
+def detach(target: Path) -> int:
+    """Detach the tmpfs at `target` from this mount namespace, once the sandbox's bwrap has
+    its copy; returns a descriptor (`O_PATH`) of its root, through which the server keeps
+    reaching it (`/proc/<pid>/fd/N`, `resize`); the filesystem lives while that descriptor
+    or a sandbox's mount holds it.
+
+    Raises:
+        OSError: it could not be opened or detached (nothing is left open).
+    """
+    fd = os.open(target, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        if os.stat(target).st_dev == os.stat(target.parent).st_dev:
+            raise OSError(f"{target} is not a mount point")
+        if _libc().umount2(bytes(target), MNT_DETACH) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"umount {target}: {os.strerror(err)}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _reconfigure(root_fd: int, options: Mapping[str, str]) -> None:
+    """Set `options` of the filesystem whose root `root_fd` holds, mounted anywhere or
+    detached: fspick(2) and fsconfig(2) (Linux 5.2; mount(2)'s MS_REMOUNT needs a mount of
+    the caller's namespace). The calls have the same numbers on every architecture."""
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    picked = libc.syscall(SYS_FSPICK, root_fd, b"", FSPICK_CLOEXEC | FSPICK_EMPTY_PATH)
+    if picked < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"fspick: {os.strerror(err)}")
+    try:
+        for key, value in options.items():
+            if (
+                libc.syscall(
+                    SYS_FSCONFIG, picked, FSCONFIG_SET_STRING, key.encode(), value.encode(), 0
+                )
+                < 0
+            ):
+                err = ctypes.get_errno()
+                raise OSError(err, f"tmpfs {key}={value}: {os.strerror(err)}")
+        if libc.syscall(SYS_FSCONFIG, picked, FSCONFIG_CMD_RECONFIGURE, None, None, 0) < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"tmpfs reconfigure: {os.strerror(err)}")
+    finally:
+        os.close(picked)
 
 
 def unmount(target: Path) -> None:

@@ -64,6 +64,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from errno import EINVAL, ENOENT
 from pathlib import Path
 from typing import ClassVar
 
@@ -116,11 +117,13 @@ class Layer:
             raise OSError(f"the image could not be copied: {done.stderr.decode(errors='replace')}")
 
     def close(self) -> None:
-        """Unmount the overlay (if any); the run directory's removal takes the rest."""
+        """Unmount the overlay (if any); the run directory's removal takes the rest. One on
+        a sandbox's tmpfs left the server's namespace with it (`container._detach_disk`)."""
         if self._mounted:
             if _libc.umount2(bytes(self.root), MNT_DETACH) != 0:
                 errno = ctypes.get_errno()
-                raise OSError(errno, f"umount {self.root}: {os.strerror(errno)}")
+                if errno not in (EINVAL, ENOENT):  # not a mount point (any longer)
+                    raise OSError(errno, f"umount {self.root}: {os.strerror(errno)}")
             self._mounted = False
 
     def remove(self) -> None:
