@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -670,3 +671,22 @@ def test_an_own_uid_sandbox_cannot_chmod_the_user_s_interpreter_through_execd_s_
     finally:
         python.chmod(mode & 0o7777)
         assert server.stop() == 0
+
+
+def test_bwrap_runs_as_the_ranges_root_with_no_group_and_no_capability(
+    server: LocalServer, make_box: Any
+) -> None:
+    """A root server starts bwrap as its id range's root (through setpriv: a Popen with
+    user= forks the whole server, issue 50): every id the range root's, no supplementary
+    group, no capability on the host."""
+    box = make_box(server)
+    sandbox = sandbox_of(server, box.id)
+    assert sandbox is not None and sandbox.container._proc is not None
+    ids = sandbox.container.ids
+    assert ids is not None and ids.by_root
+    monitor = status(sandbox.container._proc.pid)
+    assert monitor["Uid"].split() == [str(ids.uid)] * 4, monitor["Uid"]
+    assert monitor["Gid"].split() == [str(ids.gid)] * 4, monitor["Gid"]
+    assert monitor["Groups"].strip() == ""
+    assert int(monitor["CapEff"], 16) == 0 and int(monitor["CapPrm"], 16) == 0
+    assert cmdline(sandbox.container._proc.pid).startswith(bwrap.probe().bwrap or "bwrap")

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import platform
-import resource
 import shutil
 import signal
 import socket
@@ -62,7 +61,7 @@ from .cgroup2 import Group as Cgroup2
 from .cgroup2 import groups as make_groups
 from .execd_binary import ExecdBinary
 from .images.config import ConfigError
-from .limits import Plan
+from .limits import Plan, limit_processes
 from .outbound import Outbound
 from .rootview import HostView, Places, RootView
 from .spawn import SPAWNER, pidfd, read_until, signal_pids
@@ -75,6 +74,10 @@ MAIN_SCRIPT = str(Path(__file__).parents[1] / "execd" / "main.py")
 IN_CONTAINER_JUPYTER_PORT = 44771
 IN_CONTAINER_EXECD_PORT = 44772
 START_TIMEOUT = 30.0
+# A root server starts bwrap as the range's root through setpriv(1) where there is one, not
+# Popen's user=/group=: those make CPython fork() the whole server instead of vfork(), which
+# copies its page tables (2 -> 17 ms from 20 to 300 MiB of resident memory, issue 50).
+SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin")
 START_ATTEMPTS = 3
 BINARY_START_TIMEOUT = 60.0  # a Jupyter server takes seconds to start, more on a busy machine
 STOP_TIMEOUT = 5.0
@@ -318,6 +321,10 @@ class SandboxContainer:
                 argv = self._cgroup.joining(argv)
         else:
             argv = [sys.executable, "-I", "-S", package.pinned(MAIN_SCRIPT), *command]
+        setids = as_range and self.ids is not None and SETPRIV is None
+        if as_range and self.ids is not None and SETPRIV is not None:
+            ids = (f"--reuid={self.ids.uid}", f"--regid={self.ids.gid}", "--clear-groups")
+            argv = [SETPRIV, *ids, "--", *argv]
         self._proc = SPAWNER.run(
             lambda: subprocess.Popen(
                 argv,
@@ -329,9 +336,9 @@ class SandboxContainer:
                 cwd=self.run_dir if self.isolated else self.home,
                 env=dict(bwrap.BWRAP_ENV) if self.isolated else self._plain_env(),
                 start_new_session=True,
-                user=self.ids.uid if as_range and self.ids else None,
-                group=self.ids.gid if as_range and self.ids else None,
-                extra_groups=[] if as_range else None,
+                user=self.ids.uid if setids and self.ids else None,
+                group=self.ids.gid if setids and self.ids else None,
+                extra_groups=[] if setids else None,
             )
         )
         self.launched_at = time.monotonic()
@@ -374,42 +381,19 @@ class SandboxContainer:
         os.write(block_w, b"1")
 
     def _limit_processes(self, count: int) -> None:
-        """RLIMIT_NPROC `count` (soft and hard; no higher than each one's hard limit) for every
-        process of the sandbox, its init (pid 1) too: one it left at the server's limit could
-        be made, through ptrace by its root, to fork past the sandbox's.
-
-        Raises:
-            OSError: the kernel refused (a server not root owns the sandbox's user namespace).
-        """
+        """`limits.limit_processes` for this sandbox's processes (OSError if refused)."""
         if self.init_pid is None:
             raise OSError("the sandbox's init is not known")
-        for pid in spawn.pids_in_namespace(self.init_pid):
-            try:
-                hard = resource.prlimit(pid, resource.RLIMIT_NPROC)[1]
-                value = count if hard == resource.RLIM_INFINITY else min(count, hard)
-                resource.prlimit(pid, resource.RLIMIT_NPROC, (value, value))
-            except ProcessLookupError:
-                continue
-            except PermissionError:
-                # A root server without CAP_SYS_RESOURCE (a container's root) may not: its
-                # sandboxes' namespaces are their range root's. execd, that id too, sets its
-                # own and its init's at the claim.
-                if self.ids is None or not self.ids.by_root:
-                    raise
+        ranged_root = self.ids is not None and self.ids.by_root
+        limit_processes(spawn.pids_in_namespace(self.init_pid), count, ranged_root)
 
     def _limit_disk_inside(self, size: int, inodes: int) -> None:
-        """Give the writable tmpfs bwrap made (a server not root) `size` bytes and `inodes`
-        inodes between them (`disk.split`), from inside the sandbox's namespaces
-        (`disk.remount_inside`); OSError if the kernel refused."""
+        """`disk.limit_inside` for this sandbox (a server not root; OSError if refused)."""
         if self.init_pid is None:
             raise OSError("the sandbox's init is not known")
         mntns = spawn.namespace(self._init_fd, self.init_pid, "mnt")
         try:
-            userns = spawn.owning_user_namespace(mntns)
-            try:
-                disk.remount_inside(userns, mntns, disk.split(size, inodes))
-            finally:
-                os.close(userns)
+            disk.limit_inside(mntns, spawn.owning_user_namespace(mntns), size, inodes)
         finally:
             os.close(mntns)
 
@@ -433,14 +417,9 @@ class SandboxContainer:
             self._log.release_writer()
 
     def _detach_disk(self) -> None:
-        """Take the sandbox's tmpfs (and an image's overlay, mounted on it) out of the server's
-        mount namespace once bwrap has its copy, and reach it through a descriptor from then on.
-
-        Every bwrap copies the mount table of the namespace it starts in, and bwrap 0.8 reads
-        it again after each of its binds: with every live sandbox's disk mounted there, a
-        start cost grew with the number of live sandboxes (issue 50: 52 -> 119 ms at 300). Not
-        before bwrap's copy: a start that failed earlier is removed all the same.
-        """
+        """Once bwrap has its copy, take the sandbox's tmpfs (and an image's overlay on it) out
+        of the server's mount namespace, which every bwrap copies (and bwrap 0.8 reads again
+        after each bind: starts grew with live sandboxes, issue 50); a descriptor reaches it."""
         if self._disk != "tmpfs" or self._disk_fd >= 0 or not self._data.is_dir():
             return
         try:

@@ -219,6 +219,16 @@ def unmount(target: Path) -> None:
     _libc().umount2(bytes(target), MNT_DETACH)
 
 
+def limit_inside(mntns: int, userns: int, size: int, inodes: int) -> None:
+    """Give the writable tmpfs bwrap made (a server not root) `size` bytes and `inodes`
+    inodes between them (`split`), from inside the sandbox's mount namespace `mntns` and its
+    owner `userns` (`remount_inside`; `userns` is closed here); OSError if refused."""
+    try:
+        remount_inside(userns, mntns, split(size, inodes))
+    finally:
+        os.close(userns)
+
+
 def split(size: int, inodes: int) -> dict[str, tuple[int, int]]:
     """Each writable directory's bytes (whole pages) and inodes of a sandbox's `size` and
     `inodes` (a server not root: `SHARES`); together no more than those."""

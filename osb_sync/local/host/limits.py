@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import platform
 import re
+import resource
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
@@ -281,3 +282,26 @@ def _plan_disk(out: Plan, requested: Requested, disk_mode: str) -> None:
         ]
     else:
         out.unenforced += [f"{size} (no per-sandbox filesystem here)", f"{inodes} (likewise)"]
+
+
+def limit_processes(pids: list[int], count: int, ranged_root: bool) -> None:
+    """RLIMIT_NPROC `count` (soft and hard; no higher than each one's hard limit) for every
+    process `pids` of a sandbox, its init (pid 1) too: one it left at the server's limit could
+    be made, through ptrace by its root, to fork past the sandbox's.
+
+    Raises:
+        OSError: the kernel refused (a server not root owns the sandbox's user namespace).
+    """
+    for pid in pids:
+        try:
+            hard = resource.prlimit(pid, resource.RLIMIT_NPROC)[1]
+            value = count if hard == resource.RLIM_INFINITY else min(count, hard)
+            resource.prlimit(pid, resource.RLIMIT_NPROC, (value, value))
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            # A root server without CAP_SYS_RESOURCE (a container's root) may not: its
+            # sandboxes' namespaces are their range root's (`ranged_root`). execd, that id
+            # too, sets its own and its init's at the claim.
+            if not ranged_root:
+                raise
