@@ -155,13 +155,14 @@ def load_seccomp(program: bytes) -> None:
 
 
 def _close_all_but(keep: set[int]) -> None:
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass  # the listing's own descriptor
+    """Close every descriptor not in `keep`: close_range(2) between them (the template holds
+    two per live sandbox; one close(2) each from Python grew every fork with their number)."""
+    low = 0
+    for fd in sorted(keep):
+        if fd > low:  # (CPython passes closerange(0, 0) on as close_range(0, ~0): all)
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
 
 
 def view_package(view: str) -> None:
