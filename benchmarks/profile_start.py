@@ -2,7 +2,7 @@
 
 An in-process ``LocalServer`` (no spares, the default template; one idle sandbox kept so the
 execd template stays up), its start steps wrapped from outside as ``bench_ready.py`` does.
-At one live sandbox, then at ``--live``: ``--creates`` creates + deletes, and per stage
+At one live sandbox, at ``--live`` (``--settle`` seconds after the ramp, 30) and at one again: ``--creates`` creates + deletes, and per stage
 
 - each step's mean (ms): directories, cgroups, bwrap's options, the fork of bwrap, bwrap's
   clone into its namespaces until the child's pid, the rest until ready, the claim;
@@ -155,6 +155,7 @@ def main() -> None:
     parser.add_argument("--live", type=int, default=300)
     parser.add_argument("--creates", type=int, default=20)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--settle", type=float, default=30, help="seconds after each ramp")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--repro", help="counts of extra mounts, e.g. 0,100,300,1000,3000")
     args = parser.parse_args()
@@ -175,14 +176,21 @@ def main() -> None:
             results["one live"] = stage(client, spent, args.creates, args.top)
             with ThreadPoolExecutor(4) as pool:
                 live = list(pool.map(lambda _: client.create_sandbox(), range(args.live - 1)))
+            time.sleep(args.settle)  # the ramp's own load
             results["load_average_1min"].append(os.getloadavg()[0])
             results[f"{args.live} live"] = stage(client, spent, args.creates, args.top)
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda s: s.delete(), live))
+            live = []
+            time.sleep(args.settle)
+            results["load_average_1min"].append(os.getloadavg()[0])
+            results["one live again"] = stage(client, spent, args.creates, args.top)
         finally:
             with ThreadPoolExecutor(8) as pool:
                 list(pool.map(lambda s: s.delete(), live))
             keeper.delete()
     results["load_average_1min"].append(os.getloadavg()[0])
-    for name in ("one live", f"{args.live} live"):
+    for name in ("one live", f"{args.live} live", "one live again"):
         print(f"=== {name}: create p50 {results[name]['create_ms_p50']} ms")
         print(json.dumps(results[name]["steps_mean_ms"], indent=1))
         print(json.dumps(results[name]["kernel"]))
