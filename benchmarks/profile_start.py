@@ -2,7 +2,8 @@
 
 An in-process ``LocalServer`` (no spares, the default template; one idle sandbox kept so the
 execd template stays up), its start steps wrapped from outside as ``bench_ready.py`` does.
-At one live sandbox, at ``--live`` (``--settle`` seconds after the ramp, 30) and at one again: ``--creates`` creates + deletes, and per stage
+At one live sandbox, at ``--live`` (``--settle`` seconds after the ramp, 30) and at one again:
+``--creates`` creates + deletes, and per stage
 
 - each step's mean (ms): directories, cgroups, bwrap's options, the fork of bwrap, bwrap's
   clone into its namespaces until the child's pid, the rest until ready, the claim;
