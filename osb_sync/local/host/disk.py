@@ -64,6 +64,7 @@ MS_NODEV = 4
 MS_REMOUNT = 32
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
+UMOUNT_NOFOLLOW = 8
 SYS_FSCONFIG, SYS_FSPICK = 431, 433  # the same on every architecture (asm-generic)
 FSPICK_CLOEXEC, FSPICK_EMPTY_PATH = 1, 8
 FSCONFIG_SET_STRING, FSCONFIG_CMD_RECONFIGURE = 1, 7
@@ -177,7 +178,7 @@ def detach(target: Path) -> int:
     try:
         if os.stat(target).st_dev == os.stat(target.parent).st_dev:
             raise OSError(f"{target} is not a mount point")
-        if _libc().umount2(bytes(target), MNT_DETACH) != 0:
+        if _libc().umount2(bytes(target), MNT_DETACH | UMOUNT_NOFOLLOW) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"umount {target}: {os.strerror(err)}")
     except BaseException:
