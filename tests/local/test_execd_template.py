@@ -30,7 +30,7 @@ import requests
 
 from osb_sync import ApiError, Client
 from osb_sync.local import LocalServer
-from osb_sync.local.host import bwrap, execd_template, identity
+from osb_sync.local.host import bwrap, execd_template, identity, package
 from tests.local.serverproc import ServerProcess, descendants
 from tests.local.support import (
     CREATE_BODY,
@@ -176,6 +176,24 @@ def test_nothing_of_the_template_or_of_another_sandbox_crosses_into_an_execd(
         shared = set(targets.values()) & (foreign | others)
         assert not {t for t in shared if t.startswith(("pipe:", "socket:"))}, shared
     assert [texts(box.code("print(6 * 7)")) for box in boxes] == [["42\n"]] * 3
+
+
+def test_a_forked_execd_names_the_package_where_its_sandbox_sees_it(
+    server: LocalServer, http: requests.Session
+) -> None:
+    # The template renames its modules' files once, before it forks (an execd that wrote
+    # them itself un-shared ~0.7 MiB of the template's pages): what the execd starts by
+    # path still names the sandbox's view, as in a bwrap-started one.
+    box = Box(server, http, CREATE_BODY)
+    assert texts(box.code("import sys; print(sys.argv[0])")) == [
+        f"{bwrap.PACKAGE_VIEW}/local/execd/_worker.py\n"
+    ]
+    execd = processes(server, box)["execd"]
+    copy = str(package.snapshot().path)
+    workers = [pid for pid in descendants(execd) if "_worker.py" in cmdline(pid)]
+    assert workers
+    for pid in workers:
+        assert bwrap.PACKAGE_VIEW in cmdline(pid) and copy not in cmdline(pid)
 
 
 def test_the_execd_s_exit_status_is_the_container_s(

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,51 @@ def test_a_changed_package_is_said_once_and_the_same_files_again_never(
     _install(site, "installed a third time")
     assert copy.changed() is None  # a restart is due already
     assert (copy.path / "local/execd/_worker.py").read_text().endswith("# installed first\n")
+
+
+def _settle(copy: package.Snapshot, monkeypatch: pytest.MonkeyPatch) -> float:
+    """Let the package's directories settle (as installed long ago: `RACY_SECONDS` made
+    short), then have `copy` stat its files once; when it did."""
+    monkeypatch.setattr(package, "RACY_SECONDS", 0.2)
+    time.sleep(0.3)
+    assert copy.changed(copy.files_checked) is None
+    assert copy.dirs == package.dir_marks(copy.installed)
+    return copy.files_checked
+
+
+def test_a_file_rewritten_in_place_is_seen_once_the_interval_passed(
+    copy: package.Snapshot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start = _settle(copy, monkeypatch)
+    with open(copy.installed / "local/execd/_worker.py", "r+b") as out:  # no directory changes
+        out.seek(0, os.SEEK_END)
+        out.write(b"# edited\n")
+    with monkeypatch.context() as patched:  # a create within the interval stats no file
+        patched.setattr(package, "marks", lambda _: pytest.fail("every file stat'ed"))
+        assert copy.changed(start + package.FILES_INTERVAL / 2) is None
+    assert copy.changed(start + package.FILES_INTERVAL) == package.content_hash(copy.installed)
+    assert copy.changed(start + 3 * package.FILES_INTERVAL) is None  # said once
+
+
+def test_a_reinstall_is_seen_at_the_next_create_whatever_the_interval(
+    copy: package.Snapshot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start = _settle(copy, monkeypatch)
+    (copy.installed / "local/execd/added.py").write_text("")  # what a newer version adds
+    assert copy.changed(start) == package.content_hash(copy.installed)
+
+
+def test_a_directory_changed_as_it_was_stat_ed_is_not_trusted(
+    copy: package.Snapshot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Changed again in the same tick, an inode reused: its stat may not change.
+    start = _settle(copy, monkeypatch)
+    assert package.settled(copy.dirs or (), time.time_ns()) == copy.dirs
+    monkeypatch.setattr(package, "RACY_SECONDS", 60.0)  # however slow the machine
+    os.utime(copy.installed / "local")  # now
+    assert copy.changed(start) is None  # the same files
+    assert copy.dirs is None  # every file is stat'ed at each create until it is older
+    assert package.settled(package.dir_marks(copy.installed), time.time_ns()) is None
 
 
 def test_a_killed_servers_copy_is_swept_and_a_live_ones_kept(tmp_path: Path) -> None:

@@ -167,7 +167,9 @@ def _close_all_but(keep: set[int]) -> None:
 
 def view_package(view: str) -> None:
     """Name the package's modules' files where the container sees them (`view`), as an execd
-    started there would: its workers' command lines show no host path."""
+    started there would: its workers' command lines show no host path. The template does it
+    once, before it forks: an execd that did it itself wrote to every module it has (their
+    counts, their dictionaries), un-sharing ~0.7 MiB of the template's pages per sandbox."""
     host = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(main.__file__))))
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
@@ -208,7 +210,6 @@ def _execd(setup: TemplateSetup, fds: list[int]) -> NoReturn:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the rest as Python set them at start
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.chdir(setup.home)
-        view_package(setup.package_view)
         if "random" in sys.modules:
             sys.modules["random"].seed()
         if setup.seccomp:
@@ -321,6 +322,7 @@ def serve(control: socket.socket) -> None:
     """
     setup = TemplateSetup.decode(control.recv(MESSAGE_SIZE))
     prctl(PR_SET_CHILD_SUBREAPER, 1)
+    view_package(setup.package_view)  # for every execd, once
     gc.freeze()  # the collector leaves the template's objects (and their pages) alone
     with selectors.DefaultSelector() as selector:
         selector.register(control, selectors.EVENT_READ)

@@ -25,7 +25,13 @@ which the kernel lets go with the process).
 each file, and its contents hashed again only where a stat differs (a reinstall of the same
 files changes nothing). The server checks it at each create and logs a warning, once, naming a
 restart: new sandboxes still run the copy, but the server's own code stays the version it
-started with until it restarts.
+started with until it restarts. A create stats only the package's directories (a few): a
+reinstall removes and writes files, changing each directory, and is seen at the next create;
+every file is stat'ed at a create at most once per `FILES_INTERVAL`, which sees a file
+rewritten in place (its directory unchanged) within that time. Stat'ing every file at each
+create cost 2-15 ms of the server's CPU. A directory changed within `RACY_SECONDS` of its stat
+could change again unseen (the same coarse time, an inode reused): until a stat finds every
+directory older, every create stats every file (git's racy-clean rule).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +58,11 @@ PREFIX = f"{recovery.STRAY_PREFIX}package-"
 SKIPPED = "__pycache__"
 # (name relative to the package, size, mtime in ns, inode) of each file, in name order
 Marks = tuple[tuple[str, int, int, int], ...]
+# (name relative to the package, "." for itself; ctime in ns, inode) of each directory: its
+# ctime, not its mtime, which a copy that keeps times (`cp -a`, `copytree`) sets back
+DirMarks = tuple[tuple[str, int, int], ...]
+FILES_INTERVAL = 10.0  # seconds between two stats of every file (`Snapshot.changed`)
+RACY_SECONDS = 2.0  # a directory changed this recently may change again with the same stat
 
 
 def installed_dir() -> Path:
@@ -80,6 +92,33 @@ def marks(package: Path) -> Marks:
     return tuple(result)
 
 
+def dir_marks(package: Path, names: tuple[str, ...] | None = None) -> DirMarks:
+    """What a stat says of `package` and each directory below it (bytecode caches left out),
+    or of the directories `names` only (a few stats, no listing).
+
+    Raises:
+        OSError: one of `names` is gone.
+    """
+    if names is None:
+        found = []
+        for parent, dirs, _ in os.walk(package):
+            dirs[:] = [d for d in dirs if d != SKIPPED]
+            found.append(Path(parent).relative_to(package).as_posix())
+        names = tuple(sorted(found))
+    result = []
+    for name in names:
+        info = os.lstat(os.path.join(package, name))
+        result.append((name, info.st_ctime_ns, info.st_ino))
+    return tuple(result)
+
+
+def settled(dirs: DirMarks, at_ns: int) -> DirMarks | None:
+    """`dirs` (stat'ed at `at_ns`, `time.time_ns()`'s) where each changed `RACY_SECONDS` or
+    more before: a later change shows in them; else None."""
+    newest = max((ctime for _, ctime, _ in dirs), default=0)
+    return dirs if newest < at_ns - RACY_SECONDS * 1e9 else None
+
+
 def _add(digest: Any, name: str, data: bytes) -> None:  # a hashlib object
     encoded = name.encode("utf-8", "surrogateescape")
     digest.update(b"%d:%b%d:" % (len(encoded), encoded, len(data)))
@@ -102,7 +141,9 @@ class Snapshot:
     digest: str  # `content_hash` of the copy
     installed: Path  # the package it was copied from
     marks: Marks  # the installed files' `marks` as they were copied
+    dirs: DirMarks | None  # the installed directories' `dir_marks` where `settled`
     owner: int = field(default_factory=os.getpid)
+    files_checked: float = field(default_factory=time.monotonic)  # when `marks` were compared
     _reported: str = ""  # the installed hash `changed` reported
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -113,23 +154,35 @@ class Snapshot:
             return str(self.path) + path[len(installed) :]
         return path
 
-    def changed(self) -> str | None:
+    def changed(self, now: float | None = None) -> str | None:
         """The installed package's hash the first time its files differ from the copy's (a
         warning is due), else None: a restart is due from then on, and a reinstall under way
-        is seen half done."""
+        is seen half done. Its files are stat'ed where a directory changed, or where
+        `FILES_INTERVAL` passed since they last were (at `now`, `time.monotonic()`'s)."""
+        now = time.monotonic() if now is None else now
         with self._lock:
             if self._reported:
                 return None
+            if now - self.files_checked < FILES_INTERVAL and self.dirs is not None:
+                try:
+                    names = tuple(name for name, _, _ in self.dirs)
+                    if dir_marks(self.installed, names) == self.dirs:
+                        return None
+                except OSError:  # a directory gone: a reinstall
+                    pass
+            self.files_checked = now
             try:
-                now = marks(self.installed)
-                if now == self.marks:
+                dirs = settled(dir_marks(self.installed), time.time_ns())
+                files = marks(self.installed)
+                if files == self.marks:
+                    self.dirs = dirs
                     return None
                 digest = content_hash(self.installed)
             except OSError:  # half removed, half written: a reinstall under way
                 digest = "(unreadable)"
             else:
                 if digest == self.digest:
-                    self.marks = now  # the same files written again
+                    self.marks, self.dirs = files, dirs  # the same files written again
                     return None
             self._reported = digest
             return digest
@@ -146,7 +199,7 @@ def take(installed: Path, parent: Path | None = None) -> Snapshot:
     Raises:
         OSError: the copy cannot be made (nothing is left behind).
     """
-    before = marks(installed)
+    dirs, before = settled(dir_marks(installed), time.time_ns()), marks(installed)
     where = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
     try:
         lock = recovery.claim(where)
@@ -176,7 +229,7 @@ def take(installed: Path, parent: Path | None = None) -> Snapshot:
     except BaseException:
         shutil.rmtree(where, ignore_errors=True)
         raise
-    taken = Snapshot(named / installed.name, digest.hexdigest(), installed, before)
+    taken = Snapshot(named / installed.name, digest.hexdigest(), installed, before, dirs)
     atexit.register(_remove, taken, lock)
     return taken
 
