@@ -30,7 +30,7 @@ import requests
 
 from osb_sync import ApiError, Client
 from osb_sync.local import LocalServer
-from osb_sync.local.host import bwrap, execd_template, identity, package
+from osb_sync.local.host import bwrap, execd_template, identity, package, spawn
 from tests.local.serverproc import ServerProcess, descendants
 from tests.local.support import (
     CREATE_BODY,
@@ -708,3 +708,28 @@ def test_bwrap_runs_as_the_ranges_root_with_no_group_and_no_capability(
     assert monitor["Groups"].strip() == ""
     assert int(monitor["CapEff"], 16) == 0 and int(monitor["CapPrm"], 16) == 0
     assert cmdline(sandbox.container._proc.pid).startswith(bwrap.probe().bwrap or "bwrap")
+
+
+def test_a_setpriv_without_util_linux_s_options_is_not_used(
+    make_box: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """busybox's setpriv applet takes none of --reuid, --regid, --clear-groups: the server
+    tries the one it found once and starts bwrap with Popen's user= instead."""
+    require_template()
+    fake = tmp_path / "setpriv"
+    fake.write_text("#!/bin/sh\necho \"setpriv: unrecognized option '$1'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(spawn, "SETPRIV", str(fake))
+    spawn._setpriv.cache_clear()
+    try:
+        with local_server(command_grace=0, spare_containers=0, isolation=True) as srv:
+            box = make_box(srv)
+            assert texts(box.command("id -u")) == ["0"]
+            sandbox = sandbox_of(srv, box.id)
+            assert sandbox is not None and sandbox.container._proc is not None
+            ids = sandbox.container.ids
+            assert ids is not None
+            assert status(sandbox.container._proc.pid)["Uid"].split() == [str(ids.uid)] * 4
+    finally:
+        monkeypatch.undo()
+        spawn._setpriv.cache_clear()

@@ -1,17 +1,17 @@
 """How many sandboxes the server can still hold: descriptors and memory, checked before a create.
 
-Each live sandbox keeps fewer than `FDS_PER_SANDBOX` of the server's descriptors open (its
-relay socket, its run directory, its init's pidfd, its network namespace, its main process's
-stdin, its log's read end, execd's stdin and pidfd where the execd template forked it; with
-internet access slirp4netns's exit pipe and the firewall's own copy of the namespace's
-descriptor: 8 to 10; with egress rules its resolver's sockets (UDP, TCP, nflog), selector and
-wake-up pipe too: about 16), and a create in progress holds a few more for a moment (pipes, the
-spawn's error pipe). A create that would push the open descriptors past the RLIMIT_NOFILE soft
-limit, less `FD_RESERVE` for connections and proxied streams, is refused (`CapacityError`: the
-released server's 503) naming the limit before anything starts, so nothing half-made is left
-and the sandboxes already running keep working. So is a create while less than `MEMORY_RESERVE`
-of memory is available: with 1,000 idle sandboxes memory, not descriptors, should be what runs
-out.
+Each live sandbox keeps fewer than `FDS_PER_SANDBOX` of the server's descriptors open (its relay
+socket, its run directory, its init's pidfd, its network namespace, its main process's stdin,
+its log's read end, execd's stdin and pidfd where the execd template forked it, on a root server
+its disk's root (`disk.detach`); with internet access slirp4netns's exit pipe and the firewall's
+own copy of the namespace's descriptor: 9 to 11; with egress rules its resolver's sockets (UDP,
+TCP, nflog), selector and wake-up pipe too: about 17), and a create in progress holds a few more
+for a moment (pipes, the spawn's error pipe). A create that would push the open descriptors past
+the RLIMIT_NOFILE soft limit, less `FD_RESERVE` for connections and proxied streams, is refused
+(`CapacityError`: the released server's 503) naming the limit before anything starts, so nothing
+half-made is left and the sandboxes already running keep working. So is a create while less than
+`MEMORY_RESERVE` of memory is available: with 1,000 idle sandboxes memory, not descriptors,
+should be what runs out.
 
 At start the server raises its own soft descriptor limit to the hard limit
 (`raise_descriptor_limit`): a default soft limit of 1024 would hold some 150 sandboxes.

@@ -74,10 +74,6 @@ MAIN_SCRIPT = str(Path(__file__).parents[1] / "execd" / "main.py")
 IN_CONTAINER_JUPYTER_PORT = 44771
 IN_CONTAINER_EXECD_PORT = 44772
 START_TIMEOUT = 30.0
-# A root server starts bwrap as the range's root through setpriv(1) where there is one, not
-# Popen's user=/group=: those make CPython fork() the whole server instead of vfork(), which
-# copies its page tables (2 -> 17 ms from 20 to 300 MiB of resident memory, issue 50).
-SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin")
 START_ATTEMPTS = 3
 BINARY_START_TIMEOUT = 60.0  # a Jupyter server takes seconds to start, more on a busy machine
 STOP_TIMEOUT = 5.0
@@ -206,12 +202,12 @@ class SandboxContainer:
     def _remove_dirs(self) -> None:
         """Undo `_make_dirs` (all or part of it): unmount the disk, remove the directories."""
         if self._disk == "tmpfs":
+            self.home.unlink(missing_ok=True)  # before its descriptor's number is free
             if self._disk_fd >= 0:  # its files go with bwrap's namespace
                 os.close(self._disk_fd)
                 self._disk_fd = -1
             else:
                 disk.unmount(self._data)  # its files go with it
-            self.home.unlink(missing_ok=True)
         shutil.rmtree(self.home, ignore_errors=True)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -321,10 +317,8 @@ class SandboxContainer:
                 argv = self._cgroup.joining(argv)
         else:
             argv = [sys.executable, "-I", "-S", package.pinned(MAIN_SCRIPT), *command]
-        setids = as_range and self.ids is not None and SETPRIV is None
-        if as_range and self.ids is not None and SETPRIV is not None:
-            ids = (f"--reuid={self.ids.uid}", f"--regid={self.ids.gid}", "--clear-groups")
-            argv = [SETPRIV, *ids, "--", *argv]
+        as_ids = spawn.as_ids(argv, self.ids.uid, self.ids.gid) if as_range and self.ids else None
+        setids, argv = as_range and as_ids is None, as_ids or argv
         self._proc = SPAWNER.run(
             lambda: subprocess.Popen(
                 argv,
@@ -621,8 +615,15 @@ class SandboxContainer:
             return self._data / "execd"
         return self._data / place.strip("/")
 
-    def snapshot_dirs(self) -> dict[str, Path]:
-        """The sandbox's writable host directories a snapshot copies: home and /tmp."""
+    def snapshot_dirs(self, hold: contextlib.ExitStack | None = None) -> dict[str, Path]:
+        """The sandbox's writable host directories a snapshot copies: home and /tmp. With
+        `hold`, a detached disk is named through a descriptor of its own that `hold` closes:
+        a delete meanwhile closes the container's, whose number the next one reuses."""
+        if hold is not None and self._disk_fd >= 0:
+            fd = os.dup(self._disk_fd)
+            hold.callback(os.close, fd)
+            base = Path(f"/proc/{os.getpid()}/fd/{fd}")
+            return {"home": base / HOME_NAME, "tmp": base / "tmp"}
         return {"home": self._writable(bwrap.SANDBOX_HOME), "tmp": self._writable("/tmp")}  # noqa: S108
 
     def _options(self, fds: contextlib.ExitStack, info_fd: int, ident: list[str]) -> list[int]:

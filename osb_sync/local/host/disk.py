@@ -65,7 +65,7 @@ MS_REMOUNT = 32
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 UMOUNT_NOFOLLOW = 8
-SYS_FSCONFIG, SYS_FSPICK = 431, 433  # the same on every architecture (asm-generic)
+SYS_FSCONFIG, SYS_FSPICK = 431, 433  # asm-generic's: x86-64, arm64, riscv (mips differs)
 FSPICK_CLOEXEC, FSPICK_EMPTY_PATH = 1, 8
 FSCONFIG_SET_STRING, FSCONFIG_CMD_RECONFIGURE = 1, 7
 REMOUNT_TIMEOUT = 10.0
@@ -190,7 +190,8 @@ def detach(target: Path) -> int:
 def _reconfigure(root_fd: int, options: Mapping[str, str]) -> None:
     """Set `options` of the filesystem whose root `root_fd` holds, mounted anywhere or
     detached: fspick(2) and fsconfig(2) (Linux 5.2; mount(2)'s MS_REMOUNT needs a mount of
-    the caller's namespace). The calls have the same numbers on every architecture."""
+    the caller's namespace). ENOSYS where the numbers differ (mips): a claimed spare fails
+    and the create starts cold, its sizes given at mount."""
     libc = _libc()
     libc.syscall.restype = ctypes.c_long
     picked = libc.syscall(SYS_FSPICK, root_fd, b"", FSPICK_CLOEXEC | FSPICK_EMPTY_PATH)

@@ -285,14 +285,14 @@ class Registry:
                 token, plan.env, plan.entrypoint, plan.limits, plan.internet, plan.rules
             )
             spares = plan.pool.spares if plan.pool is not None else None
-            with self.capacity.admit():
-                container = self.containers.claimed(plan.body, assignment, launch, spares)
+            fill = None
             if plan.snapshot is not None:
-                try:
-                    self.snapshots.store.restore(plan.snapshot, container.snapshot_dirs())
-                except BaseException:
-                    container.close()
-                    raise
+                # before its claim: a restore (cp -a, as the server) into a sandbox whose code
+                # runs could follow links it planted at the snapshot's names, onto the host
+                snapshot = plan.snapshot
+                fill = lambda c: self.snapshots.store.restore(snapshot, c.snapshot_dirs())  # noqa: E731
+            with self.capacity.admit():
+                container = self.containers.claimed(plan.body, assignment, launch, spares, fill)
         except ConfigError as exc:  # a path of the image's root that cannot be (`rootfs.py`)
             raise ImageError(str(plan.body["image"].get("uri")), CONFIG_INVALID, str(exc)) from None
         except (OSError, RuntimeError) as exc:

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -111,6 +111,7 @@ class SnapshotStore:
         source: dict[str, Any],
         dirs: dict[str, Path],
         frozen: Callable[[Callable[[], None]], None],
+        hold: ExitStack | None = None,
     ) -> Snapshot:
         """Start a snapshot of `dirs` (name -> the sandbox's host directory); returns it
         `Creating`. The copy runs in a thread, inside `frozen` (which pauses the sandbox
@@ -132,7 +133,8 @@ class SnapshotStore:
 
         def run() -> None:
             try:
-                frozen(copy)
+                with hold or ExitStack():
+                    frozen(copy)
             except Exception as exc:  # noqa: BLE001 (the snapshot says why it failed)
                 logger.warning("local server: snapshot %s failed: %s", snapshot_id, exc)
                 self._settle(snapshot, "Failed", f"The copy failed: {exc}")
@@ -251,9 +253,13 @@ class Snapshots:
                     if freeze and sandbox.state == "Running" and not sandbox.removing:
                         sandbox.container.resume()
 
-        snapshot = self.store.take(
-            sandbox.id, name, sandbox.body, sandbox.container.snapshot_dirs(), frozen
-        )
+        hold = ExitStack()
+        try:
+            dirs = sandbox.container.snapshot_dirs(hold)
+            snapshot = self.store.take(sandbox.id, name, sandbox.body, dirs, frozen, hold)
+        except BaseException:
+            hold.close()
+            raise
         self.sandboxes.journal.record(sandbox.id, f"snapshot {snapshot.id} started")
         ex.send_json(202, snapshot.view(), {"Location": f"/v1/snapshots/{snapshot.id}"})
 

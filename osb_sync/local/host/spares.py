@@ -217,6 +217,7 @@ class ContainerSource:
         assignment: Assignment,
         launch: Launch,
         spares: SparePool | None = None,
+        fill: Callable[[SandboxContainer], None] | None = None,
     ) -> SandboxContainer:
         """A container serving the sandbox `body` asks for; nothing is left on failure.
 
@@ -226,6 +227,8 @@ class ContainerSource:
             launch: what its container starts with; a spare serves only where that is what
                 every spare starts with, but for the limits (they are written at claim).
             spares: the SparePool to claim from (a named pool's); default the server's.
+            fill: called with the container before its claim, while nothing of the sandbox's
+                has run in it (a snapshot's restore, which writes as the server).
 
         Raises:
             RuntimeError, OSError: no container could be started.
@@ -236,17 +239,24 @@ class ContainerSource:
         if spare is not None:
             try:
                 spare.move_to(self.root)
-                return self._claim(spare, assignment)
+                return self._claim(spare, assignment, fill)
             except (OSError, RuntimeError) as exc:  # a cold start, as without spares
                 logger.info("local server: a claimed spare failed (%s): cold start", exc)
         cold = launch_container(
             str(uuid.uuid4()), self.root, self.support, self.timing, launch, self.log_budget
         )
-        return self._claim(cold, assignment)
+        return self._claim(cold, assignment, fill)
 
-    def _claim(self, container: SandboxContainer, assignment: Assignment) -> SandboxContainer:
+    def _claim(
+        self,
+        container: SandboxContainer,
+        assignment: Assignment,
+        fill: Callable[[SandboxContainer], None] | None,
+    ) -> SandboxContainer:
         try:
             self.on_claim(container, assignment)
+            if fill is not None:
+                fill(container)
             container.claim(assignment)
         except BaseException:
             container.close()
