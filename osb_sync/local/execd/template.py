@@ -41,6 +41,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import gc
+import importlib.machinery
 import os
 import resource
 import selectors
@@ -192,7 +193,20 @@ def _setgroups_denied() -> bool:
         return state.read().strip() == "deny"
 
 
-def _execd(setup: TemplateSetup, fds: list[int]) -> NoReturn:
+def seal_imports() -> None:
+    """Import nothing more from files, only what is built into the interpreter: once in the
+    container, the paths of the template's modules name the container's files (an image's,
+    or none), which a forked execd must never load. What execd imports is imported before
+    (`run`), and a route that still wants a module more fails on it, alone."""
+    sys.meta_path[:] = [
+        finder
+        for finder in sys.meta_path
+        if finder in (importlib.machinery.BuiltinImporter, importlib.machinery.FrozenImporter)
+    ]
+    sys.path_importer_cache.clear()
+
+
+def _execd(setup: TemplateSetup, fds: list[int], home: str | None) -> NoReturn:
     """The execd: take bwrap's confinement (see the module docstring), then serve."""
     code = 1
     try:
@@ -206,7 +220,7 @@ def _execd(setup: TemplateSetup, fds: list[int]) -> NoReturn:
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the rest as Python set them at start
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        os.chdir(setup.home)
+        os.chdir(home or setup.home)
         view_package(setup.package_view)
         if "random" in sys.modules:
             sys.modules["random"].seed()
@@ -261,6 +275,7 @@ def _middle(setup: TemplateSetup, request: Fork, fds: list[int], report: int) ->
     namespaces, fork, report."""
     try:
         main.hide_memory()  # and the execd's, from its first moment in the namespaces
+        seal_imports()
         _close_all_but({*fds, report})
         init = request.init
         join_groups(request.groups)  # the execd is born there
@@ -269,7 +284,7 @@ def _middle(setup: TemplateSetup, request: Fork, fds: list[int], report: int) ->
         pid = os.fork()
         if pid == 0:
             os.close(report)
-            _execd(setup, fds[1:5])
+            _execd(setup, fds[1:5], request.home)
         os.write(report, ForkAnswer(pid=pid).encode())
     except BaseException as exc:  # noqa: BLE001 (answered to the server)
         os.write(report, ForkAnswer(error=f"{type(exc).__name__}: {exc}").encode())
@@ -365,6 +380,10 @@ def run(argv: list[str]) -> int:
     """Import what execd runs, then serve the socket on descriptor `argv[1]`."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server's spawner thread started it
     main.load_package()
+    # and what the standard library imports as execd runs (`seal_imports`): the codec of a
+    # host name given as text (`socket.create_connection(("127.0.0.1", ...))`, the relay's)
+    import encodings.idna  # noqa: F401
+
     from osb_sync.local.execd import router, runner  # noqa: F401 (imported for the execds)
     from osb_sync.local.http import exchange, httpd  # noqa: F401
 

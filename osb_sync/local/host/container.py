@@ -441,7 +441,11 @@ class SandboxContainer:
             [str(d / "cgroup.procs") for d in self._cgroup.dirs.values()] if self._cgroup else []
         )
         self._forked = execd_template.TEMPLATE.fork(
-            self.init_pid, (*fds, self._proc.stdin.fileno()), self.support.seccomp, groups
+            self.init_pid,
+            (*fds, self._proc.stdin.fileno()),
+            self.support.seccomp,
+            groups,
+            self._settings.view.home(self._plain_home),
         )
 
     def claim(self, assignment: Assignment) -> None:
@@ -759,6 +763,7 @@ class SandboxContainer:
             user=self._settings.view.user,
             execd_binary=binary.command if binary else None,
             jupyter=binary.jupyter if binary else None,
+            python=self._settings.view.python,
         )
 
     def _log_tail(self) -> str:

@@ -166,7 +166,12 @@ class Template:
                 self._stop()
 
     def fork(
-        self, init_pid: int, fds: Sequence[int], seccomp: bytes | None, groups: Sequence[str] = ()
+        self,
+        init_pid: int,
+        fds: Sequence[int],
+        seccomp: bytes | None,
+        groups: Sequence[str] = (),
+        home: str | None = None,
     ) -> Forked:
         """Fork an execd into the namespaces of `init_pid` (see `Forked`).
 
@@ -176,11 +181,12 @@ class Template:
                 the relay socket, the ready pipe (write end) and the exit pipe (write end).
             seccomp: the filter program bwrap loaded (the same for every container).
             groups: the `cgroup.procs` files of the sandbox's groups, where the execd is born.
+            home: its working directory, in the container (None: the sandbox's home).
 
         Raises:
             RuntimeError: the template refused (why), or died twice.
         """
-        request = Fork(init_pid, tuple(groups)).encode()
+        request = Fork(init_pid, tuple(groups), home).encode()
         with self._lock:
             for attempt in (1, 2):
                 try:

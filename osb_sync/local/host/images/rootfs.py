@@ -69,10 +69,11 @@ from typing import ClassVar
 
 from .. import bwrap, volumes
 from ..rootview import Places
-from .config import ConfigError, Located, locate, resolve_in_root
+from .config import ConfigError, Located, is_executable, locate, resolve_in_root
 from .store import StoredImage, hold
 
 HOST_VIEW = f"{bwrap.OWN_DIR}/host"  # the server's interpreter, for images without python3
+PLACEHOLDER_SHELLS = ("/bin/sh", "/bin/bash")  # `execd_template.placeholder`'s, in the image
 PT_INTERP = 3
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -144,7 +145,21 @@ class ImageView:
     image: StoredImage
     ids: tuple[int, int] = (0, 0)
     system: ClassVar[str] = "a writable image root"
-    template: ClassVar[bool] = False  # its execd runs on the image's python3, never forked
+
+    @property
+    def template(self) -> bool:
+        """Whether the execd template may fork its execd (the server's interpreter, its code
+        contexts on the image's python3: `python`): where the image has the shells bwrap's
+        placeholder runs on (`execd_template.placeholder`: /bin/sh, or /bin/bash for a server
+        that is not root). Else its execd runs on the image's python3, as bwrap starts it."""
+        root = self.image.rootfs
+        return all(is_executable(root, shell) for shell in PLACEHOLDER_SHELLS)
+
+    @property
+    def python(self) -> str | None:
+        """What runs its code contexts: the image's python3 (the image asked for runs the
+        user's code, whatever runs execd)."""
+        return self.image.python
 
     @property
     def user(self) -> tuple[int, int] | None:
