@@ -126,6 +126,8 @@ def registries(tmp_path_factory: pytest.TempPathFactory, decoy: Path) -> Iterato
         write_layout(work / "workspace", "v1", [workspace])
         planted = Image([*bullseye.layers, layer_bytes(_planted_modules())], env=bullseye.env)
         write_layout(work / "planted", "v1", [planted])
+        noisy = Image([*bullseye.layers, layer_bytes([Entry("bin/sh", data=NOISY, mode=0o755)])])
+        write_layout(work / "noisy", "v1", [noisy])
         python3 = Entry("usr/bin/python3", data=b"#!/bin/sh\n", mode=0o755)
         for name, (links, workdir, _) in ESCAPES.items():
             mine = str(decoy / name)
@@ -147,6 +149,7 @@ def registries(tmp_path_factory: pytest.TempPathFactory, decoy: Path) -> Iterato
             "nobody": anonymous.push(work / "nobody", "v1", "nobody"),
             "workspace": anonymous.push(work / "workspace", "v1", "workspace"),
             "planted": anonymous.push(work / "planted", "v1", "planted"),
+            "noisy": anonymous.push(work / "noisy", "v1", "noisy"),
             **{name: anonymous.push(work / name, "v1", name) for name in ESCAPES},
             "anonymous": anonymous,
         }
@@ -159,6 +162,10 @@ def registries(tmp_path_factory: pytest.TempPathFactory, decoy: Path) -> Iterato
 
 # What a module the image plants would do, were it loaded: leave a mark, end its process.
 PLANTED = b"import os\nopen('/tmp/planted-' + __name__, 'w').close()\nos._exit(99)\n"
+
+
+# An image's /bin/sh that, as the placeholder, writes to the server without end (no newline).
+NOISY = b"#!/usr/bin/python3\nimport os\nwhile True:\n    os.write(1, b'u' * 65536)\n"
 
 
 def _planted_modules() -> list[Entry]:
@@ -526,3 +533,15 @@ def test_modules_an_image_plants_where_the_servers_python_has_its_own_are_never_
         before.st_size,
         before.st_mtime_ns,
     )
+
+
+def test_an_images_placeholder_that_writes_without_end_fails_its_create_at_once(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    """The placeholder is the image's /bin/sh: the server reads a line of it, and no more."""
+    client = _client(image_server)
+    started = time.monotonic()
+    with pytest.raises(osb_sync.ApiError, match="did not start"):
+        client.create_sandbox(template=registries["noisy"])
+    assert time.monotonic() - started < 20  # not the start's whole 30 s, reading on
+    assert _leftovers(image_server) == ([], [])

@@ -33,7 +33,10 @@ nobody writes it: the server sees the execd's end on its pidfd.
 
 Nothing of the server crosses: the template is its own process, started clean, holding only
 these modules and, while it forks, one request's descriptors. The execds forked from it share
-its hash seed (`random` is reseeded in each).
+its hash seed (`random` is reseeded in each). Nothing of a container crosses into it either:
+the forked child imports nothing more from files (`seal_imports`), as the template's paths
+name, in a container of an image, the image's files; the request's working directory is the
+container's (an image's WorkingDir).
 """
 
 from __future__ import annotations
@@ -221,7 +224,6 @@ def _execd(setup: TemplateSetup, fds: list[int], home: str | None) -> NoReturn:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the rest as Python set them at start
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.chdir(home or setup.home)
-        view_package(setup.package_view)
         if "random" in sys.modules:
             sys.modules["random"].seed()
         if setup.seccomp:
@@ -334,6 +336,7 @@ def serve(control: socket.socket) -> None:
     signalling its parent, never wakes the template.
     """
     setup = TemplateSetup.decode(control.recv(MESSAGE_SIZE))
+    view_package(setup.package_view)  # once for every execd: their pages stay the template's
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     gc.freeze()  # the collector leaves the template's objects (and their pages) alone
     with selectors.DefaultSelector() as selector:

@@ -2,8 +2,9 @@
 
 The container's main process is `execd/main.py` (our execd, JUPYTER_PORT and a relay, then the
 sandbox's entrypoint, whose end ends it: `entrypoint.py`), started under bubblewrap
-(`bwrap.py`), or as a plain subprocess where isolation is impossible; in a default sandbox,
-bwrap runs a placeholder and the execd template forks execd into the container's namespaces
+(`bwrap.py`), or as a plain subprocess where isolation is impossible; where its root view
+allows (`RootView.template`: the default one, an image with the placeholder's shells), bwrap
+runs a placeholder and the execd template forks execd into the container's namespaces
 (`execd_template.py`: a new Python per sandbox costs ~80 ms and ~12 MiB). The server reaches
 the container only through a listening Unix socket it makes in a host directory the sandbox
 cannot see and hands to the main process as an inherited descriptor.

@@ -41,8 +41,10 @@ what a sandbox may write. So:
   (`volumes.make_inside`) instead of by bwrap; `--chdir` is not resolved here at all: bwrap
   changes directory after `pivot_root`, with the host detached, in the container's own view.
 
-The container's main process (relay, claim, liveness: `execd/main.py`) runs on the image's
-python3. An image without one (it then runs the real execd binary) gets the server's own
+The container's main process (relay, claim, liveness: `execd/main.py`) is forked by the execd
+template (`ImageView.template`: where the image has the placeholder's shells), or runs on the
+image's python3; either way the sandbox's code contexts run on that python3 (`ImageView.python`).
+An image without one (it then runs the real execd binary) gets the server's own
 interpreter instead (`host_interpreter`): its prefix and the directories of its libraries,
 read-only under `HOST_VIEW`, started by the host's dynamic loader with those directories as
 its library path, so that nothing of the image's `/lib` is needed and nothing leaks into the
