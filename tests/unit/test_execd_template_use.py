@@ -108,21 +108,25 @@ def test_a_sealed_execd_imports_only_what_was_imported_before_and_what_is_built_
     (tmp_path / "planted.py").write_text("print('loaded'); raise SystemExit(99)\n")
     script = (
         "import sys\n"
-        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        f"sys.path[:0] = [{str(tmp_path)!r}, {str(Path(__file__).parents[2])!r}]\n"
         "from osb_sync.local.execd import template\n"
+        "template.preload()\n"
         "template.seal_imports()\n"
-        "import posix, encodings.idna  # built in; imported before (the template's `run`)\n"
-        "assert '127.0.0.1'.encode('idna') == b'127.0.0.1'\n"
+        "import json, posix, traceback  # imported before; built in\n"
+        "assert '127.0.0.1'.encode('idna') == b'127.0.0.1'  # the relay's\n"
+        "try:\n"
+        "    json.loads('{')  # raised in the standard library's files, whose lines it shows\n"
+        "except ValueError:\n"
+        "    assert 'return _default_decoder.decode(s)' in traceback.format_exc()\n"
         "try:\n"
         "    import planted\n"
         "except ModuleNotFoundError as exc:\n"
         "    print('refused', exc.name)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", "import encodings.idna\n" + script],
+        [sys.executable, "-I", "-S", "-c", script],
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
     )
     assert (done.returncode, done.stdout) == (0, "refused planted\n"), done.stderr

@@ -200,7 +200,7 @@ def seal_imports() -> None:
     """Import nothing more from files, only what is built into the interpreter: once in the
     container, the paths of the template's modules name the container's files (an image's,
     or none), which a forked execd must never load. What execd imports is imported before
-    (`run`), and a route that still wants a module more fails on it, alone."""
+    (`preload`), and a route that still wants a module more fails on it, alone."""
     sys.meta_path[:] = [
         finder
         for finder in sys.meta_path
@@ -379,17 +379,22 @@ def serve(control: socket.socket) -> None:
                     control.send(answer.encode())
 
 
-def run(argv: list[str]) -> int:
-    """Import what execd runs, then serve the socket on descriptor `argv[1]`."""
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server's spawner thread started it
+def preload() -> None:
+    """Import what execd runs, and what the standard library imports as it goes (a forked
+    execd imports nothing more: `seal_imports`): the codec of a host name given as text, the
+    relay's `socket.create_connection(("127.0.0.1", port))`. (A traceback formatted there
+    goes without the carets whose `ast` it cannot import.)"""
     main.load_package()
-    # and what the standard library imports as execd runs (`seal_imports`): the codec of a
-    # host name given as text (`socket.create_connection(("127.0.0.1", ...))`, the relay's)
     import encodings.idna  # noqa: F401
 
     from osb_sync.local.execd import router, runner  # noqa: F401 (imported for the execds)
     from osb_sync.local.http import exchange, httpd  # noqa: F401
 
+
+def run(argv: list[str]) -> int:
+    """Import what execd runs (`preload`), then serve the socket on descriptor `argv[1]`."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server's spawner thread started it
+    preload()
     serve(socket.socket(fileno=int(argv[1])))
     return 0
 
