@@ -177,10 +177,10 @@ def _planted_modules() -> list[Entry]:
         parts = folder.strip("/").split("/")
         entries += [Entry("/".join(parts[: n + 1]), "dir", mode=0o755) for n in range(len(parts))]
     stdlib = os.path.dirname(os.__file__).strip("/")
+    entries.append(Entry(f"{stdlib}/encodings", "dir", mode=0o755))
     for name in ("encodings/idna", "encodings/cp1252", "stringprep", "_strptime", "uuid"):
         entries.append(Entry(f"{stdlib}/{name}.py", data=PLANTED))
     entries.append(Entry(f"{stdlib}/json/tool.py", data=PLANTED))
-    entries.append(Entry(f"{stdlib}/encodings", "dir", mode=0o755))
     return list({entry.name: entry for entry in entries}.values())
 
 
