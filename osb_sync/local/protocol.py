@@ -90,6 +90,7 @@ class Start:
     user: tuple[int, int] | None = None  # the image's User (uid, gid); None: root
     execd_binary: str | None = None  # run this binary instead of our execd
     jupyter: str | None = None  # and this Jupyter server behind it
+    python: str | None = None  # what runs code contexts (the image's python3); None: execd's
 
     def encode(self) -> bytes:
         """The line (with its newline)."""
@@ -105,6 +106,7 @@ class Start:
             "user": list(self.user) if self.user is not None else None,
             "execd_binary": self.execd_binary,
             "jupyter": self.jupyter,
+            "python": self.python,
         }
         return json.dumps(message).encode() + b"\n"
 
@@ -132,6 +134,7 @@ class Start:
             user=(user[0], user[1]) if user is not None else None,
             execd_binary=_optional_text(message, "execd_binary", what),
             jupyter=_optional_text(message, "jupyter", what),
+            python=_optional_text(message, "python", what),
         )
 
 
@@ -220,14 +223,17 @@ class TemplateSetup:
 class Fork:
     """A request to the execd template: fork an execd into the namespaces of `init` (the
     container's init, bwrap's child) and into the cgroups whose `cgroup.procs` files `groups`
-    names (the sandbox's); its descriptors travel with it (`FORK_FDS`)."""
+    names (the sandbox's), working in `home` (bwrap's `--chdir`; None: the set-up's); its
+    descriptors travel with it (`FORK_FDS`)."""
 
     init: int
     groups: tuple[str, ...] = ()
+    home: str | None = None
 
     def encode(self) -> bytes:
         """The message."""
-        return json.dumps({"init": self.init, "groups": list(self.groups)}).encode()
+        message = {"init": self.init, "groups": list(self.groups), "home": self.home}
+        return json.dumps(message).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Fork:
@@ -235,7 +241,8 @@ class Fork:
         what = "a fork request"
         message = _object(data, what)
         groups = _strings(message.get("groups", []), "groups", what)
-        return cls(init=_int(message, "init", what), groups=tuple(groups))
+        home = _optional_text(message, "home", what)
+        return cls(init=_int(message, "init", what), groups=tuple(groups), home=home)
 
 
 # A Fork's descriptors, in order: init's pidfd, execd's standard input (read end), its

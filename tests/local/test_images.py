@@ -6,9 +6,11 @@ as CI sets). The Debian bullseye image's Python is 3.9, which no test interprete
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -20,10 +22,10 @@ import requests
 
 import osb_sync
 from osb_sync.local import LocalServer
-from osb_sync.local.host import bwrap, recovery
+from osb_sync.local.host import bwrap, execd_template, recovery
 from tests import imagekit
 from tests.imagekit import Entry, Image, LoopbackRegistry, layer_bytes, write_layout
-from tests.local.support import local_server, registry_of
+from tests.local.support import local_server, registry_of, sandbox_of
 
 MISSING = imagekit.missing_tools() + (["mmdebstrap"] if not shutil.which("mmdebstrap") else [])
 if MISSING and not imagekit.REQUIRE_IMAGES:
@@ -122,6 +124,10 @@ def registries(tmp_path_factory: pytest.TempPathFactory, decoy: Path) -> Iterato
         write_layout(work / "nobody", "v1", [nobody])
         workspace = Image(bullseye.layers, env=bullseye.env, working_dir="/workspace/app")
         write_layout(work / "workspace", "v1", [workspace])
+        planted = Image([*bullseye.layers, layer_bytes(_planted_modules())], env=bullseye.env)
+        write_layout(work / "planted", "v1", [planted])
+        noisy = Image([*bullseye.layers, layer_bytes([Entry("bin/sh", data=NOISY, mode=0o755)])])
+        write_layout(work / "noisy", "v1", [noisy])
         python3 = Entry("usr/bin/python3", data=b"#!/bin/sh\n", mode=0o755)
         for name, (links, workdir, _) in ESCAPES.items():
             mine = str(decoy / name)
@@ -142,6 +148,8 @@ def registries(tmp_path_factory: pytest.TempPathFactory, decoy: Path) -> Iterato
             "entry": anonymous.push(work / "entry", "v1", "entry"),
             "nobody": anonymous.push(work / "nobody", "v1", "nobody"),
             "workspace": anonymous.push(work / "workspace", "v1", "workspace"),
+            "planted": anonymous.push(work / "planted", "v1", "planted"),
+            "noisy": anonymous.push(work / "noisy", "v1", "noisy"),
             **{name: anonymous.push(work / name, "v1", name) for name in ESCAPES},
             "anonymous": anonymous,
         }
@@ -150,6 +158,42 @@ def registries(tmp_path_factory: pytest.TempPathFactory, decoy: Path) -> Iterato
         private.stop()
         bearer.stop()
         tokens.stop()
+
+
+# What a module the image plants would do, were it loaded: leave a mark, end its process.
+PLANTED = b"import os\nopen('/tmp/planted-' + __name__, 'w').close()\nos._exit(99)\n"
+
+
+# An image's /bin/sh that, as the placeholder, writes to the server without end (no newline).
+NOISY = b"#!/usr/bin/python3\nimport os\nwhile True:\n    os.write(1, b'u' * 65536)\n"
+
+
+def _planted_modules() -> list[Entry]:
+    """Modules where the server's interpreter has its standard library (the template's
+    `sys.path`, `-I -S`), named as what a forked execd could import once it runs: what the
+    standard library imports as it goes (the relay's host name codec), and more."""
+    entries: list[Entry] = []
+    for folder in (os.path.dirname(os.__file__), os.path.dirname(json.__file__)):
+        parts = folder.strip("/").split("/")
+        entries += [Entry("/".join(parts[: n + 1]), "dir", mode=0o755) for n in range(len(parts))]
+    stdlib = os.path.dirname(os.__file__).strip("/")
+    entries.append(Entry(f"{stdlib}/encodings", "dir", mode=0o755))
+    for name in ("encodings/idna", "encodings/cp1252", "stringprep", "_strptime", "uuid"):
+        entries.append(Entry(f"{stdlib}/{name}.py", data=PLANTED))
+    entries.append(Entry(f"{stdlib}/json/tool.py", data=PLANTED))
+    return list({entry.name: entry for entry in entries}.values())
+
+
+def _execd_of(server: LocalServer, sandbox_id: str) -> tuple[int, str]:
+    """The host pid of a sandbox's execd, and the command line of its parent."""
+    for pid in sandbox_of(server, sandbox_id).container.members():
+        line = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"main.py" in line or execd_template.BOOTSTRAP.encode() in line:
+            status = Path(f"/proc/{pid}/status").read_text()
+            parent = int(status.split("PPid:\t", 1)[1].split()[0])
+            if parent != sandbox_of(server, sandbox_id).container.init_pid:
+                return pid, Path(f"/proc/{parent}/cmdline").read_bytes().decode()
+    raise AssertionError(f"no execd in {sandbox_id}")
 
 
 @pytest.fixture(scope="module")
@@ -438,3 +482,66 @@ def test_an_images_user_runs_its_commands_code_and_entrypoint(
             f"{image_server.api_base}/sandboxes/{sandbox.id}/diagnostics/logs", timeout=30
         ).text
         assert "--uid" not in logs and "--gid" not in logs, logs
+
+
+def test_an_images_execd_is_the_templates_and_runs_the_users_code_on_the_images_python(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    """The execd template forks an image sandbox's execd too (the server's interpreter, in the
+    image's namespaces); code contexts, terminals and commands run on the image's own."""
+    client = _client(image_server)
+    with client.create_sandbox(template=registries["bullseye"]) as sandbox:
+        execd, parent = _execd_of(image_server, sandbox.id)
+        assert execd_template.BOOTSTRAP in parent  # the template forked it
+        assert os.readlink(f"/proc/{execd}/exe") == os.path.realpath(sys.executable)
+        assert os.readlink(f"/proc/{execd}/cwd") == "/srv/app"  # the image's WorkingDir
+        code = sandbox.run_code("import sys; print(sys.executable, sys.version_info[:2])")
+        assert code.stdout == "/usr/bin/python3 (3, 9)\n", code
+        ran = sandbox.commands.run("readlink /proc/$$/exe; pwd; echo $GREETING")
+        # bullseye's bash (its /bin is no link to /usr/bin), in its WorkingDir, with its Env
+        assert ran.stdout.splitlines() == ["/bin/bash", "/srv/app", "from-the-image"], ran
+
+
+def test_modules_an_image_plants_where_the_servers_python_has_its_own_are_never_loaded(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    """A forked execd runs the server's interpreter inside the image: the image's files at
+    that interpreter's paths are the image's to write, never execd's to import."""
+    client = _client(image_server)
+    before = os.stat(os.path.realpath(sys.executable))
+    with client.create_sandbox(template=registries["planted"]) as sandbox:
+        assert execd_template.BOOTSTRAP in _execd_of(image_server, sandbox.id)[1]
+        planted = os.path.dirname(os.__file__) + "/encodings/idna.py"
+        assert sandbox.files.read_bytes(planted) == PLANTED  # there, as the image has it
+        assert sandbox.commands.run("echo hi").stdout == "hi\n"  # through the relay
+        assert sandbox.run_code("print(6 * 7)").stdout == "42\n"
+        sandbox.files.write("/srv/x.txt", "x")
+        assert sandbox.files.read_text("/srv/x.txt") == "x"
+        assert sandbox.metrics().cpu_count > 0
+        # its /proc/self/exe is the server's interpreter: a host file the sandbox's root does
+        # not own (a server whose sandboxes' root is its own user forks none: `usable`)
+        with pytest.raises(osb_sync.ApiError):
+            sandbox.files.chmod("/proc/self/exe", 0o777)
+        with pytest.raises(osb_sync.ApiError):
+            sandbox.files.write("/proc/self/exe", "x")
+        marks = sandbox.commands.run("ls /tmp | grep planted-; echo end").stdout
+        assert marks == "end\n", marks
+        assert sandbox.commands.run("echo still").stdout == "still\n"
+    after = os.stat(os.path.realpath(sys.executable))
+    assert (after.st_mode, after.st_size, after.st_mtime_ns) == (
+        before.st_mode,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+
+
+def test_an_images_placeholder_that_writes_without_end_fails_its_create_at_once(
+    image_server: LocalServer, registries: dict[str, Any]
+) -> None:
+    """The placeholder is the image's /bin/sh: the server reads a line of it, and no more."""
+    client = _client(image_server)
+    started = time.monotonic()
+    with pytest.raises(osb_sync.ApiError, match="did not start"):
+        client.create_sandbox(template=registries["noisy"])
+    assert time.monotonic() - started < 20  # not the start's whole 30 s, reading on
+    assert _leftovers(image_server) == ([], [])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,35 @@ def test_a_bwrap_copied_aside_is_in_a_directory_only_its_user_enters(
     assert copy.parent.parent == tmp_path / "osb-sync"
     assert copy.parent.stat().st_mode & 0o777 == 0o700
     assert copy.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_sealed_execd_imports_only_what_was_imported_before_and_what_is_built_in(
+    tmp_path: Path,
+) -> None:
+    """Once in a container, the template's paths name the container's files (an image's):
+    `seal_imports` (the forked process's first step) keeps the importer off every file."""
+    (tmp_path / "planted.py").write_text("print('loaded'); raise SystemExit(99)\n")
+    script = (
+        "import sys\n"
+        f"sys.path[:0] = [{str(tmp_path)!r}, {str(Path(__file__).parents[2])!r}]\n"
+        "from osb_sync.local.execd import template\n"
+        "template.preload()\n"
+        "template.seal_imports()\n"
+        "import json, posix, traceback  # imported before; built in\n"
+        "assert '127.0.0.1'.encode('idna') == b'127.0.0.1'  # the relay's\n"
+        "try:\n"
+        "    json.loads('{')  # raised in the standard library's files, whose lines it shows\n"
+        "except ValueError:\n"
+        "    assert 'return _default_decoder.decode(s)' in traceback.format_exc()\n"
+        "try:\n"
+        "    import planted\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print('refused', exc.name)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, "refused planted\n"), done.stderr

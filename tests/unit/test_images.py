@@ -27,9 +27,9 @@ from osb_sync.local.host.images.config import (
 )
 from osb_sync.local.host.images.execd_image import MACHINES, ExecdImageError, execd_from_image
 from osb_sync.local.host.images.pull import Puller, PullError, Source, parse
-from osb_sync.local.host.images.rootfs import confine
+from osb_sync.local.host.images.rootfs import ImageView, confine
 from osb_sync.local.host.images.service import ImageService, ImageSettings
-from osb_sync.local.host.images.store import ImageStore
+from osb_sync.local.host.images.store import ImageStore, StoredImage
 from osb_sync.local.host.images.unpack import (
     SizeLimit,
     TooLarge,
@@ -699,3 +699,18 @@ def test_an_execd_image_without_a_binary_names_the_rules(tmp_path: Path) -> None
     store = ImageStore(tmp_path / "store", FakePuller(tmp_path / "scratch", image))
     with pytest.raises(ExecdImageError, match="none of /execd, /usr/local/bin/execd"):
         execd_from_image(store, "reg.example/execd:1")
+
+
+def test_an_image_without_bash_keeps_an_execd_on_its_own_python(tmp_path: Path) -> None:
+    """The placeholder bwrap runs where the template forks execd is the image's shell."""
+    root = tmp_path / "rootfs"
+    (root / "bin").mkdir(parents=True)
+    view = ImageView(StoredImage("sha256:0", "x", tmp_path, ImageConfig(), "/usr/bin/python3", 0))
+    (root / "bin" / "sh").write_bytes(b"")
+    (root / "bin" / "sh").chmod(0o755)
+    assert not view.template
+    (root / "bin" / "bash").symlink_to("/../../../bin/sh")  # resolved in the image's root
+    assert view.template
+    (root / "bin" / "sh").chmod(0o644)
+    assert not view.template
+    assert view.python == "/usr/bin/python3"

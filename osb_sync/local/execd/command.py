@@ -56,7 +56,6 @@ from .workers import (
     run_error,
 )
 
-SHELL = shutil.which("bash") or "/bin/sh"
 LINE_END = re.compile(rb"\r\n|\r|\n")
 ENVS_FILE = ".opensandbox/envs"  # EXECD_ENVS when the sandbox's environment names none
 
@@ -168,7 +167,10 @@ def spawn_shell(
 ) -> subprocess.Popen[bytes]:
     """Start `spec` with the shell (its argv without one), in the sandbox, writing to the
     given files or pipes."""
-    argv = [SHELL, "-c", spec.command]
+    # found at each start, on the sandbox's PATH: an execd the template forked imported this
+    # module outside the container, whose shell may be elsewhere (an image's)
+    shell = shutil.which("bash", path=runtime.env.get("PATH")) or "/bin/sh"
+    argv = [shell, "-c", spec.command]
     env = command_env(runtime, spec)
     if spec.argv is not None:
         argv = [find_program(spec.argv[0], spec.cwd, {**runtime.env, **env}), *spec.argv[1:]]

@@ -260,6 +260,7 @@ def serve(start: Start, relay_server: socket.socket, ready_fd: int) -> int | Non
         claim.address_space_limit,
         Path(start.oom_control) if start.oom_control else None,
         start.user,
+        start.python,
     )
     app = router.ExecdApp(runtime, start.ping_interval, start.command_grace)
     token = claim.token.encode()

@@ -34,7 +34,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import termios
 import threading
 import uuid
@@ -152,7 +151,7 @@ class Session:
             fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
             env = {"TERM": self.runtime.env.get("TERM", "xterm")}
             proc = self.runtime.spawn(
-                [sys.executable, "-I", "-S", "-c", CONTROLLING_TTY, *argv],
+                [self.runtime.python, "-I", "-S", "-c", CONTROLLING_TTY, *argv],
                 cwd=self.cwd, env=env, stdin=slave, stdout=slave, stderr=slave,
             )  # fmt: skip
         except OSError:

@@ -12,7 +12,6 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -68,7 +67,7 @@ class PythonWorker:
         try:
             self._proc = runtime.spawn(
                 # found at each start: a forked execd names its files as the container sees them
-                [sys.executable, "-u", _worker_script(), str(requests_r), str(replies_w)],
+                [runtime.python, "-u", _worker_script(), str(requests_r), str(replies_w)],
                 cwd=cwd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,8 +55,12 @@ class SandboxRuntime:
         address_space_limit: int | None = None,
         oom_control: Path | None = None,
         user: tuple[int, int] | None = None,
+        python: str | None = None,
     ) -> None:
         self.dir = home
+        # what runs code contexts and the terminal's helper: the image's python3 where the
+        # sandbox runs an image (the image asked for runs the user's code), else execd's own
+        self.python = python or sys.executable
         # (uid, gid) of the image's User: what the sandbox's processes run as unless a
         # request names its own (execd itself stays the namespace's root, for its state)
         self.user = user

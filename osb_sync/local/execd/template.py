@@ -33,7 +33,10 @@ nobody writes it: the server sees the execd's end on its pidfd.
 
 Nothing of the server crosses: the template is its own process, started clean, holding only
 these modules and, while it forks, one request's descriptors. The execds forked from it share
-its hash seed (`random` is reseeded in each).
+its hash seed (`random` is reseeded in each). Nothing of a container crosses into it either:
+the forked child imports nothing more from files (`seal_imports`), as the template's paths
+name, in a container of an image, the image's files; the request's working directory is the
+container's (an image's WorkingDir).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import gc
+import importlib.machinery
 import os
 import resource
 import selectors
@@ -195,7 +199,20 @@ def _setgroups_denied() -> bool:
         return state.read().strip() == "deny"
 
 
-def _execd(setup: TemplateSetup, fds: list[int]) -> NoReturn:
+def seal_imports() -> None:
+    """Import nothing more from files, only what is built into the interpreter: once in the
+    container, the paths of the template's modules name the container's files (an image's,
+    or none), which a forked execd must never load. What execd imports is imported before
+    (`preload`), and a route that still wants a module more fails on it, alone."""
+    sys.meta_path[:] = [
+        finder
+        for finder in sys.meta_path
+        if finder in (importlib.machinery.BuiltinImporter, importlib.machinery.FrozenImporter)
+    ]
+    sys.path_importer_cache.clear()
+
+
+def _execd(setup: TemplateSetup, fds: list[int], home: str | None) -> NoReturn:
     """The execd: take bwrap's confinement (see the module docstring), then serve."""
     code = 1
     try:
@@ -209,7 +226,7 @@ def _execd(setup: TemplateSetup, fds: list[int]) -> NoReturn:
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the rest as Python set them at start
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        os.chdir(setup.home)
+        os.chdir(home or setup.home)
         if "random" in sys.modules:
             sys.modules["random"].seed()
         if setup.seccomp:
@@ -263,6 +280,7 @@ def _middle(setup: TemplateSetup, request: Fork, fds: list[int], report: int) ->
     namespaces, fork, report."""
     try:
         main.hide_memory()  # and the execd's, from its first moment in the namespaces
+        seal_imports()
         _close_all_but({*fds, report})
         init = request.init
         join_groups(request.groups)  # the execd is born there
@@ -271,7 +289,7 @@ def _middle(setup: TemplateSetup, request: Fork, fds: list[int], report: int) ->
         pid = os.fork()
         if pid == 0:
             os.close(report)
-            _execd(setup, fds[1:5])
+            _execd(setup, fds[1:5], request.home)
         os.write(report, ForkAnswer(pid=pid).encode())
     except BaseException as exc:  # noqa: BLE001 (answered to the server)
         os.write(report, ForkAnswer(error=f"{type(exc).__name__}: {exc}").encode())
@@ -321,8 +339,8 @@ def serve(control: socket.socket) -> None:
     signalling its parent, never wakes the template.
     """
     setup = TemplateSetup.decode(control.recv(MESSAGE_SIZE))
+    view_package(setup.package_view)  # once for every execd: their pages stay the template's
     prctl(PR_SET_CHILD_SUBREAPER, 1)
-    view_package(setup.package_view)  # for every execd, once
     gc.freeze()  # the collector leaves the template's objects (and their pages) alone
     with selectors.DefaultSelector() as selector:
         selector.register(control, selectors.EVENT_READ)
@@ -364,13 +382,22 @@ def serve(control: socket.socket) -> None:
                     control.send(answer.encode())
 
 
-def run(argv: list[str]) -> int:
-    """Import what execd runs, then serve the socket on descriptor `argv[1]`."""
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server's spawner thread started it
+def preload() -> None:
+    """Import what execd runs, and what the standard library imports as it goes (a forked
+    execd imports nothing more: `seal_imports`): the codec of a host name given as text, the
+    relay's `socket.create_connection(("127.0.0.1", port))`. (A traceback formatted there
+    goes without the carets whose `ast` it cannot import.)"""
     main.load_package()
+    import encodings.idna  # noqa: F401
+
     from osb_sync.local.execd import router, runner  # noqa: F401 (imported for the execds)
     from osb_sync.local.http import exchange, httpd  # noqa: F401
 
+
+def run(argv: list[str]) -> int:
+    """Import what execd runs (`preload`), then serve the socket on descriptor `argv[1]`."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server's spawner thread started it
+    preload()
     serve(socket.socket(fileno=int(argv[1])))
     return 0
 

@@ -2,8 +2,9 @@
 
 The container's main process is `execd/main.py` (our execd, JUPYTER_PORT and a relay, then the
 sandbox's entrypoint, whose end ends it: `entrypoint.py`), started under bubblewrap
-(`bwrap.py`), or as a plain subprocess where isolation is impossible; in a default sandbox,
-bwrap runs a placeholder and the execd template forks execd into the container's namespaces
+(`bwrap.py`), or as a plain subprocess where isolation is impossible; where its root view
+allows (`RootView.template`: the default one, an image with the placeholder's shells), bwrap
+runs a placeholder and the execd template forks execd into the container's namespaces
 (`execd_template.py`: a new Python per sandbox costs ~80 ms and ~12 MiB). The server reaches
 the container only through a listening Unix socket it makes in a host directory the sandbox
 cannot see and hands to the main process as an inherited descriptor.
@@ -385,11 +386,7 @@ class SandboxContainer:
         """`disk.limit_inside` for this sandbox (a server not root; OSError if refused)."""
         if self.init_pid is None:
             raise OSError("the sandbox's init is not known")
-        mntns = spawn.namespace(self._init_fd, self.init_pid, "mnt")
-        try:
-            disk.limit_inside(mntns, spawn.owning_user_namespace(mntns), size, inodes)
-        finally:
-            os.close(mntns)
+        disk.limit_inside(self._init_fd, self.init_pid, size, inodes)
 
     def _open_netns(self) -> None:
         """Hold the network namespace of a sandbox of a server that is not root, once it runs.
@@ -444,7 +441,11 @@ class SandboxContainer:
             [str(d / "cgroup.procs") for d in self._cgroup.dirs.values()] if self._cgroup else []
         )
         self._forked = execd_template.TEMPLATE.fork(
-            self.init_pid, (*fds, self._proc.stdin.fileno()), self.support.seccomp, groups
+            self.init_pid,
+            (*fds, self._proc.stdin.fileno()),
+            self.support.seccomp,
+            groups,
+            self._settings.view.home(self._plain_home),
         )
 
     def claim(self, assignment: Assignment) -> None:
@@ -772,6 +773,7 @@ class SandboxContainer:
             user=self._settings.view.user,
             execd_binary=binary.command if binary else None,
             jupyter=binary.jupyter if binary else None,
+            python=self._settings.view.python,
         )
 
     def _log_tail(self) -> str:

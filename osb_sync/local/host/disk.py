@@ -54,6 +54,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from . import spawn
 from .bwrap import EXECD_STATE_DIR, SANDBOX_HOME, Support
 
 DEFAULT_BYTES = 1 << 30
@@ -221,14 +222,19 @@ def unmount(target: Path) -> None:
     _libc().umount2(bytes(target), MNT_DETACH)
 
 
-def limit_inside(mntns: int, userns: int, size: int, inodes: int) -> None:
+def limit_inside(init_fd: int, init: int, size: int, inodes: int) -> None:
     """Give the writable tmpfs bwrap made (a server not root) `size` bytes and `inodes`
-    inodes between them (`split`), from inside the sandbox's mount namespace `mntns` and its
-    owner `userns` (`remount_inside`; `userns` is closed here); OSError if refused."""
+    inodes between them (`split`), from inside the mount namespace of the sandbox's init
+    `init` (`init_fd` its pidfd) and its owner (`remount_inside`); OSError if refused."""
+    mntns = spawn.namespace(init_fd, init, "mnt")
     try:
-        remount_inside(userns, mntns, split(size, inodes))
+        userns = spawn.owning_user_namespace(mntns)
+        try:
+            remount_inside(userns, mntns, split(size, inodes))
+        finally:
+            os.close(userns)
     finally:
-        os.close(userns)
+        os.close(mntns)
 
 
 def split(size: int, inodes: int) -> dict[str, tuple[int, int]]:

@@ -14,10 +14,16 @@ the container holds a pidfd of its execd (`Forked`), and an execd that ended aft
 template did reads `Failed`, its status unknown (`liveness.py`). Deleting the sandbox kills
 the namespace's init, and the execd with it.
 
-Where it cannot be used (an image, whose execd runs the image's Python; an execd binary; a
-server that is not root on a machine without bash, `placeholder`; a server whose sandboxes'
-root is its own user, who owns its interpreter, `usable`; a kernel before 5.8, without
-setns(2) on a pidfd; a machine without a seccomp table for bwrap), containers start as before.
+An image's sandbox uses it too where the image has the placeholder's shells
+(`rootfs.ImageView.template`): its execd is then this interpreter in the image's namespaces,
+which imports nothing more from files once there (`execd/template.py`'s `seal_imports`), and
+runs the sandbox's code on the image's python3 (`protocol.Start.python`).
+
+Where it cannot be used (an image without /bin/sh and /bin/bash, whose execd runs on its
+python3 as bwrap starts it; an execd binary; a server that is not root on a machine without
+bash, `placeholder`; a server whose sandboxes' root is its own user, who owns its interpreter,
+`usable`; a kernel before 5.8, without setns(2) on a pidfd; a machine without a seccomp table
+for bwrap), containers start as before.
 """
 
 from __future__ import annotations
@@ -78,8 +84,8 @@ def kernel_joins_by_pidfd(release: str | None = None) -> bool:
 
 
 def usable(support: bwrap.Support, binary: object) -> bool:
-    """Whether a container of the host's view (`bwrap.HostView.template`) with this execd
-    `binary` (None: ours) gets its execd from the template.
+    """Whether a container whose root view allows it (`rootview.RootView.template`) with this
+    execd `binary` (None: ours) gets its execd from the template.
 
     Not where root inside is the server's user (`identity.own_ids`) who owns the interpreter
     (a venv made with --copies, pyenv, conda): a forked execd's /proc/self/exe is the
@@ -166,7 +172,12 @@ class Template:
                 self._stop()
 
     def fork(
-        self, init_pid: int, fds: Sequence[int], seccomp: bytes | None, groups: Sequence[str] = ()
+        self,
+        init_pid: int,
+        fds: Sequence[int],
+        seccomp: bytes | None,
+        groups: Sequence[str] = (),
+        home: str | None = None,
     ) -> Forked:
         """Fork an execd into the namespaces of `init_pid` (see `Forked`).
 
@@ -176,11 +187,12 @@ class Template:
                 the relay socket, the ready pipe (write end) and the exit pipe (write end).
             seccomp: the filter program bwrap loaded (the same for every container).
             groups: the `cgroup.procs` files of the sandbox's groups, where the execd is born.
+            home: its working directory, in the container (None: the sandbox's home).
 
         Raises:
             RuntimeError: the template refused (why), or died twice.
         """
-        request = Fork(init_pid, tuple(groups)).encode()
+        request = Fork(init_pid, tuple(groups), home).encode()
         with self._lock:
             for attempt in (1, 2):
                 try:

@@ -48,6 +48,10 @@ class RootView(Protocol):
     def user(self) -> tuple[int, int] | None:
         """(uid, gid) that what execd starts runs as (None: the sandbox's root)."""
 
+    @property
+    def python(self) -> str | None:
+        """The interpreter of its code contexts (None: the one execd runs on)."""
+
     def identity_files(self) -> tuple[bytes, bytes] | None:
         """Its /etc/passwd and /etc/group, or None for the root's own."""
 
@@ -89,6 +93,7 @@ class HostView:
     system: ClassVar[str] = "read-only system directories"
     template: ClassVar[bool] = True  # the execd template may fork its execd
     user: ClassVar[tuple[int, int] | None] = None  # what execd starts runs as its root
+    python: ClassVar[str | None] = None  # code contexts run on execd's interpreter
 
     def identity_files(self) -> tuple[bytes, bytes] | None:
         """Its /etc/passwd and /etc/group (the sandbox's root and its home)."""

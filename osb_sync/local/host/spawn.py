@@ -134,16 +134,17 @@ def _until_stopped(body: Callable[[int], None], stop: int) -> None:
         os.close(stop)
 
 
-def read_until(fd: int, end: bytes, deadline: float) -> bytes:
-    """Read `fd` until `end` is seen, EOF, or the deadline; what was read.
+def read_until(fd: int, end: bytes, deadline: float, limit: int = 4096) -> bytes:
+    """Read `fd` until `end` is seen, EOF, the deadline, or `limit` bytes; what was read.
 
     Waits with a selector (epoll or poll), never `select()`: a server holding a few hundred
-    sandboxes has descriptors above FD_SETSIZE (1024), which `select()` cannot watch.
+    sandboxes has descriptors above FD_SETSIZE (1024), which `select()` cannot watch. What
+    writes there may be a sandbox's (an image's shell, the placeholder), hence the limit.
     """
     data = b""
     with selectors.DefaultSelector() as waiter:
         waiter.register(fd, selectors.EVENT_READ)
-        while end not in data:
+        while end not in data and len(data) < limit:
             left = deadline - time.monotonic()
             if left <= 0 or not waiter.select(left):
                 break

@@ -41,8 +41,10 @@ what a sandbox may write. So:
   (`volumes.make_inside`) instead of by bwrap; `--chdir` is not resolved here at all: bwrap
   changes directory after `pivot_root`, with the host detached, in the container's own view.
 
-The container's main process (relay, claim, liveness: `execd/main.py`) runs on the image's
-python3. An image without one (it then runs the real execd binary) gets the server's own
+The container's main process (relay, claim, liveness: `execd/main.py`) is forked by the execd
+template (`ImageView.template`: where the image has the placeholder's shells), or runs on the
+image's python3; either way the sandbox's code contexts run on that python3 (`ImageView.python`).
+An image without one (it then runs the real execd binary) gets the server's own
 interpreter instead (`host_interpreter`): its prefix and the directories of its libraries,
 read-only under `HOST_VIEW`, started by the host's dynamic loader with those directories as
 its library path, so that nothing of the image's `/lib` is needed and nothing leaks into the
@@ -70,10 +72,11 @@ from typing import ClassVar
 
 from .. import bwrap, volumes
 from ..rootview import Places
-from .config import ConfigError, Located, locate, resolve_in_root
+from .config import ConfigError, Located, is_executable, locate, resolve_in_root
 from .store import StoredImage, hold
 
 HOST_VIEW = f"{bwrap.OWN_DIR}/host"  # the server's interpreter, for images without python3
+PLACEHOLDER_SHELLS = ("/bin/sh", "/bin/bash")  # `execd_template.placeholder`'s, in the image
 PT_INTERP = 3
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -147,7 +150,21 @@ class ImageView:
     image: StoredImage
     ids: tuple[int, int] = (0, 0)
     system: ClassVar[str] = "a writable image root"
-    template: ClassVar[bool] = False  # its execd runs on the image's python3, never forked
+
+    @property
+    def template(self) -> bool:
+        """Whether the execd template may fork its execd (the server's interpreter, its code
+        contexts on the image's python3: `python`): where the image has the shells bwrap's
+        placeholder runs on (`execd_template.placeholder`: /bin/sh, or /bin/bash for a server
+        that is not root). Else its execd runs on the image's python3, as bwrap starts it."""
+        root = self.image.rootfs
+        return all(is_executable(root, shell) for shell in PLACEHOLDER_SHELLS)
+
+    @property
+    def python(self) -> str | None:
+        """What runs its code contexts: the image's python3 (the image asked for runs the
+        user's code, whatever runs execd)."""
+        return self.image.python
 
     @property
     def user(self) -> tuple[int, int] | None:
