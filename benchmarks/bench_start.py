@@ -13,7 +13,8 @@ process, an image store of its own in a temporary directory) and measures, in th
    ``commands.run("echo hi")`` + delete, the default template vs the image; per op the
    create, the first output and the whole, wall and the client's CPU;
 3. the default kind's same op with ``--live`` idle sandboxes alive vs one, measured around the
-   ramp as 1 -> N -> 1 (``--rounds`` ops each; "after" shows the drift of the run), with the
+   ramp as 1 -> N -> 1 (``--rounds`` ops each; "after" shows the drift of the run; the N-live
+   stage ``--settle`` seconds after the ramp, default 0), with the
    server's mount table size (lines of ``/proc/<server>/mountinfo``) at each stage;
 4. ready sandboxes per second for the (cached) image: ``--creators`` threads (16) each making
    ``--per-creator`` (2) sandboxes (create + ``run_code("1")``, kept until all are made).
@@ -214,6 +215,7 @@ def one_run(index: int, args: argparse.Namespace, work: Path, image: str) -> dic
             live = parallel(lambda _: client.create_sandbox(), [None] * (args.live - 1), 4)
             got["ramp_seconds"] = round(time.perf_counter() - started, 1)
             got["mount_lines"][f"{args.live} live"] = mount_lines(pid)
+            time.sleep(args.settle)  # the ramp's own tail (0: measured at once, as the baseline)
             got["load"].append(load())
             got["n_live"] = interleaved(client, pid, {"default": None}, args.rounds)["default"]
             parallel(lambda s: s.delete(), live)
@@ -236,6 +238,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--live", type=int, default=300, help="idle sandboxes of the N-live stage")
+    parser.add_argument("--settle", type=float, default=0, help="seconds after the ramp")
     parser.add_argument("--pss-count", type=int, default=20)
     parser.add_argument("--creators", type=int, default=16)
     parser.add_argument("--per-creator", type=int, default=2)
