@@ -677,3 +677,74 @@ def test_a_user_s_sandbox_with_rules_reaches_the_allowed_names_only(
         if server is not None:
             server.stop()
         internet.close()
+
+
+IMAGE_RUN = """
+import json, sys, urllib.request
+api, layout = sys.argv[1], sys.argv[2]
+def call(method, url, body=None, headers=None):
+    data = json.dumps(body).encode() if body else None
+    request = urllib.request.Request(url, data, method=method)
+    request.add_header("Content-Type", "application/json")
+    for key, value in (headers or {}).items():
+        request.add_header(key, value)
+    try:
+        with urllib.request.urlopen(request, timeout=300) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as failed:
+        return failed.code, failed.read().decode()
+body = {"image": {"uri": f"oci:{layout}:v1"}, "entrypoint": ["/bin/sh"], "resourceLimits": {},
+        "networkPolicy": {"defaultAction": "deny"}}
+status, text = call("POST", f"{api}/sandboxes", body)
+if status != 202:
+    sys.exit(f"create: {status} {text}")
+sandbox = json.loads(text)["id"]
+status, text = call("GET", f"{api}/sandboxes/{sandbox}/endpoints/44772")
+endpoint = json.loads(text)
+command = "cat /etc/debian_version; python3 -c 'import sys; print(sys.version_info[:2])'"
+status, text = call("POST", f"http://{endpoint['endpoint']}/command", {"command": command},
+                    endpoint.get("headers"))
+print(json.dumps([json.loads(line) for line in text.split("\\n") if line.strip()]))
+call("DELETE", f"{api}/sandboxes/{sandbox}")
+"""
+
+
+def test_a_user_without_a_range_runs_an_image_sandbox(
+    rangeless_user: str, package_copy: str
+) -> None:
+    """An image sandbox of a server that is not root has no disk limit (its /tmp is the
+    image's, no tmpfs to remount): its create used to fail "the sandbox's disk limits could
+    not be set (/tmp: Invalid argument)". The image's own files and python3 answer."""
+    from tests import imagekit
+
+    work = Path(tempfile.mkdtemp(prefix="osb-non-root-image-"))  # every user enters /tmp
+    try:
+        image = imagekit.Image(
+            [imagekit.rootfs_layer(imagekit.bullseye_tar())], env=["PATH=/usr/bin:/bin"]
+        )
+        imagekit.write_layout(work / "bullseye", "v1", [image])
+        for item in (work, *work.rglob("*")):
+            item.chmod(0o755 if item.is_dir() else 0o644)
+        server = ServerProcess(
+            user=rangeless_user,
+            python=PYTHON,
+            path=package_copy,
+            local_image_paths=[str(work)],
+        )
+        try:
+            runuser = shutil.which("runuser") or "runuser"
+            ran = subprocess.run(
+                [runuser, "-u", rangeless_user, "--", PYTHON, "-c", IMAGE_RUN,
+                 server.api_base, str(work / "bullseye")],
+                capture_output=True, timeout=600, cwd="/",
+                env={"PATH": "/usr/bin:/bin", "PYTHONPATH": package_copy},
+            )  # fmt: skip
+            assert ran.returncode == 0, ran.stderr.decode()[-2000:]
+            events = json.loads(ran.stdout)
+            out = "".join(e.get("text", "") for e in events if e.get("type") == "stdout")
+            assert out.startswith("11."), events  # bullseye's, not the host's
+            assert "(3, 9)" in out, events  # the image's python3
+        finally:
+            assert server.stop() == 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

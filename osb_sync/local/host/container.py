@@ -223,6 +223,8 @@ class SandboxContainer:
         """
         self._settings = settings
         self._limits = settings.plan or Plan()
+        if self._disk == "per-directory" and not isinstance(settings.view, HostView):
+            self._disk = "none"  # an image's root is its copy, no tmpfs (`disk.mode`)
         if self._limits.disk is not None and self._limits.disk != self._disk_size:
             if self._disk == "tmpfs":
                 disk.resize(self._data, *self._limits.disk)
