@@ -10,6 +10,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
@@ -320,11 +321,20 @@ def test_a_slow_tcp_client_holds_the_resolver_for_tcp_timeout_at_most(
         asker.close()
 
 
-def test_a_resolver_stopped_while_busy_closes_its_sockets_once_it_is_done(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The delete of a sandbox waits STOP_WAIT at most for its resolver; what the resolver
-    still holds is closed when its question is done, not left open."""
+@dataclass
+class Busy:
+    """A started Resolver (STOP_WAIT 0.2 s) whose upstream question for allowed.test waits
+    on `release`."""
+
+    server: Resolver
+    udp: socket.socket
+    tcp: socket.socket
+    recorder: Recorder
+    release: threading.Event
+
+
+def busy_resolver(monkeypatch: pytest.MonkeyPatch) -> Busy:
+    """A Busy resolver, its question asked and upstream when this returns."""
     monkeypatch.setattr(egress, "STOP_WAIT", 0.2)
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", 0))
@@ -343,11 +353,20 @@ def test_a_resolver_stopped_while_busy_closes_its_sockets_once_it_is_done(
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as asker:
         asker.sendto(query("allowed.test"), udp.getsockname())
         assert asked.wait(5)
-        started = time.monotonic()
-        server.stop()
-        assert time.monotonic() - started < 2
-        release.set()
-        assert wait_until(lambda: udp.fileno() == -1 and tcp.fileno() == -1, 5)
+    return Busy(server, udp, tcp, recorder, release)
+
+
+def test_a_resolver_stopped_while_busy_closes_its_sockets_once_it_is_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The delete of a sandbox waits STOP_WAIT at most for its resolver; what the resolver
+    still holds is closed when its question is done, not left open."""
+    busy = busy_resolver(monkeypatch)
+    started = time.monotonic()
+    busy.server.stop()
+    assert time.monotonic() - started < 2
+    busy.release.set()
+    assert wait_until(lambda: busy.udp.fileno() == -1 and busy.tcp.fileno() == -1, 5)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
@@ -416,30 +435,13 @@ def test_no_set_changes_once_stop_returned(monkeypatch: pytest.MonkeyPatch) -> N
     """F2: a question still upstream when the sandbox is deleted: its answer must not reach
     the sets after stop() returned (the namespace's descriptor is closed then, and its
     number may be another sandbox's)."""
-    monkeypatch.setattr(egress, "STOP_WAIT", 0.2)
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    udp.bind(("127.0.0.1", 0))
-    tcp = socket.create_server(("127.0.0.1", 0))
-    release, asked = threading.Event(), threading.Event()
-
-    def slow_ask(name: str) -> egress.Answer:
-        asked.set()
-        release.wait(10)
-        return 0, [a_record(name, "198.18.1.1")]
-
-    recorder = Recorder([])
-    server = Resolver(rules(("allow", "allowed.test")), udp, tcp, recorder.allowed.append,
-                      recorder.disallowed.append, recorder.events.append, ask=slow_ask)  # fmt: skip
-    server.start()
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as asker:
-        asker.sendto(query("allowed.test"), udp.getsockname())
-        assert asked.wait(5)
-        server.stop()
-        release.set()
-        assert wait_until(lambda: udp.fileno() == -1, 5)
-    assert recorder.allowed == []
-    server.set_rules(rules())  # nor a change after it
-    assert recorder.disallowed == []
+    busy = busy_resolver(monkeypatch)
+    busy.server.stop()
+    busy.release.set()
+    assert wait_until(lambda: busy.udp.fileno() == -1, 5)
+    assert busy.recorder.allowed == []
+    busy.server.set_rules(rules())  # nor a change after it
+    assert busy.recorder.disallowed == []
 
 
 def test_a_full_table_costs_little_per_question_and_memory(
