@@ -15,6 +15,7 @@ its own /dev); ``images --json`` lists them (`skipped`).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,18 +44,23 @@ def _size_text(size: int) -> str:
 
 def _store(options: StoreOptions, for_pull: bool = False) -> Any:
     """The image store the flags name (its directory made if missing)."""
-    from .local.host.images import pull, store, unpack
+    from .local.host.images import inside, pull, store, unpack
 
     given = options.keywords
     root = Path(given["image_store"]) if given.get("image_store") else store.default_root()
     owner: unpack.OwnerMap = unpack.server_owned
+    work: inside.RangeWork | None = None
     if for_pull:
         from .local.host import bwrap
 
         support = bwrap.probe()
-        ids = support.ids
-        if support.bwrap is not None and ids is not None:
-            owner = unpack.in_range(ids.uid, ids.gid, ids.count)
+        if support.bwrap is not None:
+            owner, work = inside.for_ids(support.ids)
+    elif os.geteuid() != 0:  # what a pull in its range unpacked, prune removes there
+        from .local.host import identity
+
+        ids = identity.host_range()
+        work = inside.for_ids(ids)[1] if isinstance(ids, identity.IdRange) else None
     auth_file = given.get("registry_auth_file")
     puller = pull.Puller(
         root / "scratch",
@@ -64,7 +70,7 @@ def _store(options: StoreOptions, for_pull: bool = False) -> Any:
     )
     try:
         return store.ImageStore(
-            root, puller, given["image_store_size"], owner, given.get("image_size_limit")
+            root, puller, given["image_store_size"], owner, given.get("image_size_limit"), work
         )
     except OSError as exc:
         raise ImageCommandError(

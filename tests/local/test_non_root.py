@@ -17,6 +17,7 @@ import pwd
 import re
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -701,22 +702,39 @@ if status != 202:
 sandbox = json.loads(text)["id"]
 status, text = call("GET", f"{api}/sandboxes/{sandbox}/endpoints/44772")
 endpoint = json.loads(text)
-command = "cat /etc/debian_version; python3 -c 'import sys; print(sys.version_info[:2])'"
+command = ("cat /etc/debian_version; python3 -c 'import sys; print(sys.version_info[:2])';"
+           " stat -c %u:%g /etc/passwd /usr/bin")
 status, text = call("POST", f"http://{endpoint['endpoint']}/command", {"command": command},
                     endpoint.get("headers"))
 print(json.dumps([json.loads(line) for line in text.split("\\n") if line.strip()]))
-call("DELETE", f"{api}/sandboxes/{sandbox}")
+if sys.argv[3:] != ["keep"]:
+    call("DELETE", f"{api}/sandboxes/{sandbox}")
 """
 
 
-def test_a_user_without_a_range_runs_an_image_sandbox(
-    rangeless_user: str, package_copy: str
+PRUNE = """
+import types
+from osb_sync._cli_images import _store
+print(_store(types.SimpleNamespace(keywords={"image_store_size": 1 << 30})).prune())
+"""
+
+
+@pytest.mark.parametrize("who", ["rangeless_user", "ranged_user"])
+def test_a_user_runs_an_image_sandbox(
+    who: str, package_copy: str, request: pytest.FixtureRequest
 ) -> None:
     """An image sandbox of a server that is not root has no disk limit (its /tmp is the
     image's, no tmpfs to remount): its create used to fail "the sandbox's disk limits could
-    not be set (/tmp: Invalid argument)". The image's own files and python3 answer."""
+    not be set (/tmp: Invalid argument)". The image's own files and python3 answer, its root
+    owns the image's files, and nothing is left once the server stops.
+
+    A user with a range: the image's files belong to the range, as a root server's store has
+    them (`images/inside.py`); the pull used to fail with EPERM at the first fchown, and
+    `osb-sync images prune`'s store removes the image again."""
     from tests import imagekit
 
+    user: str = request.getfixturevalue(who)
+    info = pwd.getpwnam(user)
     work = Path(tempfile.mkdtemp(prefix="osb-non-root-image-"))  # every user enters /tmp
     try:
         image = imagekit.Image(
@@ -726,7 +744,7 @@ def test_a_user_without_a_range_runs_an_image_sandbox(
         for item in (work, *work.rglob("*")):
             item.chmod(0o755 if item.is_dir() else 0o644)
         server = ServerProcess(
-            user=rangeless_user,
+            user=user,
             python=PYTHON,
             path=package_copy,
             local_image_paths=[str(work)],
@@ -734,7 +752,7 @@ def test_a_user_without_a_range_runs_an_image_sandbox(
         try:
             runuser = shutil.which("runuser") or "runuser"
             ran = subprocess.run(
-                [runuser, "-u", rangeless_user, "--", PYTHON, "-c", IMAGE_RUN,
+                [runuser, "-u", user, "--", PYTHON, "-c", IMAGE_RUN,
                  server.api_base, str(work / "bullseye")],
                 capture_output=True, timeout=600, cwd="/",
                 env={"PATH": "/usr/bin:/bin", "PYTHONPATH": package_copy},
@@ -744,7 +762,149 @@ def test_a_user_without_a_range_runs_an_image_sandbox(
             out = "".join(e.get("text", "") for e in events if e.get("type") == "stdout")
             assert out.startswith("11."), events  # bullseye's, not the host's
             assert "(3, 9)" in out, events  # the image's python3
+            assert out.split()[-2:] == ["0:0", "0:0"], events  # the image's root owns them
         finally:
             assert server.stop() == 0
+        left = [p for p in Path("/tmp").glob("osb-local-*") if p.stat().st_uid == info.pw_uid]
+        assert left == [], left
+        store = Path(info.pw_dir, ".cache", "osb-sync", "images", "images")
+        (stored,) = store.glob("sha256-*")
+        owner = (stored / "rootfs" / "etc" / "passwd").stat()
+        if who == "ranged_user":
+            start = identity.pick(identity.SUBUID.read_text(), (user,), info.pw_uid)
+            gid = identity.pick(identity.SUBGID.read_text(), (user,), info.pw_gid)
+            assert (owner.st_uid, owner.st_gid) == (start, gid)
+        else:
+            assert (owner.st_uid, owner.st_gid) == (info.pw_uid, info.pw_gid)
+        pruned = subprocess.run(  # `osb-sync images prune`'s store (the CLI needs requests)
+            [runuser, "-u", user, "--", PYTHON, "-c", PRUNE],
+            capture_output=True, timeout=120, cwd="/",
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": package_copy},
+        )  # fmt: skip
+        assert pruned.returncode == 0, pruned.stderr.decode()[-2000:]
+        assert list(store.iterdir()) == [] and list(store.parent.joinpath("tmp").iterdir()) == []
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+RANGE_WORK = """
+import json, sys
+from pathlib import Path
+from osb_sync.local.host import identity
+from osb_sync.local.host.images.inside import RangeWork
+from osb_sync.local.host.images.unpack import SizeLimit, TooLarge, UnpackError
+work, layouts, out = RangeWork(identity.host_range()), Path(sys.argv[1]), Path(sys.argv[2])
+said = {}
+for name in ("good", "escape", "bomb"):
+    try:
+        done = work.unpack(layouts / name, out / name, SizeLimit(64 << 20, floor=64 << 10))
+        said[name] = ["ok", done.size]
+    except TooLarge as exc:
+        said[name] = ["too-large", str(exc), exc.unpacked > 100 * exc.packed]
+    except UnpackError as exc:
+        said[name] = ["refused", str(exc)]
+if sys.argv[3:] == ["remove"]:
+    for name in ("good", "escape", "bomb"):
+        work.remove(out / name)
+print(json.dumps(said))
+"""
+
+
+def test_a_user_with_a_range_unpacks_in_its_range_what_root_would_and_refuses_the_rest(
+    ranged_user: str, package_copy: str
+) -> None:
+    """The store's unpacks of a server that is not root but has a range run in a user
+    namespace of the range (`images/inside.py`): an image's ids are the range's, an id past
+    it the user's own, and a refusal comes back typed, as the unpacker's in the server: a
+    member leading out (UnpackError, nothing made outside) and a decompression bomb
+    (TooLarge, with its figures). The range's trees are removed again in the namespace."""
+    from tests.imagekit import Entry, Image, layer_bytes, write_dir_layout
+
+    user = pwd.getpwnam(ranged_user)
+    start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
+    gid = identity.pick(identity.SUBGID.read_text(), (ranged_user,), user.pw_gid)
+    work = Path(tempfile.mkdtemp(prefix="osb-range-work-"))
+    try:
+        owned = {"uid": "1000", "gid": "1001"}
+        far = {"uid": "70000", "gid": "70000"}  # past the range's 65536 ids
+        images = {
+            "good": [Entry("d", "dir", mode=0o700), Entry("d/f", data=b"x", pax=owned),
+                     Entry("far", data=b"y", pax=far)],
+            "escape": [Entry("h", "link", target="../outside")],
+            "bomb": [Entry("z", data=bytes(4 << 20))],
+        }  # fmt: skip
+        for name, entries in images.items():
+            write_dir_layout(work / "layouts" / name, Image([layer_bytes(entries)]))
+        for item in (work, *work.rglob("*")):
+            item.chmod(0o755 if item.is_dir() else 0o644)
+        (work / "out").mkdir(mode=0o700)
+        os.chown(work / "out", user.pw_uid, user.pw_gid)
+
+        def run(*more: str) -> dict[str, list[object]]:
+            done = _as(ranged_user, package_copy, PYTHON, "-c", RANGE_WORK,
+                       str(work / "layouts"), str(work / "out"), *more)  # fmt: skip
+            assert done.returncode == 0, done.stderr.decode()[-2000:]
+            said: dict[str, list[object]] = json.loads(done.stdout)
+            return said
+
+        said = run()
+        assert said["good"][0] == "ok", said
+        assert said["escape"][0] == "refused" and "'..' component" in str(said["escape"]), said
+        assert said["bomb"][:1] == ["too-large"] and said["bomb"][2] is True, said
+        assert "a decompression bomb" in str(said["bomb"][1]), said
+        good = work / "out" / "good"
+        found = {
+            p.name: (p.lstat().st_uid, p.lstat().st_gid)
+            for p in (good, good / "d", good / "d" / "f", good / "far")
+        }
+        assert found["d"] == (start, gid) and found["f"] == (start + 1000, gid + 1001), found
+        assert found["far"] == (user.pw_uid, user.pw_gid), found  # past the range: the user's
+        assert not (work / "outside").exists() and not (work / "out" / "outside").exists()
+        for name in ("good", "escape", "bomb"):
+            shutil.rmtree(work / "out" / name)
+        run("remove")
+        assert list((work / "out").iterdir()) == []
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_killed_server_s_image_copy_in_its_range_is_removed_by_the_next(
+    ranged_user: str, package_copy: str
+) -> None:
+    """A server of a user with a range, killed with an image sandbox live, leaves that image's
+    copy (the range's files, which the user cannot remove by itself); the user's next server
+    removes it with the rest of the dead one's directory."""
+    from tests import imagekit
+
+    user = pwd.getpwnam(ranged_user)
+    work = Path(tempfile.mkdtemp(prefix="osb-non-root-image-"))
+
+    def mine() -> set[Path]:  # the servers' directories (not the package's copies)
+        found = Path("/tmp").glob("osb-local-*")
+        return {p for p in found if p.stat().st_uid == user.pw_uid and "package" not in p.name}
+
+    try:
+        image = imagekit.Image([imagekit.rootfs_layer(imagekit.bullseye_tar())])
+        imagekit.write_layout(work / "bullseye", "v1", [image])
+        for item in (work, *work.rglob("*")):
+            item.chmod(0o755 if item.is_dir() else 0o644)
+        before = mine()
+        server = ServerProcess(
+            user=ranged_user, python=PYTHON, path=package_copy, local_image_paths=[str(work)]
+        )
+        try:
+            ran = _as(ranged_user, package_copy, PYTHON, "-c", IMAGE_RUN,
+                      server.api_base, str(work / "bullseye"), "keep")  # fmt: skip
+            assert ran.returncode == 0, ran.stderr.decode()[-2000:]
+        finally:
+            python = [pid for pid in descendants(server.pid) if _owner(pid) == user.pw_uid]
+            os.kill(min(python), signal.SIGKILL)  # the server below runuser, not its sandbox
+            server.kill()
+        (left,) = mine() - before
+        copies = list(left.glob("*/root/etc/passwd"))
+        assert copies and copies[0].stat().st_uid != user.pw_uid, copies  # the range's
+        again = ServerProcess(user=ranged_user, python=PYTHON, path=package_copy)
+        assert again.stop() == 0
+        assert not left.exists(), sorted(str(p) for p in left.rglob("*"))[:20]
     finally:
         shutil.rmtree(work, ignore_errors=True)

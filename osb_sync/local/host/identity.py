@@ -290,7 +290,12 @@ def write_maps(pid: int, ids: IdRange) -> None:
         with open(f"/proc/{pid}/gid_map", "w") as out:
             out.write(ids.gid_map)
         return
-    for helper, line in zip(ids.helpers, (ids.uid_map, ids.gid_map), strict=True):
+    _helpers(pid, ids.helpers, (ids.uid_map, ids.gid_map))
+
+
+def _helpers(pid: int, helpers: tuple[str, str], lines: tuple[str, str]) -> None:
+    """`newuidmap` and `newgidmap` (`helpers`) write `lines` to process `pid`'s maps."""
+    for helper, line in zip(helpers, lines, strict=True):
         try:
             done = subprocess.run(
                 [helper, str(pid), *line.split()],
@@ -411,6 +416,24 @@ def user_namespace(ids: IdRange) -> int:
         OSError: it could not be made, or a helper refused the map.
     """
     return _held_namespace(lambda pid: write_maps(pid, ids))
+
+
+def store_namespace(ids: IdRange) -> int:
+    """A new user namespace of this server's (not root, `ids` its range and helpers) mapping
+    the range as 0 to `count - 1` and the server's own uid and gid as `count`, for the image
+    store's work (`images.inside`): a descriptor of it.
+
+    Raises:
+        OSError: it could not be made, or a helper refused the map.
+    """
+    if ids.helpers is None or ids.own:
+        raise ValueError("a store namespace is for a server with a range and its helpers")
+    helpers = ids.helpers
+    lines = (
+        f"0 {ids.uid} {ids.count} {ids.count} {os.getuid()} 1",
+        f"0 {ids.gid} {ids.count} {ids.count} {os.getgid()} 1",
+    )
+    return _held_namespace(lambda pid: _helpers(pid, helpers, lines))
 
 
 def passwd_file(home: str) -> bytes:

@@ -25,6 +25,7 @@ known.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import logging
@@ -36,7 +37,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-from . import cgroup
+from . import cgroup, identity
+from .images import inside
 
 logger = logging.getLogger("osb_sync.local")
 
@@ -149,7 +151,7 @@ def reap(root: Path, place: cgroup.Place = cgroup.OWN) -> int:
         for path in dirs:
             if path.is_symlink():  # a home on the sandbox's tmpfs (`disk.py`)
                 path.unlink()
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_tree(path)
         logger.info(
             "local server: reaped sandbox %s of a previous server (%d processes killed, %d"
             " cgroups and %d mounts removed, its directories deleted)",
@@ -191,10 +193,23 @@ def sweep_strays(parent: Path | None = None, place: cgroup.Place = cgroup.OWN) -
         path = parent / name
         if name.startswith(STRAY_PREFIX) and _own_directory(path) and owner_gone(path):
             reap(path, place)
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_tree(path)
             logger.info("local server: removed %s, left by a server that is gone", path)
             removed.append(path)
     return removed
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove `path` as far as this user may; what is left of a server that is not root (an
+    image's copy, its range's files: `images/inside.py`) in a namespace of its range."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not path.exists() or os.geteuid() == 0:
+        return
+    ids = identity.host_range()
+    work = inside.for_ids(ids)[1] if isinstance(ids, identity.IdRange) else None
+    if work is not None:
+        with contextlib.suppress(OSError):
+            work.remove(path)
 
 
 def _kill_by_cwd(dirs: list[Path]) -> int:

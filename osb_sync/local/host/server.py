@@ -52,9 +52,9 @@ from .errors import (
     VolumeError,
 )
 from .execd_binary import ExecdBinary, checked_jupyter
+from .images.inside import for_ids
 from .images.pull import TOO_LARGE
 from .images.service import ImageService, ImageSettings
-from .images.unpack import in_range, server_owned
 from .proxy import EGRESS_HEADER, EGRESS_PORT, EXECD_PORT
 from .registry import Registry
 from .sandboxes import Config, not_found
@@ -293,13 +293,9 @@ class LocalServer:
             if support.ids is not None and self.isolated:
                 identity.admit(self.root_dir, support.ids)  # bwrap runs as the range's root
                 staging.sweep()  # what a killed server left
+            owner, inside = for_ids(support.ids if self.isolated else None)
             images = ImageService(
-                self.image_settings,
-                self.isolated,
-                self.execd_binary,
-                owner=in_range(support.ids.uid, support.ids.gid, support.ids.count)
-                if support.ids is not None and self.isolated
-                else server_owned,
+                self.image_settings, self.isolated, self.execd_binary, owner, inside
             )
             if self.execd_image:
                 try:

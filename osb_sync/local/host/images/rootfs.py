@@ -73,6 +73,7 @@ from typing import ClassVar
 from .. import bwrap, volumes
 from ..rootview import Places
 from .config import ConfigError, Located, is_executable, locate, resolve_in_root
+from .inside import RangeWork
 from .store import StoredImage, hold
 
 HOST_VIEW = f"{bwrap.OWN_DIR}/host"  # the server's interpreter, for images without python3
@@ -91,10 +92,11 @@ class Layer:
         OSError: neither an overlay nor a copy could be made.
     """
 
-    def __init__(self, image: StoredImage, run_dir: Path) -> None:
+    def __init__(self, image: StoredImage, run_dir: Path, inside: RangeWork | None = None) -> None:
         self.root = run_dir / "root"
         self.kind = "copy"
         self._mounted = False
+        self._inside = inside
         lower = str(image.rootfs)
         upper, work = run_dir / "upper", run_dir / "work"
         if os.geteuid() == 0 and not any(c in lower + str(run_dir) for c in ",:\\"):
@@ -113,6 +115,9 @@ class Layer:
                 self.kind, self._mounted = "overlay", True
                 return
             self.root.rmdir()
+        if inside is not None:  # the image's owners are the range's (`inside.py`)
+            inside.copy(image.rootfs, self.root, (run_dir.parent, run_dir))
+            return
         done = subprocess.run(
             ["cp", "-a", "--reflink=auto", lower, str(self.root)], capture_output=True
         )
@@ -134,6 +139,9 @@ class Layer:
         self.close()
         for name in ("root", "upper", "work"):
             path = self.root.parent / name
+            if path.exists() and self._inside is not None:
+                with contextlib.suppress(OSError):
+                    self._inside.remove(path)
             if path.exists():
                 subprocess.run(["chmod", "-R", "u+rwX", str(path)], capture_output=True)
                 shutil.rmtree(path, ignore_errors=True)
@@ -149,6 +157,7 @@ class ImageView:
 
     image: StoredImage
     ids: tuple[int, int] = (0, 0)
+    inside: RangeWork | None = None  # a server that is not root: its range's copies
     system: ClassVar[str] = "a writable image root"
 
     @property
@@ -193,7 +202,7 @@ class ImageView:
             The errors of `image_options`.
         """
         held.callback(os.close, hold(self.image))  # against the store's eviction
-        layer = Layer(self.image, places.data)
+        layer = Layer(self.image, places.data, self.inside)
         held.callback(layer.close if places.tmpfs else layer.remove)  # a tmpfs takes the files
         options = image_options(
             layer, self.image, places.state, info_fd, mounts, extra, binds, ident

@@ -36,6 +36,7 @@ from ..execd_binary import ExecdBinary
 from ..options import DEFAULT_HOST_IMAGES
 from .config import CONFIG_INVALID, ConfigError, find_jupyter
 from .execd_image import execd_from_image
+from .inside import RangeWork
 from .pull import TOO_LARGE, Puller, PullError, host_platform
 from .rootfs import ImageView
 from .store import DEFAULT_CAP, ImageStore, default_root, skipped_note
@@ -84,11 +85,13 @@ class ImageService:
         isolated: bool,
         binary: ExecdBinary | None,
         owner: OwnerMap = server_owned,
+        inside: RangeWork | None = None,
     ) -> None:
         self.settings = settings
         self.isolated = isolated
         self.binary = binary
         self.owner = owner
+        self.inside = inside
         self._store: ImageStore | None = None
         self._lock = threading.Lock()
 
@@ -105,7 +108,7 @@ class ImageService:
                     self.settings.local_paths,
                 )
                 self._store = ImageStore(
-                    root, puller, self.settings.cap, self.owner, self.settings.limit
+                    root, puller, self.settings.cap, self.owner, self.settings.limit, self.inside
                 )
             return self._store
 
@@ -153,9 +156,9 @@ class ImageService:
         if self.binary is None:
             if image.python is None:
                 raise ImageError(uri, "IMAGE_NO_EXECD", NO_EXECD.format(uri=uri))
-            return ImageRun(ImageView(image, ids))
+            return ImageRun(ImageView(image, ids, self.inside))
         binary = self.binary.for_image(find_jupyter(image.rootfs, image.config))
-        return ImageRun(ImageView(image, ids), binary)
+        return ImageRun(ImageView(image, ids, self.inside), binary)
 
     def execd_binary(self, reference: str, target: Path) -> tuple[Path, str]:
         """The execd binary of the image `reference` (`execd_image.py`), linked at `target`

@@ -35,7 +35,6 @@ import hashlib
 import hmac
 import json
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import CONFIG_INVALID, ConfigError, ImageConfig, find_python
+from .inside import RangeWork, remove_tree
 from .pull import TOO_LARGE, Progress, Puller, PullError, Source, parse
 from .unpack import OwnerMap, SizeLimit, TooLarge, UnpackError, server_owned, unpack
 
@@ -91,16 +91,6 @@ def _flock(path: Path, kind: int = fcntl.LOCK_EX) -> Iterator[int]:
         os.close(fd)
 
 
-def _remove_tree(path: Path) -> None:
-    """Remove a tree whose directories may be read-only (an image's)."""
-
-    def retry(function: Any, name: str, info: Any) -> None:
-        os.chmod(os.path.dirname(name), 0o700)
-        function(name)
-
-    shutil.rmtree(path, onerror=retry)
-
-
 class ImageStore:
     """The store (see the module docstring).
 
@@ -109,6 +99,8 @@ class ImageStore:
         puller: runs skopeo.
         cap: bytes of unpacked images kept before least recently used ones go.
         owner: the image's ids to the host's (`unpack.OwnerMap`).
+        inside: where a server that is not root unpacks and removes in its id range
+            (`inside.RangeWork`; `owner` is not used then).
         limit: bytes one image may unpack to (None: `cap`, or DEFAULT_CAP for a cap of 0,
             which keeps no image that no sandbox runs).
     """
@@ -120,8 +112,10 @@ class ImageStore:
         cap: int = DEFAULT_CAP,
         owner: OwnerMap = server_owned,
         limit: int | None = None,
+        inside: RangeWork | None = None,
     ) -> None:
         self.root = root
+        self.inside = inside
         self.puller = puller
         self.cap = cap
         self.owner = owner
@@ -231,7 +225,10 @@ class ImageStore:
                     progress("unpack", 0, None)
                 rootfs = work / "image" / "rootfs"
                 try:
-                    unpacked = unpack(work / "layout", rootfs, self.owner, self.limit)
+                    if self.inside is not None:
+                        unpacked = self.inside.unpack(work / "layout", rootfs, self.limit)
+                    else:
+                        unpacked = unpack(work / "layout", rootfs, self.owner, self.limit)
                 except TooLarge as exc:
                     raise PullError(TOO_LARGE, f"{source.canonical}: {exc}") from None
                 except UnpackError as exc:
@@ -260,7 +257,7 @@ class ImageStore:
                 self.pulls += 1
             finally:
                 if work.exists():
-                    _remove_tree(work)
+                    self._remove(work)
                 (self.root / "tmp" / f"{name}.lock").unlink(missing_ok=True)
         image = self._load(digest)
         if image is None:
@@ -281,10 +278,20 @@ class ImageStore:
             else:
                 work = lock.with_suffix("")
                 if work.exists():
-                    _remove_tree(work)
+                    self._remove(work)
                 lock.unlink(missing_ok=True)
             finally:
                 os.close(fd)
+
+    def _remove(self, path: Path) -> None:
+        """Remove a tree of the store (an image's: in the id range where `inside` is set)."""
+        if self.inside is not None:
+            try:
+                self.inside.remove(path)
+                return
+            except OSError:
+                pass  # no namespace: nothing of the range's may be there (a pull that failed first)
+        remove_tree(path)
 
     def touch(self, image: StoredImage) -> None:
         """Mark `image` used now (the LRU order)."""
@@ -345,7 +352,7 @@ class ImageStore:
             path.rename(doomed)
             os.close(fd)
             self._write_refs({k: v for k, v in self._refs().items() if v != digest})
-        _remove_tree(doomed)
+        self._remove(doomed)
         return True
 
     def prune(self) -> list[str]:
