@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import email.utils
 import math
+import pickle
 import sys
 import time
 from datetime import timezone
@@ -63,7 +64,39 @@ _MAX_BODY_EXCERPT = 300
 
 
 class OpenSandboxError(Exception):
-    """Root of every error raised by osb_sync (never raised itself: catch it, raise a leaf)."""
+    """Root of every error raised by osb_sync (never raised itself: catch it, raise a leaf).
+
+    Every one pickles as its class and fields (a process pool or a task queue sends a worker's
+    exception back that way), without the ``requests`` response and request (whose headers
+    hold the API key) and without a ``partial`` result that does not pickle."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = dict(self.__dict__)
+        for name in ("response", "request"):
+            if name in state:
+                state[name] = None
+        if "_build_partial" in state:  # OutputLimitExceeded's: built now, once
+            state["_partial"], state["_build_partial"] = getattr(self, "partial", None), None
+        for name in ("partial", "_partial"):
+            if name in state and not _pickles(state[name]):
+                state[name] = None
+        return (_rebuild, (type(self), self.args, state))
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:  # noqa: BLE001 (whatever pickling a caller's value raises)
+        return False
+    return True
+
+
+def _rebuild(cls: type[OpenSandboxError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """An unpickled error: `cls` with `args` and `state`, its ``__init__`` not called."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class ConfigurationError(OpenSandboxError, ValueError):
