@@ -215,7 +215,8 @@ def build_create_body(options: Mapping[str, Any], metadata: Mapping[str, str]) -
     from one source: an image (``template``), a ``snapshot_id``, a ``template_id`` (whose
     template fixes the workload: no entrypoint, env, resources, volumes, platform, hooks or
     secure access beside it) or a ``pool`` (``extensions.poolRef``; the pool's sandboxes are
-    made in advance, so no network policy is sent, not even the default deny-all).
+    made in advance, so no network policy is sent, not even the default deny-all, nor volumes
+    or a platform).
 
     Raises:
         ConfigurationError: two sources; a field the source does not take; a ``timeout``
@@ -264,10 +265,12 @@ def build_create_body(options: Mapping[str, Any], metadata: Mapping[str, str]) -
         if get(name):
             body[key] = dict(get(name))
     if get("pool") is not None:
-        if get("network_policy") is not None:
+        given = [n for n in ("network_policy", "volumes", "platform") if get(n) is not None]
+        if given:  # the released server refuses them (400)
             raise ConfigurationError(
-                "a sandbox from a pool has the pool's network (its sandboxes exist already): "
-                "drop network_policy, or change it later with sandbox.network_policy"
+                "a sandbox from a pool has the pool's network, volumes and platform (its "
+                f"sandboxes exist already): drop {', '.join(given)} (change the network later "
+                "with sandbox.network_policy)"
             )
     elif get("network_policy") is not None:
         body["networkPolicy"] = dict(get("network_policy"))

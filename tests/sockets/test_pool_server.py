@@ -7,6 +7,7 @@ import secrets
 from collections.abc import Iterator
 
 import pytest
+import requests
 
 from osb_sync import (
     DEFAULT_TEMPLATE,
@@ -64,6 +65,33 @@ def test_it_lends_from_the_server_pool_and_deletes_on_release(client: Client, wa
         assert client.pools.get(warm).allocated == 0
         with pytest.raises(ConfigurationError, match="not lent"):
             pool.release(sandbox)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"networkPolicy": {"defaultAction": "deny"}},
+        {"volumes": [{"name": "v", "mountPath": "/data", "host": {"path": "/tmp"}}]},
+        {"platform": {"os": "linux", "arch": "amd64"}},
+    ],
+    ids=lambda field: next(iter(field)),
+)
+def test_a_create_from_a_pool_refuses_what_its_sandbox_cannot_take(
+    local: LocalServer, client: Client, warm: str, field: dict[str, object]
+) -> None:
+    """As the released server: a pool's sandbox exists already, so a create with
+    `extensions.poolRef` and volumes, a platform or a network policy is refused (400, naming
+    the field); volumes were dropped in silence (202, a sandbox without them)."""
+    name = next(iter(field))
+    body = {"extensions": {"poolRef": warm}, **field}
+    answer = requests.post(f"{local.api_base}/sandboxes", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "SANDBOX::INVALID_PARAMETER"
+    assert f"{name} is not supported together with extensions.poolRef" in answer.text
+    assert client.pools.get(warm).allocated == 0  # its reservation given back
+    without = requests.post(f"{local.api_base}/sandboxes", json={**body, name: None}, timeout=60)
+    assert without.status_code == 202, without.text  # the field alone was refused
+    client.delete_sandbox(without.json()["id"])
 
 
 def test_max_size_bounds_what_this_process_holds(client: Client, warm: str) -> None:

@@ -421,8 +421,13 @@ def test_create_from_a_pool() -> None:
     assert body["extensions"] == {"k": "v", "poolRef": "warm"}
     assert "networkPolicy" not in body and "resourceLimits" not in body
     assert problems(body, {"$ref": "#/components/schemas/CreateSandboxRequest"}) == []
-    with pytest.raises(ConfigurationError, match="pool's network"):
+    with pytest.raises(ConfigurationError, match=r"pool's network.*drop network_policy"):
         created_body(pool="warm", network_policy={"defaultAction": "deny"})
+    volume = {"name": "v", "mountPath": "/data", "pvc": {"claimName": "c"}}
+    with pytest.raises(ConfigurationError, match="drop volumes"):  # the released server: 400
+        created_body(pool="warm", volumes=[volume])
+    with pytest.raises(ConfigurationError, match="drop platform"):
+        created_body(pool="warm", platform={"os": "linux", "arch": "amd64"})
     with pytest.raises(ConfigurationError, match="different pools"):
         created_body(pool="warm", extensions={"poolRef": "cold"})
     with pytest.raises(ConfigurationError, match="one of"):

@@ -7,8 +7,9 @@ container's image, env and limits are honoured, execd's and task-executor's plum
 ignored with a note in the pool's `status.message`, any other field refused by name), or
 our own create body (`TEMPLATE_FIELDS`).
 A create with `extensions.poolRef` takes its workload from the pool's template (the request's
-`metadata`, `env`, `timeout` and `resourceLimits` join it; a `networkPolicy` cannot, as on
-the released server, since the pods exist already) and claims one of its spares.
+`metadata`, `env`, `timeout` and `resourceLimits` join it; a `networkPolicy`, `volumes` or a
+`platform` are refused, as on the released server, since the pods exist already) and claims
+one of its spares.
 
 The `capacitySpec` counts: the pool keeps `bufferMin` idle spares, raised to reach `poolMin`
 sandboxes in all, and never more than `bufferMax` idle nor `poolMax` in all; a create past
@@ -410,19 +411,30 @@ class PoolStore:
             pool.spares.close()
 
 
+# What a create with `extensions.poolRef` may not have, as on the released server (400): its
+# sandbox exists already, made from the pool's template.
+POOL_REFUSED = {
+    "networkPolicy": "change it after the create with /networkpolicy",
+    "volumes": "create without extensions.poolRef to mount volumes",
+    "platform": "the pool's template decides it",
+}
+
+
 def pooled_body(pool: LocalPool, request: dict[str, Any]) -> dict[str, Any]:
     """The create body of a sandbox from `pool`: its template, and the request's own fields.
 
     Raises:
-        HttpError: 400 for a `networkPolicy` in the request, as on the released server.
+        HttpError: 400 for a `networkPolicy`, `volumes` or `platform` in the request, as on
+            the released server.
     """
-    if request.get("networkPolicy") is not None:
-        raise error(
-            400,
-            "SANDBOX::INVALID_PARAMETER",
-            "networkPolicy is not supported together with extensions.poolRef: the pool's "
-            "sandboxes exist already (change it after the create with /networkpolicy).",
-        )
+    for name, fix in POOL_REFUSED.items():
+        if request.get(name) not in (None, []):
+            raise error(
+                400,
+                "SANDBOX::INVALID_PARAMETER",
+                f"{name} is not supported together with extensions.poolRef: the pool's "
+                f"sandboxes exist already ({fix}).",
+            )
     body = template_body(pool.template)
     for name in REQUEST_FIELDS:
         if request.get(name) is not None:
