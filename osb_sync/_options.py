@@ -265,7 +265,7 @@ def build_create_body(options: Mapping[str, Any], metadata: Mapping[str, str]) -
         if get(name):
             body[key] = dict(get(name))
     if get("pool") is not None:
-        given = [n for n in ("network_policy", "volumes", "platform") if get(n) is not None]
+        given = [n for n in ("network_policy", "volumes", "platform") if get(n) not in (None, [])]
         if given:  # the released server refuses them (400)
             raise ConfigurationError(
                 "a sandbox from a pool has the pool's network, volumes and platform (its "
