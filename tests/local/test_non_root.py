@@ -908,3 +908,50 @@ def test_a_killed_server_s_image_copy_in_its_range_is_removed_by_the_next(
         assert not left.exists(), sorted(str(p) for p in left.rglob("*"))[:20]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+FAILED_COPY = """
+import sys, types
+from pathlib import Path
+from osb_sync.local.host import identity
+from osb_sync.local.host.images.inside import RangeWork
+from osb_sync.local.host.images.rootfs import Layer
+image, run_dir = types.SimpleNamespace(rootfs=Path(sys.argv[1])), Path(sys.argv[2])
+try:
+    Layer(image, run_dir, RangeWork(identity.host_range()))  # type: ignore[arg-type]
+except OSError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_failed_copy_in_the_range_leaves_nothing_the_user_cannot_remove(
+    ranged_user: str, package_copy: str
+) -> None:
+    """An image's writable copy that `cp` gives up on halfway (here a file no id of the
+    namespace may read) is removed in the range: its files are the range's, which the user
+    cannot remove by itself (it was left, a copy of the image's files in the run directory)."""
+    user = pwd.getpwnam(ranged_user)
+    start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
+    gid = identity.pick(identity.SUBGID.read_text(), (ranged_user,), user.pw_gid)
+    assert start is not None and gid is not None
+    work = Path(tempfile.mkdtemp(prefix="osb-range-copy-"))
+    try:
+        rootfs, run_dir = work / "rootfs", work / "server" / "run"
+        (rootfs / "etc").mkdir(parents=True)
+        (rootfs / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+        (rootfs / "secret").write_text("no one's\n")
+        for path in (rootfs, rootfs / "etc", rootfs / "etc" / "passwd"):
+            os.chown(path, start, gid)  # the image's root's, as a pull stores it
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        os.chown(rootfs / "secret", 4321, 4321)  # mapped in no namespace of the user's
+        (rootfs / "secret").chmod(0o600)
+        work.chmod(0o755)
+        for path in (run_dir.parent, run_dir):  # the server's
+            path.mkdir(mode=0o700)
+            os.chown(path, user.pw_uid, user.pw_gid)
+        done = _as(ranged_user, package_copy, PYTHON, "-c", FAILED_COPY, str(rootfs), str(run_dir))
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        assert done.stdout.startswith(b"refused: the image could not be copied"), done.stdout
+        assert list(run_dir.iterdir()) == [], sorted(str(p) for p in run_dir.rglob("*"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -116,7 +116,13 @@ class Layer:
                 return
             self.root.rmdir()
         if inside is not None:  # the image's owners are the range's (`inside.py`)
-            inside.copy(image.rootfs, self.root, (run_dir.parent, run_dir))
+            try:
+                inside.copy(image.rootfs, self.root, (run_dir.parent, run_dir))
+            except OSError:  # what it copied is the range's: the user could not remove it
+                if os.path.lexists(self.root):
+                    with contextlib.suppress(OSError):
+                        inside.remove(self.root)
+                raise
             return
         done = subprocess.run(
             ["cp", "-a", "--reflink=auto", lower, str(self.root)], capture_output=True
