@@ -955,3 +955,67 @@ def test_a_failed_copy_in_the_range_leaves_nothing_the_user_cannot_remove(
         assert list(run_dir.iterdir()) == [], sorted(str(p) for p in run_dir.rglob("*"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+HANGING_UNPACK = """
+import sys
+from pathlib import Path
+from osb_sync.local.host import identity
+from osb_sync.local.host.images.inside import RangeWork
+from osb_sync.local.host.images.unpack import SizeLimit
+RangeWork(identity.host_range()).unpack(Path(sys.argv[1]), Path(sys.argv[2]), SizeLimit(1 << 20))
+"""
+
+
+def _of_uid(uid: int) -> set[int]:
+    """Live processes whose real uid is `uid`."""
+    found = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{entry}/status").read_text()
+            if re.search(rf"^Uid:\t{uid}\t", status, re.M) and "State:\tZ" not in status:
+                found.add(int(entry))
+    return found
+
+
+def test_the_range_s_worker_dies_with_a_killed_server(ranged_user: str, package_copy: str) -> None:
+    """The store's worker in the range (`images/inside.py`, the range's root) dies with the
+    server that started it: killed mid-unpack (here an unpack that never ends, its layer a
+    FIFO no one writes), the server left it running on, as the range's root, for good."""
+    from tests.imagekit import Entry, Image, layer_bytes, write_dir_layout
+
+    user = pwd.getpwnam(ranged_user)
+    start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
+    assert start is not None
+    work = Path(tempfile.mkdtemp(prefix="osb-range-kill-"))
+    try:
+        layout = work / "layout"
+        write_dir_layout(layout, Image([layer_bytes([Entry("f", data=b"x")])]))
+        manifest = json.loads((layout / "manifest.json").read_text())
+        blob = layout / manifest["layers"][0]["digest"].split(":")[1]
+        blob.unlink()
+        os.mkfifo(blob)  # its open waits for a writer
+        (work / "out").mkdir()
+        for item in (work, *work.rglob("*")):
+            item.chmod(0o755 if item.is_dir() else 0o644)
+        os.chown(work / "out", user.pw_uid, user.pw_gid)
+        before = _of_uid(start)
+        server = subprocess.Popen(
+            [shutil.which("runuser") or "runuser", "-u", ranged_user, "--", PYTHON, "-c",
+             HANGING_UNPACK, str(layout), str(work / "out" / "rootfs")],
+            cwd="/", env={"PATH": "/usr/bin:/bin", "PYTHONPATH": package_copy},
+        )  # fmt: skip
+        try:
+            assert wait_for(lambda: _of_uid(start) - before, timeout=30)
+            python = [pid for pid in descendants(server.pid) if _owner(pid) == user.pw_uid]
+            os.kill(min(python), signal.SIGKILL)
+            server.wait(timeout=30)
+            time.sleep(1)
+            assert _of_uid(start) - before == set()
+        finally:
+            server.kill()
+            for pid in _of_uid(start) - before:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
