@@ -1019,3 +1019,46 @@ def test_the_range_s_worker_dies_with_a_killed_server(ranged_user: str, package_
                     os.kill(pid, signal.SIGKILL)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+DEEP_REMOVE = """
+import sys
+from pathlib import Path
+from osb_sync.local.host import identity
+from osb_sync.local.host.images.inside import RangeWork
+try:
+    RangeWork(identity.host_range()).remove(Path(sys.argv[1]))
+except OSError as exc:
+    print("failed:", str(exc)[-300:])
+"""
+
+
+def test_the_range_removes_a_copy_its_sandbox_nested_deep(
+    ranged_user: str, package_copy: str
+) -> None:
+    """A sandbox's root (the range's) nests directories in its writable copy as deep as it
+    likes; the copy's removal in the range (`images/inside.py`) takes it all the same (it ran
+    out of descriptors and recursion: the range's tree stayed, which the user cannot remove)."""
+    user = pwd.getpwnam(ranged_user)
+    start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
+    gid = identity.pick(identity.SUBGID.read_text(), (ranged_user,), user.pw_gid)
+    assert start is not None and gid is not None
+    work = Path(tempfile.mkdtemp(prefix="osb-range-deep-"))
+    try:
+        work.chmod(0o755)
+        os.chown(work, user.pw_uid, user.pw_gid)
+        copy = work / "root"
+        copy.mkdir()
+        fd = os.open(copy, os.O_RDONLY | os.O_DIRECTORY)
+        for _ in range(3000):  # as `mkdir d; cd d` in a loop
+            os.fchown(fd, start, gid)
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.close(fd)
+        done = _as(ranged_user, package_copy, PYTHON, "-c", DEEP_REMOVE, str(copy))
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        assert done.stdout == b"" and not copy.exists(), done.stdout
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(work)], check=False)
