@@ -1024,21 +1024,27 @@ def test_the_range_s_worker_dies_with_a_killed_server(ranged_user: str, package_
 DEEP_REMOVE = """
 import sys
 from pathlib import Path
-from osb_sync.local.host import identity
+from osb_sync.local.host import identity, recovery
 from osb_sync.local.host.images.inside import RangeWork
 try:
-    RangeWork(identity.host_range()).remove(Path(sys.argv[1]))
+    if sys.argv[2] == "recovery":
+        recovery._remove_tree(Path(sys.argv[1]))
+    else:
+        RangeWork(identity.host_range()).remove(Path(sys.argv[1]))
 except OSError as exc:
     print("failed:", str(exc)[-300:])
 """
 
 
+@pytest.mark.parametrize("by", ["store", "recovery"])
 def test_the_range_removes_a_copy_its_sandbox_nested_deep(
-    ranged_user: str, package_copy: str
+    by: str, ranged_user: str, package_copy: str
 ) -> None:
     """A sandbox's root (the range's) nests directories in its writable copy as deep as it
-    likes; the copy's removal in the range (`images/inside.py`) takes it all the same (it ran
-    out of descriptors and recursion: the range's tree stayed, which the user cannot remove)."""
+    likes; the copy's removal in the range (`images/inside.py`), and the next server's of a
+    killed one's (`recovery`), take it all the same (the first ran out of recursion and the
+    range's tree stayed, which the user cannot remove; the second raised RecursionError, from
+    the user's own removal before the range's, out of the recovery a server's start runs)."""
     user = pwd.getpwnam(ranged_user)
     start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
     gid = identity.pick(identity.SUBGID.read_text(), (ranged_user,), user.pw_gid)
@@ -1057,7 +1063,7 @@ def test_the_range_removes_a_copy_its_sandbox_nested_deep(
             os.close(fd)
             fd = inner
         os.close(fd)
-        done = _as(ranged_user, package_copy, PYTHON, "-c", DEEP_REMOVE, str(copy))
+        done = _as(ranged_user, package_copy, PYTHON, "-c", DEEP_REMOVE, str(copy), by)
         assert done.returncode == 0, done.stderr.decode()[-2000:]
         assert done.stdout == b"" and not copy.exists(), done.stdout
     finally:
