@@ -18,6 +18,7 @@ come back as the unpacker's (`UnpackError`, `TooLarge`, `OSError`).
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import shutil
@@ -189,10 +190,11 @@ def _error(answer: dict[str, Any]) -> Exception:
 def serve(text: str) -> str:
     """The child's side (inside the namespace): one request (JSON) done, its answer (JSON)."""
     request = json.loads(text)
+    with_me = functools.partial(die_with_parent, os.getpid())  # its cp or rm dies with it
     try:
         if request["op"] == "remove":  # rm: a tree of any depth (a sandbox nests at will)
             argv = [request["rm"], "-rf", "--one-file-system", "--", request["path"]]
-            removed = subprocess.run(argv, capture_output=True, preexec_fn=die_with_parent)
+            removed = subprocess.run(argv, capture_output=True, preexec_fn=with_me)
             if removed.returncode != 0:
                 said = removed.stderr.decode(errors="replace").strip()[-300:]
                 raise OSError(f"{request['path']} could not be removed: {said}")
@@ -206,7 +208,7 @@ def serve(text: str) -> str:
                 finally:
                     os.close(fd)
             argv = [request["cp"], "-a", "--reflink=auto", request["source"], request["target"]]
-            copied = subprocess.run(argv, capture_output=True, preexec_fn=die_with_parent)
+            copied = subprocess.run(argv, capture_output=True, preexec_fn=with_me)
             if copied.returncode != 0:
                 said = copied.stderr.decode(errors="replace").strip()[-300:]
                 raise OSError(f"the image could not be copied: {said}")
