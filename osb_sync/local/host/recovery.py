@@ -200,16 +200,15 @@ def sweep_strays(parent: Path | None = None, place: cgroup.Place = cgroup.OWN) -
 
 
 def _remove_tree(path: Path) -> None:
-    """Remove `path` as far as this user may; what is left of a server that is not root (an
-    image's copy, its range's files: `images/inside.py`) in a namespace of its range."""
+    """Remove `path` as far as this user may: a server that is not root but has a range in a
+    namespace of it first (an image's copy is its range's, of any depth: `images/inside.py`)."""
+    if os.path.lexists(path) and os.geteuid() != 0:
+        ids = identity.host_range()
+        work = inside.for_ids(ids)[1] if isinstance(ids, identity.IdRange) else None
+        if work is not None:
+            with contextlib.suppress(OSError):
+                work.remove(path)
     shutil.rmtree(path, ignore_errors=True)
-    if not path.exists() or os.geteuid() == 0:
-        return
-    ids = identity.host_range()
-    work = inside.for_ids(ids)[1] if isinstance(ids, identity.IdRange) else None
-    if work is not None:
-        with contextlib.suppress(OSError):
-            work.remove(path)
 
 
 def _kill_by_cwd(dirs: list[Path]) -> int:

@@ -17,9 +17,12 @@ come back as the unpacker's (`UnpackError`, `TooLarge`, `OSError`).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -39,9 +42,11 @@ from .unpack import (
     unpack,
 )
 
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
 REMOVE_TIMEOUT = 600.0  # a removal's or a copy's seconds
 SPARE_SECONDS = 30.0  # the child's start and answer, past the unpacker's own timeout
-# Run as `python -I -S -c CHILD USERNS_FD PACKAGE_PARENT`, the request on stdin.
+# Run as `python -I -S -c CHILD USERNS_FD PACKAGE_PARENT SERVER_PID`, the request on stdin.
 CHILD = """
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
@@ -56,8 +61,20 @@ os.setresgid(0, 0, 0)  # the range's root, which keeps its capabilities across e
 os.setresuid(0, 0, 0)
 sys.path.insert(0, sys.argv[2])
 from osb_sync.local.host.images import inside
+inside.die_with_parent(int(sys.argv[3]))  # after the id changes, which clear it
 print(inside.serve(sys.stdin.read()))
 """
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Have the kernel kill this process when its parent ends (the child's, once its ids are
+    set: a server killed mid-unpack or mid-copy left its worker running on as the range's
+    root); `parent`: the pid it must still be, else it exits now."""
+    if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)  # it ended before
 
 
 def remove_tree(path: Path) -> None:
@@ -121,12 +138,13 @@ class RangeWork:
             raise _error(answer)
 
     def remove(self, path: Path) -> None:
-        """Remove a tree with the range's owners (`shutil.rmtree`, which follows no link).
+        """`rm -rf` of a tree with the range's owners (of any depth; a link is not followed).
 
         Raises:
             OSError: it could not be removed.
         """
-        answer = self._run({"op": "remove", "path": str(path)}, REMOVE_TIMEOUT)
+        rm = shutil.which("rm") or "/bin/rm"
+        answer = self._run({"op": "remove", "rm": rm, "path": str(path)}, REMOVE_TIMEOUT)
         if "error" in answer:
             raise _error(answer)
 
@@ -135,7 +153,7 @@ class RangeWork:
         package = str(Path(__file__).resolve().parents[4])  # where `osb_sync` is
         try:
             done = subprocess.run(
-                [sys.executable, "-I", "-S", "-c", CHILD, str(userns), package],
+                [sys.executable, "-I", "-S", "-c", CHILD, str(userns), package, str(os.getpid())],
                 input=json.dumps(request).encode(),
                 pass_fds=(userns,),
                 capture_output=True,
@@ -172,9 +190,14 @@ def _error(answer: dict[str, Any]) -> Exception:
 def serve(text: str) -> str:
     """The child's side (inside the namespace): one request (JSON) done, its answer (JSON)."""
     request = json.loads(text)
+    with_me = functools.partial(die_with_parent, os.getpid())  # its cp or rm dies with it
     try:
-        if request["op"] == "remove":  # no mode to change: every owner is this root's
-            shutil.rmtree(request["path"])
+        if request["op"] == "remove":  # rm: a tree of any depth (a sandbox nests at will)
+            argv = [request["rm"], "-rf", "--one-file-system", "--", request["path"]]
+            removed = subprocess.run(argv, capture_output=True, preexec_fn=with_me)
+            if removed.returncode != 0:
+                said = removed.stderr.decode(errors="replace").strip()[-300:]
+                raise OSError(f"{request['path']} could not be removed: {said}")
             return json.dumps({})
         if request["op"] == "copy":
             for path in request["admit"]:  # the server's, mode and group as `identity.admit`
@@ -185,7 +208,7 @@ def serve(text: str) -> str:
                 finally:
                     os.close(fd)
             argv = [request["cp"], "-a", "--reflink=auto", request["source"], request["target"]]
-            copied = subprocess.run(argv, capture_output=True)
+            copied = subprocess.run(argv, capture_output=True, preexec_fn=with_me)
             if copied.returncode != 0:
                 said = copied.stderr.decode(errors="replace").strip()[-300:]
                 raise OSError(f"the image could not be copied: {said}")

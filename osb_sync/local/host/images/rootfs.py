@@ -118,8 +118,8 @@ class Layer:
         if inside is not None:  # the image's owners are the range's (`inside.py`)
             try:
                 inside.copy(image.rootfs, self.root, (run_dir.parent, run_dir))
-            except OSError:
-                if self.root.exists():  # half a copy: only the range's root removes it
+            except OSError:  # what it copied is the range's: the user could not remove it
+                if os.path.lexists(self.root):
                     with contextlib.suppress(OSError):
                         inside.remove(self.root)
                 raise
