@@ -8,6 +8,7 @@ import os
 import platform
 import stat
 import struct
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -714,3 +715,25 @@ def test_an_image_without_bash_keeps_an_execd_on_its_own_python(tmp_path: Path) 
     (root / "bin" / "sh").chmod(0o644)
     assert not view.template
     assert view.python == "/usr/bin/python3"
+
+
+def test_a_layer_its_sandbox_nested_deep_is_removed(tmp_path: Path) -> None:
+    """A sandbox nests directories at will in its writable copy (`mkdir d; cd d` in a loop):
+    `Layer.remove` left such a copy, with RecursionError out of shutil.rmtree past ~1000."""
+    from osb_sync.local.host.images.rootfs import Layer
+
+    layer = Layer.__new__(Layer)
+    layer.root, layer.kind, layer._mounted, layer._inside = tmp_path / "root", "copy", False, None
+    layer.root.mkdir()
+    fd = os.open(layer.root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3000):
+        os.mkdir("d", dir_fd=fd)
+        deeper = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    try:
+        layer.remove()
+        assert os.listdir(tmp_path) == []
+    finally:  # pytest's own clean-up is shutil.rmtree too
+        subprocess.run(["rm", "-rf", "--", str(layer.root)], check=True)

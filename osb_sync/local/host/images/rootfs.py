@@ -59,7 +59,6 @@ import ctypes
 import ctypes.util
 import functools
 import os
-import shutil
 import stat
 import struct
 import subprocess
@@ -148,9 +147,10 @@ class Layer:
             if path.exists() and self._inside is not None:
                 with contextlib.suppress(OSError):
                     self._inside.remove(path)
-            if path.exists():
-                subprocess.run(["chmod", "-R", "u+rwX", str(path)], capture_output=True)
-                shutil.rmtree(path, ignore_errors=True)
+            if path.exists():  # rm: a tree of any depth (its sandbox nests at will)
+                subprocess.run(["chmod", "-R", "u+rwX", "--", str(path)], capture_output=True)
+                argv = ["rm", "-rf", "--one-file-system", "--", str(path)]
+                subprocess.run(argv, capture_output=True)
 
 
 @dataclass(frozen=True)
