@@ -59,7 +59,7 @@ except OSError:
     pass
 os.setresgid(0, 0, 0)  # the range's root, which keeps its capabilities across exec (cp)
 os.setresuid(0, 0, 0)
-sys.path.insert(0, sys.argv[2])
+sys.path.append(sys.argv[2])  # after the standard library: nothing there shadows it
 from osb_sync.local.host.images import inside
 inside.die_with_parent(int(sys.argv[3]))  # after the id changes, which clear it
 print(inside.serve(sys.stdin.read()))
