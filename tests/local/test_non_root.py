@@ -121,6 +121,15 @@ def _shadow(*command: str) -> subprocess.CompletedProcess[str]:
     return run_as_users.shadow(*command, lock_path=identity.RESERVE_LOCK)
 
 
+def range_of(name: str) -> tuple[pwd.struct_passwd, int, int]:
+    """User `name`'s passwd entry and the first uid and gid of its subordinate range."""
+    user = pwd.getpwnam(name)
+    start = identity.pick(identity.SUBUID.read_text(), (name,), user.pw_uid)
+    gid = identity.pick(identity.SUBGID.read_text(), (name,), user.pw_gid)
+    assert start is not None and gid is not None, name
+    return user, start, gid
+
+
 def _owner(pid: int) -> int | None:
     try:
         return Path(f"/proc/{pid}").stat().st_uid
@@ -185,9 +194,7 @@ def rangeless_user(package_copy: str) -> Iterator[str]:
 def test_a_user_with_a_range_runs_code_as_an_id_of_its_range(
     ranged_user: str, package_copy: str
 ) -> None:
-    user = pwd.getpwnam(ranged_user)
-    start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
-    assert start is not None
+    user, start, _ = range_of(ranged_user)
     ids = {user.pw_uid, *range(start, start + identity.COUNT)}
     server = ServerProcess(user=ranged_user, python=PYTHON, path=package_copy)
     try:
@@ -212,9 +219,7 @@ def test_a_user_with_a_range_runs_code_as_an_id_of_its_range(
 def test_a_user_with_a_range_mounts_a_writable_volume_as_the_range_s_root(
     ranged_user: str, package_copy: str, tmp_path: Path
 ) -> None:
-    user = pwd.getpwnam(ranged_user)
-    start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
-    assert start is not None
+    user, start, _ = range_of(ranged_user)
     state = Path(user.pw_dir) / "state"
     Path(user.pw_dir).chmod(0o700)  # as adduser makes homes: the range's root cannot search it
     server = ServerProcess(
@@ -771,9 +776,7 @@ def test_a_user_runs_an_image_sandbox(
         (stored,) = store.glob("sha256-*")
         owner = (stored / "rootfs" / "etc" / "passwd").stat()
         if who == "ranged_user":
-            start = identity.pick(identity.SUBUID.read_text(), (user,), info.pw_uid)
-            gid = identity.pick(identity.SUBGID.read_text(), (user,), info.pw_gid)
-            assert (owner.st_uid, owner.st_gid) == (start, gid)
+            assert (owner.st_uid, owner.st_gid) == range_of(user)[1:]
         else:
             assert (owner.st_uid, owner.st_gid) == (info.pw_uid, info.pw_gid)
         pruned = subprocess.run(  # `osb-sync images prune`'s store (the CLI needs requests)
@@ -820,9 +823,7 @@ def test_a_user_with_a_range_unpacks_in_its_range_what_root_would_and_refuses_th
     (TooLarge, with its figures). The range's trees are removed again in the namespace."""
     from tests.imagekit import Entry, Image, layer_bytes, write_dir_layout
 
-    user = pwd.getpwnam(ranged_user)
-    start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
-    gid = identity.pick(identity.SUBGID.read_text(), (ranged_user,), user.pw_gid)
+    user, start, gid = range_of(ranged_user)
     work = Path(tempfile.mkdtemp(prefix="osb-range-work-"))
     try:
         owned = {"uid": "1000", "gid": "1001"}

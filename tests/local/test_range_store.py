@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import re
 import shutil
 import signal
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from osb_sync.local.host import identity
 from tests.local.serverproc import descendants
 from tests.local.support import wait_for
 from tests.local.test_non_root import (  # noqa: F401 (fixtures)
@@ -29,6 +27,7 @@ from tests.local.test_non_root import (  # noqa: F401 (fixtures)
     _as,
     _owner,
     package_copy,
+    range_of,
     ranged_user,
 )
 
@@ -53,10 +52,7 @@ def test_a_failed_copy_in_the_range_leaves_nothing_the_user_cannot_remove(
     """An image's writable copy that `cp` gives up on halfway (here a file no id of the
     namespace may read) is removed in the range: its files are the range's, which the user
     cannot remove by itself (it was left, a copy of the image's files in the run directory)."""
-    user = pwd.getpwnam(ranged_user)
-    start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
-    gid = identity.pick(identity.SUBGID.read_text(), (ranged_user,), user.pw_gid)
-    assert start is not None and gid is not None
+    user, start, gid = range_of(ranged_user)
     work = Path(tempfile.mkdtemp(prefix="osb-range-copy-"))
     try:
         rootfs, run_dir = work / "rootfs", work / "server" / "run"
@@ -110,9 +106,7 @@ def test_the_range_s_worker_dies_with_a_killed_server(
     FIFO no one writes), the server left it running on, as the range's root, for good."""
     from tests.imagekit import Entry, Image, layer_bytes, write_dir_layout
 
-    user = pwd.getpwnam(ranged_user)
-    start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
-    assert start is not None
+    user, start, _ = range_of(ranged_user)
     work = Path(tempfile.mkdtemp(prefix="osb-range-kill-"))
     try:
         layout = work / "layout"
@@ -173,10 +167,7 @@ def test_the_range_removes_a_copy_its_sandbox_nested_deep(
     killed one's (`recovery`), take it all the same (the first ran out of recursion and the
     range's tree stayed, which the user cannot remove; the second raised RecursionError, from
     the user's own removal before the range's, out of the recovery a server's start runs)."""
-    user = pwd.getpwnam(ranged_user)
-    start = identity.pick(identity.SUBUID.read_text(), (ranged_user,), user.pw_uid)
-    gid = identity.pick(identity.SUBGID.read_text(), (ranged_user,), user.pw_gid)
-    assert start is not None and gid is not None
+    user, start, gid = range_of(ranged_user)
     work = Path(tempfile.mkdtemp(prefix="osb-range-deep-"))
     try:
         work.chmod(0o755)
