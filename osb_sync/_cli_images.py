@@ -15,7 +15,6 @@ its own /dev); ``images --json`` lists them (`skipped`).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -56,11 +55,8 @@ def _store(options: StoreOptions, for_pull: bool = False) -> Any:
         support = bwrap.probe()
         if support.bwrap is not None:
             owner, work = inside.for_ids(support.ids)
-    elif os.geteuid() != 0:  # what a pull in its range unpacked, prune removes there
-        from .local.host import identity
-
-        ids = identity.host_range()
-        work = inside.for_ids(ids)[1] if isinstance(ids, identity.IdRange) else None
+    else:  # what a pull in its range unpacked, prune removes there
+        work = inside.of_host()
     auth_file = given.get("registry_auth_file")
     puller = pull.Puller(
         root / "scratch",

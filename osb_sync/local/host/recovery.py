@@ -37,7 +37,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from . import cgroup, identity
+from . import cgroup
 from .images import inside
 
 logger = logging.getLogger("osb_sync.local")
@@ -202,12 +202,10 @@ def sweep_strays(parent: Path | None = None, place: cgroup.Place = cgroup.OWN) -
 def _remove_tree(path: Path) -> None:
     """Remove `path` as far as this user may: a server that is not root but has a range in a
     namespace of it first (an image's copy is its range's, of any depth: `images/inside.py`)."""
-    if os.path.lexists(path) and os.geteuid() != 0:
-        ids = identity.host_range()
-        work = inside.for_ids(ids)[1] if isinstance(ids, identity.IdRange) else None
-        if work is not None:
-            with contextlib.suppress(OSError):
-                work.remove(path)
+    work = inside.of_host() if os.path.lexists(path) else None
+    if work is not None:
+        with contextlib.suppress(OSError):
+            work.remove(path)
     shutil.rmtree(path, ignore_errors=True)
 
 

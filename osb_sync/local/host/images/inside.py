@@ -77,16 +77,6 @@ def die_with_parent(parent: int | None = None) -> None:
         os._exit(1)  # it ended before
 
 
-def remove_tree(path: Path) -> None:
-    """Remove a tree whose directories may be read-only (an image's)."""
-
-    def retry(function: Any, name: str, info: Any) -> None:
-        os.chmod(os.path.dirname(name), 0o700)
-        function(name)
-
-    shutil.rmtree(path, onerror=retry)
-
-
 class RangeWork:
     """Unpacks and removals of the store of a server that is not root, in its range
     (`ids`: the range with its `newuidmap` and `newgidmap`)."""
@@ -112,8 +102,6 @@ class RangeWork:
             "timeout": timeout,
         }
         answer = self._run(request, timeout + SPARE_SECONDS)
-        if "error" in answer:
-            raise _error(answer)
         return Unpacked(answer["config"], int(answer["size"]), tuple(answer["skipped"]))
 
     def copy(self, source: Path, target: Path, admit: tuple[Path, ...] = ()) -> None:
@@ -133,9 +121,7 @@ class RangeWork:
             "target": str(target),
             "admit": [str(path) for path in admit],
         }
-        answer = self._run(request, REMOVE_TIMEOUT)
-        if "error" in answer:
-            raise _error(answer)
+        self._run(request, REMOVE_TIMEOUT)
 
     def remove(self, path: Path) -> None:
         """`rm -rf` of a tree with the range's owners (of any depth; a link is not followed).
@@ -144,11 +130,10 @@ class RangeWork:
             OSError: it could not be removed.
         """
         rm = shutil.which("rm") or "/bin/rm"
-        answer = self._run({"op": "remove", "rm": rm, "path": str(path)}, REMOVE_TIMEOUT)
-        if "error" in answer:
-            raise _error(answer)
+        self._run({"op": "remove", "rm": rm, "path": str(path)}, REMOVE_TIMEOUT)
 
     def _run(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """The worker's answer to `request`; its error raised (`_error`)."""
         userns = identity.store_namespace(self.ids)
         package = str(Path(__file__).resolve().parents[4])  # where `osb_sync` is
         try:
@@ -171,6 +156,8 @@ class RangeWork:
         except ValueError:
             said = done.stderr.decode(errors="replace").strip()[-300:] or f"exit {done.returncode}"
             raise OSError(f"the store's {request['op']} in the id range failed: {said}") from None
+        if "error" in answer:
+            raise _error(answer)
         return answer
 
 
@@ -239,6 +226,14 @@ def serve(text: str) -> str:
         name = None if exc.filename is None else os.fsdecode(exc.filename)
         fault = {"errno": exc.errno, "message": exc.strerror or str(exc), "filename": name}
         return json.dumps({"error": "os", **fault})
+
+
+def of_host() -> RangeWork | None:
+    """The `RangeWork` of this process's user: where it is not root and has a range."""
+    if os.geteuid() == 0:
+        return None
+    ids = identity.host_range()
+    return for_ids(ids)[1] if isinstance(ids, identity.IdRange) else None
 
 
 def for_ids(ids: identity.IdRange | None) -> tuple[OwnerMap, RangeWork | None]:

@@ -35,6 +35,7 @@ import hashlib
 import hmac
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import CONFIG_INVALID, ConfigError, ImageConfig, find_python
-from .inside import RangeWork, remove_tree
+from .inside import RangeWork
 from .pull import TOO_LARGE, Progress, Puller, PullError, Source, parse
 from .unpack import OwnerMap, SizeLimit, TooLarge, UnpackError, server_owned, unpack
 
@@ -89,6 +90,16 @@ def _flock(path: Path, kind: int = fcntl.LOCK_EX) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a tree whose directories may be read-only (an image's)."""
+
+    def retry(function: Any, name: str, info: Any) -> None:
+        os.chmod(os.path.dirname(name), 0o700)
+        function(name)
+
+    shutil.rmtree(path, onerror=retry)
 
 
 class ImageStore:
@@ -291,7 +302,7 @@ class ImageStore:
                 return
             except OSError:
                 pass  # no namespace: nothing of the range's may be there (a pull that failed first)
-        remove_tree(path)
+        _remove_tree(path)
 
     def touch(self, image: StoredImage) -> None:
         """Mark `image` used now (the LRU order)."""
